@@ -1,0 +1,174 @@
+//! The cache port: where the limiter and the breaker keep their state.
+//!
+//! The spec's `Cache` is two small capabilities, kept apart so an adapter
+//! author implements only what a consumer needs:
+//!
+//! - [`KeyValue`]: string values with optional TTLs, and counters whose TTL is
+//!   applied when the key is created and never refreshed by later increments;
+//! - [`HitWindow`]: a series of hit instants per key, counted from an inclusive
+//!   instant the caller gives.
+//!
+//! On top of the spec, two **atomic** capabilities make a fleet sharing one
+//! cache exact: [`LimiterStore::acquire_slot`] (count, compare, record — one
+//! indivisible step, where the spec's limiter made three calls and a fleet could
+//! over-admit) and [`BreakerStore::breaker_step`] (one breaker transition,
+//! where the spec read then wrote). The decisions themselves are not the
+//! adapter's: they are the pure functions [`crate::limiter::decide`] and
+//! [`crate::breaker::machine::step`], and an adapter only supplies atomicity —
+//! one critical section in memory, one script on Redis. The compliance suite in
+//! [`crate::testing`] holds every adapter to the same answers.
+//!
+//! Every method is async and fallible: a shared cache is a network peer.
+
+mod keybuf;
+mod memory;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) use keybuf::{KeyBuf, MAX_PREFIX_LEN};
+pub use memory::MemoryCache;
+
+use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
+use crate::clock::Clock;
+use crate::error::CacheError;
+use crate::limiter::SlotOutcome;
+use crate::time::Timestamp;
+
+/// Whose clock stamps hits and breaker timestamps in an atomic operation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeSource {
+    /// The caller's clock (the spec's behaviour): each worker stamps with its
+    /// own `now`. Under clock skew a fleet disagrees about the window.
+    #[default]
+    Caller,
+    /// The cache's own clock (Redis `TIME`): one clock for the whole fleet, so
+    /// skewed workers still agree.
+    Store,
+}
+
+/// Lifecycle shared by every cache capability.
+pub trait Cache: Send + Sync + 'static {
+    /// Releases the cache's resources. Idempotent: a second call succeeds and
+    /// does nothing. Operations after `close` fail with [`CacheError::Closed`].
+    fn close(&self) -> impl Future<Output = Result<(), CacheError>> + Send;
+}
+
+/// String values with TTLs, and counters.
+pub trait KeyValue: Cache {
+    /// The live value at `key`, if any. A counter reads back as its decimal string.
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<String>, CacheError>> + Send;
+
+    /// Stores `value` at `key`, replacing any value (and its TTL). With `ttl`,
+    /// the value expires that long after now on the cache's clock.
+    fn set(&self, key: &str, value: &str, ttl: Option<Duration>)
+    -> impl Future<Output = Result<(), CacheError>> + Send;
+
+    /// Adds one to the integer at `key` and returns the new value. A missing or
+    /// expired key starts from zero and is created with `ttl`; a live key keeps
+    /// its existing deadline — `ttl` is applied on creation only. A value that is
+    /// not a decimal integer is [`CacheError::NotAnInteger`].
+    fn increment(&self, key: &str, ttl: Option<Duration>) -> impl Future<Output = Result<i64, CacheError>> + Send;
+
+    /// Removes `key`'s value and its hit window, if any. Deleting nothing is fine.
+    fn delete(&self, key: &str) -> impl Future<Output = Result<(), CacheError>> + Send;
+}
+
+/// A series of hit instants per key.
+///
+/// A key's window is independent of any value stored at the same key with
+/// [`KeyValue::set`]; [`KeyValue::delete`] clears both.
+pub trait HitWindow: Cache {
+    /// Records one hit at the caller-given instant `at`. Two hits at the same
+    /// instant are two hits. The series expires `ttl` after this call on the
+    /// cache's clock, and hits older than `ttl` before the newest hit are
+    /// discarded, so a series never holds more than one `ttl` of history.
+    fn record_hit(
+        &self,
+        key: &str,
+        at: Timestamp,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), CacheError>> + Send;
+
+    /// How many hits were recorded at or after `since` (inclusive).
+    fn count_since(&self, key: &str, since: Timestamp) -> impl Future<Output = Result<u64, CacheError>> + Send;
+
+    /// The earliest hit at or after `since`, if any.
+    fn oldest_since(
+        &self,
+        key: &str,
+        since: Timestamp,
+    ) -> impl Future<Output = Result<Option<Timestamp>, CacheError>> + Send;
+}
+
+/// What [`LimiterStore::acquire_slot`] is asked to decide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotRequest {
+    /// The caller's `now` (ignored under [`TimeSource::Store`]).
+    pub now: Timestamp,
+    /// The sliding window's width.
+    pub window: Duration,
+    /// Hits allowed per window.
+    pub limit: u32,
+    /// The series' lifetime after a recorded hit (the limiter passes 2 × window).
+    pub ttl: Duration,
+}
+
+/// The limiter's check-and-record as one atomic step.
+pub trait LimiterStore: HitWindow {
+    /// Atomically: count the hits at `key` in `[now − window, now]`; if fewer
+    /// than `limit`, record a hit at `now` (as [`HitWindow::record_hit`] with
+    /// `ttl`) and report what remains; otherwise record nothing and report when
+    /// the oldest hit in the window ages out. The decision is
+    /// [`crate::limiter::decide`]; `now` is the caller's or the store's per its
+    /// [`TimeSource`].
+    fn acquire_slot(
+        &self,
+        key: &str,
+        request: SlotRequest,
+    ) -> impl Future<Output = Result<SlotOutcome, CacheError>> + Send;
+}
+
+/// The breaker's transitions as atomic steps over its four keys.
+pub trait BreakerStore: Cache {
+    /// Atomically: read the breaker's stored keys, apply
+    /// [`crate::breaker::machine::step`] for `command` at `now` (the caller's or
+    /// the store's, per its [`TimeSource`]), write what it says, and return it.
+    fn breaker_step(
+        &self,
+        keys: &BreakerKeys,
+        command: BreakerCommand,
+        params: BreakerParams,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<BreakerStep, CacheError>> + Send;
+
+    /// Reads the breaker's stored keys without changing anything, returning
+    /// them with the instant they should be judged at (`now`, or the store's
+    /// clock under [`TimeSource::Store`]).
+    fn breaker_read(
+        &self,
+        keys: &BreakerKeys,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(BreakerSnapshot, Timestamp), CacheError>> + Send;
+}
+
+/// Which cache a component uses: one it builds (and owns, and closes), or one
+/// it is given (and leaves open).
+pub(crate) enum StoreSlot<S> {
+    /// Build this store on the component's clock; the component owns it.
+    Own(fn(Arc<dyn Clock>) -> S),
+    /// Use the caller's store; the caller owns it.
+    Shared(Arc<S>),
+}
+
+impl<S> StoreSlot<S> {
+    /// The store, and whether the component owns it.
+    pub(crate) fn resolve(self, clock: &Arc<dyn Clock>) -> (Arc<S>, bool) {
+        match self {
+            StoreSlot::Own(make) => (Arc::new(make(clock.clone())), true),
+            StoreSlot::Shared(store) => (store, false),
+        }
+    }
+}

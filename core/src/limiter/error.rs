@@ -1,0 +1,46 @@
+//! The limiter's refusal, and what `acquire` can fail with.
+
+use std::time::Duration;
+
+use crate::error::CacheError;
+use crate::tenant::TenantId;
+use crate::time::secs;
+
+/// A tenant is over its allowance: "not now", with the exact wait.
+///
+/// The message is `tenant has used 60 calls in 60s; retry in 0.42s`. Sleep on
+/// [`retry_after`](Self::retry_after), never on a number parsed from the message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("tenant has used {used} calls in {window_secs}s; retry in {retry_secs:.2}s", window_secs = secs(*window), retry_secs = retry_after.as_secs_f64())]
+pub struct RateLimitExceeded {
+    /// The tenant refused.
+    pub tenant: TenantId,
+    /// Hits in the window at the moment of refusal.
+    pub used: u64,
+    /// The limiter's window.
+    pub window: Duration,
+    /// When the oldest hit in the window ages out and a slot frees: at most one
+    /// window.
+    pub retry_after: Duration,
+}
+
+/// Why [`RateLimiter::acquire`](super::RateLimiter::acquire) granted no slot.
+#[derive(Debug, thiserror::Error)]
+pub enum AcquireError {
+    /// The tenant is over its allowance.
+    #[error(transparent)]
+    Limited(#[from] RateLimitExceeded),
+    /// The cache could not answer.
+    #[error("rate limiter could not reach its cache")]
+    Cache(#[source] CacheError),
+}
+
+impl AcquireError {
+    /// The wait to honour, when this is a rate-limit refusal.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            AcquireError::Limited(e) => Some(e.retry_after),
+            AcquireError::Cache(_) => None,
+        }
+    }
+}

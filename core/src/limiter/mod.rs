@@ -1,0 +1,271 @@
+//! `RateLimiter`: a per-tenant sliding-window allowance.
+//!
+//! The limiter protects the model server from its callers and each tenant from
+//! the others: at most `rpm` calls per tenant in any window of
+//! `window_seconds`, measured from now (a sliding window, never clock-minute
+//! buckets, which let twice the limit through across a boundary).
+//!
+//! [`RateLimiter::acquire`] is the only thing that grants a slot. A refusal
+//! records nothing and says exactly when a slot frees; successive refusals
+//! never report a longer wait while no hit is added. The count, the comparison
+//! and the record are one atomic [`LimiterStore::acquire_slot`], so racing
+//! tasks — or a fleet on one shared cache — never exceed `rpm`.
+
+mod error;
+mod window;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use error::{AcquireError, RateLimitExceeded};
+pub use window::{SlotOutcome, decide};
+
+use crate::cache::{KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot};
+use crate::clock::{Clock, SystemClock};
+use crate::error::{CacheError, ConfigError};
+use crate::observe::{Event, Observer, TracingObserver};
+use crate::tenant::TenantId;
+
+/// The default window: one minute.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
+/// The default key prefix.
+pub const DEFAULT_KEY_PREFIX: &str = "kg:ratelimit";
+
+/// A granted slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// Slots left for this tenant in the window after this one.
+    pub remaining: u32,
+}
+
+/// A per-tenant sliding-window rate limiter over a [`LimiterStore`].
+///
+/// ```
+/// # tokio_test_block_on(async {
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use redstring::{ManualClock, RateLimiter, TenantId};
+///
+/// let clock = Arc::new(ManualClock::at_fixed_epoch());
+/// let limiter = RateLimiter::builder(2).clock(clock.clone()).build().unwrap();
+/// let tenant = TenantId::from_u128(1);
+/// limiter.acquire(tenant).await.unwrap();
+/// clock.advance(Duration::from_secs(10));
+/// limiter.acquire(tenant).await.unwrap();
+/// let refused = limiter.acquire(tenant).await.unwrap_err();
+/// // The first hit ages out 50 s from now.
+/// assert_eq!(refused.retry_after(), Some(Duration::from_secs(50)));
+/// assert_eq!(refused.to_string(), "tenant has used 2 calls in 60s; retry in 50.00s");
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+pub struct RateLimiter<S = MemoryCache> {
+    store: Arc<S>,
+    owns_store: bool,
+    rpm: u32,
+    window: Duration,
+    prefix: Arc<str>,
+    clock: Arc<dyn Clock>,
+    observer: Arc<dyn Observer>,
+}
+
+impl<S> std::fmt::Debug for RateLimiter<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("rpm", &self.rpm)
+            .field("window", &self.window)
+            .field("key_prefix", &self.prefix)
+            .field("owns_cache", &self.owns_store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimiter<MemoryCache> {
+    /// Starts configuring a limiter allowing `rpm` calls per tenant per window.
+    /// `rpm` is required: there is no number a library could guess for you.
+    pub fn builder(rpm: u32) -> RateLimiterBuilder<MemoryCache> {
+        RateLimiterBuilder {
+            rpm,
+            window: DEFAULT_WINDOW,
+            prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            store: StoreSlot::Own(MemoryCache::new),
+            clock: None,
+            observer: None,
+        }
+    }
+}
+
+/// Configures a [`RateLimiter`]; [`build`](RateLimiterBuilder::build) validates.
+pub struct RateLimiterBuilder<S> {
+    rpm: u32,
+    window: Duration,
+    prefix: String,
+    store: StoreSlot<S>,
+    clock: Option<Arc<dyn Clock>>,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+impl<S: LimiterStore> RateLimiterBuilder<S> {
+    /// The window `rpm` is counted over (default 60 s). `rpm` keeps its name
+    /// and means "per window".
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// The key prefix (default `kg:ratelimit`); keys are `{prefix}:{tenant}`.
+    /// Two limiters on one cache with one prefix share one allowance.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// A shared cache. The limiter does not own it: [`RateLimiter::close`]
+    /// leaves it open. Without one, the limiter builds (and owns) a
+    /// [`MemoryCache`] on its clock.
+    pub fn cache<T: LimiterStore>(self, cache: Arc<T>) -> RateLimiterBuilder<T> {
+        RateLimiterBuilder {
+            rpm: self.rpm,
+            window: self.window,
+            prefix: self.prefix,
+            store: StoreSlot::Shared(cache),
+            clock: self.clock,
+            observer: self.observer,
+        }
+    }
+
+    /// The clock (default [`SystemClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Where events go (default [`TracingObserver`]).
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+}
+
+impl<S: LimiterStore> RateLimiterBuilder<S> {
+    /// Validates and builds. `rpm` and `window_seconds` must be positive; the
+    /// key prefix must be non-empty and at most 91 bytes.
+    pub fn build(self) -> Result<RateLimiter<S>, ConfigError> {
+        if self.rpm == 0 {
+            return Err(ConfigError::new("rpm", "positive", self.rpm));
+        }
+        if self.window.is_zero() {
+            return Err(ConfigError::new(
+                "window_seconds",
+                "positive",
+                crate::time::secs(self.window),
+            ));
+        }
+        if self.prefix.is_empty() || self.prefix.len() > MAX_PREFIX_LEN {
+            return Err(ConfigError::new(
+                "key_prefix",
+                "non-empty and at most 91 bytes",
+                format!("{:?}", self.prefix),
+            ));
+        }
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        let (store, owns_store) = self.store.resolve(&clock);
+        Ok(RateLimiter {
+            store,
+            owns_store,
+            rpm: self.rpm,
+            window: self.window,
+            prefix: Arc::from(self.prefix),
+            clock,
+            observer: self.observer.unwrap_or_else(|| Arc::new(TracingObserver)),
+        })
+    }
+}
+
+impl<S: LimiterStore> RateLimiter<S> {
+    /// Calls allowed per tenant per window.
+    pub fn rpm(&self) -> u32 {
+        self.rpm
+    }
+
+    /// The window width.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The cache the limiter keeps its hits in.
+    pub fn cache(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// Takes a slot for `tenant`, or says when one frees.
+    ///
+    /// Call it immediately before the model call. On refusal nothing is
+    /// recorded, so asking again costs nothing — but asking again before
+    /// [`RateLimitExceeded::retry_after`] has passed is refused again. The
+    /// clock is read once and the same instant is used for the count, the
+    /// oldest hit and the new hit.
+    pub async fn acquire(&self, tenant: TenantId) -> Result<Admission, AcquireError> {
+        let key = KeyBuf::tenant(&self.prefix, &tenant);
+        let request = SlotRequest {
+            now: self.clock.now(),
+            window: self.window,
+            limit: self.rpm,
+            ttl: self.window.saturating_mul(2),
+        };
+        match self.store.acquire_slot(key.as_str(), request).await {
+            Ok(SlotOutcome::Admitted { remaining, at }) => {
+                self.observer.on_event(&Event::RateLimitAdmitted {
+                    limiter: self.prefix.clone(),
+                    tenant,
+                    remaining,
+                    at,
+                });
+                Ok(Admission { remaining })
+            }
+            Ok(SlotOutcome::Refused { used, retry_after, at }) => {
+                self.observer.on_event(&Event::RateLimitRefused {
+                    limiter: self.prefix.clone(),
+                    tenant,
+                    retry_after,
+                    at,
+                });
+                Err(AcquireError::Limited(RateLimitExceeded {
+                    tenant,
+                    used,
+                    window: self.window,
+                    retry_after,
+                }))
+            }
+            Err(error) => Err(AcquireError::Cache(error)),
+        }
+    }
+
+    /// How many calls `tenant` may still make in the current window:
+    /// `max(0, rpm − hits in the window)`. Never negative; takes no slot and
+    /// records nothing. A snapshot, not a reservation — only
+    /// [`acquire`](Self::acquire) grants.
+    pub async fn remaining(&self, tenant: TenantId) -> Result<u32, CacheError> {
+        let key = KeyBuf::tenant(&self.prefix, &tenant);
+        let since = self.clock.now().saturating_sub(self.window);
+        let used = self.store.count_since(key.as_str(), since).await?;
+        Ok(u32::try_from(u64::from(self.rpm).saturating_sub(used)).unwrap_or(0))
+    }
+
+    /// Releases the cache if the limiter built it; a cache passed in is the
+    /// caller's and stays open.
+    pub async fn close(&self) -> Result<(), CacheError> {
+        if self.owns_store {
+            self.store.close().await
+        } else {
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! The observer port: every decision the components make, as structured data.
+//!
+//! Breakers, limiters and retry loops report each transition, refusal, retry
+//! and outcome as an [`Event`] to an injected [`Observer`], and format nothing
+//! themselves. The default, [`TracingObserver`], forwards to `tracing`; the
+//! simulator builds its traces on the same stream, and a user's metrics can too.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::breaker::CircuitState;
+use crate::tenant::TenantId;
+use crate::time::Timestamp;
+
+/// One thing a component decided or saw.
+///
+/// Names (`breaker`, `limiter`) are the component's key prefix, shared as an
+/// `Arc<str>` so that reporting an event never allocates on the success path.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A breaker moved between states.
+    BreakerTransition {
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// The state before.
+        from: CircuitState,
+        /// The state after.
+        to: CircuitState,
+        /// When, on the clock that decided.
+        at: Timestamp,
+    },
+    /// `allow_request` said no.
+    BreakerRejected {
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// The state that refused (open, or half-open with its probes spent).
+        state: CircuitState,
+    },
+    /// A stored breaker state could not be read and was taken as closed.
+    BreakerStateUnreadable {
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// What was stored instead of a state.
+        stored: String,
+    },
+    /// A component could not reach its cache and applied its policy.
+    CacheUnavailable {
+        /// The component's key prefix.
+        component: Arc<str>,
+        /// The port operation that failed.
+        operation: &'static str,
+        /// What the component did instead (`allowed`, `refused`, `local limit`).
+        fallback: &'static str,
+        /// The cache's error, as text.
+        error: String,
+    },
+    /// The limiter granted a slot.
+    RateLimitAdmitted {
+        /// The limiter's key prefix.
+        limiter: Arc<str>,
+        /// The tenant charged.
+        tenant: TenantId,
+        /// Slots left in the window after this one.
+        remaining: u32,
+        /// The instant the hit was stamped with.
+        at: Timestamp,
+    },
+    /// The limiter refused a slot.
+    RateLimitRefused {
+        /// The limiter's key prefix.
+        limiter: Arc<str>,
+        /// The tenant refused.
+        tenant: TenantId,
+        /// How long until a slot frees.
+        retry_after: Duration,
+        /// The instant the decision was made at.
+        at: Timestamp,
+    },
+    /// A retryable failure; the loop will sleep and try again.
+    RetryScheduled {
+        /// The operation being retried.
+        operation: Arc<str>,
+        /// Calls made so far, including the one that just failed.
+        attempt: u32,
+        /// How long the loop will sleep before the next call.
+        delay: Duration,
+        /// The failure, as text.
+        error: String,
+    },
+    /// The retry loop gave up.
+    RetryExhausted {
+        /// The operation that was retried.
+        operation: Arc<str>,
+        /// Calls made, including the first.
+        attempts: u32,
+        /// The last failure, as text.
+        error: String,
+    },
+    /// A call's outcome as seen by a hardened provider.
+    CallFinished {
+        /// The provider's provenance (`openai-compatible/qwen3`).
+        model: Arc<str>,
+        /// The tenant the call was made for.
+        tenant: TenantId,
+        /// `ok`, or the error kind that ended the call.
+        outcome: &'static str,
+        /// Calls that reached the model server for this one extraction.
+        attempts: u32,
+    },
+}
+
+/// Receives every [`Event`]. Implementations must be cheap and must not block:
+/// they run inline on the caller's task.
+pub trait Observer: Send + Sync + 'static {
+    /// Called once per event, in the order the events happened on this task.
+    fn on_event(&self, event: &Event);
+}
+
+impl<O: Observer + ?Sized> Observer for Arc<O> {
+    fn on_event(&self, event: &Event) {
+        (**self).on_event(event)
+    }
+}
+
+/// The default observer: forwards each event to `tracing` — warnings for
+/// damage and exhaustion, `info` for breaker transitions, `debug` for the rest.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TracingObserver;
+
+impl Observer for TracingObserver {
+    fn on_event(&self, event: &Event) {
+        match event {
+            Event::BreakerTransition { breaker, from, to, at } => {
+                tracing::info!(%breaker, ?from, ?to, %at, "circuit breaker transition")
+            }
+            Event::BreakerRejected { breaker, state } => {
+                tracing::debug!(%breaker, ?state, "circuit breaker rejected a call")
+            }
+            Event::BreakerStateUnreadable { breaker, stored } => {
+                tracing::warn!(%breaker, %stored, "unreadable circuit state; treating it as closed")
+            }
+            Event::CacheUnavailable {
+                component,
+                operation,
+                fallback,
+                error,
+            } => {
+                tracing::warn!(%component, operation, fallback, %error, "cache unavailable")
+            }
+            Event::RateLimitAdmitted {
+                limiter,
+                tenant,
+                remaining,
+                ..
+            } => {
+                tracing::debug!(%limiter, %tenant, remaining, "rate limit slot granted")
+            }
+            Event::RateLimitRefused {
+                limiter,
+                tenant,
+                retry_after,
+                ..
+            } => {
+                tracing::debug!(%limiter, %tenant, retry_after = retry_after.as_secs_f64(), "rate limit refused")
+            }
+            Event::RetryScheduled {
+                operation,
+                attempt,
+                delay,
+                error,
+            } => {
+                tracing::debug!(%operation, attempt, delay = delay.as_secs_f64(), %error, "retrying")
+            }
+            Event::RetryExhausted {
+                operation,
+                attempts,
+                error,
+            } => {
+                tracing::warn!(%operation, attempts, %error, "retries exhausted")
+            }
+            Event::CallFinished {
+                model,
+                tenant,
+                outcome,
+                attempts,
+            } => {
+                tracing::debug!(%model, %tenant, outcome, attempts, "model call finished")
+            }
+        }
+    }
+}
+
+/// An observer that discards everything.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoopObserver;
+
+impl Observer for NoopObserver {
+    fn on_event(&self, _: &Event) {}
+}
+
+/// An observer that keeps every event, for tests and for the simulator's trace.
+#[derive(Debug, Default)]
+pub struct RecordingObserver {
+    events: std::sync::Mutex<Vec<Event>>,
+}
+
+impl RecordingObserver {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every event so far, in arrival order.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Removes and returns every event so far.
+    pub fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl Observer for RecordingObserver {
+    fn on_event(&self, event: &Event) {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(event.clone());
+    }
+}

@@ -1,0 +1,311 @@
+//! Retry with exponential backoff and jitter, for failures the server may
+//! answer differently next time.
+//!
+//! [`Retry::run`] re-invokes an async operation while a caller-given predicate
+//! calls its error retryable, sleeping the [`RetryPolicy`]'s schedule on the
+//! injected clock between attempts. There is no default predicate: which
+//! failures deserve a second attempt depends on the transport, and a
+//! too-wide one turns a permanent failure into the same failure, slower. An
+//! error the predicate rejects comes back on the first attempt, unwrapped
+//! ([`RetryError::Permanent`]). When every attempt fails,
+//! [`RetryError::Exhausted`] carries the calls made and the last error as its
+//! `source()`.
+
+mod policy;
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use policy::{
+    DEFAULT_INITIAL_DELAY, DEFAULT_JITTER, DEFAULT_MAX_DELAY, DEFAULT_MAX_RETRIES, DEFAULT_MULTIPLIER, RetryPolicy,
+    RetryPolicyBuilder,
+};
+
+use crate::clock::{Clock, SystemClock};
+use crate::observe::{Event, Observer, TracingObserver};
+use crate::random::{RandomSource, SeededRandom};
+use crate::time::{Timestamp, secs};
+
+/// A predicate's verdict on one failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retryable {
+    /// Permanent: return it now, unwrapped.
+    No,
+    /// Transient: sleep the schedule's delay and try again.
+    Yes,
+    /// Transient, and the server asked for at least this long (`Retry-After`):
+    /// sleep the larger of this and the schedule's delay.
+    After(Duration),
+}
+
+impl From<bool> for Retryable {
+    fn from(retry: bool) -> Self {
+        if retry { Retryable::Yes } else { Retryable::No }
+    }
+}
+
+/// Every attempt failed on a retryable error.
+///
+/// The message counts retries (`Exhausted 3 retries for extract`); `attempts`
+/// counts calls and is always `max_retries + 1`. The last failure is
+/// [`source()`](StdError::source) — read it, it is the real error.
+#[derive(Debug)]
+pub struct RetryExhausted<E> {
+    /// Calls made, including the first.
+    pub attempts: u32,
+    /// The policy's retry count.
+    pub max_retries: u32,
+    /// The operation's name, as given to [`Retry::run`].
+    pub operation: String,
+    /// The failure of the last attempt.
+    pub last: E,
+}
+
+impl<E> fmt::Display for RetryExhausted<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Exhausted {} retries for {}", self.max_retries, self.operation)
+    }
+}
+
+impl<E: StdError + 'static> StdError for RetryExhausted<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&self.last)
+    }
+}
+
+/// The next wait would run past the caller's deadline, so the loop stopped
+/// before sleeping.
+#[derive(Debug)]
+pub struct DeadlineExceeded<E> {
+    /// Calls made so far.
+    pub attempts: u32,
+    /// The wait the next attempt needed.
+    pub needed: Duration,
+    /// What was left of the deadline.
+    pub remaining: Duration,
+    /// The operation's name.
+    pub operation: String,
+    /// The failure of the last attempt.
+    pub last: E,
+}
+
+impl<E> fmt::Display for DeadlineExceeded<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "deadline for {} leaves {}s but the next retry needs {}s (after {} attempts)",
+            self.operation,
+            secs(self.remaining),
+            secs(self.needed),
+            self.attempts
+        )
+    }
+}
+
+impl<E: StdError + 'static> StdError for DeadlineExceeded<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&self.last)
+    }
+}
+
+/// How a retried operation failed.
+#[derive(Debug)]
+pub enum RetryError<E> {
+    /// The predicate called the error permanent; it is returned as it came, from
+    /// the first attempt that raised it.
+    Permanent(E),
+    /// Every attempt failed on a retryable error.
+    Exhausted(RetryExhausted<E>),
+    /// A retryable error, but the wait before the next attempt would overrun the
+    /// deadline.
+    Deadline(DeadlineExceeded<E>),
+}
+
+impl<E> RetryError<E> {
+    /// The underlying error of the last attempt, whichever way the loop ended.
+    pub fn last(&self) -> &E {
+        match self {
+            RetryError::Permanent(e) => e,
+            RetryError::Exhausted(x) => &x.last,
+            RetryError::Deadline(d) => &d.last,
+        }
+    }
+
+    /// The underlying error, by value.
+    pub fn into_last(self) -> E {
+        match self {
+            RetryError::Permanent(e) => e,
+            RetryError::Exhausted(x) => x.last,
+            RetryError::Deadline(d) => d.last,
+        }
+    }
+
+    /// Calls made, or `None` for [`RetryError::Permanent`] (whose attempt count
+    /// the loop does not wrap).
+    pub fn attempts(&self) -> Option<u32> {
+        match self {
+            RetryError::Permanent(_) => None,
+            RetryError::Exhausted(x) => Some(x.attempts),
+            RetryError::Deadline(d) => Some(d.attempts),
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for RetryError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RetryError::Permanent(e) => e.fmt(f),
+            RetryError::Exhausted(x) => x.fmt(f),
+            RetryError::Deadline(d) => d.fmt(f),
+        }
+    }
+}
+
+impl<E: StdError + 'static> StdError for RetryError<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            RetryError::Permanent(e) => e.source(),
+            RetryError::Exhausted(x) => Some(&x.last),
+            RetryError::Deadline(d) => Some(&d.last),
+        }
+    }
+}
+
+/// A retry loop: a policy plus the clock it sleeps on, the RNG its jitter
+/// comes from and the observer it reports to.
+#[derive(Clone)]
+pub struct Retry {
+    policy: RetryPolicy,
+    clock: Arc<dyn Clock>,
+    rng: Arc<dyn RandomSource>,
+    observer: Arc<dyn Observer>,
+}
+
+impl fmt::Debug for Retry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retry")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Retry {
+    /// A loop with `policy` on the system clock, OS-seeded jitter and `tracing`.
+    pub fn new(policy: RetryPolicy) -> Self {
+        Retry {
+            policy,
+            clock: Arc::new(SystemClock),
+            rng: Arc::new(SeededRandom::from_os_entropy()),
+            observer: Arc::new(TracingObserver),
+        }
+    }
+
+    /// Sleeps on `clock` instead.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Draws jitter from `rng` instead.
+    pub fn rng(mut self, rng: Arc<dyn RandomSource>) -> Self {
+        self.rng = rng;
+        self
+    }
+
+    /// Reports to `observer` instead.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// Runs `op` until it succeeds, fails permanently, or the schedule is spent.
+    ///
+    /// `operation` names it in the exhaustion message; `is_retryable` decides
+    /// each failure. Cancellation (dropping the future) stops the loop
+    /// wherever it is, mid-sleep included.
+    pub async fn run<T, E, F, Fut>(
+        &self,
+        operation: &str,
+        is_retryable: impl Fn(&E) -> Retryable,
+        op: F,
+    ) -> Result<T, RetryError<E>>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: fmt::Display,
+    {
+        self.run_until(None, operation, is_retryable, op).await
+    }
+
+    /// [`run`](Self::run) with a deadline on this loop's clock: a wait that
+    /// would end after `deadline` is not slept; the loop returns
+    /// [`RetryError::Deadline`] at once.
+    pub async fn run_until<T, E, F, Fut>(
+        &self,
+        deadline: Option<Timestamp>,
+        operation: &str,
+        is_retryable: impl Fn(&E) -> Retryable,
+        mut op: F,
+    ) -> Result<T, RetryError<E>>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: fmt::Display,
+    {
+        let mut attempts = 0u32;
+        loop {
+            attempts = attempts.saturating_add(1);
+            let error = match op().await {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            let floor = match is_retryable(&error) {
+                Retryable::No => return Err(RetryError::Permanent(error)),
+                Retryable::Yes => Duration::ZERO,
+                Retryable::After(d) => d,
+            };
+            let retry = attempts - 1;
+            if retry >= self.policy.max_retries() {
+                self.observer.on_event(&Event::RetryExhausted {
+                    operation: Arc::from(operation),
+                    attempts,
+                    error: error.to_string(),
+                });
+                return Err(RetryError::Exhausted(RetryExhausted {
+                    attempts,
+                    max_retries: self.policy.max_retries(),
+                    operation: operation.to_owned(),
+                    last: error,
+                }));
+            }
+            let delay = self.policy.delay(retry, &*self.rng).max(floor);
+            if let Some(deadline) = deadline {
+                let remaining = deadline.saturating_duration_since(self.clock.now());
+                if delay > remaining {
+                    return Err(RetryError::Deadline(DeadlineExceeded {
+                        attempts,
+                        needed: delay,
+                        remaining,
+                        operation: operation.to_owned(),
+                        last: error,
+                    }));
+                }
+            }
+            self.observer.on_event(&Event::RetryScheduled {
+                operation: Arc::from(operation),
+                attempt: attempts,
+                delay,
+                error: error.to_string(),
+            });
+            self.clock.sleep(delay).await;
+        }
+    }
+}

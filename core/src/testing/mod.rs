@@ -1,0 +1,562 @@
+//! The Cache compliance suite: one set of checks every adapter must pass.
+//!
+//! An adapter author implements [`Harness`] — how to get a fresh cache and how
+//! to let time pass on the cache's own clock — and calls [`run_all`] from a
+//! test. This crate runs it against [`MemoryCache`](crate::MemoryCache) on a
+//! manual clock; the Redis adapter runs the same suite, unchanged, against a
+//! real server. The checks pin the port's documented semantics (TTL on
+//! creation only, inclusive window boundary, same-instant hits, delete
+//! clearing windows, idempotent close) and the atomic operations' exactness
+//! under racing tasks.
+//!
+//! Enabled by the `testing` feature. The checks panic on the first violation,
+//! naming the check.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams};
+use crate::cache::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest};
+use crate::error::CacheError;
+use crate::limiter::SlotOutcome;
+use crate::{CircuitState, Timestamp};
+
+/// How the suite reaches an adapter.
+pub trait Harness: Send + Sync + 'static {
+    /// The adapter under test.
+    type Cache: KeyValue + HitWindow + LimiterStore + BreakerStore;
+
+    /// A fresh, empty, open cache stamping with the caller's time.
+    fn cache(&self) -> impl Future<Output = Arc<Self::Cache>> + Send;
+
+    /// Lets `d` pass on the cache's clock, the one its TTLs run on (a manual
+    /// clock advances; a real server is waited for).
+    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send;
+
+    /// The caller's current time, on the same timeline as the cache's clock.
+    fn now(&self) -> Timestamp;
+
+    /// A TTL long enough that no check's own work outlives it, and short enough
+    /// to wait out: the suite advances by 1.5× this to expire things.
+    fn short_ttl(&self) -> Duration {
+        Duration::from_millis(400)
+    }
+}
+
+macro_rules! checks {
+    ($($name:ident),* $(,)?) => {
+        /// Every check's name, in the order [`run_all`] runs them.
+        pub const CHECKS: &[&str] = &[$(stringify!($name)),*];
+
+        /// Runs every check against `harness`, printing each name to stderr
+        /// before it runs so a failure is easy to place.
+        pub async fn run_all<H: Harness>(harness: &H) {
+            $(
+                eprintln!("cache compliance: {}", stringify!($name));
+                $name(harness).await;
+            )*
+        }
+    };
+}
+
+checks!(
+    get_of_a_missing_key_is_none,
+    set_then_get_returns_the_value,
+    set_replaces_value_and_ttl,
+    set_with_ttl_expires,
+    increment_creates_at_one_and_reads_back_as_decimal,
+    increment_applies_ttl_on_creation_only,
+    increment_after_expiry_starts_again_at_one,
+    increment_of_a_non_integer_is_an_error,
+    delete_removes_a_value_and_deleting_nothing_is_fine,
+    delete_clears_the_keys_window_too,
+    a_value_and_a_window_may_share_a_key,
+    count_since_is_inclusive,
+    two_hits_at_one_instant_are_two_hits,
+    oldest_since_is_the_earliest_hit_at_or_after,
+    hits_out_of_order_are_counted_by_instant,
+    a_window_expires_ttl_after_its_last_hit,
+    hits_older_than_ttl_before_the_newest_are_discarded,
+    acquire_slot_admits_to_the_limit_then_refuses_with_the_exact_wait,
+    acquire_slot_refusals_record_nothing,
+    acquire_slot_frees_slots_one_at_a_time,
+    racing_acquire_slot_admits_exactly_the_limit,
+    breaker_step_opens_at_the_threshold_and_stores_readable_keys,
+    breaker_failures_decay_from_the_first_without_refresh,
+    breaker_half_open_admits_exactly_the_probe_limit,
+    racing_breaker_probes_admit_exactly_the_limit,
+    breaker_success_from_half_open_clears_everything,
+    breaker_unreadable_state_reads_as_closed,
+    breaker_read_changes_nothing,
+    close_is_idempotent_and_later_calls_fail_closed,
+);
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+async fn get_of_a_missing_key_is_none<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    assert_eq!(c.get("absent").await.unwrap(), None);
+}
+
+async fn set_then_get_returns_the_value<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    c.set("k", "v", None).await.unwrap();
+    assert_eq!(c.get("k").await.unwrap().as_deref(), Some("v"));
+}
+
+async fn set_replaces_value_and_ttl<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    c.set("k", "first", Some(h.short_ttl())).await.unwrap();
+    c.set("k", "second", None).await.unwrap();
+    h.advance(h.short_ttl().mul_f64(1.5)).await;
+    assert_eq!(
+        c.get("k").await.unwrap().as_deref(),
+        Some("second"),
+        "a set without TTL must clear the earlier TTL"
+    );
+}
+
+async fn set_with_ttl_expires<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    c.set("k", "v", Some(h.short_ttl())).await.unwrap();
+    assert_eq!(c.get("k").await.unwrap().as_deref(), Some("v"));
+    h.advance(h.short_ttl().mul_f64(1.5)).await;
+    assert_eq!(c.get("k").await.unwrap(), None);
+}
+
+async fn increment_creates_at_one_and_reads_back_as_decimal<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    assert_eq!(c.increment("n", None).await.unwrap(), 1);
+    assert_eq!(c.increment("n", None).await.unwrap(), 2);
+    assert_eq!(c.get("n").await.unwrap().as_deref(), Some("2"));
+    c.set("m", "41", None).await.unwrap();
+    assert_eq!(c.increment("m", None).await.unwrap(), 42);
+}
+
+async fn increment_applies_ttl_on_creation_only<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let ttl = h.short_ttl();
+    c.increment("n", Some(ttl)).await.unwrap();
+    h.advance(ttl.mul_f64(0.6)).await;
+    assert_eq!(c.increment("n", Some(ttl)).await.unwrap(), 2);
+    h.advance(ttl.mul_f64(0.6)).await;
+    assert_eq!(
+        c.get("n").await.unwrap(),
+        None,
+        "the second increment must not refresh the TTL set at creation"
+    );
+}
+
+async fn increment_after_expiry_starts_again_at_one<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    c.increment("n", Some(h.short_ttl())).await.unwrap();
+    c.increment("n", Some(h.short_ttl())).await.unwrap();
+    h.advance(h.short_ttl().mul_f64(1.5)).await;
+    assert_eq!(c.increment("n", Some(h.short_ttl())).await.unwrap(), 1);
+}
+
+async fn increment_of_a_non_integer_is_an_error<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    c.set("k", "not a number", None).await.unwrap();
+    match c.increment("k", None).await {
+        Err(CacheError::NotAnInteger { key }) => assert_eq!(key, "k"),
+        other => panic!("expected NotAnInteger, got {other:?}"),
+    }
+    assert_eq!(
+        c.get("k").await.unwrap().as_deref(),
+        Some("not a number"),
+        "a failed increment changes nothing"
+    );
+}
+
+async fn delete_removes_a_value_and_deleting_nothing_is_fine<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    c.set("k", "v", None).await.unwrap();
+    c.delete("k").await.unwrap();
+    assert_eq!(c.get("k").await.unwrap(), None);
+    c.delete("never-there").await.unwrap();
+}
+
+async fn delete_clears_the_keys_window_too<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    c.record_hit("w", now, secs(60)).await.unwrap();
+    c.delete("w").await.unwrap();
+    assert_eq!(c.count_since("w", now.saturating_sub(secs(60))).await.unwrap(), 0);
+}
+
+async fn a_value_and_a_window_may_share_a_key<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    c.set("both", "v", None).await.unwrap();
+    c.record_hit("both", now, secs(60)).await.unwrap();
+    assert_eq!(c.get("both").await.unwrap().as_deref(), Some("v"));
+    assert_eq!(c.count_since("both", now).await.unwrap(), 1);
+}
+
+async fn count_since_is_inclusive<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    let t1 = t.saturating_add(secs(1));
+    c.record_hit("w", t, secs(60)).await.unwrap();
+    c.record_hit("w", t1, secs(60)).await.unwrap();
+    assert_eq!(
+        c.count_since("w", t).await.unwrap(),
+        2,
+        "a hit exactly at `since` counts"
+    );
+    assert_eq!(c.count_since("w", t1).await.unwrap(), 1);
+    assert_eq!(
+        c.count_since("w", t1.saturating_add(Duration::from_micros(1)))
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+async fn two_hits_at_one_instant_are_two_hits<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    c.record_hit("w", t, secs(60)).await.unwrap();
+    c.record_hit("w", t, secs(60)).await.unwrap();
+    c.record_hit("w", t, secs(60)).await.unwrap();
+    assert_eq!(c.count_since("w", t).await.unwrap(), 3);
+}
+
+async fn oldest_since_is_the_earliest_hit_at_or_after<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    assert_eq!(c.oldest_since("w", t).await.unwrap(), None);
+    for s in [0, 2, 4] {
+        c.record_hit("w", t.saturating_add(secs(s)), secs(60)).await.unwrap();
+    }
+    assert_eq!(c.oldest_since("w", t).await.unwrap(), Some(t));
+    assert_eq!(
+        c.oldest_since("w", t.saturating_add(secs(1))).await.unwrap(),
+        Some(t.saturating_add(secs(2)))
+    );
+    assert_eq!(
+        c.oldest_since("w", t.saturating_add(secs(2))).await.unwrap(),
+        Some(t.saturating_add(secs(2)))
+    );
+    assert_eq!(c.oldest_since("w", t.saturating_add(secs(5))).await.unwrap(), None);
+}
+
+async fn hits_out_of_order_are_counted_by_instant<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    c.record_hit("w", t.saturating_add(secs(5)), secs(60)).await.unwrap();
+    c.record_hit("w", t, secs(60)).await.unwrap();
+    assert_eq!(c.count_since("w", t.saturating_add(secs(1))).await.unwrap(), 1);
+    assert_eq!(c.oldest_since("w", t).await.unwrap(), Some(t));
+}
+
+async fn a_window_expires_ttl_after_its_last_hit<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let ttl = h.short_ttl();
+    let t = h.now();
+    c.record_hit("w", t, ttl).await.unwrap();
+    h.advance(ttl.mul_f64(0.6)).await;
+    c.record_hit("w", h.now(), ttl).await.unwrap();
+    h.advance(ttl.mul_f64(0.6)).await;
+    assert_eq!(
+        c.count_since("w", t).await.unwrap(),
+        2,
+        "the second hit extends the series' life"
+    );
+    h.advance(ttl.mul_f64(0.6)).await;
+    assert_eq!(c.count_since("w", t).await.unwrap(), 0, "an idle series expires");
+}
+
+async fn hits_older_than_ttl_before_the_newest_are_discarded<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    c.record_hit("w", t, secs(10)).await.unwrap();
+    c.record_hit("w", t.saturating_add(secs(10)), secs(10)).await.unwrap();
+    assert_eq!(c.count_since("w", t).await.unwrap(), 2, "exactly ttl older is kept");
+    c.record_hit("w", t.saturating_add(secs(11)), secs(10)).await.unwrap();
+    assert_eq!(c.count_since("w", t).await.unwrap(), 2, "more than ttl older is gone");
+}
+
+fn request(now: Timestamp, limit: u32) -> SlotRequest {
+    SlotRequest {
+        now,
+        window: secs(60),
+        limit,
+        ttl: secs(120),
+    }
+}
+
+async fn acquire_slot_admits_to_the_limit_then_refuses_with_the_exact_wait<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    for (i, remaining) in [2u32, 1, 0].into_iter().enumerate() {
+        let at = t.saturating_add(secs(i as u64 * 10));
+        assert_eq!(
+            c.acquire_slot("t", request(at, 3)).await.unwrap(),
+            SlotOutcome::Admitted { remaining, at }
+        );
+    }
+    let now = t.saturating_add(secs(25));
+    assert_eq!(
+        c.acquire_slot("t", request(now, 3)).await.unwrap(),
+        SlotOutcome::Refused {
+            used: 3,
+            retry_after: secs(35),
+            at: now
+        }
+    );
+}
+
+async fn acquire_slot_refusals_record_nothing<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    c.acquire_slot("t", request(t, 1)).await.unwrap();
+    for s in 1..5 {
+        let outcome = c
+            .acquire_slot("t", request(t.saturating_add(secs(s)), 1))
+            .await
+            .unwrap();
+        assert!(matches!(outcome, SlotOutcome::Refused { used: 1, .. }));
+    }
+    assert_eq!(c.count_since("t", t).await.unwrap(), 1);
+}
+
+async fn acquire_slot_frees_slots_one_at_a_time<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    c.acquire_slot("t", request(t, 2)).await.unwrap();
+    c.acquire_slot("t", request(t.saturating_add(secs(30)), 2))
+        .await
+        .unwrap();
+    let at_60 = c
+        .acquire_slot("t", request(t.saturating_add(secs(60)), 2))
+        .await
+        .unwrap();
+    assert!(
+        matches!(at_60, SlotOutcome::Refused { .. }),
+        "a hit exactly one window old is still inside the inclusive window"
+    );
+    let later = t.saturating_add(secs(60)).saturating_add(Duration::from_micros(1));
+    assert!(matches!(
+        c.acquire_slot("t", request(later, 2)).await.unwrap(),
+        SlotOutcome::Admitted { remaining: 0, .. }
+    ));
+}
+
+async fn racing_acquire_slot_admits_exactly_the_limit<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.acquire_slot("race", request(now, 10)).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        if let SlotOutcome::Admitted { .. } = task.await.expect("task panicked").unwrap() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 10);
+    assert_eq!(c.count_since("race", now).await.unwrap(), 10);
+}
+
+fn params(threshold: u32, timeout: Duration, probes: u32) -> BreakerParams {
+    BreakerParams {
+        failure_threshold: threshold,
+        recovery_timeout: timeout,
+        half_open_max_calls: probes,
+    }
+}
+
+async fn breaker_step_opens_at_the_threshold_and_stores_readable_keys<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance");
+    let p = params(3, secs(60), 1);
+    let now = h.now();
+    for _ in 0..2 {
+        let s = c
+            .breaker_step(&keys, BreakerCommand::RecordFailure, p, now)
+            .await
+            .unwrap();
+        assert_eq!(s.after, CircuitState::Closed);
+    }
+    assert_eq!(c.get(&keys.failures).await.unwrap().as_deref(), Some("2"));
+    let s = c
+        .breaker_step(&keys, BreakerCommand::RecordFailure, p, now)
+        .await
+        .unwrap();
+    assert_eq!((s.before, s.after), (CircuitState::Closed, CircuitState::Open));
+    assert_eq!(c.get(&keys.state).await.unwrap().as_deref(), Some("open"));
+    let opened = c.get(&keys.opened_at).await.unwrap().expect("opened_at stored");
+    assert_eq!(Timestamp::parse_secs(&opened), Some(now));
+    assert!(
+        !c.breaker_step(&keys, BreakerCommand::Allow, p, now.saturating_add(secs(59)))
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+async fn breaker_failures_decay_from_the_first_without_refresh<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance");
+    let ttl = h.short_ttl();
+    let p = params(3, ttl, 1);
+    c.breaker_step(&keys, BreakerCommand::RecordFailure, p, h.now())
+        .await
+        .unwrap();
+    h.advance(ttl.mul_f64(0.6)).await;
+    c.breaker_step(&keys, BreakerCommand::RecordFailure, p, h.now())
+        .await
+        .unwrap();
+    h.advance(ttl.mul_f64(0.6)).await;
+    // The count expired recovery_timeout after the first failure, so this is
+    // failure one of a new window, not the third.
+    let s = c
+        .breaker_step(&keys, BreakerCommand::RecordFailure, p, h.now())
+        .await
+        .unwrap();
+    assert_eq!(s.after, CircuitState::Closed);
+    assert_eq!(c.get(&keys.failures).await.unwrap().as_deref(), Some("1"));
+}
+
+async fn open_circuit<C: BreakerStore>(c: &C, keys: &BreakerKeys, p: BreakerParams, at: Timestamp) {
+    for _ in 0..p.failure_threshold {
+        c.breaker_step(keys, BreakerCommand::RecordFailure, p, at)
+            .await
+            .unwrap();
+    }
+}
+
+async fn breaker_half_open_admits_exactly_the_probe_limit<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance");
+    let p = params(1, secs(30), 2);
+    let t = h.now();
+    open_circuit(&*c, &keys, p, t).await;
+    let due = t.saturating_add(secs(30));
+    let first = c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap();
+    assert!(first.allowed);
+    assert_eq!(
+        (first.before, first.after),
+        (CircuitState::Open, CircuitState::HalfOpen)
+    );
+    assert!(
+        c.breaker_step(&keys, BreakerCommand::Allow, p, due)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !c.breaker_step(&keys, BreakerCommand::Allow, p, due)
+            .await
+            .unwrap()
+            .allowed,
+        "half_open_max_calls = 2 admits two, the transitioning call included"
+    );
+    let reopened = c
+        .breaker_step(&keys, BreakerCommand::RecordFailure, p, due)
+        .await
+        .unwrap();
+    assert_eq!(reopened.after, CircuitState::Open);
+    let opened = c
+        .get(&keys.opened_at)
+        .await
+        .unwrap()
+        .and_then(|s| Timestamp::parse_secs(&s));
+    assert_eq!(opened, Some(due), "a failed probe restarts the timeout");
+}
+
+async fn racing_breaker_probes_admit_exactly_the_limit<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = Arc::new(BreakerKeys::new("compliance-race"));
+    let p = params(1, secs(10), 3);
+    let t = h.now();
+    open_circuit(&*c, &keys, p, t).await;
+    let due = t.saturating_add(secs(10));
+    let tasks: Vec<_> = (0..40)
+        .map(|_| {
+            let (c, keys) = (c.clone(), keys.clone());
+            tokio::spawn(async move { c.breaker_step(&keys, BreakerCommand::Allow, p, due).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        if task.await.expect("task panicked").unwrap().allowed {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3);
+}
+
+async fn breaker_success_from_half_open_clears_everything<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance");
+    let p = params(1, secs(10), 1);
+    let t = h.now();
+    open_circuit(&*c, &keys, p, t).await;
+    let due = t.saturating_add(secs(10));
+    c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap();
+    let s = c
+        .breaker_step(&keys, BreakerCommand::RecordSuccess, p, due)
+        .await
+        .unwrap();
+    assert_eq!((s.before, s.after), (CircuitState::HalfOpen, CircuitState::Closed));
+    for key in [&keys.state, &keys.failures, &keys.opened_at, &keys.half_open_calls] {
+        let stored = c.get(key).await.unwrap();
+        assert!(
+            stored.is_none() || stored.as_deref() == Some("closed"),
+            "{key} left as {stored:?}"
+        );
+    }
+}
+
+async fn breaker_unreadable_state_reads_as_closed<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance");
+    c.set(&keys.state, "garbage", None).await.unwrap();
+    let s = c
+        .breaker_step(&keys, BreakerCommand::Allow, params(5, secs(60), 1), h.now())
+        .await
+        .unwrap();
+    assert!(s.allowed);
+    assert_eq!(s.before, CircuitState::Closed);
+    assert_eq!(s.unreadable.as_deref(), Some("garbage"));
+}
+
+async fn breaker_read_changes_nothing<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance");
+    let p = params(1, secs(10), 1);
+    let t = h.now();
+    open_circuit(&*c, &keys, p, t).await;
+    let due = t.saturating_add(secs(20));
+    for _ in 0..3 {
+        let (snapshot, at) = c.breaker_read(&keys, due).await.unwrap();
+        assert_eq!(
+            snapshot.effective_state(),
+            CircuitState::Open,
+            "reading never moves open to half-open"
+        );
+        assert_eq!(at, due);
+    }
+    assert!(
+        c.breaker_step(&keys, BreakerCommand::Allow, p, due)
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
+async fn close_is_idempotent_and_later_calls_fail_closed<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    c.close().await.unwrap();
+    c.close().await.unwrap();
+    assert!(matches!(c.get("k").await, Err(CacheError::Closed)));
+}
