@@ -1,0 +1,354 @@
+//! The circuit breaker's documented behaviours, on a manual clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redstring::cache::KeyValue;
+use redstring::{
+    CacheError, CircuitBreaker, CircuitOpen, CircuitState, Clock, Event, ManualClock, MemoryCache, OnCacheError,
+    RecordingObserver,
+};
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+struct Rig {
+    clock: Arc<ManualClock>,
+    cache: Arc<MemoryCache>,
+    observer: Arc<RecordingObserver>,
+    breaker: CircuitBreaker,
+}
+
+fn rig(threshold: u32, timeout: u64, probes: u32) -> Rig {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let observer = Arc::new(RecordingObserver::new());
+    let breaker = CircuitBreaker::builder()
+        .failure_threshold(threshold)
+        .recovery_timeout(secs(timeout))
+        .half_open_max_calls(probes)
+        .clock(clock.clone())
+        .cache(cache.clone())
+        .observer(observer.clone())
+        .build()
+        .unwrap();
+    Rig {
+        clock,
+        cache,
+        observer,
+        breaker,
+    }
+}
+
+async fn fail(b: &CircuitBreaker, n: u32) {
+    for _ in 0..n {
+        assert!(b.allow_request().await);
+        b.record_failure().await.unwrap();
+    }
+}
+
+#[test]
+fn defaults_are_five_sixty_one_and_kg_circuit() {
+    let b = CircuitBreaker::builder().build().unwrap();
+    let p = b.params();
+    assert_eq!(
+        (p.failure_threshold, p.recovery_timeout, p.half_open_max_calls),
+        (5, secs(60), 1)
+    );
+    assert_eq!(b.key_prefix(), "kg:circuit");
+}
+
+#[test]
+fn non_positive_settings_are_rejected_naming_the_argument() {
+    let e = CircuitBreaker::builder().failure_threshold(0).build().unwrap_err();
+    assert_eq!(e.to_string(), "failure_threshold must be positive, got 0");
+    let e = CircuitBreaker::builder()
+        .recovery_timeout(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(e.to_string(), "recovery_timeout must be positive, got 0");
+    let e = CircuitBreaker::builder().half_open_max_calls(0).build().unwrap_err();
+    assert_eq!(e.to_string(), "half_open_max_calls must be positive, got 0");
+    assert_eq!(
+        CircuitBreaker::builder().key_prefix("").build().unwrap_err().field,
+        "key_prefix"
+    );
+}
+
+#[tokio::test]
+async fn opens_after_threshold_failures_and_then_refuses() {
+    let r = rig(3, 60, 1);
+    fail(&r.breaker, 2).await;
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+    fail(&r.breaker, 1).await;
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Open);
+    assert!(!r.breaker.allow_request().await);
+    assert!(r.observer.events().contains(&Event::BreakerTransition {
+        breaker: "kg:circuit".into(),
+        from: CircuitState::Closed,
+        to: CircuitState::Open,
+        at: r.clock.now(),
+    }));
+}
+
+#[tokio::test]
+async fn after_the_timeout_one_probe_is_admitted_and_success_closes() {
+    let r = rig(1, 60, 1);
+    fail(&r.breaker, 1).await;
+    r.clock.advance(secs(59));
+    assert!(!r.breaker.allow_request().await);
+    r.clock.advance(secs(1));
+    assert!(r.breaker.allow_request().await, "the transitioning call is the probe");
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::HalfOpen);
+    assert!(
+        !r.breaker.allow_request().await,
+        "everything else is refused while probing"
+    );
+    r.breaker.record_success().await.unwrap();
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+    assert!(r.breaker.allow_request().await);
+}
+
+#[tokio::test]
+async fn half_open_max_calls_two_admits_exactly_two() {
+    let r = rig(1, 10, 2);
+    fail(&r.breaker, 1).await;
+    r.clock.advance(secs(10));
+    let admitted = {
+        let mut n = 0;
+        for _ in 0..5 {
+            n += r.breaker.allow_request().await as u32;
+        }
+        n
+    };
+    assert_eq!(admitted, 2);
+}
+
+#[tokio::test]
+async fn a_failed_probe_reopens_at_once_with_a_fresh_timeout() {
+    let r = rig(5, 60, 1);
+    fail(&r.breaker, 5).await;
+    r.clock.advance(secs(60));
+    assert!(r.breaker.allow_request().await);
+    r.breaker.record_failure().await.unwrap();
+    assert_eq!(
+        r.breaker.state().await.unwrap(),
+        CircuitState::Open,
+        "one failure, not five"
+    );
+    assert_eq!(
+        r.breaker.retry_after().await.unwrap(),
+        secs(60),
+        "opened_at was rewritten"
+    );
+}
+
+#[tokio::test]
+async fn success_from_half_open_clears_failures_timestamp_and_probes() {
+    let r = rig(2, 30, 1);
+    fail(&r.breaker, 2).await;
+    r.clock.advance(secs(30));
+    assert!(r.breaker.allow_request().await);
+    r.breaker.record_success().await.unwrap();
+    let keys = r.breaker.keys();
+    for key in [&keys.failures, &keys.opened_at, &keys.half_open_calls] {
+        assert_eq!(r.cache.get(key).await.unwrap(), None, "{key}");
+    }
+    assert_eq!(r.breaker.retry_after().await.unwrap(), Duration::ZERO);
+    // A fresh count: one failure does not reopen a threshold-2 breaker.
+    fail(&r.breaker, 1).await;
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn success_from_closed_clears_the_failure_count() {
+    let r = rig(5, 60, 1);
+    fail(&r.breaker, 4).await;
+    r.breaker.record_success().await.unwrap();
+    fail(&r.breaker, 4).await;
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+    fail(&r.breaker, 1).await;
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Open);
+}
+
+#[tokio::test]
+async fn failures_decay_recovery_timeout_after_the_first_and_are_not_refreshed() {
+    let r = rig(3, 60, 1);
+    fail(&r.breaker, 1).await;
+    r.clock.advance(secs(40));
+    fail(&r.breaker, 1).await; // would keep the count alive if it refreshed the TTL
+    r.clock.advance(secs(20)); // 60 s after the first: the count is gone
+    fail(&r.breaker, 1).await;
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+    assert_eq!(
+        r.cache.get(&r.breaker.keys().failures).await.unwrap().as_deref(),
+        Some("1")
+    );
+}
+
+#[tokio::test]
+async fn failures_spaced_wider_than_the_timeout_never_open() {
+    let r = rig(2, 60, 1);
+    for _ in 0..50 {
+        fail(&r.breaker, 1).await;
+        r.clock.advance(secs(61));
+    }
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn failures_while_open_do_not_push_recovery_out() {
+    let r = rig(1, 60, 1);
+    fail(&r.breaker, 1).await;
+    r.clock.advance(secs(30));
+    for _ in 0..10 {
+        r.breaker.record_failure().await.unwrap();
+    }
+    assert_eq!(r.breaker.retry_after().await.unwrap(), secs(30));
+    r.clock.advance(secs(30));
+    assert!(r.breaker.allow_request().await);
+}
+
+#[tokio::test]
+async fn state_and_retry_after_are_pure_reads() {
+    let r = rig(1, 60, 1);
+    fail(&r.breaker, 1).await;
+    r.clock.advance(secs(20));
+    assert_eq!(r.breaker.retry_after().await.unwrap(), secs(40));
+    r.clock.advance(secs(100));
+    for _ in 0..5 {
+        assert_eq!(
+            r.breaker.state().await.unwrap(),
+            CircuitState::Open,
+            "no transition on read"
+        );
+        assert_eq!(r.breaker.retry_after().await.unwrap(), Duration::ZERO);
+    }
+    assert!(r.breaker.allow_request().await, "reads spent no probe");
+    assert_eq!(
+        r.breaker.retry_after().await.unwrap(),
+        Duration::ZERO,
+        "opened_at survives into half-open, so probing reads as due"
+    );
+}
+
+#[tokio::test]
+async fn retry_after_is_zero_for_a_breaker_that_never_opened() {
+    let r = rig(5, 60, 1);
+    assert_eq!(r.breaker.retry_after().await.unwrap(), Duration::ZERO);
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn an_unreadable_state_reads_as_closed_with_a_warning_event() {
+    let r = rig(5, 60, 1);
+    r.cache.set(&r.breaker.keys().state, "HALF-OPEN??", None).await.unwrap();
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+    assert!(r.breaker.allow_request().await);
+    let warnings = r
+        .observer
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, Event::BreakerStateUnreadable { stored, .. } if stored == "HALF-OPEN??"))
+        .count();
+    assert_eq!(warnings, 2, "each read of the damaged state reports it");
+}
+
+#[tokio::test]
+async fn an_open_state_without_opened_at_means_recovery_is_due() {
+    let r = rig(5, 60, 1);
+    r.cache.set(&r.breaker.keys().state, "open", None).await.unwrap();
+    assert_eq!(r.breaker.retry_after().await.unwrap(), Duration::ZERO);
+    assert!(
+        r.breaker.allow_request().await,
+        "probes rather than staying open forever"
+    );
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::HalfOpen);
+}
+
+#[tokio::test]
+async fn reset_forces_closed_and_clears_everything() {
+    let r = rig(1, 60, 1);
+    fail(&r.breaker, 1).await;
+    r.breaker.reset().await.unwrap();
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+    assert_eq!(r.breaker.retry_after().await.unwrap(), Duration::ZERO);
+    assert!(r.breaker.allow_request().await);
+}
+
+#[tokio::test]
+async fn breakers_sharing_a_cache_and_prefix_are_one_breaker() {
+    let r = rig(2, 60, 1);
+    let twin = CircuitBreaker::builder()
+        .failure_threshold(2)
+        .clock(r.clock.clone())
+        .cache(r.cache.clone())
+        .build()
+        .unwrap();
+    let other = CircuitBreaker::builder()
+        .failure_threshold(2)
+        .key_prefix("kg:embed")
+        .clock(r.clock.clone())
+        .cache(r.cache.clone())
+        .build()
+        .unwrap();
+    fail(&r.breaker, 1).await;
+    fail(&twin, 1).await;
+    assert!(!r.breaker.allow_request().await, "two workers' failures add up");
+    assert!(!twin.allow_request().await);
+    assert!(
+        other.allow_request().await,
+        "a different prefix guards a different server"
+    );
+}
+
+#[tokio::test]
+async fn close_releases_only_a_cache_the_breaker_built() {
+    let r = rig(1, 60, 1);
+    r.breaker.close().await.unwrap();
+    assert!(r.cache.get("k").await.is_ok(), "a cache passed in stays open");
+
+    let owned = CircuitBreaker::builder().build().unwrap();
+    owned.close().await.unwrap();
+    owned.close().await.unwrap();
+    assert!(matches!(owned.state().await, Err(CacheError::Closed)));
+}
+
+#[tokio::test]
+async fn an_unreachable_cache_admits_by_default_and_refuses_when_configured() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    for (policy, expected) in [(OnCacheError::Allow, true), (OnCacheError::Refuse, false)] {
+        let cache = Arc::new(MemoryCache::new(clock.clone()));
+        let observer = Arc::new(RecordingObserver::new());
+        let b = CircuitBreaker::builder()
+            .on_cache_error(policy)
+            .clock(clock.clone())
+            .cache(cache.clone())
+            .observer(observer.clone())
+            .build()
+            .unwrap();
+        redstring::Cache::close(&*cache).await.unwrap();
+        assert_eq!(b.allow_request().await, expected, "{policy:?}");
+        assert!(
+            matches!(
+                &observer.events()[..],
+                [Event::CacheUnavailable {
+                    operation: "breaker_step",
+                    ..
+                }]
+            ),
+            "{:?}",
+            observer.events()
+        );
+        assert!(b.record_failure().await.is_err(), "reporting surfaces the cache error");
+    }
+}
+
+#[test]
+fn circuit_open_carries_message_and_wait() {
+    let e = CircuitOpen::new("qwen3 is unavailable", secs(12));
+    assert_eq!(e.to_string(), "qwen3 is unavailable");
+    assert_eq!(e.message, "qwen3 is unavailable");
+    assert_eq!(e.retry_after, secs(12));
+}

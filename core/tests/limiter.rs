@@ -1,0 +1,380 @@
+//! The rate limiter's documented behaviours, on a manual clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redstring::cache::{HitWindow, KeyValue};
+use redstring::{
+    AcquireError, Clock, Event, ManualClock, MemoryCache, RateLimitExceeded, RateLimiter, RecordingObserver, TenantId,
+    Timestamp,
+};
+
+const A: TenantId = TenantId::from_u128(0xA);
+const B: TenantId = TenantId::from_u128(0xB);
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn limiter(rpm: u32, clock: &Arc<ManualClock>) -> RateLimiter {
+    RateLimiter::builder(rpm).clock(clock.clone()).build().unwrap()
+}
+
+fn refused(result: Result<redstring::Admission, AcquireError>) -> RateLimitExceeded {
+    match result {
+        Err(AcquireError::Limited(e)) => e,
+        other => panic!("expected a rate-limit refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn rpm_zero_is_rejected_at_construction() {
+    let err = RateLimiter::builder(0).build().unwrap_err();
+    assert_eq!(err.to_string(), "rpm must be positive, got 0");
+    assert_eq!(err.field, "rpm");
+}
+
+#[test]
+fn zero_window_is_rejected_at_construction() {
+    let err = RateLimiter::builder(60).window(Duration::ZERO).build().unwrap_err();
+    assert_eq!(err.to_string(), "window_seconds must be positive, got 0");
+}
+
+#[test]
+fn empty_or_overlong_prefix_is_rejected() {
+    assert_eq!(
+        RateLimiter::builder(1).key_prefix("").build().unwrap_err().field,
+        "key_prefix"
+    );
+    assert_eq!(
+        RateLimiter::builder(1)
+            .key_prefix("x".repeat(92))
+            .build()
+            .unwrap_err()
+            .field,
+        "key_prefix"
+    );
+    assert!(RateLimiter::builder(1).key_prefix("x".repeat(91)).build().is_ok());
+}
+
+#[test]
+fn defaults_are_a_sixty_second_window_and_the_kg_ratelimit_prefix() {
+    let l = RateLimiter::builder(60).build().unwrap();
+    assert_eq!(l.window(), secs(60));
+    assert_eq!(l.key_prefix(), "kg:ratelimit");
+    assert_eq!(l.rpm(), 60);
+}
+
+#[tokio::test]
+async fn admits_rpm_calls_then_refuses_with_the_exact_wait_and_message() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(3, &clock);
+    for expected in [2, 1, 0] {
+        assert_eq!(l.acquire(A).await.unwrap().remaining, expected);
+        clock.advance(secs(10));
+    }
+    // Hits at 0, 10, 20; now is 30: the first ages out at 60.
+    let e = refused(l.acquire(A).await);
+    assert_eq!(e.retry_after, secs(30));
+    assert_eq!(e.used, 3);
+    assert_eq!(e.tenant, A);
+    assert_eq!(e.to_string(), "tenant has used 3 calls in 60s; retry in 30.00s");
+}
+
+#[tokio::test]
+async fn message_shows_fractional_waits_to_two_places() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(1, &clock);
+    l.acquire(A).await.unwrap();
+    clock.advance(Duration::from_millis(59_580));
+    assert_eq!(
+        refused(l.acquire(A).await).to_string(),
+        "tenant has used 1 calls in 60s; retry in 0.42s"
+    );
+}
+
+#[tokio::test]
+async fn sleeping_for_retry_after_then_acquiring_succeeds() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(2, &clock);
+    l.acquire(A).await.unwrap();
+    clock.advance(secs(5));
+    l.acquire(A).await.unwrap();
+    let wait = refused(l.acquire(A).await).retry_after;
+    clock.sleep(wait).await;
+    assert!(
+        matches!(refused(l.acquire(A).await).retry_after, d if d.is_zero()),
+        "at exactly oldest + window the oldest hit is still inside the inclusive window"
+    );
+    clock.advance(Duration::from_micros(1));
+    assert!(l.acquire(A).await.is_ok());
+}
+
+#[tokio::test]
+async fn refusals_are_not_recorded() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(1, &clock);
+    l.acquire(A).await.unwrap();
+    for _ in 0..20 {
+        clock.advance(secs(1));
+        let _ = refused(l.acquire(A).await);
+    }
+    let since = clock.now().saturating_sub(secs(60));
+    let key = format!("kg:ratelimit:{A}");
+    assert_eq!(l.cache().count_since(&key, since).await.unwrap(), 1);
+    // And the retry loop is not locked out: 60 s after the only hit, a slot frees.
+    clock.advance(secs(41));
+    assert!(l.acquire(A).await.is_ok());
+}
+
+#[tokio::test]
+async fn retry_after_never_grows_across_refusals() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(2, &clock);
+    l.acquire(A).await.unwrap();
+    clock.advance(secs(7));
+    l.acquire(A).await.unwrap();
+    let mut last = Duration::MAX;
+    for step_ms in [0, 1, 500, 2_000, 10_000, 0, 30_000] {
+        clock.advance(Duration::from_millis(step_ms));
+        let wait = refused(l.acquire(A).await).retry_after;
+        assert!(wait <= last, "{wait:?} grew past {last:?}");
+        last = wait;
+    }
+}
+
+#[tokio::test]
+async fn the_window_slides_rather_than_resetting_on_a_boundary() {
+    // Sixty calls at 11:59:59.9 and the next at 12:00:00.1: a bucket counter
+    // would admit it; a sliding window refuses until the first sixty age out.
+    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(1_700_006_399_900_000)));
+    let l = limiter(60, &clock);
+    for _ in 0..60 {
+        l.acquire(A).await.unwrap();
+    }
+    clock.advance(Duration::from_millis(200));
+    let e = refused(l.acquire(A).await);
+    assert_eq!(e.retry_after, Duration::from_millis(59_800));
+}
+
+#[tokio::test]
+async fn slots_free_one_at_a_time_as_hits_age_out() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(3, &clock);
+    for _ in 0..3 {
+        l.acquire(A).await.unwrap();
+        clock.advance(secs(10));
+    }
+    clock.advance(secs(31)); // t = 61: only the first hit (t = 0) has aged out
+    assert_eq!(l.remaining(A).await.unwrap(), 1);
+    l.acquire(A).await.unwrap();
+    assert!(l.acquire(A).await.is_err());
+}
+
+#[tokio::test]
+async fn allowances_are_per_tenant() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(5, &clock);
+    for _ in 0..5 {
+        l.acquire(A).await.unwrap();
+    }
+    assert!(l.acquire(A).await.is_err());
+    assert_eq!(l.remaining(B).await.unwrap(), 5);
+    assert_eq!(l.acquire(B).await.unwrap().remaining, 4);
+}
+
+#[tokio::test]
+async fn remaining_counts_without_taking_a_slot() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(5, &clock);
+    assert_eq!(
+        l.remaining(A).await.unwrap(),
+        5,
+        "a fresh tenant has the whole allowance"
+    );
+    l.acquire(A).await.unwrap();
+    l.acquire(A).await.unwrap();
+    for _ in 0..10 {
+        assert_eq!(l.remaining(A).await.unwrap(), 3);
+    }
+}
+
+#[tokio::test]
+async fn remaining_is_never_negative_even_when_a_fleet_overshot() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let l = RateLimiter::builder(2)
+        .clock(clock.clone())
+        .cache(cache.clone())
+        .build()
+        .unwrap();
+    let key = format!("kg:ratelimit:{A}");
+    for _ in 0..7 {
+        cache.record_hit(&key, clock.now(), secs(120)).await.unwrap();
+    }
+    assert_eq!(l.remaining(A).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn rpm_means_per_window() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = RateLimiter::builder(10)
+        .window(secs(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        l.acquire(A).await.unwrap();
+    }
+    let e = refused(l.acquire(A).await);
+    assert_eq!(e.retry_after, secs(1));
+    assert_eq!(e.to_string(), "tenant has used 10 calls in 1s; retry in 1.00s");
+    clock.advance(Duration::from_millis(1_001));
+    assert_eq!(l.remaining(A).await.unwrap(), 10);
+}
+
+#[tokio::test]
+async fn a_tenants_series_lives_twice_the_window_after_its_last_hit() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(5, &clock);
+    l.acquire(A).await.unwrap();
+    clock.advance(secs(119));
+    assert_eq!(l.cache().len().1, 1, "kept through 2 × window");
+    clock.advance(secs(1));
+    assert_eq!(l.cache().len().1, 0, "gone at 2 × window");
+}
+
+#[tokio::test]
+async fn idle_tenants_are_swept_so_memory_stays_bounded() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(5, &clock);
+    for n in 0..1_000u128 {
+        l.acquire(TenantId::from_u128(n)).await.unwrap();
+    }
+    assert_eq!(l.cache().stored_hits(), 1_000);
+    clock.advance(secs(121));
+    for _ in 0..1_100 {
+        let _ = l.remaining(A).await.unwrap();
+    }
+    assert_eq!(l.cache().stored_hits(), 0, "expired series are swept, not just hidden");
+}
+
+#[tokio::test]
+async fn a_busy_tenant_keeps_at_most_two_windows_of_hits() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let l = limiter(10, &clock);
+    for _ in 0..1_000 {
+        let _ = l.acquire(A).await;
+        clock.advance(Duration::from_millis(500));
+    }
+    assert!(
+        l.cache().stored_hits() <= 20 + 1,
+        "{} hits held",
+        l.cache().stored_hits()
+    );
+}
+
+#[tokio::test]
+async fn limiters_sharing_a_cache_and_prefix_share_an_allowance() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let one = RateLimiter::builder(2)
+        .clock(clock.clone())
+        .cache(cache.clone())
+        .build()
+        .unwrap();
+    let two = RateLimiter::builder(2)
+        .clock(clock.clone())
+        .cache(cache.clone())
+        .build()
+        .unwrap();
+    let other = RateLimiter::builder(2)
+        .key_prefix("kg:embed")
+        .clock(clock.clone())
+        .cache(cache.clone())
+        .build()
+        .unwrap();
+    one.acquire(A).await.unwrap();
+    two.acquire(A).await.unwrap();
+    assert!(one.acquire(A).await.is_err());
+    assert!(two.acquire(A).await.is_err());
+    assert!(
+        other.acquire(A).await.is_ok(),
+        "a different prefix is a separate allowance"
+    );
+}
+
+/// A clock that moves one millisecond every time it is read.
+struct TickingClock(ManualClock);
+
+impl Clock for TickingClock {
+    fn now(&self) -> Timestamp {
+        let t = self.0.now();
+        self.0.advance(Duration::from_millis(1));
+        t
+    }
+    fn sleep(&self, d: Duration) -> redstring::Sleep {
+        self.0.sleep(d)
+    }
+}
+
+#[tokio::test]
+async fn one_clock_read_per_acquire_stamps_count_oldest_and_hit_alike() {
+    let manual = ManualClock::at_fixed_epoch();
+    let observer = Arc::new(RecordingObserver::new());
+    // The cache keeps TTL time on the plain clock, so only the limiter's own
+    // reads move time.
+    let cache = Arc::new(MemoryCache::new(Arc::new(manual.clone())));
+    let l = RateLimiter::builder(1)
+        .cache(cache)
+        .clock(Arc::new(TickingClock(manual.clone())))
+        .observer(observer.clone())
+        .build()
+        .unwrap();
+    let start = manual.now();
+    l.acquire(A).await.unwrap();
+    let e = refused(l.acquire(A).await);
+    let events = observer.events();
+    let admitted_at = match &events[0] {
+        Event::RateLimitAdmitted { at, .. } => *at,
+        other => panic!("{other:?}"),
+    };
+    let refused_at = match &events[1] {
+        Event::RateLimitRefused { at, .. } => *at,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(admitted_at, start, "the hit carries the single reading");
+    assert_eq!(
+        e.retry_after,
+        admitted_at
+            .saturating_add(secs(60))
+            .saturating_duration_since(refused_at),
+        "the wait is computed against the instant the count used"
+    );
+    assert_eq!(
+        manual.now(),
+        start.saturating_add(Duration::from_millis(2)),
+        "one read per acquire"
+    );
+}
+
+#[tokio::test]
+async fn close_releases_only_a_cache_the_limiter_built() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let shared = Arc::new(MemoryCache::new(clock.clone()));
+    let given = RateLimiter::builder(1)
+        .clock(clock.clone())
+        .cache(shared.clone())
+        .build()
+        .unwrap();
+    given.close().await.unwrap();
+    assert!(shared.get("k").await.is_ok(), "a cache passed in stays open");
+
+    let owned = limiter(1, &clock);
+    owned.close().await.unwrap();
+    owned.close().await.unwrap();
+    assert!(matches!(
+        owned.acquire(A).await,
+        Err(AcquireError::Cache(redstring::CacheError::Closed))
+    ));
+}
