@@ -1,0 +1,266 @@
+//! Property tests for the invariants the limiter and breaker promise, over
+//! random configurations and call sequences on a manual clock — and with tasks
+//! racing on one component.
+//!
+//! Case counts are modest by default; `PROPTEST_CASES=2000 cargo test -p
+//! redstring --test properties` runs a deeper search.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use redstring::{AcquireError, CircuitBreaker, CircuitState, ManualClock, RateLimiter, TenantId, Timestamp};
+
+const T: TenantId = TenantId::from_u128(7);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().build().unwrap()
+}
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(64),
+        ..ProptestConfig::default()
+    }
+}
+
+/// Gaps between calls: mostly short (bursts), sometimes long (a window or more).
+fn gaps() -> impl Strategy<Value = Vec<Duration>> {
+    prop::collection::vec(
+        prop_oneof![
+            4 => (0u64..2_000).prop_map(Duration::from_millis),
+            1 => (0u64..200_000).prop_map(Duration::from_millis),
+        ],
+        1..300,
+    )
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Invariant 1: never more than `rpm` admissions in any window.
+    #[test]
+    fn admissions_never_exceed_rpm_in_any_window(rpm in 1u32..12, window_s in 1u64..90, gaps in gaps()) {
+        let window = Duration::from_secs(window_s);
+        let admitted = runtime().block_on(async {
+            let clock = Arc::new(ManualClock::at_fixed_epoch());
+            let l = RateLimiter::builder(rpm).window(window).clock(clock.clone()).build().unwrap();
+            let mut admitted: Vec<Timestamp> = Vec::new();
+            for gap in gaps {
+                clock.advance(gap);
+                if l.acquire(T).await.is_ok() {
+                    admitted.push(redstring::Clock::now(&*clock));
+                }
+            }
+            admitted
+        });
+        for (i, t) in admitted.iter().enumerate() {
+            let since = t.saturating_sub(window);
+            let in_window = admitted[..=i].iter().filter(|a| **a >= since).count();
+            prop_assert!(in_window <= rpm as usize, "{in_window} admissions in the window ending {t}");
+        }
+    }
+
+    /// Invariant 2: successive refusals never report a growing wait while no
+    /// hit is added, and sleeping on the wait (plus the inclusive instant)
+    /// always succeeds.
+    #[test]
+    fn retry_after_never_grows_between_admissions(rpm in 1u32..6, window_s in 1u64..90, gaps in gaps()) {
+        runtime().block_on(async {
+            let clock = Arc::new(ManualClock::at_fixed_epoch());
+            let l = RateLimiter::builder(rpm).window(Duration::from_secs(window_s)).clock(clock.clone()).build().unwrap();
+            let mut last: Option<Duration> = None;
+            for gap in gaps {
+                clock.advance(gap);
+                match l.acquire(T).await {
+                    Ok(_) => last = None,
+                    Err(AcquireError::Limited(e)) => {
+                        if let Some(prev) = last {
+                            prop_assert!(e.retry_after <= prev, "{:?} grew past {:?}", e.retry_after, prev);
+                        }
+                        prop_assert!(e.retry_after <= Duration::from_secs(window_s));
+                        last = Some(e.retry_after);
+                    }
+                    Err(other) => prop_assert!(false, "{other}"),
+                }
+            }
+            if let Some(wait) = last {
+                clock.advance(wait + Duration::from_micros(1));
+                prop_assert!(l.acquire(T).await.is_ok(), "sleeping on retry_after frees a slot");
+            }
+            Ok(())
+        })?;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    /// allow_request, then report the outcome if admitted.
+    Call {
+        succeeds: bool,
+    },
+    /// allow_request without reporting (a call still in flight).
+    Probe,
+    Wait(Duration),
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![
+            4 => any::<bool>().prop_map(|succeeds| Op::Call { succeeds }),
+            1 => Just(Op::Probe),
+            3 => (0u64..90_000).prop_map(|ms| Op::Wait(Duration::from_millis(ms))),
+        ],
+        1..200,
+    )
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Invariant 3: a half-open episode admits at most `half_open_max_calls`
+    /// probes, the transitioning call included — and exactly that many when
+    /// enough calls ask.
+    #[test]
+    fn half_open_episodes_admit_exactly_the_probe_limit(
+        threshold in 1u32..5, timeout_s in 1u64..60, probes in 1u32..4, ops in ops(),
+    ) {
+        runtime().block_on(async {
+            let clock = Arc::new(ManualClock::at_fixed_epoch());
+            let b = CircuitBreaker::builder()
+                .failure_threshold(threshold)
+                .recovery_timeout(Duration::from_secs(timeout_s))
+                .half_open_max_calls(probes)
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            // (asks, admitted) for the current half-open episode.
+            let mut episode: Option<(u32, u32)> = None;
+            for op in ops {
+                match op {
+                    Op::Wait(d) => clock.advance(d),
+                    Op::Call { .. } | Op::Probe => {
+                        let before = b.state().await.unwrap();
+                        let allowed = b.allow_request().await;
+                        let after = b.state().await.unwrap();
+                        if after == CircuitState::HalfOpen {
+                            let (asks, admitted) = episode.get_or_insert((0, 0));
+                            *asks += 1;
+                            *admitted += allowed as u32;
+                            prop_assert!(*admitted <= probes);
+                            prop_assert!(*admitted == (*asks).min(probes), "{admitted} of {asks} asks admitted");
+                        }
+                        if before == CircuitState::Open && after == CircuitState::Open {
+                            prop_assert!(!allowed, "invariant 5: an open breaker not yet due admits nothing");
+                        }
+                        if let (true, Op::Call { succeeds }) = (allowed, op) {
+                            if succeeds { b.record_success().await.unwrap() } else { b.record_failure().await.unwrap() }
+                        }
+                        if b.state().await.unwrap() != CircuitState::HalfOpen {
+                            episode = None;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })?;
+    }
+
+    /// Invariant 4: with threshold ≥ 2, failures spaced further apart than
+    /// `recovery_timeout` never open the circuit, whatever successes come between.
+    #[test]
+    fn sparse_failures_never_open(
+        threshold in 2u32..6, timeout_s in 1u64..120,
+        spacing in prop::collection::vec((1u64..5_000, any::<bool>()), 1..80),
+    ) {
+        runtime().block_on(async {
+            let clock = Arc::new(ManualClock::at_fixed_epoch());
+            let timeout = Duration::from_secs(timeout_s);
+            let b = CircuitBreaker::builder()
+                .failure_threshold(threshold)
+                .recovery_timeout(timeout)
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            for (extra_ms, success_between) in spacing {
+                prop_assert!(b.allow_request().await);
+                b.record_failure().await.unwrap();
+                clock.advance(timeout + Duration::from_millis(extra_ms));
+                if success_between {
+                    prop_assert!(b.allow_request().await);
+                    b.record_success().await.unwrap();
+                }
+            }
+            prop_assert_eq!(b.state().await.unwrap(), CircuitState::Closed);
+            Ok(())
+        })?;
+    }
+}
+
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: config().cases.min(24), ..ProptestConfig::default() })]
+
+    /// Many tasks racing on one limiter (one shared in-process cache) never
+    /// get more than `rpm` slots between them.
+    #[test]
+    fn racing_tasks_never_exceed_rpm(rpm in 1u32..30, tasks in 2usize..64) {
+        let admitted = multi_thread().block_on(async {
+            let clock = Arc::new(ManualClock::at_fixed_epoch());
+            let l = Arc::new(RateLimiter::builder(rpm).clock(clock).build().unwrap());
+            let handles: Vec<_> = (0..tasks)
+                .map(|_| {
+                    let l = l.clone();
+                    tokio::spawn(async move { l.acquire(T).await.is_ok() })
+                })
+                .collect();
+            let mut admitted = 0u32;
+            for h in handles {
+                admitted += h.await.unwrap() as u32;
+            }
+            admitted
+        });
+        prop_assert_eq!(admitted, rpm.min(tasks as u32));
+    }
+
+    /// Many tasks racing `allow_request` on one half-open breaker get exactly
+    /// `half_open_max_calls` probes between them.
+    #[test]
+    fn racing_tasks_never_exceed_the_probe_limit(probes in 1u32..8, tasks in 2usize..64) {
+        let admitted = multi_thread().block_on(async {
+            let clock = Arc::new(ManualClock::at_fixed_epoch());
+            let b = Arc::new(
+                CircuitBreaker::builder()
+                    .failure_threshold(1)
+                    .recovery_timeout(Duration::from_secs(10))
+                    .half_open_max_calls(probes)
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap(),
+            );
+            b.record_failure().await.unwrap();
+            clock.advance(Duration::from_secs(10));
+            let handles: Vec<_> = (0..tasks)
+                .map(|_| {
+                    let b = b.clone();
+                    tokio::spawn(async move { b.allow_request().await })
+                })
+                .collect();
+            let mut admitted = 0u32;
+            for h in handles {
+                admitted += h.await.unwrap() as u32;
+            }
+            admitted
+        });
+        prop_assert_eq!(admitted, probes.min(tasks as u32));
+    }
+}
