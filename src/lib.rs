@@ -1,1 +1,7 @@
-//! Cross-crate tests and benchmarks for redstring live in `tests/` and `benches/`; this library is empty.
+//! Cross-crate tests and benchmarks for redstring live in `tests/` and
+//! `benches/`; this library only compiles the README's examples as doctests so
+//! the README stays true.
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
