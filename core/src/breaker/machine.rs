@@ -161,6 +161,38 @@ impl BreakerSnapshot {
     }
 }
 
+/// Read access to a breaker's stored keys, decoded.
+///
+/// [`step`] asks only for what the transition in hand needs — a closed
+/// circuit's `Allow` reads the state and nothing else — so an in-process store
+/// can answer from its maps without reading all four keys. A
+/// [`BreakerSnapshot`] is the eager implementation every other store uses.
+pub trait BreakerView {
+    /// The state key.
+    fn state(&self) -> StoredState;
+    /// The live failure count; `None` when absent, expired or not a number.
+    fn failures(&self) -> Option<u32>;
+    /// When the circuit last opened; `None` when absent or unparseable.
+    fn opened_at(&self) -> Option<Timestamp>;
+    /// Probes admitted this half-open episode (absent or damaged reads as 0).
+    fn half_open_calls(&self) -> u32;
+}
+
+impl BreakerView for BreakerSnapshot {
+    fn state(&self) -> StoredState {
+        self.state.clone()
+    }
+    fn failures(&self) -> Option<u32> {
+        self.failures
+    }
+    fn opened_at(&self) -> Option<Timestamp> {
+        self.opened_at
+    }
+    fn half_open_calls(&self) -> u32 {
+        self.half_open_calls
+    }
+}
+
 /// A command to the state machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BreakerCommand {
@@ -263,17 +295,12 @@ pub fn retry_after(snapshot: &BreakerSnapshot, params: &BreakerParams, now: Time
 }
 
 /// One transition of the breaker. Pure: the same inputs give the same step.
-pub fn step(
-    snapshot: &BreakerSnapshot,
-    command: BreakerCommand,
-    params: &BreakerParams,
-    now: Timestamp,
-) -> BreakerStep {
+pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &BreakerParams, now: Timestamp) -> BreakerStep {
     use CircuitState::*;
-    let before = snapshot.effective_state();
-    let unreadable = match &snapshot.state {
-        StoredState::Unreadable(s) => Some(s.clone()),
-        _ => None,
+    let (before, unreadable) = match stored.state() {
+        StoredState::Valid(state) => (state, None),
+        StoredState::Missing => (Closed, None),
+        StoredState::Unreadable(s) => (Closed, Some(s)),
     };
     let mut writes = Writes::NONE;
     let (after, allowed) = match (command, before) {
@@ -283,7 +310,7 @@ pub fn step(
         }
         (BreakerCommand::Allow, Closed) => (Closed, true),
         (BreakerCommand::Allow, Open) => {
-            if recovery_due(snapshot.opened_at, params, now) {
+            if recovery_due(stored.opened_at(), params, now) {
                 // The transitioning call is itself the first probe.
                 writes.state = Write::Set(HalfOpen);
                 writes.half_open_calls = Write::Set(1);
@@ -293,15 +320,16 @@ pub fn step(
             }
         }
         (BreakerCommand::Allow, HalfOpen) => {
-            if snapshot.half_open_calls < params.half_open_max_calls {
-                writes.half_open_calls = Write::Set(snapshot.half_open_calls + 1);
+            let calls = stored.half_open_calls();
+            if calls < params.half_open_max_calls {
+                writes.half_open_calls = Write::Set(calls + 1);
                 (HalfOpen, true)
             } else {
                 (HalfOpen, false)
             }
         }
         (BreakerCommand::RecordSuccess, Closed) => {
-            if snapshot.failures.is_some() {
+            if stored.failures().is_some() {
                 writes.failures = FailuresWrite::Delete;
             }
             (Closed, true)
@@ -316,7 +344,8 @@ pub fn step(
             (Open, true)
         }
         (BreakerCommand::RecordFailure, Closed) => {
-            let count = snapshot.failures.map_or(1, |n| n.saturating_add(1));
+            let failures = stored.failures();
+            let count = failures.map_or(1, |n| n.saturating_add(1));
             if count >= params.failure_threshold {
                 writes.state = Write::Set(Open);
                 writes.opened_at = Write::Set(now);
@@ -324,7 +353,7 @@ pub fn step(
                 writes.half_open_calls = Write::Delete;
                 (Open, true)
             } else {
-                writes.failures = match snapshot.failures {
+                writes.failures = match failures {
                     None => FailuresWrite::Create,
                     Some(_) => FailuresWrite::Bump(count),
                 };

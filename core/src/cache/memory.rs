@@ -12,22 +12,23 @@
 //! tenants go away.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
 use crate::breaker::machine::{
-    self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, FailuresWrite, StoredState, Write,
+    self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, BreakerView, CircuitState,
+    FailuresWrite, StoredState, Write,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::CacheError;
 use crate::limiter::{SlotOutcome, decide};
 use crate::time::Timestamp;
 
-/// A fixed-key hasher: iteration order never depends on a random seed, which
-/// the simulator's byte-for-byte determinism needs.
-type Map<V> = HashMap<String, V, BuildHasherDefault<DefaultHasher>>;
+/// Maps keyed by cache key with a fast, fixed-seed hasher: lookups are the hot
+/// path's main cost, and iteration order never depends on a random seed (the
+/// simulator's byte-for-byte determinism needs that).
+type Map<V> = HashMap<String, V, rustc_hash::FxBuildHasher>;
 
 /// The in-process [`Cache`]: every capability of the port, behind one mutex.
 ///
@@ -147,6 +148,43 @@ impl MemoryCache {
     }
 }
 
+impl Series {
+    fn first(at: Timestamp, ttl: Duration, now: Timestamp) -> Series {
+        Series {
+            hits: VecDeque::from([at]),
+            deadline: now.saturating_add(ttl),
+        }
+    }
+
+    /// Index of the first hit at or after `since`.
+    fn start(&self, since: Timestamp) -> usize {
+        self.hits.partition_point(|h| *h < since)
+    }
+
+    /// Adds a hit at `at`, extends the series' life to `ttl` from `now`, and
+    /// drops hits more than `ttl` older than the newest.
+    fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) {
+        if self.hits.back().is_none_or(|last| *last <= at) {
+            self.hits.push_back(at);
+        } else {
+            let pos = self.hits.partition_point(|h| *h <= at);
+            self.hits.insert(pos, at);
+        }
+        let deadline = now.saturating_add(ttl);
+        self.deadline = if self.deadline <= now {
+            deadline
+        } else {
+            self.deadline.max(deadline)
+        };
+        if let Some(&newest) = self.hits.back() {
+            let floor = newest.saturating_sub(ttl);
+            while self.hits.front().is_some_and(|h| *h < floor) {
+                self.hits.pop_front();
+            }
+        }
+    }
+}
+
 impl ValueEntry {
     fn live(&self, now: Timestamp) -> bool {
         self.deadline.is_none_or(|d| d > now)
@@ -190,68 +228,84 @@ impl State {
         self.windows.get(key)
     }
 
-    fn record(&mut self, key: &str, at: Timestamp, ttl: Duration, now: Timestamp) {
-        let deadline = now.saturating_add(ttl);
-        if !self.windows.contains_key(key) {
-            self.windows.insert(
-                key.to_owned(),
-                Series {
-                    hits: VecDeque::new(),
-                    deadline,
-                },
-            );
-        }
-        let Some(series) = self.windows.get_mut(key) else {
-            return;
-        };
+    /// The live series at `key`, emptied first if it expired — one lookup.
+    fn series_mut(&mut self, key: &str, now: Timestamp) -> Option<&mut Series> {
+        let series = self.windows.get_mut(key)?;
         if series.deadline <= now {
             series.hits.clear();
         }
-        let pos = series.hits.partition_point(|h| *h <= at);
-        series.hits.insert(pos, at);
-        series.deadline = series.deadline.max(deadline);
-        if let Some(&newest) = series.hits.back() {
-            let floor = newest.saturating_sub(ttl);
-            while series.hits.front().is_some_and(|h| *h < floor) {
-                series.hits.pop_front();
+        Some(series)
+    }
+
+    fn record(&mut self, key: &str, at: Timestamp, ttl: Duration, now: Timestamp) {
+        match self.series_mut(key, now) {
+            Some(series) => series.push(at, ttl, now),
+            None => {
+                self.windows.insert(key.to_owned(), Series::first(at, ttl, now));
             }
         }
     }
+}
+
+/// The breaker's keys read straight from the maps, only as the state machine
+/// asks for them; expired entries read as absent.
+struct LiveKeys<'a> {
+    state: &'a State,
+    keys: &'a BreakerKeys,
+    now: Timestamp,
+}
+
+impl LiveKeys<'_> {
+    fn value(&self, key: &str) -> Option<&Value> {
+        self.state
+            .values
+            .get(key)
+            .filter(|e| e.live(self.now))
+            .map(|e| &e.value)
+    }
 
     fn count(&self, key: &str) -> Option<u32> {
-        match &self.values.get(key)?.value {
+        match self.value(key)? {
             Value::Int(n) => u32::try_from(*n).ok(),
             Value::Text(s) => s.parse().ok(),
         }
     }
 
-    fn text(&self, key: &str) -> Option<&str> {
-        match &self.values.get(key)?.value {
-            Value::Text(s) => Some(s),
+    fn snapshot(&self) -> BreakerSnapshot {
+        BreakerSnapshot {
+            state: self.state(),
+            failures: self.failures(),
+            opened_at: self.opened_at(),
+            half_open_calls: self.half_open_calls(),
+        }
+    }
+}
+
+impl BreakerView for LiveKeys<'_> {
+    fn state(&self) -> StoredState {
+        match self.value(&self.keys.state) {
+            None => StoredState::Missing,
+            Some(Value::Text(s)) => match CircuitState::parse(s) {
+                Some(state) => StoredState::Valid(state),
+                None => StoredState::Unreadable(s.clone()),
+            },
+            Some(Value::Int(n)) => StoredState::Unreadable(n.to_string()),
+        }
+    }
+
+    fn failures(&self) -> Option<u32> {
+        self.count(&self.keys.failures)
+    }
+
+    fn opened_at(&self) -> Option<Timestamp> {
+        match self.value(&self.keys.opened_at)? {
+            Value::Text(s) => Timestamp::parse_secs(s),
             Value::Int(_) => None,
         }
     }
 
-    fn snapshot(&mut self, keys: &BreakerKeys, now: Timestamp) -> BreakerSnapshot {
-        for key in [&keys.state, &keys.failures, &keys.opened_at, &keys.half_open_calls] {
-            self.value(key, now);
-        }
-        let state = match self.values.get(&keys.state) {
-            None => StoredState::Missing,
-            Some(entry) => match &entry.value {
-                Value::Text(s) => match machine::CircuitState::parse(s) {
-                    Some(state) => StoredState::Valid(state),
-                    None => StoredState::Unreadable(s.clone()),
-                },
-                Value::Int(n) => StoredState::Unreadable(n.to_string()),
-            },
-        };
-        BreakerSnapshot {
-            state,
-            failures: self.count(&keys.failures),
-            opened_at: self.text(&keys.opened_at).and_then(Timestamp::parse_secs),
-            half_open_calls: self.count(&keys.half_open_calls).unwrap_or(0),
-        }
+    fn half_open_calls(&self) -> u32 {
+        self.count(&self.keys.half_open_calls).unwrap_or(0)
     }
 }
 
@@ -338,12 +392,11 @@ impl HitWindow for MemoryCache {
 }
 
 fn count_since(series: &Series, since: Timestamp) -> u64 {
-    (series.hits.len() - series.hits.partition_point(|h| *h < since)) as u64
+    (series.hits.len() - series.start(since)) as u64
 }
 
 fn oldest_since(series: &Series, since: Timestamp) -> Option<Timestamp> {
-    let i = series.hits.partition_point(|h| *h < since);
-    series.hits.get(i).copied()
+    series.hits.get(series.start(since)).copied()
 }
 
 impl LimiterStore for MemoryCache {
@@ -352,14 +405,32 @@ impl LimiterStore for MemoryCache {
         let now = self.stamp(request.now, clock_now);
         let mut state = self.open(clock_now)?;
         let since = now.saturating_sub(request.window);
-        let (count, oldest) = match state.series(key, clock_now) {
-            Some(s) => (count_since(s, since), oldest_since(s, since)),
-            None => (0, None),
+        let outcome = match state.series_mut(key, clock_now) {
+            Some(series) => {
+                let start = series.start(since);
+                let count = (series.hits.len() - start) as u64;
+                let outcome = decide(
+                    count,
+                    series.hits.get(start).copied(),
+                    request.limit,
+                    now,
+                    request.window,
+                );
+                if let SlotOutcome::Admitted { .. } = outcome {
+                    series.push(now, request.ttl, clock_now);
+                }
+                outcome
+            }
+            None => {
+                let outcome = decide(0, None, request.limit, now, request.window);
+                if let SlotOutcome::Admitted { .. } = outcome {
+                    state
+                        .windows
+                        .insert(key.to_owned(), Series::first(now, request.ttl, clock_now));
+                }
+                outcome
+            }
         };
-        let outcome = decide(count, oldest, request.limit, now, request.window);
-        if let SlotOutcome::Admitted { .. } = outcome {
-            state.record(key, now, request.ttl, clock_now);
-        }
         Ok(outcome)
     }
 }
@@ -375,8 +446,16 @@ impl BreakerStore for MemoryCache {
         let clock_now = self.shared.clock.now();
         let now = self.stamp(now, clock_now);
         let mut state = self.open(clock_now)?;
-        let snapshot = state.snapshot(keys, clock_now);
-        let step = machine::step(&snapshot, command, &params, now);
+        let step = machine::step(
+            &LiveKeys {
+                state: &state,
+                keys,
+                now: clock_now,
+            },
+            command,
+            &params,
+            now,
+        );
         let w = step.writes;
         match w.state {
             Write::Keep => {}
@@ -425,7 +504,13 @@ impl BreakerStore for MemoryCache {
     ) -> Result<(BreakerSnapshot, Timestamp), CacheError> {
         let clock_now = self.shared.clock.now();
         let now = self.stamp(now, clock_now);
-        let mut state = self.open(clock_now)?;
-        Ok((state.snapshot(keys, clock_now), now))
+        let state = self.open(clock_now)?;
+        let snapshot = LiveKeys {
+            state: &state,
+            keys,
+            now: clock_now,
+        }
+        .snapshot();
+        Ok((snapshot, now))
     }
 }
