@@ -30,6 +30,23 @@ pub enum Event {
         /// When, on the clock that decided.
         at: Timestamp,
     },
+    /// `allow_request` said yes: a call in a closed circuit, or a probe in a
+    /// half-open one.
+    BreakerAllowed {
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// The state after the decision (closed, or half-open for a probe).
+        state: CircuitState,
+        /// When, on the clock that decided.
+        at: Timestamp,
+    },
+    /// A call's failure was reported to the breaker.
+    BreakerFailureRecorded {
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// When, on the clock that decided.
+        at: Timestamp,
+    },
     /// `allow_request` said no.
     BreakerRejected {
         /// The breaker's key prefix.
@@ -133,6 +150,12 @@ impl Observer for TracingObserver {
         match event {
             Event::BreakerTransition { breaker, from, to, at } => {
                 tracing::info!(%breaker, ?from, ?to, %at, "circuit breaker transition")
+            }
+            Event::BreakerAllowed { breaker, state, .. } => {
+                tracing::trace!(%breaker, ?state, "circuit breaker admitted a call")
+            }
+            Event::BreakerFailureRecorded { breaker, at } => {
+                tracing::debug!(%breaker, %at, "circuit breaker recorded a failure")
             }
             Event::BreakerRejected { breaker, state } => {
                 tracing::debug!(%breaker, ?state, "circuit breaker rejected a call")

@@ -352,3 +352,32 @@ fn circuit_open_carries_message_and_wait() {
     assert_eq!(e.message, "qwen3 is unavailable");
     assert_eq!(e.retry_after, secs(12));
 }
+
+#[tokio::test]
+async fn admissions_probes_and_failures_are_reported_as_events() {
+    let r = rig(1, 10, 1);
+    assert!(r.breaker.allow_request().await);
+    r.breaker.record_failure().await.unwrap();
+    r.clock.advance(secs(10));
+    assert!(r.breaker.allow_request().await);
+    let t0 = r.clock.now().saturating_sub(secs(10));
+    let events = r.observer.events();
+    assert!(events.contains(&Event::BreakerAllowed {
+        breaker: "kg:circuit".into(),
+        state: CircuitState::Closed,
+        at: t0,
+    }));
+    assert!(events.contains(&Event::BreakerFailureRecorded {
+        breaker: "kg:circuit".into(),
+        at: t0,
+    }));
+    assert_eq!(
+        events.last(),
+        Some(&Event::BreakerAllowed {
+            breaker: "kg:circuit".into(),
+            state: CircuitState::HalfOpen,
+            at: r.clock.now(),
+        }),
+        "the probe is reported after the transition"
+    );
+}

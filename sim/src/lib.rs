@@ -6,4 +6,6 @@
 //! a cache, partitions and skewed clocks. A run is a pure function of its
 //! scenario and seed: the same pair gives the same trace, byte for byte.
 
+pub mod clock;
 pub mod scenario;
+pub mod trace;

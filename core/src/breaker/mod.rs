@@ -338,11 +338,21 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                 at: step.at,
             });
         }
-        if !step.allowed {
-            self.observer.on_event(&Event::BreakerRejected {
+        match command {
+            BreakerCommand::Allow if step.allowed => self.observer.on_event(&Event::BreakerAllowed {
                 breaker: self.prefix.clone(),
                 state: step.after,
-            });
+                at: step.at,
+            }),
+            BreakerCommand::Allow => self.observer.on_event(&Event::BreakerRejected {
+                breaker: self.prefix.clone(),
+                state: step.after,
+            }),
+            BreakerCommand::RecordFailure => self.observer.on_event(&Event::BreakerFailureRecorded {
+                breaker: self.prefix.clone(),
+                at: step.at,
+            }),
+            BreakerCommand::RecordSuccess | BreakerCommand::Reset => {}
         }
         Ok(step.allowed)
     }
