@@ -82,9 +82,9 @@ mod tests {
         let at = |s| c.reading_at(Duration::from_secs(s)).as_micros() - EPOCH.as_micros();
         assert_eq!(at(0), 250_000);
         // 100 ppm over 1000 s is 0.1 s fast.
-        assert_eq!(at(1000), 1000_000_000 + 250_000 + 100_000);
+        assert_eq!(at(1000), 1_000_000_000 + 250_000 + 100_000);
         c.clone().step(-2_000);
-        assert_eq!(at(1000), 1000_000_000 + 250_000 + 100_000 - 2_000_000);
+        assert_eq!(at(1000), 1_000_000_000 + 250_000 + 100_000 - 2_000_000);
     }
 
     #[test]
