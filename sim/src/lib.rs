@@ -9,3 +9,4 @@
 pub mod clock;
 pub mod scenario;
 pub mod trace;
+pub mod invariants;

@@ -1,0 +1,502 @@
+//! The invariant checkers: each reads the finished trace and returns a verdict.
+//!
+//! Checkers are kept apart from the fault injectors: they know nothing about
+//! how the world was driven, only what the trace says happened. Each returns
+//! held, violated (with the first violating event), or not applicable (with
+//! why), plus a figure worth reporting either way. A scenario may declare that
+//! it expects an invariant to be violated (a caller-stamped fleet under clock
+//! skew overshoots `rpm`); the violation is then reported as a measurement,
+//! not a failure.
+//!
+//! Scope: with per-worker caches every worker has its own limiter and breaker,
+//! so the checks run per worker; with a shared cache they run fleet-wide.
+
+use std::collections::BTreeMap;
+
+use redstring::CircuitState;
+use serde::Serialize;
+
+use crate::scenario::{CacheKind, Fault, Scenario};
+use crate::trace::{Kind, TraceEvent};
+
+/// One invariant's outcome.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// It held over the whole run.
+    Held,
+    /// It did not; the first violation.
+    Violated {
+        /// Simulated time of the violating event, microseconds.
+        t_us: u64,
+        /// The host that recorded it.
+        host: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The run gives it nothing to check.
+    NotApplicable {
+        /// Why.
+        why: String,
+    },
+}
+
+/// An invariant's verdict, with what the scenario expected and a figure.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Check {
+    /// The invariant's name (see [`crate::scenario::INVARIANTS`]).
+    pub name: &'static str,
+    /// The verdict.
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    /// The scenario declared it may be violated.
+    pub may_violate: bool,
+    /// A measurement that goes with it (the excess, the worst case seen).
+    pub figure: String,
+}
+
+impl Check {
+    /// Whether this check fails the run: violated and not expected to be.
+    pub fn failed(&self) -> bool {
+        matches!(self.verdict, Verdict::Violated { .. }) && !self.may_violate
+    }
+}
+
+/// Runs every checker over `events`.
+pub fn check_all(scenario: &Scenario, events: &[TraceEvent]) -> Vec<Check> {
+    let ctx = Ctx::new(scenario);
+    let results = [
+        ("rpm_per_window", rpm_per_window(&ctx, events)),
+        ("retry_after_monotone", retry_after_monotone(&ctx, events)),
+        ("half_open_probes", half_open_probes(&ctx, events)),
+        ("sparse_failures", sparse_failures(&ctx, events)),
+        ("no_call_while_open", no_call_while_open(&ctx, events)),
+        ("liveness", liveness(&ctx, events)),
+        ("accounting", accounting(&ctx, events)),
+    ];
+    results
+        .into_iter()
+        .map(|(name, (verdict, figure))| Check {
+            name,
+            verdict,
+            may_violate: scenario.expect.may_violate.contains(name),
+            figure,
+        })
+        .collect()
+}
+
+struct Ctx<'a> {
+    scenario: &'a Scenario,
+    shared: bool,
+    /// One clock stamps everything a scope decides (per-worker, or a shared
+    /// cache stamping with its own time).
+    single_clock: bool,
+    window_us: u64,
+    recovery_us: u64,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(scenario: &'a Scenario) -> Self {
+        let shared = scenario.cache.kind == CacheKind::Shared;
+        Ctx {
+            scenario,
+            shared,
+            single_clock: !shared || scenario.cache.time_source == redstring::TimeSource::Store,
+            window_us: secs_us(scenario.hardening.window_s),
+            recovery_us: secs_us(scenario.hardening.recovery_timeout_s),
+        }
+    }
+
+    /// The limiter/breaker scope an event belongs to.
+    fn scope<'e>(&self, e: &'e TraceEvent) -> &'e str {
+        if self.shared { "fleet" } else { &e.host }
+    }
+
+    /// The instant the checks compare: the deciding clock's stamp when one
+    /// clock decides everything in a scope, otherwise true simulated time.
+    fn instant(&self, e: &TraceEvent, stamp_us: u64) -> u64 {
+        if self.single_clock { stamp_us } else { e.t_us }
+    }
+}
+
+fn secs_us(s: f64) -> u64 {
+    (s * 1e6).round().max(0.0) as u64
+}
+
+fn violated(e: &TraceEvent, detail: String) -> Verdict {
+    Verdict::Violated {
+        t_us: e.t_us,
+        host: e.host.clone(),
+        detail,
+    }
+}
+
+/// Invariant 1: never more than `rpm` admissions of one tenant in any window.
+fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
+    let mut series: BTreeMap<(&str, &str), Vec<(u64, &TraceEvent)>> = BTreeMap::new();
+    let mut true_time: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
+    for e in events {
+        if let Kind::Admitted { tenant, at_us, .. } = &e.kind {
+            let key = (ctx.scope(e), tenant.as_str());
+            series.entry(key).or_default().push((ctx.instant(e, *at_us), e));
+            true_time.entry(key).or_default().push(e.t_us);
+        }
+    }
+    if series.is_empty() {
+        return (Verdict::NotApplicable { why: "no admissions".into() }, String::new());
+    }
+    let rpm = ctx.scenario.hardening.rpm as usize;
+    let mut verdict = Verdict::Held;
+    let mut worst = 0;
+    for list in series.values_mut() {
+        list.sort_by_key(|(t, _)| *t);
+        let (max, first_bad) = max_in_window(list.iter().map(|(t, _)| *t), ctx.window_us, rpm);
+        worst = worst.max(max);
+        if let (Verdict::Held, Some(i)) = (&verdict, first_bad) {
+            let e = list[i].1;
+            verdict = violated(e, format!("{max} admissions in one window (rpm {rpm})"));
+        }
+    }
+    let mut true_worst = 0;
+    for list in true_time.values_mut() {
+        list.sort_unstable();
+        true_worst = true_worst.max(max_in_window(list.iter().copied(), ctx.window_us, rpm).0);
+    }
+    let figure = format!("max admitted per window: {worst} (rpm {rpm}); in true time: {true_worst}");
+    (verdict, figure)
+}
+
+/// The most instants in any closed window `[t − width, t]`, and the index of
+/// the first instant at which the count exceeded `limit`.
+fn max_in_window(sorted: impl Iterator<Item = u64>, width: u64, limit: usize) -> (usize, Option<usize>) {
+    let times: Vec<u64> = sorted.collect();
+    let (mut start, mut max, mut first_bad) = (0, 0, None);
+    for (end, t) in times.iter().enumerate() {
+        while times[start] < t.saturating_sub(width) {
+            start += 1;
+        }
+        let count = end - start + 1;
+        max = max.max(count);
+        if count > limit && first_bad.is_none() {
+            first_bad = Some(end);
+        }
+    }
+    (max, first_bad)
+}
+
+/// Invariant 2: successive refusals of one tenant never report a longer wait
+/// while no hit is added.
+fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
+    let mut last: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    let mut refusals = 0;
+    let mut verdict = Verdict::Held;
+    let mut worst_growth = 0u64;
+    for e in events {
+        match &e.kind {
+            Kind::Admitted { tenant, .. } => {
+                last.remove(&(ctx.scope(e), tenant.as_str()));
+            }
+            Kind::Limited { tenant, retry_after_us, .. } => {
+                refusals += 1;
+                let key = (ctx.scope(e), tenant.as_str());
+                if let Some(prev) = last.get(&key)
+                    && retry_after_us > prev
+                {
+                    worst_growth = worst_growth.max(retry_after_us - prev);
+                    if verdict == Verdict::Held {
+                        verdict = violated(e, format!("wait grew from {prev} µs to {retry_after_us} µs"));
+                    }
+                }
+                last.insert(key, *retry_after_us);
+            }
+            _ => {}
+        }
+    }
+    if refusals == 0 {
+        return (Verdict::NotApplicable { why: "no refusals".into() }, String::new());
+    }
+    (verdict, format!("{refusals} refusals; worst growth {} ms", worst_growth / 1000))
+}
+
+/// Invariant 3: a half-open episode admits at most `half_open_max_calls` probes.
+fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
+    let max = ctx.scenario.hardening.half_open_max_calls;
+    let mut open: BTreeMap<&str, u32> = BTreeMap::new();
+    let (mut episodes, mut most, mut verdict) = (0, 0, Verdict::Held);
+    for e in events {
+        let scope = ctx.scope(e);
+        match &e.kind {
+            Kind::Breaker {
+                to: CircuitState::HalfOpen,
+                ..
+            } => {
+                episodes += 1;
+                open.insert(scope, 0);
+            }
+            Kind::Breaker {
+                from: CircuitState::HalfOpen,
+                ..
+            } => {
+                open.remove(scope);
+            }
+            Kind::Allowed {
+                state: CircuitState::HalfOpen,
+                ..
+            } => {
+                if let Some(n) = open.get_mut(scope) {
+                    *n += 1;
+                    most = most.max(*n);
+                    if *n > max && verdict == Verdict::Held {
+                        verdict = violated(e, format!("probe {n} admitted (half_open_max_calls {max})"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if episodes == 0 {
+        return (Verdict::NotApplicable { why: "no half-open episode".into() }, String::new());
+    }
+    (verdict, format!("{episodes} episodes; most probes in one: {most} (max {max})"))
+}
+
+/// Invariant 4: failures spaced further apart than `recovery_timeout` never
+/// open the circuit (threshold ≥ 2). Checked as the necessary condition: the
+/// `failure_threshold` failures before an opening span at most one timeout.
+fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
+    let threshold = ctx.scenario.hardening.failure_threshold as usize;
+    if threshold < 2 {
+        return (Verdict::NotApplicable { why: "failure_threshold is 1".into() }, String::new());
+    }
+    // Tolerance for a shared cache's TTLs running on a drifting clock.
+    let slack = ctx.scenario.tick_ms * 1000 + ctx.recovery_us / 1000;
+    let mut failures: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let (mut openings, mut widest, mut verdict) = (0, 0u64, Verdict::Held);
+    for e in events {
+        let scope = ctx.scope(e);
+        match &e.kind {
+            Kind::FailureRecorded { at_us } => failures.entry(scope).or_default().push(ctx.instant(e, *at_us)),
+            Kind::Breaker {
+                from: CircuitState::Closed,
+                to: CircuitState::Open,
+                at_us,
+            } => {
+                openings += 1;
+                let list = failures.entry(scope).or_default();
+                let now = ctx.instant(e, *at_us);
+                if list.len() >= threshold {
+                    let first = list[list.len() - threshold];
+                    let span = now.saturating_sub(first);
+                    widest = widest.max(span);
+                    if span > ctx.recovery_us + slack && verdict == Verdict::Held {
+                        verdict = violated(
+                            e,
+                            format!("opened on {threshold} failures spread over {} ms", span / 1000),
+                        );
+                    }
+                }
+                list.clear();
+            }
+            _ => {}
+        }
+    }
+    if openings == 0 {
+        return (Verdict::NotApplicable { why: "the circuit never opened".into() }, String::new());
+    }
+    (verdict, format!("{openings} openings; widest failure spread {} ms", widest / 1000))
+}
+
+/// Invariant 5: no call is admitted while its breaker is open and not yet due
+/// to probe — per worker, or fleet-wide with a shared cache.
+fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
+    let mut state: BTreeMap<&str, CircuitState> = BTreeMap::new();
+    let (mut admitted_while_impaired, mut verdict) = (0, Verdict::Held);
+    let mut any_open = false;
+    for e in events {
+        let scope = ctx.scope(e);
+        match &e.kind {
+            Kind::Breaker { to, .. } => {
+                any_open |= *to == CircuitState::Open;
+                state.insert(scope, *to);
+            }
+            Kind::Allowed { state: decided, .. } => {
+                let current = state.get(scope).copied().unwrap_or(CircuitState::Closed);
+                let stale = match decided {
+                    CircuitState::Closed => current != CircuitState::Closed,
+                    _ => current == CircuitState::Open,
+                };
+                if stale {
+                    admitted_while_impaired += 1;
+                    if verdict == Verdict::Held {
+                        verdict = violated(e, format!("admitted as {decided:?} while the circuit was {current:?}"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if !any_open {
+        return (Verdict::NotApplicable { why: "the circuit never opened".into() }, String::new());
+    }
+    (verdict, format!("{admitted_while_impaired} admissions while open"))
+}
+
+/// When the last fault is over: the latest fault, with a restart's reload.
+fn heal_time_us(s: &Scenario) -> Option<u64> {
+    s.faults
+        .iter()
+        .map(|f| {
+            let extra = match f {
+                Fault::Restart { server, .. } => {
+                    s.servers.iter().find(|x| &x.name == server).map_or(0.0, |x| x.reload_s)
+                }
+                _ => 0.0,
+            };
+            secs_us(f.at_s() + extra)
+        })
+        .max()
+}
+
+/// Invariant 6: once the last fault is over, every breaker closes again
+/// within a bound, and calls succeed again.
+fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
+    let s = ctx.scenario;
+    let Some(heal) = heal_time_us(s) else {
+        return (Verdict::NotApplicable { why: "no faults".into() }, String::new());
+    };
+    let h = &s.hardening;
+    let policy_wait: f64 = (0..h.max_retries)
+        .map(|n| (h.initial_delay_s * h.multiplier.powi(n as i32)).min(h.max_delay_s) * (1.0 + h.jitter))
+        .sum();
+    let one_call = f64::from(h.max_retries + 1) * h.request_timeout_s + policy_wait;
+    let bound = heal + secs_us(h.recovery_timeout_s + 2.0 * one_call + h.window_s * f64::from(h.limiter_waits) + 1.0);
+    let end = secs_us(s.duration_s);
+    if bound >= end {
+        return (
+            Verdict::NotApplicable {
+                why: format!("the run ends before the liveness bound ({} s)", bound / 1_000_000),
+            },
+            String::new(),
+        );
+    }
+    let mut state: BTreeMap<&str, (CircuitState, u64)> = BTreeMap::new();
+    let (mut ok_after, mut ended_after) = (0u64, 0u64);
+    let mut open_after_bound: Option<&TraceEvent> = None;
+    for e in events {
+        match &e.kind {
+            Kind::Breaker { to, .. } => {
+                state.insert(ctx.scope(e), (*to, e.t_us));
+            }
+            Kind::CallEnd { outcome, .. } if e.t_us >= bound => {
+                ended_after += 1;
+                if outcome == "ok" {
+                    ok_after += 1;
+                } else if outcome == "circuit_open" && open_after_bound.is_none() {
+                    open_after_bound = Some(e);
+                }
+            }
+            _ => {}
+        }
+    }
+    let figure = format!(
+        "bound {} s after the start; {ok_after} of {ended_after} calls ok after it",
+        bound / 1_000_000
+    );
+    for (scope, (st, since)) in &state {
+        if *st != CircuitState::Closed {
+            let detail = format!("breaker of {scope} still {st:?} at the end (since {} s)", since / 1_000_000);
+            return (
+                Verdict::Violated {
+                    t_us: *since,
+                    host: (*scope).to_owned(),
+                    detail,
+                },
+                figure,
+            );
+        }
+        if *since > bound {
+            let detail = format!("breaker of {scope} closed only at {} s", since / 1_000_000);
+            return (
+                Verdict::Violated {
+                    t_us: *since,
+                    host: (*scope).to_owned(),
+                    detail,
+                },
+                figure,
+            );
+        }
+    }
+    if let Some(e) = open_after_bound {
+        return (violated(e, "a call was refused as circuit_open after the bound".into()), figure);
+    }
+    if ended_after > 0 && ok_after == 0 {
+        return (
+            Verdict::Violated {
+                t_us: bound,
+                host: "fleet".into(),
+                detail: "no call succeeded after the bound".into(),
+            },
+            figure,
+        );
+    }
+    (Verdict::Held, figure)
+}
+
+/// Invariant 7: every unit of work ends once as a success, a classified error
+/// or a deferral; and requests ≤ (max_retries + 1) × admitted calls.
+fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
+    let mut open: BTreeMap<(&str, u64), u64> = BTreeMap::new();
+    let (mut arrivals, mut ended, mut requests, mut allowed) = (0u64, 0u64, 0u64, 0u64);
+    let mut verdict = Verdict::Held;
+    for e in events {
+        match &e.kind {
+            Kind::Arrival { call, .. } => {
+                arrivals += 1;
+                open.insert((e.host.as_str(), *call), e.t_us);
+            }
+            Kind::CallEnd { call, outcome, .. } => {
+                ended += 1;
+                if open.remove(&(e.host.as_str(), *call)).is_none() && verdict == Verdict::Held {
+                    verdict = violated(e, format!("call {call} ended without arriving, or ended twice"));
+                }
+                if outcome.is_empty() && verdict == Verdict::Held {
+                    verdict = violated(e, format!("call {call} ended unclassified"));
+                }
+            }
+            Kind::Request { .. } => requests += 1,
+            Kind::Allowed { .. } => allowed += 1,
+            _ => {}
+        }
+    }
+    if arrivals == 0 {
+        return (Verdict::NotApplicable { why: "no work arrived".into() }, String::new());
+    }
+    let per_call = u64::from(ctx.scenario.hardening.max_retries) + 1;
+    if requests > per_call * allowed && verdict == Verdict::Held {
+        verdict = Verdict::Violated {
+            t_us: events.last().map_or(0, |e| e.t_us),
+            host: "fleet".into(),
+            detail: format!("{requests} requests for {allowed} admitted calls (at most {per_call} each)"),
+        };
+    }
+    let in_flight = open.len();
+    let amplification = if allowed == 0 { 0.0 } else { requests as f64 / allowed as f64 };
+    (
+        verdict,
+        format!(
+            "{arrivals} arrived, {ended} ended, {in_flight} in flight at the end; {requests} requests for {allowed} admitted calls ({amplification:.2}×)"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_counting_is_inclusive_and_finds_the_first_excess() {
+        assert_eq!(max_in_window([0, 10, 20].into_iter(), 20, 3), (3, None));
+        assert_eq!(max_in_window([0, 10, 20, 20].into_iter(), 20, 3), (4, Some(3)));
+        assert_eq!(max_in_window([0, 21, 42].into_iter(), 20, 1), (1, None));
+    }
+}
