@@ -107,9 +107,19 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// The limiter/breaker scope an event belongs to.
+    /// The limiter scope an event belongs to: the worker, or the fleet.
     fn scope<'e>(&self, e: &'e TraceEvent) -> &'e str {
         if self.shared { "fleet" } else { &e.host }
+    }
+
+    /// The breaker an event belongs to: one per model server, per worker or
+    /// fleet-wide.
+    fn breaker(&self, e: &TraceEvent, prefix: &str) -> String {
+        if self.shared {
+            prefix.to_owned()
+        } else {
+            format!("{}/{prefix}", e.host)
+        }
     }
 
     /// The instant the checks compare: the deciding clock's stamp when one
@@ -221,29 +231,31 @@ fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
 /// Invariant 3: a half-open episode admits at most `half_open_max_calls` probes.
 fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     let max = ctx.scenario.hardening.half_open_max_calls;
-    let mut open: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut open: BTreeMap<String, u32> = BTreeMap::new();
     let (mut episodes, mut most, mut verdict) = (0, 0, Verdict::Held);
     for e in events {
-        let scope = ctx.scope(e);
         match &e.kind {
             Kind::Breaker {
+                breaker,
                 to: CircuitState::HalfOpen,
                 ..
             } => {
                 episodes += 1;
-                open.insert(scope, 0);
+                open.insert(ctx.breaker(e, breaker), 0);
             }
             Kind::Breaker {
+                breaker,
                 from: CircuitState::HalfOpen,
                 ..
             } => {
-                open.remove(scope);
+                open.remove(&ctx.breaker(e, breaker));
             }
             Kind::Allowed {
+                breaker,
                 state: CircuitState::HalfOpen,
                 ..
             } => {
-                if let Some(n) = open.get_mut(scope) {
+                if let Some(n) = open.get_mut(&ctx.breaker(e, breaker)) {
                     *n += 1;
                     most = most.max(*n);
                     if *n > max && verdict == Verdict::Held {
@@ -270,19 +282,22 @@ fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     }
     // Tolerance for a shared cache's TTLs running on a drifting clock.
     let slack = ctx.scenario.tick_ms * 1000 + ctx.recovery_us / 1000;
-    let mut failures: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut failures: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let (mut openings, mut widest, mut verdict) = (0, 0u64, Verdict::Held);
     for e in events {
-        let scope = ctx.scope(e);
         match &e.kind {
-            Kind::FailureRecorded { at_us } => failures.entry(scope).or_default().push(ctx.instant(e, *at_us)),
+            Kind::FailureRecorded { breaker, at_us } => failures
+                .entry(ctx.breaker(e, breaker))
+                .or_default()
+                .push(ctx.instant(e, *at_us)),
             Kind::Breaker {
+                breaker,
                 from: CircuitState::Closed,
                 to: CircuitState::Open,
                 at_us,
             } => {
                 openings += 1;
-                let list = failures.entry(scope).or_default();
+                let list = failures.entry(ctx.breaker(e, breaker)).or_default();
                 let now = ctx.instant(e, *at_us);
                 if list.len() >= threshold {
                     let first = list[list.len() - threshold];
@@ -309,18 +324,19 @@ fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
 /// Invariant 5: no call is admitted while its breaker is open and not yet due
 /// to probe — per worker, or fleet-wide with a shared cache.
 fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
-    let mut state: BTreeMap<&str, CircuitState> = BTreeMap::new();
+    let mut state: BTreeMap<String, CircuitState> = BTreeMap::new();
     let (mut admitted_while_impaired, mut verdict) = (0, Verdict::Held);
     let mut any_open = false;
     for e in events {
-        let scope = ctx.scope(e);
         match &e.kind {
-            Kind::Breaker { to, .. } => {
+            Kind::Breaker { breaker, to, .. } => {
                 any_open |= *to == CircuitState::Open;
-                state.insert(scope, *to);
+                state.insert(ctx.breaker(e, breaker), *to);
             }
-            Kind::Allowed { state: decided, .. } => {
-                let current = state.get(scope).copied().unwrap_or(CircuitState::Closed);
+            Kind::Allowed {
+                breaker, state: decided, ..
+            } => {
+                let current = state.get(&ctx.breaker(e, breaker)).copied().unwrap_or(CircuitState::Closed);
                 let stale = match decided {
                     CircuitState::Closed => current != CircuitState::Closed,
                     _ => current == CircuitState::Open,
@@ -379,13 +395,13 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
             String::new(),
         );
     }
-    let mut state: BTreeMap<&str, (CircuitState, u64)> = BTreeMap::new();
+    let mut state: BTreeMap<String, (CircuitState, u64)> = BTreeMap::new();
     let (mut ok_after, mut ended_after) = (0u64, 0u64);
     let mut open_after_bound: Option<&TraceEvent> = None;
     for e in events {
         match &e.kind {
-            Kind::Breaker { to, .. } => {
-                state.insert(ctx.scope(e), (*to, e.t_us));
+            Kind::Breaker { breaker, to, .. } => {
+                state.insert(ctx.breaker(e, breaker), (*to, e.t_us));
             }
             Kind::CallEnd { outcome, .. } if e.t_us >= bound => {
                 ended_after += 1;
@@ -408,7 +424,7 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
             return (
                 Verdict::Violated {
                     t_us: *since,
-                    host: (*scope).to_owned(),
+                    host: scope.clone(),
                     detail,
                 },
                 figure,
@@ -419,7 +435,7 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
             return (
                 Verdict::Violated {
                     t_us: *since,
-                    host: (*scope).to_owned(),
+                    host: scope.clone(),
                     detail,
                 },
                 figure,

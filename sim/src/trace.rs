@@ -74,6 +74,8 @@ pub enum Kind {
     },
     /// A breaker changed state.
     Breaker {
+        /// The breaker's key prefix (one per model server).
+        breaker: String,
         /// Before.
         from: CircuitState,
         /// After.
@@ -83,6 +85,8 @@ pub enum Kind {
     },
     /// A breaker admitted a call.
     Allowed {
+        /// The breaker's key prefix.
+        breaker: String,
         /// The state it admitted in (closed, or half-open for a probe).
         state: CircuitState,
         /// The decision's stamp, epoch microseconds.
@@ -90,11 +94,15 @@ pub enum Kind {
     },
     /// A breaker refused a call.
     Rejected {
+        /// The breaker's key prefix.
+        breaker: String,
         /// The state that refused.
         state: CircuitState,
     },
     /// A breaker was told a call failed.
     FailureRecorded {
+        /// The breaker's key prefix.
+        breaker: String,
         /// The stamp, epoch microseconds.
         at_us: u64,
     },
@@ -141,9 +149,14 @@ impl Trace {
         Self::default()
     }
 
-    /// Appends an event at the current simulated time.
+    /// Appends an event at the current simulated time (inside a host).
     pub fn record(&self, host: &str, kind: Kind) {
-        let t_us = u64::try_from(sim_elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.record_at(sim_elapsed(), host, kind);
+    }
+
+    /// Appends an event at simulated time `t` (for the driver, outside hosts).
+    pub fn record_at(&self, t: std::time::Duration, host: &str, kind: Kind) {
+        let t_us = u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
         self.events.lock().unwrap_or_else(|p| p.into_inner()).push(TraceEvent {
             t_us,
             host: host.to_owned(),
@@ -187,17 +200,25 @@ impl HostObserver {
 impl Observer for HostObserver {
     fn on_event(&self, event: &Event) {
         let kind = match event {
-            Event::BreakerTransition { from, to, at, .. } => Kind::Breaker {
+            Event::BreakerTransition { breaker, from, to, at } => Kind::Breaker {
+                breaker: breaker.to_string(),
                 from: *from,
                 to: *to,
                 at_us: at.as_micros(),
             },
-            Event::BreakerRejected { state, .. } => Kind::Rejected { state: *state },
-            Event::BreakerAllowed { state, at, .. } => Kind::Allowed {
+            Event::BreakerRejected { breaker, state } => Kind::Rejected {
+                breaker: breaker.to_string(),
+                state: *state,
+            },
+            Event::BreakerAllowed { breaker, state, at } => Kind::Allowed {
+                breaker: breaker.to_string(),
                 state: *state,
                 at_us: at.as_micros(),
             },
-            Event::BreakerFailureRecorded { at, .. } => Kind::FailureRecorded { at_us: at.as_micros() },
+            Event::BreakerFailureRecorded { breaker, at } => Kind::FailureRecorded {
+                breaker: breaker.to_string(),
+                at_us: at.as_micros(),
+            },
             Event::BreakerStateUnreadable { .. } => Kind::Unreadable,
             Event::CacheUnavailable {
                 operation, fallback, ..
