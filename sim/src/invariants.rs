@@ -153,7 +153,12 @@ fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if series.is_empty() {
-        return (Verdict::NotApplicable { why: "no admissions".into() }, String::new());
+        return (
+            Verdict::NotApplicable {
+                why: "no admissions".into(),
+            },
+            String::new(),
+        );
     }
     let rpm = ctx.scenario.hardening.rpm as usize;
     let mut verdict = Verdict::Held;
@@ -206,7 +211,9 @@ fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
             Kind::Admitted { tenant, .. } => {
                 last.remove(&(ctx.scope(e), tenant.as_str()));
             }
-            Kind::Limited { tenant, retry_after_us, .. } => {
+            Kind::Limited {
+                tenant, retry_after_us, ..
+            } => {
                 refusals += 1;
                 let key = (ctx.scope(e), tenant.as_str());
                 if let Some(prev) = last.get(&key)
@@ -223,9 +230,17 @@ fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if refusals == 0 {
-        return (Verdict::NotApplicable { why: "no refusals".into() }, String::new());
+        return (
+            Verdict::NotApplicable {
+                why: "no refusals".into(),
+            },
+            String::new(),
+        );
     }
-    (verdict, format!("{refusals} refusals; worst growth {} ms", worst_growth / 1000))
+    (
+        verdict,
+        format!("{refusals} refusals; worst growth {} ms", worst_growth / 1000),
+    )
 }
 
 /// Invariant 3: a half-open episode admits at most `half_open_max_calls` probes.
@@ -267,9 +282,17 @@ fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if episodes == 0 {
-        return (Verdict::NotApplicable { why: "no half-open episode".into() }, String::new());
+        return (
+            Verdict::NotApplicable {
+                why: "no half-open episode".into(),
+            },
+            String::new(),
+        );
     }
-    (verdict, format!("{episodes} episodes; most probes in one: {most} (max {max})"))
+    (
+        verdict,
+        format!("{episodes} episodes; most probes in one: {most} (max {max})"),
+    )
 }
 
 /// Invariant 4: failures spaced further apart than `recovery_timeout` never
@@ -278,7 +301,12 @@ fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
 fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     let threshold = ctx.scenario.hardening.failure_threshold as usize;
     if threshold < 2 {
-        return (Verdict::NotApplicable { why: "failure_threshold is 1".into() }, String::new());
+        return (
+            Verdict::NotApplicable {
+                why: "failure_threshold is 1".into(),
+            },
+            String::new(),
+        );
     }
     // Tolerance for a shared cache's TTLs running on a drifting clock.
     let slack = ctx.scenario.tick_ms * 1000 + ctx.recovery_us / 1000;
@@ -316,9 +344,17 @@ fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if openings == 0 {
-        return (Verdict::NotApplicable { why: "the circuit never opened".into() }, String::new());
+        return (
+            Verdict::NotApplicable {
+                why: "the circuit never opened".into(),
+            },
+            String::new(),
+        );
     }
-    (verdict, format!("{openings} openings; widest failure spread {} ms", widest / 1000))
+    (
+        verdict,
+        format!("{openings} openings; widest failure spread {} ms", widest / 1000),
+    )
 }
 
 /// Invariant 5: no call is admitted while its breaker is open and not yet due
@@ -334,9 +370,14 @@ fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
                 state.insert(ctx.breaker(e, breaker), *to);
             }
             Kind::Allowed {
-                breaker, state: decided, ..
+                breaker,
+                state: decided,
+                ..
             } => {
-                let current = state.get(&ctx.breaker(e, breaker)).copied().unwrap_or(CircuitState::Closed);
+                let current = state
+                    .get(&ctx.breaker(e, breaker))
+                    .copied()
+                    .unwrap_or(CircuitState::Closed);
                 let stale = match decided {
                     CircuitState::Closed => current != CircuitState::Closed,
                     _ => current == CircuitState::Open,
@@ -352,7 +393,12 @@ fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if !any_open {
-        return (Verdict::NotApplicable { why: "the circuit never opened".into() }, String::new());
+        return (
+            Verdict::NotApplicable {
+                why: "the circuit never opened".into(),
+            },
+            String::new(),
+        );
     }
     (verdict, format!("{admitted_while_impaired} admissions while open"))
 }
@@ -378,7 +424,12 @@ fn heal_time_us(s: &Scenario) -> Option<u64> {
 fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     let s = ctx.scenario;
     let Some(heal) = heal_time_us(s) else {
-        return (Verdict::NotApplicable { why: "no faults".into() }, String::new());
+        return (
+            Verdict::NotApplicable {
+                why: "no faults".into(),
+            },
+            String::new(),
+        );
     };
     let h = &s.hardening;
     let policy_wait: f64 = (0..h.max_retries)
@@ -420,7 +471,10 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     );
     for (scope, (st, since)) in &state {
         if *st != CircuitState::Closed {
-            let detail = format!("breaker of {scope} still {st:?} at the end (since {} s)", since / 1_000_000);
+            let detail = format!(
+                "breaker of {scope} still {st:?} at the end (since {} s)",
+                since / 1_000_000
+            );
             return (
                 Verdict::Violated {
                     t_us: *since,
@@ -443,7 +497,10 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if let Some(e) = open_after_bound {
-        return (violated(e, "a call was refused as circuit_open after the bound".into()), figure);
+        return (
+            violated(e, "a call was refused as circuit_open after the bound".into()),
+            figure,
+        );
     }
     if ended_after > 0 && ok_after == 0 {
         return (
@@ -485,7 +542,12 @@ fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if arrivals == 0 {
-        return (Verdict::NotApplicable { why: "no work arrived".into() }, String::new());
+        return (
+            Verdict::NotApplicable {
+                why: "no work arrived".into(),
+            },
+            String::new(),
+        );
     }
     let per_call = u64::from(ctx.scenario.hardening.max_retries) + 1;
     if requests > per_call * allowed && verdict == Verdict::Held {
@@ -496,7 +558,11 @@ fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         };
     }
     let in_flight = open.len();
-    let amplification = if allowed == 0 { 0.0 } else { requests as f64 / allowed as f64 };
+    let amplification = if allowed == 0 {
+        0.0
+    } else {
+        requests as f64 / allowed as f64
+    };
     (
         verdict,
         format!(

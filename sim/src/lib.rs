@@ -7,6 +7,7 @@
 //! scenario and seed: the same pair gives the same trace, byte for byte.
 
 pub mod clock;
-pub mod scenario;
-pub mod trace;
 pub mod invariants;
+pub mod scenario;
+pub mod timeline;
+pub mod trace;
