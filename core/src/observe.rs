@@ -125,6 +125,41 @@ pub enum Event {
         /// Calls that reached the model server for this one extraction.
         attempts: u32,
     },
+    /// A hardened provider is sleeping off a rate-limit refusal before asking
+    /// the limiter again.
+    RateLimitWait {
+        /// The provider's provenance.
+        model: Arc<str>,
+        /// The tenant waiting.
+        tenant: TenantId,
+        /// How long it sleeps: exactly the refusal's `retry_after`.
+        wait: Duration,
+        /// Waits so far in this call, this one included.
+        waits: u32,
+    },
+    /// A hardened provider stopped because its deadline could not cover the
+    /// next wait.
+    DeadlineExceeded {
+        /// The provider's provenance.
+        model: Arc<str>,
+        /// The tenant the call was made for.
+        tenant: TenantId,
+        /// The wait that did not fit: `rate_limit` or `retry`.
+        waiting_for: &'static str,
+        /// The wait that was needed.
+        needed: Duration,
+        /// What was left of the deadline.
+        remaining: Duration,
+    },
+    /// A hardened provider reported a call's outcome to its breaker.
+    BreakerReported {
+        /// The provider's provenance.
+        model: Arc<str>,
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// `true` for `record_failure`, `false` for `record_success`.
+        failure: bool,
+    },
 }
 
 /// Receives every [`Event`]. Implementations must be cheap and must not block:
@@ -209,6 +244,30 @@ impl Observer for TracingObserver {
                 attempts,
             } => {
                 tracing::debug!(%model, %tenant, outcome, attempts, "model call finished")
+            }
+            Event::RateLimitWait {
+                model,
+                tenant,
+                wait,
+                waits,
+            } => {
+                tracing::debug!(%model, %tenant, wait = wait.as_secs_f64(), waits, "waiting for a rate limit slot")
+            }
+            Event::DeadlineExceeded {
+                model,
+                tenant,
+                waiting_for,
+                needed,
+                remaining,
+            } => {
+                tracing::warn!(%model, %tenant, waiting_for, needed = needed.as_secs_f64(), remaining = remaining.as_secs_f64(), "call deadline cannot cover the next wait")
+            }
+            Event::BreakerReported {
+                model,
+                breaker,
+                failure,
+            } => {
+                tracing::debug!(%model, %breaker, failure, "call outcome reported to the circuit breaker")
             }
         }
     }

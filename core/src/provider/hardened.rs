@@ -1,0 +1,436 @@
+//! `HardenedProvider`: any provider, wrapped in the breaker, the limiter and
+//! retry, in the spec's order.
+//!
+//! ```text
+//! breaker.allow_request()           should we call at all?
+//!     limiter.acquire(tenant)       are we allowed to right now?
+//!         retry(inner.extract)      did the wire drop?
+//! breaker.record_success() / record_failure()
+//! ```
+//!
+//! Each layer answers the question the next one down should not be asked: a
+//! refused-without-calling request never spends a tenant's allowance, and no
+//! retry ever pays for a call the breaker already decided not to make. Retry
+//! is per attempt; the limiter and the breaker are per call — one slot and at
+//! most one breaker report for one extraction, however many attempts it took.
+//!
+//! Every wait (limiter, backoff, the server's `Retry-After`) is slept on the
+//! injected clock and checked against the call's deadline first, so a test on
+//! a [`ManualClock`](crate::ManualClock) never sleeps and a production call
+//! never oversleeps its budget.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError};
+use super::transport::BoxFuture;
+use super::{ExtractRequest, LlmProvider};
+use crate::breaker::{CircuitBreaker, CircuitOpen};
+use crate::cache::{BreakerStore, LimiterStore, MemoryCache};
+use crate::clock::{Clock, SystemClock};
+use crate::limiter::{AcquireError, RateLimiter};
+use crate::observe::{Event, Observer, TracingObserver};
+use crate::random::{RandomSource, SeededRandom};
+use crate::retry::{Retry, RetryError, RetryExhausted, RetryPolicy, Retryable};
+use crate::tenant::TenantId;
+use crate::time::Timestamp;
+
+/// How many times a rate-limit refusal is slept off before it is returned.
+pub const DEFAULT_LIMITER_WAITS: u32 = 1;
+/// The longest server-requested wait (`Retry-After`) the default classifier
+/// honours; a longer one ends the call at once (the OpenAI SDKs' rule).
+pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(120);
+
+/// The retry name in messages: `Exhausted 3 retries for extract`.
+const OPERATION: &str = "extract";
+
+type Classifier = Arc<dyn Fn(&ExtractError) -> Retryable + Send + Sync>;
+
+/// An [`LlmProvider`] that survives a flaky model server, for one tenant.
+///
+/// Build one per tenant around a shared limiter and breaker: the limiter keys
+/// by tenant, the breaker by model server, so sharing them is what makes one
+/// tenant's traffic count against its own allowance and one outage trip every
+/// tenant's circuit. Give the limiter, the breaker and this provider the same
+/// clock.
+pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
+    inner: P,
+    tenant: TenantId,
+    limiter: Arc<RateLimiter<L>>,
+    breaker: Arc<CircuitBreaker<B>>,
+    retry: Retry,
+    clock: Arc<dyn Clock>,
+    observer: Arc<dyn Observer>,
+    classifier: Option<Classifier>,
+    limiter_waits: u32,
+    deadline: Option<Duration>,
+    refusals_trip_breaker: bool,
+    max_server_delay: Duration,
+}
+
+impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HardenedProvider")
+            .field("inner", &self.inner)
+            .field("tenant", &self.tenant)
+            .field("limiter", &self.limiter)
+            .field("breaker", &self.breaker)
+            .field("retry", &self.retry)
+            .field("limiter_waits", &self.limiter_waits)
+            .field("deadline", &self.deadline)
+            .field("refusals_trip_breaker", &self.refusals_trip_breaker)
+            .field("max_server_delay", &self.max_server_delay)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`HardenedProvider`]; unset options take the defaults.
+pub struct HardenedProviderBuilder<P, L, B> {
+    inner: P,
+    tenant: TenantId,
+    limiter: Arc<RateLimiter<L>>,
+    breaker: Arc<CircuitBreaker<B>>,
+    policy: RetryPolicy,
+    clock: Option<Arc<dyn Clock>>,
+    rng: Option<Arc<dyn RandomSource>>,
+    observer: Option<Arc<dyn Observer>>,
+    classifier: Option<Classifier>,
+    limiter_waits: u32,
+    deadline: Option<Duration>,
+    refusals_trip_breaker: bool,
+    max_server_delay: Duration,
+}
+
+impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B> {
+    /// Starts configuring a hardened `inner` for `tenant`, over a shared
+    /// `limiter` and `breaker`.
+    pub fn builder(
+        inner: P,
+        tenant: TenantId,
+        limiter: Arc<RateLimiter<L>>,
+        breaker: Arc<CircuitBreaker<B>>,
+    ) -> HardenedProviderBuilder<P, L, B> {
+        HardenedProviderBuilder {
+            inner,
+            tenant,
+            limiter,
+            breaker,
+            policy: RetryPolicy::default(),
+            clock: None,
+            rng: None,
+            observer: None,
+            classifier: None,
+            limiter_waits: DEFAULT_LIMITER_WAITS,
+            deadline: None,
+            refusals_trip_breaker: false,
+            max_server_delay: DEFAULT_MAX_SERVER_DELAY,
+        }
+    }
+}
+
+impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProviderBuilder<P, L, B> {
+    /// The retry schedule (default [`RetryPolicy::default`]: 3 retries, 1 s, ×2, ±10 %).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The clock every wait is slept on and the deadline measured by (default
+    /// [`SystemClock`]). Use the limiter's and the breaker's.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Where backoff jitter is drawn from (default: OS-seeded).
+    pub fn rng(mut self, rng: Arc<dyn RandomSource>) -> Self {
+        self.rng = Some(rng);
+        self
+    }
+
+    /// Where events go (default [`TracingObserver`]).
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Replaces the default retry verdict ([`ExtractError::retryable`], with
+    /// server delays over [`max_server_delay`](Self::max_server_delay)
+    /// refused). Return [`Retryable::After`] to set a floor under the backoff.
+    pub fn classifier(mut self, classifier: impl Fn(&ExtractError) -> Retryable + Send + Sync + 'static) -> Self {
+        self.classifier = Some(Arc::new(classifier));
+        self
+    }
+
+    /// How many rate-limit refusals are slept off (each for exactly its
+    /// `retry_after`) before the refusal is returned (default
+    /// [`DEFAULT_LIMITER_WAITS`]; `0` returns the first refusal).
+    pub fn limiter_waits(mut self, n: u32) -> Self {
+        self.limiter_waits = n;
+        self
+    }
+
+    /// A budget for each call, measured on the clock from its start: no wait
+    /// may end after it (default: none). The HTTP request itself is bounded by
+    /// the inner provider's own timeout, not by this.
+    pub fn deadline(mut self, budget: Duration) -> Self {
+        self.deadline = Some(budget);
+        self
+    }
+
+    /// Whether a refusal by the model (`message.refusal`, `content_filter`)
+    /// counts as a breaker failure (default `false`: refusals are about the
+    /// content, not the server). Turn it on where a refusal means a
+    /// misconfigured endpoint.
+    pub fn refusals_trip_breaker(mut self, yes: bool) -> Self {
+        self.refusals_trip_breaker = yes;
+        self
+    }
+
+    /// The longest `Retry-After` the default classifier waits for (default
+    /// [`DEFAULT_MAX_SERVER_DELAY`]); a server asking for more gets its error
+    /// returned at once.
+    pub fn max_server_delay(mut self, d: Duration) -> Self {
+        self.max_server_delay = d;
+        self
+    }
+
+    /// Builds the provider.
+    pub fn build(self) -> HardenedProvider<P, L, B> {
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        let observer = self.observer.unwrap_or_else(|| Arc::new(TracingObserver));
+        let rng = self
+            .rng
+            .unwrap_or_else(|| Arc::new(SeededRandom::from_os_entropy()) as Arc<dyn RandomSource>);
+        let retry = Retry::new(self.policy)
+            .clock(clock.clone())
+            .rng(rng)
+            .observer(observer.clone());
+        HardenedProvider {
+            inner: self.inner,
+            tenant: self.tenant,
+            limiter: self.limiter,
+            breaker: self.breaker,
+            retry,
+            clock,
+            observer,
+            classifier: self.classifier,
+            limiter_waits: self.limiter_waits,
+            deadline: self.deadline,
+            refusals_trip_breaker: self.refusals_trip_breaker,
+            max_server_delay: self.max_server_delay,
+        }
+    }
+}
+
+/// What an outcome tells the breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BreakerReport {
+    Success,
+    Failure,
+    Nothing,
+}
+
+impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B> {
+    /// The wrapped provider.
+    pub fn inner(&self) -> &P {
+        &self.inner
+    }
+
+    /// The tenant every call is charged to.
+    pub fn tenant(&self) -> TenantId {
+        self.tenant
+    }
+
+    /// The retry loop's verdict on one failure.
+    fn classify(&self, error: &ExtractError) -> Retryable {
+        if let Some(custom) = &self.classifier {
+            return custom(error);
+        }
+        match error.retryable() {
+            Retryable::After(d) if d > self.max_server_delay => Retryable::No,
+            verdict => verdict,
+        }
+    }
+
+    /// The whole call, returning the outcome and the attempts that reached the
+    /// inner provider.
+    async fn run(&self, request: ExtractRequest<'_>) -> (Result<Value, ExtractError>, u32) {
+        if request.is_blank() {
+            return (Err(ProviderError::BlankText.into()), 0);
+        }
+        let deadline = self.deadline.map(|budget| self.clock.now().saturating_add(budget));
+
+        if !self.breaker.allow_request().await {
+            let retry_after = self.breaker.retry_after().await.unwrap_or(Duration::ZERO);
+            let open = CircuitOpen::new(format!("{} is unavailable", self.inner.model()), retry_after);
+            return (Err(open.into()), 0);
+        }
+
+        if let Err(e) = self.acquire(deadline).await {
+            return (Err(e), 0);
+        }
+
+        let mut attempts = 0u32;
+        let outcome = self
+            .retry
+            .run_until(
+                deadline,
+                OPERATION,
+                |e| self.classify(e),
+                || {
+                    attempts = attempts.saturating_add(1);
+                    self.inner.extract_value(request)
+                },
+            )
+            .await;
+
+        let (result, report) = match outcome {
+            Ok(value) => (Ok(value), BreakerReport::Success),
+            Err(RetryError::Exhausted(x)) => (
+                Err(ExtractError::RetryExhausted(RetryExhausted {
+                    attempts: x.attempts,
+                    max_retries: x.max_retries,
+                    operation: x.operation,
+                    last: Box::new(x.last),
+                })),
+                BreakerReport::Failure,
+            ),
+            Err(RetryError::Deadline(d)) => {
+                self.report_deadline(DeadlineWait::Retry, d.needed, d.remaining);
+                (
+                    Err(ExtractError::Deadline(DeadlineExceeded {
+                        waiting_for: DeadlineWait::Retry,
+                        attempts: d.attempts,
+                        needed: d.needed,
+                        remaining: d.remaining,
+                        last: Box::new(d.last),
+                    })),
+                    BreakerReport::Failure,
+                )
+            }
+            Err(RetryError::Permanent(e)) => {
+                let report = self.permanent_report(&e);
+                (Err(e), report)
+            }
+        };
+        self.report_to_breaker(report).await;
+        (result, attempts)
+    }
+
+    /// Takes the tenant's slot, sleeping off up to `limiter_waits` refusals.
+    async fn acquire(&self, deadline: Option<Timestamp>) -> Result<(), ExtractError> {
+        let mut waits = 0u32;
+        loop {
+            let refusal = match self.limiter.acquire(self.tenant).await {
+                Ok(_) => return Ok(()),
+                Err(AcquireError::Limited(refusal)) => refusal,
+                Err(AcquireError::Cache(e)) => return Err(ExtractError::LimiterCache(e)),
+            };
+            if waits >= self.limiter_waits {
+                return Err(refusal.into());
+            }
+            let wait = refusal.retry_after;
+            if let Some(deadline) = deadline {
+                let remaining = deadline.saturating_duration_since(self.clock.now());
+                if wait > remaining {
+                    self.report_deadline(DeadlineWait::RateLimit, wait, remaining);
+                    return Err(ExtractError::Deadline(DeadlineExceeded {
+                        waiting_for: DeadlineWait::RateLimit,
+                        attempts: 0,
+                        needed: wait,
+                        remaining,
+                        last: Box::new(refusal.into()),
+                    }));
+                }
+            }
+            waits += 1;
+            self.observer.on_event(&Event::RateLimitWait {
+                model: Arc::from(self.inner.model()),
+                tenant: self.tenant,
+                wait,
+                waits,
+            });
+            self.clock.sleep(wait).await;
+        }
+    }
+
+    /// A permanent failure reports a failure only when it is a transient kind
+    /// the classifier cut short (a `Retry-After` too long to honour), or a
+    /// refusal when so configured; any other answer from the server shows the
+    /// server is up and closes a half-open circuit. Failures before any answer
+    /// (blank text, an oversized body, a wrapper's own refusal) report nothing.
+    fn permanent_report(&self, error: &ExtractError) -> BreakerReport {
+        let ExtractError::Provider(e) = error else {
+            return BreakerReport::Nothing;
+        };
+        let refusal_counts = matches!(e, ProviderError::Refused { .. }) && self.refusals_trip_breaker;
+        if e.is_transient() || refusal_counts {
+            BreakerReport::Failure
+        } else if e.server_answered() {
+            BreakerReport::Success
+        } else {
+            BreakerReport::Nothing
+        }
+    }
+
+    async fn report_to_breaker(&self, report: BreakerReport) {
+        let (operation, result) = match report {
+            BreakerReport::Nothing => return,
+            BreakerReport::Success => ("record_success", self.breaker.record_success().await),
+            BreakerReport::Failure => ("record_failure", self.breaker.record_failure().await),
+        };
+        match result {
+            Ok(()) => self.observer.on_event(&Event::BreakerReported {
+                model: Arc::from(self.inner.model()),
+                breaker: Arc::from(self.breaker.key_prefix()),
+                failure: report == BreakerReport::Failure,
+            }),
+            Err(error) => self.observer.on_event(&Event::CacheUnavailable {
+                component: Arc::from(self.breaker.key_prefix()),
+                operation,
+                fallback: "not recorded",
+                error: error.to_string(),
+            }),
+        }
+    }
+
+    fn report_deadline(&self, waiting_for: DeadlineWait, needed: Duration, remaining: Duration) {
+        self.observer.on_event(&Event::DeadlineExceeded {
+            model: Arc::from(self.inner.model()),
+            tenant: self.tenant,
+            waiting_for: match waiting_for {
+                DeadlineWait::RateLimit => "rate_limit",
+                DeadlineWait::Retry => "retry",
+            },
+            needed,
+            remaining,
+        });
+    }
+}
+
+impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> LlmProvider for HardenedProvider<P, L, B> {
+    /// The inner provider's identity, read through on every call.
+    fn model(&self) -> &str {
+        self.inner.model()
+    }
+
+    fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
+        Box::pin(async move {
+            let (result, attempts) = self.run(request).await;
+            self.observer.on_event(&Event::CallFinished {
+                model: Arc::from(self.inner.model()),
+                tenant: self.tenant,
+                outcome: match &result {
+                    Ok(_) => "ok",
+                    Err(e) => e.kind(),
+                },
+                attempts,
+            });
+            result
+        })
+    }
+}

@@ -1,0 +1,154 @@
+//! The `LlmProvider` port, the OpenAI-compatible adapter, and the hardened
+//! provider that wraps one.
+//!
+//! A pipeline asks a provider for one thing: a value of its own type,
+//! extracted from a text, checked against that type's schema. [`LlmProvider`]
+//! is that port, kept object-safe — it works on an [`OutputSchema`] and JSON —
+//! so a user can hold an `Arc<dyn LlmProvider>`; [`LlmProviderExt::extract`]
+//! is the typed call on top, for any provider, boxed or not.
+//!
+//! - [`OpenAiCompatible`] speaks the chat-completions wire format that
+//!   llama.cpp, llama-swap, vLLM, Ollama and OpenAI share, over a small
+//!   [`HttpTransport`] seam ([`ReqwestTransport`] in production, feature
+//!   `openai`, on by default). Parsing and classification live in [`wire`],
+//!   independent of any HTTP client.
+//! - [`HardenedProvider`] composes the crate's three layers around any
+//!   provider — breaker outermost, limiter next, retry innermost — and is an
+//!   `LlmProvider` itself.
+//!
+//! ```no_run
+//! # #[cfg(feature = "openai")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use redstring::provider::{LlmProvider, LlmProviderExt, OpenAiCompatible};
+//!
+//! #[derive(serde::Deserialize, schemars::JsonSchema)]
+//! struct Person {
+//!     name: String,
+//!     age: Option<u32>,
+//! }
+//!
+//! let provider: Arc<dyn LlmProvider> =
+//!     Arc::new(OpenAiCompatible::builder("http://127.0.0.1:8080/v1", "qwen3").build()?);
+//! let person: Person = provider.extract("Ann is thirty.", None).await?;
+//! # Ok(()) }
+//! ```
+
+mod error;
+mod hardened;
+mod openai;
+#[cfg(feature = "openai")]
+mod reqwest_transport;
+mod schema;
+mod transport;
+pub mod wire;
+
+use std::future::Future;
+
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub use error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError, TransportErrorKind};
+pub use hardened::{DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, HardenedProvider, HardenedProviderBuilder};
+pub use openai::{
+    DEFAULT_API_KEY, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, OpenAiCompatible, OpenAiCompatibleBuilder,
+};
+#[cfg(feature = "openai")]
+pub use reqwest_transport::ReqwestTransport;
+pub use schema::{OutputSchema, make_strict};
+pub use transport::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError};
+
+/// One extraction, in the object-safe form providers implement.
+#[derive(Clone, Copy, Debug)]
+pub struct ExtractRequest<'a> {
+    /// The text to extract from. Must not be blank.
+    pub text: &'a str,
+    /// The system prompt, passed to the model exactly as given. Providers add
+    /// no prompt of their own.
+    pub system_prompt: Option<&'a str>,
+    /// The caller's type, as a strict schema with its serde check.
+    pub schema: &'a OutputSchema,
+}
+
+impl ExtractRequest<'_> {
+    /// Whether the text is empty or whitespace only — a caller error every
+    /// provider returns before any network call.
+    pub fn is_blank(&self) -> bool {
+        self.text.trim().is_empty()
+    }
+}
+
+/// A source of schema-checked extractions: the port a pipeline is written
+/// against.
+///
+/// Object-safe, so `Arc<dyn LlmProvider>` works; use
+/// [`LlmProviderExt::extract`] for the typed call.
+pub trait LlmProvider: Send + Sync {
+    /// Provenance: the identity of the model that answers
+    /// (`openai-compatible/qwen3`). A wrapper returns its inner provider's,
+    /// never a name of its own.
+    fn model(&self) -> &str;
+
+    /// Extracts a JSON value that has passed `request.schema`'s check, or says
+    /// why not. Blank text is [`ProviderError::BlankText`], before any network
+    /// call.
+    fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>>;
+}
+
+impl<P: LlmProvider + ?Sized> LlmProvider for std::sync::Arc<P> {
+    fn model(&self) -> &str {
+        (**self).model()
+    }
+    fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
+        (**self).extract_value(request)
+    }
+}
+
+impl<P: LlmProvider + ?Sized> LlmProvider for Box<P> {
+    fn model(&self) -> &str {
+        (**self).model()
+    }
+    fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
+        (**self).extract_value(request)
+    }
+}
+
+/// The typed call, for every [`LlmProvider`] (including `dyn LlmProvider`).
+pub trait LlmProviderExt: LlmProvider {
+    /// Extracts a `T` from `text`, under `T`'s strict schema, with
+    /// `system_prompt` passed through untouched.
+    fn extract<'a, T>(
+        &'a self,
+        text: &'a str,
+        system_prompt: Option<&'a str>,
+    ) -> impl Future<Output = Result<T, ExtractError>> + Send + 'a
+    where
+        T: DeserializeOwned + JsonSchema + 'a,
+    {
+        async move {
+            if text.trim().is_empty() {
+                return Err(ProviderError::BlankText.into());
+            }
+            let schema = OutputSchema::for_type::<T>();
+            let request = ExtractRequest {
+                text,
+                system_prompt,
+                schema: &schema,
+            };
+            let value = self.extract_value(request).await?;
+            T::deserialize(value).map_err(|source| {
+                ProviderError::Malformed {
+                    schema: schema.name().to_owned(),
+                    source,
+                }
+                .into()
+            })
+        }
+    }
+}
+
+impl<P: LlmProvider + ?Sized> LlmProviderExt for P {}
+
+/// Compile-time proof that the port stays object-safe.
+fn _object_safe(_: &dyn LlmProvider, _: &dyn HttpTransport) {}

@@ -1,0 +1,306 @@
+//! `OpenAiCompatible`: the adapter for every server that speaks OpenAI's chat
+//! completions — llama.cpp, llama-swap, vLLM, Ollama's `/v1`, OpenAI itself.
+//!
+//! It asks for structured output under the caller's strict schema, always
+//! validates the answer locally (only OpenAI's strict mode guarantees the
+//! schema; the others mostly honour it), and turns every outcome into the
+//! [`ProviderError`] vocabulary through [`wire`](super::wire). The API key
+//! is sent as a bearer token and shown nowhere else: not by `Debug`, not in
+//! an error, not in an event.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::error::{ExtractError, ProviderError};
+use super::transport::{BoxFuture, HttpRequest, HttpTransport};
+use super::wire::{self, ResponseContext};
+use super::{ExtractRequest, LlmProvider};
+use crate::clock::{Clock, SystemClock};
+use crate::error::ConfigError;
+use crate::time::secs;
+
+/// The key sent when none is configured: local servers ignore it, and some
+/// clients and proxies refuse a request without one.
+pub const DEFAULT_API_KEY: &str = "not-needed";
+/// The default request timeout. Generous: a local server may hold a request
+/// while it swaps models (llama-swap waits up to 120 s by default).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The default limit on a response body: 8 MiB.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+
+/// An [`LlmProvider`] over an OpenAI-compatible `/v1` endpoint.
+pub struct OpenAiCompatible<T> {
+    transport: T,
+    url: String,
+    base_url: String,
+    model_id: String,
+    provenance: String,
+    api_key: String,
+    timeout: Duration,
+    max_tokens: Option<u32>,
+    max_response_bytes: usize,
+    clock: Arc<dyn Clock>,
+}
+
+impl<T> fmt::Debug for OpenAiCompatible<T> {
+    /// Shows the configuration; the API key appears as `[redacted]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiCompatible")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model_id)
+            .field("api_key", &"[redacted]")
+            .field("timeout", &self.timeout)
+            .field("max_tokens", &self.max_tokens)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures an [`OpenAiCompatible`]; `build` validates.
+pub struct OpenAiCompatibleBuilder {
+    base_url: String,
+    model: String,
+    api_key: Option<String>,
+    timeout: Duration,
+    max_tokens: Option<u32>,
+    max_response_bytes: usize,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl fmt::Debug for OpenAiCompatibleBuilder {
+    /// Like the adapter's: the API key is not shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiCompatibleBuilder")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
+            .field("timeout", &self.timeout)
+            .field("max_tokens", &self.max_tokens)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenAiCompatible<()> {
+    /// Starts configuring an adapter for the server at `base_url` (the `/v1`
+    /// root, such as `http://127.0.0.1:8080/v1`) and its model id `model`.
+    pub fn builder(base_url: impl Into<String>, model: impl Into<String>) -> OpenAiCompatibleBuilder {
+        OpenAiCompatibleBuilder {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key: None,
+            timeout: DEFAULT_TIMEOUT,
+            max_tokens: None,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            clock: None,
+        }
+    }
+}
+
+impl OpenAiCompatibleBuilder {
+    /// The API key, sent as `Authorization: Bearer …` (default
+    /// [`DEFAULT_API_KEY`]).
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// How long one request may take, connection included (default
+    /// [`DEFAULT_TIMEOUT`]). Enforced by the transport.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The output budget sent as `max_tokens` (default: the server's).
+    pub fn max_tokens(mut self, n: u32) -> Self {
+        self.max_tokens = Some(n);
+        self
+    }
+
+    /// The most response-body bytes read (default
+    /// [`DEFAULT_MAX_RESPONSE_BYTES`]); a longer body is
+    /// [`ProviderError::ResponseTooLarge`].
+    pub fn max_response_bytes(mut self, n: usize) -> Self {
+        self.max_response_bytes = n;
+        self
+    }
+
+    /// The clock `Retry-After` dates are measured against (default
+    /// [`SystemClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Builds over reqwest (rustls with ring).
+    #[cfg(feature = "openai")]
+    pub fn build(self) -> Result<OpenAiCompatible<super::ReqwestTransport>, ConfigError> {
+        let transport = super::ReqwestTransport::new().map_err(|e| ConfigError::new("http_client", "buildable", e))?;
+        self.build_with(transport)
+    }
+
+    /// Builds over `transport`. The base URL must be `http://` or `https://`;
+    /// the model non-empty; the timeout, `max_tokens` and
+    /// `max_response_bytes` positive.
+    pub fn build_with<T: HttpTransport>(self, transport: T) -> Result<OpenAiCompatible<T>, ConfigError> {
+        let base_url = self.base_url.trim().trim_end_matches('/').to_owned();
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) || base_url.ends_with(':') {
+            return Err(ConfigError::new(
+                "base_url",
+                "an http:// or https:// URL",
+                format!("{:?}", self.base_url),
+            ));
+        }
+        if self.model.trim().is_empty() {
+            return Err(ConfigError::new("model", "non-empty", format!("{:?}", self.model)));
+        }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::new("timeout", "positive", secs(self.timeout)));
+        }
+        if self.max_tokens == Some(0) {
+            return Err(ConfigError::new("max_tokens", "positive", 0));
+        }
+        if self.max_response_bytes == 0 {
+            return Err(ConfigError::new("max_response_bytes", "positive", 0));
+        }
+        Ok(OpenAiCompatible {
+            transport,
+            url: format!("{base_url}/chat/completions"),
+            provenance: format!("openai-compatible/{}", self.model),
+            base_url,
+            model_id: self.model,
+            api_key: self.api_key.unwrap_or_else(|| DEFAULT_API_KEY.to_owned()),
+            timeout: self.timeout,
+            max_tokens: self.max_tokens,
+            max_response_bytes: self.max_response_bytes,
+            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+        })
+    }
+}
+
+impl<T: HttpTransport> OpenAiCompatible<T> {
+    /// The `/v1` base URL, without a trailing slash.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The server's model id, as sent in requests.
+    pub fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    async fn call(&self, request: ExtractRequest<'_>) -> Result<Value, ProviderError> {
+        if request.is_blank() {
+            return Err(ProviderError::BlankText);
+        }
+        let body = wire::request_body(
+            &self.model_id,
+            request.text,
+            request.system_prompt,
+            request.schema,
+            self.max_tokens,
+        );
+        let http = HttpRequest {
+            url: self.url.clone(),
+            headers: vec![
+                ("content-type".to_owned(), "application/json".to_owned()),
+                ("accept".to_owned(), "application/json".to_owned()),
+                ("authorization".to_owned(), format!("Bearer {}", self.api_key)),
+            ],
+            body,
+            body_limit: self.max_response_bytes,
+            timeout: self.timeout,
+        };
+        let response = self
+            .transport
+            .post(http)
+            .await
+            .map_err(|e| wire::transport_error(e, &self.api_key))?;
+        let cx = ResponseContext {
+            model: &self.model_id,
+            schema: request.schema,
+            api_key: &self.api_key,
+            now: self.clock.now(),
+        };
+        wire::parse_response(&response, &cx)
+    }
+}
+
+impl<T: HttpTransport> LlmProvider for OpenAiCompatible<T> {
+    fn model(&self) -> &str {
+        &self.provenance
+    }
+
+    fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
+        Box::pin(async move { self.call(request).await.map_err(ExtractError::from) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::transport::{HttpResponse, TransportError};
+
+    struct Never;
+    impl HttpTransport for Never {
+        fn post(&self, _: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
+            Box::pin(async { Err(wire::failed(super::super::TransportErrorKind::Connect, "unreachable")) })
+        }
+    }
+
+    #[test]
+    fn construction_validates_naming_the_field() {
+        let b = |url: &str, model: &str| OpenAiCompatible::builder(url, model);
+        let cases = [
+            (
+                b("localhost:8080/v1", "m"),
+                "base_url must be an http:// or https:// URL, got \"localhost:8080/v1\"",
+            ),
+            (b("http://h/v1", " "), "model must be non-empty, got \" \""),
+            (
+                b("http://h/v1", "m").timeout(Duration::ZERO),
+                "timeout must be positive, got 0",
+            ),
+            (
+                b("http://h/v1", "m").max_tokens(0),
+                "max_tokens must be positive, got 0",
+            ),
+            (
+                b("http://h/v1", "m").max_response_bytes(0),
+                "max_response_bytes must be positive, got 0",
+            ),
+        ];
+        for (builder, message) in cases {
+            assert_eq!(builder.build_with(Never).unwrap_err().to_string(), message);
+        }
+    }
+
+    #[test]
+    fn provenance_and_url() {
+        let p = OpenAiCompatible::builder("http://h:8080/v1/", "qwen3")
+            .build_with(Never)
+            .unwrap();
+        assert_eq!(p.model(), "openai-compatible/qwen3");
+        assert_eq!(p.url, "http://h:8080/v1/chat/completions");
+        assert_eq!(p.base_url(), "http://h:8080/v1");
+    }
+
+    #[test]
+    fn debug_never_shows_the_key() {
+        let b = OpenAiCompatible::builder("http://h/v1", "m").api_key("sk-live-123");
+        assert!(!format!("{b:?}").contains("sk-live-123"));
+        let p = b.build_with(Never).unwrap();
+        let shown = format!("{p:?}");
+        assert!(!shown.contains("sk-live-123"), "{shown}");
+        assert!(shown.contains("[redacted]"));
+    }
+}

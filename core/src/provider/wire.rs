@@ -1,0 +1,596 @@
+//! The OpenAI chat-completions wire format: the request we send and what every
+//! possible answer means.
+//!
+//! Pure functions over bytes and headers, with no I/O and no HTTP client, so
+//! the production transport and the simulator's run exactly the same parsing
+//! and classification. Response types are lenient — unknown fields are
+//! ignored, an error `code` may be a string or a number, reasoning text may be
+//! under `reasoning` or `reasoning_content` — because llama.cpp, vLLM, Ollama,
+//! llama-swap and OpenAI agree on the fields that matter and on little else.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::{ProviderError, TransportErrorKind};
+use super::schema::OutputSchema;
+use super::transport::{HttpResponse, TransportError};
+use crate::time::Timestamp;
+
+/// Longest server message kept in an error, in characters.
+const MAX_MESSAGE_CHARS: usize = 500;
+
+/// What replaces the API key wherever a server echoes it.
+const REDACTED: &str = "[redacted]";
+
+/// The JSON body of a structured-output chat completion request.
+///
+/// The system prompt, when given, is sent exactly as given as the first
+/// message; nothing is added to it and no default is supplied. `max_tokens`
+/// is omitted when `None`, leaving the server's default.
+pub fn request_body(
+    model: &str,
+    text: &str,
+    system_prompt: Option<&str>,
+    schema: &OutputSchema,
+    max_tokens: Option<u32>,
+) -> Vec<u8> {
+    let mut messages = Vec::with_capacity(2);
+    if let Some(prompt) = system_prompt {
+        messages.push(json!({"role": "system", "content": prompt}));
+    }
+    messages.push(json!({"role": "user", "content": text}));
+    let mut body = json!({
+        "model": model,
+        "messages": messages,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": schema.name(),
+                "strict": true,
+                "schema": schema.schema(),
+            },
+        },
+    });
+    if let (Some(n), Some(object)) = (max_tokens, body.as_object_mut()) {
+        object.insert("max_tokens".to_owned(), Value::from(n));
+    }
+    body.to_string().into_bytes()
+}
+
+/// What the adapter knows when it reads a response.
+#[derive(Clone, Copy, Debug)]
+pub struct ResponseContext<'a> {
+    /// The model id the request named (for 404 messages).
+    pub model: &'a str,
+    /// The schema the content must validate against.
+    pub schema: &'a OutputSchema,
+    /// The API key, removed from anything quoted from the server.
+    pub api_key: &'a str,
+    /// The time now, for `Retry-After` given as an HTTP date.
+    pub now: Timestamp,
+}
+
+#[derive(Deserialize)]
+struct Completion {
+    #[serde(default)]
+    choices: Vec<Choice>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    message: Option<Message>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    refusal: Option<String>,
+    #[serde(default)]
+    reasoning: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+}
+
+/// Reads a response into the validated JSON value, or the error it means.
+pub fn parse_response(response: &HttpResponse, cx: &ResponseContext<'_>) -> Result<Value, ProviderError> {
+    if response.status == 200 {
+        return parse_completion(&response.body, cx);
+    }
+    Err(classify_status(response, cx))
+}
+
+fn parse_completion(body: &[u8], cx: &ResponseContext<'_>) -> Result<Value, ProviderError> {
+    let completion: Completion = serde_json::from_slice(body).map_err(|e| ProviderError::InvalidResponse {
+        detail: format!("{e}; body starts {}", quote(body, cx.api_key)),
+    })?;
+    let Some(choice) = completion.choices.into_iter().next() else {
+        return Err(ProviderError::Empty {
+            finish_reason: None,
+            reasoning: false,
+        });
+    };
+    let finish_reason = choice.finish_reason;
+    let message = choice.message.unwrap_or(Message {
+        content: None,
+        refusal: None,
+        reasoning: None,
+        reasoning_content: None,
+    });
+    if let Some(refusal) = message.refusal.filter(|r| !r.trim().is_empty()) {
+        return Err(ProviderError::Refused {
+            reason: clean(&refusal, cx.api_key),
+        });
+    }
+    if finish_reason.as_deref() == Some("content_filter") {
+        return Err(ProviderError::Refused {
+            reason: "content_filter".to_owned(),
+        });
+    }
+    let content = message.content.as_ref().map(content_text).unwrap_or_default();
+    if content.trim().is_empty() {
+        let has_text = |s: &Option<String>| s.as_deref().is_some_and(|t| !t.trim().is_empty());
+        return Err(ProviderError::Empty {
+            finish_reason,
+            reasoning: has_text(&message.reasoning) || has_text(&message.reasoning_content),
+        });
+    }
+    let malformed = |source| ProviderError::Malformed {
+        schema: cx.schema.name().to_owned(),
+        source,
+    };
+    let value: Value = serde_json::from_str(&content).map_err(malformed)?;
+    cx.schema.check(&value).map_err(malformed)?;
+    Ok(value)
+}
+
+/// A message's `content`: a string, or the text parts of an array of parts.
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// The `error` envelope servers send with a failure status, as far as it can be read.
+struct ErrorBody {
+    message: String,
+    code: Option<String>,
+    kind: Option<String>,
+}
+
+fn read_error_body(body: &[u8], api_key: &str) -> ErrorBody {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let error = parsed.as_ref().and_then(|v| v.get("error"));
+    let text = |v: Option<&Value>| match v {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    };
+    let message = match error {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(e) => text(e.get("message")),
+        None => parsed
+            .as_ref()
+            .and_then(|v| text(v.get("message")).or_else(|| text(v.get("detail")))),
+    };
+    ErrorBody {
+        message: match message {
+            Some(m) => clean(&m, api_key),
+            None => quote(body, api_key),
+        },
+        code: error.and_then(|e| text(e.get("code"))),
+        kind: error.and_then(|e| text(e.get("type"))),
+    }
+}
+
+fn classify_status(response: &HttpResponse, cx: &ResponseContext<'_>) -> ProviderError {
+    let error = read_error_body(&response.body, cx.api_key);
+    let status = response.status;
+    match status {
+        429 => {
+            let quota = [error.code.as_deref(), error.kind.as_deref()].contains(&Some("insufficient_quota"));
+            if quota {
+                ProviderError::QuotaExhausted { message: error.message }
+            } else {
+                ProviderError::RateLimited {
+                    retry_after: retry_after(response, cx.now),
+                    message: error.message,
+                }
+            }
+        }
+        503 => ProviderError::Unavailable {
+            retry_after: retry_after(response, cx.now),
+            message: error.message,
+        },
+        401 | 403 => ProviderError::Authentication {
+            status,
+            message: error.message,
+        },
+        404 => ProviderError::UnknownModel {
+            model: cx.model.to_owned(),
+            message: error.message,
+        },
+        408 | 500..=599 => ProviderError::Server {
+            status,
+            message: error.message,
+        },
+        _ => ProviderError::BadRequest {
+            status,
+            message: error.message,
+        },
+    }
+}
+
+/// The server's requested wait: `retry-after-ms` (milliseconds), else
+/// `retry-after` as seconds or as an HTTP date (measured from `now`). Negative,
+/// non-finite and unparsable values are ignored.
+pub fn retry_after(response: &HttpResponse, now: Timestamp) -> Option<Duration> {
+    let seconds = |v: &str, scale: f64| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .and_then(|x| Duration::try_from_secs_f64(x / scale).ok())
+    };
+    if let Some(d) = response.header("retry-after-ms").and_then(|v| seconds(v, 1000.0)) {
+        return Some(d);
+    }
+    let value = response.header("retry-after")?;
+    seconds(value, 1.0).or_else(|| parse_http_date(value).map(|at| at.saturating_duration_since(now)))
+}
+
+/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form HTTP
+/// servers send.
+pub fn parse_http_date(text: &str) -> Option<Timestamp> {
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    let [_weekday, day, month, year, time, "GMT"] = parts.as_slice() else {
+        return None;
+    };
+    let day: u32 = day.parse().ok()?;
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| m == month)?;
+    let year: i64 = year.parse().ok()?;
+    let mut hms = time.split(':').map(|p| p.parse::<u64>().ok());
+    let (Some(Some(h)), Some(Some(m)), Some(Some(s)), None) = (hms.next(), hms.next(), hms.next(), hms.next()) else {
+        return None;
+    };
+    if !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 {
+        return None;
+    }
+    let days = days_from_civil(year, month as i64 + 1, i64::from(day));
+    let secs = u64::try_from(days)
+        .ok()?
+        .checked_mul(86_400)?
+        .checked_add(h * 3600 + m * 60 + s)?;
+    Some(Timestamp::from_secs(secs))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date.
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let shifted_month = (month + 9) % 12;
+    let day_of_year = (153 * shifted_month + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+/// The error a transport failure means.
+pub fn transport_error(error: TransportError, api_key: &str) -> ProviderError {
+    match error {
+        TransportError::BodyTooLarge { limit } => ProviderError::ResponseTooLarge { limit },
+        TransportError::Failed { kind, detail } => ProviderError::Transport {
+            kind,
+            detail: clean(&detail, api_key),
+        },
+    }
+}
+
+/// A transport failure of `kind` (for transports building their errors).
+pub fn failed(kind: TransportErrorKind, detail: impl Into<String>) -> TransportError {
+    TransportError::Failed {
+        kind,
+        detail: detail.into(),
+    }
+}
+
+/// Server text made safe to show: the key removed, at most
+/// [`MAX_MESSAGE_CHARS`] characters.
+fn clean(text: &str, api_key: &str) -> String {
+    let redacted = if api_key.is_empty() {
+        text.to_owned()
+    } else {
+        text.replace(api_key, REDACTED)
+    };
+    let mut chars = redacted.chars();
+    let mut out: String = chars.by_ref().take(MAX_MESSAGE_CHARS).collect();
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// A body quoted as (lossy) text, cleaned.
+fn quote(body: &[u8], api_key: &str) -> String {
+    let head = &body[..body.len().min(MAX_MESSAGE_CHARS * 4)];
+    let text = String::from_utf8_lossy(head);
+    format!("{:?}", clean(text.trim(), api_key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize, schemars::JsonSchema, PartialEq)]
+    struct Person {
+        name: String,
+        age: u8,
+    }
+
+    fn cx(schema: &OutputSchema) -> ResponseContext<'_> {
+        ResponseContext {
+            model: "qwen3",
+            schema,
+            api_key: "sk-secret-key",
+            now: Timestamp::from_secs(1_700_000_000),
+        }
+    }
+
+    fn response(status: u16, headers: &[(&str, &str)], body: &str) -> HttpResponse {
+        HttpResponse {
+            status,
+            headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    fn completion(message: Value, finish_reason: &str) -> String {
+        json!({"id": "x", "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}], "usage": {}})
+            .to_string()
+    }
+
+    #[test]
+    fn request_shape_is_strict_structured_output() {
+        let schema = OutputSchema::for_type::<Person>();
+        let body: Value =
+            serde_json::from_slice(&request_body("m", "Ann is 30", Some("  be terse\n"), &schema, Some(64))).unwrap();
+        assert_eq!(body["model"], "m");
+        assert_eq!(body["max_tokens"], 64);
+        assert_eq!(
+            body["messages"],
+            json!([{"role": "system", "content": "  be terse\n"}, {"role": "user", "content": "Ann is 30"}])
+        );
+        assert_eq!(body["response_format"]["type"], "json_schema");
+        assert_eq!(body["response_format"]["json_schema"]["name"], "Person");
+        assert_eq!(body["response_format"]["json_schema"]["strict"], true);
+        assert_eq!(body["response_format"]["json_schema"]["schema"], *schema.schema());
+        let bare: Value = serde_json::from_slice(&request_body("m", "t", None, &schema, None)).unwrap();
+        assert_eq!(bare["messages"].as_array().map(Vec::len), Some(1));
+        assert!(bare.get("max_tokens").is_none());
+    }
+
+    #[test]
+    fn valid_content_comes_back_and_unknown_fields_are_ignored() {
+        let schema = OutputSchema::for_type::<Person>();
+        let body = completion(
+            json!({"role": "assistant", "content": "{\"name\":\"Ann\",\"age\":30}", "extra": 1}),
+            "stop",
+        );
+        let v = parse_response(&response(200, &[], &body), &cx(&schema)).unwrap();
+        assert_eq!(v, json!({"name": "Ann", "age": 30}));
+    }
+
+    #[test]
+    fn content_that_does_not_validate_is_malformed_naming_the_schema() {
+        let schema = OutputSchema::for_type::<Person>();
+        for content in ["{\"name\":\"Ann\"}", "not json", "{\"name\":\"Ann\",\"age\":300}"] {
+            let body = completion(json!({"content": content}), "stop");
+            match parse_response(&response(200, &[], &body), &cx(&schema)) {
+                Err(ProviderError::Malformed { schema, .. }) => assert_eq!(schema, "Person"),
+                other => panic!("{content}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn empty_content_carries_finish_reason_and_notes_reasoning() {
+        let schema = OutputSchema::for_type::<Person>();
+        let cases = [
+            (
+                json!({"content": null, "reasoning_content": "thinking…"}),
+                "length",
+                true,
+            ),
+            (json!({"content": "", "reasoning": "hmm"}), "stop", true),
+            (json!({"content": "  "}), "stop", false),
+        ];
+        for (message, finish, reasoning_expected) in cases {
+            let body = completion(message, finish);
+            match parse_response(&response(200, &[], &body), &cx(&schema)) {
+                Err(ProviderError::Empty {
+                    finish_reason,
+                    reasoning,
+                }) => {
+                    assert_eq!(finish_reason.as_deref(), Some(finish));
+                    assert_eq!(reasoning, reasoning_expected);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let no_choices = parse_response(&response(200, &[], "{\"choices\":[]}"), &cx(&schema));
+        assert!(matches!(
+            no_choices,
+            Err(ProviderError::Empty {
+                finish_reason: None,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn refusals_are_recognised_both_ways() {
+        let schema = OutputSchema::for_type::<Person>();
+        let body = completion(json!({"content": null, "refusal": "I can't help with that."}), "stop");
+        assert!(matches!(
+            parse_response(&response(200, &[], &body), &cx(&schema)),
+            Err(ProviderError::Refused { reason }) if reason == "I can't help with that."
+        ));
+        let body = completion(json!({"content": "{\"name\":\"A\",\"age\":1}"}), "content_filter");
+        assert!(matches!(
+            parse_response(&response(200, &[], &body), &cx(&schema)),
+            Err(ProviderError::Refused { reason }) if reason == "content_filter"
+        ));
+    }
+
+    #[test]
+    fn statuses_classify_per_the_wire_table() {
+        let schema = OutputSchema::for_type::<Person>();
+        let cx = cx(&schema);
+        let limited = parse_response(
+            &response(
+                429,
+                &[("retry-after-ms", "1500"), ("retry-after", "9")],
+                r#"{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}"#,
+            ),
+            &cx,
+        );
+        assert!(
+            matches!(limited, Err(ProviderError::RateLimited { retry_after: Some(d), ref message })
+            if d == Duration::from_millis(1500) && message == "slow down")
+        );
+        let quota = parse_response(
+            &response(
+                429,
+                &[],
+                r#"{"error":{"message":"no credit","type":"insufficient_quota","code":"insufficient_quota"}}"#,
+            ),
+            &cx,
+        );
+        assert!(matches!(quota, Err(ProviderError::QuotaExhausted { .. })));
+        let loading = parse_response(
+            &response(
+                503,
+                &[],
+                r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
+            ),
+            &cx,
+        );
+        assert!(
+            matches!(loading, Err(ProviderError::Unavailable { retry_after: None, ref message }) if message == "Loading model")
+        );
+        let ollama_404 = parse_response(
+            &response(
+                404,
+                &[],
+                r#"{"error":"model \"qwen3\" not found, try pulling it first"}"#,
+            ),
+            &cx,
+        );
+        assert!(
+            matches!(ollama_404, Err(ProviderError::UnknownModel { ref model, ref message })
+            if model == "qwen3" && message.contains("try pulling"))
+        );
+        let proxy = parse_response(&response(502, &[], "<html>Bad Gateway</html>"), &cx);
+        assert!(
+            matches!(proxy, Err(ProviderError::Server { status: 502, ref message }) if message.contains("Bad Gateway"))
+        );
+        let auth = parse_response(
+            &response(
+                401,
+                &[],
+                r#"{"error":{"message":"Incorrect API key provided: sk-secret-key","code":401}}"#,
+            ),
+            &cx,
+        );
+        match auth {
+            Err(e @ ProviderError::Authentication { status: 401, .. }) => {
+                assert!(!e.to_string().contains("sk-secret-key"), "{e}");
+                assert!(e.to_string().contains("[redacted]"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let context = parse_response(
+            &response(
+                400,
+                &[],
+                r#"{"error":{"message":"exceeds context","type":"exceed_context_size_error","n_ctx":8}}"#,
+            ),
+            &cx,
+        );
+        assert!(matches!(context, Err(ProviderError::BadRequest { status: 400, .. })));
+    }
+
+    #[test]
+    fn a_200_that_is_not_a_completion_is_invalid() {
+        let schema = OutputSchema::for_type::<Person>();
+        let r = parse_response(&response(200, &[], "<html>login</html>"), &cx(&schema));
+        assert!(matches!(r, Err(ProviderError::InvalidResponse { .. })));
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = Timestamp::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+        let r = |h: &[(&str, &str)]| retry_after(&response(429, h, ""), now);
+        assert_eq!(r(&[("Retry-After", "2")]), Some(Duration::from_secs(2)));
+        assert_eq!(r(&[("retry-after", "0.5")]), Some(Duration::from_millis(500)));
+        assert_eq!(r(&[("retry-after-ms", "250")]), Some(Duration::from_millis(250)));
+        assert_eq!(
+            r(&[("retry-after", "Sun, 06 Nov 1994 08:49:47 GMT")]),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            r(&[("retry-after", "Sun, 06 Nov 1994 08:49:00 GMT")]),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(r(&[("retry-after", "-1")]), None);
+        assert_eq!(r(&[("retry-after", "soon")]), None);
+        assert_eq!(r(&[("retry-after", "NaN")]), None);
+        assert_eq!(r(&[]), None);
+    }
+
+    #[test]
+    fn http_dates_parse_exactly() {
+        assert_eq!(parse_http_date("Thu, 01 Jan 1970 00:00:00 GMT"), Some(Timestamp::EPOCH));
+        assert_eq!(
+            parse_http_date("Tue, 14 Nov 2023 22:13:20 GMT"),
+            Some(Timestamp::from_secs(1_700_000_000))
+        );
+        assert_eq!(parse_http_date("Tue, 14 Foo 2023 22:13:20 GMT"), None);
+        assert_eq!(parse_http_date("Tue, 14 Nov 2023 22:13 GMT"), None);
+        assert_eq!(parse_http_date("Tue, 14 Nov 2023 22:13:20 PST"), None);
+    }
+
+    #[test]
+    fn transport_errors_keep_their_kind_and_lose_the_key() {
+        let e = transport_error(
+            failed(TransportErrorKind::Timeout, "timed out with sk-secret-key"),
+            "sk-secret-key",
+        );
+        assert_eq!(e.kind(), "transport_timeout");
+        assert!(!e.to_string().contains("sk-secret-key"));
+        let e = transport_error(TransportError::BodyTooLarge { limit: 10 }, "k");
+        assert!(matches!(e, ProviderError::ResponseTooLarge { limit: 10 }));
+    }
+
+    #[test]
+    fn long_messages_are_truncated_at_a_char_boundary() {
+        let long = "é".repeat(2000);
+        let c = clean(&long, "");
+        assert_eq!(c.chars().count(), MAX_MESSAGE_CHARS + 1);
+    }
+}
