@@ -132,9 +132,11 @@ pub enum Event {
         model: Arc<str>,
         /// The tenant waiting.
         tenant: TenantId,
-        /// How long it sleeps: exactly the refusal's `retry_after`.
+        /// How long it sleeps: exactly the refusal's `retry_after` (or one
+        /// microsecond when a refusal comes at the window's inclusive boundary).
         wait: Duration,
-        /// Waits so far in this call, this one included.
+        /// Waits counted against the provider's limit so far in this call, this one
+        /// included (a one-tick wait at the window boundary is not counted).
         waits: u32,
     },
     /// A hardened provider stopped because its deadline could not cover the

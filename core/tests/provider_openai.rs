@@ -126,9 +126,13 @@ async fn content_that_does_not_validate_is_malformed_with_the_serde_error() {
     server.push(Reply::completion(r#"{"name":"Ann","age":"thirty"}"#));
     match provider_error(extract_from(&server).await) {
         e @ ProviderError::Malformed { .. } => {
-            let ProviderError::Malformed { schema, .. } = &e else { unreachable!() };
+            let ProviderError::Malformed { schema, .. } = &e else {
+                unreachable!()
+            };
             assert_eq!(schema, "Person");
-            let source = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+            let source = std::error::Error::source(&e)
+                .map(ToString::to_string)
+                .unwrap_or_default();
             assert!(source.contains("invalid type"), "{source}");
         }
         other => panic!("{other:?}"),
@@ -221,28 +225,46 @@ async fn http_failures_classify_per_the_wire_table() {
         ));
 
     let e = provider_error(extract_from(&server).await);
-    assert!(matches!(&e, ProviderError::RateLimited { retry_after: Some(d), message }
-        if *d == Duration::from_millis(1500) && message == "Rate limit reached"), "{e:?}");
+    assert!(
+        matches!(&e, ProviderError::RateLimited { retry_after: Some(d), message }
+        if *d == Duration::from_millis(1500) && message == "Rate limit reached"),
+        "{e:?}"
+    );
     assert!(e.is_transient());
     let e = provider_error(extract_from(&server).await);
     assert_eq!(e.retry_after(), Some(Duration::from_secs(7)), "{e:?}");
     let e = provider_error(extract_from(&server).await);
-    assert!(matches!(e, ProviderError::QuotaExhausted { .. }) && !e.is_transient(), "{e:?}");
+    assert!(
+        matches!(e, ProviderError::QuotaExhausted { .. }) && !e.is_transient(),
+        "{e:?}"
+    );
     let e = provider_error(extract_from(&server).await);
     assert!(matches!(&e, ProviderError::Unavailable { message, .. } if message == "Loading model") && e.is_transient());
     let e = provider_error(extract_from(&server).await);
-    assert!(matches!(e, ProviderError::Server { status: 500, .. }) && e.is_transient(), "{e:?}");
+    assert!(
+        matches!(e, ProviderError::Server { status: 500, .. }) && e.is_transient(),
+        "{e:?}"
+    );
     let e = provider_error(extract_from(&server).await);
-    assert!(matches!(e, ProviderError::Server { status: 502, .. }) && e.is_transient(), "{e:?}");
+    assert!(
+        matches!(e, ProviderError::Server { status: 502, .. }) && e.is_transient(),
+        "{e:?}"
+    );
     let e = provider_error(extract_from(&server).await);
-    assert!(matches!(e, ProviderError::Authentication { status: 401, .. }) && !e.is_transient(), "{e:?}");
+    assert!(
+        matches!(e, ProviderError::Authentication { status: 401, .. }) && !e.is_transient(),
+        "{e:?}"
+    );
     let e = provider_error(extract_from(&server).await);
     assert!(matches!(e, ProviderError::Authentication { status: 403, .. }), "{e:?}");
     let e = provider_error(extract_from(&server).await);
     assert!(matches!(&e, ProviderError::UnknownModel { model, .. } if model == "qwen3") && !e.is_transient());
     assert!(e.to_string().contains("`qwen3`"), "{e}");
     let e = provider_error(extract_from(&server).await);
-    assert!(matches!(e, ProviderError::BadRequest { status: 400, .. }) && !e.is_transient(), "{e:?}");
+    assert!(
+        matches!(e, ProviderError::BadRequest { status: 400, .. }) && !e.is_transient(),
+        "{e:?}"
+    );
     assert_eq!(server.count(), 10);
 }
 
@@ -251,7 +273,13 @@ async fn connection_refused_is_a_transient_connect_error() {
     let base = refused_base_url().await;
     let e = provider_error(adapter(&base).extract::<Person>("Ann", None).await);
     assert!(
-        matches!(e, ProviderError::Transport { kind: TransportErrorKind::Connect, .. }),
+        matches!(
+            e,
+            ProviderError::Transport {
+                kind: TransportErrorKind::Connect,
+                ..
+            }
+        ),
         "{e:?}"
     );
     assert!(e.is_transient());
@@ -263,7 +291,13 @@ async fn a_dropped_connection_is_a_transient_reset() {
     server.push(Reply::Drop);
     let e = provider_error(extract_from(&server).await);
     assert!(
-        matches!(e, ProviderError::Transport { kind: TransportErrorKind::Reset, .. }),
+        matches!(
+            e,
+            ProviderError::Transport {
+                kind: TransportErrorKind::Reset,
+                ..
+            }
+        ),
         "{e:?}"
     );
     assert!(e.is_transient());
@@ -280,7 +314,13 @@ async fn a_hung_server_is_a_transient_timeout() {
         .unwrap();
     let e = provider_error(provider.extract::<Person>("Ann", None).await);
     assert!(
-        matches!(e, ProviderError::Transport { kind: TransportErrorKind::Timeout, .. }),
+        matches!(
+            e,
+            ProviderError::Transport {
+                kind: TransportErrorKind::Timeout,
+                ..
+            }
+        ),
         "{e:?}"
     );
     assert!(e.is_transient());

@@ -28,7 +28,7 @@ use serde_json::Value;
 use super::error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError};
 use super::transport::BoxFuture;
 use super::{ExtractRequest, LlmProvider};
-use crate::breaker::{CircuitBreaker, CircuitOpen};
+use crate::breaker::{CircuitBreaker, CircuitOpen, CircuitState};
 use crate::cache::{BreakerStore, LimiterStore, MemoryCache};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::{AcquireError, RateLimiter};
@@ -43,6 +43,10 @@ pub const DEFAULT_LIMITER_WAITS: u32 = 1;
 /// The longest server-requested wait (`Retry-After`) the default classifier
 /// honours; a longer one ends the call at once (the OpenAI SDKs' rule).
 pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(120);
+
+/// The resolution of [`Timestamp`]: the extra wait at a limiter window's
+/// inclusive boundary.
+pub const BOUNDARY_TICK: Duration = Duration::from_micros(1);
 
 /// The retry name in messages: `Exhausted 3 retries for extract`.
 const OPERATION: &str = "extract";
@@ -271,6 +275,7 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
         }
 
         if let Err(e) = self.acquire(deadline).await {
+            self.hand_back_unused_probe().await;
             return (Err(e), 0);
         }
 
@@ -322,18 +327,27 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
     }
 
     /// Takes the tenant's slot, sleeping off up to `limiter_waits` refusals.
+    ///
+    /// The limiter counts a hit at exactly `now − window` as still inside the
+    /// window, so asking again after sleeping exactly `retry_after` can be
+    /// refused with a zero wait: the slot frees one tick later. That refusal
+    /// is the tail of the wait just slept, not a new one: it is slept off for
+    /// one tick ([`BOUNDARY_TICK`], the timestamp resolution) without counting
+    /// against `limiter_waits`, at most once per counted wait.
     async fn acquire(&self, deadline: Option<Timestamp>) -> Result<(), ExtractError> {
         let mut waits = 0u32;
+        let mut ticks = 0u32;
         loop {
             let refusal = match self.limiter.acquire(self.tenant).await {
                 Ok(_) => return Ok(()),
                 Err(AcquireError::Limited(refusal)) => refusal,
                 Err(AcquireError::Cache(e)) => return Err(ExtractError::LimiterCache(e)),
             };
-            if waits >= self.limiter_waits {
+            let boundary = refusal.retry_after.is_zero() && ticks < waits;
+            if !boundary && waits >= self.limiter_waits {
                 return Err(refusal.into());
             }
-            let wait = refusal.retry_after;
+            let wait = if boundary { BOUNDARY_TICK } else { refusal.retry_after };
             if let Some(deadline) = deadline {
                 let remaining = deadline.saturating_duration_since(self.clock.now());
                 if wait > remaining {
@@ -347,7 +361,11 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
                     }));
                 }
             }
-            waits += 1;
+            if boundary {
+                ticks += 1;
+            } else {
+                waits += 1;
+            }
             self.observer.on_event(&Event::RateLimitWait {
                 model: Arc::from(self.inner.model()),
                 tenant: self.tenant,
@@ -374,6 +392,18 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
             BreakerReport::Success
         } else {
             BreakerReport::Nothing
+        }
+    }
+
+    /// The breaker admitted this call but the limiter then refused it, so no
+    /// call was made. If the circuit is half-open, that admission was a probe,
+    /// and a probe that never reports would leave the circuit half-open with
+    /// its probes spent — refusing every call, for good. Reporting a failure
+    /// re-opens it instead, so a fresh probe is admitted one
+    /// `recovery_timeout` later.
+    async fn hand_back_unused_probe(&self) {
+        if matches!(self.breaker.state().await, Ok(CircuitState::HalfOpen)) {
+            self.report_to_breaker(BreakerReport::Failure).await;
         }
     }
 

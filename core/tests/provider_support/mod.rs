@@ -125,7 +125,9 @@ impl TestServer {
                 let state = shared.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |request| handle(request, state.clone()));
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
                 });
             }
         });
@@ -185,7 +187,12 @@ async fn handle(request: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<
             headers: parts
                 .headers
                 .iter()
-                .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
                 .collect(),
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         });
@@ -201,10 +208,14 @@ async fn handle(request: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<
             for (name, value) in headers {
                 response = response.header(name, value);
             }
-            Ok(response.body(Full::new(Bytes::from(body))).expect("valid scripted response"))
+            Ok(response
+                .body(Full::new(Bytes::from(body)))
+                .expect("valid scripted response"))
         }
         Reply::Drop => Err(Dropped),
-        Reply::Hang => std::future::pending::<Result<_, Infallible>>().await.map_err(|e| match e {}),
+        Reply::Hang => std::future::pending::<Result<_, Infallible>>()
+            .await
+            .map_err(|e| match e {}),
     }
 }
 

@@ -1,0 +1,593 @@
+//! The hardened provider over the real adapter and a real local HTTP server,
+//! on a manual clock: attempts, sleeps, breaker and limiter decisions, the
+//! deadline, and what it reports.
+
+mod provider_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use provider_support::{Reply, TestServer, refused_base_url};
+use redstring::provider::{
+    BOUNDARY_TICK, DeadlineWait, ExtractError, HardenedProvider, LlmProvider, LlmProviderExt, OpenAiCompatible,
+    ProviderError, ReqwestTransport,
+};
+use redstring::{
+    CircuitBreaker, CircuitState, Clock, Event, ManualClock, RateLimiter, RecordingObserver, RetryPolicy, Retryable,
+    SeededRandom, TenantId,
+};
+
+const KEY: &str = "sk-hardened-5ecret";
+const LOADING: &str = r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
+const ANN: &str = r#"{"name":"Ann"}"#;
+
+#[derive(Debug, PartialEq, serde::Deserialize, schemars::JsonSchema)]
+struct Person {
+    name: String,
+}
+
+/// The pieces one test wires together, all on one manual clock.
+struct Rig {
+    server: TestServer,
+    clock: Arc<ManualClock>,
+    observer: Arc<RecordingObserver>,
+    limiter: Arc<RateLimiter>,
+    breaker: Arc<CircuitBreaker>,
+}
+
+impl Rig {
+    async fn new(rpm: u32, failure_threshold: u32) -> Self {
+        Rig::on(TestServer::start().await, rpm, failure_threshold)
+    }
+
+    fn on(server: TestServer, rpm: u32, failure_threshold: u32) -> Self {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let observer = Arc::new(RecordingObserver::new());
+        let limiter = Arc::new(
+            RateLimiter::builder(rpm)
+                .clock(clock.clone())
+                .observer(observer.clone())
+                .build()
+                .unwrap(),
+        );
+        let breaker = Arc::new(
+            CircuitBreaker::builder()
+                .failure_threshold(failure_threshold)
+                .recovery_timeout(Duration::from_secs(30))
+                .clock(clock.clone())
+                .observer(observer.clone())
+                .build()
+                .unwrap(),
+        );
+        Rig {
+            server,
+            clock,
+            observer,
+            limiter,
+            breaker,
+        }
+    }
+
+    fn adapter(&self, base_url: &str) -> OpenAiCompatible<ReqwestTransport> {
+        OpenAiCompatible::builder(base_url, "qwen3")
+            .api_key(KEY)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    }
+
+    /// A hardened provider for `tenant` with jitter off and `max_retries`.
+    fn provider(
+        &self,
+        tenant: TenantId,
+        max_retries: u32,
+    ) -> redstring::provider::HardenedProviderBuilder<
+        OpenAiCompatible<ReqwestTransport>,
+        redstring::MemoryCache,
+        redstring::MemoryCache,
+    > {
+        self.provider_at(&self.server.base_url(), tenant, max_retries)
+    }
+
+    fn provider_at(
+        &self,
+        base_url: &str,
+        tenant: TenantId,
+        max_retries: u32,
+    ) -> redstring::provider::HardenedProviderBuilder<
+        OpenAiCompatible<ReqwestTransport>,
+        redstring::MemoryCache,
+        redstring::MemoryCache,
+    > {
+        HardenedProvider::builder(
+            self.adapter(base_url),
+            tenant,
+            self.limiter.clone(),
+            self.breaker.clone(),
+        )
+        .retry_policy(
+            RetryPolicy::builder()
+                .max_retries(max_retries)
+                .jitter(0.0)
+                .build()
+                .unwrap(),
+        )
+        .clock(self.clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(7)))
+        .observer(self.observer.clone())
+    }
+
+    fn finished(&self) -> Vec<(&'static str, u32)> {
+        self.observer
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::CallFinished { outcome, attempts, .. } => Some((outcome, attempts)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn breaker_reports(&self) -> Vec<bool> {
+        self.observer
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::BreakerReported { failure, .. } => Some(failure),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+const A: TenantId = TenantId::from_u128(1);
+const B: TenantId = TenantId::from_u128(2);
+
+#[tokio::test]
+async fn a_success_passes_through_and_records_success() {
+    let rig = Rig::new(10, 3).await;
+    rig.server.push(Reply::completion(ANN));
+    let provider = rig.provider(A, 3).build();
+    assert_eq!(provider.model(), "openai-compatible/qwen3", "provenance reads through");
+    let person: Person = provider.extract("Ann.", Some("sys")).await.unwrap();
+    assert_eq!(person.name, "Ann");
+    assert_eq!(rig.server.requests()[0].body["messages"][0]["content"], "sys");
+    assert_eq!(rig.finished(), [("ok", 1)]);
+    assert_eq!(rig.breaker_reports(), [false]);
+    assert_eq!(rig.limiter.remaining(A).await.unwrap(), 9);
+    assert!(rig.clock.sleeps().is_empty());
+}
+
+#[tokio::test]
+async fn a_malformed_answer_is_one_attempt_with_no_sleeping_and_no_breaker_failure() {
+    let rig = Rig::new(10, 1).await;
+    rig.server.otherwise(Reply::completion(r#"{"nom":"Ann"}"#));
+    let provider = rig.provider(A, 3).build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert!(
+        matches!(e, ExtractError::Provider(ProviderError::Malformed { .. })),
+        "{e:?}"
+    );
+    assert_eq!(rig.server.count(), 1);
+    assert!(rig.clock.sleeps().is_empty());
+    assert_eq!(rig.finished(), [("malformed", 1)]);
+    assert_eq!(
+        rig.breaker.state().await.unwrap(),
+        CircuitState::Closed,
+        "threshold 1, yet closed"
+    );
+}
+
+#[tokio::test]
+async fn empty_answers_never_open_the_circuit() {
+    let rig = Rig::new(10, 2).await;
+    rig.server.otherwise(Reply::completion_message(
+        serde_json::json!({"content": null, "reasoning_content": "thinking"}),
+        "length",
+    ));
+    let provider = rig.provider(A, 3).build();
+    for _ in 0..4 {
+        let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+        assert!(
+            matches!(e, ExtractError::Provider(ProviderError::Empty { .. })),
+            "{e:?}"
+        );
+    }
+    assert_eq!(rig.server.count(), 4);
+    assert!(rig.clock.sleeps().is_empty());
+    assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Closed);
+    assert_eq!(rig.breaker_reports(), [false; 4]);
+}
+
+#[tokio::test]
+async fn a_503_storm_exhausts_the_schedule_with_exact_delays() {
+    let rig = Rig::new(10, 5).await;
+    rig.server.otherwise(Reply::status(503, LOADING));
+    let provider = rig.provider(A, 3).build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    let ExtractError::RetryExhausted(x) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!((x.attempts, x.max_retries), (4, 3));
+    assert_eq!(e.to_string(), "Exhausted 3 retries for extract");
+    assert!(matches!(
+        e.provider_error(),
+        Some(ProviderError::Unavailable { message, .. }) if message == "Loading model"
+    ));
+    assert_eq!(rig.server.count(), 4);
+    assert_eq!(rig.clock.sleeps(), [secs(1), secs(2), secs(4)]);
+    assert_eq!(rig.finished(), [("retry_exhausted", 4)]);
+    assert_eq!(rig.breaker_reports(), [true], "one breaker failure per exhausted call");
+    assert_eq!(
+        rig.limiter.remaining(A).await.unwrap(),
+        9,
+        "one slot per call, not per attempt"
+    );
+}
+
+#[tokio::test]
+async fn the_servers_retry_after_is_the_floor_of_the_backoff() {
+    let rig = Rig::new(10, 5).await;
+    rig.server
+        .push(Reply::status(429, r#"{"error":{"message":"slow down"}}"#).header("retry-after", "5"))
+        .push(Reply::status(503, LOADING).header("retry-after-ms", "100"))
+        .push(Reply::completion(ANN));
+    let provider = rig.provider(A, 3).build();
+    let person: Person = provider.extract("Ann.", None).await.unwrap();
+    assert_eq!(person.name, "Ann");
+    // 5 s asked > 1 s backoff; then 0.1 s asked < 2 s backoff.
+    assert_eq!(rig.clock.sleeps(), [secs(5), secs(2)]);
+    assert_eq!(rig.finished(), [("ok", 3)]);
+}
+
+#[tokio::test]
+async fn a_retry_after_beyond_the_cap_ends_the_call_at_once() {
+    let rig = Rig::new(10, 5).await;
+    rig.server
+        .push(Reply::status(429, r#"{"error":{"message":"come back tomorrow"}}"#).header("retry-after", "86400"));
+    let provider = rig.provider(A, 3).max_server_delay(secs(60)).build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert!(
+        matches!(&e, ExtractError::Provider(ProviderError::RateLimited { retry_after: Some(d), .. }) if *d == secs(86_400)),
+        "{e:?}"
+    );
+    assert_eq!(e.retry_after(), Some(secs(86_400)));
+    assert_eq!(rig.server.count(), 1);
+    assert!(rig.clock.sleeps().is_empty());
+}
+
+#[tokio::test]
+async fn permanent_http_failures_are_returned_unwrapped_on_the_first_attempt() {
+    let rig = Rig::new(10, 1).await;
+    rig.server
+        .push(Reply::status(401, r#"{"error":{"message":"bad key"}}"#))
+        .push(Reply::status(
+            404,
+            r#"{"error":"model \"qwen3\" not found, try pulling it first"}"#,
+        ))
+        .push(Reply::status(400, r#"{"error":{"message":"context exceeded"}}"#))
+        .push(Reply::status(
+            429,
+            r#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#,
+        ));
+    let provider = rig.provider(A, 3).build();
+    let mut kinds = Vec::new();
+    for _ in 0..4 {
+        let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+        assert!(matches!(e, ExtractError::Provider(_)), "{e:?}");
+        kinds.push(e.kind());
+    }
+    assert_eq!(
+        kinds,
+        ["authentication", "unknown_model", "bad_request", "quota_exhausted"]
+    );
+    assert_eq!(rig.server.count(), 4);
+    assert!(rig.clock.sleeps().is_empty());
+    assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn the_breaker_opens_after_the_threshold_then_recovers_through_a_probe() {
+    let rig = Rig::new(100, 2).await;
+    rig.server.push(Reply::status(502, "bad gateway")).push(Reply::Drop);
+    let provider = rig.provider(A, 0).build();
+    for expected in ["server_error", "transport_reset"] {
+        let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+        assert!(matches!(e, ExtractError::RetryExhausted(_)), "{e:?}");
+        assert_eq!(e.provider_error().map(ProviderError::kind), Some(expected));
+    }
+    assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Open);
+    let slots_before = rig.limiter.remaining(A).await.unwrap();
+
+    rig.clock.advance(secs(10));
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    match &e {
+        ExtractError::CircuitOpen(open) => {
+            assert_eq!(open.retry_after, secs(20));
+            assert_eq!(open.message, "openai-compatible/qwen3 is unavailable");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rig.server.count(), 2, "an open circuit makes no request");
+    assert_eq!(
+        rig.limiter.remaining(A).await.unwrap(),
+        slots_before,
+        "nor spends a slot"
+    );
+    assert!(rig.clock.sleeps().is_empty(), "nor sleeps");
+
+    rig.clock.advance(secs(20));
+    rig.server.push(Reply::completion(ANN));
+    let person: Person = provider.extract("Ann.", None).await.unwrap();
+    assert_eq!(person.name, "Ann");
+    assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Closed);
+    assert_eq!(
+        rig.finished(),
+        [
+            ("retry_exhausted", 1),
+            ("retry_exhausted", 1),
+            ("circuit_open", 0),
+            ("ok", 1)
+        ]
+    );
+    let transitions: Vec<(CircuitState, CircuitState)> = rig
+        .observer
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::BreakerTransition { from, to, .. } => Some((from, to)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        transitions,
+        [
+            (CircuitState::Closed, CircuitState::Open),
+            (CircuitState::Open, CircuitState::HalfOpen),
+            (CircuitState::HalfOpen, CircuitState::Closed)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_connections_opens_the_circuit() {
+    let rig = Rig::new(100, 2).await;
+    let dead = refused_base_url().await;
+    let provider = rig.provider_at(&dead, A, 1).build();
+    for _ in 0..2 {
+        let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+        assert_eq!(
+            e.provider_error().map(ProviderError::kind),
+            Some("transport_connect"),
+            "{e:?}"
+        );
+    }
+    assert_eq!(rig.clock.sleeps(), [secs(1), secs(1)]);
+    assert!(matches!(
+        provider.extract::<Person>("Ann.", None).await,
+        Err(ExtractError::CircuitOpen(_))
+    ));
+}
+
+#[tokio::test]
+async fn refusals_count_as_breaker_failures_only_when_configured() {
+    let refusal = Reply::completion_message(serde_json::json!({"content": null, "refusal": "no"}), "stop");
+    for (trips, expected) in [(false, CircuitState::Closed), (true, CircuitState::Open)] {
+        let rig = Rig::new(10, 1).await;
+        rig.server.otherwise(refusal.clone());
+        let provider = rig.provider(A, 3).refusals_trip_breaker(trips).build();
+        let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+        assert_eq!(e.kind(), "refused");
+        assert_eq!(rig.server.count(), 1, "a refusal is never retried");
+        assert_eq!(
+            rig.breaker.state().await.unwrap(),
+            expected,
+            "refusals_trip_breaker({trips})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_limiter_waits_exactly_retry_after_and_is_per_tenant() {
+    let rig = Rig::new(1, 5).await;
+    rig.server.otherwise(Reply::completion(ANN));
+    let a = rig.provider(A, 0).build();
+    let b = rig.provider(B, 0).build();
+
+    let _: Person = a.extract("one", None).await.unwrap();
+    rig.clock.advance(secs(15));
+    let _: Person = b.extract("B is not limited by A", None).await.unwrap();
+    assert!(rig.clock.sleeps().is_empty());
+
+    let _: Person = a.extract("two", None).await.unwrap();
+    // A's first hit ages out 45 s later; the limiter counts the boundary instant
+    // itself as inside the window, so the slot frees one tick after that.
+    assert_eq!(rig.clock.sleeps(), [secs(45), BOUNDARY_TICK]);
+    assert_eq!(rig.server.count(), 3);
+    let waits: Vec<(TenantId, Duration)> = rig
+        .observer
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::RateLimitWait { tenant, wait, .. } => Some((tenant, wait)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(waits, [(A, secs(45)), (A, BOUNDARY_TICK)]);
+}
+
+#[tokio::test]
+async fn a_refusal_that_outlasts_the_allowed_waits_is_returned() {
+    let rig = Rig::new(1, 5).await;
+    rig.server.otherwise(Reply::completion(ANN));
+    let patient = rig.provider(A, 0).build();
+    let impatient = rig.provider(A, 0).limiter_waits(0).build();
+    let _: Person = patient.extract("one", None).await.unwrap();
+    let e = impatient.extract::<Person>("two", None).await.unwrap_err();
+    match &e {
+        ExtractError::RateLimited(r) => assert_eq!(r.retry_after, secs(60)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.retry_after(), Some(secs(60)));
+    assert_eq!(rig.server.count(), 1);
+    assert!(rig.clock.sleeps().is_empty());
+    assert_eq!(rig.finished(), [("ok", 1), ("rate_limited", 0)]);
+}
+
+#[tokio::test]
+async fn the_deadline_stops_before_a_backoff_it_cannot_cover() {
+    let rig = Rig::new(10, 5).await;
+    rig.server.otherwise(Reply::status(503, LOADING));
+    let provider = rig.provider(A, 3).deadline(Duration::from_millis(2500)).build();
+    let start = rig.clock.now();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    let ExtractError::Deadline(d) = &e else { panic!("{e:?}") };
+    assert_eq!(d.waiting_for, DeadlineWait::Retry);
+    assert_eq!(d.attempts, 2);
+    assert_eq!(d.needed, secs(2));
+    assert_eq!(d.remaining, Duration::from_millis(1500));
+    assert_eq!(
+        e.to_string(),
+        "deadline leaves 1.5s but the next retry needs 2s (after 2 attempts)"
+    );
+    assert_eq!(d.last.kind(), "unavailable");
+    assert_eq!(rig.server.count(), 2);
+    assert_eq!(rig.clock.sleeps(), [secs(1)]);
+    assert!(rig.clock.now().saturating_duration_since(start) <= Duration::from_millis(2500));
+    assert_eq!(rig.finished(), [("deadline_exceeded", 2)]);
+    assert_eq!(rig.breaker_reports(), [true]);
+}
+
+#[tokio::test]
+async fn the_deadline_covers_the_servers_retry_after_too() {
+    let rig = Rig::new(10, 5).await;
+    rig.server
+        .push(Reply::status(429, r#"{"error":{"message":"slow down"}}"#).header("retry-after", "30"));
+    let provider = rig.provider(A, 3).deadline(secs(10)).build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    let ExtractError::Deadline(d) = &e else { panic!("{e:?}") };
+    assert_eq!((d.needed, d.remaining), (secs(30), secs(10)));
+    assert_eq!(rig.server.count(), 1);
+    assert!(rig.clock.sleeps().is_empty());
+}
+
+#[tokio::test]
+async fn the_deadline_covers_the_limiter_wait() {
+    let rig = Rig::new(1, 5).await;
+    rig.server.otherwise(Reply::completion(ANN));
+    let provider = rig.provider(A, 0).deadline(secs(30)).build();
+    let _: Person = provider.extract("one", None).await.unwrap();
+    let e = provider.extract::<Person>("two", None).await.unwrap_err();
+    let ExtractError::Deadline(d) = &e else { panic!("{e:?}") };
+    assert_eq!(d.waiting_for, DeadlineWait::RateLimit);
+    assert_eq!((d.needed, d.remaining, d.attempts), (secs(60), secs(30), 0));
+    assert!(matches!(*d.last, ExtractError::RateLimited(_)));
+    assert_eq!(rig.server.count(), 1);
+    assert!(rig.clock.sleeps().is_empty());
+}
+
+#[tokio::test]
+async fn blank_text_touches_nothing() {
+    let rig = Rig::new(10, 5).await;
+    let provider = rig.provider(A, 3).build();
+    let e = provider.extract::<Person>("  ", None).await.unwrap_err();
+    assert!(matches!(e, ExtractError::Provider(ProviderError::BlankText)));
+    let request_schema = redstring::provider::OutputSchema::for_type::<Person>();
+    let direct = provider
+        .extract_value(redstring::provider::ExtractRequest {
+            text: "\n",
+            system_prompt: None,
+            schema: &request_schema,
+        })
+        .await;
+    assert!(matches!(direct, Err(ExtractError::Provider(ProviderError::BlankText))));
+    assert_eq!(rig.server.count(), 0);
+    assert_eq!(rig.limiter.remaining(A).await.unwrap(), 10);
+}
+
+#[tokio::test]
+async fn a_custom_classifier_replaces_the_default() {
+    let rig = Rig::new(10, 5).await;
+    rig.server.otherwise(Reply::status(503, LOADING));
+    let provider = rig.provider(A, 3).classifier(|_| Retryable::No).build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert_eq!(e.kind(), "unavailable");
+    assert_eq!(rig.server.count(), 1);
+}
+
+#[tokio::test]
+async fn the_key_never_appears_in_errors_events_or_debug() {
+    let rig = Rig::new(10, 5).await;
+    rig.server
+        .push(Reply::status(
+            401,
+            format!(r#"{{"error":{{"message":"Incorrect API key provided: {KEY}"}}}}"#),
+        ))
+        .push(Reply::status(500, format!("internal error near {KEY}")))
+        .otherwise(Reply::status(
+            503,
+            format!(r#"{{"error":{{"message":"{KEY} loading"}}}}"#),
+        ));
+    let provider = rig.provider(A, 2).build();
+    let mut shown = format!("{provider:?}");
+    for _ in 0..2 {
+        let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+        shown.push_str(&format!("{e} {e:?}"));
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            shown.push_str(&s.to_string());
+            source = s.source();
+        }
+    }
+    shown.push_str(&format!("{:?}", rig.observer.events()));
+    assert!(
+        rig.observer
+            .events()
+            .iter()
+            .any(|e| matches!(e, Event::RetryScheduled { .. }))
+    );
+    assert!(!shown.contains(KEY), "the key leaked");
+    assert!(shown.contains("[redacted]"));
+}
+
+#[tokio::test]
+async fn a_hardened_provider_is_a_provider_and_nests_behind_a_trait_object() {
+    let rig = Rig::new(10, 5).await;
+    rig.server.push(Reply::completion(ANN));
+    let provider: Arc<dyn LlmProvider> = Arc::new(rig.provider(A, 0).build());
+    assert_eq!(provider.model(), "openai-compatible/qwen3");
+    let person: Person = provider.extract("Ann.", None).await.unwrap();
+    assert_eq!(person.name, "Ann");
+}
+
+#[tokio::test]
+async fn a_probe_the_limiter_refuses_is_handed_back_instead_of_wedging_the_circuit() {
+    let rig = Rig::new(1, 1).await;
+    rig.server.push(Reply::status(502, "bad gateway"));
+    let provider = rig.provider(A, 0).limiter_waits(0).build();
+    let e = provider.extract::<Person>("one", None).await.unwrap_err();
+    assert!(matches!(e, ExtractError::RetryExhausted(_)), "{e:?}");
+    assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Open);
+
+    // Recovery is due at +30 s, but the tenant's only slot frees at +60 s: the
+    // probe is admitted by the breaker and refused by the limiter.
+    rig.clock.advance(secs(30));
+    let e = provider.extract::<Person>("two", None).await.unwrap_err();
+    assert!(matches!(e, ExtractError::RateLimited(_)), "{e:?}");
+    assert_eq!(rig.server.count(), 1);
+    assert_eq!(
+        rig.breaker.state().await.unwrap(),
+        CircuitState::Open,
+        "re-opened, not stuck half-open"
+    );
+
+    rig.clock.advance(secs(31));
+    rig.server.push(Reply::completion(ANN));
+    let person: Person = provider.extract("three", None).await.unwrap();
+    assert_eq!(person.name, "Ann");
+    assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Closed);
+}
