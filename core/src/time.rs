@@ -69,7 +69,7 @@ impl Timestamp {
         Duration::from_micros(self.0.saturating_sub(earlier.0))
     }
 
-    /// Parses the stored form written by [`Timestamp::fmt`]: decimal seconds
+    /// Parses the stored form written by its [`Display`](std::fmt::Display) impl: decimal seconds
     /// with up to six fractional digits (`"1700000000.25"`). Returns `None` for
     /// anything else, so a damaged cache entry is detected rather than guessed at.
     pub fn parse_secs(text: &str) -> Option<Self> {
