@@ -116,7 +116,9 @@ async fn works_behind_a_trait_object_and_reports_provenance() {
     server.push(Reply::completion(r#"{"name":"Bo","age":4}"#));
     let provider: Arc<dyn LlmProvider> = Arc::new(adapter(&server.base_url()));
     assert_eq!(provider.model(), "openai-compatible/qwen3");
-    let person: Person = provider.extract("Bo is 4.", None).await.unwrap();
+    // The typed call's future is Send, so it can run on another task.
+    let task = tokio::spawn(async move { provider.extract::<Person>("Bo is 4.", None).await });
+    let person = task.await.unwrap().unwrap();
     assert_eq!(person.name, "Bo");
 }
 
@@ -339,6 +341,39 @@ async fn a_body_over_the_limit_is_an_error_not_an_allocation() {
         Err(ExtractError::Provider(ProviderError::ResponseTooLarge { limit })) => assert_eq!(limit, 1024),
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_streamed_body_over_the_limit_is_cut_off_while_reading() {
+    let server = TestServer::start().await;
+    // 64 KiB a chunk, 16 MiB in all, with no content-length to refuse up front.
+    server.push(Reply::Chunked {
+        chunk: vec![b' '; 64 * 1024],
+        count: 256,
+    });
+    let provider = OpenAiCompatible::builder(server.base_url(), "qwen3")
+        .max_response_bytes(256 * 1024)
+        .build()
+        .unwrap();
+    match provider.extract::<Person>("Ann", None).await {
+        Err(ExtractError::Provider(ProviderError::ResponseTooLarge { limit })) => assert_eq!(limit, 256 * 1024),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_body_within_the_limit_is_read_in_full() {
+    let server = TestServer::start().await;
+    let json = r#"{"choices":[{"message":{"content":"{\"name\":\"Di\",\"age\":null}"},"finish_reason":"stop"}]}"#;
+    server.push(Reply::Chunked {
+        chunk: json.as_bytes().to_vec(),
+        count: 1,
+    });
+    let provider = OpenAiCompatible::builder(server.base_url(), "qwen3")
+        .max_response_bytes(json.len())
+        .build()
+        .unwrap();
+    assert_eq!(provider.extract::<Person>("Di", None).await.unwrap().name, "Di");
 }
 
 #[tokio::test]

@@ -464,3 +464,125 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> LlmProvider for HardenedP
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::provider::{LlmProviderExt, OutputSchema};
+
+    /// A provider answering from a queue, counting calls.
+    struct Scripted {
+        answers: Mutex<VecDeque<Result<Value, ExtractError>>>,
+        calls: AtomicU32,
+    }
+
+    impl Scripted {
+        fn new(answers: Vec<Result<Value, ExtractError>>) -> Self {
+            Scripted {
+                answers: Mutex::new(answers.into()),
+                calls: AtomicU32::new(0),
+            }
+        }
+    }
+
+    impl LlmProvider for Scripted {
+        fn model(&self) -> &str {
+            "scripted/m"
+        }
+        fn extract_value<'a>(&'a self, _: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let next = self
+                .answers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_front()
+                .unwrap_or(Err(ProviderError::BlankText.into()));
+            Box::pin(async move { next })
+        }
+    }
+
+    fn unavailable() -> Result<Value, ExtractError> {
+        Err(ProviderError::Unavailable {
+            retry_after: None,
+            message: "Loading model".into(),
+        }
+        .into())
+    }
+
+    fn harden<P: LlmProvider>(inner: P, clock: &Arc<ManualClock>, threshold: u32) -> HardenedProvider<P> {
+        let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+        let breaker = Arc::new(
+            CircuitBreaker::builder()
+                .failure_threshold(threshold)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        HardenedProvider::builder(inner, TenantId::from_u128(9), limiter, breaker)
+            .retry_policy(RetryPolicy::builder().max_retries(1).jitter(0.0).build().unwrap())
+            .clock(clock.clone())
+            .rng(Arc::new(SeededRandom::from_seed(1)))
+            .build()
+    }
+
+    #[tokio::test]
+    async fn wrappers_nest_and_the_outer_one_never_retries_the_inner_ones_verdicts() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let inner = harden(Scripted::new(vec![unavailable(), unavailable()]), &clock, 1);
+        let outer = harden(inner, &clock, 5);
+        assert_eq!(outer.model(), "scripted/m");
+
+        let e = outer.extract::<String>("text", None).await.unwrap_err();
+        assert_eq!(e.kind(), "retry_exhausted", "the inner wrapper exhausted its schedule");
+        assert_eq!(
+            clock.sleeps(),
+            [Duration::from_secs(1)],
+            "and the outer one did not retry it"
+        );
+        let e = outer.extract::<String>("text", None).await.unwrap_err();
+        assert_eq!(e.kind(), "circuit_open", "the inner circuit opened at threshold 1");
+        assert_eq!(outer.inner().inner().calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn the_default_classifier_refuses_server_delays_over_the_cap() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let p = harden(Scripted::new(vec![]), &clock, 5);
+        let asks = |d: Duration| -> ExtractError {
+            ProviderError::RateLimited {
+                retry_after: Some(d),
+                message: String::new(),
+            }
+            .into()
+        };
+        assert_eq!(
+            p.classify(&asks(Duration::from_secs(120))),
+            Retryable::After(Duration::from_secs(120))
+        );
+        assert_eq!(p.classify(&asks(Duration::from_secs(121))), Retryable::No);
+        assert_eq!(p.classify(&ProviderError::BlankText.into()), Retryable::No);
+    }
+
+    #[tokio::test]
+    async fn a_success_after_a_transient_failure_is_one_call_and_a_success_report() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let p = harden(Scripted::new(vec![unavailable(), Ok(Value::from("done"))]), &clock, 1);
+        let schema = OutputSchema::for_type::<String>();
+        let v = p
+            .extract_value(ExtractRequest {
+                text: "t",
+                system_prompt: None,
+                schema: &schema,
+            })
+            .await
+            .unwrap();
+        assert_eq!(v, Value::from("done"));
+        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::Closed);
+        assert_eq!(p.limiter.remaining(p.tenant()).await.unwrap(), 99);
+    }
+}

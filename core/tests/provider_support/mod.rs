@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Either, Full};
+use hyper::body::{Body, Frame, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
@@ -30,6 +30,9 @@ pub enum Reply {
         headers: Vec<(String, String)>,
         body: Vec<u8>,
     },
+    /// A 200 whose body is `chunk` repeated `count` times, sent with chunked
+    /// transfer encoding: no `content-length` to check up front.
+    Chunked { chunk: Vec<u8>, count: usize },
     /// Close the connection without answering.
     Drop,
     /// Never answer.
@@ -177,7 +180,31 @@ impl std::fmt::Display for Dropped {
 
 impl std::error::Error for Dropped {}
 
-async fn handle(request: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Response<Full<Bytes>>, Dropped> {
+/// A body of `left` copies of `chunk`, one frame each, of unknown length.
+struct Chunks {
+    chunk: Bytes,
+    left: usize,
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.left -= 1;
+        std::task::Poll::Ready(Some(Ok(Frame::data(self.chunk.clone()))))
+    }
+}
+
+type ReplyBody = Either<Full<Bytes>, Chunks>;
+
+async fn handle(request: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Response<ReplyBody>, Dropped> {
     let (parts, body) = request.into_parts();
     let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let reply = {
@@ -209,9 +236,16 @@ async fn handle(request: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<
                 response = response.header(name, value);
             }
             Ok(response
-                .body(Full::new(Bytes::from(body)))
+                .body(Either::Left(Full::new(Bytes::from(body))))
                 .expect("valid scripted response"))
         }
+        Reply::Chunked { chunk, count } => Ok(Response::builder()
+            .status(200)
+            .body(Either::Right(Chunks {
+                chunk: Bytes::from(chunk),
+                left: count,
+            }))
+            .expect("valid scripted response")),
         Reply::Drop => Err(Dropped),
         Reply::Hang => std::future::pending::<Result<_, Infallible>>()
             .await
