@@ -208,14 +208,11 @@ impl ProviderError {
         }
     }
 
-    /// Whether the model server answered (any HTTP status, or a 200 whose
-    /// content was unusable) rather than the wire failing or the caller being
-    /// refused before a call.
+    /// Whether the model server answered (any HTTP status, including one
+    /// whose body was too large to read, or a 200 whose content was unusable)
+    /// rather than the wire failing or the caller being refused before a call.
     pub fn server_answered(&self) -> bool {
-        !matches!(
-            self,
-            ProviderError::BlankText | ProviderError::Transport { .. } | ProviderError::ResponseTooLarge { .. }
-        )
+        !matches!(self, ProviderError::BlankText | ProviderError::Transport { .. })
     }
 
     /// A short stable name for metrics and events (`malformed`, `empty`,

@@ -322,7 +322,11 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
                 (Err(e), report)
             }
         };
-        self.report_to_breaker(report).await;
+        if report == BreakerReport::Nothing {
+            self.hand_back_unused_probe().await;
+        } else {
+            self.report_to_breaker(report).await;
+        }
         (result, attempts)
     }
 
@@ -379,8 +383,8 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
     /// A permanent failure reports a failure only when it is a transient kind
     /// the classifier cut short (a `Retry-After` too long to honour), or a
     /// refusal when so configured; any other answer from the server shows the
-    /// server is up and closes a half-open circuit. Failures before any answer
-    /// (blank text, an oversized body, a wrapper's own refusal) report nothing.
+    /// server is up and closes a half-open circuit. Failures that say nothing
+    /// about the server (an inner wrapper's own refusal) report nothing.
     fn permanent_report(&self, error: &ExtractError) -> BreakerReport {
         let ExtractError::Provider(e) = error else {
             return BreakerReport::Nothing;
@@ -395,12 +399,12 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
         }
     }
 
-    /// The breaker admitted this call but the limiter then refused it, so no
-    /// call was made. If the circuit is half-open, that admission was a probe,
-    /// and a probe that never reports would leave the circuit half-open with
-    /// its probes spent — refusing every call, for good. Reporting a failure
-    /// re-opens it instead, so a fresh probe is admitted one
-    /// `recovery_timeout` later.
+    /// The breaker admitted this call but it ended with nothing to report —
+    /// the limiter refused it, or an inner wrapper did. If the circuit is
+    /// half-open, that admission was a probe, and a probe that never reports
+    /// would leave the circuit half-open with its probes spent — refusing
+    /// every call, for good. Reporting a failure re-opens it instead, so a
+    /// fresh probe is admitted one `recovery_timeout` later.
     async fn hand_back_unused_probe(&self) {
         if matches!(self.breaker.state().await, Ok(CircuitState::HalfOpen)) {
             self.report_to_breaker(BreakerReport::Failure).await;
@@ -547,6 +551,33 @@ mod tests {
         let e = outer.extract::<String>("text", None).await.unwrap_err();
         assert_eq!(e.kind(), "circuit_open", "the inner circuit opened at threshold 1");
         assert_eq!(outer.inner().inner().calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_probe_that_ends_with_nothing_to_report_re_opens_the_circuit() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let inner_refusal = Err(CircuitOpen::new("inner is unavailable", Duration::ZERO).into());
+        let p = harden(
+            Scripted::new(vec![unavailable(), unavailable(), inner_refusal, Ok(Value::from("up"))]),
+            &clock,
+            1,
+        );
+        let e = p.extract::<String>("t", None).await.unwrap_err();
+        assert_eq!(e.kind(), "retry_exhausted");
+        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::Open);
+
+        clock.advance(Duration::from_secs(60));
+        let e = p.extract::<String>("t", None).await.unwrap_err();
+        assert_eq!(e.kind(), "circuit_open", "the inner wrapper's refusal, passed on");
+        assert_eq!(
+            p.breaker.state().await.unwrap(),
+            CircuitState::Open,
+            "not wedged half-open"
+        );
+
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(p.extract::<String>("t", None).await.unwrap(), "up");
+        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::Closed);
     }
 
     #[tokio::test]
