@@ -14,6 +14,17 @@
 //! is per attempt; the limiter and the breaker are per call — one slot and at
 //! most one breaker report for one extraction, however many attempts it took.
 //!
+//! What the breaker hears, once per call:
+//!
+//! | outcome | report |
+//! |---|---|
+//! | success | `record_success` |
+//! | transient failures that exhausted the schedule, or ran out of deadline | `record_failure` |
+//! | a transient failure the classifier refused to retry (a `Retry-After` over the cap) | `record_failure` |
+//! | the server answered unusably: malformed, empty, 4xx, oversized body | `record_success` — the server is up |
+//! | a refusal | `record_success`, or `record_failure` with [`refusals_trip_breaker`](HardenedProviderBuilder::refusals_trip_breaker) |
+//! | no call made after admission (limiter refusal, an inner wrapper's refusal) | nothing — unless the admission was a half-open probe, which is handed back with `record_failure` so the circuit cannot stay half-open with its probes spent |
+//!
 //! Every wait (limiter, backoff, the server's `Retry-After`) is slept on the
 //! injected clock and checked against the call's deadline first, so a test on
 //! a [`ManualClock`](crate::ManualClock) never sleeps and a production call
