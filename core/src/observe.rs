@@ -132,11 +132,9 @@ pub enum Event {
         model: Arc<str>,
         /// The tenant waiting.
         tenant: TenantId,
-        /// How long it sleeps: exactly the refusal's `retry_after` (or one
-        /// microsecond when a refusal comes at the window's inclusive boundary).
+        /// How long it sleeps: exactly the refusal's `retry_after`.
         wait: Duration,
-        /// Waits counted against the provider's limit so far in this call, this one
-        /// included (a one-tick wait at the window boundary is not counted).
+        /// Waits so far in this call, this one included.
         waits: u32,
     },
     /// A hardened provider stopped because its deadline could not cover the

@@ -11,6 +11,9 @@ use redstring::{
 
 const A: TenantId = TenantId::from_u128(0xA);
 const B: TenantId = TenantId::from_u128(0xB);
+/// The timestamp resolution: a refusal's wait runs until one tick after the
+/// oldest hit is exactly one window old.
+const TICK: Duration = Duration::from_micros(1);
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -75,7 +78,7 @@ async fn admits_rpm_calls_then_refuses_with_the_exact_wait_and_message() {
     }
     // Hits at 0, 10, 20; now is 30: the first ages out at 60.
     let e = refused(l.acquire(A).await);
-    assert_eq!(e.retry_after, secs(30));
+    assert_eq!(e.retry_after, secs(30) + TICK);
     assert_eq!(e.used, 3);
     assert_eq!(e.tenant, A);
     assert_eq!(e.to_string(), "tenant has used 3 calls in 60s; retry in 30.00s");
@@ -101,13 +104,17 @@ async fn sleeping_for_retry_after_then_acquiring_succeeds() {
     clock.advance(secs(5));
     l.acquire(A).await.unwrap();
     let wait = refused(l.acquire(A).await).retry_after;
-    clock.sleep(wait).await;
-    assert!(
-        matches!(refused(l.acquire(A).await).retry_after, d if d.is_zero()),
-        "at exactly oldest + window the oldest hit is still inside the inclusive window"
+    clock.sleep(wait - TICK).await;
+    assert_eq!(
+        refused(l.acquire(A).await).retry_after,
+        TICK,
+        "one tick short, the oldest hit is still inside the inclusive window"
     );
-    clock.advance(Duration::from_micros(1));
-    assert!(l.acquire(A).await.is_ok());
+    clock.advance(TICK);
+    assert!(
+        l.acquire(A).await.is_ok(),
+        "sleeping exactly retry_after frees the slot"
+    );
 }
 
 #[tokio::test]
@@ -123,7 +130,7 @@ async fn refusals_are_not_recorded() {
     let key = format!("kg:ratelimit:{A}");
     assert_eq!(l.cache().count_since(&key, since).await.unwrap(), 1);
     // And the retry loop is not locked out: 60 s after the only hit, a slot frees.
-    clock.advance(secs(41));
+    clock.advance(secs(40) + TICK);
     assert!(l.acquire(A).await.is_ok());
 }
 
@@ -154,7 +161,7 @@ async fn the_window_slides_rather_than_resetting_on_a_boundary() {
     }
     clock.advance(Duration::from_millis(200));
     let e = refused(l.acquire(A).await);
-    assert_eq!(e.retry_after, Duration::from_millis(59_800));
+    assert_eq!(e.retry_after, Duration::from_millis(59_800) + TICK);
 }
 
 #[tokio::test]
@@ -227,7 +234,7 @@ async fn rpm_means_per_window() {
         l.acquire(A).await.unwrap();
     }
     let e = refused(l.acquire(A).await);
-    assert_eq!(e.retry_after, secs(1));
+    assert_eq!(e.retry_after, secs(1) + TICK);
     assert_eq!(e.to_string(), "tenant has used 10 calls in 1s; retry in 1.00s");
     clock.advance(Duration::from_millis(1_001));
     assert_eq!(l.remaining(A).await.unwrap(), 10);
@@ -347,7 +354,7 @@ async fn one_clock_read_per_acquire_stamps_count_oldest_and_hit_alike() {
     assert_eq!(
         e.retry_after,
         admitted_at
-            .saturating_add(secs(60))
+            .saturating_add(secs(60) + TICK)
             .saturating_duration_since(refused_at),
         "the wait is computed against the instant the count used"
     );

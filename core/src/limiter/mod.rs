@@ -53,8 +53,9 @@ pub struct Admission {
 /// clock.advance(Duration::from_secs(10));
 /// limiter.acquire(tenant).await.unwrap();
 /// let refused = limiter.acquire(tenant).await.unwrap_err();
-/// // The first hit ages out 50 s from now.
-/// assert_eq!(refused.retry_after(), Some(Duration::from_secs(50)));
+/// // The first hit ages out 50 s from now (and one microsecond: the window
+/// // is inclusive), so sleeping exactly that long and asking again succeeds.
+/// assert_eq!(refused.retry_after(), Some(Duration::from_micros(50_000_001)));
 /// assert_eq!(refused.to_string(), "tenant has used 2 calls in 60s; retry in 50.00s");
 /// # });
 /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {

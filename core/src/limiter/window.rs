@@ -23,13 +23,20 @@ pub enum SlotOutcome {
     Refused {
         /// Hits already in the window.
         used: u64,
-        /// `(oldest + window) − now`, clamped at zero; the full window if the
-        /// store knew of no oldest hit.
+        /// How long until the oldest hit in the window has aged out:
+        /// `(oldest + window) − now`, plus the one microsecond after which
+        /// that hit is outside the inclusive window — so a caller that sleeps
+        /// exactly this long and asks again is admitted. The full window if
+        /// the store knew of no oldest hit. Never zero.
         retry_after: Duration,
         /// The instant the decision was made at.
         at: Timestamp,
     },
 }
+
+/// The resolution of [`Timestamp`]: a window `[now − window, now]` still
+/// holds a hit stamped exactly `now − window`, and drops it one tick later.
+const RESOLUTION: Duration = Duration::from_micros(1);
 
 /// Admit if fewer than `limit` hits are in the window; otherwise refuse with
 /// the wait until the oldest of them ages out.
@@ -40,7 +47,11 @@ pub fn decide(count: u64, oldest: Option<Timestamp>, limit: u32, now: Timestamp,
         SlotOutcome::Admitted { remaining, at: now }
     } else {
         let retry_after = match oldest {
-            Some(oldest) => oldest.saturating_add(window).saturating_duration_since(now),
+            Some(oldest) => oldest
+                .saturating_add(window)
+                .saturating_add(RESOLUTION)
+                .saturating_duration_since(now)
+                .max(RESOLUTION),
             None => window,
         };
         SlotOutcome::Refused {
@@ -77,7 +88,20 @@ mod tests {
             decide(5, Some(oldest), 5, NOW, W),
             SlotOutcome::Refused {
                 used: 5,
-                retry_after: Duration::from_secs(15),
+                retry_after: Duration::from_secs(15) + RESOLUTION,
+                at: NOW
+            }
+        );
+    }
+
+    #[test]
+    fn a_hit_exactly_one_window_old_still_counts_for_one_more_tick() {
+        let oldest = NOW.saturating_sub(W);
+        assert_eq!(
+            decide(5, Some(oldest), 5, NOW, W),
+            SlotOutcome::Refused {
+                used: 5,
+                retry_after: RESOLUTION,
                 at: NOW
             }
         );

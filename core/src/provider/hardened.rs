@@ -55,10 +55,6 @@ pub const DEFAULT_LIMITER_WAITS: u32 = 1;
 /// honours; a longer one ends the call at once (the OpenAI SDKs' rule).
 pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(120);
 
-/// The resolution of [`Timestamp`]: the extra wait at a limiter window's
-/// inclusive boundary.
-pub const BOUNDARY_TICK: Duration = Duration::from_micros(1);
-
 /// The retry name in messages: `Exhausted 3 retries for extract`.
 const OPERATION: &str = "extract";
 
@@ -341,28 +337,21 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
         (result, attempts)
     }
 
-    /// Takes the tenant's slot, sleeping off up to `limiter_waits` refusals.
-    ///
-    /// The limiter counts a hit at exactly `now − window` as still inside the
-    /// window, so asking again after sleeping exactly `retry_after` can be
-    /// refused with a zero wait: the slot frees one tick later. That refusal
-    /// is the tail of the wait just slept, not a new one: it is slept off for
-    /// one tick ([`BOUNDARY_TICK`], the timestamp resolution) without counting
-    /// against `limiter_waits`, at most once per counted wait.
+    /// Takes the tenant's slot, sleeping off up to `limiter_waits` refusals
+    /// (each for exactly its `retry_after`, after which the slot is free
+    /// unless another caller took it first).
     async fn acquire(&self, deadline: Option<Timestamp>) -> Result<(), ExtractError> {
         let mut waits = 0u32;
-        let mut ticks = 0u32;
         loop {
             let refusal = match self.limiter.acquire(self.tenant).await {
                 Ok(_) => return Ok(()),
                 Err(AcquireError::Limited(refusal)) => refusal,
                 Err(AcquireError::Cache(e)) => return Err(ExtractError::LimiterCache(e)),
             };
-            let boundary = refusal.retry_after.is_zero() && ticks < waits;
-            if !boundary && waits >= self.limiter_waits {
+            if waits >= self.limiter_waits {
                 return Err(refusal.into());
             }
-            let wait = if boundary { BOUNDARY_TICK } else { refusal.retry_after };
+            let wait = refusal.retry_after;
             if let Some(deadline) = deadline {
                 let remaining = deadline.saturating_duration_since(self.clock.now());
                 if wait > remaining {
@@ -376,11 +365,7 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
                     }));
                 }
             }
-            if boundary {
-                ticks += 1;
-            } else {
-                waits += 1;
-            }
+            waits += 1;
             self.observer.on_event(&Event::RateLimitWait {
                 model: Arc::from(self.inner.model()),
                 tenant: self.tenant,

@@ -50,9 +50,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError, TransportErrorKind};
-pub use hardened::{
-    BOUNDARY_TICK, DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, HardenedProvider, HardenedProviderBuilder,
-};
+pub use hardened::{DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, HardenedProvider, HardenedProviderBuilder};
 pub use openai::{
     DEFAULT_API_KEY, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, OpenAiCompatible, OpenAiCompatibleBuilder,
 };

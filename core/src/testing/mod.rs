@@ -305,7 +305,7 @@ async fn acquire_slot_admits_to_the_limit_then_refuses_with_the_exact_wait<H: Ha
         c.acquire_slot("t", request(now, 3)).await.unwrap(),
         SlotOutcome::Refused {
             used: 3,
-            retry_after: secs(35),
+            retry_after: secs(35) + Duration::from_micros(1),
             at: now
         }
     );
