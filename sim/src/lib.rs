@@ -9,5 +9,6 @@
 pub mod clock;
 pub mod invariants;
 pub mod scenario;
+pub mod server;
 pub mod timeline;
 pub mod trace;

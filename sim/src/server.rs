@@ -1,0 +1,714 @@
+//! A simulated GPU model server speaking OpenAI chat completions.
+//!
+//! The hardening under test only ever sees a model server through HTTP, so
+//! the simulator needs one that fails the way real ones do: a llama.cpp-style
+//! reload period after every (re)start, a fixed number of decode slots with a
+//! bounded FIFO queue in front of them, overload collapse, and the misbehaviour
+//! modes of [`Behaviour`] (empty answers, malformed JSON, refusals, 429s, 500s,
+//! hangs, dropped connections). Everything runs on turmoil's virtual time and
+//! one seeded RNG, so the same scenario and seed serve the same answers.
+//!
+//! # What a request goes through
+//!
+//! `POST /v1/chat/completions` on port [`PORT`] is handled in this order (any
+//! other path is `404`, a body that is not JSON is `400`):
+//!
+//! 1. **Reload.** For `reload_s` after each start of the host (the first one
+//!    and every `Sim::bounce`), the answer is `503` with llama.cpp's
+//!    `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`
+//!    (outcome `loading`).
+//! 2. **Collapsed.** A collapsed server answers nothing (outcome `collapsed`,
+//!    see below).
+//! 3. **Behaviour.** One draw from the server's ChaCha RNG decides whether the
+//!    current [`Behaviour`]'s mode applies (probability `probability`);
+//!    otherwise the request is served normally. `rate_limit` (`429` with
+//!    `Retry-After` in whole seconds, rounded up, and `retry-after-ms`),
+//!    `error` (`500`), `loading` (`503 Loading model`), `hang` (never answered)
+//!    and `drop` (connection closed without a response) are immediate and take
+//!    no capacity: they model a proxy or the network in front of the GPU.
+//! 4. **Capacity.** With `slots + queue` requests already in flight the answer
+//!    is `503` `{"error":{"code":503,"message":"server busy","type":"unavailable_error"}}`
+//!    (outcome `queue_full`). Otherwise the request waits (FIFO) for one of
+//!    `slots` slots and holds it for `prompt_tokens / prefill_tokens_per_s +
+//!    output_tokens / decode_tokens_per_s` seconds of virtual time.
+//! 5. **Answer.** `200` with a `chat.completion` body. `normal` content is a
+//!    JSON object satisfying the request's
+//!    `response_format.json_schema.schema` (see [`content_for_schema`]);
+//!    `empty` is `""` with `finish_reason: "length"` and `reasoning_content`
+//!    set; `malformed` is prose that is not JSON; `refuse` has a null content
+//!    and `message.refusal` set.
+//!
+//! # Collapse
+//!
+//! *In flight* counts the requests admitted at step 4 that are not yet
+//! answered: running, queued, and hung by a collapse. A request leaves it when
+//! it is answered or when its client closes the connection (hyper notices the
+//! EOF and drops the handler). The server **collapses** the moment in flight
+//! reaches `collapse_at` (a value of 0 is taken as 1; one above `slots + queue`
+//! can never be reached). While collapsed, every request in flight stops where
+//! it is and every request that arrives hangs; none is ever answered, and each
+//! stays in flight until its client gives up. The server **recovers** the
+//! moment in flight falls below `slots` (or below `collapse_at`, if that is
+//! smaller): requests arriving afterwards are served normally, while the ones
+//! hung earlier stay unanswered. So a server only recovers once its clients
+//! back off — which is what the breaker is for.
+//!
+//! # Trace
+//!
+//! Every request records one [`Kind::Served`] under the server's name when its
+//! outcome is known: `ok`, `loading`, `queue_full`, `collapsed`, `not_found`,
+//! `bad_request`, the mode applied (`empty`, `malformed`, `refuse`,
+//! `rate_limit`, `error`, `hang`, `drop`), or `abandoned` for a request whose
+//! client left (or whose server crashed) while it was queued or running.
+//! `impaired` is false only for `ok`, `not_found` and `bad_request`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, watch};
+
+use crate::clock::{EPOCH, sim_elapsed};
+use crate::scenario::{Behaviour, Mode, ServerSpec};
+use crate::trace::{Kind, Trace};
+
+/// The port every model server listens on.
+pub const PORT: u16 = 8080;
+
+/// The only path served.
+pub const PATH: &str = "/v1/chat/completions";
+
+/// The largest request body read; a larger one is answered `400`.
+const MAX_BODY: usize = 1 << 20;
+
+/// The driver's side of a server: change its behaviour, read its counters.
+///
+/// Cheap to clone; clones share one server. The behaviour survives restarts
+/// (it is part of the fault schedule, not of the process); the load counters
+/// start from zero at each start.
+#[derive(Clone, Debug)]
+pub struct ServerHandle {
+    shared: Arc<Mutex<Shared>>,
+}
+
+/// A snapshot of a server's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// How many times the host has started (1 after the first start).
+    pub starts: u32,
+    /// Requests received, over every start.
+    pub received: u64,
+    /// Requests by outcome (as recorded in the trace), over every start.
+    pub outcomes: BTreeMap<String, u64>,
+    /// Requests in flight now (running, queued, or hung by a collapse).
+    pub in_flight: u32,
+    /// Requests holding a slot now.
+    pub running: u32,
+    /// Whether the server is collapsed now.
+    pub collapsed: bool,
+    /// How many times it has collapsed, over every start.
+    pub collapses: u32,
+}
+
+#[derive(Debug)]
+struct Shared {
+    behaviour: Behaviour,
+    /// Which start the load counters belong to.
+    generation: u64,
+    stats: ServerStats,
+    /// Responses sent, for unique completion ids.
+    answered: u64,
+}
+
+impl ServerHandle {
+    /// A handle for a server that starts out answering with `behaviour`
+    /// (usually the spec's `behaviour`).
+    pub fn new(behaviour: Behaviour) -> Self {
+        ServerHandle {
+            shared: Arc::new(Mutex::new(Shared {
+                behaviour,
+                generation: 0,
+                stats: ServerStats::default(),
+                answered: 0,
+            })),
+        }
+    }
+
+    /// Changes how the server answers from now on (requests already admitted
+    /// keep the mode they drew).
+    pub fn set_behaviour(&self, behaviour: Behaviour) {
+        self.lock().behaviour = behaviour;
+    }
+
+    /// The current behaviour.
+    pub fn behaviour(&self) -> Behaviour {
+        self.lock().behaviour
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> ServerStats {
+        self.lock().stats.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        // Counters cannot be left inconsistent by a panic elsewhere.
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Default for ServerHandle {
+    /// A handle for a server answering normally.
+    fn default() -> Self {
+        ServerHandle::new(Behaviour::default())
+    }
+}
+
+/// The factory type [`server_host`] returns, as `Sim::host` takes it.
+pub type HostFuture = Pin<Box<dyn Future<Output = turmoil::Result> + 'static>>;
+
+/// A turmoil host running the model server described by `spec`, recording into
+/// `trace` under `spec.name` and drawing its behaviour from a ChaCha RNG seeded
+/// with `seed`.
+///
+/// Pass the result to `Sim::host(spec.name, ...)`. Each call of the factory
+/// (the first start and every `Sim::bounce`) begins a fresh reload period with
+/// empty slots and queue; the RNG continues across restarts.
+pub fn server_host(spec: ServerSpec, handle: ServerHandle, trace: Trace, seed: u64) -> impl Fn() -> HostFuture {
+    let rng = Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(seed)));
+    move || {
+        let server = Server {
+            spec: spec.clone(),
+            handle: handle.clone(),
+            trace: trace.clone(),
+            rng: rng.clone(),
+        };
+        Box::pin(server.run())
+    }
+}
+
+/// Everything a server host needs across its starts.
+struct Server {
+    spec: ServerSpec,
+    handle: ServerHandle,
+    trace: Trace,
+    rng: Arc<Mutex<ChaCha8Rng>>,
+}
+
+/// One start of a server: what a crash throws away.
+struct Start {
+    spec: ServerSpec,
+    handle: ServerHandle,
+    trace: Trace,
+    rng: Arc<Mutex<ChaCha8Rng>>,
+    generation: u64,
+    started_at: Duration,
+    slots: Semaphore,
+    collapsed: watch::Sender<bool>,
+}
+
+impl Server {
+    async fn run(self) -> turmoil::Result {
+        let generation = {
+            let mut shared = self.handle.lock();
+            shared.generation += 1;
+            shared.stats.starts += 1;
+            shared.stats.in_flight = 0;
+            shared.stats.running = 0;
+            shared.stats.collapsed = false;
+            shared.generation
+        };
+        let start = Arc::new(Start {
+            slots: Semaphore::new(usize::try_from(self.spec.slots).unwrap_or(usize::MAX)),
+            spec: self.spec,
+            handle: self.handle,
+            trace: self.trace,
+            rng: self.rng,
+            generation,
+            started_at: sim_elapsed(),
+            collapsed: watch::Sender::new(false),
+        });
+        let listener = turmoil::net::TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), PORT)).await?;
+        loop {
+            let (stream, _) = listener.accept().await?;
+            let start = start.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let start = start.clone();
+                    async move { start.handle(request).await }
+                });
+                // A connection ends in an error whenever a client gives up or a
+                // `drop` closes it; neither is the server's failure.
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    }
+}
+
+/// Returned by the service to make hyper close the connection unanswered.
+#[derive(Debug, thiserror::Error)]
+#[error("connection dropped by the server's behaviour")]
+struct DropConnection;
+
+type Answer = Result<Response<Full<Bytes>>, DropConnection>;
+
+impl Start {
+    fn record(&self, outcome: &str, impaired: bool) {
+        self.handle
+            .lock()
+            .stats
+            .outcomes
+            .entry(outcome.to_owned())
+            .and_modify(|n| *n += 1)
+            .or_insert(1);
+        self.trace.record(
+            &self.spec.name,
+            Kind::Served {
+                outcome: outcome.to_owned(),
+                impaired,
+            },
+        );
+    }
+
+    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Answer {
+        self.handle.lock().stats.received += 1;
+        if request.method() != Method::POST || request.uri().path() != PATH {
+            self.record("not_found", false);
+            return Ok(error_response(StatusCode::NOT_FOUND, "not found", "not_found_error"));
+        }
+        let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => {
+                self.record("bad_request", false);
+                return Ok(error_response(
+                    StatusCode::BAD_REQUEST,
+                    "unreadable body",
+                    "invalid_request_error",
+                ));
+            }
+        };
+        let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+            self.record("bad_request", false);
+            return Ok(error_response(
+                StatusCode::BAD_REQUEST,
+                "body is not JSON",
+                "invalid_request_error",
+            ));
+        };
+
+        if sim_elapsed().saturating_sub(self.started_at).as_secs_f64() < self.spec.reload_s {
+            self.record("loading", true);
+            return Ok(loading());
+        }
+        if *self.collapsed.borrow() {
+            // Counted in flight until its client gives up, like any other.
+            let _hung = self.admit_hung();
+            self.record("collapsed", true);
+            return std::future::pending().await;
+        }
+        let behaviour = self.handle.behaviour();
+        let draw: f64 = self.rng.lock().unwrap_or_else(|p| p.into_inner()).random();
+        let mode = if draw < behaviour.probability {
+            behaviour.mode
+        } else {
+            Mode::Normal
+        };
+        match mode {
+            Mode::RateLimit => {
+                self.record("rate_limit", true);
+                return Ok(rate_limited(behaviour.retry_after_s));
+            }
+            Mode::Error => {
+                self.record("error", true);
+                return Ok(error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal server error",
+                    "server_error",
+                ));
+            }
+            Mode::Loading => {
+                self.record("loading", true);
+                return Ok(loading());
+            }
+            Mode::Hang => {
+                self.record("hang", true);
+                return std::future::pending().await;
+            }
+            Mode::Drop => {
+                self.record("drop", true);
+                return Err(DropConnection);
+            }
+            Mode::Normal | Mode::Empty | Mode::Malformed | Mode::Refuse => {}
+        }
+
+        let Some(mut guard) = self.admit() else {
+            self.record("queue_full", true);
+            return Ok(error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server busy",
+                "unavailable_error",
+            ));
+        };
+        if !guard.served().await {
+            guard.outcome_recorded = true;
+            self.record("collapsed", true);
+            return std::future::pending().await;
+        }
+        guard.outcome_recorded = true;
+        let outcome = match mode {
+            Mode::Normal => "ok",
+            Mode::Empty => "empty",
+            Mode::Malformed => "malformed",
+            _ => "refuse",
+        };
+        self.record(outcome, mode != Mode::Normal);
+        let id = {
+            let mut shared = self.handle.lock();
+            shared.answered += 1;
+            shared.answered
+        };
+        Ok(completion(&self.spec, id, mode, &body))
+    }
+
+    /// Admits a request to the capacity model, or `None` when the queue is full.
+    fn admit(self: &Arc<Self>) -> Option<Admitted> {
+        let mut shared = self.handle.lock();
+        if shared.generation != self.generation {
+            return None;
+        }
+        let limit = self.spec.slots.saturating_add(self.spec.queue);
+        if shared.stats.in_flight >= limit {
+            return None;
+        }
+        shared.stats.in_flight += 1;
+        if let Some(at) = self.spec.collapse_at
+            && !shared.stats.collapsed
+            && shared.stats.in_flight >= at.max(1)
+        {
+            shared.stats.collapsed = true;
+            shared.stats.collapses += 1;
+            self.collapsed.send_replace(true);
+        }
+        Some(Admitted {
+            start: self.clone(),
+            running: false,
+            outcome_recorded: false,
+        })
+    }
+
+    /// Counts a request that arrived at a collapsed server in flight, without
+    /// the queue bound (a collapsed server answers nothing, not even "busy").
+    fn admit_hung(self: &Arc<Self>) -> Admitted {
+        let mut shared = self.handle.lock();
+        if shared.generation == self.generation {
+            shared.stats.in_flight += 1;
+        }
+        Admitted {
+            start: self.clone(),
+            running: false,
+            outcome_recorded: true,
+        }
+    }
+
+    fn service_time(&self) -> Duration {
+        let secs = f64::from(self.spec.prompt_tokens) / self.spec.prefill_tokens_per_s
+            + f64::from(self.spec.output_tokens) / self.spec.decode_tokens_per_s;
+        Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO)
+    }
+}
+
+/// A request counted in flight; leaving (answered, hung up on, or crashed)
+/// takes it out and may end a collapse.
+struct Admitted {
+    start: Arc<Start>,
+    running: bool,
+    outcome_recorded: bool,
+}
+
+impl Admitted {
+    /// Waits for a slot and holds it for the service time. `false` if the
+    /// server collapsed meanwhile (or already had).
+    async fn served(&mut self) -> bool {
+        let start = self.start.clone();
+        let mut collapsed = start.collapsed.subscribe();
+        let collapse = async move {
+            // An error means the sender is gone with its start: never collapse.
+            if collapsed.wait_for(|c| *c).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::pin!(collapse);
+        let permit = tokio::select! {
+            biased;
+            () = &mut collapse => return false,
+            permit = start.slots.acquire() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return false,
+            },
+        };
+        self.set_running(true);
+        let done = tokio::select! {
+            biased;
+            () = &mut collapse => false,
+            () = tokio::time::sleep(start.service_time()) => true,
+        };
+        drop(permit);
+        self.set_running(false);
+        done
+    }
+
+    fn set_running(&mut self, running: bool) {
+        let mut shared = self.start.handle.lock();
+        if shared.generation == self.start.generation && self.running != running {
+            if running {
+                shared.stats.running += 1;
+            } else {
+                shared.stats.running = shared.stats.running.saturating_sub(1);
+            }
+        }
+        self.running = running;
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.set_running(false);
+        {
+            let mut shared = self.start.handle.lock();
+            if shared.generation == self.start.generation {
+                shared.stats.in_flight = shared.stats.in_flight.saturating_sub(1);
+                let recover_below = self
+                    .start
+                    .spec
+                    .slots
+                    .min(self.start.spec.collapse_at.unwrap_or(u32::MAX).max(1));
+                if shared.stats.collapsed && shared.stats.in_flight < recover_below {
+                    shared.stats.collapsed = false;
+                    self.start.collapsed.send_replace(false);
+                }
+            }
+        }
+        // Outside a running simulation (the Sim itself being dropped) there is
+        // no time to stamp the event with, and nobody left to read it.
+        if !self.outcome_recorded && turmoil::sim_elapsed().is_some() {
+            self.start.record("abandoned", true);
+        }
+    }
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn error_response(status: StatusCode, message: &str, kind: &str) -> Response<Full<Bytes>> {
+    json_response(
+        status,
+        &json!({"error": {"code": status.as_u16(), "message": message, "type": kind}}),
+    )
+}
+
+fn loading() -> Response<Full<Bytes>> {
+    error_response(StatusCode::SERVICE_UNAVAILABLE, "Loading model", "unavailable_error")
+}
+
+fn rate_limited(retry_after_s: f64) -> Response<Full<Bytes>> {
+    let mut response = json_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        &json!({"error": {
+            "code": "rate_limit_exceeded",
+            "message": "Rate limit reached, please retry later",
+            "type": "requests",
+        }}),
+    );
+    let secs = if retry_after_s.is_finite() && retry_after_s > 0.0 {
+        retry_after_s
+    } else {
+        0.0
+    };
+    let headers = response.headers_mut();
+    headers.insert(hyper::header::RETRY_AFTER, (secs.ceil() as u64).into());
+    headers.insert("retry-after-ms", ((secs * 1000.0).round() as u64).into());
+    response
+}
+
+/// A `chat.completion` body for `mode` (one of the 200 modes).
+fn completion(spec: &ServerSpec, id: u64, mode: Mode, request: &Value) -> Response<Full<Bytes>> {
+    let schema = request.pointer("/response_format/json_schema/schema");
+    let (content, refusal, reasoning, finish_reason) = match mode {
+        Mode::Empty => (
+            json!(""),
+            Value::Null,
+            json!("The user wants a JSON object. Let me think about which fields it needs, and then"),
+            "length",
+        ),
+        Mode::Malformed => (
+            json!("Sure! Here is the answer you asked for: {\"answer\": \"x\", "),
+            Value::Null,
+            Value::Null,
+            "stop",
+        ),
+        Mode::Refuse => (
+            Value::Null,
+            json!("I'm sorry, but I can't help with that request."),
+            Value::Null,
+            "stop",
+        ),
+        _ => {
+            let content = schema.map_or_else(|| json!({}), content_for_schema);
+            (json!(content.to_string()), Value::Null, Value::Null, "stop")
+        }
+    };
+    let created = EPOCH.saturating_add(sim_elapsed()).as_micros() / 1_000_000;
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or(&spec.model)
+        .to_owned();
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "id": format!("chatcmpl-{}-{id}", spec.name),
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": content,
+                    "refusal": refusal,
+                    "reasoning_content": reasoning,
+                },
+                "finish_reason": finish_reason,
+            }],
+            "usage": {
+                "prompt_tokens": spec.prompt_tokens,
+                "completion_tokens": spec.output_tokens,
+                "total_tokens": u64::from(spec.prompt_tokens) + u64::from(spec.output_tokens),
+            },
+        }),
+    )
+}
+
+/// A value satisfying a simple JSON schema, built from the schema alone.
+///
+/// `enum` and `const` give their first value; `anyOf`/`oneOf` follow their
+/// first alternative; otherwise the (first non-null) `type` decides: string →
+/// `"x"` (repeated to `minLength`), integer → `1`, number → `1.0`, boolean →
+/// `true`, null → `null`, array → `minItems` copies of its `items` value
+/// (none by default), object → every property in `properties`, recursively.
+/// A schema without a type is treated as an object if it has `properties`,
+/// and as the empty object otherwise.
+pub fn content_for_schema(schema: &Value) -> Value {
+    content_at_depth(schema, 0)
+}
+
+fn content_at_depth(schema: &Value, depth: u32) -> Value {
+    // Deep enough for any schema a test writes; a self-referencing one stops here.
+    if depth > 32 {
+        return Value::Null;
+    }
+    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|v| v.first()) {
+        return first.clone();
+    }
+    if let Some(value) = schema.get("const") {
+        return value.clone();
+    }
+    for key in ["anyOf", "oneOf"] {
+        if let Some(first) = schema.get(key).and_then(Value::as_array).and_then(|v| v.first()) {
+            return content_at_depth(first, depth + 1);
+        }
+    }
+    let kind = match schema.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        Some(Value::Array(types)) => types
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|t| *t != "null")
+            .unwrap_or("null"),
+        _ if schema.get("properties").is_some() => "object",
+        _ => "object",
+    };
+    let min = |key: &str| {
+        schema
+            .get(key)
+            .and_then(Value::as_u64)
+            .map_or(0, |n| usize::try_from(n.min(64)).unwrap_or(0))
+    };
+    match kind {
+        "string" => json!("x".repeat(min("minLength").max(1))),
+        "integer" => json!(1),
+        "number" => json!(1.0),
+        "boolean" => json!(true),
+        "null" => Value::Null,
+        "array" => {
+            let item = schema
+                .get("items")
+                .map_or(Value::Null, |items| content_at_depth(items, depth + 1));
+            Value::Array(vec![item; min("minItems")])
+        }
+        _ => {
+            let mut object = serde_json::Map::new();
+            if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+                for (name, property) in properties {
+                    object.insert(name.clone(), content_at_depth(property, depth + 1));
+                }
+            }
+            Value::Object(object)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_content_covers_every_type() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "s": {"type": "string"},
+                "i": {"type": "integer"},
+                "n": {"type": "number"},
+                "b": {"type": "boolean"},
+                "a": {"type": "array", "items": {"type": "string"}},
+                "o": {"type": "object", "properties": {"inner": {"type": "integer"}}},
+                "e": {"type": "string", "enum": ["good", "bad"]},
+                "opt": {"type": ["null", "string"]},
+                "m": {"type": "array", "items": {"type": "integer"}, "minItems": 2},
+            },
+            "required": ["s", "i", "n", "b", "a", "o", "e", "opt", "m"],
+            "additionalProperties": false,
+        });
+        assert_eq!(
+            content_for_schema(&schema),
+            json!({"s": "x", "i": 1, "n": 1.0, "b": true, "a": [], "o": {"inner": 1},
+                   "e": "good", "opt": "x", "m": [1, 1]})
+        );
+    }
+
+    #[test]
+    fn schema_content_of_a_bare_schema_is_an_object() {
+        assert_eq!(content_for_schema(&json!({})), json!({}));
+        assert_eq!(content_for_schema(&json!({"anyOf": [{"type": "integer"}]})), json!(1));
+    }
+}
