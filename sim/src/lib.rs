@@ -6,6 +6,7 @@
 //! a cache, partitions and skewed clocks. A run is a pure function of its
 //! scenario and seed: the same pair gives the same trace, byte for byte.
 
+pub mod cache_host;
 pub mod clock;
 pub mod invariants;
 pub mod scenario;

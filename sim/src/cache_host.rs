@@ -1,0 +1,969 @@
+//! A shared cache host on the simulated network, and the client that reaches it.
+//!
+//! A fleet that shares its limiter and breaker state depends on a cache that
+//! is itself a network peer: it can be partitioned away, crash and come back
+//! empty, or answer late. [`cache_host`] runs redstring's own
+//! [`MemoryCache`](redstring::MemoryCache) behind a small wire protocol on
+//! turmoil TCP port [`PORT`], on the cache host's own [`SimClock`] (so skew and
+//! [`TimeSource::Store`] behave as with Redis `TIME`). [`RemoteCache`]
+//! implements every capability of the cache port — `KeyValue`, `HitWindow`,
+//! `LimiterStore::acquire_slot`, `BreakerStore::{breaker_step, breaker_read}` —
+//! by calling it, so the core's components run unchanged against a cache that
+//! fails like a real one.
+//!
+//! # Protocol
+//!
+//! Newline-delimited JSON: the client writes one [`WireRequest`] line, the
+//! host answers one [`WireReply`] line (a connection may carry several such
+//! exchanges; [`RemoteCache`] uses one per operation). Instants and durations
+//! travel as whole microseconds. The core's breaker and limiter types have no
+//! serde, so this module mirrors them (`Wire*`) and converts at both ends.
+//! A line longer than [`MAX_LINE`] bytes ends the connection.
+//!
+//! # Failures
+//!
+//! Every [`RemoteCache`] operation opens a fresh connection — so a crashed,
+//! restarted or partitioned host never leaves a stale connection behind — and
+//! is bounded by the client's `timeout` on virtual time. A refused or reset
+//! connection, a reply that does not arrive in time (a partition, a hang) and
+//! a connection closed before the reply all become
+//! [`CacheError::Unavailable`] naming the port operation; the host's own
+//! errors come back as the matching [`CacheError`] variant (`NotAnInteger`,
+//! `Protocol`). `close` closes the client only: the host serves the rest of
+//! the fleet.
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redstring::breaker::machine::{
+    BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, FailuresWrite, StoredState, Write, Writes,
+};
+use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
+use redstring::limiter::SlotOutcome;
+use redstring::{Cache, CacheError, CircuitState, MemoryCache, TimeSource, Timestamp};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use turmoil::net::TcpStream;
+
+use crate::clock::SimClock;
+
+/// The port the cache host listens on.
+pub const PORT: u16 = 6379;
+
+/// The longest protocol line accepted, in bytes (requests and replies).
+pub const MAX_LINE: u64 = 1 << 20;
+
+/// The factory type [`cache_host`] returns, as `Sim::host` takes it.
+pub type HostFuture = Pin<Box<dyn Future<Output = turmoil::Result> + 'static>>;
+
+/// A turmoil host serving the cache port from a `MemoryCache` whose TTLs (and,
+/// under [`TimeSource::Store`], whose stamps) run on `clock`.
+///
+/// Pass the result to `Sim::host("cache", ...)`. Each start begins with an
+/// empty store: a restart after a crash loses everything, as a restarted
+/// in-memory store does.
+pub fn cache_host(clock: SimClock, time_source: TimeSource) -> impl Fn() -> HostFuture {
+    move || {
+        let clock = clock.clone();
+        Box::pin(async move {
+            let store = Arc::new(Mutex::new(MemoryCache::with_time_source(
+                Arc::new(clock.clone()),
+                time_source,
+            )));
+            let listener = turmoil::net::TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), PORT)).await?;
+            loop {
+                let (stream, _) = listener.accept().await?;
+                let (store, clock) = (store.clone(), clock.clone());
+                tokio::spawn(async move {
+                    // A connection's end — a client done, gone or partitioned — is
+                    // not the host's failure.
+                    let _ = serve_connection(stream, &store, &clock, time_source).await;
+                });
+            }
+        })
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    store: &Mutex<MemoryCache>,
+    clock: &SimClock,
+    time_source: TimeSource,
+) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    loop {
+        let mut line = Vec::new();
+        let n = (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line).await?;
+        if n == 0 || line.last() != Some(&b'\n') {
+            // End of stream, or a line too long to be ours.
+            return Ok(());
+        }
+        let reply = match serde_json::from_slice::<WireRequest>(&line) {
+            Ok(request) => {
+                // The store is cloned out so no lock is held across an await.
+                let cache = store.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                match request {
+                    WireRequest::FlushAll => {
+                        *store.lock().unwrap_or_else(|p| p.into_inner()) =
+                            MemoryCache::with_time_source(Arc::new(clock.clone()), time_source);
+                        WireReply::Done
+                    }
+                    request => execute(&cache, request).await.unwrap_or_else(WireReply::from),
+                }
+            }
+            Err(e) => WireReply::Error(WireError::Protocol {
+                operation: "decode".into(),
+                detail: e.to_string(),
+            }),
+        };
+        let mut out = serde_json::to_vec(&reply).map_err(std::io::Error::other)?;
+        out.push(b'\n');
+        write.write_all(&out).await?;
+    }
+}
+
+async fn execute(cache: &MemoryCache, request: WireRequest) -> Result<WireReply, CacheError> {
+    Ok(match request {
+        WireRequest::Get { key } => WireReply::Value(cache.get(&key).await?),
+        WireRequest::Set { key, value, ttl_us } => {
+            cache.set(&key, &value, ttl_us.map(Duration::from_micros)).await?;
+            WireReply::Done
+        }
+        WireRequest::Increment { key, ttl_us } => {
+            WireReply::Int(cache.increment(&key, ttl_us.map(Duration::from_micros)).await?)
+        }
+        WireRequest::Delete { key } => {
+            cache.delete(&key).await?;
+            WireReply::Done
+        }
+        WireRequest::RecordHit { key, at_us, ttl_us } => {
+            cache
+                .record_hit(&key, Timestamp::from_micros(at_us), Duration::from_micros(ttl_us))
+                .await?;
+            WireReply::Done
+        }
+        WireRequest::CountSince { key, since_us } => {
+            WireReply::Count(cache.count_since(&key, Timestamp::from_micros(since_us)).await?)
+        }
+        WireRequest::OldestSince { key, since_us } => WireReply::Instant(
+            cache
+                .oldest_since(&key, Timestamp::from_micros(since_us))
+                .await?
+                .map(Timestamp::as_micros),
+        ),
+        WireRequest::AcquireSlot {
+            key,
+            now_us,
+            window_us,
+            limit,
+            ttl_us,
+        } => {
+            let request = SlotRequest {
+                now: Timestamp::from_micros(now_us),
+                window: Duration::from_micros(window_us),
+                limit,
+                ttl: Duration::from_micros(ttl_us),
+            };
+            WireReply::Slot(cache.acquire_slot(&key, request).await?.into())
+        }
+        WireRequest::BreakerStep {
+            keys,
+            command,
+            params,
+            now_us,
+        } => WireReply::Step(
+            cache
+                .breaker_step(
+                    &keys.into(),
+                    command.into(),
+                    params.into(),
+                    Timestamp::from_micros(now_us),
+                )
+                .await?
+                .into(),
+        ),
+        WireRequest::BreakerRead { keys, now_us } => {
+            let (snapshot, at) = cache.breaker_read(&keys.into(), Timestamp::from_micros(now_us)).await?;
+            WireReply::Snapshot {
+                snapshot: snapshot.into(),
+                at_us: at.as_micros(),
+            }
+        }
+        WireRequest::FlushAll => WireReply::Done,
+    })
+}
+
+/// The client side: the whole cache port, over the network, one connection
+/// per operation, each bounded by `timeout` of virtual time.
+///
+/// Only usable from inside a turmoil host. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct RemoteCache {
+    host: String,
+    timeout: Duration,
+    closed: AtomicBool,
+}
+
+impl RemoteCache {
+    /// A client for the cache host named `host`, giving up on an operation
+    /// (as [`CacheError::Unavailable`]) after `timeout`.
+    pub fn new(host: impl Into<String>, timeout: Duration) -> Self {
+        RemoteCache {
+            host: host.into(),
+            timeout,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// The cache host's name.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The per-operation timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Empties the cache host for every client, like Redis `FLUSHALL` (for
+    /// tests that need a fresh store without restarting the host).
+    pub async fn flush_all(&self) -> Result<(), CacheError> {
+        match self.call("flush_all", WireRequest::FlushAll).await? {
+            WireReply::Done => Ok(()),
+            other => Err(unexpected("flush_all", &other)),
+        }
+    }
+
+    async fn call(&self, operation: &'static str, request: WireRequest) -> Result<WireReply, CacheError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(CacheError::Closed);
+        }
+        let unavailable = |reason: String| CacheError::Unavailable { operation, reason };
+        let mut line = serde_json::to_vec(&request).map_err(|e| CacheError::Protocol {
+            operation,
+            detail: e.to_string(),
+        })?;
+        line.push(b'\n');
+        let exchange = async {
+            let mut stream = TcpStream::connect((self.host.as_str(), PORT))
+                .await
+                .map_err(|e| format!("connecting to {}: {e}", self.host))?;
+            stream.write_all(&line).await.map_err(|e| format!("sending: {e}"))?;
+            let mut reply = Vec::new();
+            let mut reader = BufReader::new(stream).take(MAX_LINE);
+            reader
+                .read_until(b'\n', &mut reply)
+                .await
+                .map_err(|e| format!("reading the reply: {e}"))?;
+            if reply.last() != Some(&b'\n') {
+                return Err("connection closed before the reply".to_owned());
+            }
+            Ok(reply)
+        };
+        let reply = match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(reason)) => return Err(unavailable(reason)),
+            Err(_) => return Err(unavailable(format!("no reply within {:?}", self.timeout))),
+        };
+        match serde_json::from_slice::<WireReply>(&reply) {
+            Ok(WireReply::Error(e)) => Err(e.into_cache_error(operation)),
+            Ok(reply) => Ok(reply),
+            Err(e) => Err(CacheError::Protocol {
+                operation,
+                detail: e.to_string(),
+            }),
+        }
+    }
+}
+
+fn unexpected(operation: &'static str, reply: &WireReply) -> CacheError {
+    CacheError::Protocol {
+        operation,
+        detail: format!("unexpected reply {reply:?}"),
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl Cache for RemoteCache {
+    async fn close(&self) -> Result<(), CacheError> {
+        self.closed.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl KeyValue for RemoteCache {
+    async fn get(&self, key: &str) -> Result<Option<String>, CacheError> {
+        match self.call("get", WireRequest::Get { key: key.to_owned() }).await? {
+            WireReply::Value(v) => Ok(v),
+            other => Err(unexpected("get", &other)),
+        }
+    }
+
+    async fn set(&self, key: &str, value: &str, ttl: Option<Duration>) -> Result<(), CacheError> {
+        let request = WireRequest::Set {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            ttl_us: ttl.map(micros),
+        };
+        match self.call("set", request).await? {
+            WireReply::Done => Ok(()),
+            other => Err(unexpected("set", &other)),
+        }
+    }
+
+    async fn increment(&self, key: &str, ttl: Option<Duration>) -> Result<i64, CacheError> {
+        let request = WireRequest::Increment {
+            key: key.to_owned(),
+            ttl_us: ttl.map(micros),
+        };
+        match self.call("increment", request).await? {
+            WireReply::Int(n) => Ok(n),
+            other => Err(unexpected("increment", &other)),
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), CacheError> {
+        match self.call("delete", WireRequest::Delete { key: key.to_owned() }).await? {
+            WireReply::Done => Ok(()),
+            other => Err(unexpected("delete", &other)),
+        }
+    }
+}
+
+impl HitWindow for RemoteCache {
+    async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
+        let request = WireRequest::RecordHit {
+            key: key.to_owned(),
+            at_us: at.as_micros(),
+            ttl_us: micros(ttl),
+        };
+        match self.call("record_hit", request).await? {
+            WireReply::Done => Ok(()),
+            other => Err(unexpected("record_hit", &other)),
+        }
+    }
+
+    async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
+        let request = WireRequest::CountSince {
+            key: key.to_owned(),
+            since_us: since.as_micros(),
+        };
+        match self.call("count_since", request).await? {
+            WireReply::Count(n) => Ok(n),
+            other => Err(unexpected("count_since", &other)),
+        }
+    }
+
+    async fn oldest_since(&self, key: &str, since: Timestamp) -> Result<Option<Timestamp>, CacheError> {
+        let request = WireRequest::OldestSince {
+            key: key.to_owned(),
+            since_us: since.as_micros(),
+        };
+        match self.call("oldest_since", request).await? {
+            WireReply::Instant(at) => Ok(at.map(Timestamp::from_micros)),
+            other => Err(unexpected("oldest_since", &other)),
+        }
+    }
+}
+
+impl LimiterStore for RemoteCache {
+    async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
+        let request = WireRequest::AcquireSlot {
+            key: key.to_owned(),
+            now_us: request.now.as_micros(),
+            window_us: micros(request.window),
+            limit: request.limit,
+            ttl_us: micros(request.ttl),
+        };
+        match self.call("acquire_slot", request).await? {
+            WireReply::Slot(outcome) => Ok(outcome.into()),
+            other => Err(unexpected("acquire_slot", &other)),
+        }
+    }
+}
+
+impl BreakerStore for RemoteCache {
+    async fn breaker_step(
+        &self,
+        keys: &BreakerKeys,
+        command: BreakerCommand,
+        params: BreakerParams,
+        now: Timestamp,
+    ) -> Result<BreakerStep, CacheError> {
+        let request = WireRequest::BreakerStep {
+            keys: keys.into(),
+            command: command.into(),
+            params: params.into(),
+            now_us: now.as_micros(),
+        };
+        match self.call("breaker_step", request).await? {
+            WireReply::Step(step) => Ok(step.into()),
+            other => Err(unexpected("breaker_step", &other)),
+        }
+    }
+
+    async fn breaker_read(
+        &self,
+        keys: &BreakerKeys,
+        now: Timestamp,
+    ) -> Result<(BreakerSnapshot, Timestamp), CacheError> {
+        let request = WireRequest::BreakerRead {
+            keys: keys.into(),
+            now_us: now.as_micros(),
+        };
+        match self.call("breaker_read", request).await? {
+            WireReply::Snapshot { snapshot, at_us } => Ok((snapshot.into(), Timestamp::from_micros(at_us))),
+            other => Err(unexpected("breaker_read", &other)),
+        }
+    }
+}
+
+/// One request line: a port operation and its arguments.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum WireRequest {
+    /// `KeyValue::get`.
+    Get {
+        /// The key.
+        key: String,
+    },
+    /// `KeyValue::set`.
+    Set {
+        /// The key.
+        key: String,
+        /// The value.
+        value: String,
+        /// The TTL, microseconds.
+        ttl_us: Option<u64>,
+    },
+    /// `KeyValue::increment`.
+    Increment {
+        /// The key.
+        key: String,
+        /// The TTL on creation, microseconds.
+        ttl_us: Option<u64>,
+    },
+    /// `KeyValue::delete`.
+    Delete {
+        /// The key.
+        key: String,
+    },
+    /// `HitWindow::record_hit`.
+    RecordHit {
+        /// The key.
+        key: String,
+        /// The hit, epoch microseconds.
+        at_us: u64,
+        /// The series' lifetime, microseconds.
+        ttl_us: u64,
+    },
+    /// `HitWindow::count_since`.
+    CountSince {
+        /// The key.
+        key: String,
+        /// The inclusive start, epoch microseconds.
+        since_us: u64,
+    },
+    /// `HitWindow::oldest_since`.
+    OldestSince {
+        /// The key.
+        key: String,
+        /// The inclusive start, epoch microseconds.
+        since_us: u64,
+    },
+    /// `LimiterStore::acquire_slot`.
+    AcquireSlot {
+        /// The key.
+        key: String,
+        /// The caller's now, epoch microseconds.
+        now_us: u64,
+        /// The window, microseconds.
+        window_us: u64,
+        /// Hits allowed per window.
+        limit: u32,
+        /// The series' lifetime, microseconds.
+        ttl_us: u64,
+    },
+    /// `BreakerStore::breaker_step`.
+    BreakerStep {
+        /// The breaker's keys.
+        keys: WireKeys,
+        /// The command.
+        command: WireCommand,
+        /// The breaker's parameters.
+        params: WireParams,
+        /// The caller's now, epoch microseconds.
+        now_us: u64,
+    },
+    /// `BreakerStore::breaker_read`.
+    BreakerRead {
+        /// The breaker's keys.
+        keys: WireKeys,
+        /// The caller's now, epoch microseconds.
+        now_us: u64,
+    },
+    /// Empty the store (Redis `FLUSHALL`).
+    FlushAll,
+}
+
+/// One reply line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", content = "value", rename_all = "snake_case")]
+pub enum WireReply {
+    /// Done, nothing to return.
+    Done,
+    /// A value, or none.
+    Value(Option<String>),
+    /// A counter's new value.
+    Int(i64),
+    /// A number of hits.
+    Count(u64),
+    /// An instant, epoch microseconds, or none.
+    Instant(Option<u64>),
+    /// A limiter decision.
+    Slot(WireSlot),
+    /// A breaker step.
+    Step(WireStep),
+    /// A breaker read.
+    Snapshot {
+        /// What is stored.
+        snapshot: WireSnapshot,
+        /// The instant to judge it at, epoch microseconds.
+        at_us: u64,
+    },
+    /// The operation failed on the host.
+    Error(WireError),
+}
+
+/// A [`CacheError`] raised on the host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WireError {
+    /// [`CacheError::NotAnInteger`].
+    NotAnInteger {
+        /// The key.
+        key: String,
+    },
+    /// [`CacheError::Closed`].
+    Closed,
+    /// [`CacheError::Unavailable`] (the host's own store could not answer).
+    Unavailable {
+        /// The operation, as the host named it.
+        operation: String,
+        /// Why.
+        reason: String,
+    },
+    /// [`CacheError::Protocol`], or anything else.
+    Protocol {
+        /// The operation, as the host named it.
+        operation: String,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+impl From<CacheError> for WireReply {
+    fn from(e: CacheError) -> Self {
+        WireReply::Error(match e {
+            CacheError::NotAnInteger { key } => WireError::NotAnInteger { key },
+            CacheError::Closed => WireError::Closed,
+            CacheError::Unavailable { operation, reason } => WireError::Unavailable {
+                operation: operation.to_owned(),
+                reason,
+            },
+            CacheError::Protocol { operation, detail } => WireError::Protocol {
+                operation: operation.to_owned(),
+                detail,
+            },
+            other => WireError::Protocol {
+                operation: "unknown".into(),
+                detail: other.to_string(),
+            },
+        })
+    }
+}
+
+impl WireError {
+    /// The client-side error, named by the client's `operation`.
+    fn into_cache_error(self, operation: &'static str) -> CacheError {
+        match self {
+            WireError::NotAnInteger { key } => CacheError::NotAnInteger { key },
+            WireError::Closed => CacheError::Closed,
+            WireError::Unavailable { reason, .. } => CacheError::Unavailable { operation, reason },
+            WireError::Protocol { detail, .. } => CacheError::Protocol { operation, detail },
+        }
+    }
+}
+
+/// [`BreakerKeys`] on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireKeys {
+    /// The state key.
+    pub state: String,
+    /// The failure counter.
+    pub failures: String,
+    /// The open timestamp.
+    pub opened_at: String,
+    /// The probe count.
+    pub half_open_calls: String,
+}
+
+impl From<&BreakerKeys> for WireKeys {
+    fn from(k: &BreakerKeys) -> Self {
+        WireKeys {
+            state: k.state.clone(),
+            failures: k.failures.clone(),
+            opened_at: k.opened_at.clone(),
+            half_open_calls: k.half_open_calls.clone(),
+        }
+    }
+}
+
+impl From<WireKeys> for BreakerKeys {
+    fn from(k: WireKeys) -> Self {
+        BreakerKeys {
+            state: k.state,
+            failures: k.failures,
+            opened_at: k.opened_at,
+            half_open_calls: k.half_open_calls,
+        }
+    }
+}
+
+/// [`BreakerCommand`] on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WireCommand {
+    /// [`BreakerCommand::Allow`].
+    Allow,
+    /// [`BreakerCommand::RecordSuccess`].
+    RecordSuccess,
+    /// [`BreakerCommand::RecordFailure`].
+    RecordFailure,
+    /// [`BreakerCommand::Reset`].
+    Reset,
+}
+
+impl From<BreakerCommand> for WireCommand {
+    fn from(c: BreakerCommand) -> Self {
+        match c {
+            BreakerCommand::Allow => WireCommand::Allow,
+            BreakerCommand::RecordSuccess => WireCommand::RecordSuccess,
+            BreakerCommand::RecordFailure => WireCommand::RecordFailure,
+            BreakerCommand::Reset => WireCommand::Reset,
+        }
+    }
+}
+
+impl From<WireCommand> for BreakerCommand {
+    fn from(c: WireCommand) -> Self {
+        match c {
+            WireCommand::Allow => BreakerCommand::Allow,
+            WireCommand::RecordSuccess => BreakerCommand::RecordSuccess,
+            WireCommand::RecordFailure => BreakerCommand::RecordFailure,
+            WireCommand::Reset => BreakerCommand::Reset,
+        }
+    }
+}
+
+/// [`BreakerParams`] on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireParams {
+    /// Failures that open the circuit.
+    pub failure_threshold: u32,
+    /// The open time, microseconds.
+    pub recovery_timeout_us: u64,
+    /// Probes per half-open episode.
+    pub half_open_max_calls: u32,
+}
+
+impl From<BreakerParams> for WireParams {
+    fn from(p: BreakerParams) -> Self {
+        WireParams {
+            failure_threshold: p.failure_threshold,
+            recovery_timeout_us: micros(p.recovery_timeout),
+            half_open_max_calls: p.half_open_max_calls,
+        }
+    }
+}
+
+impl From<WireParams> for BreakerParams {
+    fn from(p: WireParams) -> Self {
+        BreakerParams {
+            failure_threshold: p.failure_threshold,
+            recovery_timeout: Duration::from_micros(p.recovery_timeout_us),
+            half_open_max_calls: p.half_open_max_calls,
+        }
+    }
+}
+
+/// [`SlotOutcome`] on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum WireSlot {
+    /// [`SlotOutcome::Admitted`].
+    Admitted {
+        /// Slots left.
+        remaining: u32,
+        /// The stamp, epoch microseconds.
+        at_us: u64,
+    },
+    /// [`SlotOutcome::Refused`].
+    Refused {
+        /// Hits in the window.
+        used: u64,
+        /// The wait, microseconds.
+        retry_after_us: u64,
+        /// The decision's instant, epoch microseconds.
+        at_us: u64,
+    },
+}
+
+impl From<SlotOutcome> for WireSlot {
+    fn from(o: SlotOutcome) -> Self {
+        match o {
+            SlotOutcome::Admitted { remaining, at } => WireSlot::Admitted {
+                remaining,
+                at_us: at.as_micros(),
+            },
+            SlotOutcome::Refused { used, retry_after, at } => WireSlot::Refused {
+                used,
+                retry_after_us: micros(retry_after),
+                at_us: at.as_micros(),
+            },
+        }
+    }
+}
+
+impl From<WireSlot> for SlotOutcome {
+    fn from(o: WireSlot) -> Self {
+        match o {
+            WireSlot::Admitted { remaining, at_us } => SlotOutcome::Admitted {
+                remaining,
+                at: Timestamp::from_micros(at_us),
+            },
+            WireSlot::Refused {
+                used,
+                retry_after_us,
+                at_us,
+            } => SlotOutcome::Refused {
+                used,
+                retry_after: Duration::from_micros(retry_after_us),
+                at: Timestamp::from_micros(at_us),
+            },
+        }
+    }
+}
+
+/// A change to one stored key, on the wire ([`Write`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "write", content = "value", rename_all = "snake_case")]
+pub enum WireWrite<T> {
+    /// Leave it.
+    Keep,
+    /// Store this.
+    Set(T),
+    /// Remove it.
+    Delete,
+}
+
+fn write_to_wire<T, U>(w: Write<T>, f: impl FnOnce(T) -> U) -> WireWrite<U> {
+    match w {
+        Write::Keep => WireWrite::Keep,
+        Write::Set(v) => WireWrite::Set(f(v)),
+        Write::Delete => WireWrite::Delete,
+    }
+}
+
+fn write_from_wire<T, U>(w: WireWrite<T>, f: impl FnOnce(T) -> U) -> Write<U> {
+    match w {
+        WireWrite::Keep => Write::Keep,
+        WireWrite::Set(v) => Write::Set(f(v)),
+        WireWrite::Delete => Write::Delete,
+    }
+}
+
+/// [`FailuresWrite`] on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "write", content = "value", rename_all = "snake_case")]
+pub enum WireFailuresWrite {
+    /// Leave it.
+    Keep,
+    /// Create at 1 with the recovery timeout as TTL.
+    Create,
+    /// Store this count, keeping the deadline.
+    Bump(u32),
+    /// Remove it.
+    Delete,
+}
+
+/// [`BreakerStep`] on the wire (its [`Writes`] flattened into four fields).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireStep {
+    /// The state before.
+    pub before: CircuitState,
+    /// The state after.
+    pub after: CircuitState,
+    /// The instant judged at, epoch microseconds.
+    pub at_us: u64,
+    /// Whether the call may go through.
+    pub allowed: bool,
+    /// A damaged stored state, if any.
+    pub unreadable: Option<String>,
+    /// The write to the state key.
+    pub state: WireWrite<CircuitState>,
+    /// The write to the failure counter.
+    pub failures: WireFailuresWrite,
+    /// The write to the open timestamp (epoch microseconds).
+    pub opened_at: WireWrite<u64>,
+    /// The write to the probe count.
+    pub half_open_calls: WireWrite<u32>,
+}
+
+impl From<BreakerStep> for WireStep {
+    fn from(s: BreakerStep) -> Self {
+        WireStep {
+            before: s.before,
+            after: s.after,
+            at_us: s.at.as_micros(),
+            allowed: s.allowed,
+            unreadable: s.unreadable,
+            state: write_to_wire(s.writes.state, |v| v),
+            failures: match s.writes.failures {
+                FailuresWrite::Keep => WireFailuresWrite::Keep,
+                FailuresWrite::Create => WireFailuresWrite::Create,
+                FailuresWrite::Bump(n) => WireFailuresWrite::Bump(n),
+                FailuresWrite::Delete => WireFailuresWrite::Delete,
+            },
+            opened_at: write_to_wire(s.writes.opened_at, Timestamp::as_micros),
+            half_open_calls: write_to_wire(s.writes.half_open_calls, |v| v),
+        }
+    }
+}
+
+impl From<WireStep> for BreakerStep {
+    fn from(s: WireStep) -> Self {
+        BreakerStep {
+            before: s.before,
+            after: s.after,
+            at: Timestamp::from_micros(s.at_us),
+            allowed: s.allowed,
+            unreadable: s.unreadable,
+            writes: Writes {
+                state: write_from_wire(s.state, |v| v),
+                failures: match s.failures {
+                    WireFailuresWrite::Keep => FailuresWrite::Keep,
+                    WireFailuresWrite::Create => FailuresWrite::Create,
+                    WireFailuresWrite::Bump(n) => FailuresWrite::Bump(n),
+                    WireFailuresWrite::Delete => FailuresWrite::Delete,
+                },
+                opened_at: write_from_wire(s.opened_at, Timestamp::from_micros),
+                half_open_calls: write_from_wire(s.half_open_calls, |v| v),
+            },
+        }
+    }
+}
+
+/// [`StoredState`] on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "stored", content = "value", rename_all = "snake_case")]
+pub enum WireStoredState {
+    /// Nothing stored.
+    Missing,
+    /// A valid state.
+    Valid(CircuitState),
+    /// Something that is not a state.
+    Unreadable(String),
+}
+
+/// [`BreakerSnapshot`] on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireSnapshot {
+    /// The state key.
+    pub state: WireStoredState,
+    /// The live failure count.
+    pub failures: Option<u32>,
+    /// When the circuit last opened, epoch microseconds.
+    pub opened_at_us: Option<u64>,
+    /// Probes admitted this episode.
+    pub half_open_calls: u32,
+}
+
+impl From<BreakerSnapshot> for WireSnapshot {
+    fn from(s: BreakerSnapshot) -> Self {
+        WireSnapshot {
+            state: match s.state {
+                StoredState::Missing => WireStoredState::Missing,
+                StoredState::Valid(state) => WireStoredState::Valid(state),
+                StoredState::Unreadable(text) => WireStoredState::Unreadable(text),
+            },
+            failures: s.failures,
+            opened_at_us: s.opened_at.map(Timestamp::as_micros),
+            half_open_calls: s.half_open_calls,
+        }
+    }
+}
+
+impl From<WireSnapshot> for BreakerSnapshot {
+    fn from(s: WireSnapshot) -> Self {
+        BreakerSnapshot {
+            state: match s.state {
+                WireStoredState::Missing => StoredState::Missing,
+                WireStoredState::Valid(state) => StoredState::Valid(state),
+                WireStoredState::Unreadable(text) => StoredState::Unreadable(text),
+            },
+            failures: s.failures,
+            opened_at: s.opened_at_us.map(Timestamp::from_micros),
+            half_open_calls: s.half_open_calls,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_breaker_step_survives_the_wire() {
+        let step = BreakerStep {
+            before: CircuitState::Closed,
+            after: CircuitState::Open,
+            at: Timestamp::from_micros(1_700_000_000_250_000),
+            allowed: true,
+            unreadable: Some("garbage".into()),
+            writes: Writes {
+                state: Write::Set(CircuitState::Open),
+                failures: FailuresWrite::Bump(3),
+                opened_at: Write::Set(Timestamp::from_micros(1_700_000_000_250_000)),
+                half_open_calls: Write::Delete,
+            },
+        };
+        let line = serde_json::to_string(&WireReply::Step(step.clone().into())).unwrap();
+        let WireReply::Step(back) = serde_json::from_str(&line).unwrap() else {
+            panic!("{line}")
+        };
+        assert_eq!(BreakerStep::from(back), step);
+    }
+
+    #[test]
+    fn requests_are_one_json_line_each() {
+        let line = serde_json::to_string(&WireRequest::Increment {
+            key: "n".into(),
+            ttl_us: Some(5),
+        })
+        .unwrap();
+        assert_eq!(line, r#"{"op":"increment","key":"n","ttl_us":5}"#);
+        let snapshot = BreakerSnapshot::decode(Some("half_open"), Some("2"), Some("1700000000.5"), None);
+        let wire = WireSnapshot::from(snapshot.clone());
+        let back: WireSnapshot = serde_json::from_str(&serde_json::to_string(&wire).unwrap()).unwrap();
+        assert_eq!(BreakerSnapshot::from(back), snapshot);
+    }
+}

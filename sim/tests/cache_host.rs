@@ -1,0 +1,221 @@
+//! The cache host and `RemoteCache` over turmoil: the port's compliance suite,
+//! partitions, crashes and the store's own clock.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use redstring::cache::{KeyValue, LimiterStore, SlotRequest};
+use redstring::limiter::SlotOutcome;
+use redstring::testing::{Harness, run_all};
+use redstring::{CacheError, Clock, TimeSource, Timestamp};
+use redstring_sim::cache_host::{RemoteCache, cache_host};
+use redstring_sim::clock::{EPOCH, SimClock, sim_elapsed};
+use redstring_sim::scenario::ClockSpec;
+use turmoil::{Builder, Sim};
+
+const TIMEOUT: Duration = Duration::from_millis(250);
+
+fn sim<'a>(secs: u64) -> Sim<'a> {
+    Builder::new()
+        .rng_seed(5)
+        .epoch(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+        .tick_duration(Duration::from_millis(10))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(5))
+        .simulation_duration(Duration::from_secs(secs))
+        .build()
+}
+
+/// The suite's view of a remote cache: every check gets an emptied host, and
+/// time passes by sleeping on turmoil's virtual clock.
+struct Remote;
+
+impl Harness for Remote {
+    type Cache = RemoteCache;
+
+    async fn cache(&self) -> Arc<RemoteCache> {
+        let cache = RemoteCache::new("cache", TIMEOUT);
+        cache.flush_all().await.expect("flush the cache host");
+        Arc::new(cache)
+    }
+
+    async fn advance(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    fn now(&self) -> Timestamp {
+        SimClock::new(ClockSpec::default()).now()
+    }
+}
+
+#[test]
+fn remote_cache_passes_the_compliance_suite() {
+    let mut sim = sim(600);
+    sim.host(
+        "cache",
+        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
+    );
+    sim.client("suite", async {
+        run_all(&Remote).await;
+        Ok(())
+    });
+    sim.run().unwrap();
+}
+
+type Log = Rc<RefCell<Vec<(Duration, Result<Option<String>, String>)>>>;
+
+fn unavailable(r: &Result<Option<String>, String>) -> bool {
+    r.as_ref().is_err_and(|e| e.starts_with("cache unavailable during get"))
+}
+
+#[test]
+fn a_partitioned_cache_is_unavailable_within_the_timeout_and_back_after_repair() {
+    let mut sim = sim(60);
+    sim.host(
+        "cache",
+        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
+    );
+    let log: Log = Rc::default();
+    let client_log = log.clone();
+    sim.client("worker", async move {
+        let cache = RemoteCache::new("cache", TIMEOUT);
+        cache.set("k", "v", None).await.unwrap();
+        // The partition holds from 2 s to 4 s.
+        for at in [1, 3, 5] {
+            tokio::time::sleep(Duration::from_secs(at).saturating_sub(sim_elapsed())).await;
+            let started = sim_elapsed();
+            let got = cache.get("k").await.map_err(|e| e.to_string());
+            client_log.borrow_mut().push((sim_elapsed() - started, got));
+        }
+        Ok(())
+    });
+    let (mut cut, mut healed) = (false, false);
+    while !sim.step().unwrap() {
+        if !cut && sim.elapsed() >= Duration::from_secs(2) {
+            sim.partition("worker", "cache");
+            cut = true;
+        }
+        if !healed && sim.elapsed() >= Duration::from_secs(4) {
+            sim.repair("worker", "cache");
+            healed = true;
+        }
+    }
+    let log = log.borrow();
+    assert_eq!(log[0].1, Ok(Some("v".into())));
+    assert!(unavailable(&log[1].1), "{log:?}");
+    assert!(
+        log[1].0 <= TIMEOUT + Duration::from_millis(10),
+        "gave up within the timeout (one tick of slack): {log:?}"
+    );
+    assert_eq!(log[2].1, Ok(Some("v".into())), "the partition lost nothing");
+}
+
+#[test]
+fn a_crashed_cache_is_unavailable_and_comes_back_empty() {
+    let mut sim = sim(60);
+    sim.host(
+        "cache",
+        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
+    );
+    let log: Log = Rc::default();
+    let client_log = log.clone();
+    sim.client("worker", async move {
+        let cache = RemoteCache::new("cache", TIMEOUT);
+        cache.set("k", "v", None).await.unwrap();
+        assert_eq!(cache.increment("n", None).await.unwrap(), 1);
+        // Down from 2 s to 4 s.
+        for at in [1, 3, 5] {
+            tokio::time::sleep(Duration::from_secs(at).saturating_sub(sim_elapsed())).await;
+            let started = sim_elapsed();
+            let got = cache.get("k").await.map_err(|e| e.to_string());
+            client_log.borrow_mut().push((sim_elapsed() - started, got));
+        }
+        assert_eq!(cache.increment("n", None).await.unwrap(), 1, "the counter started over");
+        Ok(())
+    });
+    let (mut down, mut up) = (false, false);
+    while !sim.step().unwrap() {
+        if !down && sim.elapsed() >= Duration::from_secs(2) {
+            sim.crash("cache");
+            down = true;
+        }
+        if !up && sim.elapsed() >= Duration::from_secs(4) {
+            sim.bounce("cache");
+            up = true;
+        }
+    }
+    let log = log.borrow();
+    assert_eq!(log[0].1, Ok(Some("v".into())));
+    assert!(unavailable(&log[1].1), "{log:?}");
+    assert!(log[1].0 <= TIMEOUT + Duration::from_millis(10), "{log:?}");
+    assert_eq!(log[2].1, Ok(None), "a restarted in-memory store is empty");
+}
+
+#[test]
+fn host_errors_come_back_as_their_variant_and_a_closed_client_is_closed() {
+    let mut sim = sim(30);
+    sim.host(
+        "cache",
+        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
+    );
+    sim.client("worker", async {
+        let cache = RemoteCache::new("cache", TIMEOUT);
+        cache.set("k", "text", None).await.unwrap();
+        match cache.increment("k", None).await {
+            Err(CacheError::NotAnInteger { key }) => assert_eq!(key, "k"),
+            other => panic!("expected NotAnInteger, got {other:?}"),
+        }
+        let other = RemoteCache::new("cache", TIMEOUT);
+        redstring::Cache::close(&cache).await.unwrap();
+        assert!(matches!(cache.get("k").await, Err(CacheError::Closed)));
+        assert_eq!(
+            other.get("k").await.unwrap().as_deref(),
+            Some("text"),
+            "closing one client leaves the host serving the others"
+        );
+        let nowhere = RemoteCache::new("no-such-host", TIMEOUT);
+        assert!(matches!(
+            nowhere.get("k").await,
+            Err(CacheError::Unavailable { operation: "get", .. })
+        ));
+        Ok(())
+    });
+    sim.run().unwrap();
+}
+
+#[test]
+fn a_store_stamped_cache_uses_the_hosts_own_clock() {
+    let mut sim = sim(30);
+    let cache_clock = SimClock::new(ClockSpec {
+        offset_ms: 5_000,
+        drift_ppm: 0,
+    });
+    sim.host("cache", cache_host(cache_clock.clone(), TimeSource::Store));
+    sim.client("worker", async move {
+        let cache = RemoteCache::new("cache", TIMEOUT);
+        // The caller stamps the start of the run; the cache runs 5 s ahead.
+        let caller_now = EPOCH;
+        let request = SlotRequest {
+            now: caller_now,
+            window: Duration::from_secs(60),
+            limit: 1,
+            ttl: Duration::from_secs(120),
+        };
+        let sent = cache_clock.now();
+        let SlotOutcome::Admitted { remaining: 0, at } = cache.acquire_slot("t", request).await.unwrap() else {
+            panic!("first acquire admits")
+        };
+        assert!(
+            at >= sent && at <= cache_clock.now(),
+            "stamped by the cache host's clock ({at:?}), not the caller's"
+        );
+        assert!(matches!(
+            cache.acquire_slot("t", request).await.unwrap(),
+            SlotOutcome::Refused { used: 1, .. }
+        ));
+        Ok(())
+    });
+    sim.run().unwrap();
+}
