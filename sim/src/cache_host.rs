@@ -3,7 +3,7 @@
 //! A fleet that shares its limiter and breaker state depends on a cache that
 //! is itself a network peer: it can be partitioned away, crash and come back
 //! empty, or answer late. [`cache_host`] runs redstring's own
-//! [`MemoryCache`](redstring::MemoryCache) behind a small wire protocol on
+//! [`MemoryCache`] behind a small wire protocol on
 //! turmoil TCP port [`PORT`], on the cache host's own [`SimClock`] (so skew and
 //! [`TimeSource::Store`] behave as with Redis `TIME`). [`RemoteCache`]
 //! implements every capability of the cache port — `KeyValue`, `HitWindow`,
