@@ -13,3 +13,4 @@ pub mod scenario;
 pub mod server;
 pub mod timeline;
 pub mod trace;
+pub mod transport;
