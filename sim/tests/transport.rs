@@ -5,7 +5,10 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use redstring::provider::{HttpRequest, HttpResponse, HttpTransport, TransportError, TransportErrorKind};
+use redstring::provider::{
+    ExtractError, HttpRequest, HttpResponse, HttpTransport, LlmProviderExt, OpenAiCompatible, ProviderError,
+    TransportError, TransportErrorKind,
+};
 use redstring_sim::clock::sim_elapsed;
 use redstring_sim::scenario::{Behaviour, Mode, ServerSpec};
 use redstring_sim::server::{ServerHandle, server_host};
@@ -221,4 +224,78 @@ fn a_timed_out_request_is_seen_by_the_server_as_abandoned() {
         .collect();
     assert_eq!(served, ["abandoned"]);
     assert_eq!(handle.stats().in_flight, 0);
+}
+
+/// What a test pipeline extracts.
+#[derive(Debug, PartialEq, serde::Deserialize, schemars::JsonSchema)]
+struct Review {
+    verdict: Verdict,
+    score: u32,
+    confidence: f64,
+    tags: Vec<String>,
+    urgent: bool,
+    reviewer: Reviewer,
+    note: Option<String>,
+}
+
+#[derive(Debug, PartialEq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum Verdict {
+    Approve,
+    Reject,
+}
+
+#[derive(Debug, PartialEq, serde::Deserialize, schemars::JsonSchema)]
+struct Reviewer {
+    name: String,
+}
+
+#[test]
+fn the_openai_adapter_extracts_typed_values_through_the_simulated_network() {
+    let mut sim = sim(60);
+    let handle = ServerHandle::default();
+    sim.host("gpu", server_host(spec(), handle.clone(), Trace::new(), 1));
+    let results: Rc<RefCell<Vec<Result<Review, String>>>> = Rc::default();
+    let client_results = results.clone();
+    sim.client("worker", async move {
+        let provider = OpenAiCompatible::builder("http://gpu:8080/v1", "qwen3-8b")
+            .timeout(Duration::from_secs(10))
+            .build_with(SimTransport::new("worker", Trace::new()))
+            .unwrap();
+        for mode in [Mode::Normal, Mode::Empty, Mode::Refuse, Mode::Malformed] {
+            handle.set_behaviour(Behaviour {
+                mode,
+                probability: 1.0,
+                retry_after_s: 1.0,
+            });
+            let got = provider.extract::<Review>("Review this change.", None).await;
+            let got = got.map_err(|e| match e {
+                ExtractError::Provider(ProviderError::Empty { .. }) => "empty".to_owned(),
+                ExtractError::Provider(ProviderError::Refused { .. }) => "refused".to_owned(),
+                ExtractError::Provider(ProviderError::Malformed { .. }) => "malformed".to_owned(),
+                other => other.to_string(),
+            });
+            client_results.borrow_mut().push(got);
+        }
+        Ok(())
+    });
+    sim.run().unwrap();
+    let results = results.borrow();
+    assert_eq!(
+        results[0],
+        Ok(Review {
+            verdict: Verdict::Approve,
+            score: 1,
+            confidence: 1.0,
+            tags: vec![],
+            urgent: true,
+            reviewer: Reviewer { name: "x".into() },
+            note: Some("x".into()),
+        }),
+        "the generated content satisfies the adapter's strict schema"
+    );
+    assert_eq!(
+        results[1..],
+        [Err("empty".into()), Err("refused".into()), Err("malformed".into())]
+    );
 }
