@@ -13,8 +13,9 @@
 //! `POST /v1/chat/completions` on port [`PORT`] is handled in this order (any
 //! other path is `404`, a body that is not JSON is `400`):
 //!
-//! 1. **Reload.** For `reload_s` after each start of the host (the first one
-//!    and every `Sim::bounce`), the answer is `503` with llama.cpp's
+//! 1. **Reload.** For `reload_s` after each start of the process (the first
+//!    one, every `Sim::bounce`, every [`ServerHandle::restart`]), the answer
+//!    is `503` with llama.cpp's
 //!    `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`
 //!    (outcome `loading`).
 //! 2. **Collapsed.** A collapsed server answers nothing (outcome `collapsed`,
@@ -53,6 +54,16 @@
 //! hung earlier stay unanswered. So a server only recovers once its clients
 //! back off — which is what the breaker is for.
 //!
+//! # Crashes
+//!
+//! Two ways to stop a server, which clients see differently. turmoil's
+//! `Sim::crash` takes the whole host off the network: packets to it are held
+//! until it is bounced, so a connection attempt is never answered and the
+//! client times out. [`ServerHandle::kill`] kills only the process: the
+//! machine stays up, every connection is reset, and new connections are
+//! refused at once until [`ServerHandle::restart`] (what `Fault::Crash` and
+//! `Fault::Restart` describe).
+//!
 //! # Trace
 //!
 //! Every request records one [`Kind::Served`] under the server's name when its
@@ -78,6 +89,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
 
 use crate::clock::{EPOCH, sim_elapsed};
 use crate::scenario::{Behaviour, Mode, ServerSpec};
@@ -100,6 +112,8 @@ const MAX_BODY: usize = 1 << 20;
 #[derive(Clone, Debug)]
 pub struct ServerHandle {
     shared: Arc<Mutex<Shared>>,
+    /// Whether the process is up (see [`ServerHandle::kill`]).
+    process: Arc<watch::Sender<bool>>,
 }
 
 /// A snapshot of a server's counters.
@@ -142,6 +156,7 @@ impl ServerHandle {
                 stats: ServerStats::default(),
                 answered: 0,
             })),
+            process: Arc::new(watch::Sender::new(true)),
         }
     }
 
@@ -149,6 +164,26 @@ impl ServerHandle {
     /// keep the mode they drew).
     pub fn set_behaviour(&self, behaviour: Behaviour) {
         self.lock().behaviour = behaviour;
+    }
+
+    /// Kills the server process but not its machine: the listener closes,
+    /// every connection is reset and every request in flight is lost, and
+    /// connections are refused until [`ServerHandle::restart`]. (turmoil's
+    /// `Sim::crash` takes the whole host off the network instead: packets to
+    /// it are held, so connections to it time out rather than being refused.)
+    pub fn kill(&self) {
+        self.process.send_replace(false);
+    }
+
+    /// Starts a killed process again, with a fresh reload period. Does nothing
+    /// if it is running.
+    pub fn restart(&self) {
+        self.process.send_replace(true);
+    }
+
+    /// Whether the process is up (not killed through this handle).
+    pub fn is_up(&self) -> bool {
+        *self.process.borrow()
     }
 
     /// The current behaviour.
@@ -181,9 +216,10 @@ pub type HostFuture = Pin<Box<dyn Future<Output = turmoil::Result> + 'static>>;
 /// `trace` under `spec.name` and drawing its behaviour from a ChaCha RNG seeded
 /// with `seed`.
 ///
-/// Pass the result to `Sim::host(spec.name, ...)`. Each call of the factory
-/// (the first start and every `Sim::bounce`) begins a fresh reload period with
-/// empty slots and queue; the RNG continues across restarts.
+/// Pass the result to `Sim::host(spec.name, ...)`. Each start of the process —
+/// the first, every `Sim::bounce`, and every [`ServerHandle::restart`] after a
+/// [`ServerHandle::kill`] — begins a fresh reload period with empty slots and
+/// queue; the RNG continues across restarts.
 pub fn server_host(spec: ServerSpec, handle: ServerHandle, trace: Trace, seed: u64) -> impl Fn() -> HostFuture {
     let rng = Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(seed)));
     move || {
@@ -219,6 +255,18 @@ struct Start {
 
 impl Server {
     async fn run(self) -> turmoil::Result {
+        let mut process = self.handle.process.subscribe();
+        loop {
+            // Down (killed through the handle) until restarted through it.
+            if process.wait_for(|up| *up).await.is_err() {
+                return Ok(());
+            }
+            self.serve(&mut process).await?;
+        }
+    }
+
+    /// One life of the process: from a start (or restart) until it is killed.
+    async fn serve(&self, process: &mut watch::Receiver<bool>) -> turmoil::Result {
         let generation = {
             let mut shared = self.handle.lock();
             shared.generation += 1;
@@ -230,29 +278,43 @@ impl Server {
         };
         let start = Arc::new(Start {
             slots: Semaphore::new(usize::try_from(self.spec.slots).unwrap_or(usize::MAX)),
-            spec: self.spec,
-            handle: self.handle,
-            trace: self.trace,
-            rng: self.rng,
+            spec: self.spec.clone(),
+            handle: self.handle.clone(),
+            trace: self.trace.clone(),
+            rng: self.rng.clone(),
             generation,
             started_at: sim_elapsed(),
             collapsed: watch::Sender::new(false),
         });
         let listener = turmoil::net::TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), PORT)).await?;
+        // Dropping the set at a kill aborts every connection with the process.
+        let mut connections = JoinSet::new();
         loop {
-            let (stream, _) = listener.accept().await?;
-            let start = start.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
+            tokio::select! {
+                biased;
+                down = process.wait_for(|up| !*up) => {
+                    if down.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                    return Ok(());
+                }
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                accepted = listener.accept() => {
+                    let (stream, _) = accepted?;
                     let start = start.clone();
-                    async move { start.handle(request).await }
-                });
-                // A connection ends in an error whenever a client gives up or a
-                // `drop` closes it; neither is the server's failure.
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+                    connections.spawn(async move {
+                        let service = hyper::service::service_fn(move |request| {
+                            let start = start.clone();
+                            async move { start.handle(request).await }
+                        });
+                        // A connection ends in an error whenever a client gives up or a
+                        // `drop` closes it; neither is the server's failure.
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    });
+                }
+            }
         }
     }
 }

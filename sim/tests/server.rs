@@ -533,3 +533,51 @@ fn a_client_that_gives_up_while_queued_is_abandoned() {
     );
     assert_eq!(handle.stats().in_flight, 0);
 }
+
+#[test]
+fn a_killed_process_resets_its_connections_refuses_new_ones_and_reloads_on_restart() {
+    let mut sim = sim(1, 60);
+    let trace = Trace::new();
+    let mut server = spec();
+    server.reload_s = 2.0;
+    let handle = ServerHandle::default();
+    sim.host("gpu", server_host(server, handle.clone(), trace.clone(), 7));
+    type Timed = Rc<RefCell<Vec<(Duration, Seen)>>>;
+    let log: Timed = Rc::default();
+    let client_log = log.clone();
+    sim.client("client", async move {
+        // 3 s: running (killed at 3.5 s); 4 s: down; 6 s: loading (restarted
+        // at 5 s); 8 s: serving.
+        for at in [3, 4, 6, 8] {
+            tokio::time::sleep(Duration::from_secs(at).saturating_sub(turmoil::sim_elapsed().unwrap())).await;
+            let started = turmoil::sim_elapsed().unwrap();
+            let seen = post(Duration::from_secs(10)).await;
+            client_log
+                .borrow_mut()
+                .push((turmoil::sim_elapsed().unwrap() - started, seen));
+        }
+        Ok(())
+    });
+    let (mut killed, mut restarted) = (false, false);
+    while !sim.step().unwrap() {
+        if !killed && sim.elapsed() >= Duration::from_millis(3500) {
+            handle.kill();
+            killed = true;
+        }
+        if !restarted && sim.elapsed() >= Duration::from_secs(5) {
+            assert!(!handle.is_up());
+            handle.restart();
+            restarted = true;
+        }
+    }
+    let log = log.borrow();
+    assert!(matches!(log[0].1, Seen::Failed(_)), "reset mid-request: {log:?}");
+    assert!(log[0].0 < Duration::from_millis(600), "{log:?}");
+    assert!(matches!(log[1].1, Seen::Failed(_)), "{log:?}");
+    assert!(log[1].0 < Duration::from_millis(50), "refused at once: {log:?}");
+    assert_eq!(log[2].1.body()["error"]["message"], "Loading model", "{log:?}");
+    assert_eq!(log[3].1.status(), Some(200), "{log:?}");
+    assert_eq!(handle.stats().starts, 2);
+    let outcomes: Vec<_> = served(&trace).into_iter().map(|(o, _)| o).collect();
+    assert_eq!(outcomes, ["abandoned", "loading", "ok"]);
+}
