@@ -299,3 +299,49 @@ fn the_openai_adapter_extracts_typed_values_through_the_simulated_network() {
         [Err("empty".into()), Err("refused".into()), Err("malformed".into())]
     );
 }
+
+#[test]
+fn a_fleet_over_the_transport_replays_byte_for_byte() {
+    fn run(seed: u64) -> String {
+        let mut sim = Builder::new()
+            .rng_seed(seed)
+            .epoch(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+            .tick_duration(Duration::from_millis(10))
+            .min_message_latency(Duration::from_millis(1))
+            .max_message_latency(Duration::from_millis(20))
+            .simulation_duration(Duration::from_secs(120))
+            .build();
+        let trace = Trace::new();
+        let mut server = spec();
+        server.slots = 1;
+        server.queue = 2;
+        server.behaviour = Behaviour {
+            mode: Mode::Drop,
+            probability: 0.3,
+            retry_after_s: 1.0,
+        };
+        sim.host(
+            "gpu",
+            server_host(server.clone(), ServerHandle::new(server.behaviour), trace.clone(), seed),
+        );
+        for w in 0..4 {
+            let trace = trace.clone();
+            sim.client(format!("worker-{w}"), async move {
+                let transport = SimTransport::new(format!("worker-{w}"), trace);
+                for _ in 0..5 {
+                    let _ = transport.post(request("gpu", 1 << 20, Duration::from_secs(3))).await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Ok(())
+            });
+        }
+        sim.run().unwrap();
+        Trace::to_json_lines(&trace.events())
+    }
+    let first = run(21);
+    assert_eq!(first, run(21));
+    for outcome in ["\"ok\"", "\"drop\"", "\"queue_full\"", "\"request\""] {
+        assert!(first.contains(outcome), "{outcome} missing from\n{first}");
+    }
+    assert_ne!(first, run(22));
+}
