@@ -93,6 +93,8 @@ struct Ctx<'a> {
     single_clock: bool,
     window_us: u64,
     recovery_us: u64,
+    /// The longest a request and its reply can spend on the network.
+    round_trip_us: u64,
 }
 
 impl<'a> Ctx<'a> {
@@ -104,6 +106,7 @@ impl<'a> Ctx<'a> {
             single_clock: !shared || scenario.cache.time_source == redstring::TimeSource::Store,
             window_us: secs_us(scenario.hardening.window_s),
             recovery_us: secs_us(scenario.hardening.recovery_timeout_s),
+            round_trip_us: 2 * (scenario.network.max_latency_ms + scenario.tick_ms) * 1000,
         }
     }
 
@@ -161,11 +164,18 @@ fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         );
     }
     let rpm = ctx.scenario.hardening.rpm as usize;
+    // In true time an admission is seen up to one round trip after the cache
+    // decided it, so true-time windows are narrowed by that much.
+    let width = if ctx.single_clock {
+        ctx.window_us
+    } else {
+        ctx.window_us.saturating_sub(ctx.round_trip_us)
+    };
     let mut verdict = Verdict::Held;
     let mut worst = 0;
     for list in series.values_mut() {
         list.sort_by_key(|(t, _)| *t);
-        let (max, first_bad) = max_in_window(list.iter().map(|(t, _)| *t), ctx.window_us, rpm);
+        let (max, first_bad) = max_in_window(list.iter().map(|(t, _)| *t), width, rpm);
         worst = worst.max(max);
         if let (Verdict::Held, Some(i)) = (&verdict, first_bad) {
             let e = list[i].1;
@@ -175,7 +185,7 @@ fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     let mut true_worst = 0;
     for list in true_time.values_mut() {
         list.sort_unstable();
-        true_worst = true_worst.max(max_in_window(list.iter().copied(), ctx.window_us, rpm).0);
+        true_worst = true_worst.max(max_in_window(list.iter().copied(), width, rpm).0);
     }
     let figure = format!("max admitted per window: {worst} (rpm {rpm}); in true time: {true_worst}");
     (verdict, figure)
@@ -202,32 +212,44 @@ fn max_in_window(sorted: impl Iterator<Item = u64>, width: u64, limit: usize) ->
 /// Invariant 2: successive refusals of one tenant never report a longer wait
 /// while no hit is added.
 fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
-    let mut last: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    // Each worker's refusals of a tenant, in its own order; between two of
+    // them a hit may have been added anywhere in the limiter's scope (with a
+    // shared cache, by another worker — seen in the trace up to a round trip
+    // late), and then the wait may legitimately change.
+    let mut admissions: BTreeMap<(&str, &str), Vec<u64>> = BTreeMap::new();
+    for e in events {
+        if let Kind::Admitted { tenant, .. } = &e.kind {
+            admissions
+                .entry((ctx.scope(e), tenant.as_str()))
+                .or_default()
+                .push(e.t_us);
+        }
+    }
+    let mut last: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
     let mut refusals = 0;
     let mut verdict = Verdict::Held;
     let mut worst_growth = 0u64;
     for e in events {
-        match &e.kind {
-            Kind::Admitted { tenant, .. } => {
-                last.remove(&(ctx.scope(e), tenant.as_str()));
-            }
-            Kind::Limited {
-                tenant, retry_after_us, ..
-            } => {
-                refusals += 1;
-                let key = (ctx.scope(e), tenant.as_str());
-                if let Some(prev) = last.get(&key)
-                    && retry_after_us > prev
-                {
-                    worst_growth = worst_growth.max(retry_after_us - prev);
-                    if verdict == Verdict::Held {
-                        verdict = violated(e, format!("wait grew from {prev} µs to {retry_after_us} µs"));
-                    }
+        let Kind::Limited {
+            tenant, retry_after_us, ..
+        } = &e.kind
+        else {
+            continue;
+        };
+        refusals += 1;
+        let key = (e.host.as_str(), tenant.as_str());
+        if let Some(&(t_prev, prev)) = last.get(&key) {
+            let hit_between = admissions
+                .get(&(ctx.scope(e), tenant.as_str()))
+                .is_some_and(|ts| ts.iter().any(|t| *t + ctx.round_trip_us >= t_prev && *t <= e.t_us));
+            if !hit_between && *retry_after_us > prev {
+                worst_growth = worst_growth.max(retry_after_us - prev);
+                if verdict == Verdict::Held {
+                    verdict = violated(e, format!("wait grew from {prev} µs to {retry_after_us} µs"));
                 }
-                last.insert(key, *retry_after_us);
             }
-            _ => {}
         }
+        last.insert(key, (e.t_us, *retry_after_us));
     }
     if refusals == 0 {
         return (
@@ -310,32 +332,46 @@ fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     }
     // Tolerance for a shared cache's TTLs running on a drifting clock.
     let slack = ctx.scenario.tick_ms * 1000 + ctx.recovery_us / 1000;
+    // Failures reported while the breaker is closed, since it last closed.
     let mut failures: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut state: BTreeMap<String, CircuitState> = BTreeMap::new();
     let (mut openings, mut widest, mut verdict) = (0, 0u64, Verdict::Held);
     for e in events {
         match &e.kind {
-            Kind::FailureRecorded { breaker, at_us } => failures
-                .entry(ctx.breaker(e, breaker))
-                .or_default()
-                .push(ctx.instant(e, *at_us)),
+            Kind::FailureRecorded { breaker, at_us } => {
+                let scope = ctx.breaker(e, breaker);
+                if state.get(&scope).is_none_or(|s| *s == CircuitState::Closed) {
+                    failures.entry(scope).or_default().push(ctx.instant(e, *at_us));
+                }
+            }
+            Kind::SuccessRecorded { breaker } => {
+                let scope = ctx.breaker(e, breaker);
+                if state.get(&scope).is_none_or(|s| *s == CircuitState::Closed) {
+                    failures.entry(scope).or_default().clear();
+                }
+            }
             Kind::Breaker {
                 breaker,
-                from: CircuitState::Closed,
-                to: CircuitState::Open,
+                from,
+                to,
                 at_us,
             } => {
-                openings += 1;
-                let list = failures.entry(ctx.breaker(e, breaker)).or_default();
-                let now = ctx.instant(e, *at_us);
-                if list.len() >= threshold {
-                    let first = list[list.len() - threshold];
-                    let span = now.saturating_sub(first);
-                    widest = widest.max(span);
-                    if span > ctx.recovery_us + slack && verdict == Verdict::Held {
-                        verdict = violated(
-                            e,
-                            format!("opened on {threshold} failures spread over {} ms", span / 1000),
-                        );
+                let scope = ctx.breaker(e, breaker);
+                state.insert(scope.clone(), *to);
+                let list = failures.entry(scope).or_default();
+                if (*from, *to) == (CircuitState::Closed, CircuitState::Open) {
+                    openings += 1;
+                    let now = ctx.instant(e, *at_us);
+                    if list.len() >= threshold {
+                        let first = list[list.len() - threshold];
+                        let span = now.saturating_sub(first);
+                        widest = widest.max(span);
+                        if span > ctx.recovery_us + slack && verdict == Verdict::Held {
+                            verdict = violated(
+                                e,
+                                format!("opened on {threshold} failures spread over {} ms", span / 1000),
+                            );
+                        }
                     }
                 }
                 list.clear();
@@ -435,8 +471,17 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     let policy_wait: f64 = (0..h.max_retries)
         .map(|n| (h.initial_delay_s * h.multiplier.powi(n as i32)).min(h.max_delay_s) * (1.0 + h.jitter))
         .sum();
+    // Calls in flight at the heal may still fail and open a breaker up to one
+    // call later; it then waits out recovery_timeout and probes with one call,
+    // which the limiter may first hold for its waits.
     let one_call = f64::from(h.max_retries + 1) * h.request_timeout_s + policy_wait;
-    let bound = heal + secs_us(h.recovery_timeout_s + 2.0 * one_call + h.window_s * f64::from(h.limiter_waits) + 1.0);
+    let limited = events.iter().any(|e| matches!(e.kind, Kind::Limited { .. }));
+    let limiter_wait = if limited {
+        h.window_s * f64::from(h.limiter_waits)
+    } else {
+        0.0
+    };
+    let bound = heal + secs_us(2.0 * one_call + h.recovery_timeout_s + limiter_wait + 1.0);
     let end = secs_us(s.duration_s);
     if bound >= end {
         return (

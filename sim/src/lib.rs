@@ -9,8 +9,11 @@
 pub mod cache_host;
 pub mod clock;
 pub mod invariants;
+pub mod report;
 pub mod scenario;
 pub mod server;
 pub mod timeline;
 pub mod trace;
 pub mod transport;
+pub mod worker;
+pub mod world;

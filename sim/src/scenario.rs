@@ -189,9 +189,13 @@ pub struct ServerSpec {
     /// Decode speed per slot.
     #[serde(default = "defaults::decode_tps")]
     pub decode_tokens_per_s: f64,
-    /// Seconds after a (re)start during which it answers 503 "Loading model".
+    /// Seconds after a restart during which it answers 503 "Loading model".
     #[serde(default = "defaults::reload_s")]
     pub reload_s: f64,
+    /// Whether the run's first start loads the model too (by default the
+    /// run begins with the model already loaded).
+    #[serde(default)]
+    pub cold_start: bool,
     /// How it answers at the start.
     #[serde(default)]
     pub behaviour: Behaviour,

@@ -13,8 +13,9 @@
 //! `POST /v1/chat/completions` on port [`PORT`] is handled in this order (any
 //! other path is `404`, a body that is not JSON is `400`):
 //!
-//! 1. **Reload.** For `reload_s` after each start of the process (the first
-//!    one, every `Sim::bounce`, every [`ServerHandle::restart`]), the answer
+//! 1. **Reload.** For `reload_s` after each restart of the process (every
+//!    `Sim::bounce`, every [`ServerHandle::restart`]; the first start too when
+//!    the spec says `cold_start`), the answer
 //!    is `503` with llama.cpp's
 //!    `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`
 //!    (outcome `loading`).
@@ -370,7 +371,8 @@ impl Start {
             ));
         };
 
-        if sim_elapsed().saturating_sub(self.started_at).as_secs_f64() < self.spec.reload_s {
+        let loads = self.generation > 1 || self.spec.cold_start;
+        if loads && sim_elapsed().saturating_sub(self.started_at).as_secs_f64() < self.spec.reload_s {
             self.record("loading", true);
             return Ok(loading());
         }

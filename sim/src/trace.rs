@@ -106,6 +106,12 @@ pub enum Kind {
         /// The stamp, epoch microseconds.
         at_us: u64,
     },
+    /// A call's success was reported to a breaker (which clears a closed
+    /// breaker's failure count).
+    SuccessRecorded {
+        /// The breaker's key prefix.
+        breaker: String,
+    },
     /// A retry was scheduled.
     Retry {
         /// Calls made so far.
@@ -242,6 +248,13 @@ impl Observer for HostObserver {
                 tenant: tenant.to_string(),
                 retry_after_us: u64::try_from(retry_after.as_micros()).unwrap_or(u64::MAX),
                 at_us: at.as_micros(),
+            },
+            Event::BreakerReported {
+                breaker,
+                failure: false,
+                ..
+            } => Kind::SuccessRecorded {
+                breaker: breaker.to_string(),
             },
             Event::RetryScheduled { attempt, delay, .. } => Kind::Retry {
                 attempt: *attempt,

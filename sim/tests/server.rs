@@ -37,6 +37,7 @@ fn spec() -> ServerSpec {
         prefill_tokens_per_s: 2000.0,
         decode_tokens_per_s: 40.0,
         reload_s: 0.0,
+        cold_start: false,
         behaviour: Behaviour::default(),
     }
 }
@@ -341,6 +342,7 @@ fn loads_the_model_after_each_start() {
     let trace = Trace::new();
     let mut server = spec();
     server.reload_s = 5.0;
+    server.cold_start = true;
     let handle = ServerHandle::default();
     sim.host("gpu", server_host(server, handle.clone(), trace.clone(), 7));
     type Statuses = Rc<RefCell<Vec<(u64, Option<u16>)>>>;

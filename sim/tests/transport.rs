@@ -40,6 +40,7 @@ fn spec() -> ServerSpec {
         prefill_tokens_per_s: 2000.0,
         decode_tokens_per_s: 40.0,
         reload_s: 0.0,
+        cold_start: false,
         behaviour: Behaviour::default(),
     }
 }

@@ -1,0 +1,257 @@
+//! The end-of-run report: what happened, in figures, and how to replay it.
+//!
+//! Computed from the trace and the checkers' verdicts alone. The text form is
+//! what `redstring-sim run` prints; the JSON form is what `--json` writes.
+//! Wall-clock figures (how fast the simulation ran) are the only part that
+//! varies between identical runs, so they are kept apart from everything else
+//! and left out of snapshots.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use redstring::CircuitState;
+use serde::Serialize;
+
+use crate::invariants::{Check, Verdict, check_all};
+use crate::scenario::Scenario;
+use crate::trace::{Kind, TraceEvent};
+use crate::world::Run;
+
+/// What reached one model server.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServerLoad {
+    /// Requests it received.
+    pub received: u64,
+    /// Of those, received while loading, collapsed or misbehaving.
+    pub while_impaired: u64,
+    /// Received, by how they were answered.
+    pub by_outcome: BTreeMap<String, u64>,
+}
+
+/// Everything a run produced, as figures.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    /// The scenario's name.
+    pub scenario: String,
+    /// The seed.
+    pub seed: u64,
+    /// Simulated seconds.
+    pub simulated_s: f64,
+    /// Units of work that arrived.
+    pub arrivals: u64,
+    /// Units of work that ended, by outcome (`ok` or an error kind).
+    pub outcomes: BTreeMap<String, u64>,
+    /// Units of work still in flight when the run ended.
+    pub in_flight: u64,
+    /// Requests the workers sent.
+    pub requests: u64,
+    /// Calls the breakers admitted.
+    pub admitted_calls: u64,
+    /// Requests per admitted call.
+    pub retry_amplification: f64,
+    /// Per server.
+    pub servers: BTreeMap<String, ServerLoad>,
+    /// Breaker openings (closed or half-open → open), fleet-wide.
+    pub breaker_openings: u64,
+    /// Seconds from the first disruptive fault to the first opening.
+    pub time_to_open_s: Option<f64>,
+    /// Seconds from the last fault to the last breaker closing after it.
+    pub time_to_recover_s: Option<f64>,
+    /// Limiter refusals.
+    pub rate_limited: u64,
+    /// The checkers' verdicts.
+    pub checks: Vec<Check>,
+    /// The command that replays this run.
+    pub replay: String,
+}
+
+impl Report {
+    /// Builds the report for `run` of `scenario`, read from `path`.
+    pub fn new(scenario: &Scenario, path: &str, run: &Run) -> Report {
+        let events = &run.events;
+        let mut report = Report {
+            scenario: scenario.name.clone(),
+            seed: run.seed,
+            simulated_s: run.simulated.as_secs_f64(),
+            arrivals: 0,
+            outcomes: BTreeMap::new(),
+            in_flight: 0,
+            requests: 0,
+            admitted_calls: 0,
+            retry_amplification: 0.0,
+            servers: scenario
+                .servers
+                .iter()
+                .map(|s| (s.name.clone(), ServerLoad::default()))
+                .collect(),
+            breaker_openings: 0,
+            time_to_open_s: None,
+            time_to_recover_s: None,
+            rate_limited: 0,
+            checks: check_all(scenario, events),
+            replay: format!("redstring-sim run {path} --seed {}", run.seed),
+        };
+        let first_fault = scenario
+            .faults
+            .iter()
+            .filter(|f| f.is_disruptive())
+            .map(|f| f.at_s())
+            .min_by(f64::total_cmp);
+        let last_fault = scenario.faults.iter().map(|f| f.at_s()).max_by(f64::total_cmp);
+        let mut last_close_after_fault = None;
+        for e in events {
+            let t = e.t_us as f64 / 1e6;
+            match &e.kind {
+                Kind::Arrival { .. } => report.arrivals += 1,
+                Kind::CallEnd { outcome, .. } => *report.outcomes.entry(outcome.clone()).or_default() += 1,
+                Kind::Request { .. } => report.requests += 1,
+                Kind::Allowed { .. } => report.admitted_calls += 1,
+                Kind::Limited { .. } => report.rate_limited += 1,
+                Kind::Served { outcome, impaired } => {
+                    let load = report.servers.entry(e.host.clone()).or_default();
+                    load.received += 1;
+                    load.while_impaired += u64::from(*impaired);
+                    *load.by_outcome.entry(outcome.clone()).or_default() += 1;
+                }
+                Kind::Breaker { to, .. } => {
+                    if *to == CircuitState::Open {
+                        report.breaker_openings += 1;
+                        if let (None, Some(f)) = (report.time_to_open_s, first_fault)
+                            && t >= f
+                        {
+                            report.time_to_open_s = Some(round_ms(t - f));
+                        }
+                    }
+                    if let (CircuitState::Closed, Some(f)) = (to, last_fault)
+                        && t >= f
+                    {
+                        last_close_after_fault = Some(round_ms(t - f));
+                    }
+                }
+                _ => {}
+            }
+        }
+        report.time_to_recover_s = last_close_after_fault;
+        let ended: u64 = report.outcomes.values().sum();
+        report.in_flight = report.arrivals.saturating_sub(ended);
+        if report.admitted_calls > 0 {
+            report.retry_amplification = round_ms(report.requests as f64 / report.admitted_calls as f64);
+        }
+        report
+    }
+
+    /// Whether any invariant failed (violated and not declared `may_violate`).
+    pub fn failed(&self) -> bool {
+        self.checks.iter().any(Check::failed)
+    }
+
+    /// The report as text. `wall` adds how long the run took in real time.
+    pub fn render(&self, wall: Option<Duration>) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "scenario {}  seed {}", self.scenario, self.seed);
+        match wall {
+            Some(w) => {
+                let speed = self.simulated_s / w.as_secs_f64().max(1e-9);
+                let _ = writeln!(
+                    out,
+                    "simulated {:.1} s in {:.2} s of wall time ({speed:.0}× real time)",
+                    self.simulated_s,
+                    w.as_secs_f64()
+                );
+            }
+            None => {
+                let _ = writeln!(out, "simulated {:.1} s", self.simulated_s);
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\ncalls: {} arrived, {} in flight at the end",
+            self.arrivals, self.in_flight
+        );
+        for (outcome, n) in &self.outcomes {
+            let _ = writeln!(out, "  {outcome:<16} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "requests: {} for {} admitted calls (retry amplification {:.2}×); {} limiter refusals",
+            self.requests, self.admitted_calls, self.retry_amplification, self.rate_limited
+        );
+        let _ = writeln!(out, "\nservers:");
+        for (name, load) in &self.servers {
+            let outcomes: Vec<String> = load.by_outcome.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(
+                out,
+                "  {name:<12} received {:<6} while impaired {:<6} ({})",
+                load.received,
+                load.while_impaired,
+                outcomes.join(", ")
+            );
+        }
+        let show = |v: Option<f64>| v.map_or("-".to_owned(), |s| format!("{s:.1} s"));
+        let _ = writeln!(
+            out,
+            "\nbreakers: {} openings; time to open {}; time to recover after the last fault {}",
+            self.breaker_openings,
+            show(self.time_to_open_s),
+            show(self.time_to_recover_s)
+        );
+        let _ = writeln!(out, "\ninvariants:");
+        for c in &self.checks {
+            let (mark, detail) = match &c.verdict {
+                Verdict::Held => ("held", String::new()),
+                Verdict::Violated { t_us, host, detail } => (
+                    if c.may_violate {
+                        "exceeded (expected)"
+                    } else {
+                        "VIOLATED"
+                    },
+                    format!(" at {:.3} s on {host}: {detail}", *t_us as f64 / 1e6),
+                ),
+                Verdict::NotApplicable { why } => ("n/a", format!(" ({why})")),
+            };
+            let figure = if c.figure.is_empty() {
+                String::new()
+            } else {
+                format!(" — {}", c.figure)
+            };
+            let _ = writeln!(out, "  {:<22} {mark}{detail}{figure}", c.name);
+        }
+        let _ = writeln!(out, "\nreplay: {}", self.replay);
+        out
+    }
+
+    /// A compact, deterministic digest of the trace for snapshots: every
+    /// fault and breaker transition, and per-10-second counts.
+    pub fn compact_trace(events: &[TraceEvent]) -> String {
+        let mut out = String::new();
+        let mut buckets: BTreeMap<u64, [u64; 4]> = BTreeMap::new();
+        for e in events {
+            let t = e.t_us as f64 / 1e6;
+            match &e.kind {
+                Kind::Fault { what } => {
+                    let _ = writeln!(out, "{t:>9.3} driver  {what}");
+                }
+                Kind::Breaker { breaker, from, to, .. } => {
+                    let _ = writeln!(out, "{t:>9.3} {}  {breaker} {from:?} -> {to:?}", e.host);
+                }
+                Kind::CallEnd { outcome, .. } => {
+                    let b = buckets.entry(e.t_us / 10_000_000).or_default();
+                    if outcome == "ok" { b[0] += 1 } else { b[1] += 1 }
+                }
+                Kind::Limited { .. } => buckets.entry(e.t_us / 10_000_000).or_default()[2] += 1,
+                Kind::Request { .. } => buckets.entry(e.t_us / 10_000_000).or_default()[3] += 1,
+                _ => {}
+            }
+        }
+        let _ = writeln!(out, "-- per 10 s: ok / failed / limited / requests");
+        for (b, [ok, failed, limited, requests]) in buckets {
+            let _ = writeln!(out, "{:>5}s {ok:>5} {failed:>5} {limited:>5} {requests:>5}", b * 10);
+        }
+        out
+    }
+}
+
+fn round_ms(s: f64) -> f64 {
+    (s * 1000.0).round() / 1000.0
+}
