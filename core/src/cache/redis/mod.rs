@@ -634,12 +634,12 @@ impl LimiterStore for RedisCache {
             })
             .await?;
         let stamp = |n: i64| u64::try_from(n).map(Timestamp::from_micros).ok();
-        let outcome = match reply.as_slice() {
-            &[1, remaining, at] => u32::try_from(remaining)
+        let outcome = match *reply.as_slice() {
+            [1, remaining, at] => u32::try_from(remaining)
                 .ok()
                 .zip(stamp(at))
                 .map(|(remaining, at)| SlotOutcome::Admitted { remaining, at }),
-            &[0, used, retry, at] => u64::try_from(used)
+            [0, used, retry, at] => u64::try_from(used)
                 .ok()
                 .zip(u64::try_from(retry).ok())
                 .zip(stamp(at))
