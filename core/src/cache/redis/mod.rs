@@ -365,7 +365,7 @@ impl RedisCache {
                 reason: format!("{} did not answer within {limit:?}", self.inner.target),
             },
         };
-        tracing::debug!(target = %self.inner.target, operation, %error, "redis operation failed");
+        tracing::debug!(server = %self.inner.target, operation, %error, "redis operation failed");
         Err(error)
     }
 
