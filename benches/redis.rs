@@ -233,7 +233,7 @@ fn bench(c: &mut Criterion) {
         half_open_max_calls: 1,
     };
     let t0 = SystemClock.now();
-    let at = |i: u64| t0.saturating_add(STEP * u32::try_from(i % 1_000_000).unwrap_or(0));
+    let at = move |i: u64| t0.saturating_add(STEP * u32::try_from(i % 1_000_000).unwrap_or(0));
 
     // Warm the script cache so the counts below are the steady state.
     rt.block_on(async {
