@@ -105,6 +105,23 @@ async fn a_killed_server_is_unavailable_and_the_same_cache_recovers() {
     assert_eq!(cache.get(&keys.state).await.unwrap().as_deref(), Some("open"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answering_times_out_as_unavailable() {
+    let Some(server) = RedisServer::start() else { return };
+    let cache = server.cache();
+    cache.set("k", "v", None).await.unwrap();
+    server.pause();
+    // The connection is up but nothing answers: only the timeout ends the call.
+    let error = bounded(cache.acquire_slot("t", request(SystemClock.now())))
+        .await
+        .unwrap_err();
+    assert_unavailable::<()>(Err(error), "acquire_slot");
+    assert_unavailable(bounded(cache.get("k")).await, "get");
+    server.resume();
+    until_recovered(&cache).await;
+    assert_eq!(cache.get("k").await.unwrap().as_deref(), Some("v"));
+}
+
 #[tokio::test]
 async fn scripts_flushed_from_the_server_are_reloaded() {
     let Some(server) = RedisServer::start() else { return };

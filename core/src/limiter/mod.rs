@@ -38,7 +38,8 @@ pub const DEFAULT_KEY_PREFIX: &str = "kg:ratelimit";
 
 /// What [`RateLimiter::acquire`] does when the shared cache is unavailable
 /// ([`CacheError::Unavailable`]: unreachable, timed out). Every use emits
-/// [`Event::CacheUnavailable`] naming the fallback taken.
+/// [`Event::CacheUnavailable`] naming the fallback taken. The read-only
+/// [`RateLimiter::remaining`] has no fallback: it reports the cache error.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnCacheUnavailable {

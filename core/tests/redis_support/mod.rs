@@ -94,6 +94,27 @@ impl RedisServer {
         let _ = std::fs::remove_file(self.socket());
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open but nothing answers,
+    /// like a host that stopped responding.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// Starts the server again on the same socket (empty: nothing is persisted)
     /// and waits until it answers `PING`.
     pub fn restart(&mut self) {
@@ -156,6 +177,12 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        if self.child.is_some() {
+            // A paused server would not die of SIGKILL any less, but resume it
+            // so nothing is left stopped should kill fail.
+            let pid = self.child.as_ref().map(|c| c.id().to_string()).unwrap_or_default();
+            let _ = Command::new("kill").arg("-CONT").arg(pid).status();
+        }
         self.kill();
     }
 }
