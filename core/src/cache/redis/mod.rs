@@ -27,6 +27,9 @@
 //! | `breaker_step` | `breaker_step.lua`: read four keys, decide, write |
 //! | `breaker_read` | `breaker_read.lua`: `MGET` of the four keys (+ `TIME`) |
 //!
+//! The scripts need Redis 6.0 or later (`SET … KEEPTTL`); the tests run
+//! against 7.0.
+//!
 //! The breaker script is [`machine::step`] written in Lua. So that the two can
 //! never silently drift apart, the script also returns the raw values it read;
 //! the adapter re-runs [`machine::step`] on them in Rust and reports
