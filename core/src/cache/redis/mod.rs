@@ -210,7 +210,9 @@ impl RedisCacheBuilder {
     /// A cache that owns a new connection to `url` (`redis://[user][:password@]host[:port][/db]`,
     /// `rediss://` is not enabled, `unix:///path?pass=…`). Returns at once; the
     /// connection is made by the first operation. Must be called from within a
-    /// Tokio runtime. The error never contains the password.
+    /// Tokio runtime, and the cache used on one with its timer enabled (every
+    /// operation is bounded by `tokio::time::timeout`). The error never
+    /// contains the password.
     pub fn build_from_url(self, url: &str) -> Result<RedisCache, ConfigError> {
         let client = Client::open(url).map_err(|_| ConfigError::new("url", "a valid Redis URL", redact_raw(url)))?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -471,14 +473,18 @@ fn describe(info: &ConnectionInfo) -> String {
 /// A URL that did not parse, with anything that may be a password hidden:
 /// the userinfo before `@`, and any query string.
 fn redact_raw(url: &str) -> String {
-    let without_query = url.split_once('?').map_or(url, |(head, _)| head);
-    match (without_query.find("://"), without_query.rfind('@')) {
+    let (head, query) = match url.split_once('?') {
+        Some((head, _)) => (head, "?***"),
+        None => (url, ""),
+    };
+    let shown = match (head.find("://"), head.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://***@{}", &without_query[..scheme_end], &without_query[at + 1..])
+            format!("{}://***@{}", &head[..scheme_end], &head[at + 1..])
         }
-        _ if url.contains('?') => format!("{without_query}?***"),
-        _ => url.to_owned(),
-    }
+        (_, Some(at)) => format!("***@{}", &head[at + 1..]),
+        (_, None) => head.to_owned(),
+    };
+    format!("{shown}{query}")
 }
 
 /// `text` with every occurrence of `secret` replaced by `***`.
@@ -842,6 +848,8 @@ mod tests {
         assert_eq!(redact_raw("bogus://user:hunter2@host:1"), "bogus://***@host:1");
         assert_eq!(redact_raw("unix:///tmp/s?pass=hunter2"), "unix:///tmp/s?***");
         assert_eq!(redact_raw("nonsense"), "nonsense");
+        assert_eq!(redact_raw("user:hunter2@host"), "***@host");
+        assert_eq!(redact_raw("x://a@b?pass=hunter2"), "x://***@b?***");
     }
 
     #[test]
