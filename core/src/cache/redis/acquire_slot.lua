@@ -17,14 +17,16 @@ if count < limit then
   record(w, now, tonumber(ARGV[4]), tonumber(ARGV[5]))
   return {1, limit - count - 1, now}
 end
--- Refused: nothing is recorded; the wait is until the oldest hit in the
--- window ages out, clamped at zero, or the full window if there is none.
+-- Refused: nothing is recorded. The wait runs until the oldest hit in the
+-- window has left the inclusive window: (oldest + window) - now plus one
+-- microsecond, never less than one microsecond; the full window if there is
+-- no oldest hit.
 local first = redis.call('ZRANGEBYSCORE', w, int(since), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 local retry = window
 if first[2] then
-  retry = tonumber(first[2]) + window - now
-  if retry < 0 then
-    retry = 0
+  retry = tonumber(first[2]) + window + 1 - now
+  if retry < 1 then
+    retry = 1
   end
 end
 return {0, count, retry, now}
