@@ -64,7 +64,7 @@ pub use breaker::{CircuitBreaker, CircuitBreakerBuilder, CircuitOpen, CircuitSta
 pub use cache::{Cache, MemoryCache, TimeSource};
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use error::{CacheError, ConfigError};
-pub use limiter::{AcquireError, Admission, RateLimitExceeded, RateLimiter, RateLimiterBuilder};
+pub use limiter::{AcquireError, Admission, OnCacheUnavailable, RateLimitExceeded, RateLimiter, RateLimiterBuilder};
 pub use observe::{Event, NoopObserver, Observer, RecordingObserver, TracingObserver};
 pub use provider::{ExtractError, HardenedProvider, LlmProvider, LlmProviderExt, ProviderError};
 pub use random::{RandomSource, SeededRandom};

@@ -22,6 +22,8 @@
 
 mod keybuf;
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -10,6 +10,11 @@
 //! never report a longer wait while no hit is added. The count, the comparison
 //! and the record are one atomic [`LimiterStore::acquire_slot`], so racing
 //! tasks — or a fleet on one shared cache — never exceed `rpm`.
+//!
+//! A shared cache can be unreachable. What `acquire` does then is the
+//! [`OnCacheUnavailable`] policy: fall back to a per-process limit (the
+//! default), admit, or refuse. Only [`CacheError::Unavailable`] triggers it; a
+//! closed cache or a protocol error is still an error.
 
 mod error;
 mod window;
@@ -20,7 +25,7 @@ use std::time::Duration;
 pub use error::{AcquireError, RateLimitExceeded};
 pub use window::{SlotOutcome, decide};
 
-use crate::cache::{KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot};
+use crate::cache::{Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Observer, TracingObserver};
@@ -30,6 +35,41 @@ use crate::tenant::TenantId;
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "kg:ratelimit";
+
+/// What [`RateLimiter::acquire`] does when the shared cache is unavailable
+/// ([`CacheError::Unavailable`]: unreachable, timed out). Every use emits
+/// [`Event::CacheUnavailable`] naming the fallback taken. The read-only
+/// [`RateLimiter::remaining`] has no fallback: it reports the cache error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnCacheUnavailable {
+    /// Limit locally (the default): each process counts its own hits in a
+    /// private [`MemoryCache`] with the same `rpm` and window until the shared
+    /// cache answers again. The tenant keeps making progress and the model
+    /// server stays protected; a fleet of `n` workers admits at most `rpm × n`
+    /// per window during the outage (plus what the shared cache admitted in the
+    /// window before it failed), instead of `rpm`.
+    #[default]
+    LocalLimit,
+    /// Admit the call (fail open): the outage costs nothing in throughput, but
+    /// the limit is gone until the cache returns. The admission reports
+    /// `remaining: 0`, since nothing is known.
+    Admit,
+    /// Refuse the call with [`AcquireError::Cache`] (fail closed): the limit is
+    /// never exceeded, and a cache outage stops all model calls.
+    Refuse,
+}
+
+impl OnCacheUnavailable {
+    /// The name reported in [`Event::CacheUnavailable`]'s `fallback`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OnCacheUnavailable::LocalLimit => "local limit",
+            OnCacheUnavailable::Admit => "allowed",
+            OnCacheUnavailable::Refuse => "refused",
+        }
+    }
+}
 
 /// A granted slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +110,9 @@ pub struct RateLimiter<S = MemoryCache> {
     prefix: Arc<str>,
     clock: Arc<dyn Clock>,
     observer: Arc<dyn Observer>,
+    on_cache_unavailable: OnCacheUnavailable,
+    /// The per-process fallback under [`OnCacheUnavailable::LocalLimit`].
+    local: Option<MemoryCache>,
 }
 
 impl<S> std::fmt::Debug for RateLimiter<S> {
@@ -79,6 +122,7 @@ impl<S> std::fmt::Debug for RateLimiter<S> {
             .field("window", &self.window)
             .field("key_prefix", &self.prefix)
             .field("owns_cache", &self.owns_store)
+            .field("on_cache_unavailable", &self.on_cache_unavailable)
             .finish_non_exhaustive()
     }
 }
@@ -94,6 +138,7 @@ impl RateLimiter<MemoryCache> {
             store: StoreSlot::Own(MemoryCache::new),
             clock: None,
             observer: None,
+            on_cache_unavailable: OnCacheUnavailable::default(),
         }
     }
 }
@@ -106,6 +151,7 @@ pub struct RateLimiterBuilder<S> {
     store: StoreSlot<S>,
     clock: Option<Arc<dyn Clock>>,
     observer: Option<Arc<dyn Observer>>,
+    on_cache_unavailable: OnCacheUnavailable,
 }
 
 impl<S: LimiterStore> RateLimiterBuilder<S> {
@@ -134,7 +180,15 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             store: StoreSlot::Shared(cache),
             clock: self.clock,
             observer: self.observer,
+            on_cache_unavailable: self.on_cache_unavailable,
         }
+    }
+
+    /// What `acquire` does while the cache is unavailable (default
+    /// [`OnCacheUnavailable::LocalLimit`]).
+    pub fn on_cache_unavailable(mut self, policy: OnCacheUnavailable) -> Self {
+        self.on_cache_unavailable = policy;
+        self
     }
 
     /// The clock (default [`SystemClock`]).
@@ -173,6 +227,8 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
         }
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         let (store, owns_store) = self.store.resolve(&clock);
+        let local =
+            (self.on_cache_unavailable == OnCacheUnavailable::LocalLimit).then(|| MemoryCache::new(clock.clone()));
         Ok(RateLimiter {
             store,
             owns_store,
@@ -181,6 +237,8 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             prefix: Arc::from(self.prefix),
             clock,
             observer: self.observer.unwrap_or_else(|| Arc::new(TracingObserver)),
+            on_cache_unavailable: self.on_cache_unavailable,
+            local,
         })
     }
 }
@@ -222,7 +280,33 @@ impl<S: LimiterStore> RateLimiter<S> {
             ttl: self.window.saturating_mul(2),
         };
         match self.store.acquire_slot(key.as_str(), request).await {
-            Ok(SlotOutcome::Admitted { remaining, at }) => {
+            Ok(outcome) => self.conclude(tenant, outcome),
+            Err(error) if error.is_transient() => {
+                self.observer.on_event(&Event::CacheUnavailable {
+                    component: self.prefix.clone(),
+                    operation: "acquire_slot",
+                    fallback: self.on_cache_unavailable.as_str(),
+                    error: error.to_string(),
+                });
+                match (self.on_cache_unavailable, &self.local) {
+                    (OnCacheUnavailable::LocalLimit, Some(local)) => {
+                        match local.acquire_slot(key.as_str(), request).await {
+                            Ok(outcome) => self.conclude(tenant, outcome),
+                            Err(_) => Err(AcquireError::Cache(error)),
+                        }
+                    }
+                    (OnCacheUnavailable::Admit, _) => Ok(Admission { remaining: 0 }),
+                    _ => Err(AcquireError::Cache(error)),
+                }
+            }
+            Err(error) => Err(AcquireError::Cache(error)),
+        }
+    }
+
+    /// Reports a store's answer and turns it into `acquire`'s.
+    fn conclude(&self, tenant: TenantId, outcome: SlotOutcome) -> Result<Admission, AcquireError> {
+        match outcome {
+            SlotOutcome::Admitted { remaining, at } => {
                 self.observer.on_event(&Event::RateLimitAdmitted {
                     limiter: self.prefix.clone(),
                     tenant,
@@ -231,7 +315,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 });
                 Ok(Admission { remaining })
             }
-            Ok(SlotOutcome::Refused { used, retry_after, at }) => {
+            SlotOutcome::Refused { used, retry_after, at } => {
                 self.observer.on_event(&Event::RateLimitRefused {
                     limiter: self.prefix.clone(),
                     tenant,
@@ -245,7 +329,6 @@ impl<S: LimiterStore> RateLimiter<S> {
                     retry_after,
                 }))
             }
-            Err(error) => Err(AcquireError::Cache(error)),
         }
     }
 
@@ -263,6 +346,9 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// Releases the cache if the limiter built it; a cache passed in is the
     /// caller's and stays open.
     pub async fn close(&self) -> Result<(), CacheError> {
+        if let Some(local) = &self.local {
+            local.close().await?;
+        }
         if self.owns_store {
             self.store.close().await
         } else {

@@ -1,0 +1,881 @@
+//! `RedisCache`: the cache port on a real Redis, so a fleet of workers shares
+//! one allowance per tenant and one breaker per model server.
+//!
+//! Enabled by the `redis` cargo feature. Every capability of the port
+//! ([`Cache`], [`KeyValue`], [`HitWindow`], [`LimiterStore`], [`BreakerStore`])
+//! is implemented, with the same answers as [`MemoryCache`](crate::MemoryCache)
+//! — the compliance suite in [`crate::testing`] runs unchanged against both.
+//!
+//! # One round trip per operation
+//!
+//! Each operation is exactly one command on the wire: a plain `GET`, `SET` or
+//! `DEL` for the simple value operations, and one Lua script (`EVALSHA`) for
+//! everything that reads before it writes. Redis runs a script atomically, so
+//! the limiter's count → compare → record and each breaker transition are one
+//! indivisible step even across a fleet; the spec's three-call limiter and
+//! read-then-write breaker could over-admit. The scripts live in `.lua` files
+//! beside this module and are sent by hash; after a server restart (or `SCRIPT
+//! FLUSH`) the first call of each script gets `NOSCRIPT`, loads it and retries,
+//! once.
+//!
+//! | operation | command |
+//! |---|---|
+//! | `get` / `set` / `delete` | `GET` / `SET [PX]` / `DEL key window(key)` |
+//! | `increment` | `increment.lua` (TTL on creation only, atomic) |
+//! | `record_hit`, `count_since`, `oldest_since` | one script each |
+//! | `acquire_slot` | `acquire_slot.lua`: count, decide, record, `PEXPIRE` |
+//! | `breaker_step` | `breaker_step.lua`: read four keys, decide, write |
+//! | `breaker_read` | `breaker_read.lua`: `MGET` of the four keys (+ `TIME`) |
+//!
+//! The scripts need Redis 6.0 or later (`SET … KEEPTTL`); the tests run
+//! against 7.0.
+//!
+//! The breaker script is [`machine::step`] written in Lua. So that the two can
+//! never silently drift apart, the script also returns the raw values it read;
+//! the adapter re-runs [`machine::step`] on them in Rust and reports
+//! [`CacheError::Protocol`] if the script's decision or writes differ. The
+//! [`BreakerStep`] returned is always the one `machine::step` computed.
+//!
+//! # Key mapping
+//!
+//! In the port a value and a hit window may share a key; in Redis a key has one
+//! type. Values live at the key itself (strings, so `redis-cli GET` shows them,
+//! and the breaker's keys are the spec's `{prefix}:state` etc.). The hit window
+//! of key `k` lives in a sorted set at a derived key:
+//!
+//! - if `k` already contains a Redis Cluster hash tag (`{…}` with something
+//!   inside), the window is `k:hits` — same tag, same slot;
+//! - otherwise, if `k` contains no `}`, the window is `{k}:hits`, whose tag is
+//!   `k` itself, so it hashes to `k`'s slot (the limiter's tenant key
+//!   `kg:ratelimit:<tenant>` becomes `{kg:ratelimit:<tenant>}:hits`);
+//! - otherwise (a `}` with no valid tag) the window is `k:hits`, which may sit
+//!   in another slot; only `delete` touches both keys.
+//!
+//! Don't store values at keys of the form `…:hits` that collide with a window.
+//! Every script touches one limiter tenant's single key, or one breaker's four
+//! keys (which share the `{prefix}` tag), so each script is Cluster-safe.
+//!
+//! Hit members are `"<µs>:<n>"`, where `n` counts the hits already at that exact
+//! instant: two hits at one instant are two members, from any process, with no
+//! client nonce or entropy. Instants are integer microseconds
+//! ([`Timestamp::as_micros`]), exact as sorted-set scores; `opened_at` is
+//! stored in [`Timestamp`]'s `Display` form (`1700000000.250000`). Instants and
+//! durations above 2^53 µs (year 2255) are refused rather than rounded. TTLs
+//! are rounded up to whole milliseconds.
+//!
+//! # Time source
+//!
+//! With [`TimeSource::Caller`] (the default, the spec's behaviour) the scripts
+//! stamp hits and breaker transitions with the caller's `now`. With
+//! [`TimeSource::Store`] they read the server's `TIME` inside the script, so
+//! workers with skewed clocks still agree on one clock. TTLs always run on the
+//! server's clock.
+//!
+//! # When Redis is unavailable
+//!
+//! Construction never touches the network: the connection is made on the
+//! first operation, and remade in the background after a failure (the redis
+//! crate's `ConnectionManager`), so the adapter recovers by itself when the
+//! server returns. Every operation finishes within
+//! [`RedisCacheBuilder::operation_timeout`] (`connect_timeout` +
+//! `response_timeout`): a refused connection, a timeout or a server killed
+//! mid-call is [`CacheError::Unavailable`], never a hang. Server-side and
+//! reply-shape errors are [`CacheError::Protocol`]; incrementing a non-integer
+//! is [`CacheError::NotAnInteger`].
+//!
+//! What the components do meanwhile is theirs to decide, and configurable:
+//! the rate limiter's
+//! [`OnCacheUnavailable`](crate::limiter::OnCacheUnavailable) (default: a
+//! per-process local limit, so the fleet overshoots by at most `rpm` per
+//! worker per window), and the breaker's
+//! [`OnCacheError`](crate::OnCacheError) (default: admit — a damaged cache fails
+//! toward calling the model).
+//!
+//! A password in the URL never appears in an error, a log line or `Debug`
+//! output: the adapter describes its server by a redacted URL and scrubs the
+//! password from any text the redis crate produces.
+//!
+//! # Ownership
+//!
+//! [`RedisCache::from_url`] owns its connection; [`close`](Cache::close)
+//! releases it. [`RedisCache::from_connection`] uses a caller's
+//! `ConnectionManager` without owning it: `close` marks this handle closed and
+//! drops its clone, and the caller's connection stays open. Either way, `close`
+//! is idempotent and later operations fail with [`CacheError::Closed`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use redstring::cache::redis::RedisCache;
+//! use redstring::{RateLimiter, TenantId, TimeSource};
+//!
+//! let cache = RedisCache::builder()
+//!     .response_timeout(Duration::from_millis(200))
+//!     .time_source(TimeSource::Store)
+//!     .build_from_url("redis://:secret@127.0.0.1:6379/0")?;
+//! let limiter = RateLimiter::builder(60).cache(Arc::new(cache)).build()?;
+//! limiter.acquire(TenantId::from_u128(7)).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod scripts;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ::redis::aio::ConnectionManagerConfig;
+use ::redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind};
+
+use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
+use crate::breaker::machine::{
+    self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, CircuitState, FailuresWrite, Write,
+    Writes,
+};
+use crate::error::{CacheError, ConfigError};
+use crate::limiter::SlotOutcome;
+use crate::time::Timestamp;
+use scripts::SCRIPTS;
+
+/// The redis crate's auto-reconnecting connection, which
+/// [`RedisCache::from_connection`] accepts.
+pub use ::redis::aio::ConnectionManager;
+
+/// The default bound on establishing a connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default bound on waiting for a reply.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+/// The default number of reconnection attempts per outage episode.
+pub const DEFAULT_RECONNECT_RETRIES: usize = 2;
+
+/// The largest instant or duration, in µs, a Lua number holds exactly (2^53).
+const MAX_EXACT_MICROS: u64 = 1 << 53;
+
+/// Configures a [`RedisCache`]: timeouts, reconnection and the time source.
+#[derive(Clone, Debug)]
+pub struct RedisCacheBuilder {
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    reconnect_retries: usize,
+    time_source: TimeSource,
+}
+
+impl Default for RedisCacheBuilder {
+    fn default() -> Self {
+        RedisCacheBuilder {
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            reconnect_retries: DEFAULT_RECONNECT_RETRIES,
+            time_source: TimeSource::Caller,
+        }
+    }
+}
+
+impl RedisCacheBuilder {
+    /// How long establishing a connection may take (default 1 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// How long waiting for one reply may take (default 500 ms).
+    pub fn response_timeout(mut self, d: Duration) -> Self {
+        self.response_timeout = d;
+        self
+    }
+
+    /// How many times the background reconnection retries before giving up
+    /// until the next operation (default 2). Only for connections this builder
+    /// makes.
+    pub fn reconnect_retries(mut self, n: usize) -> Self {
+        self.reconnect_retries = n;
+        self
+    }
+
+    /// Whose clock stamps hits and breaker transitions (default
+    /// [`TimeSource::Caller`]).
+    pub fn time_source(mut self, time_source: TimeSource) -> Self {
+        self.time_source = time_source;
+        self
+    }
+
+    /// The bound on any one operation: `connect_timeout + response_timeout`
+    /// (a first operation may have to connect before it can ask).
+    pub fn operation_timeout(&self) -> Duration {
+        self.connect_timeout.saturating_add(self.response_timeout)
+    }
+
+    /// A cache that owns a new connection to `url` (`redis://[user][:password@]host[:port][/db]`,
+    /// `rediss://` is not enabled, `unix:///path?pass=…`). Returns at once; the
+    /// connection is made by the first operation. Must be called from within a
+    /// Tokio runtime, and the cache used on one with its timer enabled (every
+    /// operation is bounded by `tokio::time::timeout`). The error never
+    /// contains the password.
+    pub fn build_from_url(self, url: &str) -> Result<RedisCache, ConfigError> {
+        let client = Client::open(url).map_err(|_| ConfigError::new("url", "a valid Redis URL", redact_raw(url)))?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::new(
+                "url",
+                "opened from within a Tokio runtime",
+                describe(client.get_connection_info()),
+            ));
+        }
+        let info = client.get_connection_info();
+        let target = describe(info);
+        let secret = info
+            .redis_settings()
+            .password()
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned);
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(self.reconnect_retries)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(self.connect_timeout);
+        let manager = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| {
+            ConfigError::new(
+                "url",
+                "a usable Redis configuration",
+                scrub(&e.to_string(), secret.as_deref()),
+            )
+        })?;
+        Ok(RedisCache::assemble(self, manager, true, target, secret))
+    }
+
+    /// A cache over the caller's connection, which it does not own: `close`
+    /// leaves it open. The connection's own timeouts still apply; this
+    /// builder's [`operation_timeout`](Self::operation_timeout) bounds every
+    /// operation on top of them.
+    pub fn build_with_connection(self, connection: ConnectionManager) -> RedisCache {
+        RedisCache::assemble(self, connection, false, "a caller's connection".to_owned(), None)
+    }
+}
+
+/// The [`Cache`] port on Redis. Cheap to clone; clones share one connection
+/// and one open/closed state.
+#[derive(Clone)]
+pub struct RedisCache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// `None` once closed.
+    connection: Mutex<Option<ConnectionManager>>,
+    owned: bool,
+    config: RedisCacheBuilder,
+    /// The server, with any password replaced by `***`.
+    target: String,
+    /// The password, to scrub from any text the redis crate produces.
+    secret: Option<String>,
+}
+
+impl std::fmt::Debug for RedisCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCache")
+            .field("target", &self.inner.target)
+            .field("owns_connection", &self.inner.owned)
+            .field("time_source", &self.inner.config.time_source)
+            .field("operation_timeout", &self.inner.config.operation_timeout())
+            .field("closed", &self.lock().is_none())
+            .finish()
+    }
+}
+
+impl RedisCache {
+    /// Starts configuring a cache.
+    pub fn builder() -> RedisCacheBuilder {
+        RedisCacheBuilder::default()
+    }
+
+    /// A cache with the default configuration that owns a new connection to
+    /// `url`; see [`RedisCacheBuilder::build_from_url`].
+    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
+        Self::builder().build_from_url(url)
+    }
+
+    /// A cache with the default configuration over the caller's connection;
+    /// see [`RedisCacheBuilder::build_with_connection`].
+    pub fn from_connection(connection: ConnectionManager) -> Self {
+        Self::builder().build_with_connection(connection)
+    }
+
+    fn assemble(
+        config: RedisCacheBuilder,
+        manager: ConnectionManager,
+        owned: bool,
+        target: String,
+        secret: Option<String>,
+    ) -> Self {
+        RedisCache {
+            inner: Arc::new(Inner {
+                connection: Mutex::new(Some(manager)),
+                owned,
+                config,
+                target,
+                secret,
+            }),
+        }
+    }
+
+    /// The server, as safe to print: a URL with any password replaced by `***`.
+    pub fn target(&self) -> &str {
+        &self.inner.target
+    }
+
+    /// Whose clock stamps hits and breaker transitions.
+    pub fn time_source(&self) -> TimeSource {
+        self.inner.config.time_source
+    }
+
+    /// Whether [`close`](Cache::close) releases the connection (it was made by
+    /// [`from_url`](Self::from_url)) or leaves it to the caller.
+    pub fn owns_connection(&self) -> bool {
+        self.inner.owned
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ConnectionManager>> {
+        // The guarded value is a handle, never left half-updated.
+        self.inner.connection.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn connection(&self) -> Result<ConnectionManager, CacheError> {
+        self.lock().clone().ok_or(CacheError::Closed)
+    }
+
+    /// The caller's `now` as a script argument, or `""` for the server's `TIME`.
+    fn now_arg(&self, operation: &'static str, now: Timestamp) -> Result<String, CacheError> {
+        match self.inner.config.time_source {
+            TimeSource::Caller => Ok(exact(operation, now.as_micros())?.to_string()),
+            TimeSource::Store => Ok(String::new()),
+        }
+    }
+
+    /// Runs one round trip on the connection, bounded by the operation
+    /// timeout, with its error mapped onto the port's vocabulary.
+    async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, CacheError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let connection = self.connection()?;
+        let limit = self.inner.config.operation_timeout();
+        let error = match tokio::time::timeout(limit, call(connection)).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(error)) => self.map_error(operation, &error),
+            Err(_) => CacheError::Unavailable {
+                operation,
+                reason: format!("{} did not answer within {limit:?}", self.inner.target),
+            },
+        };
+        tracing::debug!(server = %self.inner.target, operation, %error, "redis operation failed");
+        Err(error)
+    }
+
+    fn map_error(&self, operation: &'static str, error: &RedisError) -> CacheError {
+        let text = scrub(&error.to_string(), self.inner.secret.as_deref());
+        if is_unavailable(error) {
+            CacheError::Unavailable {
+                operation,
+                reason: format!("{}: {text}", self.inner.target),
+            }
+        } else {
+            CacheError::Protocol {
+                operation,
+                detail: text,
+            }
+        }
+    }
+}
+
+/// Whether an error means "the server could not answer" (transient), as
+/// opposed to a bug or a foreign writer.
+fn is_unavailable(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_refusal()
+        || error.is_connection_dropped()
+        || matches!(
+            error.kind(),
+            ErrorKind::Io
+                | ErrorKind::AuthenticationFailed
+                | ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                )
+        )
+}
+
+/// A µs value as a script argument, refusing what a Lua number would round.
+fn exact(operation: &'static str, micros: u64) -> Result<u64, CacheError> {
+    if micros > MAX_EXACT_MICROS {
+        return Err(CacheError::Protocol {
+            operation,
+            detail: format!("{micros} µs is beyond the 2^53 µs a Redis script holds exactly"),
+        });
+    }
+    Ok(micros)
+}
+
+/// A duration in whole µs, capped where a Lua number stays exact.
+fn duration_us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).min(MAX_EXACT_MICROS)
+}
+
+/// A TTL in whole milliseconds, rounded up so it never expires early.
+fn ttl_ms(d: Duration) -> u64 {
+    duration_us(d).div_ceil(1000)
+}
+
+/// The sorted set holding `key`'s hit window (see the module docs).
+pub fn window_key(key: &str) -> String {
+    if has_hash_tag(key) || key.contains('}') {
+        format!("{key}:hits")
+    } else {
+        format!("{{{key}}}:hits")
+    }
+}
+
+/// Whether Redis Cluster hashes `key` by a tag: a `{` followed later by a `}`
+/// with at least one byte between them.
+fn has_hash_tag(key: &str) -> bool {
+    key.find('{')
+        .and_then(|open| key[open + 1..].find('}'))
+        .is_some_and(|len| len > 0)
+}
+
+/// A printable form of the server: scheme, user, host and db, password `***`.
+fn describe(info: &ConnectionInfo) -> String {
+    let settings = info.redis_settings();
+    let user = settings.username().unwrap_or("");
+    let password = if settings.password().is_some() { ":***" } else { "" };
+    let auth = if user.is_empty() && password.is_empty() {
+        String::new()
+    } else {
+        format!("{user}{password}@")
+    };
+    match info.addr() {
+        ConnectionAddr::Tcp(host, port) => format!("redis://{auth}{host}:{port}/{}", settings.db()),
+        ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{auth}{host}:{port}/{}", settings.db()),
+        ConnectionAddr::Unix(path) => {
+            let pass = if settings.password().is_some() { "&pass=***" } else { "" };
+            format!("unix://{}?db={}{pass}", path.display(), settings.db())
+        }
+        other => format!("{other}"),
+    }
+}
+
+/// A URL that did not parse, with anything that may be a password hidden:
+/// the userinfo before `@`, and any query string.
+fn redact_raw(url: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((head, _)) => (head, "?***"),
+        None => (url, ""),
+    };
+    let shown = match (head.find("://"), head.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***@{}", &head[..scheme_end], &head[at + 1..])
+        }
+        (_, Some(at)) => format!("***@{}", &head[at + 1..]),
+        (_, None) => head.to_owned(),
+    };
+    format!("{shown}{query}")
+}
+
+/// `text` with every occurrence of `secret` replaced by `***`.
+fn scrub(text: &str, secret: Option<&str>) -> String {
+    match secret {
+        Some(secret) if !secret.is_empty() => text.replace(secret, "***"),
+        _ => text.to_owned(),
+    }
+}
+
+impl Cache for RedisCache {
+    async fn close(&self) -> Result<(), CacheError> {
+        // Dropping the last handle of an owned connection closes it; a caller's
+        // connection lives on in the caller's handles.
+        let released = self.lock().take();
+        drop(released);
+        Ok(())
+    }
+}
+
+impl KeyValue for RedisCache {
+    async fn get(&self, key: &str) -> Result<Option<String>, CacheError> {
+        self.run("get", |mut c| async move {
+            ::redis::cmd("GET").arg(key).query_async(&mut c).await
+        })
+        .await
+    }
+
+    async fn set(&self, key: &str, value: &str, ttl: Option<Duration>) -> Result<(), CacheError> {
+        let cmd = match ttl.map(ttl_ms) {
+            None => {
+                let mut cmd = ::redis::cmd("SET");
+                cmd.arg(key).arg(value);
+                cmd
+            }
+            // A zero TTL stores a value that is dead on arrival: the key ends up empty.
+            Some(0) => {
+                let mut cmd = ::redis::cmd("DEL");
+                cmd.arg(key);
+                cmd
+            }
+            Some(ms) => {
+                let mut cmd = ::redis::cmd("SET");
+                cmd.arg(key).arg(value).arg("PX").arg(ms);
+                cmd
+            }
+        };
+        self.run("set", |mut c| async move { cmd.query_async::<()>(&mut c).await })
+            .await
+    }
+
+    async fn increment(&self, key: &str, ttl: Option<Duration>) -> Result<i64, CacheError> {
+        let ttl = ttl.map(|d| ttl_ms(d).to_string()).unwrap_or_default();
+        let reply: Vec<String> = self
+            .run("increment", |mut c| async move {
+                SCRIPTS.increment.key(key).arg(&ttl).invoke_async(&mut c).await
+            })
+            .await?;
+        match reply.as_slice() {
+            [status, value] if status == "ok" => value.parse().map_err(|_| CacheError::Protocol {
+                operation: "increment",
+                detail: format!("{key} incremented to a non-integer {value:?}"),
+            }),
+            [status] if status == "not_integer" => Err(CacheError::NotAnInteger { key: key.to_owned() }),
+            [status] if status == "overflow" => Err(CacheError::Protocol {
+                operation: "increment",
+                detail: format!("{key} would overflow"),
+            }),
+            _ => Err(unexpected("increment", &reply)),
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), CacheError> {
+        let window = window_key(key);
+        self.run("delete", |mut c| async move {
+            ::redis::cmd("DEL")
+                .arg(key)
+                .arg(&window)
+                .query_async::<()>(&mut c)
+                .await
+        })
+        .await
+    }
+}
+
+fn unexpected(operation: &'static str, reply: &impl std::fmt::Debug) -> CacheError {
+    CacheError::Protocol {
+        operation,
+        detail: format!("unexpected script reply {reply:?}"),
+    }
+}
+
+impl HitWindow for RedisCache {
+    async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
+        let window = window_key(key);
+        let at = exact("record_hit", at.as_micros())?;
+        self.run("record_hit", |mut c| async move {
+            SCRIPTS
+                .record_hit
+                .key(&window)
+                .arg(at)
+                .arg(duration_us(ttl))
+                .arg(ttl_ms(ttl))
+                .invoke_async::<()>(&mut c)
+                .await
+        })
+        .await
+    }
+
+    async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
+        let window = window_key(key);
+        let since = exact("count_since", since.as_micros())?;
+        self.run("count_since", |mut c| async move {
+            SCRIPTS.count_since.key(&window).arg(since).invoke_async(&mut c).await
+        })
+        .await
+    }
+
+    async fn oldest_since(&self, key: &str, since: Timestamp) -> Result<Option<Timestamp>, CacheError> {
+        let window = window_key(key);
+        let since = exact("oldest_since", since.as_micros())?;
+        let reply: Option<String> = self
+            .run("oldest_since", |mut c| async move {
+                SCRIPTS.oldest_since.key(&window).arg(since).invoke_async(&mut c).await
+            })
+            .await?;
+        reply.map(|s| micros("oldest_since", &s)).transpose()
+    }
+}
+
+fn micros(operation: &'static str, text: &str) -> Result<Timestamp, CacheError> {
+    text.parse()
+        .map(Timestamp::from_micros)
+        .map_err(|_| CacheError::Protocol {
+            operation,
+            detail: format!("expected integer microseconds, got {text:?}"),
+        })
+}
+
+impl LimiterStore for RedisCache {
+    async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
+        let window = window_key(key);
+        let now = self.now_arg("acquire_slot", request.now)?;
+        let reply: Vec<i64> = self
+            .run("acquire_slot", |mut c| async move {
+                SCRIPTS
+                    .acquire_slot
+                    .key(&window)
+                    .arg(&now)
+                    .arg(duration_us(request.window))
+                    .arg(request.limit)
+                    .arg(duration_us(request.ttl))
+                    .arg(ttl_ms(request.ttl))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let stamp = |n: i64| u64::try_from(n).map(Timestamp::from_micros).ok();
+        let outcome = match *reply.as_slice() {
+            [1, remaining, at] => u32::try_from(remaining)
+                .ok()
+                .zip(stamp(at))
+                .map(|(remaining, at)| SlotOutcome::Admitted { remaining, at }),
+            [0, used, retry, at] => u64::try_from(used)
+                .ok()
+                .zip(u64::try_from(retry).ok())
+                .zip(stamp(at))
+                .map(|((used, retry), at)| SlotOutcome::Refused {
+                    used,
+                    retry_after: Duration::from_micros(retry),
+                    at,
+                }),
+            _ => None,
+        };
+        outcome.ok_or_else(|| unexpected("acquire_slot", &reply))
+    }
+}
+
+/// The script's spelling of a command.
+fn command_arg(command: BreakerCommand) -> &'static str {
+    match command {
+        BreakerCommand::Allow => "allow",
+        BreakerCommand::RecordSuccess => "success",
+        BreakerCommand::RecordFailure => "failure",
+        BreakerCommand::Reset => "reset",
+    }
+}
+
+/// The script's spelling of the writes, to compare with `machine::step`'s.
+fn writes_as_script(w: &Writes) -> [String; 4] {
+    let plain = |w: Write<String>| match w {
+        Write::Keep => "keep".to_owned(),
+        Write::Delete => "delete".to_owned(),
+        Write::Set(s) => s,
+    };
+    let state = match w.state {
+        Write::Keep => Write::Keep,
+        Write::Delete => Write::Delete,
+        Write::Set(s) => Write::Set(s.as_str().to_owned()),
+    };
+    let opened = match w.opened_at {
+        Write::Keep => Write::Keep,
+        Write::Delete => Write::Delete,
+        Write::Set(t) => Write::Set(t.as_micros().to_string()),
+    };
+    let probes = match w.half_open_calls {
+        Write::Keep => Write::Keep,
+        Write::Delete => Write::Delete,
+        Write::Set(n) => Write::Set(n.to_string()),
+    };
+    let failures = match w.failures {
+        FailuresWrite::Keep => "keep".to_owned(),
+        FailuresWrite::Create => "create".to_owned(),
+        FailuresWrite::Bump(n) => n.to_string(),
+        FailuresWrite::Delete => "delete".to_owned(),
+    };
+    [plain(state), failures, plain(opened), plain(probes)]
+}
+
+impl BreakerStore for RedisCache {
+    async fn breaker_step(
+        &self,
+        keys: &BreakerKeys,
+        command: BreakerCommand,
+        params: BreakerParams,
+        now: Timestamp,
+    ) -> Result<BreakerStep, CacheError> {
+        const OP: &str = "breaker_step";
+        let now = self.now_arg(OP, now)?;
+        let reply: Vec<Option<String>> = self
+            .run(OP, |mut c| async move {
+                SCRIPTS
+                    .breaker_step
+                    .key(&keys.state)
+                    .key(&keys.failures)
+                    .key(&keys.opened_at)
+                    .key(&keys.half_open_calls)
+                    .arg(command_arg(command))
+                    .arg(&now)
+                    .arg(params.failure_threshold)
+                    .arg(duration_us(params.recovery_timeout))
+                    .arg(ttl_ms(params.recovery_timeout))
+                    .arg(params.half_open_max_calls)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let [
+            Some(before),
+            Some(after),
+            Some(allowed),
+            Some(at),
+            Some(w_state),
+            Some(w_failures),
+            Some(w_opened),
+            Some(w_probes),
+            raw_state,
+            raw_failures,
+            raw_opened,
+            raw_probes,
+        ] = <[Option<String>; 12]>::try_from(reply.clone()).map_err(|_| unexpected(OP, &reply))?
+        else {
+            return Err(unexpected(OP, &reply));
+        };
+        let at = micros(OP, &at)?;
+        let snapshot = BreakerSnapshot::decode(
+            raw_state.as_deref(),
+            raw_failures.as_deref(),
+            raw_opened.as_deref(),
+            raw_probes.as_deref(),
+        );
+        // The script is machine::step in Lua; machine::step stays the
+        // definition. Re-run it on what the script read and insist they agree.
+        let step = machine::step(&snapshot, command, &params, at);
+        let script_says = (
+            CircuitState::parse(&before),
+            CircuitState::parse(&after),
+            allowed == "1",
+            [w_state, w_failures, w_opened, w_probes],
+        );
+        let machine_says = (
+            Some(step.before),
+            Some(step.after),
+            step.allowed,
+            writes_as_script(&step.writes),
+        );
+        if script_says != machine_says {
+            return Err(CacheError::Protocol {
+                operation: OP,
+                detail: format!(
+                    "breaker script decided {script_says:?} but machine::step decides {machine_says:?} for {snapshot:?}"
+                ),
+            });
+        }
+        Ok(step)
+    }
+
+    async fn breaker_read(
+        &self,
+        keys: &BreakerKeys,
+        now: Timestamp,
+    ) -> Result<(BreakerSnapshot, Timestamp), CacheError> {
+        const OP: &str = "breaker_read";
+        let now = self.now_arg(OP, now)?;
+        let reply: Vec<Option<String>> = self
+            .run(OP, |mut c| async move {
+                SCRIPTS
+                    .breaker_read
+                    .key(&keys.state)
+                    .key(&keys.failures)
+                    .key(&keys.opened_at)
+                    .key(&keys.half_open_calls)
+                    .arg(&now)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        match reply.as_slice() {
+            [Some(at), state, failures, opened_at, probes] => Ok((
+                BreakerSnapshot::decode(
+                    state.as_deref(),
+                    failures.as_deref(),
+                    opened_at.as_deref(),
+                    probes.as_deref(),
+                ),
+                micros(OP, at)?,
+            )),
+            _ => Err(unexpected(OP, &reply)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_share_their_keys_slot() {
+        assert_eq!(window_key("w"), "{w}:hits");
+        assert_eq!(
+            window_key("kg:ratelimit:00000000-0000-0000-0000-000000000001"),
+            "{kg:ratelimit:00000000-0000-0000-0000-000000000001}:hits"
+        );
+        assert_eq!(window_key("{kg:circuit}:state"), "{kg:circuit}:state:hits");
+        assert_eq!(window_key("a{b"), "{a{b}:hits");
+        assert_eq!(window_key("a}b"), "a}b:hits");
+        assert_eq!(window_key("{}x"), "{}x:hits");
+    }
+
+    #[test]
+    fn hash_tags_need_content() {
+        assert!(has_hash_tag("{a}b"));
+        assert!(has_hash_tag("x{a}"));
+        assert!(!has_hash_tag("{}a"));
+        assert!(!has_hash_tag("a{b"));
+        assert!(!has_hash_tag("plain"));
+    }
+
+    #[test]
+    fn unparseable_urls_hide_their_userinfo_and_query() {
+        assert_eq!(redact_raw("bogus://user:hunter2@host:1"), "bogus://***@host:1");
+        assert_eq!(redact_raw("unix:///tmp/s?pass=hunter2"), "unix:///tmp/s?***");
+        assert_eq!(redact_raw("nonsense"), "nonsense");
+        assert_eq!(redact_raw("user:hunter2@host"), "***@host");
+        assert_eq!(redact_raw("x://a@b?pass=hunter2"), "x://***@b?***");
+    }
+
+    #[test]
+    fn scrub_replaces_the_secret() {
+        assert_eq!(scrub("auth hunter2 failed", Some("hunter2")), "auth *** failed");
+        assert_eq!(scrub("nothing", None), "nothing");
+        assert_eq!(scrub("nothing", Some("")), "nothing");
+    }
+
+    #[test]
+    fn ttls_round_up_to_milliseconds() {
+        assert_eq!(ttl_ms(Duration::from_micros(1)), 1);
+        assert_eq!(ttl_ms(Duration::from_millis(400)), 400);
+        assert_eq!(ttl_ms(Duration::ZERO), 0);
+        assert_eq!(duration_us(Duration::MAX), MAX_EXACT_MICROS);
+    }
+
+    #[test]
+    fn every_write_has_a_script_spelling() {
+        let w = Writes {
+            state: Write::Set(CircuitState::HalfOpen),
+            failures: FailuresWrite::Bump(3),
+            opened_at: Write::Set(Timestamp::from_micros(12)),
+            half_open_calls: Write::Delete,
+        };
+        assert_eq!(writes_as_script(&w), ["half_open", "3", "12", "delete"]);
+        assert_eq!(writes_as_script(&Writes::NONE), ["keep", "keep", "keep", "keep"]);
+    }
+}

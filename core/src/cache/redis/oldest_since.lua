@@ -1,0 +1,8 @@
+-- HitWindow::oldest_since: the earliest hit at or after ARGV[1] (µs), as a
+-- decimal string, or nil.
+-- KEYS[1]: the window's sorted set.
+local first = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+if first[2] then
+  return int(tonumber(first[2]))
+end
+return false

@@ -1,0 +1,129 @@
+//! Fleet exactness on one real Redis: many connections racing one tenant, and
+//! several breakers racing for half-open probes.
+
+#![cfg(feature = "redis")]
+
+mod redis_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis_support::RedisServer;
+use redstring::cache::redis::RedisCache;
+use redstring::{
+    AcquireError, CircuitBreaker, CircuitState, Clock, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_tasks_over_five_connections_admit_exactly_rpm() {
+    let Some(server) = RedisServer::start() else { return };
+    let limiters: Vec<_> = (0..5)
+        .map(|_| {
+            Arc::new(
+                RateLimiter::builder(10)
+                    .cache(Arc::new(server.cache()))
+                    .observer(Arc::new(NoopObserver))
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let tenant = TenantId::from_u128(42);
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let limiter = limiters[i % limiters.len()].clone();
+            tokio::spawn(async move { limiter.acquire(tenant).await })
+        })
+        .collect();
+    let (mut admitted, mut limited) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(_) => admitted += 1,
+            Err(AcquireError::Limited(_)) => limited += 1,
+            Err(other) => panic!("unexpected error: {other:?}"),
+        }
+    }
+    assert_eq!((admitted, limited), (10, 40));
+    assert_eq!(limiters[0].remaining(tenant).await.unwrap(), 0);
+    // Another tenant is untouched.
+    assert_eq!(limiters[3].remaining(TenantId::from_u128(43)).await.unwrap(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fleet_of_breakers_admits_exactly_the_probe_limit_per_episode() {
+    let Some(server) = RedisServer::start() else { return };
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let breakers: Vec<_> = (0..4)
+        .map(|_| {
+            Arc::new(
+                CircuitBreaker::builder()
+                    .failure_threshold(2)
+                    .recovery_timeout(Duration::from_secs(30))
+                    .half_open_max_calls(3)
+                    .cache(Arc::new(server.cache()))
+                    .clock(clock.clone())
+                    .observer(Arc::new(NoopObserver))
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    // Two workers each see one failure: together they open the shared circuit.
+    breakers[0].record_failure().await.unwrap();
+    breakers[1].record_failure().await.unwrap();
+    for b in &breakers {
+        assert_eq!(b.state().await.unwrap(), CircuitState::Open);
+        assert!(!b.allow_request().await);
+    }
+    for episode in 0..2 {
+        clock.advance(Duration::from_secs(30));
+        let tasks: Vec<_> = (0..40)
+            .map(|i| {
+                let b = breakers[i % breakers.len()].clone();
+                tokio::spawn(async move { b.allow_request().await })
+            })
+            .collect();
+        let mut probes = 0;
+        for task in tasks {
+            if task.await.unwrap() {
+                probes += 1;
+            }
+        }
+        assert_eq!(probes, 3, "episode {episode}");
+        // A failed probe reopens the circuit for everyone.
+        breakers[3].record_failure().await.unwrap();
+        assert_eq!(breakers[0].state().await.unwrap(), CircuitState::Open);
+    }
+    clock.advance(Duration::from_secs(30));
+    assert!(breakers[2].allow_request().await);
+    breakers[2].record_success().await.unwrap();
+    for b in &breakers {
+        assert_eq!(b.state().await.unwrap(), CircuitState::Closed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_increments_from_many_connections_all_count() {
+    use redstring::cache::KeyValue;
+    let Some(server) = RedisServer::start() else { return };
+    let caches: Vec<Arc<RedisCache>> = (0..4).map(|_| Arc::new(server.cache())).collect();
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let c = caches[i % caches.len()].clone();
+            tokio::spawn(async move { c.increment("n", Some(Duration::from_secs(60))).await.unwrap() })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for task in tasks {
+        seen.push(task.await.unwrap());
+    }
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (1..=100).collect::<Vec<i64>>(),
+        "every increment returns a distinct count"
+    );
+    let pttl = server.command(&["PTTL", "n"]).unwrap();
+    let ms: i64 = pttl.trim_start_matches(':').trim().parse().unwrap();
+    assert!(ms > 0 && ms <= 60_000, "the counter got its TTL at creation: {pttl}");
+}

@@ -1,0 +1,190 @@
+//! Differential property test: random operation sequences driven into
+//! `MemoryCache` (on a manual clock) and `RedisCache` (on a real server) must
+//! get identical answers, operation by operation.
+//!
+//! Both caches stamp with the caller's instants, which the test chooses, so
+//! windows, pruning and breaker timeouts are compared exactly. TTLs are long
+//! enough that nothing expires on the real server during a case; expiry itself
+//! is pinned by the compliance suite.
+
+#![cfg(feature = "redis")]
+
+mod redis_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use redis_support::RedisServer;
+use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams};
+use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
+use redstring::{CacheError, ManualClock, MemoryCache, Timestamp};
+
+const T0: Timestamp = Timestamp::from_secs(1_700_000_000);
+/// Keys for values and windows; the last is also the breaker's state key.
+const KEYS: &[&str] = &["a", "b", "{t}:x", "{br}:state"];
+/// Increment stays off the breaker's keys: MemoryCache keeps a counter as an
+/// integer, which its breaker decoding reads differently from a string.
+const COUNTER_KEYS: &[&str] = &["a", "b", "{t}:x"];
+const VALUES: &[&str] = &[
+    "1",
+    "41",
+    "x",
+    "",
+    "-3",
+    "+7",
+    "007",
+    "-0",
+    "9223372036854775807",
+    "99999999999999999999",
+    "open",
+    "half_open",
+    "closed",
+    "1700000050.5",
+    "1700000000.",
+];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Set(usize, usize, bool),
+    Get(usize),
+    Increment(usize, bool),
+    Delete(usize),
+    RecordHit(usize, u64, Duration),
+    CountSince(usize, u64),
+    OldestSince(usize, u64),
+    Acquire(usize, u64, Duration, u32),
+    SetBreakerKey(usize, usize),
+    GetBreakerKey(usize),
+    Breaker(BreakerCommand, u64, BreakerParams),
+    BreakerRead(u64),
+}
+
+/// Instants cluster on a few whole seconds, with same-instant collisions.
+fn instant() -> impl Strategy<Value = u64> {
+    ((0u64..13), (0u64..2)).prop_map(|(s, us)| s * 10_000_000 + us)
+}
+
+fn long_ttl() -> impl Strategy<Value = Duration> {
+    prop_oneof![Just(Duration::from_secs(60)), Just(Duration::from_secs(120))]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // Mostly one key, so that sequences pile up on it.
+    let key = prop_oneof![5 => Just(0usize), 2 => Just(1), 1 => Just(2), 1 => Just(3)];
+    let value = 0..VALUES.len();
+    let command = prop_oneof![
+        3 => Just(BreakerCommand::Allow),
+        1 => Just(BreakerCommand::RecordSuccess),
+        3 => Just(BreakerCommand::RecordFailure),
+        1 => Just(BreakerCommand::Reset),
+    ];
+    let params = (1u32..4, prop_oneof![Just(30u64), Just(60), Just(90)], 1u32..4).prop_map(|(t, r, p)| BreakerParams {
+        failure_threshold: t,
+        recovery_timeout: Duration::from_secs(r),
+        half_open_max_calls: p,
+    });
+    prop_oneof![
+        1 => (key.clone(), value.clone(), any::<bool>()).prop_map(|(k, v, t)| Op::Set(k, v, t)),
+        1 => key.clone().prop_map(Op::Get),
+        1 => (0..COUNTER_KEYS.len(), any::<bool>()).prop_map(|(k, t)| Op::Increment(k, t)),
+        1 => key.clone().prop_map(Op::Delete),
+        3 => (key.clone(), instant(), long_ttl()).prop_map(|(k, at, ttl)| Op::RecordHit(k, at, ttl)),
+        2 => (key.clone(), instant()).prop_map(|(k, s)| Op::CountSince(k, s)),
+        2 => (key.clone(), instant()).prop_map(|(k, s)| Op::OldestSince(k, s)),
+        3 => (key, instant(), prop_oneof![Just(30u64), Just(60)], 0u32..4)
+            .prop_map(|(k, now, w, limit)| Op::Acquire(k, now, Duration::from_secs(w), limit)),
+        1 => (0usize..4, value).prop_map(|(k, v)| Op::SetBreakerKey(k, v)),
+        1 => (0usize..4).prop_map(Op::GetBreakerKey),
+        4 => (command, instant(), params).prop_map(|(c, now, p)| Op::Breaker(c, now, p)),
+        1 => instant().prop_map(Op::BreakerRead),
+    ]
+}
+
+/// What an operation answered, comparably: the value, or the error's kind
+/// (details such as messages legitimately differ between adapters).
+fn outcome<T: std::fmt::Debug>(result: Result<T, CacheError>) -> String {
+    match result {
+        Ok(value) => format!("ok {value:?}"),
+        Err(CacheError::NotAnInteger { key }) => format!("not an integer: {key}"),
+        Err(CacheError::Protocol { operation, .. }) => format!("protocol error in {operation}"),
+        Err(other) => format!("error {other:?}"),
+    }
+}
+
+fn at(offset: u64) -> Timestamp {
+    Timestamp::from_micros(T0.as_micros() + offset)
+}
+
+fn breaker_key(keys: &BreakerKeys, i: usize) -> &str {
+    [&keys.state, &keys.failures, &keys.opened_at, &keys.half_open_calls][i]
+}
+
+async fn apply<C>(c: &C, op: &Op) -> String
+where
+    C: KeyValue + HitWindow + LimiterStore + BreakerStore,
+{
+    let keys = BreakerKeys::new("br");
+    let ttl = |on: bool| on.then_some(Duration::from_secs(300));
+    match *op {
+        Op::Set(k, v, t) => outcome(c.set(KEYS[k], VALUES[v], ttl(t)).await),
+        Op::Get(k) => outcome(c.get(KEYS[k]).await),
+        Op::Increment(k, t) => outcome(c.increment(COUNTER_KEYS[k], ttl(t)).await),
+        Op::Delete(k) => outcome(c.delete(KEYS[k]).await),
+        Op::RecordHit(k, t, ttl) => outcome(c.record_hit(KEYS[k], at(t), ttl).await),
+        Op::CountSince(k, s) => outcome(c.count_since(KEYS[k], at(s)).await),
+        Op::OldestSince(k, s) => outcome(c.oldest_since(KEYS[k], at(s)).await),
+        Op::Acquire(k, now, window, limit) => outcome(
+            c.acquire_slot(
+                KEYS[k],
+                SlotRequest {
+                    now: at(now),
+                    window,
+                    limit,
+                    ttl: window * 2,
+                },
+            )
+            .await,
+        ),
+        Op::SetBreakerKey(k, v) => outcome(c.set(breaker_key(&keys, k), VALUES[v], None).await),
+        Op::GetBreakerKey(k) => outcome(c.get(breaker_key(&keys, k)).await),
+        Op::Breaker(command, now, params) => outcome(c.breaker_step(&keys, command, params, at(now)).await),
+        Op::BreakerRead(now) => outcome(c.breaker_read(&keys, at(now)).await),
+    }
+}
+
+#[test]
+fn memory_and_redis_give_identical_answers() {
+    let Some(server) = RedisServer::start() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = rt.block_on(async { server.cache() });
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&prop::collection::vec(op(), 10..60), |ops| {
+        rt.block_on(async {
+            server.flush();
+            let memory = MemoryCache::new(Arc::new(ManualClock::new(T0)));
+            for (i, op) in ops.iter().enumerate() {
+                let expected = apply(&memory, op).await;
+                let actual = apply(&redis, op).await;
+                if expected != actual {
+                    return Err(TestCaseError::fail(format!(
+                        "step {i} {op:?}: memory {expected}, redis {actual}"
+                    )));
+                }
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

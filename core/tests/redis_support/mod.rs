@@ -1,0 +1,195 @@
+//! A private `redis-server` per test: started on a unix socket in a temp dir,
+//! polled until it answers `PING`, killed on drop, restartable on the same
+//! socket. When `redis-server` is not on PATH the tests say so loudly and skip,
+//! unless `REDSTRING_REQUIRE_REDIS=1` (as `.ci/run` sets), when they fail.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use redstring::cache::redis::RedisCache;
+
+/// A running (or stopped, between `kill` and `restart`) redis-server.
+pub struct RedisServer {
+    dir: tempfile::TempDir,
+    password: Option<String>,
+    child: Option<Child>,
+}
+
+fn redis_available() -> bool {
+    Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl RedisServer {
+    /// A fresh server, or `None` (after a loud message) when there is no
+    /// `redis-server` and it is not required.
+    pub fn start() -> Option<Self> {
+        Self::start_with(None)
+    }
+
+    /// A fresh server requiring `password`.
+    pub fn start_with_password(password: &str) -> Option<Self> {
+        Self::start_with(Some(password.to_owned()))
+    }
+
+    fn start_with(password: Option<String>) -> Option<Self> {
+        if !redis_available() {
+            if std::env::var("REDSTRING_REQUIRE_REDIS").as_deref() == Ok("1") {
+                panic!("REDSTRING_REQUIRE_REDIS=1 but redis-server is not on PATH");
+            }
+            eprintln!();
+            eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+            eprintln!("!!! SKIPPING: redis-server is not on PATH; the Redis adapter is UNTESTED.");
+            eprintln!("!!! Install it (apt-get install redis-server) or set REDSTRING_REQUIRE_REDIS=1.");
+            eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut server = RedisServer {
+            dir,
+            password,
+            child: None,
+        };
+        server.restart();
+        Some(server)
+    }
+
+    /// The socket the server listens on.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    /// A URL for the server, with its password if it has one.
+    pub fn url(&self) -> String {
+        match &self.password {
+            Some(p) => format!("unix://{}?pass={p}", self.socket().display()),
+            None => format!("unix://{}", self.socket().display()),
+        }
+    }
+
+    /// A new cache owning its own connection, with short timeouts.
+    pub fn cache(&self) -> RedisCache {
+        RedisCache::builder()
+            .connect_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500))
+            .build_from_url(&self.url())
+            .expect("valid url")
+    }
+
+    /// Stops the server (SIGKILL), leaving nothing listening on the socket.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(self.socket());
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open but nothing answers,
+    /// like a host that stopped responding.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// Starts the server again on the same socket (empty: nothing is persisted)
+    /// and waits until it answers `PING`.
+    pub fn restart(&mut self) {
+        self.kill();
+        let mut cmd = Command::new("redis-server");
+        cmd.arg("--port")
+            .arg("0")
+            .arg("--unixsocket")
+            .arg(self.socket())
+            .arg("--unixsocketperm")
+            .arg("700")
+            .arg("--save")
+            .arg("")
+            .arg("--appendonly")
+            .arg("no")
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(p) = &self.password {
+            cmd.arg("--requirepass").arg(p);
+        }
+        self.child = Some(cmd.spawn().expect("spawn redis-server"));
+        for _ in 0..500 {
+            if self.command(&["PING"]).is_some_and(|r| r.starts_with("+PONG")) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server did not answer PING");
+    }
+
+    /// Sends one command over a fresh socket (authenticating first if needed)
+    /// and returns the raw reply; `None` if the server is not reachable.
+    pub fn command(&self, args: &[&str]) -> Option<String> {
+        let mut stream = UnixStream::connect(self.socket()).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let mut send = |args: &[&str]| -> Option<String> {
+            let mut req = format!("*{}\r\n", args.len());
+            for a in args {
+                req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+            }
+            stream.write_all(req.as_bytes()).ok()?;
+            let mut buf = vec![0u8; 1 << 16];
+            let n = stream.read(&mut buf).ok()?;
+            Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+        };
+        if let Some(p) = &self.password {
+            send(&["AUTH", p])?;
+        }
+        send(args)
+    }
+
+    /// Empties the server.
+    pub fn flush(&self) {
+        let reply = self.command(&["FLUSHALL"]).expect("server reachable");
+        assert!(reply.starts_with("+OK"), "FLUSHALL: {reply}");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            // A paused server would not die of SIGKILL any less, but resume it
+            // so nothing is left stopped should kill fail.
+            let pid = self.child.as_ref().map(|c| c.id().to_string()).unwrap_or_default();
+            let _ = Command::new("kill").arg("-CONT").arg(pid).status();
+        }
+        self.kill();
+    }
+}
+
+/// Waits `d` of real time without blocking the runtime's worker.
+pub async fn wait(d: Duration) {
+    tokio::task::spawn_blocking(move || std::thread::sleep(d))
+        .await
+        .expect("sleeping task");
+}

@@ -1,0 +1,107 @@
+//! `TimeSource::Store`: workers with skewed clocks agree on the server's clock,
+//! where caller-stamped time lets a skewed fleet over-admit.
+
+#![cfg(feature = "redis")]
+
+mod redis_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis_support::RedisServer;
+use redstring::cache::redis::RedisCache;
+use redstring::{CircuitBreaker, Clock, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId, TimeSource};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn cache(server: &RedisServer, time_source: TimeSource) -> Arc<RedisCache> {
+    Arc::new(
+        RedisCache::builder()
+            .time_source(time_source)
+            .build_from_url(&server.url())
+            .unwrap(),
+    )
+}
+
+/// Two workers, one an hour behind and one an hour ahead, share one tenant
+/// with rpm = 3; each tries 5 calls. Returns the total admitted.
+async fn skewed_fleet_admissions(server: &RedisServer, time_source: TimeSource) -> usize {
+    server.flush();
+    let real = SystemClock.now();
+    let behind = Arc::new(ManualClock::new(real.saturating_sub(HOUR)));
+    let ahead = Arc::new(ManualClock::new(real.saturating_add(HOUR)));
+    let mut admitted = 0;
+    for clock in [behind, ahead] {
+        let limiter = RateLimiter::builder(3)
+            .cache(cache(server, time_source))
+            .clock(clock)
+            .observer(Arc::new(NoopObserver))
+            .build()
+            .unwrap();
+        for _ in 0..5 {
+            if limiter.acquire(TenantId::from_u128(1)).await.is_ok() {
+                admitted += 1;
+            }
+        }
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn store_time_keeps_a_skewed_fleet_to_one_allowance() {
+    let Some(server) = RedisServer::start() else { return };
+    assert_eq!(
+        skewed_fleet_admissions(&server, TimeSource::Caller).await,
+        6,
+        "caller-stamped: the worker ahead never sees the hits stamped an hour ago"
+    );
+    assert_eq!(skewed_fleet_admissions(&server, TimeSource::Store).await, 3);
+}
+
+#[tokio::test]
+async fn store_time_stamps_with_the_servers_clock() {
+    use redstring::cache::{LimiterStore, SlotRequest};
+    use redstring::limiter::SlotOutcome;
+    let Some(server) = RedisServer::start() else { return };
+    let c = cache(&server, TimeSource::Store);
+    let caller_now = SystemClock.now().saturating_sub(HOUR);
+    let request = SlotRequest {
+        now: caller_now,
+        window: Duration::from_secs(60),
+        limit: 5,
+        ttl: Duration::from_secs(120),
+    };
+    let SlotOutcome::Admitted { at, .. } = c.acquire_slot("k", request).await.unwrap() else {
+        panic!("first acquire refused");
+    };
+    let reply = server.command(&["TIME"]).unwrap();
+    let secs: u64 = reply.lines().nth(2).unwrap().parse().unwrap();
+    assert!(
+        at > caller_now.saturating_add(HOUR / 2),
+        "stamped {at}, caller said {caller_now}"
+    );
+    assert!(at.as_micros() / 1_000_000 <= secs, "stamped {at}, server TIME {secs}");
+}
+
+#[tokio::test]
+async fn store_time_keeps_a_fast_worker_from_probing_early() {
+    let Some(server) = RedisServer::start() else { return };
+    for (time_source, fast_worker_probes) in [(TimeSource::Caller, true), (TimeSource::Store, false)] {
+        server.flush();
+        let breaker = |clock: Arc<ManualClock>| {
+            CircuitBreaker::builder()
+                .failure_threshold(1)
+                .recovery_timeout(Duration::from_secs(60))
+                .cache(cache(&server, time_source))
+                .clock(clock)
+                .observer(Arc::new(NoopObserver))
+                .build()
+                .unwrap()
+        };
+        let real = SystemClock.now();
+        let on_time = breaker(Arc::new(ManualClock::new(real)));
+        let fast = breaker(Arc::new(ManualClock::new(real.saturating_add(HOUR))));
+        on_time.record_failure().await.unwrap();
+        assert_eq!(fast.allow_request().await, fast_worker_probes, "{time_source:?}");
+    }
+}

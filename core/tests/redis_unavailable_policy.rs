@@ -1,0 +1,148 @@
+//! The limiter's `OnCacheUnavailable` policy against a stand-in shared cache
+//! that can be switched off, so the policy is pinned even where no
+//! redis-server is installed (`redis_faults.rs` repeats it on a real one).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redstring::cache::{HitWindow, LimiterStore, SlotRequest};
+use redstring::limiter::SlotOutcome;
+use redstring::{
+    AcquireError, Cache, CacheError, Event, ManualClock, MemoryCache, OnCacheUnavailable, RateLimiter,
+    RecordingObserver, TenantId, Timestamp,
+};
+
+/// A MemoryCache that answers `Unavailable` while `down` is set, or
+/// `Protocol` while `broken` is set.
+struct Flaky {
+    inner: MemoryCache,
+    down: AtomicBool,
+    broken: AtomicBool,
+}
+
+impl Flaky {
+    fn check(&self, operation: &'static str) -> Result<(), CacheError> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(CacheError::Protocol {
+                operation,
+                detail: "garbled".into(),
+            });
+        }
+        if self.down.load(Ordering::SeqCst) {
+            return Err(CacheError::Unavailable {
+                operation,
+                reason: "switched off".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Cache for Flaky {
+    async fn close(&self) -> Result<(), CacheError> {
+        self.inner.close().await
+    }
+}
+
+impl HitWindow for Flaky {
+    async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
+        self.check("record_hit")?;
+        self.inner.record_hit(key, at, ttl).await
+    }
+    async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
+        self.check("count_since")?;
+        self.inner.count_since(key, since).await
+    }
+    async fn oldest_since(&self, key: &str, since: Timestamp) -> Result<Option<Timestamp>, CacheError> {
+        self.check("oldest_since")?;
+        self.inner.oldest_since(key, since).await
+    }
+}
+
+impl LimiterStore for Flaky {
+    async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
+        self.check("acquire_slot")?;
+        self.inner.acquire_slot(key, request).await
+    }
+}
+
+fn setup(policy: Option<OnCacheUnavailable>) -> (Arc<Flaky>, RateLimiter<Flaky>, Arc<RecordingObserver>) {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let store = Arc::new(Flaky {
+        inner: MemoryCache::new(clock.clone()),
+        down: AtomicBool::new(false),
+        broken: AtomicBool::new(false),
+    });
+    let observer = Arc::new(RecordingObserver::new());
+    let mut builder = RateLimiter::builder(2)
+        .cache(store.clone())
+        .clock(clock)
+        .observer(observer.clone());
+    if let Some(policy) = policy {
+        builder = builder.on_cache_unavailable(policy);
+    }
+    (store, builder.build().unwrap(), observer)
+}
+
+fn fallbacks(observer: &RecordingObserver) -> Vec<&'static str> {
+    observer
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::CacheUnavailable { fallback, .. } => Some(*fallback),
+            _ => None,
+        })
+        .collect()
+}
+
+const TENANT: TenantId = TenantId::from_u128(5);
+
+#[tokio::test]
+async fn the_default_is_a_local_limit() {
+    assert_eq!(OnCacheUnavailable::default(), OnCacheUnavailable::LocalLimit);
+    let (store, limiter, observer) = setup(None);
+    store.down.store(true, Ordering::SeqCst);
+    assert_eq!(limiter.acquire(TENANT).await.unwrap().remaining, 1);
+    assert_eq!(limiter.acquire(TENANT).await.unwrap().remaining, 0);
+    assert!(matches!(limiter.acquire(TENANT).await, Err(AcquireError::Limited(_))));
+    assert_eq!(fallbacks(&observer), ["local limit"; 3]);
+    // The shared cache saw none of it, and is used again once it answers.
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(limiter.acquire(TENANT).await.unwrap().remaining, 1);
+    assert_eq!(fallbacks(&observer).len(), 3);
+}
+
+#[tokio::test]
+async fn admit_fails_open() {
+    let (store, limiter, observer) = setup(Some(OnCacheUnavailable::Admit));
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..5 {
+        assert_eq!(limiter.acquire(TENANT).await.unwrap().remaining, 0);
+    }
+    assert_eq!(fallbacks(&observer), ["allowed"; 5]);
+}
+
+#[tokio::test]
+async fn refuse_fails_closed() {
+    let (store, limiter, observer) = setup(Some(OnCacheUnavailable::Refuse));
+    store.down.store(true, Ordering::SeqCst);
+    match limiter.acquire(TENANT).await {
+        Err(AcquireError::Cache(CacheError::Unavailable { operation, .. })) => assert_eq!(operation, "acquire_slot"),
+        other => panic!("expected the cache error, got {other:?}"),
+    }
+    assert_eq!(fallbacks(&observer), ["refused"]);
+}
+
+#[tokio::test]
+async fn only_unavailability_triggers_the_policy() {
+    for policy in [OnCacheUnavailable::LocalLimit, OnCacheUnavailable::Admit] {
+        let (store, limiter, observer) = setup(Some(policy));
+        store.broken.store(true, Ordering::SeqCst);
+        assert!(matches!(
+            limiter.acquire(TENANT).await,
+            Err(AcquireError::Cache(CacheError::Protocol { .. }))
+        ));
+        assert!(fallbacks(&observer).is_empty(), "{policy:?}");
+    }
+}
