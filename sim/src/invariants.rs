@@ -313,7 +313,7 @@ fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     }
     (
         verdict,
-        format!("{episodes} episodes; most probes in one: {most} (max {max})"),
+        format!("episodes: {episodes}; most probes in one: {most} (max {max})"),
     )
 }
 
@@ -389,7 +389,10 @@ fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     }
     (
         verdict,
-        format!("{openings} openings; widest failure spread {} ms", widest / 1000),
+        format!(
+            "openings: {openings}; widest spread of the failures that opened it: {} ms",
+            widest / 1000
+        ),
     )
 }
 
@@ -583,6 +586,9 @@ fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
             }
             Kind::Request { .. } => requests += 1,
             Kind::Allowed { .. } => allowed += 1,
+            Kind::CacheUnavailable { operation, fallback } if operation == "breaker_step" && fallback == "allowed" => {
+                allowed += 1
+            }
             _ => {}
         }
     }

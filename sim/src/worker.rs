@@ -149,7 +149,7 @@ pub async fn run_worker<S: LimiterStore + BreakerStore>(
         providers.push(Arc::new(builder.build()));
     }
 
-    let next_call = Arc::new(Cell::new(0u64));
+    let next_call = std::rc::Rc::new(Cell::new(0u64));
     let start_call = {
         let (trace, name, schema, next_call) = (trace.clone(), plan.name.clone(), schema.clone(), next_call.clone());
         move |provider: Arc<HardenedProvider<_, S, S>>, tenant: u64| {

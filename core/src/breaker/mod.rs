@@ -324,6 +324,14 @@ impl<S: BreakerStore> CircuitBreaker<S> {
             .store
             .breaker_step(&self.keys, command, self.params, self.clock.now())
             .await?;
+        // A failure is reported before the transition it may cause, an
+        // admission after the transition it may have driven (the probe).
+        if command == BreakerCommand::RecordFailure {
+            self.observer.on_event(&Event::BreakerFailureRecorded {
+                breaker: self.prefix.clone(),
+                at: step.at,
+            });
+        }
         if let Some(stored) = step.unreadable {
             self.observer.on_event(&Event::BreakerStateUnreadable {
                 breaker: self.prefix.clone(),
@@ -348,11 +356,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                 breaker: self.prefix.clone(),
                 state: step.after,
             }),
-            BreakerCommand::RecordFailure => self.observer.on_event(&Event::BreakerFailureRecorded {
-                breaker: self.prefix.clone(),
-                at: step.at,
-            }),
-            BreakerCommand::RecordSuccess | BreakerCommand::Reset => {}
+            BreakerCommand::RecordFailure | BreakerCommand::RecordSuccess | BreakerCommand::Reset => {}
         }
         Ok(step.allowed)
     }

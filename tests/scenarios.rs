@@ -1,0 +1,85 @@
+//! Every shipped scenario: its invariants hold (or are violated only where the
+//! scenario says they may be), its report and compact trace match the reviewed
+//! snapshot, the same seed replays byte for byte, and another seed differs.
+//!
+//! Review a changed snapshot with `cargo insta review` (or rerun with
+//! `INSTA_UPDATE=always` and read the diff) before committing it.
+
+use std::path::{Path, PathBuf};
+
+use redstring_sim::report::Report;
+use redstring_sim::scenario::Scenario;
+use redstring_sim::trace::Trace;
+use redstring_sim::world;
+
+fn scenarios() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn check(path: &Path) {
+    let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
+    let scenario = Scenario::load(path).unwrap();
+    let shown = format!("scenarios/{name}.toml");
+    let first = world::run(&scenario, scenario.seed).unwrap();
+    let report = Report::new(&scenario, &shown, &first);
+    let failed: Vec<&str> = report.checks.iter().filter(|c| c.failed()).map(|c| c.name).collect();
+    assert!(
+        failed.is_empty(),
+        "{name}: invariants failed: {failed:?}\n{}",
+        report.render(None)
+    );
+
+    let again = world::run(&scenario, scenario.seed).unwrap();
+    let (a, b) = (Trace::to_json_lines(&first.events), Trace::to_json_lines(&again.events));
+    assert!(a == b, "{name}: the same seed gave a different trace");
+    let other = world::run(&scenario, scenario.seed + 1).unwrap();
+    assert_ne!(
+        a,
+        Trace::to_json_lines(&other.events),
+        "{name}: another seed gave the same trace"
+    );
+
+    let snapshot = format!("{}\n{}", report.render(None), Report::compact_trace(&first.events));
+    insta::assert_snapshot!(name, snapshot);
+}
+
+macro_rules! scenario_tests {
+    ($($test:ident => $file:literal),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                check(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join($file));
+            }
+        )*
+
+        #[test]
+        fn every_scenario_file_has_a_test() {
+            let tested = [$($file),*];
+            for path in scenarios() {
+                let file = path.file_name().unwrap().to_str().unwrap();
+                assert!(tested.contains(&file), "{file} has no test in tests/scenarios.rs");
+            }
+        }
+    };
+}
+
+scenario_tests! {
+    cache_partition => "cache-partition.toml",
+    container_restart => "container-restart.toml",
+    flaky_network => "flaky-network.toml",
+    llama_swap_reload => "llama-swap-reload.toml",
+    node_replacement => "node-replacement.toml",
+    noisy_tenant => "noisy-tenant.toml",
+    overload_burst => "overload-burst.toml",
+    reasoning_empty => "reasoning-empty.toml",
+    reference_fleet => "reference-fleet.toml",
+    skewed_fleet_caller => "skewed-fleet-caller.toml",
+    skewed_fleet_store => "skewed-fleet-store.toml",
+}
