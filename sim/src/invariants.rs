@@ -626,6 +626,165 @@ fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
 mod tests {
     use super::*;
 
+    const MINIMAL: &str = r#"
+name = "synthetic"
+duration_s = 100
+[hardening]
+rpm = 2
+window_s = 10
+half_open_max_calls = 1
+failure_threshold = 2
+recovery_timeout_s = 5
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+"#;
+
+    fn scenario() -> Scenario {
+        Scenario::parse("synthetic.toml", MINIMAL).unwrap()
+    }
+
+    fn ev(t_s: f64, kind: Kind) -> TraceEvent {
+        TraceEvent {
+            t_us: secs_us(t_s),
+            host: "w".into(),
+            kind,
+        }
+    }
+
+    fn admitted(t_s: f64) -> TraceEvent {
+        ev(
+            t_s,
+            Kind::Admitted {
+                tenant: "t".into(),
+                remaining: 0,
+                at_us: secs_us(t_s),
+            },
+        )
+    }
+
+    fn breaker(t_s: f64, from: CircuitState, to: CircuitState) -> TraceEvent {
+        ev(
+            t_s,
+            Kind::Breaker {
+                breaker: "b".into(),
+                from,
+                to,
+                at_us: secs_us(t_s),
+            },
+        )
+    }
+
+    fn verdict(name: &str, events: &[TraceEvent]) -> Verdict {
+        check_all(&scenario(), events)
+            .into_iter()
+            .find(|c| c.name == name)
+            .unwrap()
+            .verdict
+    }
+
+    #[test]
+    fn an_extra_admission_in_a_window_is_caught() {
+        assert_eq!(
+            verdict("rpm_per_window", &[admitted(0.0), admitted(5.0), admitted(11.0)]),
+            Verdict::Held
+        );
+        let v = verdict("rpm_per_window", &[admitted(0.0), admitted(5.0), admitted(10.0)]);
+        assert!(matches!(v, Verdict::Violated { t_us: 10_000_000, .. }), "{v:?}");
+    }
+
+    #[test]
+    fn a_second_probe_in_one_episode_is_caught() {
+        use CircuitState::*;
+        let probe = |t| {
+            ev(
+                t,
+                Kind::Allowed {
+                    breaker: "b".into(),
+                    state: HalfOpen,
+                    at_us: secs_us(t),
+                },
+            )
+        };
+        let one = [breaker(1.0, Closed, Open), breaker(6.0, Open, HalfOpen), probe(6.0)];
+        assert_eq!(verdict("half_open_probes", &one), Verdict::Held);
+        let two = [
+            breaker(1.0, Closed, Open),
+            breaker(6.0, Open, HalfOpen),
+            probe(6.0),
+            probe(6.5),
+        ];
+        assert!(matches!(verdict("half_open_probes", &two), Verdict::Violated { .. }));
+    }
+
+    #[test]
+    fn an_admission_while_open_is_caught() {
+        use CircuitState::*;
+        let allowed = ev(
+            2.0,
+            Kind::Allowed {
+                breaker: "b".into(),
+                state: Closed,
+                at_us: secs_us(2.0),
+            },
+        );
+        let v = verdict("no_call_while_open", &[breaker(1.0, Closed, Open), allowed]);
+        assert!(matches!(v, Verdict::Violated { .. }), "{v:?}");
+    }
+
+    #[test]
+    fn an_opening_on_sparse_failures_is_caught() {
+        use CircuitState::*;
+        let failure = |t| {
+            ev(
+                t,
+                Kind::FailureRecorded {
+                    breaker: "b".into(),
+                    at_us: secs_us(t),
+                },
+            )
+        };
+        let dense = [failure(1.0), failure(3.0), breaker(3.0, Closed, Open)];
+        assert_eq!(verdict("sparse_failures", &dense), Verdict::Held);
+        let sparse = [failure(1.0), failure(9.0), breaker(9.0, Closed, Open)];
+        assert!(matches!(verdict("sparse_failures", &sparse), Verdict::Violated { .. }));
+    }
+
+    #[test]
+    fn work_that_ends_twice_or_unannounced_is_caught() {
+        let end = |call| {
+            ev(
+                3.0,
+                Kind::CallEnd {
+                    call,
+                    tenant: 1,
+                    outcome: "ok".into(),
+                    attempts: 1,
+                    latency_ms: 1,
+                },
+            )
+        };
+        let arrive = ev(1.0, Kind::Arrival { call: 0, tenant: 1 });
+        assert_eq!(verdict("accounting", &[arrive.clone(), end(0)]), Verdict::Held);
+        assert!(matches!(
+            verdict("accounting", &[arrive, end(0), end(0)]),
+            Verdict::Violated { .. }
+        ));
+    }
+
+    #[test]
+    fn a_declared_violation_does_not_fail_the_run() {
+        let mut s = scenario();
+        s.expect.may_violate.insert("rpm_per_window".into());
+        let checks = check_all(&s, &[admitted(0.0), admitted(1.0), admitted(2.0)]);
+        let rpm = checks.iter().find(|c| c.name == "rpm_per_window").unwrap();
+        assert!(matches!(rpm.verdict, Verdict::Violated { .. }));
+        assert!(!rpm.failed());
+    }
+
     #[test]
     fn window_counting_is_inclusive_and_finds_the_first_excess() {
         assert_eq!(max_in_window([0, 10, 20].into_iter(), 20, 3), (3, None));

@@ -321,6 +321,17 @@ pub enum Fault {
         /// The other.
         b: String,
     },
+    /// Set the latency of the link between two hosts (both directions).
+    Latency {
+        /// When.
+        at_s: f64,
+        /// One host.
+        a: String,
+        /// The other.
+        b: String,
+        /// The new one-way latency.
+        ms: u64,
+    },
     /// Step a host's clock.
     ClockStep {
         /// When.
@@ -360,6 +371,7 @@ impl Fault {
             | Fault::Behave { at_s, .. }
             | Fault::Partition { at_s, .. }
             | Fault::Heal { at_s, .. }
+            | Fault::Latency { at_s, .. }
             | Fault::ClockStep { at_s, .. }
             | Fault::Burst { at_s, .. }
             | Fault::CacheDown { at_s }
@@ -370,7 +382,11 @@ impl Fault {
     /// Whether it starts (rather than ends) an outage, for the liveness phase.
     pub fn is_disruptive(&self) -> bool {
         match self {
-            Fault::Crash { .. } | Fault::Partition { .. } | Fault::CacheDown { .. } | Fault::Burst { .. } => true,
+            Fault::Crash { .. }
+            | Fault::Partition { .. }
+            | Fault::CacheDown { .. }
+            | Fault::Burst { .. }
+            | Fault::Latency { .. } => true,
             Fault::Behave { behaviour, .. } => behaviour.mode != Mode::Normal,
             Fault::Restart { .. } | Fault::Heal { .. } | Fault::CacheUp { .. } | Fault::ClockStep { .. } => false,
         }
@@ -409,10 +425,12 @@ pub enum ScenarioError {
         message: String,
     },
     /// Well-formed but nonsensical.
-    #[error("{file}: field `{field}`: {message}")]
+    #[error("{file}: {}field `{field}`: {message}", .line.map(|l| format!("line {l}: ")).unwrap_or_default())]
     Invalid {
         /// The file.
         file: String,
+        /// The line the field is written on, when it is written out (not a default).
+        line: Option<usize>,
         /// The dotted path of the offending field.
         field: String,
         /// What is wrong with it.
@@ -484,7 +502,17 @@ impl Scenario {
             file: file.to_owned(),
             message: e.to_string().trim_end().to_owned(),
         })?;
-        scenario.validate(file)?;
+        scenario.validate(file).map_err(|e| match e {
+            ScenarioError::Invalid {
+                file, field, message, ..
+            } => ScenarioError::Invalid {
+                line: locate(text, &field),
+                file,
+                field,
+                message,
+            },
+            other => other,
+        })?;
         Ok(scenario)
     }
 
@@ -510,6 +538,7 @@ impl Scenario {
     pub fn validate(&self, file: &str) -> Result<(), ScenarioError> {
         let bad = |field: &str, message: String| ScenarioError::Invalid {
             file: file.to_owned(),
+            line: None,
             field: field.to_owned(),
             message,
         };
@@ -645,7 +674,7 @@ impl Scenario {
                     return Err(bad(&at("server"), format!("no server named {server:?}")));
                 }
                 Fault::Behave { behaviour, .. } => check_behaviour(behaviour).map_err(|m| bad(&at("behaviour"), m))?,
-                Fault::Partition { a, b, .. } | Fault::Heal { a, b, .. } => {
+                Fault::Partition { a, b, .. } | Fault::Heal { a, b, .. } | Fault::Latency { a, b, .. } => {
                     for h in [a, b] {
                         if !hosts.contains(h) {
                             return Err(bad(&at("a/b"), format!("no host named {h:?}")));
@@ -671,6 +700,50 @@ impl Scenario {
         }
         Ok(())
     }
+}
+
+/// The 1-based line where the dotted `field` (`servers[1].slots`,
+/// `hardening.rpm`) is written in `text`, or the line of its nearest written
+/// parent (its table header, or the inline table holding it).
+fn locate(text: &str, field: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let is_header = |l: &str| l.starts_with('[');
+    let key_line = |from: usize, key: &str| {
+        (from..lines.len())
+            .take_while(|&i| i == from || !is_header(lines[i]))
+            .find(|&i| {
+                lines[i]
+                    .strip_prefix(key)
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            })
+    };
+    let mut at: Option<usize> = None;
+    let segments: Vec<&str> = field.split('.').collect();
+    for (n, segment) in segments.iter().enumerate() {
+        let (name, index) = match segment.split_once('[') {
+            Some((name, rest)) => (name, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (*segment, None),
+        };
+        let from = at.map_or(0, |i| i + 1);
+        let last = n + 1 == segments.len();
+        let found = match index {
+            Some(k) if !last => {
+                let header = format!("[[{name}]]");
+                (from..lines.len()).filter(|&i| lines[i] == header).nth(k)
+            }
+            _ if !last => {
+                let header = format!("[{name}]");
+                (from..lines.len()).find(|&i| lines[i] == header)
+            }
+            _ => None,
+        };
+        match found {
+            Some(i) => at = Some(i),
+            // The segment is a key (the last one, or an inline table): its line.
+            None => return key_line(from.min(lines.len()), name).or(at).map(|i| i + 1),
+        }
+    }
+    at.map(|i| i + 1)
 }
 
 fn check_behaviour(b: &Behaviour) -> Result<(), String> {
@@ -768,6 +841,28 @@ tenants = [{ id = 1, calls_per_min = 30 }]
             let e = Scenario::parse("bad.toml", &text).unwrap_err().to_string();
             assert!(e.contains(expected), "{e:?} should contain {expected:?}");
         }
+    }
+
+    #[test]
+    fn nonsense_values_name_their_line() {
+        let text = format!("{MINIMAL}\n[hardening]\nwindow_s = 60\nrpm = 0\n");
+        let e = Scenario::parse("bad.toml", &text).unwrap_err().to_string();
+        let line = text.lines().position(|l| l == "rpm = 0").unwrap() + 1;
+        assert!(
+            e.starts_with(&format!("bad.toml: line {line}: field `hardening.rpm`")),
+            "{e}"
+        );
+        let e = Scenario::parse("bad.toml", &MINIMAL.replace("duration_s = 30", "duration_s = -1"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("bad.toml: line 3: field `duration_s`"), "{e}");
+        let two = format!("{MINIMAL}\n[[servers]]\nname = \"gpu2\"\nslots = 0\n");
+        let line = two.lines().position(|l| l == "slots = 0").unwrap() + 1;
+        let e = Scenario::parse("bad.toml", &two).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("bad.toml: line {line}: field `servers[1].slots`")),
+            "{e}"
+        );
     }
 
     #[test]

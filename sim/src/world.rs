@@ -206,6 +206,10 @@ fn apply(
             sim.repair(a.as_str(), b.as_str());
             format!("heal {a} / {b}")
         }
+        Fault::Latency { a, b, ms, .. } => {
+            sim.set_link_latency(a.as_str(), b.as_str(), Duration::from_millis(*ms));
+            format!("latency {a} / {b} set to {ms} ms")
+        }
         Fault::ClockStep { host, by_ms, .. } => {
             if let Some(c) = clocks.get(host) {
                 c.step(*by_ms);

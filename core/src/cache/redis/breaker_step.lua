@@ -41,7 +41,16 @@ local function parse_secs(s)
     frac = ''
   end
   if not whole or #frac > 6 then return nil end
-  return tonumber(whole) * 1000000 + tonumber(frac .. string.rep('0', 6 - #frac))
+  local micros = tonumber(frac .. string.rep('0', 6 - #frac))
+  -- Like Timestamp::parse_secs, refuse what overflows u64 microseconds
+  -- (18446744073709.551615 s); larger values that fit are far-future instants,
+  -- and a double compares them correctly even where it rounds them.
+  local digits = string.gsub(whole, '^0+', '')
+  if #digits > 14 or (#digits == 14 and (digits > '18446744073709'
+      or (digits == '18446744073709' and micros > 551615))) then
+    return nil
+  end
+  return tonumber(whole) * 1000000 + micros
 end
 
 -- effective_state: missing and unreadable both read as closed.

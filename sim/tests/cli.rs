@@ -1,0 +1,140 @@
+//! The `redstring-sim` binary: exit codes distinguish a bad scenario file from
+//! an invariant failure, and errors name the file and the line.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_redstring-sim"))
+}
+
+fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("redstring-sim-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+const SMALL: &str = r#"
+name = "small"
+duration_s = 20
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 30 }]
+"#;
+
+#[test]
+fn a_broken_scenario_exits_2_naming_file_and_line() {
+    let path = temp_file(
+        "broken.toml",
+        &SMALL.replace("duration_s = 20", "duration_s = 20\nduraton_s = 1"),
+    );
+    let out = bin().arg("run").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("broken.toml") && err.contains("line 4") && err.contains("duraton_s"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_healthy_run_exits_0_and_prints_its_replay_command() {
+    let path = temp_file("small.toml", SMALL);
+    let out = bin()
+        .args(["run", path.to_str().unwrap(), "--seed", "4"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains(&format!("replay: redstring-sim run {} --seed 4", path.display())),
+        "{text}"
+    );
+    assert!(text.contains("accounting             held"), "{text}");
+}
+
+#[test]
+fn an_invariant_failure_exits_1() {
+    // Callers stamping with clocks seconds apart on one shared cache let a
+    // flooding tenant through faster than rpm, and this file does not declare
+    // that it may.
+    let skewed = r#"
+name = "skewed"
+duration_s = 60
+[hardening]
+rpm = 10
+window_s = 10
+limiter_waits = 0
+[cache]
+kind = "shared"
+[[servers]]
+name = "gpu"
+slots = 8
+[[workers]]
+name = "behind"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 240 }]
+clock = { offset_ms = -4000 }
+[[workers]]
+name = "ahead"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 240 }]
+clock = { offset_ms = 4000 }
+"#;
+    let path = temp_file("skewed.toml", skewed);
+    let out = bin().arg("run").arg(&path).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("rpm_per_window         VIOLATED"), "{text}");
+}
+
+#[test]
+fn json_trace_and_svg_outputs_are_written() {
+    let path = temp_file("outputs.toml", SMALL);
+    let dir = path.parent().unwrap();
+    let (json, trace, svg) = (dir.join("r.json"), dir.join("t.jsonl"), dir.join("t.svg"));
+    let out = bin()
+        .arg("run")
+        .arg(&path)
+        .arg("--json")
+        .arg(&json)
+        .arg("--trace")
+        .arg(&trace)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["scenario"], "small");
+    let lines = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        lines
+            .lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
+    );
+    assert!(lines.contains("\"ev\":\"call_end\""));
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+}
+
+#[test]
+fn sweep_lists_failing_seeds_with_their_replay_command() {
+    let path = temp_file("sweep.toml", SMALL);
+    let out = bin()
+        .args(["sweep", path.to_str().unwrap(), "--seeds", "1..3"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("0 of 2 seeds failed"), "{text}");
+    let bad = bin()
+        .args(["sweep", path.to_str().unwrap(), "--seeds", "5..5"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}
