@@ -19,8 +19,10 @@ pub struct RateLimitExceeded {
     pub used: u64,
     /// The limiter's window.
     pub window: Duration,
-    /// When the oldest hit in the window ages out and a slot frees: at most one
-    /// window.
+    /// When the oldest hit in the window has aged out and a slot is free:
+    /// sleeping exactly this long and asking again succeeds (unless another
+    /// caller takes the slot first). At most one window, plus the microsecond
+    /// after which a hit exactly one window old has left the inclusive window.
     pub retry_after: Duration,
 }
 
