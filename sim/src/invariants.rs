@@ -173,10 +173,14 @@ fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     };
     let mut verdict = Verdict::Held;
     let mut worst = 0;
-    for list in series.values_mut() {
+    // The most any one tenant got in a window, per tenant (across scopes).
+    let mut per_tenant: BTreeMap<&str, usize> = BTreeMap::new();
+    for ((_, tenant), list) in series.iter_mut() {
         list.sort_by_key(|(t, _)| *t);
         let (max, first_bad) = max_in_window(list.iter().map(|(t, _)| *t), width, rpm);
         worst = worst.max(max);
+        let best = per_tenant.entry(tenant).or_default();
+        *best = (*best).max(max);
         if let (Verdict::Held, Some(i)) = (&verdict, first_bad) {
             let e = list[i].1;
             verdict = violated(e, format!("{max} admissions in one window (rpm {rpm})"));
@@ -187,7 +191,14 @@ fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         list.sort_unstable();
         true_worst = true_worst.max(max_in_window(list.iter().copied(), width, rpm).0);
     }
-    let figure = format!("max admitted per window: {worst} (rpm {rpm}); in true time: {true_worst}");
+    let tenants: Vec<String> = per_tenant
+        .iter()
+        .map(|(t, n)| format!("…{}: {n}", t.get(t.len().saturating_sub(4)..).unwrap_or(t)))
+        .collect();
+    let figure = format!(
+        "max admitted per window: {worst} (rpm {rpm}); in true time: {true_worst}; per tenant: {}",
+        tenants.join(", ")
+    );
     (verdict, figure)
 }
 
