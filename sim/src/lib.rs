@@ -8,6 +8,7 @@
 
 pub mod cache_host;
 pub mod clock;
+pub mod fuzz;
 pub mod invariants;
 pub mod report;
 pub mod scenario;

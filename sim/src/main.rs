@@ -4,6 +4,7 @@
 //! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F]
 //! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50
 //! redstring-sim check [scenarios/]
+//! redstring-sim fuzz bounds.toml --cases 200 [--seed N] [--out scenarios/regressions]
 //! ```
 //!
 //! Exit codes: 0 every invariant held (or was expected not to), 1 an invariant
@@ -62,6 +63,21 @@ enum Command {
         #[arg(long, default_value = "1..21")]
         seeds: String,
     },
+    /// Search generated scenarios within bounds for one that breaks a claimed
+    /// invariant; write the smallest one found as a replayable scenario.
+    Fuzz {
+        /// The bounds file (see `redstring_sim::fuzz::Bounds`).
+        bounds: PathBuf,
+        /// Cases to try.
+        #[arg(long, default_value_t = 32)]
+        cases: u32,
+        /// The search's seed (the same seed tries the same cases).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where a failing case is written.
+        #[arg(long, default_value = "scenarios/regressions")]
+        out: PathBuf,
+    },
     /// Run every scenario in a directory with its own seed and check its invariants.
     Check {
         /// The directory (default `scenarios`).
@@ -81,6 +97,12 @@ fn main() -> ExitCode {
         } => run(&scenario, seed, json, trace, svg),
         Command::Sweep { scenario, seeds } => sweep(&scenario, &seeds),
         Command::Check { dir } => check(&dir),
+        Command::Fuzz {
+            bounds,
+            cases,
+            seed,
+            out,
+        } => fuzz(&bounds, cases, seed, &out),
     }
 }
 
@@ -268,4 +290,94 @@ fn check(dir: &Path) -> ExitCode {
         }
     }
     ExitCode::from(worst)
+}
+
+fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> ExitCode {
+    use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
+    use redstring_sim::fuzz::{self, Bounds};
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+
+    let bounds = match Bounds::load(path) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(BAD_SCENARIO);
+        }
+    };
+    let mut runner = TestRunner::new(Config {
+        cases,
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: None,
+        max_shrink_iters: 512,
+        ..Config::default()
+    });
+    let bar = indicatif::ProgressBar::new(u64::from(cases));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} cases {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let tried: RefCell<BTreeMap<String, u64>> = RefCell::new(BTreeMap::new());
+    let runs = RefCell::new(0u64);
+    let started = Instant::now();
+    let result = runner.run(&fuzz::scenarios(&bounds), |scenario| {
+        *runs.borrow_mut() += 1;
+        let mut t = tried.borrow_mut();
+        *t.entry(format!(
+            "cache {:?}/{:?}",
+            scenario.cache.kind, scenario.cache.time_source
+        ))
+        .or_default() += 1;
+        for f in &scenario.faults {
+            let kind = serde_json::to_value(f)
+                .ok()
+                .and_then(|v| v["kind"].as_str().map(str::to_owned));
+            *t.entry(format!("fault {}", kind.unwrap_or_default())).or_default() += 1;
+        }
+        drop(t);
+        bar.inc(1);
+        fuzz::check_case(&scenario).map_err(TestCaseError::fail)
+    });
+    bar.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64();
+    let runs = *runs.borrow();
+    println!(
+        "fuzz {}: {runs} simulations in {wall:.1} s ({:.0} per minute), seed {seed}",
+        path.display(),
+        runs as f64 / wall.max(1e-9) * 60.0
+    );
+    for (what, n) in tried.borrow().iter() {
+        println!("  {what:<28} {n}");
+    }
+    match result {
+        Ok(()) => {
+            println!("no case broke a claimed invariant in {cases} cases");
+            ExitCode::SUCCESS
+        }
+        Err(TestError::Fail(reason, minimal)) => {
+            println!("FAILED: {reason}");
+            match fuzz::write_regression(out, &minimal) {
+                Ok(written) => {
+                    println!(
+                        "smallest failing case: {}\nreplay: redstring-sim run {}",
+                        written.display(),
+                        written.display()
+                    );
+                    ExitCode::from(INVARIANT_FAILED)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "error: cannot write the failing case to {}: {e}\n{}",
+                        out.display(),
+                        minimal.to_toml()
+                    );
+                    ExitCode::from(INVARIANT_FAILED)
+                }
+            }
+        }
+        Err(TestError::Abort(reason)) => {
+            eprintln!("error: the search stopped: {reason}");
+            ExitCode::from(SIM_FAILED)
+        }
+    }
 }

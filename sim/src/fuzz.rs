@@ -1,0 +1,672 @@
+//! Fuzzing whole scenarios: "is there any outage, within these bounds, that
+//! breaks my configuration?"
+//!
+//! [`scenarios`] is a proptest strategy over complete [`Scenario`]s — the
+//! hardening settings, the cache layout and time source, the fleet and its
+//! clocks, and the fault schedule as explicit data — drawn from user-given
+//! [`Bounds`]. Each case switches fault kinds on and off at random (swarm
+//! testing), so one run explores schedules with only crashes as well as
+//! schedules with everything at once. Faults are generated as self-contained
+//! episodes (a crash with its restart, a partition with its heal), so when a
+//! case fails proptest's shrinking removes whole episodes, shortens them and
+//! lowers the numbers, ending at the fewest, shortest faults that still break
+//! an invariant. [`write_regression`] turns that case into a scenario file that
+//! `redstring-sim run` replays exactly.
+//!
+//! A case passes when every invariant its configuration *claims* holds
+//! ([`claimed_exceptions`] names the ones it cannot claim: a caller-stamped
+//! shared cache under skew may exceed `rpm`; a cache host that restarts loses
+//! its state).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use proptest::prelude::*;
+use redstring::TimeSource;
+use serde::{Deserialize, Serialize};
+
+use crate::report::Report;
+use crate::scenario::{
+    Behaviour, CacheKind, CacheLayout, ClockSpec, Expectations, Fault, Hardening, Mode, Network, Scenario,
+    ScenarioError, ServerSpec, TenantLoad, WorkerGroup,
+};
+use crate::world;
+
+/// The fault kinds a fuzz run may use.
+pub const FAULT_KINDS: &[&str] = &[
+    "crash",
+    "behave",
+    "partition",
+    "latency",
+    "clock_step",
+    "burst",
+    "cache_down",
+];
+
+/// The space a fuzz run searches, read from a TOML file. Ranges are `[min, max]`, inclusive.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Bounds {
+    /// Simulated seconds per case.
+    pub duration_s: [f64; 2],
+    /// Simulation step (fixed per run; 20 ms keeps cases fast).
+    pub tick_ms: u64,
+    /// Workers in the fleet.
+    pub workers: [u32; 2],
+    /// Model servers.
+    pub servers: [u32; 2],
+    /// Tenants per worker.
+    pub tenants: [u32; 2],
+    /// Each tenant's arrivals per minute per worker.
+    pub calls_per_min: [f64; 2],
+    /// `hardening.rpm`.
+    pub rpm: [u32; 2],
+    /// `hardening.window_s`.
+    pub window_s: [f64; 2],
+    /// `hardening.failure_threshold`.
+    pub failure_threshold: [u32; 2],
+    /// `hardening.recovery_timeout_s`.
+    pub recovery_timeout_s: [f64; 2],
+    /// `hardening.half_open_max_calls`.
+    pub half_open_max_calls: [u32; 2],
+    /// `hardening.max_retries`.
+    pub max_retries: [u32; 2],
+    /// `hardening.initial_delay_s`.
+    pub initial_delay_s: [f64; 2],
+    /// `hardening.jitter`.
+    pub jitter: [f64; 2],
+    /// `hardening.request_timeout_s`.
+    pub request_timeout_s: [f64; 2],
+    /// Cache layouts to try.
+    pub cache: Vec<CacheKind>,
+    /// Time sources to try for a shared cache.
+    pub time_sources: Vec<TimeSource>,
+    /// Largest clock offset, either way.
+    pub max_clock_offset_ms: i64,
+    /// Largest clock drift, either way.
+    pub max_drift_ppm: i64,
+    /// Fault kinds to draw from (see [`FAULT_KINDS`]).
+    pub fault_kinds: Vec<String>,
+    /// Most fault episodes per case.
+    pub max_faults: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            duration_s: [60.0, 240.0],
+            tick_ms: 20,
+            workers: [1, 4],
+            servers: [1, 2],
+            tenants: [1, 2],
+            calls_per_min: [5.0, 40.0],
+            rpm: [5, 60],
+            window_s: [5.0, 60.0],
+            failure_threshold: [1, 6],
+            recovery_timeout_s: [5.0, 60.0],
+            half_open_max_calls: [1, 3],
+            max_retries: [0, 4],
+            initial_delay_s: [0.2, 2.0],
+            jitter: [0.0, 0.3],
+            request_timeout_s: [2.0, 15.0],
+            cache: vec![CacheKind::PerWorker, CacheKind::Shared],
+            time_sources: vec![TimeSource::Caller, TimeSource::Store],
+            max_clock_offset_ms: 5000,
+            max_drift_ppm: 500,
+            fault_kinds: FAULT_KINDS.iter().map(|s| (*s).to_owned()).collect(),
+            max_faults: 4,
+        }
+    }
+}
+
+impl Bounds {
+    /// Reads and checks a bounds file; errors name the file and the field.
+    pub fn load(path: &Path) -> Result<Bounds, ScenarioError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+            file: file.clone(),
+            source,
+        })?;
+        let bounds: Bounds = toml::from_str(&text).map_err(|e| ScenarioError::Parse {
+            file: file.clone(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        bounds.validate(&file)?;
+        Ok(bounds)
+    }
+
+    fn validate(&self, file: &str) -> Result<(), ScenarioError> {
+        let bad = |field: &str, message: String| ScenarioError::Invalid {
+            file: file.to_owned(),
+            line: None,
+            field: field.to_owned(),
+            message,
+        };
+        let range = |field: &str, [a, b]: [f64; 2], min: f64| {
+            if a.is_finite() && b.is_finite() && a >= min && a <= b {
+                Ok(())
+            } else {
+                Err(bad(
+                    field,
+                    format!("must be [min, max] with {min} <= min <= max, got [{a}, {b}]"),
+                ))
+            }
+        };
+        range("duration_s", self.duration_s, 1.0)?;
+        range("calls_per_min", self.calls_per_min, 0.0)?;
+        range("window_s", self.window_s, 0.001)?;
+        range("recovery_timeout_s", self.recovery_timeout_s, 0.001)?;
+        range("initial_delay_s", self.initial_delay_s, 0.001)?;
+        range("request_timeout_s", self.request_timeout_s, 0.001)?;
+        range("jitter", self.jitter, 0.0)?;
+        if self.jitter[1] > 1.0 {
+            return Err(bad("jitter", "must not exceed 1.0".into()));
+        }
+        for (field, [a, b], min) in [
+            ("workers", self.workers, 1),
+            ("servers", self.servers, 1),
+            ("tenants", self.tenants, 1),
+            ("rpm", self.rpm, 1),
+            ("failure_threshold", self.failure_threshold, 1),
+            ("half_open_max_calls", self.half_open_max_calls, 1),
+            ("max_retries", self.max_retries, 0),
+        ] {
+            if a < min || a > b {
+                return Err(bad(
+                    field,
+                    format!("must be [min, max] with {min} <= min <= max, got [{a}, {b}]"),
+                ));
+            }
+        }
+        if self.workers[1] > 50 || self.servers[1] > 8 || self.tenants[1] > 8 {
+            return Err(bad("workers", "at most 50 workers, 8 servers and 8 tenants".into()));
+        }
+        if self.tick_ms == 0 || self.tick_ms > 1000 {
+            return Err(bad(
+                "tick_ms",
+                format!("must be between 1 and 1000, got {}", self.tick_ms),
+            ));
+        }
+        if self.cache.is_empty() {
+            return Err(bad("cache", "name at least one layout".into()));
+        }
+        if self.time_sources.is_empty() {
+            return Err(bad("time_sources", "name at least one time source".into()));
+        }
+        if self.max_clock_offset_ms < 0 || self.max_drift_ppm < 0 {
+            return Err(bad("max_clock_offset_ms", "must not be negative".into()));
+        }
+        for kind in &self.fault_kinds {
+            if !FAULT_KINDS.contains(&kind.as_str()) {
+                return Err(bad(
+                    "fault_kinds",
+                    format!("unknown kind {kind:?}; known: {}", FAULT_KINDS.join(", ")),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One fault episode: a disruption and, where it has one, its end.
+#[derive(Clone, Debug)]
+enum Episode {
+    Crash {
+        server: usize,
+        at: f64,
+        length: f64,
+    },
+    Behave {
+        server: usize,
+        mode: Mode,
+        probability: f64,
+        at: f64,
+        length: f64,
+    },
+    Partition {
+        worker: usize,
+        from_cache: bool,
+        server: usize,
+        at: f64,
+        length: f64,
+    },
+    Latency {
+        worker: usize,
+        server: usize,
+        ms: u64,
+        at: f64,
+        length: f64,
+    },
+    ClockStep {
+        worker: usize,
+        at: f64,
+        by_ms: i64,
+    },
+    Burst {
+        at: f64,
+        calls: u32,
+        tenant: u64,
+    },
+    CacheDown {
+        at: f64,
+        length: f64,
+    },
+}
+
+fn uniform(lo: f64, hi: f64) -> BoxedStrategy<f64> {
+    if hi > lo {
+        (lo..=hi).prop_map(|x| (x * 1000.0).round() / 1000.0).boxed()
+    } else {
+        Just(lo).boxed()
+    }
+}
+
+fn episode(
+    kind: &str,
+    duration: f64,
+    workers: usize,
+    servers: usize,
+    tenants: u64,
+    shared: bool,
+) -> BoxedStrategy<Episode> {
+    let at = uniform(1.0, (duration * 0.6).max(1.0));
+    let length = uniform(1.0, (duration * 0.3).max(1.0));
+    match kind {
+        "crash" => (0..servers, at, length)
+            .prop_map(|(server, at, length)| Episode::Crash { server, at, length })
+            .boxed(),
+        "behave" => (
+            0..servers,
+            prop::sample::select(vec![
+                Mode::Empty,
+                Mode::Malformed,
+                Mode::Refuse,
+                Mode::RateLimit,
+                Mode::Error,
+                Mode::Loading,
+                Mode::Hang,
+                Mode::Drop,
+            ]),
+            uniform(0.1, 1.0),
+            at,
+            length,
+        )
+            .prop_map(|(server, mode, probability, at, length)| Episode::Behave {
+                server,
+                mode,
+                probability,
+                at,
+                length,
+            })
+            .boxed(),
+        "partition" => (0..workers, any::<bool>(), 0..servers, at, length)
+            .prop_map(move |(worker, from_cache, server, at, length)| Episode::Partition {
+                worker,
+                from_cache: from_cache && shared,
+                server,
+                at,
+                length,
+            })
+            .boxed(),
+        "latency" => (0..workers, 0..servers, 50u64..3000, at, length)
+            .prop_map(|(worker, server, ms, at, length)| Episode::Latency {
+                worker,
+                server,
+                ms,
+                at,
+                length,
+            })
+            .boxed(),
+        "clock_step" => (0..workers, at, -5000i64..5000)
+            .prop_map(|(worker, at, by_ms)| Episode::ClockStep { worker, at, by_ms })
+            .boxed(),
+        "burst" => (at, 1u32..10, 1..=tenants)
+            .prop_map(|(at, calls, tenant)| Episode::Burst { at, calls, tenant })
+            .boxed(),
+        _ => (at, length)
+            .prop_map(|(at, length)| Episode::CacheDown { at, length })
+            .boxed(),
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Shape {
+    seed: u64,
+    duration: f64,
+    workers: usize,
+    servers: usize,
+    tenants: u64,
+    cache: CacheKind,
+    time_source: TimeSource,
+    kinds: Vec<String>,
+}
+
+/// Whole scenarios within `bounds`.
+pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
+    let b = bounds.clone();
+    let kinds = b.fault_kinds.clone();
+    let shape = (
+        any::<u64>(),
+        uniform(b.duration_s[0], b.duration_s[1]),
+        b.workers[0]..=b.workers[1],
+        b.servers[0]..=b.servers[1],
+        b.tenants[0]..=b.tenants[1],
+        prop::sample::select(b.cache.clone()),
+        prop::sample::select(b.time_sources.clone()),
+        // Swarm: each case switches every fault kind on or off.
+        prop::collection::vec(any::<bool>(), kinds.len()),
+    )
+        .prop_map(
+            move |(seed, duration, workers, servers, tenants, cache, time_source, on)| {
+                let kinds = kinds
+                    .iter()
+                    .zip(on)
+                    .filter(|(k, on)| *on && (k.as_str() != "cache_down" || cache == CacheKind::Shared))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                Shape {
+                    seed,
+                    duration,
+                    workers: workers as usize,
+                    servers: servers as usize,
+                    tenants: u64::from(tenants),
+                    cache,
+                    time_source,
+                    kinds,
+                }
+            },
+        );
+    shape
+        .prop_flat_map(move |shape| {
+            let b = b.clone();
+            let hardening = (
+                b.rpm[0]..=b.rpm[1],
+                uniform(b.window_s[0], b.window_s[1]),
+                b.failure_threshold[0]..=b.failure_threshold[1],
+                uniform(b.recovery_timeout_s[0], b.recovery_timeout_s[1]),
+                b.half_open_max_calls[0]..=b.half_open_max_calls[1],
+                b.max_retries[0]..=b.max_retries[1],
+                uniform(b.initial_delay_s[0], b.initial_delay_s[1]),
+                uniform(b.jitter[0], b.jitter[1]),
+                uniform(b.request_timeout_s[0], b.request_timeout_s[1]),
+            )
+                .prop_map(
+                    |(rpm, window_s, failure_threshold, recovery, probes, max_retries, initial, jitter, timeout)| {
+                        Hardening {
+                            rpm,
+                            window_s,
+                            failure_threshold,
+                            recovery_timeout_s: recovery,
+                            half_open_max_calls: probes,
+                            max_retries,
+                            initial_delay_s: initial,
+                            max_delay_s: (initial * 8.0).max(initial),
+                            jitter,
+                            request_timeout_s: timeout,
+                            ..Hardening::default()
+                        }
+                    },
+                );
+            let clocks = prop::collection::vec(
+                (
+                    -b.max_clock_offset_ms..=b.max_clock_offset_ms,
+                    -b.max_drift_ppm..=b.max_drift_ppm,
+                ),
+                shape.workers,
+            );
+            let loads = prop::collection::vec(uniform(b.calls_per_min[0], b.calls_per_min[1]), shape.tenants as usize);
+            let episodes = if shape.kinds.is_empty() {
+                Just(Vec::new()).boxed()
+            } else {
+                let shared = shape.cache == CacheKind::Shared;
+                let (d, w, s, t) = (shape.duration, shape.workers, shape.servers, shape.tenants);
+                let one = prop::sample::select(shape.kinds.clone())
+                    .prop_flat_map(move |kind| episode(&kind, d, w, s, t, shared));
+                prop::collection::vec(one, 0..=b.max_faults).boxed()
+            };
+            (Just(shape), hardening, clocks, loads, episodes, Just(b.tick_ms))
+        })
+        .prop_map(|(shape, hardening, clocks, loads, episodes, tick_ms)| {
+            build(shape, hardening, clocks, loads, episodes, tick_ms)
+        })
+        .boxed()
+}
+
+fn build(
+    shape: Shape,
+    hardening: Hardening,
+    clocks: Vec<(i64, i64)>,
+    loads: Vec<f64>,
+    episodes: Vec<Episode>,
+    tick_ms: u64,
+) -> Scenario {
+    let server_name = |i: usize| format!("gpu-{i}");
+    let worker_name = |i: usize| format!("worker-{i}");
+    let servers = (0..shape.servers)
+        .map(|i| ServerSpec {
+            name: server_name(i),
+            model: "qwen3-8b".into(),
+            slots: 4,
+            queue: 32,
+            collapse_at: None,
+            prompt_tokens: 400,
+            output_tokens: 60,
+            prefill_tokens_per_s: 2000.0,
+            decode_tokens_per_s: 40.0,
+            reload_s: 5.0,
+            cold_start: false,
+            behaviour: Behaviour::default(),
+        })
+        .collect();
+    let tenants: Vec<TenantLoad> = loads
+        .iter()
+        .enumerate()
+        .map(|(i, calls_per_min)| TenantLoad {
+            id: i as u64 + 1,
+            calls_per_min: *calls_per_min,
+        })
+        .collect();
+    let workers = clocks
+        .iter()
+        .enumerate()
+        .map(|(i, (offset_ms, drift_ppm))| WorkerGroup {
+            name: worker_name(i),
+            count: 1,
+            servers: vec![server_name(i % shape.servers)],
+            tenants: tenants.clone(),
+            clock: ClockSpec {
+                offset_ms: *offset_ms,
+                drift_ppm: *drift_ppm,
+            },
+        })
+        .collect();
+    let end = |at: f64, length: f64| (at + length).min(shape.duration);
+    let mut faults = Vec::new();
+    for e in &episodes {
+        match e {
+            Episode::Crash { server, at, length } => {
+                faults.push(Fault::Crash {
+                    at_s: *at,
+                    server: server_name(*server),
+                });
+                faults.push(Fault::Restart {
+                    at_s: end(*at, *length),
+                    server: server_name(*server),
+                });
+            }
+            Episode::Behave {
+                server,
+                mode,
+                probability,
+                at,
+                length,
+            } => {
+                let behaviour = Behaviour {
+                    mode: *mode,
+                    probability: *probability,
+                    retry_after_s: 1.0,
+                };
+                faults.push(Fault::Behave {
+                    at_s: *at,
+                    server: server_name(*server),
+                    behaviour,
+                });
+                faults.push(Fault::Behave {
+                    at_s: end(*at, *length),
+                    server: server_name(*server),
+                    behaviour: Behaviour::default(),
+                });
+            }
+            Episode::Partition {
+                worker,
+                from_cache,
+                server,
+                at,
+                length,
+            } => {
+                let b = if *from_cache {
+                    "cache".to_owned()
+                } else {
+                    server_name(*server)
+                };
+                let a = worker_name(*worker);
+                faults.push(Fault::Partition {
+                    at_s: *at,
+                    a: a.clone(),
+                    b: b.clone(),
+                });
+                faults.push(Fault::Heal {
+                    at_s: end(*at, *length),
+                    a,
+                    b,
+                });
+            }
+            Episode::Latency {
+                worker,
+                server,
+                ms,
+                at,
+                length,
+            } => {
+                let (a, b) = (worker_name(*worker), server_name(*server));
+                faults.push(Fault::Latency {
+                    at_s: *at,
+                    a: a.clone(),
+                    b: b.clone(),
+                    ms: *ms,
+                });
+                faults.push(Fault::Latency {
+                    at_s: end(*at, *length),
+                    a,
+                    b,
+                    ms: Network::default().max_latency_ms,
+                });
+            }
+            Episode::ClockStep { worker, at, by_ms } => {
+                faults.push(Fault::ClockStep {
+                    at_s: *at,
+                    host: worker_name(*worker),
+                    by_ms: *by_ms,
+                });
+            }
+            Episode::Burst { at, calls, tenant } => {
+                faults.push(Fault::Burst {
+                    at_s: *at,
+                    calls: *calls,
+                    tenant: (*tenant).min(tenants.len() as u64),
+                });
+            }
+            Episode::CacheDown { at, length } => {
+                faults.push(Fault::CacheDown { at_s: *at });
+                faults.push(Fault::CacheUp {
+                    at_s: end(*at, *length),
+                });
+            }
+        }
+    }
+    let mut scenario = Scenario {
+        name: "fuzz-case".into(),
+        description: "generated by redstring-sim fuzz".into(),
+        seed: shape.seed,
+        duration_s: shape.duration,
+        tick_ms,
+        hardening,
+        cache: CacheLayout {
+            kind: shape.cache,
+            time_source: shape.time_source,
+            ..CacheLayout::default()
+        },
+        network: Network::default(),
+        servers,
+        workers,
+        faults,
+        expect: Expectations::default(),
+    };
+    scenario.expect.may_violate = claimed_exceptions(&scenario);
+    scenario
+}
+
+/// The invariants a configuration cannot claim, and why they may fail:
+///
+/// - a shared cache stamped by skewed callers (offsets, drift or clock steps)
+///   disagrees about the window: `rpm_per_window` and `retry_after_monotone`;
+/// - a worker cut off from the shared cache limits locally (bounded
+///   overshoot): `rpm_per_window`;
+/// - a cache host that restarts forgets every hit and every open circuit:
+///   `rpm_per_window`, `retry_after_monotone`, `no_call_while_open`.
+pub fn claimed_exceptions(s: &Scenario) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    if s.cache.kind != CacheKind::Shared {
+        return out;
+    }
+    let skewed = s.workers.iter().any(|w| w.clock != ClockSpec::default())
+        || s.faults.iter().any(|f| matches!(f, Fault::ClockStep { .. }));
+    if skewed && s.cache.time_source == TimeSource::Caller {
+        out.extend(["rpm_per_window", "retry_after_monotone"].map(String::from));
+    }
+    if s.faults
+        .iter()
+        .any(|f| matches!(f, Fault::Partition { b, .. } | Fault::Partition { a: b, .. } if b == "cache"))
+    {
+        out.insert("rpm_per_window".into());
+    }
+    if s.faults.iter().any(|f| matches!(f, Fault::CacheDown { .. })) {
+        out.extend(["rpm_per_window", "retry_after_monotone", "no_call_while_open"].map(String::from));
+    }
+    out
+}
+
+/// Runs one case: `Ok` when every claimed invariant held, otherwise the
+/// failed invariants and the report.
+pub fn check_case(scenario: &Scenario) -> Result<(), String> {
+    scenario
+        .validate("fuzz case")
+        .map_err(|e| format!("generated an invalid scenario: {e}"))?;
+    let run = world::run(scenario, scenario.seed).map_err(|e| format!("simulation failed: {e}"))?;
+    let report = Report::new(scenario, "fuzz case", &run);
+    if report.failed() {
+        let failed: Vec<&str> = report.checks.iter().filter(|c| c.failed()).map(|c| c.name).collect();
+        return Err(format!(
+            "invariants failed: {}\n{}",
+            failed.join(", "),
+            report.render(None)
+        ));
+    }
+    Ok(())
+}
+
+/// Writes a (minimal) failing case as a scenario file in `dir`, named after a
+/// digest of its content, and returns its path.
+pub fn write_regression(dir: &Path, scenario: &Scenario) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let mut s = scenario.clone();
+    let body = s.to_toml();
+    let digest = body.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    s.name = format!("regression-{digest:016x}");
+    s.description = "A minimal failing case found by the fuzzer; replay it with redstring-sim run.".into();
+    let path = dir.join(format!("{}.toml", s.name));
+    std::fs::write(&path, s.to_toml())?;
+    Ok(path)
+}

@@ -1,0 +1,147 @@
+//! Fuzzing whole scenarios: generated outages within the default bounds never
+//! break an invariant their configuration claims; a failing case shrinks to
+//! the fewest faults and is written as a scenario that replays it.
+//!
+//! The default run is a few dozen cases from a fixed seed, so CI is
+//! repeatable. The deep search: `REDSTRING_FUZZ_CASES=2000
+//! REDSTRING_FUZZ_SEED=random cargo test -p redstring-suite --test fuzz`
+//! (or `redstring-sim fuzz scenarios/bounds/default.toml --cases 2000`).
+//! Failing inputs are kept in `tests/fuzz.proptest-regressions` and rerun first.
+
+use std::path::Path;
+
+use proptest::test_runner::{Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner};
+use redstring_sim::fuzz::{self, Bounds};
+use redstring_sim::scenario::{Fault, Scenario};
+use redstring_sim::trace::Trace;
+use redstring_sim::world;
+
+fn seed() -> u64 {
+    match std::env::var("REDSTRING_FUZZ_SEED").as_deref() {
+        Ok("random") => std::process::id().into(),
+        Ok(s) => s.parse().expect("REDSTRING_FUZZ_SEED must be an integer or \"random\""),
+        Err(_) => 2026,
+    }
+}
+
+fn cases(default: u32) -> u32 {
+    std::env::var("REDSTRING_FUZZ_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn bounds() -> Bounds {
+    Bounds::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/bounds/default.toml")).unwrap()
+}
+
+#[test]
+fn no_generated_outage_breaks_a_claimed_invariant() {
+    let seed = seed();
+    eprintln!("REDSTRING_FUZZ_SEED={seed}");
+    let mut runner = TestRunner::new(Config {
+        cases: cases(24),
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/fuzz.proptest-regressions",
+        ))),
+        ..Config::default()
+    });
+    let result = runner.run(&fuzz::scenarios(&bounds()), |s| {
+        fuzz::check_case(&s).map_err(TestCaseError::fail)
+    });
+    if let Err(TestError::Fail(reason, minimal)) = result {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/regressions");
+        let path = fuzz::write_regression(&dir, &minimal).unwrap();
+        panic!(
+            "{reason}\nsmallest failing case written to {}\nreplay: redstring-sim run {}",
+            path.display(),
+            path.display()
+        );
+    } else if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn generated_scenarios_are_valid_and_round_trip_through_toml() {
+    let mut runner = TestRunner::new(Config {
+        cases: 200,
+        rng_seed: RngSeed::Fixed(seed()),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&fuzz::scenarios(&bounds()), |s| {
+            s.validate("generated")
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let back =
+                Scenario::parse("generated.toml", &s.to_toml()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            if back != s {
+                return Err(TestCaseError::fail("TOML round trip changed the scenario"));
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// A deliberately false property — "no circuit ever opens" — over crash-only
+/// outages: the search must find a counterexample, shrink it to a single
+/// crash, and write a file that replays the same run.
+#[test]
+fn a_failing_case_shrinks_to_one_fault_and_replays_from_its_file() {
+    let mut b = bounds();
+    b.fault_kinds = vec!["crash".into()];
+    b.duration_s = [40.0, 90.0];
+    b.workers = [1, 2];
+    b.servers = [1, 1];
+    b.failure_threshold = [1, 2];
+    b.max_retries = [0, 1];
+    b.calls_per_min = [20.0, 40.0];
+    b.max_faults = 4;
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        rng_seed: RngSeed::Fixed(7),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let never_opens = |s: Scenario| {
+        let run = world::run(&s, s.seed).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let opened = run.events.iter().any(|e| {
+            matches!(&e.kind, redstring_sim::trace::Kind::Breaker { to, .. } if *to == redstring::CircuitState::Open)
+        });
+        if opened {
+            Err(TestCaseError::fail("a circuit opened"))
+        } else {
+            Ok(())
+        }
+    };
+    let Err(TestError::Fail(_, minimal)) = runner.run(&fuzz::scenarios(&b), never_opens) else {
+        panic!("the search found no crash that opens a circuit");
+    };
+    let crashes = minimal
+        .faults
+        .iter()
+        .filter(|f| matches!(f, Fault::Crash { .. }))
+        .count();
+    assert_eq!(crashes, 1, "shrunk to one crash: {:#?}", minimal.faults);
+    assert_eq!(
+        minimal.faults.len(),
+        2,
+        "the crash and its restart: {:#?}",
+        minimal.faults
+    );
+
+    let dir = std::env::temp_dir().join(format!("redstring-fuzz-{}", std::process::id()));
+    let path = fuzz::write_regression(&dir, &minimal).unwrap();
+    let replayed = Scenario::load(&path).unwrap();
+    let (a, b) = (
+        world::run(&minimal, minimal.seed).unwrap(),
+        world::run(&replayed, replayed.seed).unwrap(),
+    );
+    assert_eq!(
+        Trace::to_json_lines(&a.events),
+        Trace::to_json_lines(&b.events),
+        "the file replays the case exactly"
+    );
+}
