@@ -610,12 +610,29 @@ fn build(
 ///
 /// - a shared cache stamped by skewed callers (offsets, drift or clock steps)
 ///   disagrees about the window: `rpm_per_window` and `retry_after_monotone`;
+/// - a worker clock stepped backwards, where that clock stamps the limiter's
+///   decisions (its own cache, or a caller-stamped shared one), reports a
+///   wait longer by the step: `retry_after_monotone`;
 /// - a worker cut off from the shared cache limits locally (bounded
-///   overshoot): `rpm_per_window`;
+///   overshoot, and waits from its local history): `rpm_per_window`,
+///   `retry_after_monotone`;
 /// - a cache host that restarts forgets every hit and every open circuit:
-///   `rpm_per_window`, `retry_after_monotone`, `no_call_while_open`.
+///   `rpm_per_window`, `retry_after_monotone`, `no_call_while_open`;
+/// - a fleet that overloads a healthy server never recovers, fault or not:
+///   `liveness` (see [`carries_its_load`]).
 pub fn claimed_exceptions(s: &Scenario) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
+    if !carries_its_load(s) {
+        out.insert("liveness".to_owned());
+    }
+    let callers_stamp = s.cache.kind == CacheKind::PerWorker || s.cache.time_source == TimeSource::Caller;
+    let stepped_back = s
+        .faults
+        .iter()
+        .any(|f| matches!(f, Fault::ClockStep { host, by_ms, .. } if *by_ms < 0 && host != "cache"));
+    if callers_stamp && stepped_back {
+        out.insert("retry_after_monotone".to_owned());
+    }
     if s.cache.kind != CacheKind::Shared {
         return out;
     }
@@ -628,12 +645,34 @@ pub fn claimed_exceptions(s: &Scenario) -> BTreeSet<String> {
         .iter()
         .any(|f| matches!(f, Fault::Partition { b, .. } | Fault::Partition { a: b, .. } if b == "cache"))
     {
-        out.insert("rpm_per_window".into());
+        out.extend(["rpm_per_window", "retry_after_monotone"].map(String::from));
     }
     if s.faults.iter().any(|f| matches!(f, Fault::CacheDown { .. })) {
         out.extend(["rpm_per_window", "retry_after_monotone", "no_call_while_open"].map(String::from));
     }
     out
+}
+
+/// Whether every server can serve the load sent to it once the faults are
+/// over — what liveness presumes. A fleet that overloads a healthy server
+/// (offered load above 80 % of its slots' throughput), or a request timeout
+/// shorter than twice the service time, keeps failing with no fault at all.
+pub fn carries_its_load(s: &Scenario) -> bool {
+    let mut offered = std::collections::BTreeMap::<&str, f64>::new();
+    for group in &s.workers {
+        let per_worker: f64 = group.tenants.iter().map(|t| t.calls_per_min / 60.0).sum();
+        for i in 0..group.count as usize {
+            let server = group.servers[i % group.servers.len()].as_str();
+            *offered.entry(server).or_default() += per_worker;
+        }
+    }
+    s.servers.iter().all(|server| {
+        let service = f64::from(server.prompt_tokens) / server.prefill_tokens_per_s
+            + f64::from(server.output_tokens) / server.decode_tokens_per_s;
+        let throughput = f64::from(server.slots) / service;
+        let load = offered.get(server.name.as_str()).copied().unwrap_or(0.0);
+        load <= 0.8 * throughput && s.hardening.request_timeout_s >= 2.0 * service
+    })
 }
 
 /// Runs one case: `Ok` when every claimed invariant held, otherwise the

@@ -132,6 +132,9 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// The driver's description of the cache host restarting (see `world::apply`).
+const CACHE_UP: &str = "cache host up";
+
 fn secs_us(s: f64) -> u64 {
     (s * 1e6).round().max(0.0) as u64
 }
@@ -453,8 +456,19 @@ fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     (verdict, format!("{admitted_while_impaired} admissions while open"))
 }
 
-/// When the last fault is over: the latest fault, with a restart's reload.
+/// When the last fault is over: the latest fault, with a restart's reload,
+/// and a burst's backlog drained by the slowest server.
 fn heal_time_us(s: &Scenario) -> Option<u64> {
+    let workers = s.worker_names().len() as f64;
+    let slowest = s
+        .servers
+        .iter()
+        .map(|x| {
+            let service = f64::from(x.prompt_tokens) / x.prefill_tokens_per_s
+                + f64::from(x.output_tokens) / x.decode_tokens_per_s;
+            f64::from(x.slots) / service
+        })
+        .fold(f64::INFINITY, f64::min);
     s.faults
         .iter()
         .map(|f| {
@@ -462,6 +476,7 @@ fn heal_time_us(s: &Scenario) -> Option<u64> {
                 Fault::Restart { server, .. } => {
                     s.servers.iter().find(|x| &x.name == server).map_or(0.0, |x| x.reload_s)
                 }
+                Fault::Burst { calls, .. } => f64::from(*calls) * workers / slowest + s.hardening.request_timeout_s,
                 _ => 0.0,
             };
             secs_us(f.at_s() + extra)
@@ -495,7 +510,18 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     } else {
         0.0
     };
-    let bound = heal + secs_us(2.0 * one_call + h.recovery_timeout_s + limiter_wait + 1.0);
+    // A breaker only moves when a call asks, so a lull in a worker's arrivals
+    // after the heal delays its probe by as much.
+    let mut last_arrival: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut lull = 0u64;
+    for e in events
+        .iter()
+        .filter(|e| matches!(e.kind, Kind::Arrival { .. }) && e.t_us >= heal)
+    {
+        let prev = last_arrival.insert(e.host.as_str(), e.t_us).unwrap_or(heal);
+        lull = lull.max(e.t_us - prev);
+    }
+    let bound = heal + lull + secs_us(2.0 * one_call + h.recovery_timeout_s + limiter_wait + 1.0);
     let end = secs_us(s.duration_s);
     if bound >= end {
         return (
@@ -513,7 +539,14 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
             Kind::Breaker { breaker, to, .. } => {
                 state.insert(ctx.breaker(e, breaker), (*to, e.t_us));
             }
-            Kind::CallEnd { outcome, .. } if e.t_us >= bound => {
+            // A restarted cache host has forgotten every breaker: all closed.
+            Kind::Fault { what } if ctx.shared && what == CACHE_UP => {
+                for v in state.values_mut() {
+                    *v = (CircuitState::Closed, e.t_us);
+                }
+            }
+            // Deferrals by the limiter say nothing about the server's health.
+            Kind::CallEnd { outcome, .. } if e.t_us >= bound && outcome != "rate_limited" => {
                 ended_after += 1;
                 if outcome == "ok" {
                     ok_after += 1;
@@ -525,7 +558,7 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     let figure = format!(
-        "bound {} s after the start; {ok_after} of {ended_after} calls ok after it",
+        "bound {} s after the start; {ok_after} of {ended_after} calls not deferred by the limiter ok after it",
         bound / 1_000_000
     );
     for (scope, (st, since)) in &state {
