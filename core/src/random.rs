@@ -48,7 +48,7 @@ impl SeededRandom {
     #[allow(clippy::disallowed_methods)] // allowed: the production RNG is the one reader of OS entropy.
     pub fn from_os_entropy() -> Self {
         SeededRandom {
-            rng: Mutex::new(ChaCha8Rng::from_os_rng()),
+            rng: Mutex::new(ChaCha8Rng::from_os_rng()), // allowed: the production RNG
         }
     }
 }

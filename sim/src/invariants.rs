@@ -139,6 +139,10 @@ fn secs_us(s: f64) -> u64 {
     (s * 1e6).round().max(0.0) as u64
 }
 
+fn not_applicable(why: impl Into<String>) -> (Verdict, String) {
+    (Verdict::NotApplicable { why: why.into() }, String::new())
+}
+
 fn violated(e: &TraceEvent, detail: String) -> Verdict {
     Verdict::Violated {
         t_us: e.t_us,
@@ -159,12 +163,7 @@ fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if series.is_empty() {
-        return (
-            Verdict::NotApplicable {
-                why: "no admissions".into(),
-            },
-            String::new(),
-        );
+        return not_applicable("no admissions");
     }
     let rpm = ctx.scenario.hardening.rpm as usize;
     // In true time an admission is seen up to one round trip after the cache
@@ -266,12 +265,7 @@ fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         last.insert(key, (e.t_us, *retry_after_us));
     }
     if refusals == 0 {
-        return (
-            Verdict::NotApplicable {
-                why: "no refusals".into(),
-            },
-            String::new(),
-        );
+        return not_applicable("no refusals");
     }
     (
         verdict,
@@ -318,12 +312,7 @@ fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if episodes == 0 {
-        return (
-            Verdict::NotApplicable {
-                why: "no half-open episode".into(),
-            },
-            String::new(),
-        );
+        return not_applicable("no half-open episode");
     }
     (
         verdict,
@@ -337,12 +326,7 @@ fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
 fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     let threshold = ctx.scenario.hardening.failure_threshold as usize;
     if threshold < 2 {
-        return (
-            Verdict::NotApplicable {
-                why: "failure_threshold is 1".into(),
-            },
-            String::new(),
-        );
+        return not_applicable("failure_threshold is 1");
     }
     // Tolerance for a shared cache's TTLs running on a drifting clock.
     let slack = ctx.scenario.tick_ms * 1000 + ctx.recovery_us / 1000;
@@ -394,12 +378,7 @@ fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if openings == 0 {
-        return (
-            Verdict::NotApplicable {
-                why: "the circuit never opened".into(),
-            },
-            String::new(),
-        );
+        return not_applicable("the circuit never opened");
     }
     (
         verdict,
@@ -446,12 +425,7 @@ fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if !any_open {
-        return (
-            Verdict::NotApplicable {
-                why: "the circuit never opened".into(),
-            },
-            String::new(),
-        );
+        return not_applicable("the circuit never opened");
     }
     (verdict, format!("{admitted_while_impaired} admissions while open"))
 }
@@ -489,12 +463,7 @@ fn heal_time_us(s: &Scenario) -> Option<u64> {
 fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     let s = ctx.scenario;
     let Some(heal) = heal_time_us(s) else {
-        return (
-            Verdict::NotApplicable {
-                why: "no faults".into(),
-            },
-            String::new(),
-        );
+        return not_applicable("no faults");
     };
     let h = &s.hardening;
     let policy_wait: f64 = (0..h.max_retries)
@@ -524,12 +493,10 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     let bound = heal + lull + secs_us(2.0 * one_call + h.recovery_timeout_s + limiter_wait + 1.0);
     let end = secs_us(s.duration_s);
     if bound >= end {
-        return (
-            Verdict::NotApplicable {
-                why: format!("the run ends before the liveness bound ({} s)", bound / 1_000_000),
-            },
-            String::new(),
-        );
+        return not_applicable(format!(
+            "the run ends before the liveness bound ({} s)",
+            bound / 1_000_000
+        ));
     }
     let mut state: BTreeMap<String, (CircuitState, u64)> = BTreeMap::new();
     let (mut ok_after, mut ended_after) = (0u64, 0u64);
@@ -637,12 +604,7 @@ fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         }
     }
     if arrivals == 0 {
-        return (
-            Verdict::NotApplicable {
-                why: "no work arrived".into(),
-            },
-            String::new(),
-        );
+        return not_applicable("no work arrived");
     }
     let per_call = u64::from(ctx.scenario.hardening.max_retries) + 1;
     if requests > per_call * allowed && verdict == Verdict::Held {
