@@ -667,11 +667,8 @@ pub fn carries_its_load(s: &Scenario) -> bool {
         }
     }
     s.servers.iter().all(|server| {
-        let service = f64::from(server.prompt_tokens) / server.prefill_tokens_per_s
-            + f64::from(server.output_tokens) / server.decode_tokens_per_s;
-        let throughput = f64::from(server.slots) / service;
         let load = offered.get(server.name.as_str()).copied().unwrap_or(0.0);
-        load <= 0.8 * throughput && s.hardening.request_timeout_s >= 2.0 * service
+        load <= 0.8 * server.throughput() && s.hardening.request_timeout_s >= 2.0 * server.service_time_s()
     })
 }
 

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use redstring::CircuitState;
 use serde::Serialize;
 
-use crate::scenario::{CacheKind, Fault, Scenario};
+use crate::scenario::{CacheKind, Fault, Scenario, ServerSpec};
 use crate::trace::{Kind, TraceEvent};
 
 /// One invariant's outcome.
@@ -437,11 +437,7 @@ fn heal_time_us(s: &Scenario) -> Option<u64> {
     let slowest = s
         .servers
         .iter()
-        .map(|x| {
-            let service = f64::from(x.prompt_tokens) / x.prefill_tokens_per_s
-                + f64::from(x.output_tokens) / x.decode_tokens_per_s;
-            f64::from(x.slots) / service
-        })
+        .map(ServerSpec::throughput)
         .fold(f64::INFINITY, f64::min);
     s.faults
         .iter()
@@ -466,9 +462,7 @@ fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
         return not_applicable("no faults");
     };
     let h = &s.hardening;
-    let policy_wait: f64 = (0..h.max_retries)
-        .map(|n| (h.initial_delay_s * h.multiplier.powi(n as i32)).min(h.max_delay_s) * (1.0 + h.jitter))
-        .sum();
+    let policy_wait = h.retry_policy().map_or(0.0, |p| p.worst_case_wait().as_secs_f64());
     // Calls in flight at the heal may still fail and open a breaker up to one
     // call later; it then waits out recovery_timeout and probes with one call,
     // which the limiter may first hold for its waits.
@@ -596,10 +590,7 @@ fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
                 }
             }
             Kind::Request { .. } => requests += 1,
-            Kind::Allowed { .. } => allowed += 1,
-            Kind::CacheUnavailable { operation, fallback } if operation == "breaker_step" && fallback == "allowed" => {
-                allowed += 1
-            }
+            kind if kind.admits_call() => allowed += 1,
             _ => {}
         }
     }

@@ -106,12 +106,7 @@ impl Report {
                 Kind::Arrival { .. } => report.arrivals += 1,
                 Kind::CallEnd { outcome, .. } => *report.outcomes.entry(outcome.clone()).or_default() += 1,
                 Kind::Request { .. } => report.requests += 1,
-                Kind::Allowed { .. } => report.admitted_calls += 1,
-                Kind::CacheUnavailable { operation, fallback }
-                    if operation == "breaker_step" && fallback == "allowed" =>
-                {
-                    report.admitted_calls += 1
-                }
+                kind if kind.admits_call() => report.admitted_calls += 1,
                 Kind::Limited { .. } => report.rate_limited += 1,
                 Kind::Served { outcome, impaired } => {
                     let load = report.servers.entry(e.host.clone()).or_default();

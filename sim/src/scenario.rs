@@ -104,6 +104,20 @@ impl Default for Hardening {
     }
 }
 
+impl Hardening {
+    /// The retry schedule these settings describe.
+    pub fn retry_policy(&self) -> Result<redstring::RetryPolicy, redstring::ConfigError> {
+        let secs = |s: f64| std::time::Duration::try_from_secs_f64(s).unwrap_or(std::time::Duration::MAX);
+        redstring::RetryPolicy::builder()
+            .max_retries(self.max_retries)
+            .initial_delay(secs(self.initial_delay_s))
+            .max_delay(secs(self.max_delay_s))
+            .multiplier(self.multiplier)
+            .jitter(self.jitter)
+            .build()
+    }
+}
+
 /// Where the limiter's hits and the breaker's state live.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -199,6 +213,19 @@ pub struct ServerSpec {
     /// How it answers at the start.
     #[serde(default)]
     pub behaviour: Behaviour,
+}
+
+impl ServerSpec {
+    /// Seconds one request holds a slot: prefill plus decode.
+    pub fn service_time_s(&self) -> f64 {
+        f64::from(self.prompt_tokens) / self.prefill_tokens_per_s
+            + f64::from(self.output_tokens) / self.decode_tokens_per_s
+    }
+
+    /// Requests per second its slots can serve.
+    pub fn throughput(&self) -> f64 {
+        f64::from(self.slots) / self.service_time_s()
+    }
 }
 
 /// What a server does with a request, beyond its capacity model.

@@ -487,9 +487,7 @@ impl Start {
     }
 
     fn service_time(&self) -> Duration {
-        let secs = f64::from(self.spec.prompt_tokens) / self.spec.prefill_tokens_per_s
-            + f64::from(self.spec.output_tokens) / self.spec.decode_tokens_per_s;
-        Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO)
+        Duration::try_from_secs_f64(self.spec.service_time_s()).unwrap_or(Duration::ZERO)
     }
 }
 

@@ -143,6 +143,18 @@ pub enum Kind {
     },
 }
 
+impl Kind {
+    /// Whether this event let a call past its breaker: an admission, or the
+    /// breaker's fallback admitting it when its cache could not be reached.
+    pub fn admits_call(&self) -> bool {
+        match self {
+            Kind::Allowed { .. } => true,
+            Kind::CacheUnavailable { operation, fallback } => operation == "breaker_step" && fallback == "allowed",
+            _ => false,
+        }
+    }
+}
+
 /// The shared, append-only trace.
 #[derive(Clone, Debug, Default)]
 pub struct Trace {

@@ -20,7 +20,7 @@ use redstring::provider::{
     BoxFuture, ExtractRequest, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, LlmProvider,
     OpenAiCompatible, OutputSchema, TransportError,
 };
-use redstring::{CircuitBreaker, Clock, RateLimiter, RetryPolicy, SeededRandom, TenantId};
+use redstring::{CircuitBreaker, Clock, RateLimiter, SeededRandom, TenantId};
 
 use crate::clock::{SimClock, sim_elapsed};
 use crate::scenario::{Hardening, TenantLoad};
@@ -110,13 +110,7 @@ pub async fn run_worker<S: LimiterStore + BreakerStore>(
             .cache(store)
             .build()?,
     );
-    let policy = RetryPolicy::builder()
-        .max_retries(h.max_retries)
-        .initial_delay(secs(h.initial_delay_s))
-        .max_delay(secs(h.max_delay_s))
-        .multiplier(h.multiplier)
-        .jitter(h.jitter)
-        .build()?;
+    let policy = h.retry_policy()?;
     let transport = CountingTransport(SimTransport::new(&plan.name, trace.clone()));
     let adapter = Arc::new(
         OpenAiCompatible::builder(format!("http://{}:8080/v1", plan.server), plan.model.clone())
