@@ -444,18 +444,8 @@ fn build(
     let worker_name = |i: usize| format!("worker-{i}");
     let servers = (0..shape.servers)
         .map(|i| ServerSpec {
-            name: server_name(i),
-            model: "qwen3-8b".into(),
-            slots: 4,
-            queue: 32,
-            collapse_at: None,
-            prompt_tokens: 400,
-            output_tokens: 60,
-            prefill_tokens_per_s: 2000.0,
-            decode_tokens_per_s: 40.0,
             reload_s: 5.0,
-            cold_start: false,
-            behaviour: Behaviour::default(),
+            ..ServerSpec::named(server_name(i))
         })
         .collect();
     let tenants: Vec<TenantLoad> = loads

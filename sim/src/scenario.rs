@@ -216,6 +216,25 @@ pub struct ServerSpec {
 }
 
 impl ServerSpec {
+    /// A server called `name` with every other field at the scenario file's
+    /// default.
+    pub fn named(name: impl Into<String>) -> Self {
+        ServerSpec {
+            name: name.into(),
+            model: defaults::model(),
+            slots: defaults::slots(),
+            queue: defaults::queue(),
+            collapse_at: None,
+            prompt_tokens: defaults::prompt_tokens(),
+            output_tokens: defaults::output_tokens(),
+            prefill_tokens_per_s: defaults::prefill_tps(),
+            decode_tokens_per_s: defaults::decode_tps(),
+            reload_s: defaults::reload_s(),
+            cold_start: false,
+            behaviour: Behaviour::default(),
+        }
+    }
+
     /// Seconds one request holds a slot: prefill plus decode.
     pub fn service_time_s(&self) -> f64 {
         f64::from(self.prompt_tokens) / self.prefill_tokens_per_s

@@ -1,10 +1,12 @@
 //! The cache host and `RemoteCache` over turmoil: the port's compliance suite,
 //! partitions, crashes and the store's own clock.
 
+mod support;
+
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use redstring::cache::{KeyValue, LimiterStore, SlotRequest};
 use redstring::limiter::SlotOutcome;
@@ -13,20 +15,9 @@ use redstring::{CacheError, Clock, TimeSource, Timestamp};
 use redstring_sim::cache_host::{RemoteCache, cache_host};
 use redstring_sim::clock::{EPOCH, SimClock, sim_elapsed};
 use redstring_sim::scenario::ClockSpec;
-use turmoil::{Builder, Sim};
+use support::sim;
 
 const TIMEOUT: Duration = Duration::from_millis(250);
-
-fn sim<'a>(secs: u64) -> Sim<'a> {
-    Builder::new()
-        .rng_seed(5)
-        .epoch(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
-        .tick_duration(Duration::from_millis(10))
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(5))
-        .simulation_duration(Duration::from_secs(secs))
-        .build()
-}
 
 /// The suite's view of a remote cache: every check gets an emptied host, and
 /// time passes by sleeping on turmoil's virtual clock.
@@ -52,7 +43,7 @@ impl Harness for Remote {
 
 #[test]
 fn remote_cache_passes_the_compliance_suite() {
-    let mut sim = sim(600);
+    let mut sim = sim(5, 600);
     sim.host(
         "cache",
         cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
@@ -72,7 +63,7 @@ fn unavailable(r: &Result<Option<String>, String>) -> bool {
 
 #[test]
 fn a_partitioned_cache_is_unavailable_within_the_timeout_and_back_after_repair() {
-    let mut sim = sim(60);
+    let mut sim = sim(5, 60);
     sim.host(
         "cache",
         cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
@@ -114,7 +105,7 @@ fn a_partitioned_cache_is_unavailable_within_the_timeout_and_back_after_repair()
 
 #[test]
 fn a_crashed_cache_is_unavailable_and_comes_back_empty() {
-    let mut sim = sim(60);
+    let mut sim = sim(5, 60);
     sim.host(
         "cache",
         cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
@@ -155,7 +146,7 @@ fn a_crashed_cache_is_unavailable_and_comes_back_empty() {
 
 #[test]
 fn host_errors_come_back_as_their_variant_and_a_closed_client_is_closed() {
-    let mut sim = sim(30);
+    let mut sim = sim(5, 30);
     sim.host(
         "cache",
         cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
@@ -187,7 +178,7 @@ fn host_errors_come_back_as_their_variant_and_a_closed_client_is_closed() {
 
 #[test]
 fn a_store_stamped_cache_uses_the_hosts_own_clock() {
-    let mut sim = sim(30);
+    let mut sim = sim(5, 30);
     let cache_clock = SimClock::new(ClockSpec {
         offset_ms: 5_000,
         drift_ppm: 0,

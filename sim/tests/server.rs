@@ -1,46 +1,20 @@
 //! The simulated model server, driven over turmoil TCP with a plain hyper client.
 
+mod support;
+
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use redstring_sim::scenario::{Behaviour, Mode, ServerSpec};
+use redstring_sim::scenario::{Behaviour, Mode};
 use redstring_sim::server::{ServerHandle, server_host};
 use redstring_sim::trace::{Kind, Trace};
 use serde_json::{Value, json};
-use turmoil::{Builder, Sim};
-
-fn sim<'a>(seed: u64, secs: u64) -> Sim<'a> {
-    Builder::new()
-        .rng_seed(seed)
-        .epoch(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
-        .tick_duration(Duration::from_millis(10))
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(5))
-        .simulation_duration(Duration::from_secs(secs))
-        .build()
-}
-
-fn spec() -> ServerSpec {
-    ServerSpec {
-        name: "gpu".into(),
-        model: "qwen3-8b".into(),
-        slots: 2,
-        queue: 4,
-        collapse_at: None,
-        prompt_tokens: 400,
-        output_tokens: 60,
-        prefill_tokens_per_s: 2000.0,
-        decode_tokens_per_s: 40.0,
-        reload_s: 0.0,
-        cold_start: false,
-        behaviour: Behaviour::default(),
-    }
-}
+use support::{sim, spec};
 
 fn with_mode(mode: Mode) -> Behaviour {
     Behaviour {

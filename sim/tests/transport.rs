@@ -1,6 +1,8 @@
 //! `SimTransport` against the simulated model server: statuses, limits,
 //! timeouts and the transport error kinds, and the adapter on top of it.
 
+mod support;
+
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -10,40 +12,13 @@ use redstring::provider::{
     TransportError, TransportErrorKind,
 };
 use redstring_sim::clock::sim_elapsed;
-use redstring_sim::scenario::{Behaviour, Mode, ServerSpec};
+use redstring_sim::scenario::{Behaviour, Mode};
 use redstring_sim::server::{ServerHandle, server_host};
 use redstring_sim::trace::{Kind, Trace};
 use redstring_sim::transport::SimTransport;
 use serde_json::{Value, json};
-use turmoil::{Builder, Sim};
-
-fn sim<'a>(secs: u64) -> Sim<'a> {
-    Builder::new()
-        .rng_seed(9)
-        .epoch(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
-        .tick_duration(Duration::from_millis(10))
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(5))
-        .simulation_duration(Duration::from_secs(secs))
-        .build()
-}
-
-fn spec() -> ServerSpec {
-    ServerSpec {
-        name: "gpu".into(),
-        model: "qwen3-8b".into(),
-        slots: 2,
-        queue: 4,
-        collapse_at: None,
-        prompt_tokens: 400,
-        output_tokens: 60,
-        prefill_tokens_per_s: 2000.0,
-        decode_tokens_per_s: 40.0,
-        reload_s: 0.0,
-        cold_start: false,
-        behaviour: Behaviour::default(),
-    }
-}
+use support::{sim, spec};
+use turmoil::Builder;
 
 fn request(server: &str, body_limit: usize, timeout: Duration) -> HttpRequest {
     let body = json!({
@@ -76,7 +51,7 @@ fn kind(outcome: &Outcome) -> Option<TransportErrorKind> {
 
 /// Sends one request per `(mode, body_limit, timeout)` from a worker, in order.
 fn run(modes: &[(Mode, usize, Duration)]) -> (Vec<Outcome>, Trace) {
-    let mut sim = sim(120);
+    let mut sim = sim(9, 120);
     let trace = Trace::new();
     let handle = ServerHandle::default();
     sim.host("gpu", server_host(spec(), handle.clone(), trace.clone(), 1));
@@ -160,7 +135,7 @@ fn failures_map_to_transport_error_kinds() {
 
 #[test]
 fn a_host_not_listening_refuses_and_a_crashed_one_times_out() {
-    let mut sim = sim(60);
+    let mut sim = sim(9, 60);
     // A machine that is up with nothing on port 8080.
     sim.host("idle", || async { std::future::pending().await });
     sim.host("gpu", server_host(spec(), ServerHandle::default(), Trace::new(), 1));
@@ -193,7 +168,7 @@ fn a_host_not_listening_refuses_and_a_crashed_one_times_out() {
 
 #[test]
 fn a_timed_out_request_is_seen_by_the_server_as_abandoned() {
-    let mut sim = sim(60);
+    let mut sim = sim(9, 60);
     let trace = Trace::new();
     let mut server = spec();
     server.slots = 1;
@@ -253,7 +228,7 @@ struct Reviewer {
 
 #[test]
 fn the_openai_adapter_extracts_typed_values_through_the_simulated_network() {
-    let mut sim = sim(60);
+    let mut sim = sim(9, 60);
     let handle = ServerHandle::default();
     sim.host("gpu", server_host(spec(), handle.clone(), Trace::new(), 1));
     let results: Rc<RefCell<Vec<Result<Review, String>>>> = Rc::default();
