@@ -129,6 +129,7 @@ fn request(now: Timestamp) -> SlotRequest {
         window: WINDOW,
         limit: RPM,
         ttl: WINDOW * 2,
+        max_ahead: Duration::ZERO,
     }
 }
 

@@ -94,6 +94,19 @@ pub enum Event {
         /// The instant the decision was made at.
         at: Timestamp,
     },
+    /// A store refused a caller's clock as the stamp of a limiter decision and
+    /// used a clamped one (the caller was ahead of the store, or more than one
+    /// window behind it): a sign of clock skew in the fleet.
+    StampClamped {
+        /// The limiter's key prefix.
+        limiter: Arc<str>,
+        /// The tenant whose decision it was.
+        tenant: TenantId,
+        /// The caller's `now`.
+        asked: Timestamp,
+        /// The stamp the store decided at instead.
+        used: Timestamp,
+    },
     /// A retryable failure; the loop will sleep and try again.
     RetryScheduled {
         /// The operation being retried.
@@ -221,6 +234,14 @@ impl Observer for TracingObserver {
                 ..
             } => {
                 tracing::debug!(%limiter, %tenant, retry_after = retry_after.as_secs_f64(), "rate limit refused")
+            }
+            Event::StampClamped {
+                limiter,
+                tenant,
+                asked,
+                used,
+            } => {
+                tracing::warn!(%limiter, %tenant, %asked, %used, "caller clock outside the store's tolerance; stamp clamped")
             }
             Event::RetryScheduled {
                 operation,

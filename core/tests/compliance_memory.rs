@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redstring::testing::{Harness, run_all};
-use redstring::{Clock, ManualClock, MemoryCache, Timestamp};
+use redstring::{Clock, ManualClock, MemoryCache, TimeSource, Timestamp};
 
 struct Memory {
     clock: ManualClock,
@@ -14,7 +14,10 @@ impl Harness for Memory {
     type Cache = MemoryCache;
 
     async fn cache(&self) -> Arc<MemoryCache> {
-        Arc::new(MemoryCache::new(Arc::new(self.clock.clone())))
+        Arc::new(MemoryCache::with_time_source(
+            Arc::new(self.clock.clone()),
+            TimeSource::Caller,
+        ))
     }
 
     async fn advance(&self, d: Duration) {

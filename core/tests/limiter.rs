@@ -241,14 +241,15 @@ async fn rpm_means_per_window() {
 }
 
 #[tokio::test]
-async fn a_tenants_series_lives_twice_the_window_after_its_last_hit() {
+async fn a_tenants_series_lives_two_windows_and_the_clock_lead_after_its_last_hit() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let l = limiter(5, &clock);
+    assert_eq!(l.max_clock_ahead(), secs(1));
     l.acquire(A).await.unwrap();
-    clock.advance(secs(119));
-    assert_eq!(l.cache().len().1, 1, "kept through 2 × window");
-    clock.advance(secs(1));
-    assert_eq!(l.cache().len().1, 0, "gone at 2 × window");
+    clock.advance(secs(121));
+    assert_eq!(l.cache().len().1, 1, "kept through 2 × window + max_clock_ahead");
+    clock.advance(TICK);
+    assert_eq!(l.cache().len().1, 0, "gone one tick later");
 }
 
 #[tokio::test]
@@ -259,7 +260,7 @@ async fn idle_tenants_are_swept_so_memory_stays_bounded() {
         l.acquire(TenantId::from_u128(n)).await.unwrap();
     }
     assert_eq!(l.cache().stored_hits(), 1_000);
-    clock.advance(secs(121));
+    clock.advance(secs(122));
     for _ in 0..1_100 {
         let _ = l.remaining(A).await.unwrap();
     }
@@ -331,7 +332,10 @@ async fn one_clock_read_per_acquire_stamps_count_oldest_and_hit_alike() {
     let observer = Arc::new(RecordingObserver::new());
     // The cache keeps TTL time on the plain clock, so only the limiter's own
     // reads move time.
-    let cache = Arc::new(MemoryCache::new(Arc::new(manual.clone())));
+    let cache = Arc::new(MemoryCache::with_time_source(
+        Arc::new(manual.clone()),
+        redstring::TimeSource::Caller,
+    ));
     let l = RateLimiter::builder(1)
         .cache(cache)
         .clock(Arc::new(TickingClock(manual.clone())))
@@ -384,4 +388,63 @@ async fn close_releases_only_a_cache_the_limiter_built() {
         owned.acquire(A).await,
         Err(AcquireError::Cache(redstring::CacheError::Closed))
     ));
+}
+
+#[test]
+fn a_clock_lead_longer_than_the_window_is_rejected() {
+    let err = RateLimiter::builder(5)
+        .window(secs(10))
+        .max_clock_ahead(secs(11))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field, "max_clock_ahead");
+    let short = RateLimiter::builder(5)
+        .window(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    assert_eq!(
+        short.max_clock_ahead(),
+        Duration::from_millis(200),
+        "the default lead never exceeds the window"
+    );
+}
+
+/// Issue: one worker whose clock ran an hour ahead recorded a far-future hit,
+/// and pruning from the newest stamp then deleted every other hit: a correct
+/// limiter at rpm 3 on the same caller-stamped cache was admitted 20 of 20.
+#[tokio::test]
+async fn one_fast_clock_cannot_lift_a_shared_limit() {
+    let store_clock = Arc::new(ManualClock::at_fixed_epoch());
+    let shared = Arc::new(MemoryCache::with_time_source(
+        store_clock.clone(),
+        redstring::TimeSource::Caller,
+    ));
+    let events = Arc::new(RecordingObserver::new());
+    let fast = RateLimiter::builder(3)
+        .cache(shared.clone())
+        .clock(Arc::new(ManualClock::new(store_clock.now().saturating_add(secs(3600)))))
+        .observer(events.clone())
+        .build()
+        .unwrap();
+    fast.acquire(A).await.unwrap();
+    assert!(
+        events.events().iter().any(|e| matches!(
+            e,
+            Event::StampClamped { asked, used, .. } if *used == store_clock.now().saturating_add(secs(1)) && *asked > *used
+        )),
+        "the far-future stamp is clamped to the tolerated lead, and reported"
+    );
+    let sane = RateLimiter::builder(3)
+        .cache(shared)
+        .clock(store_clock.clone())
+        .build()
+        .unwrap();
+    let mut admitted = 0;
+    for _ in 0..20 {
+        if sane.acquire(A).await.is_ok() {
+            admitted += 1;
+        }
+        store_clock.advance(Duration::from_millis(100));
+    }
+    assert_eq!(admitted, 2, "the fast worker's hit counts and nobody's is pruned");
 }

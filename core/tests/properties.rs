@@ -264,3 +264,28 @@ proptest! {
         prop_assert_eq!(admitted, probes.min(tasks as u32));
     }
 }
+
+mod skew_support;
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Issue: a fast clock lifted a shared limit for everyone. On a
+    /// caller-stamped `MemoryCache`, callers with random skews keep the limit
+    /// exact in stamp time and within `skew_bound` in true time.
+    #[test]
+    fn skewed_callers_stay_within_the_skew_bound(case in skew_support::cases(Duration::from_secs(10), 120)) {
+        let window = Duration::from_secs(10);
+        let max_ahead = Duration::from_secs(1);
+        let admitted = runtime().block_on(async {
+            let clock = Arc::new(ManualClock::at_fixed_epoch());
+            let store = redstring::MemoryCache::with_time_source(clock.clone(), redstring::TimeSource::Caller);
+            skew_support::run(&store, "k", &case, window, max_ahead, async |gap| {
+                clock.advance(gap);
+                redstring::Clock::now(&*clock)
+            })
+            .await
+        });
+        skew_support::check(&case, &admitted, window, max_ahead, Duration::ZERO);
+    }
+}

@@ -19,9 +19,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis_support::RedisServer;
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams};
 use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
-use redstring::{CacheError, ManualClock, MemoryCache, Timestamp};
+use redstring::{CacheError, Clock, ManualClock, MemoryCache, SystemClock, Timestamp};
 
-const T0: Timestamp = Timestamp::from_secs(1_700_000_000);
 /// Keys for values and windows; the last is also the breaker's state key.
 const KEYS: &[&str] = &["a", "b", "{t}:x", "{br}:state"];
 /// Increment stays off the breaker's keys: MemoryCache keeps a counter as an
@@ -113,15 +112,21 @@ fn outcome<T: std::fmt::Debug>(result: Result<T, CacheError>) -> String {
     }
 }
 
-fn at(offset: u64) -> Timestamp {
-    Timestamp::from_micros(T0.as_micros() + offset)
+/// A caller lead beyond every instant the operations use.
+const UNCLAMPED: Duration = Duration::from_secs(100_000);
+
+/// The instant `offset` µs after a case's start. Each case starts at the
+/// server's present, so that the server's clock, which prunes and expires,
+/// agrees with the memory cache's (which stands still at the start).
+fn at(base: Timestamp, offset: u64) -> Timestamp {
+    Timestamp::from_micros(base.as_micros() + offset)
 }
 
 fn breaker_key(keys: &BreakerKeys, i: usize) -> &str {
     [&keys.state, &keys.failures, &keys.opened_at, &keys.half_open_calls][i]
 }
 
-async fn apply<C>(c: &C, op: &Op) -> String
+async fn apply<C>(c: &C, base: Timestamp, op: &Op) -> String
 where
     C: KeyValue + HitWindow + LimiterStore + BreakerStore,
 {
@@ -132,25 +137,28 @@ where
         Op::Get(k) => outcome(c.get(KEYS[k]).await),
         Op::Increment(k, t) => outcome(c.increment(COUNTER_KEYS[k], ttl(t)).await),
         Op::Delete(k) => outcome(c.delete(KEYS[k]).await),
-        Op::RecordHit(k, t, ttl) => outcome(c.record_hit(KEYS[k], at(t), ttl).await),
-        Op::CountSince(k, s) => outcome(c.count_since(KEYS[k], at(s)).await),
-        Op::OldestSince(k, s) => outcome(c.oldest_since(KEYS[k], at(s)).await),
+        Op::RecordHit(k, t, ttl) => outcome(c.record_hit(KEYS[k], at(base, t), ttl).await),
+        Op::CountSince(k, s) => outcome(c.count_since(KEYS[k], at(base, s)).await),
+        Op::OldestSince(k, s) => outcome(c.oldest_since(KEYS[k], at(base, s)).await),
         Op::Acquire(k, now, window, limit) => outcome(
             c.acquire_slot(
                 KEYS[k],
                 SlotRequest {
-                    now: at(now),
+                    now: at(base, now),
                     window,
                     limit,
-                    ttl: window * 2,
+                    // The memory cache's clock stands still and the server's
+                    // runs: a lead no instant here reaches keeps both unclamped.
+                    ttl: window * 2 + UNCLAMPED,
+                    max_ahead: UNCLAMPED,
                 },
             )
             .await,
         ),
         Op::SetBreakerKey(k, v) => outcome(c.set(breaker_key(&keys, k), VALUES[v], None).await),
         Op::GetBreakerKey(k) => outcome(c.get(breaker_key(&keys, k)).await),
-        Op::Breaker(command, now, params) => outcome(c.breaker_step(&keys, command, params, at(now)).await),
-        Op::BreakerRead(now) => outcome(c.breaker_read(&keys, at(now)).await),
+        Op::Breaker(command, now, params) => outcome(c.breaker_step(&keys, command, params, at(base, now)).await),
+        Op::BreakerRead(now) => outcome(c.breaker_read(&keys, at(base, now)).await),
     }
 }
 
@@ -171,10 +179,11 @@ fn memory_and_redis_give_identical_answers() {
     let result = runner.run(&prop::collection::vec(op(), 10..60), |ops| {
         rt.block_on(async {
             server.flush();
-            let memory = MemoryCache::new(Arc::new(ManualClock::new(T0)));
+            let base = SystemClock.now();
+            let memory = MemoryCache::with_time_source(Arc::new(ManualClock::new(base)), redstring::TimeSource::Caller);
             for (i, op) in ops.iter().enumerate() {
-                let expected = apply(&memory, op).await;
-                let actual = apply(&redis, op).await;
+                let expected = apply(&memory, base, op).await;
+                let actual = apply(&redis, base, op).await;
                 if expected != actual {
                     return Err(TestCaseError::fail(format!(
                         "step {i} {op:?}: memory {expected}, redis {actual}"

@@ -35,6 +35,7 @@ fn request(now: redstring::Timestamp) -> SlotRequest {
         window: Duration::from_secs(60),
         limit: 5,
         ttl: Duration::from_secs(120),
+        max_ahead: Duration::ZERO,
     }
 }
 

@@ -10,7 +10,11 @@ use std::time::Duration;
 
 use redis_support::RedisServer;
 use redstring::cache::redis::RedisCache;
-use redstring::{CircuitBreaker, Clock, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId, TimeSource};
+use redstring::limiter::skew_bound;
+use redstring::{
+    CircuitBreaker, Clock, Event, ManualClock, NoopObserver, RateLimiter, RecordingObserver, SystemClock, TenantId,
+    TimeSource,
+};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -50,12 +54,55 @@ async fn skewed_fleet_admissions(server: &RedisServer, time_source: TimeSource) 
 #[tokio::test]
 async fn store_time_keeps_a_skewed_fleet_to_one_allowance() {
     let Some(server) = RedisServer::start() else { return };
+    let caller = skewed_fleet_admissions(&server, TimeSource::Caller).await;
     assert_eq!(
-        skewed_fleet_admissions(&server, TimeSource::Caller).await,
-        6,
-        "caller-stamped: the worker ahead never sees the hits stamped an hour ago"
+        caller, 6,
+        "caller-stamped: the worker behind is clamped one window back, out of the sight of the worker ahead"
+    );
+    assert!(
+        caller as u64 <= skew_bound(3, Duration::from_secs(60), Duration::from_secs(1), 2 * HOUR),
+        "and that stays within the documented bound"
     );
     assert_eq!(skewed_fleet_admissions(&server, TimeSource::Store).await, 3);
+}
+
+/// Issue: one acquire from a limiter an hour ahead used to prune every other
+/// hit from the shared window (pruning ran from the newest stamp), so a
+/// correct limiter at rpm 3 was then admitted 20 times out of 20.
+#[tokio::test]
+async fn one_fast_clock_cannot_lift_a_shared_limit() {
+    let Some(server) = RedisServer::start() else { return };
+    for time_source in [TimeSource::Caller, TimeSource::Store] {
+        server.flush();
+        let real = SystemClock.now();
+        let events = Arc::new(RecordingObserver::default());
+        let fast = RateLimiter::builder(3)
+            .cache(cache(&server, time_source))
+            .clock(Arc::new(ManualClock::new(real.saturating_add(HOUR))))
+            .observer(events.clone())
+            .build()
+            .unwrap();
+        fast.acquire(TenantId::from_u128(1)).await.unwrap();
+        let clamped = events.events().iter().any(|e| matches!(e, Event::StampClamped { .. }));
+        assert_eq!(clamped, time_source == TimeSource::Caller, "{time_source:?}");
+
+        let sane = RateLimiter::builder(3)
+            .cache(cache(&server, time_source))
+            .clock(Arc::new(SystemClock))
+            .observer(Arc::new(NoopObserver))
+            .build()
+            .unwrap();
+        let mut admitted = 0;
+        for _ in 0..20 {
+            if sane.acquire(TenantId::from_u128(1)).await.is_ok() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(
+            admitted, 2,
+            "{time_source:?}: the fast worker's hit counts, and nobody's is pruned"
+        );
+    }
 }
 
 #[tokio::test]
@@ -70,6 +117,7 @@ async fn store_time_stamps_with_the_servers_clock() {
         window: Duration::from_secs(60),
         limit: 5,
         ttl: Duration::from_secs(120),
+        max_ahead: Duration::ZERO,
     };
     let SlotOutcome::Admitted { at, .. } = c.acquire_slot("k", request).await.unwrap() else {
         panic!("first acquire refused");

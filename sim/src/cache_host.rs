@@ -162,12 +162,14 @@ async fn execute(cache: &MemoryCache, request: WireRequest) -> Result<WireReply,
             window_us,
             limit,
             ttl_us,
+            max_ahead_us,
         } => {
             let request = SlotRequest {
                 now: Timestamp::from_micros(now_us),
                 window: Duration::from_micros(window_us),
                 limit,
                 ttl: Duration::from_micros(ttl_us),
+                max_ahead: Duration::from_micros(max_ahead_us),
             };
             WireReply::Slot(cache.acquire_slot(&key, request).await?.into())
         }
@@ -382,6 +384,7 @@ impl LimiterStore for RemoteCache {
             window_us: micros(request.window),
             limit: request.limit,
             ttl_us: micros(request.ttl),
+            max_ahead_us: micros(request.max_ahead),
         };
         match self.call("acquire_slot", request).await? {
             WireReply::Slot(outcome) => Ok(outcome.into()),
@@ -491,6 +494,8 @@ pub enum WireRequest {
         limit: u32,
         /// The series' lifetime, microseconds.
         ttl_us: u64,
+        /// How far ahead of the store a caller's now is taken as it is, microseconds.
+        max_ahead_us: u64,
     },
     /// `BreakerStore::breaker_step`.
     BreakerStep {
@@ -715,6 +720,8 @@ pub enum WireSlot {
         remaining: u32,
         /// The stamp, epoch microseconds.
         at_us: u64,
+        /// Whether the caller's stamp was clamped.
+        clamped: bool,
     },
     /// [`SlotOutcome::Refused`].
     Refused {
@@ -724,20 +731,29 @@ pub enum WireSlot {
         retry_after_us: u64,
         /// The decision's instant, epoch microseconds.
         at_us: u64,
+        /// Whether the caller's stamp was clamped.
+        clamped: bool,
     },
 }
 
 impl From<SlotOutcome> for WireSlot {
     fn from(o: SlotOutcome) -> Self {
         match o {
-            SlotOutcome::Admitted { remaining, at } => WireSlot::Admitted {
+            SlotOutcome::Admitted { remaining, at, clamped } => WireSlot::Admitted {
                 remaining,
                 at_us: at.as_micros(),
+                clamped,
             },
-            SlotOutcome::Refused { used, retry_after, at } => WireSlot::Refused {
+            SlotOutcome::Refused {
+                used,
+                retry_after,
+                at,
+                clamped,
+            } => WireSlot::Refused {
                 used,
                 retry_after_us: micros(retry_after),
                 at_us: at.as_micros(),
+                clamped,
             },
         }
     }
@@ -746,18 +762,25 @@ impl From<SlotOutcome> for WireSlot {
 impl From<WireSlot> for SlotOutcome {
     fn from(o: WireSlot) -> Self {
         match o {
-            WireSlot::Admitted { remaining, at_us } => SlotOutcome::Admitted {
+            WireSlot::Admitted {
+                remaining,
+                at_us,
+                clamped,
+            } => SlotOutcome::Admitted {
                 remaining,
                 at: Timestamp::from_micros(at_us),
+                clamped,
             },
             WireSlot::Refused {
                 used,
                 retry_after_us,
                 at_us,
+                clamped,
             } => SlotOutcome::Refused {
                 used,
                 retry_after: Duration::from_micros(retry_after_us),
                 at: Timestamp::from_micros(at_us),
+                clamped,
             },
         }
     }

@@ -193,9 +193,10 @@ fn a_store_stamped_cache_uses_the_hosts_own_clock() {
             window: Duration::from_secs(60),
             limit: 1,
             ttl: Duration::from_secs(120),
+            max_ahead: Duration::ZERO,
         };
         let sent = cache_clock.now();
-        let SlotOutcome::Admitted { remaining: 0, at } = cache.acquire_slot("t", request).await.unwrap() else {
+        let SlotOutcome::Admitted { remaining: 0, at, .. } = cache.acquire_slot("t", request).await.unwrap() else {
             panic!("first acquire admits")
         };
         assert!(

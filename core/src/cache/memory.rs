@@ -22,7 +22,7 @@ use crate::breaker::machine::{
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::CacheError;
-use crate::limiter::{SlotOutcome, decide};
+use crate::limiter::{SlotOutcome, clamp_stamp, decide};
 use crate::time::Timestamp;
 
 /// Maps keyed by cache key with a fast, fixed-seed hasher: lookups are the hot
@@ -88,14 +88,18 @@ impl Default for MemoryCache {
 }
 
 impl MemoryCache {
-    /// A cache whose TTLs run on `clock`, stamping with the caller's time.
+    /// A cache whose TTLs run on `clock`, and whose atomic operations stamp
+    /// with `clock` too ([`TimeSource::Store`], the default). For a cache owned
+    /// by one limiter or breaker the two are the same clock.
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        Self::with_time_source(clock, TimeSource::Caller)
+        Self::with_time_source(clock, TimeSource::default())
     }
 
     /// A cache whose TTLs run on `clock`; under [`TimeSource::Store`] its atomic
-    /// operations also stamp with `clock` instead of the caller's `now` (what the
-    /// simulator's shared cache host does for a skewed fleet).
+    /// operations also stamp with `clock`, under [`TimeSource::Caller`] with the
+    /// caller's `now`, clamped into one window behind `clock`
+    /// ([`crate::limiter::clamp_stamp`]). The simulator's shared cache host
+    /// runs either.
     pub fn with_time_source(clock: Arc<dyn Clock>, time_source: TimeSource) -> Self {
         MemoryCache {
             shared: Arc::new(Shared {
@@ -162,7 +166,9 @@ impl Series {
     }
 
     /// Adds a hit at `at`, extends the series' life to `ttl` from `now`, and
-    /// drops hits more than `ttl` older than the newest.
+    /// drops hits more than `ttl` older than `now` — the store's clock, never
+    /// the newest stamp, so one caller's far-future stamp cannot prune
+    /// everyone else's hits.
     fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) {
         if self.hits.back().is_none_or(|last| *last <= at) {
             self.hits.push_back(at);
@@ -176,11 +182,9 @@ impl Series {
         } else {
             self.deadline.max(deadline)
         };
-        if let Some(&newest) = self.hits.back() {
-            let floor = newest.saturating_sub(ttl);
-            while self.hits.front().is_some_and(|h| *h < floor) {
-                self.hits.pop_front();
-            }
+        let floor = now.saturating_sub(ttl);
+        while self.hits.front().is_some_and(|h| *h < floor) {
+            self.hits.pop_front();
         }
     }
 }
@@ -402,7 +406,10 @@ fn oldest_since(series: &Series, since: Timestamp) -> Option<Timestamp> {
 impl LimiterStore for MemoryCache {
     async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
         let clock_now = self.shared.clock.now();
-        let now = self.stamp(request.now, clock_now);
+        let (now, clamped) = match self.shared.time_source {
+            TimeSource::Store => (clock_now, false),
+            TimeSource::Caller => clamp_stamp(request.now, clock_now, request.window, request.max_ahead),
+        };
         let mut state = self.open(clock_now)?;
         let since = now.saturating_sub(request.window);
         let outcome = match state.series_mut(key, clock_now) {
@@ -431,7 +438,7 @@ impl LimiterStore for MemoryCache {
                 outcome
             }
         };
-        Ok(outcome)
+        Ok(outcome.with_clamped(clamped))
     }
 }
 

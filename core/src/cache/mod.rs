@@ -39,15 +39,24 @@ use crate::limiter::SlotOutcome;
 use crate::time::Timestamp;
 
 /// Whose clock stamps hits and breaker timestamps in an atomic operation.
+///
+/// A shared store stamps with its own clock by default, so a fleet agrees on
+/// one clock whatever its members' clocks say.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TimeSource {
     /// The caller's clock (the spec's behaviour): each worker stamps with its
-    /// own `now`. Under clock skew a fleet disagrees about the window.
-    #[default]
+    /// own `now`. The skew-sensitive choice: a limiter decision's stamp is
+    /// clamped into one window behind the store's clock
+    /// ([`crate::limiter::clamp_stamp`], reported as
+    /// [`Event::StampClamped`](crate::Event::StampClamped)), and a tenant can
+    /// get up to [`crate::limiter::skew_bound`] admissions per window — at
+    /// most twice `rpm` — when the fleet's clocks disagree.
     Caller,
-    /// The cache's own clock (Redis `TIME`): one clock for the whole fleet, so
-    /// skewed workers still agree.
+    /// The cache's own clock (Redis `TIME`, the cache host's clock), the
+    /// default: one clock for the whole fleet, so skewed workers still agree
+    /// and the limit is exact.
+    #[default]
     Store,
 }
 
@@ -85,8 +94,9 @@ pub trait KeyValue: Cache {
 pub trait HitWindow: Cache {
     /// Records one hit at the caller-given instant `at`. Two hits at the same
     /// instant are two hits. The series expires `ttl` after this call on the
-    /// cache's clock, and hits older than `ttl` before the newest hit are
-    /// discarded, so a series never holds more than one `ttl` of history.
+    /// cache's clock, and hits older than `ttl` before the cache's clock are
+    /// discarded, so a series never holds more than one `ttl` of history —
+    /// and a far-future `at` cannot prune anyone else's hits.
     fn record_hit(
         &self,
         key: &str,
@@ -108,14 +118,21 @@ pub trait HitWindow: Cache {
 /// What [`LimiterStore::acquire_slot`] is asked to decide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotRequest {
-    /// The caller's `now` (ignored under [`TimeSource::Store`]).
+    /// The caller's `now` (ignored under [`TimeSource::Store`]; clamped by
+    /// [`crate::limiter::clamp_stamp`] under [`TimeSource::Caller`]).
     pub now: Timestamp,
     /// The sliding window's width.
     pub window: Duration,
     /// Hits allowed per window.
     pub limit: u32,
-    /// The series' lifetime after a recorded hit (the limiter passes 2 × window).
+    /// The series' lifetime after a recorded hit, and how far behind the
+    /// store's clock hits are pruned (the limiter passes
+    /// `2 × window + max_ahead + 1 µs`).
     pub ttl: Duration,
+    /// Under [`TimeSource::Caller`], how far ahead of the store's clock a
+    /// caller's `now` is taken as it is; further ahead it is clamped (see
+    /// [`crate::limiter::clamp_stamp`]).
+    pub max_ahead: Duration,
 }
 
 /// The limiter's check-and-record as one atomic step.

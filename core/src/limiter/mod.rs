@@ -23,18 +23,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use error::{AcquireError, RateLimitExceeded};
-pub use window::{SlotOutcome, decide};
+pub use window::{SlotOutcome, clamp_stamp, decide, skew_bound};
 
 use crate::cache::{Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Observer, TracingObserver};
 use crate::tenant::TenantId;
+use crate::time::Timestamp;
 
 /// The default window: one minute.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "kg:ratelimit";
+/// How far ahead of a shared store's clock a caller-stamped decision is taken
+/// as it is, by default (see [`RateLimiterBuilder::max_clock_ahead`]).
+pub const DEFAULT_MAX_CLOCK_AHEAD: Duration = Duration::from_secs(1);
 
 /// What [`RateLimiter::acquire`] does when the shared cache is unavailable
 /// ([`CacheError::Unavailable`]: unreachable, timed out). Every use emits
@@ -111,6 +115,7 @@ pub struct RateLimiter<S = MemoryCache> {
     clock: Arc<dyn Clock>,
     observer: Arc<dyn Observer>,
     on_cache_unavailable: OnCacheUnavailable,
+    max_ahead: Duration,
     /// The per-process fallback under [`OnCacheUnavailable::LocalLimit`].
     local: Option<MemoryCache>,
 }
@@ -139,6 +144,7 @@ impl RateLimiter<MemoryCache> {
             clock: None,
             observer: None,
             on_cache_unavailable: OnCacheUnavailable::default(),
+            max_ahead: None,
         }
     }
 }
@@ -152,6 +158,7 @@ pub struct RateLimiterBuilder<S> {
     clock: Option<Arc<dyn Clock>>,
     observer: Option<Arc<dyn Observer>>,
     on_cache_unavailable: OnCacheUnavailable,
+    max_ahead: Option<Duration>,
 }
 
 impl<S: LimiterStore> RateLimiterBuilder<S> {
@@ -181,7 +188,23 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             clock: self.clock,
             observer: self.observer,
             on_cache_unavailable: self.on_cache_unavailable,
+            max_ahead: self.max_ahead,
         }
+    }
+
+    /// Under a caller-stamped shared cache ([`TimeSource::Caller`]), how far
+    /// ahead of the store's clock a worker's clock is believed (default
+    /// [`DEFAULT_MAX_CLOCK_AHEAD`], or the window if shorter; at most the
+    /// window). A decision stamped
+    /// further ahead is taken at this lead and reported as
+    /// [`Event::StampClamped`]; see [`clamp_stamp`] and [`skew_bound`] for
+    /// what a skewed fleet can then admit. Series live
+    /// `2 × window + max_clock_ahead`.
+    ///
+    /// [`TimeSource::Caller`]: crate::TimeSource::Caller
+    pub fn max_clock_ahead(mut self, d: Duration) -> Self {
+        self.max_ahead = Some(d);
+        self
     }
 
     /// What `acquire` does while the cache is unavailable (default
@@ -225,6 +248,17 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
                 format!("{:?}", self.prefix),
             ));
         }
+        let max_ahead = match self.max_ahead {
+            None => DEFAULT_MAX_CLOCK_AHEAD.min(self.window),
+            Some(d) if d <= self.window => d,
+            Some(d) => {
+                return Err(ConfigError::new(
+                    "max_clock_ahead",
+                    "at most window_seconds",
+                    crate::time::secs(d),
+                ));
+            }
+        };
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         let (store, owns_store) = self.store.resolve(&clock);
         let local =
@@ -238,6 +272,7 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             clock,
             observer: self.observer.unwrap_or_else(|| Arc::new(TracingObserver)),
             on_cache_unavailable: self.on_cache_unavailable,
+            max_ahead,
             local,
         })
     }
@@ -259,6 +294,12 @@ impl<S: LimiterStore> RateLimiter<S> {
         &self.prefix
     }
 
+    /// How far ahead of a caller-stamped store's clock this limiter's clock is
+    /// taken as it is (see [`RateLimiterBuilder::max_clock_ahead`]).
+    pub fn max_clock_ahead(&self) -> Duration {
+        self.max_ahead
+    }
+
     /// The cache the limiter keeps its hits in.
     pub fn cache(&self) -> &Arc<S> {
         &self.store
@@ -277,10 +318,18 @@ impl<S: LimiterStore> RateLimiter<S> {
             now: self.clock.now(),
             window: self.window,
             limit: self.rpm,
-            ttl: self.window.saturating_mul(2),
+            // A clamped caller's window reaches at most two windows behind
+            // the store's clock, and its hits sit at most max_ahead ahead:
+            // the series outlives both, by one tick.
+            ttl: self
+                .window
+                .saturating_mul(2)
+                .saturating_add(self.max_ahead)
+                .saturating_add(Duration::from_micros(1)),
+            max_ahead: self.max_ahead,
         };
         match self.store.acquire_slot(key.as_str(), request).await {
-            Ok(outcome) => self.conclude(tenant, outcome),
+            Ok(outcome) => self.conclude(tenant, request.now, outcome),
             Err(error) if error.is_transient() => {
                 self.observer.on_event(&Event::CacheUnavailable {
                     component: self.prefix.clone(),
@@ -291,7 +340,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 match (self.on_cache_unavailable, &self.local) {
                     (OnCacheUnavailable::LocalLimit, Some(local)) => {
                         match local.acquire_slot(key.as_str(), request).await {
-                            Ok(outcome) => self.conclude(tenant, outcome),
+                            Ok(outcome) => self.conclude(tenant, request.now, outcome),
                             Err(_) => Err(AcquireError::Cache(error)),
                         }
                     }
@@ -304,9 +353,17 @@ impl<S: LimiterStore> RateLimiter<S> {
     }
 
     /// Reports a store's answer and turns it into `acquire`'s.
-    fn conclude(&self, tenant: TenantId, outcome: SlotOutcome) -> Result<Admission, AcquireError> {
+    fn conclude(&self, tenant: TenantId, asked: Timestamp, outcome: SlotOutcome) -> Result<Admission, AcquireError> {
+        if outcome.clamped() {
+            self.observer.on_event(&Event::StampClamped {
+                limiter: self.prefix.clone(),
+                tenant,
+                asked,
+                used: outcome.at(),
+            });
+        }
         match outcome {
-            SlotOutcome::Admitted { remaining, at } => {
+            SlotOutcome::Admitted { remaining, at, .. } => {
                 self.observer.on_event(&Event::RateLimitAdmitted {
                     limiter: self.prefix.clone(),
                     tenant,
@@ -315,7 +372,9 @@ impl<S: LimiterStore> RateLimiter<S> {
                 });
                 Ok(Admission { remaining })
             }
-            SlotOutcome::Refused { used, retry_after, at } => {
+            SlotOutcome::Refused {
+                used, retry_after, at, ..
+            } => {
                 self.observer.on_event(&Event::RateLimitRefused {
                     limiter: self.prefix.clone(),
                     tenant,

@@ -4,6 +4,37 @@
 //! [`decide`] admits or refuses and says when a slot frees. Stores run it
 //! inside their atomic [`acquire_slot`](crate::cache::LimiterStore::acquire_slot);
 //! nothing here reads a clock.
+//!
+//! # Stamps, skew and the bound
+//!
+//! A store stamps each hit with its own clock ([`TimeSource::Store`], the
+//! default) or with the caller's ([`TimeSource::Caller`]). A caller's stamp is
+//! first put through [`clamp_stamp`]: never more than a small tolerance
+//! (`max_ahead`) ahead of the store's clock and never more than one window
+//! behind it. Every decision counts *all* hits
+//! stamped at or after `now − window`, later ones included, and stores prune
+//! only hits older than their series' lifetime before their own clock (the
+//! limiter's series live `2 × window + max_ahead` plus one microsecond), which
+//! no clamped caller's window can reach. Together:
+//!
+//! - **In stamp time the limit is exact**: any `window`-wide interval of
+//!   stamps holds at most `limit` admitted hits, however the decisions
+//!   interleave. (Take the hit in the interval admitted last: every other hit
+//!   in it was already stored and was counted by its decision.)
+//! - **In true time the excess is bounded by the skew**: if the stamps of
+//!   the callers admitted in a window spread over at most `Δ` (the largest
+//!   difference between their clocks, after clamping, so `Δ ≤ window`), any
+//!   `window` of true time holds at most `limit × (1 + ⌈Δ / window⌉)`
+//!   admissions — exactly `limit` when every clock agrees or the store
+//!   stamps, and however wild a caller's clock, at most `2 × limit` (`3 ×`
+//!   if the tolerated lead `max_ahead` is as large as the window; the
+//!   limiter's default lead is one second). [`skew_bound`] computes it.
+//!
+//! A clock far ahead can therefore no longer prune everyone else's hits (the
+//! store prunes by its own clock), and is reported when clamped.
+//!
+//! [`TimeSource::Store`]: crate::TimeSource::Store
+//! [`TimeSource::Caller`]: crate::TimeSource::Caller
 
 use std::time::Duration;
 
@@ -18,6 +49,9 @@ pub enum SlotOutcome {
         remaining: u32,
         /// The instant the hit was stamped with.
         at: Timestamp,
+        /// The caller's stamp was outside the store's tolerance and was
+        /// clamped to `at` (see [`clamp_stamp`]).
+        clamped: bool,
     },
     /// Nothing was recorded.
     Refused {
@@ -31,7 +65,87 @@ pub enum SlotOutcome {
         retry_after: Duration,
         /// The instant the decision was made at.
         at: Timestamp,
+        /// The caller's stamp was outside the store's tolerance and was
+        /// clamped to `at` (see [`clamp_stamp`]).
+        clamped: bool,
     },
+}
+
+impl SlotOutcome {
+    /// The same outcome, marked as decided at a clamped stamp or not.
+    pub fn with_clamped(self, was_clamped: bool) -> Self {
+        match self {
+            SlotOutcome::Admitted { remaining, at, .. } => SlotOutcome::Admitted {
+                remaining,
+                at,
+                clamped: was_clamped,
+            },
+            SlotOutcome::Refused {
+                used, retry_after, at, ..
+            } => SlotOutcome::Refused {
+                used,
+                retry_after,
+                at,
+                clamped: was_clamped,
+            },
+        }
+    }
+
+    /// The instant the decision was made at.
+    pub fn at(&self) -> Timestamp {
+        match *self {
+            SlotOutcome::Admitted { at, .. } | SlotOutcome::Refused { at, .. } => at,
+        }
+    }
+
+    /// Whether the caller's stamp was clamped.
+    pub fn clamped(&self) -> bool {
+        match *self {
+            SlotOutcome::Admitted { clamped, .. } | SlotOutcome::Refused { clamped, .. } => clamped,
+        }
+    }
+}
+
+/// The stamp a store decides a caller-stamped request at: the caller's `now`,
+/// clamped into `[store_now − window, store_now + max_ahead]`, and whether it
+/// was clamped.
+///
+/// A caller further ahead of the store is taken `max_ahead` ahead (its hits
+/// can never sit far in the future, where they would block everyone and
+/// outlive their series); a caller more than one window behind is taken one
+/// window behind (its hits would otherwise fall below what the store prunes).
+/// Callers within that range keep their own clock. A series must then live
+/// longer than `2 × window + max_ahead` for no decision to miss a hit it
+/// should count; the limiter asks for that plus one microsecond.
+pub fn clamp_stamp(
+    caller_now: Timestamp,
+    store_now: Timestamp,
+    window: Duration,
+    max_ahead: Duration,
+) -> (Timestamp, bool) {
+    let floor = store_now.saturating_sub(window);
+    let ceiling = store_now.saturating_add(max_ahead);
+    if caller_now > ceiling {
+        (ceiling, true)
+    } else if caller_now < floor {
+        (floor, true)
+    } else {
+        (caller_now, false)
+    }
+}
+
+/// The most admissions one tenant can get in any `window` of true time when
+/// the clocks stamping its hits spread over `spread`:
+/// `limit × (1 + ⌈spread / window⌉)`, with `spread` capped at
+/// `window + max_ahead` (what [`clamp_stamp`] lets through). `limit` when the
+/// clocks agree.
+pub fn skew_bound(limit: u32, window: Duration, max_ahead: Duration, spread: Duration) -> u64 {
+    if window.is_zero() {
+        return u64::from(limit);
+    }
+    let spread = spread.min(window.saturating_add(max_ahead)).as_nanos();
+    let extra = spread.div_ceil(window.as_nanos());
+    u64::from(limit).saturating_mul(1 + u64::try_from(extra).unwrap_or(u64::MAX - 1))
 }
 
 /// The resolution of [`Timestamp`]: a window `[now − window, now]` still
@@ -44,7 +158,11 @@ pub fn decide(count: u64, oldest: Option<Timestamp>, limit: u32, now: Timestamp,
     if count < u64::from(limit) {
         // count < limit ≤ u32::MAX, so the subtraction fits.
         let remaining = u32::try_from(u64::from(limit) - count - 1).unwrap_or(0);
-        SlotOutcome::Admitted { remaining, at: now }
+        SlotOutcome::Admitted {
+            remaining,
+            at: now,
+            clamped: false,
+        }
     } else {
         let retry_after = match oldest {
             Some(oldest) => oldest
@@ -58,6 +176,7 @@ pub fn decide(count: u64, oldest: Option<Timestamp>, limit: u32, now: Timestamp,
             used: count,
             retry_after,
             at: now,
+            clamped: false,
         }
     }
 }
@@ -73,11 +192,19 @@ mod tests {
     fn admits_below_the_limit_and_counts_down() {
         assert_eq!(
             decide(0, None, 5, NOW, W),
-            SlotOutcome::Admitted { remaining: 4, at: NOW }
+            SlotOutcome::Admitted {
+                remaining: 4,
+                at: NOW,
+                clamped: false
+            }
         );
         assert_eq!(
             decide(4, None, 5, NOW, W),
-            SlotOutcome::Admitted { remaining: 0, at: NOW }
+            SlotOutcome::Admitted {
+                remaining: 0,
+                at: NOW,
+                clamped: false
+            }
         );
     }
 
@@ -89,7 +216,8 @@ mod tests {
             SlotOutcome::Refused {
                 used: 5,
                 retry_after: Duration::from_secs(15) + RESOLUTION,
-                at: NOW
+                at: NOW,
+                clamped: false
             }
         );
     }
@@ -102,7 +230,8 @@ mod tests {
             SlotOutcome::Refused {
                 used: 5,
                 retry_after: RESOLUTION,
-                at: NOW
+                at: NOW,
+                clamped: false
             }
         );
     }
@@ -114,8 +243,38 @@ mod tests {
             SlotOutcome::Refused {
                 used: 5,
                 retry_after: W,
-                at: NOW
+                at: NOW,
+                clamped: false
             }
         );
+    }
+
+    #[test]
+    fn a_caller_ahead_is_taken_at_the_store_clock_and_one_far_behind_a_window_back() {
+        let store = NOW;
+        let ahead = Duration::from_secs(1);
+        assert_eq!(clamp_stamp(NOW, store, W, ahead), (NOW, false));
+        let behind = NOW.saturating_sub(Duration::from_secs(59));
+        assert_eq!(clamp_stamp(behind, store, W, ahead), (behind, false));
+        let slightly_ahead = NOW.saturating_add(ahead);
+        assert_eq!(clamp_stamp(slightly_ahead, store, W, ahead), (slightly_ahead, false));
+        assert_eq!(
+            clamp_stamp(NOW.saturating_add(Duration::from_secs(3600)), store, W, ahead),
+            (slightly_ahead, true)
+        );
+        assert_eq!(
+            clamp_stamp(NOW.saturating_sub(Duration::from_secs(61)), store, W, ahead),
+            (NOW.saturating_sub(W), true)
+        );
+    }
+
+    #[test]
+    fn the_skew_bound_is_the_limit_when_clocks_agree_and_grows_by_a_limit_per_window_of_spread() {
+        let ahead = Duration::from_secs(1);
+        assert_eq!(skew_bound(20, W, ahead, Duration::ZERO), 20);
+        assert_eq!(skew_bound(20, W, ahead, Duration::from_secs(5)), 40);
+        assert_eq!(skew_bound(20, W, ahead, W), 40);
+        assert_eq!(skew_bound(20, W, ahead, Duration::from_secs(3600)), 60);
+        assert_eq!(skew_bound(20, W, Duration::ZERO, Duration::from_secs(3600)), 40);
     }
 }

@@ -27,7 +27,8 @@ pub trait Harness: Send + Sync + 'static {
     /// The adapter under test.
     type Cache: KeyValue + HitWindow + LimiterStore + BreakerStore;
 
-    /// A fresh, empty, open cache stamping with the caller's time.
+    /// A fresh, empty, open cache stamping with the caller's time
+    /// ([`TimeSource::Caller`](crate::TimeSource::Caller)).
     fn cache(&self) -> impl Future<Output = Arc<Self::Cache>> + Send;
 
     /// Lets `d` pass on the cache's clock, the one its TTLs run on (a manual
@@ -77,7 +78,9 @@ checks!(
     oldest_since_is_the_earliest_hit_at_or_after,
     hits_out_of_order_are_counted_by_instant,
     a_window_expires_ttl_after_its_last_hit,
-    hits_older_than_ttl_before_the_newest_are_discarded,
+    hits_older_than_ttl_before_the_caches_clock_are_discarded,
+    a_far_future_hit_prunes_nobody_elses,
+    acquire_slot_clamps_a_caller_far_ahead_and_keeps_everyones_hits,
     acquire_slot_admits_to_the_limit_then_refuses_with_the_exact_wait,
     acquire_slot_refusals_record_nothing,
     acquire_slot_frees_slots_one_at_a_time,
@@ -271,22 +274,71 @@ async fn a_window_expires_ttl_after_its_last_hit<H: Harness>(h: &H) {
     assert_eq!(c.count_since("w", t).await.unwrap(), 0, "an idle series expires");
 }
 
-async fn hits_older_than_ttl_before_the_newest_are_discarded<H: Harness>(h: &H) {
+async fn hits_older_than_ttl_before_the_caches_clock_are_discarded<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    c.record_hit("w", t.saturating_sub(secs(11)), secs(10)).await.unwrap();
+    c.record_hit("w", t.saturating_sub(secs(9)), secs(10)).await.unwrap();
+    assert_eq!(
+        c.count_since("w", t.saturating_sub(secs(60))).await.unwrap(),
+        1,
+        "a hit more than ttl older than the cache's clock is gone, one within it kept"
+    );
+}
+
+async fn a_far_future_hit_prunes_nobody_elses<H: Harness>(h: &H) {
     let c = h.cache().await;
     let t = h.now();
     c.record_hit("w", t, secs(10)).await.unwrap();
-    c.record_hit("w", t.saturating_add(secs(10)), secs(10)).await.unwrap();
-    assert_eq!(c.count_since("w", t).await.unwrap(), 2, "exactly ttl older is kept");
-    c.record_hit("w", t.saturating_add(secs(11)), secs(10)).await.unwrap();
-    assert_eq!(c.count_since("w", t).await.unwrap(), 2, "more than ttl older is gone");
+    c.record_hit("w", t.saturating_add(secs(3600)), secs(10)).await.unwrap();
+    assert_eq!(
+        c.count_since("w", t).await.unwrap(),
+        2,
+        "pruning runs on the cache's clock, not on the newest stamp"
+    );
 }
 
+async fn acquire_slot_clamps_a_caller_far_ahead_and_keeps_everyones_hits<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    let near = SlotRequest {
+        max_ahead: secs(1),
+        ..request(t, 3)
+    };
+    assert!(!c.acquire_slot("t", near).await.unwrap().clamped());
+    let far = SlotRequest {
+        now: t.saturating_add(secs(3600)),
+        ..near
+    };
+    let outcome = c.acquire_slot("t", far).await.unwrap();
+    assert!(outcome.clamped(), "an hour ahead is clamped: {outcome:?}");
+    assert!(
+        outcome.at() <= t.saturating_add(secs(2)),
+        "to at most max_ahead past the cache's clock: {outcome:?}"
+    );
+    assert!(matches!(
+        c.acquire_slot("t", near).await.unwrap(),
+        SlotOutcome::Admitted { remaining: 0, .. }
+    ));
+    assert!(
+        matches!(
+            c.acquire_slot("t", near).await.unwrap(),
+            SlotOutcome::Refused { used: 3, .. }
+        ),
+        "the fast caller's hit neither pruned the others nor escaped the count"
+    );
+}
+
+/// A request for a 60 s window whose caller may run up to 120 s ahead of the
+/// store unclamped: the checks judge at instants ahead of a real server's
+/// clock without waiting for it.
 fn request(now: Timestamp, limit: u32) -> SlotRequest {
     SlotRequest {
         now,
         window: secs(60),
         limit,
-        ttl: secs(120),
+        ttl: secs(241),
+        max_ahead: secs(120),
     }
 }
 
@@ -297,7 +349,11 @@ async fn acquire_slot_admits_to_the_limit_then_refuses_with_the_exact_wait<H: Ha
         let at = t.saturating_add(secs(i as u64 * 10));
         assert_eq!(
             c.acquire_slot("t", request(at, 3)).await.unwrap(),
-            SlotOutcome::Admitted { remaining, at }
+            SlotOutcome::Admitted {
+                remaining,
+                at,
+                clamped: false
+            }
         );
     }
     let now = t.saturating_add(secs(25));
@@ -306,7 +362,8 @@ async fn acquire_slot_admits_to_the_limit_then_refuses_with_the_exact_wait<H: Ha
         SlotOutcome::Refused {
             used: 3,
             retry_after: secs(35) + Duration::from_micros(1),
-            at: now
+            at: now,
+            clamped: false
         }
     );
 }

@@ -1,21 +1,36 @@
 -- LimiterStore::acquire_slot: count, decide and record in one atomic step.
 -- KEYS[1]: the tenant's window (sorted set).
 -- ARGV: now (µs, or '' for the server's TIME), window (µs), limit,
---       ttl (µs), ttl (ms, rounded up).
--- Returns {1, remaining, at} when admitted, {0, used, retry_after_us, at} when
--- refused. The decision is limiter::decide's, line for line.
+--       ttl (µs), ttl (ms, rounded up), max_ahead (µs).
+-- Returns {1, remaining, at, clamped} when admitted, {0, used, retry_after_us,
+-- at, clamped} when refused. The decision is limiter::decide's, line for line;
+-- a caller's stamp is clamped as limiter::clamp_stamp clamps it.
 local w = KEYS[1]
-local now = now_from(ARGV[1])
+local store_now = server_now()
 local window = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
+local now, clamped = store_now, 0
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+  local floor = store_now - window
+  if floor < 0 then
+    floor = 0
+  end
+  local ceiling = store_now + tonumber(ARGV[6])
+  if now > ceiling then
+    now, clamped = ceiling, 1
+  elseif now < floor then
+    now, clamped = floor, 1
+  end
+end
 local since = now - window
 if since < 0 then
   since = 0
 end
 local count = redis.call('ZCOUNT', w, int(since), '+inf')
 if count < limit then
-  record(w, now, tonumber(ARGV[4]), tonumber(ARGV[5]))
-  return {1, limit - count - 1, now}
+  record(w, now, tonumber(ARGV[4]), tonumber(ARGV[5]), store_now)
+  return {1, limit - count - 1, now, clamped}
 end
 -- Refused: nothing is recorded. The wait runs until the oldest hit in the
 -- window has left the inclusive window: (oldest + window) - now plus one
@@ -29,4 +44,4 @@ if first[2] then
     retry = 1
   end
 end
-return {0, count, retry, now}
+return {0, count, retry, now, clamped}

@@ -65,11 +65,15 @@
 //!
 //! # Time source
 //!
-//! With [`TimeSource::Caller`] (the default, the spec's behaviour) the scripts
-//! stamp hits and breaker transitions with the caller's `now`. With
-//! [`TimeSource::Store`] they read the server's `TIME` inside the script, so
-//! workers with skewed clocks still agree on one clock. TTLs always run on the
-//! server's clock.
+//! With [`TimeSource::Store`] (the default) the scripts read the server's
+//! `TIME` inside the script, so workers with skewed clocks still agree on one
+//! clock. With [`TimeSource::Caller`] (the spec's behaviour, and the
+//! skew-sensitive choice) they stamp hits and breaker transitions with the
+//! caller's `now`, a limiter decision's stamp clamped into
+//! `[TIME − window, TIME + max_ahead]` as
+//! [`clamp_stamp`](crate::limiter::clamp_stamp) says. Either way TTLs run on
+//! the server's clock and hit windows are pruned by `TIME`, never by the
+//! newest stamp, so one fast clock cannot delete the fleet's hits.
 //!
 //! # When Redis is unavailable
 //!
@@ -168,7 +172,7 @@ impl Default for RedisCacheBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             reconnect_retries: DEFAULT_RECONNECT_RETRIES,
-            time_source: TimeSource::Caller,
+            time_source: TimeSource::default(),
         }
     }
 }
@@ -195,7 +199,7 @@ impl RedisCacheBuilder {
     }
 
     /// Whose clock stamps hits and breaker transitions (default
-    /// [`TimeSource::Caller`]).
+    /// [`TimeSource::Store`]: the server's `TIME`).
     pub fn time_source(mut self, time_source: TimeSource) -> Self {
         self.time_source = time_source;
         self
@@ -638,17 +642,24 @@ impl LimiterStore for RedisCache {
                     .arg(request.limit)
                     .arg(duration_us(request.ttl))
                     .arg(ttl_ms(request.ttl))
+                    .arg(duration_us(request.max_ahead))
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         let stamp = |n: i64| u64::try_from(n).map(Timestamp::from_micros).ok();
         let outcome = match *reply.as_slice() {
-            [1, remaining, at] => u32::try_from(remaining)
-                .ok()
-                .zip(stamp(at))
-                .map(|(remaining, at)| SlotOutcome::Admitted { remaining, at }),
-            [0, used, retry, at] => u64::try_from(used)
+            [1, remaining, at, clamped @ (0 | 1)] => {
+                u32::try_from(remaining)
+                    .ok()
+                    .zip(stamp(at))
+                    .map(|(remaining, at)| SlotOutcome::Admitted {
+                        remaining,
+                        at,
+                        clamped: clamped == 1,
+                    })
+            }
+            [0, used, retry, at, clamped @ (0 | 1)] => u64::try_from(used)
                 .ok()
                 .zip(u64::try_from(retry).ok())
                 .zip(stamp(at))
@@ -656,6 +667,7 @@ impl LimiterStore for RedisCache {
                     used,
                     retry_after: Duration::from_micros(retry),
                     at,
+                    clamped: clamped == 1,
                 }),
             _ => None,
         };

@@ -1,0 +1,51 @@
+//! The skew property on a real Redis: callers with random clock offsets race
+//! for one tenant's slots on a caller-stamped `RedisCache`; the admitted
+//! stamps never hold more than the limit in any window, and admissions in any
+//! window of real time stay within `limiter::skew_bound`. Real time passes
+//! for real here, so the window is short and the cases few.
+
+#![cfg(feature = "redis")]
+
+mod redis_support;
+mod skew_support;
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use redis_support::{RedisServer, wait};
+use redstring::{Clock, SystemClock};
+
+const WINDOW: Duration = Duration::from_millis(300);
+const MAX_AHEAD: Duration = Duration::from_millis(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skewed_callers_stay_within_the_skew_bound_on_redis() {
+    let Some(server) = RedisServer::start() else { return };
+    let cache = server.cache();
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let handle = tokio::runtime::Handle::current();
+    let result = runner.run(&skew_support::cases(WINDOW, 25), |case| {
+        server.flush();
+        let admitted = tokio::task::block_in_place(|| {
+            handle.block_on(skew_support::run(&cache, "k", &case, WINDOW, MAX_AHEAD, async |gap| {
+                wait(gap).await;
+                SystemClock.now()
+            }))
+        });
+        // The script reads TIME a little after the caller read its clock.
+        skew_support::check(&case, &admitted, WINDOW, MAX_AHEAD, Duration::from_millis(5));
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
