@@ -6,15 +6,18 @@
 //! ```
 //!
 //! The "server" is a function that fails while the outage lasts. Each
-//! extraction runs the documented sequence: breaker → limiter → retry → report.
+//! extraction runs the documented sequence: breaker → limiter → retry → report,
+//! with the breaker's answer kept as a `Permit` so the call reports exactly
+//! its own admission — and hands it back if the limiter refuses, so a
+//! half-open probe is never left hanging.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use redstring::{
-    CircuitBreaker, CircuitState, Clock, Event, ManualClock, Observer, RateLimiter, Retry, RetryError, RetryPolicy,
-    Retryable, SeededRandom, TenantId, Timestamp,
+    CircuitBreaker, CircuitState, Clock, Event, ManualClock, Observer, Permit, RateLimiter, Retry, RetryError,
+    RetryPolicy, Retryable, SeededRandom, TenantId, Timestamp,
 };
 
 /// Prints each event with the simulated time since the start.
@@ -81,22 +84,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let elapsed = || clock.now().saturating_duration_since(start).as_secs_f64();
     for n in 1..=12 {
-        if !breaker.allow_request().await {
-            let wait = breaker.retry_after().await?;
+        let permit = breaker.admit().await;
+        if let Permit::Refused { retry_after, .. } = permit {
             println!(
                 "{:>7.1}s  extraction {n}: circuit open, retry in {:.0}s",
                 elapsed(),
-                wait.as_secs_f64()
+                retry_after.as_secs_f64()
             );
+        } else if let Err(refused) = limiter.acquire(tenant).await {
+            breaker.release(&permit).await?;
+            println!("{:>7.1}s  extraction {n}: {refused}", elapsed());
         } else {
-            limiter.acquire(tenant).await?;
             match retry.run("extract", |_: &Refused| Retryable::Yes, server).await {
                 Ok(value) => {
-                    breaker.record_success().await?;
+                    breaker.record_success_for(&permit).await?;
                     println!("{:>7.1}s  extraction {n}: {value}", elapsed());
                 }
                 Err(RetryError::Exhausted(_)) => {
-                    breaker.record_failure().await?;
+                    breaker.record_failure_for(&permit).await?;
                     println!("{:>7.1}s  extraction {n}: failed", elapsed());
                 }
                 Err(other) => return Err(other.into_last().into()),

@@ -60,7 +60,9 @@ mod tenant;
 pub mod testing;
 mod time;
 
-pub use breaker::{CircuitBreaker, CircuitBreakerBuilder, CircuitOpen, CircuitState, OnCacheError};
+pub use breaker::{
+    CircuitBreaker, CircuitBreakerBuilder, CircuitOpen, CircuitState, OnCacheError, Origin, Permit, ProbeId,
+};
 pub use cache::{Cache, MemoryCache, TimeSource};
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use error::{CacheError, ConfigError};

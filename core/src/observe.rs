@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::breaker::CircuitState;
+use crate::breaker::{CircuitState, ProbeId};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -37,6 +37,25 @@ pub enum Event {
         breaker: Arc<str>,
         /// The state after the decision (closed, or half-open for a probe).
         state: CircuitState,
+        /// The probe's identity, for a half-open admission.
+        probe: Option<ProbeId>,
+        /// When, on the clock that decided.
+        at: Timestamp,
+    },
+    /// A success report cleared a closed circuit's failure count.
+    BreakerFailuresCleared {
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// When, on the clock that decided.
+        at: Timestamp,
+    },
+    /// Half-open probes that neither reported nor were released within their
+    /// lease stopped counting (their callers vanished, or their calls hang).
+    BreakerProbesExpired {
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// How many leases ended.
+        expired: u32,
         /// When, on the clock that decided.
         at: Timestamp,
     },
@@ -51,8 +70,10 @@ pub enum Event {
     BreakerRejected {
         /// The breaker's key prefix.
         breaker: Arc<str>,
-        /// The state that refused (open, or half-open with its probes spent).
+        /// The state that refused (open, or half-open with its probes live).
         state: CircuitState,
+        /// How long until a probe may be admitted (zero when unknown).
+        retry_after: Duration,
     },
     /// A stored breaker state could not be read and was taken as closed.
     BreakerStateUnreadable {
@@ -164,15 +185,6 @@ pub enum Event {
         /// What was left of the deadline.
         remaining: Duration,
     },
-    /// A hardened provider reported a call's outcome to its breaker.
-    BreakerReported {
-        /// The provider's provenance.
-        model: Arc<str>,
-        /// The breaker's key prefix.
-        breaker: Arc<str>,
-        /// `true` for `record_failure`, `false` for `record_success`.
-        failure: bool,
-    },
 }
 
 /// Receives every [`Event`]. Implementations must be cheap and must not block:
@@ -205,8 +217,18 @@ impl Observer for TracingObserver {
             Event::BreakerFailureRecorded { breaker, at } => {
                 tracing::debug!(%breaker, %at, "circuit breaker recorded a failure")
             }
-            Event::BreakerRejected { breaker, state } => {
-                tracing::debug!(%breaker, ?state, "circuit breaker rejected a call")
+            Event::BreakerRejected {
+                breaker,
+                state,
+                retry_after,
+            } => {
+                tracing::debug!(%breaker, ?state, retry_after = retry_after.as_secs_f64(), "circuit breaker rejected a call")
+            }
+            Event::BreakerFailuresCleared { breaker, at } => {
+                tracing::debug!(%breaker, %at, "circuit breaker failure count cleared by a success")
+            }
+            Event::BreakerProbesExpired { breaker, expired, at } => {
+                tracing::warn!(%breaker, expired, %at, "half-open probes never reported within their lease")
             }
             Event::BreakerStateUnreadable { breaker, stored } => {
                 tracing::warn!(%breaker, %stored, "unreadable circuit state; treating it as closed")
@@ -282,13 +304,6 @@ impl Observer for TracingObserver {
                 remaining,
             } => {
                 tracing::warn!(%model, %tenant, waiting_for, needed = needed.as_secs_f64(), remaining = remaining.as_secs_f64(), "call deadline cannot cover the next wait")
-            }
-            Event::BreakerReported {
-                model,
-                breaker,
-                failure,
-            } => {
-                tracing::debug!(%model, %breaker, failure, "call outcome reported to the circuit breaker")
             }
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use redstring::cache::KeyValue;
 use redstring::{
     CacheError, CircuitBreaker, CircuitOpen, CircuitState, Clock, Event, ManualClock, MemoryCache, OnCacheError,
-    RecordingObserver,
+    Permit, ProbeId, RecordingObserver,
 };
 
 fn secs(n: u64) -> Duration {
@@ -69,7 +69,7 @@ fn non_positive_settings_are_rejected_naming_the_argument() {
         .unwrap_err();
     assert_eq!(e.to_string(), "recovery_timeout must be positive, got 0");
     let e = CircuitBreaker::builder().half_open_max_calls(0).build().unwrap_err();
-    assert_eq!(e.to_string(), "half_open_max_calls must be positive, got 0");
+    assert_eq!(e.to_string(), "half_open_max_calls must be between 1 and 1000, got 0");
     assert_eq!(
         CircuitBreaker::builder().key_prefix("").build().unwrap_err().field,
         "key_prefix"
@@ -152,7 +152,7 @@ async fn success_from_half_open_clears_failures_timestamp_and_probes() {
     assert!(r.breaker.allow_request().await);
     r.breaker.record_success().await.unwrap();
     let keys = r.breaker.keys();
-    for key in [&keys.failures, &keys.opened_at, &keys.half_open_calls] {
+    for key in [&keys.failures, &keys.opened_at, &keys.probes] {
         assert_eq!(r.cache.get(key).await.unwrap(), None, "{key}");
     }
     assert_eq!(r.breaker.retry_after().await.unwrap(), Duration::ZERO);
@@ -365,6 +365,7 @@ async fn admissions_probes_and_failures_are_reported_as_events() {
     assert!(events.contains(&Event::BreakerAllowed {
         breaker: "kg:circuit".into(),
         state: CircuitState::Closed,
+        probe: None,
         at: t0,
     }));
     assert!(events.contains(&Event::BreakerFailureRecorded {
@@ -376,8 +377,136 @@ async fn admissions_probes_and_failures_are_reported_as_events() {
         Some(&Event::BreakerAllowed {
             breaker: "kg:circuit".into(),
             state: CircuitState::HalfOpen,
+            probe: Some(ProbeId {
+                episode: r.clock.now(),
+                seq: 1
+            }),
             at: r.clock.now(),
         }),
         "the probe is reported after the transition"
+    );
+}
+
+#[test]
+fn probe_numbers_that_mean_nothing_are_rejected_at_construction() {
+    let err = CircuitBreaker::builder().half_open_max_calls(1001).build().unwrap_err();
+    assert_eq!(err.field, "half_open_max_calls");
+    let err = CircuitBreaker::builder()
+        .probe_lease(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field, "probe_lease");
+}
+
+#[tokio::test]
+async fn admission_is_data_and_a_refusal_carries_its_wait_from_the_same_step() {
+    let r = rig(1, 60, 1);
+    assert_eq!(r.breaker.admit().await, Permit::Call);
+    r.breaker.record_failure().await.unwrap();
+    r.clock.advance(secs(20));
+    assert_eq!(
+        r.breaker.admit().await,
+        Permit::Refused {
+            state: CircuitState::Open,
+            retry_after: secs(40)
+        }
+    );
+    r.clock.advance(secs(40));
+    let Permit::Probe(id) = r.breaker.admit().await else {
+        panic!("the transitioning call is a probe")
+    };
+    assert_eq!((id.episode, id.seq), (r.clock.now(), 1));
+    assert_eq!(
+        r.breaker.admit().await,
+        Permit::Refused {
+            state: CircuitState::HalfOpen,
+            retry_after: secs(60)
+        },
+        "refused until the live probe's lease ends"
+    );
+}
+
+/// Issue: a probe whose caller vanished (a dropped future) left the circuit
+/// half-open with its probes spent, refusing every call for good.
+#[tokio::test]
+async fn a_probe_that_never_reports_stops_counting_after_its_lease() {
+    let r = rig(1, 60, 1);
+    r.breaker.record_failure().await.unwrap();
+    r.clock.advance(secs(60));
+    let lost = r.breaker.admit().await;
+    assert!(matches!(lost, Permit::Probe(_)));
+    r.clock.advance(secs(59));
+    assert!(!r.breaker.allow_request().await, "still live");
+    r.clock.advance(secs(1));
+    let fresh = r.breaker.admit().await;
+    assert!(matches!(fresh, Permit::Probe(ProbeId { seq: 2, .. })), "{fresh:?}");
+    assert!(
+        r.observer
+            .events()
+            .iter()
+            .any(|e| matches!(e, Event::BreakerProbesExpired { expired: 1, .. }))
+    );
+    // The lost probe's late verdict changes nothing; the live one decides.
+    r.breaker.record_failure_for(&lost).await.unwrap();
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::HalfOpen);
+    r.breaker.record_success_for(&fresh).await.unwrap();
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+/// Issue: handing back an unused admission read the state and then recorded a
+/// failure, so a call admitted while closed could take another worker's
+/// half-open probe for its own and reopen the circuit.
+#[tokio::test]
+async fn releasing_a_permit_touches_exactly_that_permit() {
+    let r = rig(1, 60, 1);
+    let closed_call = r.breaker.admit().await;
+    r.breaker.record_failure().await.unwrap();
+    r.clock.advance(secs(60));
+    let probe = r.breaker.admit().await;
+    assert!(matches!(probe, Permit::Probe(_)));
+    r.breaker.release(&closed_call).await.unwrap();
+    r.breaker.record_failure_for(&closed_call).await.unwrap();
+    assert_eq!(
+        r.breaker.state().await.unwrap(),
+        CircuitState::HalfOpen,
+        "a closed call's hand-back or late failure leaves the probe episode alone"
+    );
+    assert!(
+        !r.breaker.allow_request().await,
+        "the other worker's probe is still live"
+    );
+    r.breaker.release(&probe).await.unwrap();
+    assert!(
+        r.breaker.allow_request().await,
+        "a released probe frees its slot at once"
+    );
+}
+
+#[tokio::test]
+async fn a_success_that_clears_the_failure_count_is_reported_by_the_breaker() {
+    let r = rig(3, 60, 1);
+    let permit = r.breaker.admit().await;
+    r.breaker.record_failure_for(&permit).await.unwrap();
+    r.breaker.record_success_for(&permit).await.unwrap();
+    let cleared = |events: &[Event]| {
+        events
+            .iter()
+            .filter(|e| matches!(e, Event::BreakerFailuresCleared { .. }))
+            .count()
+    };
+    assert_eq!(cleared(&r.observer.events()), 1);
+    r.breaker.record_success().await.unwrap();
+    assert_eq!(cleared(&r.observer.events()), 1, "nothing to clear, nothing reported");
+}
+
+#[test]
+fn a_circuit_open_message_says_when_the_next_probe_is_due() {
+    assert_eq!(
+        CircuitOpen::for_model("qwen3", Duration::from_millis(12_500)).to_string(),
+        "qwen3 is unavailable; the next probe is due in 12.50s"
+    );
+    assert_eq!(
+        CircuitOpen::for_model("qwen3", Duration::ZERO).to_string(),
+        "qwen3 is unavailable"
     );
 }

@@ -121,9 +121,10 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 proptest! {
     #![proptest_config(config())]
 
-    /// Invariant 3: a half-open episode admits at most `half_open_max_calls`
-    /// probes, the transitioning call included — and exactly that many when
-    /// enough calls ask.
+    /// Invariant 3: a half-open episode holds at most `half_open_max_calls`
+    /// live probes, the transitioning call included — and admits a probe
+    /// exactly when fewer are live (a probe stops counting when its lease,
+    /// here `recovery_timeout`, ends).
     #[test]
     fn half_open_episodes_admit_exactly_the_probe_limit(
         threshold in 1u32..5, timeout_s in 1u64..60, probes in 1u32..4, ops in ops(),
@@ -137,21 +138,25 @@ proptest! {
                 .clock(clock.clone())
                 .build()
                 .unwrap();
-            // (asks, admitted) for the current half-open episode.
-            let mut episode: Option<(u32, u32)> = None;
+            // When each probe of the current half-open episode still in flight
+            // was admitted.
+            let lease = Duration::from_secs(timeout_s);
+            let mut in_flight: Vec<Timestamp> = Vec::new();
             for op in ops {
                 match op {
                     Op::Wait(d) => clock.advance(d),
                     Op::Call { .. } | Op::Probe => {
                         let before = b.state().await.unwrap();
+                        let now = redstring::Clock::now(&*clock);
+                        in_flight.retain(|t| now.saturating_duration_since(*t) < lease);
                         let allowed = b.allow_request().await;
                         let after = b.state().await.unwrap();
-                        if after == CircuitState::HalfOpen {
-                            let (asks, admitted) = episode.get_or_insert((0, 0));
-                            *asks += 1;
-                            *admitted += allowed as u32;
-                            prop_assert!(*admitted <= probes);
-                            prop_assert!(*admitted == (*asks).min(probes), "{admitted} of {asks} asks admitted");
+                        if before == CircuitState::HalfOpen {
+                            prop_assert_eq!(allowed, in_flight.len() < probes as usize, "{} live probes", in_flight.len());
+                        }
+                        if after == CircuitState::HalfOpen && allowed {
+                            in_flight.push(now);
+                            prop_assert!(in_flight.len() <= probes as usize);
                         }
                         if before == CircuitState::Open && after == CircuitState::Open {
                             prop_assert!(!allowed, "invariant 5: an open breaker not yet due admits nothing");
@@ -160,7 +165,7 @@ proptest! {
                             if succeeds { b.record_success().await.unwrap() } else { b.record_failure().await.unwrap() }
                         }
                         if b.state().await.unwrap() != CircuitState::HalfOpen {
-                            episode = None;
+                            in_flight.clear();
                         }
                     }
                 }
@@ -287,5 +292,31 @@ proptest! {
             .await
         });
         skew_support::check(&case, &admitted, window, max_ahead, Duration::ZERO);
+    }
+}
+
+mod lease_support;
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Probes are leases: on `MemoryCache`, any interleaving of admissions,
+    /// reports, releases, vanished callers and clock steps holds at most
+    /// `half_open_max_calls` live probes, never refuses in half-open for longer
+    /// than one lease, and lets only a live probe decide an episode.
+    #[test]
+    fn probe_leases_hold_on_memory(
+        threshold in 1u32..3,
+        probes in 1u32..4,
+        lease_s in 1u64..15,
+        actions in lease_support::actions(120),
+    ) {
+        runtime().block_on(async {
+            let clock = Arc::new(ManualClock::at_fixed_epoch());
+            let store = redstring::MemoryCache::with_time_source(clock.clone(), redstring::TimeSource::Caller);
+            let keys = redstring::breaker::machine::BreakerKeys::new("prop");
+            let start = redstring::Clock::now(&*clock);
+            lease_support::run(&store, &keys, lease_support::params(threshold, probes, lease_s), start, &actions).await;
+        });
     }
 }

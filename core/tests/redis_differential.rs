@@ -17,7 +17,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis_support::RedisServer;
-use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams};
+use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin, ProbeId};
 use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
 use redstring::{CacheError, Clock, ManualClock, MemoryCache, SystemClock, Timestamp};
 
@@ -42,7 +42,49 @@ const VALUES: &[&str] = &[
     "closed",
     "1700000050.5",
     "1700000000.",
+    "0 1 1:9007199254740992",
+    "1 2 3:4 5:6",
+    "1 2  3:4",
 ];
+
+/// Who reports, with a probe named by its episode's offset and its number.
+#[derive(Clone, Copy, Debug)]
+enum From {
+    Untracked,
+    Call,
+    Probe(u64, u32),
+}
+
+/// A breaker command, with instants as offsets from the case's start.
+#[derive(Clone, Copy, Debug)]
+enum Command {
+    Allow,
+    Success(From),
+    Failure(From),
+    Release(u64, u32),
+    Reset,
+}
+
+impl Command {
+    fn at(self, base: Timestamp) -> BreakerCommand {
+        let probe = |episode, seq| ProbeId {
+            episode: at(base, episode),
+            seq,
+        };
+        let origin = |from| match from {
+            From::Untracked => Origin::Untracked,
+            From::Call => Origin::Call,
+            From::Probe(episode, seq) => Origin::Probe(probe(episode, seq)),
+        };
+        match self {
+            Command::Allow => BreakerCommand::Allow,
+            Command::Success(from) => BreakerCommand::RecordSuccess(origin(from)),
+            Command::Failure(from) => BreakerCommand::RecordFailure(origin(from)),
+            Command::Release(episode, seq) => BreakerCommand::Release(probe(episode, seq)),
+            Command::Reset => BreakerCommand::Reset,
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -56,7 +98,7 @@ enum Op {
     Acquire(usize, u64, Duration, u32),
     SetBreakerKey(usize, usize),
     GetBreakerKey(usize),
-    Breaker(BreakerCommand, u64, BreakerParams),
+    Breaker(Command, u64, BreakerParams),
     BreakerRead(u64),
 }
 
@@ -73,16 +115,25 @@ fn op() -> impl Strategy<Value = Op> {
     // Mostly one key, so that sequences pile up on it.
     let key = prop_oneof![5 => Just(0usize), 2 => Just(1), 1 => Just(2), 1 => Just(3)];
     let value = 0..VALUES.len();
+    // Probes are named on the same few instants episodes begin at, so reports
+    // and releases sometimes hold a live lease and sometimes a stale one.
+    let from = prop_oneof![
+        2 => Just(From::Untracked),
+        1 => Just(From::Call),
+        2 => (instant(), 1u32..4).prop_map(|(e, s)| From::Probe(e, s)),
+    ];
     let command = prop_oneof![
-        3 => Just(BreakerCommand::Allow),
-        1 => Just(BreakerCommand::RecordSuccess),
-        3 => Just(BreakerCommand::RecordFailure),
-        1 => Just(BreakerCommand::Reset),
+        3 => Just(Command::Allow),
+        1 => from.clone().prop_map(Command::Success),
+        3 => from.prop_map(Command::Failure),
+        1 => (instant(), 1u32..4).prop_map(|(e, s)| Command::Release(e, s)),
+        1 => Just(Command::Reset),
     ];
     let params = (1u32..4, prop_oneof![Just(30u64), Just(60), Just(90)], 1u32..4).prop_map(|(t, r, p)| BreakerParams {
         failure_threshold: t,
         recovery_timeout: Duration::from_secs(r),
         half_open_max_calls: p,
+        probe_lease: Duration::from_secs(r / 3),
     });
     prop_oneof![
         1 => (key.clone(), value.clone(), any::<bool>()).prop_map(|(k, v, t)| Op::Set(k, v, t)),
@@ -123,7 +174,7 @@ fn at(base: Timestamp, offset: u64) -> Timestamp {
 }
 
 fn breaker_key(keys: &BreakerKeys, i: usize) -> &str {
-    [&keys.state, &keys.failures, &keys.opened_at, &keys.half_open_calls][i]
+    [&keys.state, &keys.failures, &keys.opened_at, &keys.probes][i]
 }
 
 async fn apply<C>(c: &C, base: Timestamp, op: &Op) -> String
@@ -157,7 +208,9 @@ where
         ),
         Op::SetBreakerKey(k, v) => outcome(c.set(breaker_key(&keys, k), VALUES[v], None).await),
         Op::GetBreakerKey(k) => outcome(c.get(breaker_key(&keys, k)).await),
-        Op::Breaker(command, now, params) => outcome(c.breaker_step(&keys, command, params, at(base, now)).await),
+        Op::Breaker(command, now, params) => {
+            outcome(c.breaker_step(&keys, command.at(base), params, at(base, now)).await)
+        }
         Op::BreakerRead(now) => outcome(c.breaker_read(&keys, at(base, now)).await),
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis_support::{RedisServer, wait};
-use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams};
+use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::cache::redis::{ConnectionManager, RedisCache};
 use redstring::cache::{BreakerStore, KeyValue, LimiterStore, SlotRequest};
 use redstring::limiter::SlotOutcome;
@@ -44,6 +44,7 @@ fn params() -> BreakerParams {
         failure_threshold: 1,
         recovery_timeout: Duration::from_secs(60),
         half_open_max_calls: 1,
+        probe_lease: Duration::from_secs(60),
     }
 }
 
@@ -84,7 +85,13 @@ async fn a_killed_server_is_unavailable_and_the_same_cache_recovers() {
         "acquire_slot",
     );
     assert_unavailable(
-        bounded(cache.breaker_step(&keys, BreakerCommand::RecordFailure, params(), SystemClock.now())).await,
+        bounded(cache.breaker_step(
+            &keys,
+            BreakerCommand::RecordFailure(Origin::Untracked),
+            params(),
+            SystemClock.now(),
+        ))
+        .await,
         "breaker_step",
     );
     assert_unavailable(bounded(cache.increment("n", None)).await, "increment");
@@ -99,10 +106,15 @@ async fn a_killed_server_is_unavailable_and_the_same_cache_recovers() {
         SlotOutcome::Admitted { remaining: 4, .. }
     ));
     let step = cache
-        .breaker_step(&keys, BreakerCommand::RecordFailure, params(), SystemClock.now())
+        .breaker_step(
+            &keys,
+            BreakerCommand::RecordFailure(Origin::Untracked),
+            params(),
+            SystemClock.now(),
+        )
         .await
         .unwrap();
-    assert!(step.allowed);
+    assert!(step.allowed());
     assert_eq!(cache.get(&keys.state).await.unwrap().as_deref(), Some("open"));
 }
 

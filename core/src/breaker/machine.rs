@@ -1,24 +1,38 @@
 //! The circuit breaker's state machine as a pure function.
 //!
-//! [`step`] takes what is stored (a [`BreakerSnapshot`]), a command, the
+//! [`step`] takes what is stored (a [`BreakerView`]), a command, the
 //! parameters and `now`, and returns the decision and the [`Writes`] that
 //! carry it out. It reads no clock and touches no cache. Every adapter runs it
 //! (or, on Redis, a script proven equal to it by the compliance suite) inside
 //! one atomic step; the property tests and the simulator's checker reason
 //! about the same function.
 //!
-//! The transitions are the spec's:
+//! The transitions are the spec's, with two additions: **admission is data**
+//! (an `Allow` answers with a [`Permit`]: a normal call, an identified probe,
+//! or a refusal carrying its `retry_after`), and **probes are leases** (a probe
+//! that neither reports nor is released within `probe_lease` stops counting,
+//! so no vanished caller can wedge a half-open circuit).
 //!
-//! | state     | `Allow`                                   | `RecordSuccess`      | `RecordFailure`                              |
-//! |-----------|-------------------------------------------|----------------------|----------------------------------------------|
-//! | closed    | admit                                      | clear failure count  | count it (TTL on creation); open at threshold |
-//! | open      | refuse; once due, → half-open and count as a probe | nothing     | nothing                                       |
-//! | half-open | admit while probes < `half_open_max_calls` | → closed, clear all | → open with a fresh `opened_at`              |
+//! | state     | `Allow`                                   | success report | failure report | `Release(probe)` |
+//! |-----------|-------------------------------------------|----------------|----------------|------------------|
+//! | closed    | [`Permit::Call`]                          | clear failure count | count it (TTL on creation); open at threshold | nothing |
+//! | open      | refuse until due; then → half-open, and the transitioning call is the first probe | nothing | nothing | nothing |
+//! | half-open | a probe while fewer than `half_open_max_calls` leases are live, else refuse until the earliest lease ends | → closed, clear all | → open with a fresh `opened_at` | the lease ends |
+//!
+//! Who reports matters ([`Origin`]). A probe's report decides the half-open
+//! episode only while its lease is live; a late one (its lease expired, or its
+//! episode is over) changes nothing. A call admitted while closed is counted
+//! while the circuit is closed and ignored otherwise — it says nothing about
+//! the episode in hand. An untracked report (the spec's bare
+//! `record_success()` / `record_failure()`) acts on whatever state is stored,
+//! as the spec's breaker did.
 //!
 //! `Reset` clears every key from any state. An unreadable stored state is taken
-//! as closed; a missing `opened_at` means recovery is due. Both fail toward
-//! calling the model.
+//! as closed; a missing `opened_at` means recovery is due; a half-open circuit
+//! with a damaged or missing lease record starts a fresh episode. All of these
+//! fail toward calling the model.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::time::Timestamp;
@@ -56,6 +70,10 @@ impl CircuitState {
     }
 }
 
+/// The most probes a half-open episode may hold at once: what
+/// `half_open_max_calls` accepts, and what a stored lease record may list.
+pub const MAX_HALF_OPEN_CALLS: u32 = 1000;
+
 /// The validated numbers a breaker runs with (see
 /// [`CircuitBreakerBuilder`](crate::breaker::CircuitBreakerBuilder)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,11 +82,13 @@ pub struct BreakerParams {
     pub failure_threshold: u32,
     /// How long the circuit stays open before probing; also the failure count's TTL.
     pub recovery_timeout: Duration,
-    /// Probes admitted per half-open episode, the transitioning call included.
+    /// Probes live at once in a half-open episode, the transitioning call included.
     pub half_open_max_calls: u32,
+    /// How long a probe counts without reporting or being released.
+    pub probe_lease: Duration,
 }
 
-/// The four keys one breaker's state lives under.
+/// The keys one breaker's state lives under.
 ///
 /// The spec's `{key_prefix}:{name}` with the prefix wrapped in braces —
 /// `{kg:circuit}:state` — so that on Redis Cluster all four hash to one slot and
@@ -81,8 +101,8 @@ pub struct BreakerKeys {
     pub failures: String,
     /// When the circuit last opened, as decimal epoch seconds.
     pub opened_at: String,
-    /// Probes admitted in the current half-open episode.
-    pub half_open_calls: String,
+    /// The half-open episode's probe leases ([`ProbeLeases`], encoded).
+    pub probes: String,
 }
 
 impl BreakerKeys {
@@ -93,8 +113,99 @@ impl BreakerKeys {
             state: k("state"),
             failures: k("failures"),
             opened_at: k("opened_at"),
-            half_open_calls: k("half_open_calls"),
+            probes: k("probes"),
         }
+    }
+}
+
+/// One half-open probe: the episode it belongs to (the instant the circuit
+/// went half-open) and its number within the episode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProbeId {
+    /// When the episode began.
+    pub episode: Timestamp,
+    /// 1 for the transitioning call, then 2, 3, …
+    pub seq: u32,
+}
+
+impl fmt::Display for ProbeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "probe {} of the episode begun at {}", self.seq, self.episode)
+    }
+}
+
+/// A live probe's lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The probe's number in its episode.
+    pub seq: u32,
+    /// When it stops counting if it has not reported.
+    pub expires: Timestamp,
+}
+
+/// The leases of a half-open episode, as stored at [`BreakerKeys::probes`].
+///
+/// Encoded as `"<episode µs> <issued> <seq>:<expires µs> …"`: single spaces,
+/// decimal digits only, instants at most 2^53 µs (what a Redis script holds
+/// exactly), at most [`MAX_HALF_OPEN_CALLS`] leases. Anything else is damage
+/// and reads as no record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeLeases {
+    /// When the episode began.
+    pub episode: Timestamp,
+    /// Probes issued in the episode so far (the next one is `issued + 1`).
+    pub issued: u32,
+    /// The leases not yet ended, in issue order (some may have expired since).
+    pub live: Vec<Lease>,
+}
+
+/// The largest instant a stored record may hold: 2^53 µs.
+const MAX_STORED_MICROS: u64 = 1 << 53;
+
+fn stored_number(token: &str) -> Option<u64> {
+    if token.is_empty() || token.len() > 16 || !token.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    token.parse().ok().filter(|n| *n <= MAX_STORED_MICROS)
+}
+
+fn stored_u32(token: &str) -> Option<u32> {
+    stored_number(token).and_then(|n| u32::try_from(n).ok())
+}
+
+impl ProbeLeases {
+    /// Parses the stored form; `None` for anything damaged.
+    pub fn decode(stored: &str) -> Option<Self> {
+        let mut tokens = stored.split(' ');
+        let episode = Timestamp::from_micros(stored_number(tokens.next()?)?);
+        let issued = stored_u32(tokens.next()?)?;
+        let mut live = Vec::new();
+        for token in tokens {
+            if live.len() >= MAX_HALF_OPEN_CALLS as usize {
+                return None;
+            }
+            let (seq, expires) = token.split_once(':')?;
+            live.push(Lease {
+                seq: stored_u32(seq)?,
+                expires: Timestamp::from_micros(stored_number(expires)?),
+            });
+        }
+        Some(ProbeLeases { episode, issued, live })
+    }
+
+    /// The stored form.
+    pub fn encode(&self) -> String {
+        use fmt::Write as _;
+        let mut out = format!("{} {}", self.episode.as_micros(), self.issued);
+        for lease in &self.live {
+            let _ = write!(out, " {}:{}", lease.seq, lease.expires.as_micros());
+        }
+        out
+    }
+
+    /// Whether `probe` holds a lease that is live at `now`.
+    pub fn holds(&self, probe: ProbeId, now: Timestamp) -> bool {
+        probe.episode == self.episode && self.live.iter().any(|l| l.seq == probe.seq && l.expires > now)
     }
 }
 
@@ -118,8 +229,8 @@ pub struct BreakerSnapshot {
     pub failures: Option<u32>,
     /// When the circuit last opened; `None` when absent or unparseable.
     pub opened_at: Option<Timestamp>,
-    /// Probes admitted this half-open episode (absent or damaged reads as 0).
-    pub half_open_calls: u32,
+    /// The half-open episode's leases; `None` when absent or damaged.
+    pub probes: Option<ProbeLeases>,
 }
 
 impl BreakerSnapshot {
@@ -128,16 +239,11 @@ impl BreakerSnapshot {
         state: StoredState::Missing,
         failures: None,
         opened_at: None,
-        half_open_calls: 0,
+        probes: None,
     };
 
     /// Decodes the four stored strings, as any adapter reads them.
-    pub fn decode(
-        state: Option<&str>,
-        failures: Option<&str>,
-        opened_at: Option<&str>,
-        half_open_calls: Option<&str>,
-    ) -> Self {
+    pub fn decode(state: Option<&str>, failures: Option<&str>, opened_at: Option<&str>, probes: Option<&str>) -> Self {
         BreakerSnapshot {
             state: match state {
                 None => StoredState::Missing,
@@ -148,7 +254,7 @@ impl BreakerSnapshot {
             },
             failures: failures.and_then(|s| s.parse().ok()),
             opened_at: opened_at.and_then(Timestamp::parse_secs),
-            half_open_calls: half_open_calls.and_then(|s| s.parse().ok()).unwrap_or(0),
+            probes: probes.and_then(ProbeLeases::decode),
         }
     }
 
@@ -157,6 +263,14 @@ impl BreakerSnapshot {
         match self.state {
             StoredState::Valid(state) => state,
             StoredState::Missing | StoredState::Unreadable(_) => CircuitState::Closed,
+        }
+    }
+
+    /// Probes whose leases are live at `now` (0 unless half-open).
+    pub fn live_probes(&self, now: Timestamp) -> usize {
+        match (&self.probes, self.effective_state()) {
+            (Some(p), CircuitState::HalfOpen) => p.live.iter().filter(|l| l.expires > now).count(),
+            _ => 0,
         }
     }
 }
@@ -174,8 +288,8 @@ pub trait BreakerView {
     fn failures(&self) -> Option<u32>;
     /// When the circuit last opened; `None` when absent or unparseable.
     fn opened_at(&self) -> Option<Timestamp>;
-    /// Probes admitted this half-open episode (absent or damaged reads as 0).
-    fn half_open_calls(&self) -> u32;
+    /// The half-open episode's leases; `None` when absent or damaged.
+    fn probes(&self) -> Option<ProbeLeases>;
 }
 
 impl BreakerView for BreakerSnapshot {
@@ -188,22 +302,69 @@ impl BreakerView for BreakerSnapshot {
     fn opened_at(&self) -> Option<Timestamp> {
         self.opened_at
     }
-    fn half_open_calls(&self) -> u32 {
-        self.half_open_calls
+    fn probes(&self) -> Option<ProbeLeases> {
+        self.probes.clone()
     }
+}
+
+/// Who a report comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Origin {
+    /// Unknown: the spec's bare `record_success()` / `record_failure()`, which
+    /// act on whatever state is stored.
+    Untracked,
+    /// A call admitted while the circuit was closed ([`Permit::Call`]).
+    Call,
+    /// A half-open probe ([`Permit::Probe`]).
+    Probe(ProbeId),
 }
 
 /// A command to the state machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BreakerCommand {
-    /// `allow_request`: may a call go through? Drives open → half-open.
+    /// May a call go through? Drives open → half-open; answers with a [`Permit`].
     Allow,
-    /// The call succeeded.
-    RecordSuccess,
-    /// The call failed.
-    RecordFailure,
+    /// A call succeeded.
+    RecordSuccess(Origin),
+    /// A call failed.
+    RecordFailure(Origin),
+    /// A probe ended without reaching the model: its lease ends at once.
+    Release(ProbeId),
     /// Force closed and clear everything.
     Reset,
+}
+
+/// The answer to [`BreakerCommand::Allow`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Permit {
+    /// A call through a closed circuit.
+    Call,
+    /// A half-open probe: report it, or release it, by this identity.
+    Probe(ProbeId),
+    /// Refused.
+    Refused {
+        /// The state that refused (open, or half-open with its probes live).
+        state: CircuitState,
+        /// How long until a probe may be admitted: the rest of the recovery
+        /// timeout, or until the earliest live lease ends. Zero when unknown.
+        retry_after: Duration,
+    },
+}
+
+impl Permit {
+    /// Whether the call may go through.
+    pub fn is_admitted(&self) -> bool {
+        !matches!(self, Permit::Refused { .. })
+    }
+
+    /// Who the call's report comes from.
+    pub fn origin(&self) -> Option<Origin> {
+        match *self {
+            Permit::Call => Some(Origin::Call),
+            Permit::Probe(id) => Some(Origin::Probe(id)),
+            Permit::Refused { .. } => None,
+        }
+    }
 }
 
 /// A change to one stored key.
@@ -231,7 +392,7 @@ pub enum FailuresWrite {
 }
 
 /// The writes that carry out a step, one per key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Writes {
     /// The state key.
     pub state: Write<CircuitState>,
@@ -239,8 +400,8 @@ pub struct Writes {
     pub failures: FailuresWrite,
     /// The open timestamp.
     pub opened_at: Write<Timestamp>,
-    /// The probe count.
-    pub half_open_calls: Write<u32>,
+    /// The probe leases.
+    pub probes: Write<ProbeLeases>,
 }
 
 impl Writes {
@@ -249,7 +410,7 @@ impl Writes {
         state: Write::Keep,
         failures: FailuresWrite::Keep,
         opened_at: Write::Keep,
-        half_open_calls: Write::Keep,
+        probes: Write::Keep,
     };
 
     /// Whether any key changes.
@@ -267,13 +428,28 @@ pub struct BreakerStep {
     pub after: CircuitState,
     /// The instant the step was judged at (the caller's `now`, or the store's).
     pub at: Timestamp,
-    /// For [`BreakerCommand::Allow`], whether the call may go through; for the
-    /// other commands, always `true`.
-    pub allowed: bool,
+    /// For [`BreakerCommand::Allow`], the answer; `None` for other commands.
+    pub permit: Option<Permit>,
+    /// Probe leases this step found expired and dropped.
+    pub expired_probes: u32,
     /// The stored state was damaged and read as closed: what was there.
     pub unreadable: Option<String>,
     /// What to store.
     pub writes: Writes,
+}
+
+impl BreakerStep {
+    /// For `Allow`, whether the call may go through; `true` for other commands.
+    pub fn allowed(&self) -> bool {
+        self.permit.is_none_or(|p| p.is_admitted())
+    }
+
+    /// Whether a success report cleared a closed circuit's failure count.
+    pub fn cleared_failures(&self) -> bool {
+        self.before == CircuitState::Closed
+            && self.after == CircuitState::Closed
+            && self.writes.failures == FailuresWrite::Delete
+    }
 }
 
 /// Whether an open circuit opened at `opened_at` may probe at `now`. A
@@ -288,7 +464,11 @@ pub fn recovery_due(opened_at: Option<Timestamp>, params: &BreakerParams, now: T
 /// Seconds until an open circuit will admit a probe:
 /// `max(0, recovery_timeout − (now − opened_at))`; zero with no `opened_at`.
 pub fn retry_after(snapshot: &BreakerSnapshot, params: &BreakerParams, now: Timestamp) -> Duration {
-    match snapshot.opened_at {
+    open_wait(snapshot.opened_at, params, now)
+}
+
+fn open_wait(opened_at: Option<Timestamp>, params: &BreakerParams, now: Timestamp) -> Duration {
+    match opened_at {
         None => Duration::ZERO,
         Some(t) => params.recovery_timeout.saturating_sub(now.saturating_duration_since(t)),
     }
@@ -303,77 +483,159 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
         StoredState::Unreadable(s) => (Closed, Some(s)),
     };
     let mut writes = Writes::NONE;
-    let (after, allowed) = match (command, before) {
+    let mut permit = None;
+    let mut expired_probes = 0;
+    let after = match (command, before) {
         (BreakerCommand::Reset, _) => {
             writes = clear_all();
-            (Closed, true)
+            Closed
         }
-        (BreakerCommand::Allow, Closed) => (Closed, true),
+        (BreakerCommand::Allow, Closed) => {
+            permit = Some(Permit::Call);
+            Closed
+        }
         (BreakerCommand::Allow, Open) => {
             if recovery_due(stored.opened_at(), params, now) {
                 // The transitioning call is itself the first probe.
+                let (leases, id) = first_probe(params, now);
                 writes.state = Write::Set(HalfOpen);
-                writes.half_open_calls = Write::Set(1);
-                (HalfOpen, true)
+                writes.probes = Write::Set(leases);
+                permit = Some(Permit::Probe(id));
+                HalfOpen
             } else {
-                (Open, false)
+                permit = Some(Permit::Refused {
+                    state: Open,
+                    retry_after: open_wait(stored.opened_at(), params, now),
+                });
+                Open
             }
         }
         (BreakerCommand::Allow, HalfOpen) => {
-            let calls = stored.half_open_calls();
-            if calls < params.half_open_max_calls {
-                writes.half_open_calls = Write::Set(calls + 1);
-                (HalfOpen, true)
-            } else {
-                (HalfOpen, false)
+            match stored.probes() {
+                None => {
+                    // No readable record: begin a fresh episode now.
+                    let (leases, id) = first_probe(params, now);
+                    writes.probes = Write::Set(leases);
+                    permit = Some(Permit::Probe(id));
+                }
+                Some(mut leases) => {
+                    let held = leases.live.len();
+                    leases.live.retain(|l| l.expires > now);
+                    expired_probes = u32::try_from(held - leases.live.len()).unwrap_or(u32::MAX);
+                    if leases.live.len() < params.half_open_max_calls as usize {
+                        let seq = leases.issued.saturating_add(1);
+                        leases.issued = seq;
+                        leases.live.push(Lease {
+                            seq,
+                            expires: now.saturating_add(params.probe_lease),
+                        });
+                        permit = Some(Permit::Probe(ProbeId {
+                            episode: leases.episode,
+                            seq,
+                        }));
+                        writes.probes = Write::Set(leases);
+                    } else {
+                        let earliest = leases.live.iter().map(|l| l.expires).min();
+                        permit = Some(Permit::Refused {
+                            state: HalfOpen,
+                            retry_after: earliest.map_or(Duration::ZERO, |t| t.saturating_duration_since(now)),
+                        });
+                    }
+                }
             }
+            HalfOpen
         }
-        (BreakerCommand::RecordSuccess, Closed) => {
+        (BreakerCommand::RecordSuccess(Origin::Untracked | Origin::Call), Closed) => {
             if stored.failures().is_some() {
                 writes.failures = FailuresWrite::Delete;
             }
-            (Closed, true)
+            Closed
         }
-        (BreakerCommand::RecordSuccess, HalfOpen) => {
-            writes = clear_all();
-            (Closed, true)
-        }
-        (BreakerCommand::RecordSuccess, Open) | (BreakerCommand::RecordFailure, Open) => {
-            // Late reports about calls admitted before the circuit opened change
-            // nothing: in particular they never push the recovery out.
-            (Open, true)
-        }
-        (BreakerCommand::RecordFailure, Closed) => {
+        (BreakerCommand::RecordFailure(Origin::Untracked | Origin::Call), Closed) => {
             let failures = stored.failures();
             let count = failures.map_or(1, |n| n.saturating_add(1));
             if count >= params.failure_threshold {
-                writes.state = Write::Set(Open);
-                writes.opened_at = Write::Set(now);
-                writes.failures = FailuresWrite::Delete;
-                writes.half_open_calls = Write::Delete;
-                (Open, true)
+                writes = open_now(now);
+                Open
             } else {
                 writes.failures = match failures {
                     None => FailuresWrite::Create,
                     Some(_) => FailuresWrite::Bump(count),
                 };
-                (Closed, true)
+                Closed
             }
         }
-        (BreakerCommand::RecordFailure, HalfOpen) => {
-            writes.state = Write::Set(Open);
-            writes.opened_at = Write::Set(now);
-            writes.half_open_calls = Write::Delete;
-            (Open, true)
+        (BreakerCommand::RecordSuccess(origin), HalfOpen) => {
+            if decides_episode(stored, origin, now) {
+                writes = clear_all();
+                Closed
+            } else {
+                HalfOpen
+            }
         }
+        (BreakerCommand::RecordFailure(origin), HalfOpen) => {
+            if decides_episode(stored, origin, now) {
+                writes = open_now(now);
+                writes.failures = FailuresWrite::Keep;
+                Open
+            } else {
+                HalfOpen
+            }
+        }
+        (BreakerCommand::Release(probe), HalfOpen) => {
+            if let Some(mut leases) = stored.probes().filter(|l| l.holds(probe, now)) {
+                leases.live.retain(|l| l.seq != probe.seq);
+                writes.probes = Write::Set(leases);
+            }
+            HalfOpen
+        }
+        // Late reports change nothing: about calls admitted before the circuit
+        // opened (they never push the recovery out), from probes of an episode
+        // that is over, or releases of a probe no episode holds.
+        (BreakerCommand::RecordSuccess(_) | BreakerCommand::RecordFailure(_), Open)
+        | (BreakerCommand::RecordSuccess(Origin::Probe(_)) | BreakerCommand::RecordFailure(Origin::Probe(_)), Closed)
+        | (BreakerCommand::Release(_), Closed | Open) => before,
     };
     BreakerStep {
         before,
         after,
         at: now,
-        allowed,
+        permit,
+        expired_probes,
         unreadable,
         writes,
+    }
+}
+
+/// Whether a report from `origin` decides the half-open episode: an untracked
+/// one always (the spec's behaviour), a probe's only while its lease is live,
+/// a closed-circuit call's never.
+fn decides_episode(stored: &impl BreakerView, origin: Origin, now: Timestamp) -> bool {
+    match origin {
+        Origin::Untracked => true,
+        Origin::Call => false,
+        Origin::Probe(id) => stored.probes().is_some_and(|l| l.holds(id, now)),
+    }
+}
+
+fn first_probe(params: &BreakerParams, now: Timestamp) -> (ProbeLeases, ProbeId) {
+    let leases = ProbeLeases {
+        episode: now,
+        issued: 1,
+        live: vec![Lease {
+            seq: 1,
+            expires: now.saturating_add(params.probe_lease),
+        }],
+    };
+    (leases, ProbeId { episode: now, seq: 1 })
+}
+
+fn open_now(now: Timestamp) -> Writes {
+    Writes {
+        state: Write::Set(CircuitState::Open),
+        failures: FailuresWrite::Delete,
+        opened_at: Write::Set(now),
+        probes: Write::Delete,
     }
 }
 
@@ -382,7 +644,7 @@ fn clear_all() -> Writes {
         state: Write::Delete,
         failures: FailuresWrite::Delete,
         opened_at: Write::Delete,
-        half_open_calls: Write::Delete,
+        probes: Write::Delete,
     }
 }
 
@@ -408,10 +670,10 @@ pub fn apply(snapshot: &BreakerSnapshot, writes: &Writes) -> BreakerSnapshot {
         Write::Set(t) => next.opened_at = Some(t),
         Write::Delete => next.opened_at = None,
     }
-    match writes.half_open_calls {
+    match &writes.probes {
         Write::Keep => {}
-        Write::Set(n) => next.half_open_calls = n,
-        Write::Delete => next.half_open_calls = 0,
+        Write::Set(p) => next.probes = Some(p.clone()),
+        Write::Delete => next.probes = None,
     }
     next
 }
@@ -425,7 +687,14 @@ mod tests {
             failure_threshold: threshold,
             recovery_timeout: Duration::from_secs(timeout_s),
             half_open_max_calls: probes,
+            probe_lease: Duration::from_secs(timeout_s),
         }
+    }
+
+    const FAIL: BreakerCommand = BreakerCommand::RecordFailure(Origin::Untracked);
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
     }
 
     const T0: Timestamp = Timestamp::from_secs(1_000);
@@ -435,18 +704,18 @@ mod tests {
             state: StoredState::Valid(CircuitState::Open),
             failures: None,
             opened_at: Some(t),
-            half_open_calls: 0,
+            probes: None,
         }
     }
 
     #[test]
     fn failures_below_threshold_count_then_open() {
         let p = params(2, 60, 1);
-        let s1 = step(&BreakerSnapshot::EMPTY, BreakerCommand::RecordFailure, &p, T0);
+        let s1 = step(&BreakerSnapshot::EMPTY, FAIL, &p, T0);
         assert_eq!(s1.writes.failures, FailuresWrite::Create);
         assert_eq!(s1.after, CircuitState::Closed);
         let snap = apply(&BreakerSnapshot::EMPTY, &s1.writes);
-        let s2 = step(&snap, BreakerCommand::RecordFailure, &p, T0);
+        let s2 = step(&snap, FAIL, &p, T0);
         assert_eq!(s2.after, CircuitState::Open);
         assert_eq!(s2.writes.opened_at, Write::Set(T0));
     }
@@ -460,7 +729,13 @@ mod tests {
             &p,
             T0.saturating_add(Duration::from_secs(59)),
         );
-        assert!(!early.allowed);
+        assert_eq!(
+            early.permit,
+            Some(Permit::Refused {
+                state: CircuitState::Open,
+                retry_after: secs(1)
+            })
+        );
         assert!(early.writes.is_empty());
         let due = step(
             &open_at(T0),
@@ -468,16 +743,28 @@ mod tests {
             &p,
             T0.saturating_add(Duration::from_secs(60)),
         );
-        assert!(due.allowed);
+        let at = T0.saturating_add(secs(60));
+        let first = ProbeId { episode: at, seq: 1 };
+        assert_eq!(due.permit, Some(Permit::Probe(first)));
         assert_eq!(due.after, CircuitState::HalfOpen);
-        assert_eq!(due.writes.half_open_calls, Write::Set(1));
+        assert_eq!(
+            due.writes.probes,
+            Write::Set(ProbeLeases {
+                episode: at,
+                issued: 1,
+                live: vec![Lease {
+                    seq: 1,
+                    expires: at.saturating_add(secs(60))
+                }]
+            })
+        );
     }
 
     #[test]
     fn missing_opened_at_is_recovery_due() {
         let mut snap = open_at(T0);
         snap.opened_at = None;
-        assert!(step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0).allowed);
+        assert!(step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0).allowed());
         assert_eq!(retry_after(&snap, &params(1, 60, 1), T0), Duration::ZERO);
     }
 
@@ -485,7 +772,7 @@ mod tests {
     fn unreadable_state_is_closed_and_reported() {
         let snap = BreakerSnapshot::decode(Some("bogus"), None, None, None);
         let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
-        assert!(s.allowed);
+        assert_eq!(s.permit, Some(Permit::Call));
         assert_eq!(s.before, CircuitState::Closed);
         assert_eq!(s.unreadable.as_deref(), Some("bogus"));
     }
@@ -494,7 +781,7 @@ mod tests {
     fn failures_while_open_change_nothing() {
         let s = step(
             &open_at(T0),
-            BreakerCommand::RecordFailure,
+            FAIL,
             &params(1, 60, 1),
             T0.saturating_add(Duration::from_secs(30)),
         );
@@ -519,6 +806,158 @@ mod tests {
     fn keys_share_a_hash_tag() {
         let k = BreakerKeys::new("kg:circuit");
         assert_eq!(k.state, "{kg:circuit}:state");
-        assert_eq!(k.half_open_calls, "{kg:circuit}:half_open_calls");
+        assert_eq!(k.probes, "{kg:circuit}:probes");
+    }
+
+    /// Runs `commands` from an open circuit, returning each step.
+    fn run(p: &BreakerParams, commands: &[(BreakerCommand, u64)]) -> Vec<BreakerStep> {
+        let mut snap = open_at(T0);
+        commands
+            .iter()
+            .map(|&(command, at)| {
+                let s = step(&snap, command, p, T0.saturating_add(secs(at)));
+                snap = apply(&snap, &s.writes);
+                s
+            })
+            .collect()
+    }
+
+    fn probe_of(s: &BreakerStep) -> ProbeId {
+        match s.permit {
+            Some(Permit::Probe(id)) => id,
+            other => panic!("expected a probe, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_probe_that_never_reports_stops_counting_after_its_lease() {
+        let p = params(1, 60, 1);
+        let steps = run(
+            &p,
+            &[
+                (BreakerCommand::Allow, 60),
+                (BreakerCommand::Allow, 90),
+                (BreakerCommand::Allow, 120),
+            ],
+        );
+        let first = probe_of(&steps[0]);
+        assert_eq!(
+            steps[1].permit,
+            Some(Permit::Refused {
+                state: CircuitState::HalfOpen,
+                retry_after: secs(30)
+            }),
+            "refused until the live lease ends, and says when"
+        );
+        let second = probe_of(&steps[2]);
+        assert_eq!(steps[2].expired_probes, 1);
+        assert_eq!(
+            second,
+            ProbeId {
+                episode: first.episode,
+                seq: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_late_report_after_the_lease_changes_nothing_and_a_live_one_decides() {
+        let p = params(1, 60, 1);
+        let steps = run(&p, &[(BreakerCommand::Allow, 60), (BreakerCommand::Allow, 120)]);
+        let (first, second) = (probe_of(&steps[0]), probe_of(&steps[1]));
+        let mut snap = apply(&apply(&open_at(T0), &steps[0].writes), &steps[1].writes);
+        let late = step(
+            &snap,
+            BreakerCommand::RecordFailure(Origin::Probe(first)),
+            &p,
+            T0.saturating_add(secs(121)),
+        );
+        assert!(late.writes.is_empty(), "the expired probe's failure is ignored");
+        assert_eq!(late.after, CircuitState::HalfOpen);
+        let live = step(
+            &snap,
+            BreakerCommand::RecordSuccess(Origin::Probe(second)),
+            &p,
+            T0.saturating_add(secs(121)),
+        );
+        assert_eq!(live.after, CircuitState::Closed);
+        snap = apply(&snap, &live.writes);
+        assert_eq!(snap, BreakerSnapshot::EMPTY);
+    }
+
+    #[test]
+    fn a_released_probe_frees_its_slot_at_once() {
+        let p = params(1, 60, 1);
+        let steps = run(&p, &[(BreakerCommand::Allow, 60)]);
+        let id = probe_of(&steps[0]);
+        let snap = apply(&open_at(T0), &steps[0].writes);
+        let released = step(&snap, BreakerCommand::Release(id), &p, T0.saturating_add(secs(61)));
+        let snap = apply(&snap, &released.writes);
+        assert_eq!(snap.live_probes(T0.saturating_add(secs(61))), 0);
+        let next = step(&snap, BreakerCommand::Allow, &p, T0.saturating_add(secs(61)));
+        assert_eq!(probe_of(&next).seq, 2);
+        let again = step(&snap, BreakerCommand::Release(id), &p, T0.saturating_add(secs(61)));
+        assert!(again.writes.is_empty(), "releasing twice does nothing");
+    }
+
+    #[test]
+    fn a_closed_calls_report_does_not_decide_a_half_open_episode() {
+        let p = params(1, 60, 1);
+        let steps = run(&p, &[(BreakerCommand::Allow, 60)]);
+        let snap = apply(&open_at(T0), &steps[0].writes);
+        for command in [
+            BreakerCommand::RecordFailure(Origin::Call),
+            BreakerCommand::RecordSuccess(Origin::Call),
+        ] {
+            assert!(step(&snap, command, &p, T0.saturating_add(secs(61))).writes.is_empty());
+        }
+        let untracked = step(&snap, FAIL, &p, T0.saturating_add(secs(61)));
+        assert_eq!(
+            untracked.after,
+            CircuitState::Open,
+            "the spec's bare report still decides"
+        );
+    }
+
+    #[test]
+    fn a_damaged_lease_record_starts_a_fresh_episode() {
+        let snap = BreakerSnapshot::decode(Some("half_open"), None, None, Some("1 2 x"));
+        assert_eq!(snap.probes, None);
+        let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
+        assert_eq!(probe_of(&s), ProbeId { episode: T0, seq: 1 });
+    }
+
+    #[test]
+    fn lease_records_round_trip_and_reject_damage() {
+        let leases = ProbeLeases {
+            episode: T0,
+            issued: 3,
+            live: vec![
+                Lease {
+                    seq: 2,
+                    expires: T0.saturating_add(secs(5)),
+                },
+                Lease {
+                    seq: 3,
+                    expires: T0.saturating_add(secs(6)),
+                },
+            ],
+        };
+        assert_eq!(ProbeLeases::decode(&leases.encode()), Some(leases));
+        for damaged in [
+            "",
+            "1",
+            "1 2 ",
+            " 1 2",
+            "1  2",
+            "1 2 3",
+            "1 2 3:",
+            "+1 2",
+            "1 4294967296",
+            "99999999999999999 1",
+            "1 2 3:4 x:5",
+        ] {
+            assert_eq!(ProbeLeases::decode(damaged), None, "{damaged:?}");
+        }
     }
 }

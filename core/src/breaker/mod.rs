@@ -7,8 +7,19 @@
 //! [`record_failure`](CircuitBreaker::record_failure), every time.
 //!
 //! Each of those is one atomic [`BreakerStore::breaker_step`] running the pure
-//! [`machine::step`], so a fleet sharing one cache admits exactly
-//! `half_open_max_calls` probes per half-open episode. The breaker fails toward
+//! [`machine::step`], so a fleet sharing one cache never holds more than
+//! `half_open_max_calls` live probes in a half-open episode.
+//!
+//! [`admit`](CircuitBreaker::admit) is the same step answering with data: a
+//! [`Permit`] that is a normal call, an identified probe, or a refusal with its
+//! `retry_after` — nothing to re-read. A caller holding a permit reports
+//! exactly it ([`record_success_for`](CircuitBreaker::record_success_for),
+//! [`record_failure_for`](CircuitBreaker::record_failure_for)) or hands it
+//! back unused ([`release`](CircuitBreaker::release)). Probes are leases: one
+//! that neither reports nor is released within
+//! [`probe_lease`](CircuitBreakerBuilder::probe_lease) stops counting, and the
+//! next caller gets a fresh probe — so a dropped future, a killed worker or a
+//! forgotten permit can never wedge the circuit half-open. The breaker fails toward
 //! calling the model: an unreadable stored state reads as closed, a missing
 //! open timestamp means recovery is due, and (by default) an unreachable cache
 //! admits the call.
@@ -18,8 +29,8 @@ pub mod machine;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use machine::CircuitState;
-use machine::{BreakerCommand, BreakerKeys, BreakerParams};
+use machine::{BreakerCommand, BreakerKeys, BreakerParams, MAX_HALF_OPEN_CALLS};
+pub use machine::{CircuitState, Origin, Permit, ProbeId};
 
 use crate::cache::{BreakerStore, MemoryCache, StoreSlot};
 use crate::clock::{Clock, SystemClock};
@@ -44,7 +55,8 @@ pub const DEFAULT_KEY_PREFIX: &str = "kg:circuit";
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct CircuitOpen {
-    /// What is unavailable (`qwen3 is unavailable`).
+    /// What is unavailable, and when the next probe is due
+    /// (`qwen3 is unavailable; the next probe is due in 12.50s`).
     pub message: String,
     /// The estimated wait until a probe is admitted; zero means "no idea" or
     /// "probing is due", not "healthy".
@@ -58,6 +70,21 @@ impl CircuitOpen {
             message: message.into(),
             retry_after,
         }
+    }
+
+    /// The refusal for `model` after a [`Permit::Refused`] with `retry_after`:
+    /// `"{model} is unavailable; the next probe is due in {s:.2}s"`, or
+    /// `"{model} is unavailable"` when the wait is unknown (zero).
+    pub fn for_model(model: &str, retry_after: Duration) -> Self {
+        let message = if retry_after.is_zero() {
+            format!("{model} is unavailable")
+        } else {
+            format!(
+                "{model} is unavailable; the next probe is due in {:.2}s",
+                retry_after.as_secs_f64()
+            )
+        };
+        CircuitOpen { message, retry_after }
     }
 }
 
@@ -105,6 +132,7 @@ impl CircuitBreaker<MemoryCache> {
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             recovery_timeout: DEFAULT_RECOVERY_TIMEOUT,
             half_open_max_calls: DEFAULT_HALF_OPEN_MAX_CALLS,
+            probe_lease: None,
             prefix: DEFAULT_KEY_PREFIX.to_owned(),
             on_cache_error: OnCacheError::default(),
             store: StoreSlot::Own(MemoryCache::new),
@@ -119,6 +147,7 @@ pub struct CircuitBreakerBuilder<S> {
     failure_threshold: u32,
     recovery_timeout: Duration,
     half_open_max_calls: u32,
+    probe_lease: Option<Duration>,
     prefix: String,
     on_cache_error: OnCacheError,
     store: StoreSlot<S>,
@@ -141,9 +170,21 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
         self
     }
 
-    /// Probes per half-open episode, the transitioning call included (default 1).
+    /// Probes live at once in a half-open episode, the transitioning call
+    /// included (default 1, at most [`MAX_HALF_OPEN_CALLS`]).
     pub fn half_open_max_calls(mut self, n: u32) -> Self {
         self.half_open_max_calls = n;
+        self
+    }
+
+    /// How long a half-open probe counts without reporting or being released
+    /// (default: `recovery_timeout`). After it, the probe is presumed lost —
+    /// its caller vanished, or its call hangs — and the next `allow_request`
+    /// gets a fresh probe; a report it sends later changes nothing. Set it
+    /// above the longest a probing call can take (its retries, backoff and
+    /// request timeouts included), or a slow probe's verdict is lost.
+    pub fn probe_lease(mut self, d: Duration) -> Self {
+        self.probe_lease = Some(d);
         self
     }
 
@@ -166,6 +207,7 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
             failure_threshold: self.failure_threshold,
             recovery_timeout: self.recovery_timeout,
             half_open_max_calls: self.half_open_max_calls,
+            probe_lease: self.probe_lease,
             prefix: self.prefix,
             on_cache_error: self.on_cache_error,
             store: StoreSlot::Shared(cache),
@@ -186,7 +228,8 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
         self
     }
 
-    /// Validates and builds. All three numbers must be positive; the prefix
+    /// Validates and builds. All the numbers must be positive,
+    /// `half_open_max_calls` at most [`MAX_HALF_OPEN_CALLS`]; the prefix
     /// non-empty.
     pub fn build(self) -> Result<CircuitBreaker<S>, ConfigError> {
         if self.failure_threshold == 0 {
@@ -203,11 +246,19 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
                 crate::time::secs(self.recovery_timeout),
             ));
         }
-        if self.half_open_max_calls == 0 {
+        if self.half_open_max_calls == 0 || self.half_open_max_calls > MAX_HALF_OPEN_CALLS {
             return Err(ConfigError::new(
                 "half_open_max_calls",
-                "positive",
+                "between 1 and 1000",
                 self.half_open_max_calls,
+            ));
+        }
+        let probe_lease = self.probe_lease.unwrap_or(self.recovery_timeout);
+        if probe_lease.is_zero() {
+            return Err(ConfigError::new(
+                "probe_lease",
+                "positive",
+                crate::time::secs(probe_lease),
             ));
         }
         if self.prefix.is_empty() {
@@ -222,6 +273,7 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
                 failure_threshold: self.failure_threshold,
                 recovery_timeout: self.recovery_timeout,
                 half_open_max_calls: self.half_open_max_calls,
+                probe_lease,
             },
             keys: BreakerKeys::new(&self.prefix),
             prefix: Arc::from(self.prefix),
@@ -253,15 +305,20 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         &self.store
     }
 
-    /// Whether a call should be made now. Never fails.
+    /// Whether a call should be made now, as data: a [`Permit::Call`] through
+    /// a closed circuit, an identified [`Permit::Probe`] in a half-open one, or
+    /// [`Permit::Refused`] with how long until a probe may be admitted — all
+    /// from the one atomic step. Never fails: an unreachable cache answers per
+    /// [`OnCacheError`] (a [`Permit::Call`], or a refusal with no estimate).
     ///
     /// Not a pure read: when the circuit is open and `recovery_timeout` has
-    /// passed, this call moves it to half-open and is itself the first probe;
-    /// while half-open, each `true` spends one of `half_open_max_calls`. Use
-    /// [`state`](Self::state) to look without touching.
-    pub async fn allow_request(&self) -> bool {
+    /// passed, this call moves it to half-open and is itself the first probe.
+    /// Report the call with [`record_success_for`](Self::record_success_for) /
+    /// [`record_failure_for`](Self::record_failure_for), or hand it back with
+    /// [`release`](Self::release) if it never reached the model.
+    pub async fn admit(&self) -> Permit {
         match self.run(BreakerCommand::Allow).await {
-            Ok(allowed) => allowed,
+            Ok(step) => step.permit.unwrap_or(Permit::Call),
             Err(error) => {
                 let allowed = self.on_cache_error == OnCacheError::Allow;
                 self.observer.on_event(&Event::CacheUnavailable {
@@ -270,26 +327,84 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                     fallback: if allowed { "allowed" } else { "refused" },
                     error: error.to_string(),
                 });
-                allowed
+                if allowed {
+                    Permit::Call
+                } else {
+                    Permit::Refused {
+                        state: CircuitState::Open,
+                        retry_after: Duration::ZERO,
+                    }
+                }
             }
         }
     }
 
-    /// Reports that the call succeeded: closes a half-open circuit (clearing
-    /// everything) and clears a closed circuit's failure count.
-    pub async fn record_success(&self) -> Result<(), CacheError> {
-        self.run(BreakerCommand::RecordSuccess).await.map(drop)
+    /// Whether a call should be made now — the spec's form of
+    /// [`admit`](Self::admit). Never fails.
+    ///
+    /// When the circuit is open and `recovery_timeout` has passed, this call
+    /// moves it to half-open and is itself the first probe; while half-open,
+    /// each `true` holds one of `half_open_max_calls` probe leases until the
+    /// call is reported or the lease ends. Use [`state`](Self::state) to look
+    /// without touching.
+    pub async fn allow_request(&self) -> bool {
+        self.admit().await.is_admitted()
     }
 
-    /// Reports that the call failed: counts it when closed (opening at the
-    /// threshold), reopens a half-open circuit at once, and does nothing when
-    /// already open.
+    /// Reports that a call succeeded, whoever made it: closes a half-open
+    /// circuit (clearing everything) and clears a closed circuit's failure
+    /// count. The spec's form; a caller holding a [`Permit`] should use
+    /// [`record_success_for`](Self::record_success_for).
+    pub async fn record_success(&self) -> Result<(), CacheError> {
+        self.run(BreakerCommand::RecordSuccess(Origin::Untracked))
+            .await
+            .map(drop)
+    }
+
+    /// Reports that a call failed, whoever made it: counts it when closed
+    /// (opening at the threshold), reopens a half-open circuit at once, and
+    /// does nothing when already open. The spec's form; a caller holding a
+    /// [`Permit`] should use [`record_failure_for`](Self::record_failure_for).
     pub async fn record_failure(&self) -> Result<(), CacheError> {
-        self.run(BreakerCommand::RecordFailure).await.map(drop)
+        self.run(BreakerCommand::RecordFailure(Origin::Untracked))
+            .await
+            .map(drop)
+    }
+
+    /// Reports that the call `permit` admitted succeeded. A probe whose lease
+    /// is live closes the circuit; a late probe changes nothing; a closed
+    /// circuit's call clears the failure count while the circuit is closed. A
+    /// refusal has nothing to report.
+    pub async fn record_success_for(&self, permit: &Permit) -> Result<(), CacheError> {
+        match permit.origin() {
+            Some(origin) => self.run(BreakerCommand::RecordSuccess(origin)).await.map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// Reports that the call `permit` admitted failed. A probe whose lease is
+    /// live reopens the circuit; a late probe changes nothing; a closed
+    /// circuit's call is counted while the circuit is closed.
+    pub async fn record_failure_for(&self, permit: &Permit) -> Result<(), CacheError> {
+        match permit.origin() {
+            Some(origin) => self.run(BreakerCommand::RecordFailure(origin)).await.map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// Hands back a permit whose call never reached the model (the limiter
+    /// refused it, the caller gave up): a probe's lease ends at once, so the
+    /// next caller probes instead. Exactly this probe — never another
+    /// caller's. A call permit or a refusal needs nothing.
+    pub async fn release(&self, permit: &Permit) -> Result<(), CacheError> {
+        match *permit {
+            Permit::Probe(id) => self.run(BreakerCommand::Release(id)).await.map(drop),
+            Permit::Call | Permit::Refused { .. } => Ok(()),
+        }
     }
 
     /// Forces the circuit closed and clears the failure count, the open
-    /// timestamp and the probe count.
+    /// timestamp and the probe leases.
     pub async fn reset(&self) -> Result<(), CacheError> {
         self.run(BreakerCommand::Reset).await.map(drop)
     }
@@ -319,23 +434,32 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         }
     }
 
-    async fn run(&self, command: BreakerCommand) -> Result<bool, CacheError> {
+    async fn run(&self, command: BreakerCommand) -> Result<machine::BreakerStep, CacheError> {
         let step = self
             .store
             .breaker_step(&self.keys, command, self.params, self.clock.now())
             .await?;
         // A failure is reported before the transition it may cause, an
         // admission after the transition it may have driven (the probe).
-        if command == BreakerCommand::RecordFailure {
+        // A late probe's failure is ignored, and not reported as recorded.
+        let ignored = matches!(command, BreakerCommand::RecordFailure(Origin::Probe(_))) && step.writes.is_empty();
+        if matches!(command, BreakerCommand::RecordFailure(_)) && !ignored {
             self.observer.on_event(&Event::BreakerFailureRecorded {
                 breaker: self.prefix.clone(),
                 at: step.at,
             });
         }
-        if let Some(stored) = step.unreadable {
+        if let Some(stored) = &step.unreadable {
             self.observer.on_event(&Event::BreakerStateUnreadable {
                 breaker: self.prefix.clone(),
-                stored,
+                stored: stored.clone(),
+            });
+        }
+        if step.expired_probes > 0 {
+            self.observer.on_event(&Event::BreakerProbesExpired {
+                breaker: self.prefix.clone(),
+                expired: step.expired_probes,
+                at: step.at,
             });
         }
         if step.before != step.after {
@@ -346,19 +470,33 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                 at: step.at,
             });
         }
-        match command {
-            BreakerCommand::Allow if step.allowed => self.observer.on_event(&Event::BreakerAllowed {
+        if step.cleared_failures() {
+            self.observer.on_event(&Event::BreakerFailuresCleared {
+                breaker: self.prefix.clone(),
+                at: step.at,
+            });
+        }
+        match step.permit {
+            Some(Permit::Call) => self.observer.on_event(&Event::BreakerAllowed {
                 breaker: self.prefix.clone(),
                 state: step.after,
+                probe: None,
                 at: step.at,
             }),
-            BreakerCommand::Allow => self.observer.on_event(&Event::BreakerRejected {
+            Some(Permit::Probe(id)) => self.observer.on_event(&Event::BreakerAllowed {
                 breaker: self.prefix.clone(),
                 state: step.after,
+                probe: Some(id),
+                at: step.at,
             }),
-            BreakerCommand::RecordFailure | BreakerCommand::RecordSuccess | BreakerCommand::Reset => {}
+            Some(Permit::Refused { state, retry_after }) => self.observer.on_event(&Event::BreakerRejected {
+                breaker: self.prefix.clone(),
+                state,
+                retry_after,
+            }),
+            None => {}
         }
-        Ok(step.allowed)
+        Ok(step)
     }
 
     fn report_unreadable(&self, state: &machine::StoredState) {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
 use crate::breaker::machine::{
     self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, BreakerView, CircuitState,
-    FailuresWrite, StoredState, Write,
+    FailuresWrite, ProbeLeases, StoredState, Write,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::CacheError;
@@ -280,7 +280,7 @@ impl LiveKeys<'_> {
             state: self.state(),
             failures: self.failures(),
             opened_at: self.opened_at(),
-            half_open_calls: self.half_open_calls(),
+            probes: self.probes(),
         }
     }
 }
@@ -308,8 +308,11 @@ impl BreakerView for LiveKeys<'_> {
         }
     }
 
-    fn half_open_calls(&self) -> u32 {
-        self.count(&self.keys.half_open_calls).unwrap_or(0)
+    fn probes(&self) -> Option<ProbeLeases> {
+        match self.value(&self.keys.probes)? {
+            Value::Text(s) => ProbeLeases::decode(s),
+            Value::Int(_) => None,
+        }
     }
 }
 
@@ -463,7 +466,7 @@ impl BreakerStore for MemoryCache {
             &params,
             now,
         );
-        let w = step.writes;
+        let w = &step.writes;
         match w.state {
             Write::Keep => {}
             Write::Set(s) => state.put(&keys.state, Value::Text(s.as_str().to_owned()), None),
@@ -494,11 +497,11 @@ impl BreakerStore for MemoryCache {
                 state.values.remove(&keys.opened_at);
             }
         }
-        match w.half_open_calls {
+        match &w.probes {
             Write::Keep => {}
-            Write::Set(n) => state.put(&keys.half_open_calls, Value::Int(i64::from(n)), None),
+            Write::Set(leases) => state.put(&keys.probes, Value::Text(leases.encode()), None),
             Write::Delete => {
-                state.values.remove(&keys.half_open_calls);
+                state.values.remove(&keys.probes);
             }
         }
         Ok(step)

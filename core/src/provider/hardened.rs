@@ -23,7 +23,15 @@
 //! | a transient failure the classifier refused to retry (a `Retry-After` over the cap) | `record_failure` |
 //! | the server answered unusably: malformed, empty, 4xx, oversized body | `record_success` — the server is up |
 //! | a refusal | `record_success`, or `record_failure` with [`refusals_trip_breaker`](HardenedProviderBuilder::refusals_trip_breaker) |
-//! | no call made after admission (limiter refusal, an inner wrapper's refusal) | nothing — unless the admission was a half-open probe, which is handed back with `record_failure` so the circuit cannot stay half-open with its probes spent |
+//! | no call made after admission (limiter refusal, an inner wrapper's refusal) | `release` — a half-open probe's lease ends at once, so the next caller probes |
+//!
+//! Every report names the [`Permit`] the call was admitted with, so a probe
+//! reports exactly its own lease and a late report changes nothing. The call
+//! is cancellation-safe: a future dropped mid-call (a caller's timeout, a
+//! `select!`, an aborted task) reports nothing, and a probe it held stops
+//! counting when its lease ends
+//! ([`probe_lease`](crate::CircuitBreakerBuilder::probe_lease)) — the circuit
+//! probes again instead of staying half-open for good.
 //!
 //! Every wait (limiter, backoff, the server's `Retry-After`) is slept on the
 //! injected clock and checked against the call's deadline first, so a test on
@@ -39,7 +47,7 @@ use serde_json::Value;
 use super::error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError};
 use super::transport::BoxFuture;
 use super::{ExtractRequest, LlmProvider};
-use crate::breaker::{CircuitBreaker, CircuitOpen, CircuitState};
+use crate::breaker::{CircuitBreaker, CircuitOpen, Permit};
 use crate::cache::{BreakerStore, LimiterStore, MemoryCache};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::{AcquireError, RateLimiter};
@@ -242,7 +250,8 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProviderBuilder<P
 enum BreakerReport {
     Success,
     Failure,
-    Nothing,
+    /// Nothing about the server: the permit is handed back unused.
+    Release,
 }
 
 impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B> {
@@ -275,14 +284,13 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
         }
         let deadline = self.deadline.map(|budget| self.clock.now().saturating_add(budget));
 
-        if !self.breaker.allow_request().await {
-            let retry_after = self.breaker.retry_after().await.unwrap_or(Duration::ZERO);
-            let open = CircuitOpen::new(format!("{} is unavailable", self.inner.model()), retry_after);
-            return (Err(open.into()), 0);
+        let permit = self.breaker.admit().await;
+        if let Permit::Refused { retry_after, .. } = permit {
+            return (Err(CircuitOpen::for_model(self.inner.model(), retry_after).into()), 0);
         }
 
         if let Err(e) = self.acquire(deadline).await {
-            self.hand_back_unused_probe().await;
+            self.report_to_breaker(&permit, BreakerReport::Release).await;
             return (Err(e), 0);
         }
 
@@ -329,11 +337,7 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
                 (Err(e), report)
             }
         };
-        if report == BreakerReport::Nothing {
-            self.hand_back_unused_probe().await;
-        } else {
-            self.report_to_breaker(report).await;
-        }
+        self.report_to_breaker(&permit, report).await;
         (result, attempts)
     }
 
@@ -383,7 +387,7 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
     /// about the server (an inner wrapper's own refusal) report nothing.
     fn permanent_report(&self, error: &ExtractError) -> BreakerReport {
         let ExtractError::Provider(e) = error else {
-            return BreakerReport::Nothing;
+            return BreakerReport::Release;
         };
         let refusal_counts = matches!(e, ProviderError::Refused { .. }) && self.refusals_trip_breaker;
         if e.is_transient() || refusal_counts {
@@ -391,40 +395,25 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
         } else if e.server_answered() {
             BreakerReport::Success
         } else {
-            BreakerReport::Nothing
+            BreakerReport::Release
         }
     }
 
-    /// The breaker admitted this call but it ended with nothing to report —
-    /// the limiter refused it, or an inner wrapper did. If the circuit is
-    /// half-open, that admission was a probe, and a probe that never reports
-    /// would leave the circuit half-open with its probes spent — refusing
-    /// every call, for good. Reporting a failure re-opens it instead, so a
-    /// fresh probe is admitted one `recovery_timeout` later.
-    async fn hand_back_unused_probe(&self) {
-        if matches!(self.breaker.state().await, Ok(CircuitState::HalfOpen)) {
-            self.report_to_breaker(BreakerReport::Failure).await;
-        }
-    }
-
-    async fn report_to_breaker(&self, report: BreakerReport) {
+    /// Tells the breaker how the call `permit` admitted went — exactly that
+    /// permit, in one step, with no read of the state first.
+    async fn report_to_breaker(&self, permit: &Permit, report: BreakerReport) {
         let (operation, result) = match report {
-            BreakerReport::Nothing => return,
-            BreakerReport::Success => ("record_success", self.breaker.record_success().await),
-            BreakerReport::Failure => ("record_failure", self.breaker.record_failure().await),
+            BreakerReport::Success => ("record_success", self.breaker.record_success_for(permit).await),
+            BreakerReport::Failure => ("record_failure", self.breaker.record_failure_for(permit).await),
+            BreakerReport::Release => ("release", self.breaker.release(permit).await),
         };
-        match result {
-            Ok(()) => self.observer.on_event(&Event::BreakerReported {
-                model: Arc::from(self.inner.model()),
-                breaker: Arc::from(self.breaker.key_prefix()),
-                failure: report == BreakerReport::Failure,
-            }),
-            Err(error) => self.observer.on_event(&Event::CacheUnavailable {
+        if let Err(error) = result {
+            self.observer.on_event(&Event::CacheUnavailable {
                 component: Arc::from(self.breaker.key_prefix()),
                 operation,
                 fallback: "not recorded",
                 error: error.to_string(),
-            }),
+            });
         }
     }
 
@@ -472,6 +461,7 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+    use crate::breaker::CircuitState;
     use crate::clock::ManualClock;
     use crate::provider::{LlmProviderExt, OutputSchema};
 
@@ -550,7 +540,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_probe_that_ends_with_nothing_to_report_re_opens_the_circuit() {
+    async fn a_probe_that_ends_with_nothing_to_report_is_released_and_the_next_call_probes() {
         let clock = Arc::new(ManualClock::at_fixed_epoch());
         let inner_refusal = Err(CircuitOpen::new("inner is unavailable", Duration::ZERO).into());
         let p = harden(
@@ -565,13 +555,9 @@ mod tests {
         clock.advance(Duration::from_secs(60));
         let e = p.extract::<String>("t", None).await.unwrap_err();
         assert_eq!(e.kind(), "circuit_open", "the inner wrapper's refusal, passed on");
-        assert_eq!(
-            p.breaker.state().await.unwrap(),
-            CircuitState::Open,
-            "not wedged half-open"
-        );
+        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::HalfOpen);
 
-        clock.advance(Duration::from_secs(60));
+        // Not wedged: the probe was released, so the very next call probes.
         assert_eq!(p.extract::<String>("t", None).await.unwrap(), "up");
         assert_eq!(p.breaker.state().await.unwrap(), CircuitState::Closed);
     }
@@ -611,5 +597,63 @@ mod tests {
         assert_eq!(v, Value::from("done"));
         assert_eq!(p.breaker.state().await.unwrap(), CircuitState::Closed);
         assert_eq!(p.limiter.remaining(p.tenant()).await.unwrap(), 99);
+    }
+
+    /// Hangs on its first call (a probe to a server that never answers),
+    /// answers at once after that.
+    struct HangsOnce {
+        calls: AtomicU32,
+    }
+
+    impl LlmProvider for HangsOnce {
+        fn model(&self) -> &str {
+            "hangs/m"
+        }
+        fn extract_value<'a>(&'a self, _: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                Box::pin(std::future::pending())
+            } else {
+                Box::pin(async { Ok(Value::from("up")) })
+            }
+        }
+    }
+
+    /// Issue: dropping a call's future while it held the half-open probe (a
+    /// caller's timeout, `select!`, an aborted task) left the circuit half-open
+    /// with its probe spent, refusing every later call for good.
+    #[tokio::test]
+    async fn a_dropped_probe_future_cannot_wedge_the_circuit() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let p = harden(
+            HangsOnce {
+                calls: AtomicU32::new(0),
+            },
+            &clock,
+            1,
+        );
+        p.breaker.record_failure().await.unwrap();
+        clock.advance(Duration::from_secs(60));
+
+        let mut hung = Box::pin(p.extract::<String>("t", None));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(hung.as_mut().poll(&mut cx).is_pending(), "the probe is in flight");
+        drop(hung);
+        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::HalfOpen);
+
+        let e = p.extract::<String>("t", None).await.unwrap_err();
+        assert_eq!(e.kind(), "circuit_open");
+        assert_eq!(
+            e.to_string(),
+            "hangs/m is unavailable; the next probe is due in 60.00s",
+            "refused while the lost probe's lease lives, saying until when"
+        );
+
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(
+            p.extract::<String>("t", None).await.unwrap(),
+            "up",
+            "a fresh probe after the lease"
+        );
+        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::Closed);
     }
 }

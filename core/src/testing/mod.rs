@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams};
+use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerStep, Origin, Permit, ProbeId};
 use crate::cache::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest};
 use crate::error::CacheError;
 use crate::limiter::SlotOutcome;
@@ -92,6 +92,8 @@ checks!(
     breaker_success_from_half_open_clears_everything,
     breaker_unreadable_state_reads_as_closed,
     breaker_read_changes_nothing,
+    breaker_probe_leases_expire_and_late_reports_change_nothing,
+    breaker_release_frees_exactly_its_own_probe,
     close_is_idempotent_and_later_calls_fail_closed,
 );
 
@@ -428,6 +430,17 @@ fn params(threshold: u32, timeout: Duration, probes: u32) -> BreakerParams {
         failure_threshold: threshold,
         recovery_timeout: timeout,
         half_open_max_calls: probes,
+        probe_lease: timeout,
+    }
+}
+
+const FAILURE: BreakerCommand = BreakerCommand::RecordFailure(Origin::Untracked);
+const SUCCESS: BreakerCommand = BreakerCommand::RecordSuccess(Origin::Untracked);
+
+fn probe(step: &BreakerStep) -> ProbeId {
+    match step.permit {
+        Some(Permit::Probe(id)) => id,
+        other => panic!("expected a probe, got {other:?}"),
     }
 }
 
@@ -437,17 +450,11 @@ async fn breaker_step_opens_at_the_threshold_and_stores_readable_keys<H: Harness
     let p = params(3, secs(60), 1);
     let now = h.now();
     for _ in 0..2 {
-        let s = c
-            .breaker_step(&keys, BreakerCommand::RecordFailure, p, now)
-            .await
-            .unwrap();
+        let s = c.breaker_step(&keys, FAILURE, p, now).await.unwrap();
         assert_eq!(s.after, CircuitState::Closed);
     }
     assert_eq!(c.get(&keys.failures).await.unwrap().as_deref(), Some("2"));
-    let s = c
-        .breaker_step(&keys, BreakerCommand::RecordFailure, p, now)
-        .await
-        .unwrap();
+    let s = c.breaker_step(&keys, FAILURE, p, now).await.unwrap();
     assert_eq!((s.before, s.after), (CircuitState::Closed, CircuitState::Open));
     assert_eq!(c.get(&keys.state).await.unwrap().as_deref(), Some("open"));
     let opened = c.get(&keys.opened_at).await.unwrap().expect("opened_at stored");
@@ -456,7 +463,7 @@ async fn breaker_step_opens_at_the_threshold_and_stores_readable_keys<H: Harness
         !c.breaker_step(&keys, BreakerCommand::Allow, p, now.saturating_add(secs(59)))
             .await
             .unwrap()
-            .allowed
+            .allowed()
     );
 }
 
@@ -465,29 +472,20 @@ async fn breaker_failures_decay_from_the_first_without_refresh<H: Harness>(h: &H
     let keys = BreakerKeys::new("compliance");
     let ttl = h.short_ttl();
     let p = params(3, ttl, 1);
-    c.breaker_step(&keys, BreakerCommand::RecordFailure, p, h.now())
-        .await
-        .unwrap();
+    c.breaker_step(&keys, FAILURE, p, h.now()).await.unwrap();
     h.advance(ttl.mul_f64(0.6)).await;
-    c.breaker_step(&keys, BreakerCommand::RecordFailure, p, h.now())
-        .await
-        .unwrap();
+    c.breaker_step(&keys, FAILURE, p, h.now()).await.unwrap();
     h.advance(ttl.mul_f64(0.6)).await;
     // The count expired recovery_timeout after the first failure, so this is
     // failure one of a new window, not the third.
-    let s = c
-        .breaker_step(&keys, BreakerCommand::RecordFailure, p, h.now())
-        .await
-        .unwrap();
+    let s = c.breaker_step(&keys, FAILURE, p, h.now()).await.unwrap();
     assert_eq!(s.after, CircuitState::Closed);
     assert_eq!(c.get(&keys.failures).await.unwrap().as_deref(), Some("1"));
 }
 
 async fn open_circuit<C: BreakerStore>(c: &C, keys: &BreakerKeys, p: BreakerParams, at: Timestamp) {
     for _ in 0..p.failure_threshold {
-        c.breaker_step(keys, BreakerCommand::RecordFailure, p, at)
-            .await
-            .unwrap();
+        c.breaker_step(keys, FAILURE, p, at).await.unwrap();
     }
 }
 
@@ -499,7 +497,7 @@ async fn breaker_half_open_admits_exactly_the_probe_limit<H: Harness>(h: &H) {
     open_circuit(&*c, &keys, p, t).await;
     let due = t.saturating_add(secs(30));
     let first = c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap();
-    assert!(first.allowed);
+    assert!(first.allowed());
     assert_eq!(
         (first.before, first.after),
         (CircuitState::Open, CircuitState::HalfOpen)
@@ -508,19 +506,16 @@ async fn breaker_half_open_admits_exactly_the_probe_limit<H: Harness>(h: &H) {
         c.breaker_step(&keys, BreakerCommand::Allow, p, due)
             .await
             .unwrap()
-            .allowed
+            .allowed()
     );
     assert!(
         !c.breaker_step(&keys, BreakerCommand::Allow, p, due)
             .await
             .unwrap()
-            .allowed,
-        "half_open_max_calls = 2 admits two, the transitioning call included"
+            .allowed(),
+        "half_open_max_calls = 2 holds two live probes, the transitioning call included"
     );
-    let reopened = c
-        .breaker_step(&keys, BreakerCommand::RecordFailure, p, due)
-        .await
-        .unwrap();
+    let reopened = c.breaker_step(&keys, FAILURE, p, due).await.unwrap();
     assert_eq!(reopened.after, CircuitState::Open);
     let opened = c
         .get(&keys.opened_at)
@@ -545,7 +540,7 @@ async fn racing_breaker_probes_admit_exactly_the_limit<H: Harness>(h: &H) {
         .collect();
     let mut admitted = 0;
     for task in tasks {
-        if task.await.expect("task panicked").unwrap().allowed {
+        if task.await.expect("task panicked").unwrap().allowed() {
             admitted += 1;
         }
     }
@@ -560,12 +555,9 @@ async fn breaker_success_from_half_open_clears_everything<H: Harness>(h: &H) {
     open_circuit(&*c, &keys, p, t).await;
     let due = t.saturating_add(secs(10));
     c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap();
-    let s = c
-        .breaker_step(&keys, BreakerCommand::RecordSuccess, p, due)
-        .await
-        .unwrap();
+    let s = c.breaker_step(&keys, SUCCESS, p, due).await.unwrap();
     assert_eq!((s.before, s.after), (CircuitState::HalfOpen, CircuitState::Closed));
-    for key in [&keys.state, &keys.failures, &keys.opened_at, &keys.half_open_calls] {
+    for key in [&keys.state, &keys.failures, &keys.opened_at, &keys.probes] {
         let stored = c.get(key).await.unwrap();
         assert!(
             stored.is_none() || stored.as_deref() == Some("closed"),
@@ -582,7 +574,7 @@ async fn breaker_unreadable_state_reads_as_closed<H: Harness>(h: &H) {
         .breaker_step(&keys, BreakerCommand::Allow, params(5, secs(60), 1), h.now())
         .await
         .unwrap();
-    assert!(s.allowed);
+    assert!(s.allowed());
     assert_eq!(s.before, CircuitState::Closed);
     assert_eq!(s.unreadable.as_deref(), Some("garbage"));
 }
@@ -607,8 +599,78 @@ async fn breaker_read_changes_nothing<H: Harness>(h: &H) {
         c.breaker_step(&keys, BreakerCommand::Allow, p, due)
             .await
             .unwrap()
-            .allowed
+            .allowed()
     );
+}
+
+async fn breaker_probe_leases_expire_and_late_reports_change_nothing<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance-lease");
+    let p = BreakerParams {
+        probe_lease: secs(5),
+        ..params(1, secs(10), 1)
+    };
+    let t = h.now();
+    open_circuit(&*c, &keys, p, t).await;
+    let due = t.saturating_add(secs(10));
+    let first = probe(&c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap());
+    let refused = c
+        .breaker_step(&keys, BreakerCommand::Allow, p, due.saturating_add(secs(2)))
+        .await
+        .unwrap();
+    assert_eq!(
+        refused.permit,
+        Some(Permit::Refused {
+            state: CircuitState::HalfOpen,
+            retry_after: secs(3)
+        }),
+        "refused while the lease is live, with when it ends"
+    );
+    let later = due.saturating_add(secs(5));
+    let fresh = c.breaker_step(&keys, BreakerCommand::Allow, p, later).await.unwrap();
+    assert_eq!(fresh.expired_probes, 1);
+    let second = probe(&fresh);
+    assert_eq!((second.episode, second.seq), (first.episode, 2));
+    let late = c
+        .breaker_step(&keys, BreakerCommand::RecordFailure(Origin::Probe(first)), p, later)
+        .await
+        .unwrap();
+    assert!(late.writes.is_empty(), "a late probe's report changes nothing");
+    assert_eq!(late.after, CircuitState::HalfOpen);
+    let closed = c
+        .breaker_step(&keys, BreakerCommand::RecordSuccess(Origin::Probe(second)), p, later)
+        .await
+        .unwrap();
+    assert_eq!(closed.after, CircuitState::Closed);
+}
+
+async fn breaker_release_frees_exactly_its_own_probe<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance-release");
+    let p = params(1, secs(10), 2);
+    let t = h.now();
+    open_circuit(&*c, &keys, p, t).await;
+    let due = t.saturating_add(secs(10));
+    let first = probe(&c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap());
+    let second = probe(&c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap());
+    assert!(
+        !c.breaker_step(&keys, BreakerCommand::Allow, p, due)
+            .await
+            .unwrap()
+            .allowed()
+    );
+    c.breaker_step(&keys, BreakerCommand::Release(first), p, due)
+        .await
+        .unwrap();
+    let (snapshot, _) = c.breaker_read(&keys, due).await.unwrap();
+    let live: Vec<u32> = snapshot
+        .probes
+        .iter()
+        .flat_map(|l| l.live.iter().map(|l| l.seq))
+        .collect();
+    assert_eq!(live, [second.seq], "the other probe's lease is untouched");
+    let third = probe(&c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap());
+    assert_eq!(third.seq, 3);
 }
 
 async fn close_is_idempotent_and_later_calls_fail_closed<H: Harness>(h: &H) {

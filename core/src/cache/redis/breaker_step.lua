@@ -1,19 +1,26 @@
 -- BreakerStore::breaker_step: read the breaker's four keys, run one transition
 -- of breaker::machine::step, write what it says, in one atomic step.
--- KEYS: state, failures, opened_at, half_open_calls (one hash tag, one slot).
--- ARGV: command ('allow' | 'success' | 'failure' | 'reset'), now (µs, or ''
---       for the server's TIME), failure_threshold, recovery_timeout (µs),
---       recovery_timeout (ms, rounded up), half_open_max_calls.
--- Returns strings: before, after, allowed ('1'/'0'), at (µs), the four writes
--- (see below), then the four raw values read, so the adapter can re-run
+-- KEYS: state, failures, opened_at, probes (one hash tag, one slot).
+-- ARGV: command ('allow' | 'success' | 'failure' | 'release' | 'reset'),
+--       origin ('untracked' | 'call' | 'probe' | ''), probe episode (µs or ''),
+--       probe seq (or ''), now (µs, or '' for the server's TIME),
+--       failure_threshold, recovery_timeout (µs), recovery_timeout (ms, rounded
+--       up), half_open_max_calls, probe_lease (µs).
+-- Returns strings: before, after, permit ('-' | 'call' | 'probe:<ep>:<seq>' |
+-- 'refused:<state>:<retry µs>'), at (µs), expired probes, the four writes (see
+-- below), then the four raw values read, so the adapter can re-run
 -- machine::step in Rust and refuse to report a decision the two disagree on.
 
 local command = ARGV[1]
-local now = now_from(ARGV[2])
-local threshold = tonumber(ARGV[3])
-local recovery_us = tonumber(ARGV[4])
-local recovery_ms = tonumber(ARGV[5])
-local max_probes = tonumber(ARGV[6])
+local origin = ARGV[2]
+local probe_episode = tonumber(ARGV[3])
+local probe_seq = tonumber(ARGV[4])
+local now = now_from(ARGV[5])
+local threshold = tonumber(ARGV[6])
+local recovery_us = tonumber(ARGV[7])
+local recovery_ms = tonumber(ARGV[8])
+local max_probes = tonumber(ARGV[9])
+local lease_us = tonumber(ARGV[10])
 
 -- BreakerSnapshot::decode, field by field.
 local raw_state = redis.call('GET', KEYS[1])
@@ -53,6 +60,65 @@ local function parse_secs(s)
   return tonumber(whole) * 1000000 + micros
 end
 
+-- machine::ProbeLeases::decode: "<episode> <issued> <seq>:<expires> ...",
+-- single spaces, 1 to 16 digits per number, at most 2^53, u32 counts, at most
+-- MAX_HALF_OPEN_CALLS (1000) leases; anything else is nil.
+local function stored_number(s)
+  if not s or #s == 0 or #s > 16 or not string.match(s, '^%d+$') then return nil end
+  local n = tonumber(s)
+  if n > 9007199254740992 then return nil end
+  return n
+end
+local function stored_u32(s)
+  local n = stored_number(s)
+  if not n or n > 4294967295 then return nil end
+  return n
+end
+local function decode_leases(raw)
+  if not raw then return nil end
+  local tokens = {}
+  local start = 1
+  while true do
+    local space = string.find(raw, ' ', start, true)
+    if not space then
+      tokens[#tokens + 1] = string.sub(raw, start)
+      break
+    end
+    tokens[#tokens + 1] = string.sub(raw, start, space - 1)
+    start = space + 1
+  end
+  if #tokens < 2 then return nil end
+  local episode = stored_number(tokens[1])
+  local issued = stored_u32(tokens[2])
+  if not episode or not issued then return nil end
+  if #tokens - 2 > 1000 then return nil end
+  local live = {}
+  for i = 3, #tokens do
+    local colon = string.find(tokens[i], ':', 1, true)
+    if not colon then return nil end
+    local seq = stored_u32(string.sub(tokens[i], 1, colon - 1))
+    local expires = stored_number(string.sub(tokens[i], colon + 1))
+    if not seq or not expires then return nil end
+    live[#live + 1] = {seq, expires}
+  end
+  return {episode = episode, issued = issued, live = live}
+end
+local function encode_leases(l)
+  local parts = {int(l.episode), int(l.issued)}
+  for _, lease in ipairs(l.live) do
+    parts[#parts + 1] = int(lease[1]) .. ':' .. int(lease[2])
+  end
+  return table.concat(parts, ' ')
+end
+-- ProbeLeases::holds: the probe's episode, and a lease of its seq live at now.
+local function holds(l)
+  if not l or l.episode ~= probe_episode then return false end
+  for _, lease in ipairs(l.live) do
+    if lease[1] == probe_seq and lease[2] > now then return true end
+  end
+  return false
+end
+
 -- effective_state: missing and unreadable both read as closed.
 local before = 'closed'
 if raw_state == 'closed' or raw_state == 'open' or raw_state == 'half_open' then
@@ -60,13 +126,16 @@ if raw_state == 'closed' or raw_state == 'open' or raw_state == 'half_open' then
 end
 local failures = parse_u32(raw_failures)
 local opened_at = parse_secs(raw_opened)
-local probes = parse_u32(raw_probes) or 0
+local leases = decode_leases(raw_probes)
 
 -- Writes, one per key, as machine::Writes: 'keep', 'delete', or a value
--- ('create' or a count for the failure counter).
+-- ('create' or a count for the failure counter, an encoded record for probes).
 local w_state, w_failures, w_opened, w_probes = 'keep', 'keep', 'keep', 'keep'
 local function clear_all()
   w_state, w_failures, w_opened, w_probes = 'delete', 'delete', 'delete', 'delete'
+end
+local function open_now()
+  w_state, w_opened, w_failures, w_probes = 'open', int(now), 'delete', 'delete'
 end
 
 -- machine::recovery_due: no opened_at means recovery is due.
@@ -75,51 +144,102 @@ local function recovery_due()
   return now - opened_at >= recovery_us
 end
 
-local after, allowed = before, 1
+local function first_probe()
+  local l = {episode = now, issued = 1, live = {{1, now + lease_us}}}
+  return encode_leases(l), 'probe:' .. int(now) .. ':1'
+end
+
+-- machine::decides_episode.
+local function decides_episode()
+  if origin == 'untracked' then return true end
+  if origin == 'call' then return false end
+  return holds(leases)
+end
+
+local after, permit, expired = before, '-', 0
 if command == 'reset' then
   clear_all()
   after = 'closed'
 elseif command == 'allow' then
-  if before == 'open' then
+  if before == 'closed' then
+    permit = 'call'
+  elseif before == 'open' then
     if recovery_due() then
       -- The transitioning call is itself the first probe.
-      w_state, w_probes = 'half_open', '1'
+      w_state = 'half_open'
+      w_probes, permit = first_probe()
       after = 'half_open'
     else
-      allowed = 0
+      local elapsed = now - opened_at
+      if elapsed < 0 then elapsed = 0 end
+      local wait = recovery_us - elapsed
+      if wait < 0 then wait = 0 end
+      permit = 'refused:open:' .. int(wait)
     end
-  elseif before == 'half_open' then
-    if probes < max_probes then
-      w_probes = int(probes + 1)
+  else
+    if not leases then
+      w_probes, permit = first_probe()
     else
-      allowed = 0
+      local kept = {}
+      for _, lease in ipairs(leases.live) do
+        if lease[2] > now then kept[#kept + 1] = lease end
+      end
+      expired = #leases.live - #kept
+      if #kept < max_probes then
+        local seq = math.min(leases.issued + 1, 4294967295)
+        kept[#kept + 1] = {seq, now + lease_us}
+        w_probes = encode_leases({episode = leases.episode, issued = seq, live = kept})
+        permit = 'probe:' .. int(leases.episode) .. ':' .. int(seq)
+      else
+        local earliest = nil
+        for _, lease in ipairs(kept) do
+          if not earliest or lease[2] < earliest then earliest = lease[2] end
+        end
+        local wait = 0
+        if earliest then wait = earliest - now end
+        permit = 'refused:half_open:' .. int(wait)
+      end
     end
   end
-elseif command == 'success' then
+elseif command == 'success' or command == 'failure' then
   if before == 'closed' then
-    if failures then w_failures = 'delete' end
-  elseif before == 'half_open' then
-    clear_all()
-    after = 'closed'
-  end
-  -- Open: a late report changes nothing.
-elseif command == 'failure' then
-  if before == 'closed' then
-    local count = 1
-    if failures then count = math.min(failures + 1, 4294967295) end
-    if count >= threshold then
-      w_state, w_opened, w_failures, w_probes = 'open', int(now), 'delete', 'delete'
-      after = 'open'
-    elseif failures then
-      w_failures = int(count)
-    else
-      w_failures = 'create'
+    if origin ~= 'probe' then
+      if command == 'success' then
+        if failures then w_failures = 'delete' end
+      else
+        local count = 1
+        if failures then count = math.min(failures + 1, 4294967295) end
+        if count >= threshold then
+          open_now()
+          after = 'open'
+        elseif failures then
+          w_failures = int(count)
+        else
+          w_failures = 'create'
+        end
+      end
     end
   elseif before == 'half_open' then
-    w_state, w_opened, w_probes = 'open', int(now), 'delete'
-    after = 'open'
+    if decides_episode() then
+      if command == 'success' then
+        clear_all()
+        after = 'closed'
+      else
+        open_now()
+        w_failures = 'keep'
+        after = 'open'
+      end
+    end
   end
-  -- Open: a late report never pushes the recovery out.
+  -- Open: a late report changes nothing, and never pushes the recovery out.
+elseif command == 'release' then
+  if before == 'half_open' and holds(leases) then
+    local kept = {}
+    for _, lease in ipairs(leases.live) do
+      if lease[1] ~= probe_seq then kept[#kept + 1] = lease end
+    end
+    w_probes = encode_leases({episode = leases.episode, issued = leases.issued, live = kept})
+  end
 else
   return redis.error_reply('unknown breaker command ' .. tostring(command))
 end
@@ -155,5 +275,5 @@ elseif w_probes ~= 'keep' then
   redis.call('SET', KEYS[4], w_probes)
 end
 
-return {before, after, tostring(allowed), int(now), w_state, w_failures, w_opened, w_probes,
+return {before, after, permit, int(now), tostring(expired), w_state, w_failures, w_opened, w_probes,
         raw_state, raw_failures, raw_opened, raw_probes}

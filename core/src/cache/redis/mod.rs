@@ -135,8 +135,8 @@ use ::redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, Ser
 
 use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
 use crate::breaker::machine::{
-    self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, CircuitState, FailuresWrite, Write,
-    Writes,
+    self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, CircuitState, FailuresWrite,
+    Origin, Permit, ProbeId, Write, Writes,
 };
 use crate::error::{CacheError, ConfigError};
 use crate::limiter::SlotOutcome;
@@ -675,13 +675,51 @@ impl LimiterStore for RedisCache {
     }
 }
 
-/// The script's spelling of a command.
-fn command_arg(command: BreakerCommand) -> &'static str {
-    match command {
-        BreakerCommand::Allow => "allow",
-        BreakerCommand::RecordSuccess => "success",
-        BreakerCommand::RecordFailure => "failure",
-        BreakerCommand::Reset => "reset",
+/// The script's spelling of a command: the command, the report's origin, and
+/// the probe it names (empty where none).
+fn command_args(command: BreakerCommand) -> [String; 4] {
+    let origin = |o: Origin| match o {
+        Origin::Untracked => ["untracked".to_owned(), String::new(), String::new()],
+        Origin::Call => ["call".to_owned(), String::new(), String::new()],
+        Origin::Probe(id) => probe_args("probe", id),
+    };
+    let [name, rest @ ..] = match command {
+        BreakerCommand::Allow => ["allow", "", "", ""].map(str::to_owned),
+        BreakerCommand::Reset => ["reset", "", "", ""].map(str::to_owned),
+        BreakerCommand::RecordSuccess(o) => {
+            let [a, b, c] = origin(o);
+            ["success".to_owned(), a, b, c]
+        }
+        BreakerCommand::RecordFailure(o) => {
+            let [a, b, c] = origin(o);
+            ["failure".to_owned(), a, b, c]
+        }
+        BreakerCommand::Release(id) => {
+            let [a, b, c] = probe_args("probe", id);
+            ["release".to_owned(), a, b, c]
+        }
+    };
+    let [a, b, c] = rest;
+    [name, a, b, c]
+}
+
+fn probe_args(origin: &str, id: ProbeId) -> [String; 3] {
+    [
+        origin.to_owned(),
+        id.episode.as_micros().to_string(),
+        id.seq.to_string(),
+    ]
+}
+
+/// The script's spelling of a step's permit.
+fn permit_as_script(permit: Option<Permit>) -> String {
+    match permit {
+        None => "-".to_owned(),
+        Some(Permit::Call) => "call".to_owned(),
+        Some(Permit::Probe(id)) => format!("probe:{}:{}", id.episode.as_micros(), id.seq),
+        Some(Permit::Refused { state, retry_after }) => {
+            format!("refused:{}:{}", state.as_str(), duration_us(retry_after))
+        }
     }
 }
 
@@ -702,10 +740,10 @@ fn writes_as_script(w: &Writes) -> [String; 4] {
         Write::Delete => Write::Delete,
         Write::Set(t) => Write::Set(t.as_micros().to_string()),
     };
-    let probes = match w.half_open_calls {
+    let probes = match &w.probes {
         Write::Keep => Write::Keep,
         Write::Delete => Write::Delete,
-        Write::Set(n) => Write::Set(n.to_string()),
+        Write::Set(leases) => Write::Set(leases.encode()),
     };
     let failures = match w.failures {
         FailuresWrite::Keep => "keep".to_owned(),
@@ -726,6 +764,7 @@ impl BreakerStore for RedisCache {
     ) -> Result<BreakerStep, CacheError> {
         const OP: &str = "breaker_step";
         let now = self.now_arg(OP, now)?;
+        let [name, origin, episode, seq] = command_args(command);
         let reply: Vec<Option<String>> = self
             .run(OP, |mut c| async move {
                 SCRIPTS
@@ -733,13 +772,17 @@ impl BreakerStore for RedisCache {
                     .key(&keys.state)
                     .key(&keys.failures)
                     .key(&keys.opened_at)
-                    .key(&keys.half_open_calls)
-                    .arg(command_arg(command))
+                    .key(&keys.probes)
+                    .arg(&name)
+                    .arg(&origin)
+                    .arg(&episode)
+                    .arg(&seq)
                     .arg(&now)
                     .arg(params.failure_threshold)
                     .arg(duration_us(params.recovery_timeout))
                     .arg(ttl_ms(params.recovery_timeout))
                     .arg(params.half_open_max_calls)
+                    .arg(duration_us(params.probe_lease))
                     .invoke_async(&mut c)
                     .await
             })
@@ -747,8 +790,9 @@ impl BreakerStore for RedisCache {
         let [
             Some(before),
             Some(after),
-            Some(allowed),
+            Some(permit),
             Some(at),
+            Some(expired),
             Some(w_state),
             Some(w_failures),
             Some(w_opened),
@@ -757,7 +801,7 @@ impl BreakerStore for RedisCache {
             raw_failures,
             raw_opened,
             raw_probes,
-        ] = <[Option<String>; 12]>::try_from(reply.clone()).map_err(|_| unexpected(OP, &reply))?
+        ] = <[Option<String>; 13]>::try_from(reply.clone()).map_err(|_| unexpected(OP, &reply))?
         else {
             return Err(unexpected(OP, &reply));
         };
@@ -774,13 +818,15 @@ impl BreakerStore for RedisCache {
         let script_says = (
             CircuitState::parse(&before),
             CircuitState::parse(&after),
-            allowed == "1",
+            permit,
+            expired,
             [w_state, w_failures, w_opened, w_probes],
         );
         let machine_says = (
             Some(step.before),
             Some(step.after),
-            step.allowed,
+            permit_as_script(step.permit),
+            step.expired_probes.to_string(),
             writes_as_script(&step.writes),
         );
         if script_says != machine_says {
@@ -808,7 +854,7 @@ impl BreakerStore for RedisCache {
                     .key(&keys.state)
                     .key(&keys.failures)
                     .key(&keys.opened_at)
-                    .key(&keys.half_open_calls)
+                    .key(&keys.probes)
                     .arg(&now)
                     .invoke_async(&mut c)
                     .await
@@ -885,9 +931,19 @@ mod tests {
             state: Write::Set(CircuitState::HalfOpen),
             failures: FailuresWrite::Bump(3),
             opened_at: Write::Set(Timestamp::from_micros(12)),
-            half_open_calls: Write::Delete,
+            probes: Write::Delete,
         };
         assert_eq!(writes_as_script(&w), ["half_open", "3", "12", "delete"]);
+        let id = ProbeId {
+            episode: Timestamp::from_micros(7),
+            seq: 2,
+        };
+        assert_eq!(permit_as_script(Some(Permit::Probe(id))), "probe:7:2");
+        assert_eq!(
+            command_args(BreakerCommand::RecordFailure(Origin::Probe(id))),
+            ["failure", "probe", "7", "2"]
+        );
+        assert_eq!(command_args(BreakerCommand::Allow), ["allow", "", "", ""]);
         assert_eq!(writes_as_script(&Writes::NONE), ["keep", "keep", "keep", "keep"]);
     }
 }

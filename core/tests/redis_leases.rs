@@ -1,0 +1,47 @@
+//! The probe-lease property on a real Redis: the breaker script, run through
+//! any interleaving of admissions, reports, releases, vanished callers and
+//! clock steps, holds at most `half_open_max_calls` live probes, never refuses
+//! in half-open for longer than one lease, and lets only a live probe decide
+//! an episode — the same checks `properties.rs` runs on `MemoryCache`.
+
+#![cfg(feature = "redis")]
+
+mod lease_support;
+mod redis_support;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use redis_support::RedisServer;
+use redstring::breaker::machine::BreakerKeys;
+use redstring::{Clock, SystemClock};
+
+#[test]
+fn probe_leases_hold_on_redis() {
+    let Some(server) = RedisServer::start() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = rt.block_on(async { server.cache() });
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let strategy = (1u32..3, 1u32..4, 1u64..15, lease_support::actions(80));
+    let result = runner.run(&strategy, |(threshold, probes, lease_s, actions)| {
+        server.flush();
+        let keys = BreakerKeys::new("prop");
+        let params = lease_support::params(threshold, probes, lease_s);
+        rt.block_on(lease_support::run(&redis, &keys, params, SystemClock.now(), &actions));
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
