@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams};
+use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::cache::redis::RedisCache;
 use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
 use redstring::limiter::SlotOutcome;
@@ -232,6 +232,7 @@ fn bench(c: &mut Criterion) {
         failure_threshold: 5,
         recovery_timeout: Duration::from_secs(60),
         half_open_max_calls: 1,
+        probe_lease: Duration::from_secs(60),
     };
     let t0 = SystemClock.now();
     let at = move |i: u64| t0.saturating_add(STEP * u32::try_from(i % 1_000_000).unwrap_or(0));
@@ -260,7 +261,7 @@ fn bench(c: &mut Criterion) {
             .unwrap();
     });
     round_trips(&server, &rt, "breaker_step RecordSuccess", 1000, async |i| {
-        c2.breaker_step(&keys, BreakerCommand::RecordSuccess, params, at(i))
+        c2.breaker_step(&keys, BreakerCommand::RecordSuccess(Origin::Untracked), params, at(i))
             .await
             .unwrap();
     });

@@ -49,6 +49,16 @@ pub enum Event {
         /// When, on the clock that decided.
         at: Timestamp,
     },
+    /// A half-open probe was handed back without reaching the model; its lease
+    /// ended at once.
+    BreakerProbeReleased {
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// The probe.
+        probe: ProbeId,
+        /// When, on the clock that decided.
+        at: Timestamp,
+    },
     /// Half-open probes that neither reported nor were released within their
     /// lease stopped counting (their callers vanished, or their calls hang).
     BreakerProbesExpired {
@@ -226,6 +236,9 @@ impl Observer for TracingObserver {
             }
             Event::BreakerFailuresCleared { breaker, at } => {
                 tracing::debug!(%breaker, %at, "circuit breaker failure count cleared by a success")
+            }
+            Event::BreakerProbeReleased { breaker, probe, at } => {
+                tracing::debug!(%breaker, %probe, %at, "half-open probe handed back unused")
             }
             Event::BreakerProbesExpired { breaker, expired, at } => {
                 tracing::warn!(%breaker, expired, %at, "half-open probes never reported within their lease")

@@ -13,7 +13,7 @@ use std::time::Duration;
 ///
 /// Produced by a [`Clock`](crate::Clock); arithmetic saturates rather than
 /// wrapping, so a clock stepped backwards past the epoch reads as the epoch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Timestamp(u64);
 
 impl Timestamp {

@@ -9,7 +9,6 @@
 mod lease_support;
 mod redis_support;
 
-use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redis_support::RedisServer;
 use redstring::breaker::machine::BreakerKeys;

@@ -11,7 +11,6 @@ mod skew_support;
 
 use std::time::Duration;
 
-use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redis_support::{RedisServer, wait};
 use redstring::{Clock, SystemClock};

@@ -273,10 +273,15 @@ fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     )
 }
 
-/// Invariant 3: a half-open episode admits at most `half_open_max_calls` probes.
+/// Invariant 3: a half-open episode never holds more than
+/// `half_open_max_calls` live probes. A probe is live from its admission until
+/// its lease (the recovery timeout) ends on the clock that stamped it, it is
+/// handed back, or the episode ends.
 fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
-    let max = ctx.scenario.hardening.half_open_max_calls;
-    let mut open: BTreeMap<String, u32> = BTreeMap::new();
+    let max = ctx.scenario.hardening.half_open_max_calls as usize;
+    let lease = ctx.recovery_us;
+    // Per breaker scope, the live probes of the current episode: (seq, stamp).
+    let mut live: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
     let (mut episodes, mut most, mut verdict) = (0, 0, Verdict::Held);
     for e in events {
         match &e.kind {
@@ -286,26 +291,32 @@ fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
                 ..
             } => {
                 episodes += 1;
-                open.insert(ctx.breaker(e, breaker), 0);
+                live.insert(ctx.breaker(e, breaker), Vec::new());
             }
             Kind::Breaker {
                 breaker,
                 from: CircuitState::HalfOpen,
                 ..
             } => {
-                open.remove(&ctx.breaker(e, breaker));
+                live.remove(&ctx.breaker(e, breaker));
+            }
+            Kind::ProbeReleased { breaker, seq } => {
+                if let Some(probes) = live.get_mut(&ctx.breaker(e, breaker)) {
+                    probes.retain(|(s, _)| s != seq);
+                }
             }
             Kind::Allowed {
                 breaker,
                 state: CircuitState::HalfOpen,
-                ..
+                probe: Some(seq),
+                at_us,
             } => {
-                if let Some(n) = open.get_mut(&ctx.breaker(e, breaker)) {
-                    *n += 1;
-                    most = most.max(*n);
-                    if *n > max && verdict == Verdict::Held {
-                        verdict = violated(e, format!("probe {n} admitted (half_open_max_calls {max})"));
-                    }
+                let probes = live.entry(ctx.breaker(e, breaker)).or_default();
+                probes.retain(|(_, stamp)| stamp.saturating_add(lease) > *at_us);
+                probes.push((*seq, *at_us));
+                most = most.max(probes.len());
+                if probes.len() > max && verdict == Verdict::Held {
+                    verdict = violated(e, format!("{} live probes (half_open_max_calls {max})", probes.len()));
                 }
             }
             _ => {}
@@ -316,7 +327,7 @@ fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> (Verdict, String) {
     }
     (
         verdict,
-        format!("episodes: {episodes}; most probes in one: {most} (max {max})"),
+        format!("episodes: {episodes}; most live probes at once: {most} (max {max})"),
     )
 }
 
@@ -694,27 +705,51 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     }
 
     #[test]
-    fn a_second_probe_in_one_episode_is_caught() {
+    fn a_second_live_probe_in_one_episode_is_caught() {
         use CircuitState::*;
-        let probe = |t| {
+        let probe = |t, seq| {
             ev(
                 t,
                 Kind::Allowed {
                     breaker: "b".into(),
                     state: HalfOpen,
+                    probe: Some(seq),
                     at_us: secs_us(t),
                 },
             )
         };
-        let one = [breaker(1.0, Closed, Open), breaker(6.0, Open, HalfOpen), probe(6.0)];
+        let one = [breaker(1.0, Closed, Open), breaker(6.0, Open, HalfOpen), probe(6.0, 1)];
         assert_eq!(verdict("half_open_probes", &one), Verdict::Held);
         let two = [
             breaker(1.0, Closed, Open),
             breaker(6.0, Open, HalfOpen),
-            probe(6.0),
-            probe(6.5),
+            probe(6.0, 1),
+            probe(6.5, 2),
         ];
         assert!(matches!(verdict("half_open_probes", &two), Verdict::Violated { .. }));
+        // The recovery timeout (the lease) is 5 s: a probe after it, or after
+        // the first was handed back, is the only live one.
+        let expired = [
+            breaker(1.0, Closed, Open),
+            breaker(6.0, Open, HalfOpen),
+            probe(6.0, 1),
+            probe(11.0, 2),
+        ];
+        assert_eq!(verdict("half_open_probes", &expired), Verdict::Held);
+        let released = [
+            breaker(1.0, Closed, Open),
+            breaker(6.0, Open, HalfOpen),
+            probe(6.0, 1),
+            ev(
+                6.2,
+                Kind::ProbeReleased {
+                    breaker: "b".into(),
+                    seq: 1,
+                },
+            ),
+            probe(6.5, 2),
+        ];
+        assert_eq!(verdict("half_open_probes", &released), Verdict::Held);
     }
 
     #[test]
@@ -725,6 +760,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             Kind::Allowed {
                 breaker: "b".into(),
                 state: Closed,
+                probe: None,
                 at_us: secs_us(2.0),
             },
         );

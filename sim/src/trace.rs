@@ -89,6 +89,8 @@ pub enum Kind {
         breaker: String,
         /// The state it admitted in (closed, or half-open for a probe).
         state: CircuitState,
+        /// For a probe, its number in the half-open episode.
+        probe: Option<u32>,
         /// The decision's stamp, epoch microseconds.
         at_us: u64,
     },
@@ -106,11 +108,17 @@ pub enum Kind {
         /// The stamp, epoch microseconds.
         at_us: u64,
     },
-    /// A call's success was reported to a breaker (which clears a closed
-    /// breaker's failure count).
+    /// A success report cleared a closed breaker's failure count.
     SuccessRecorded {
         /// The breaker's key prefix.
         breaker: String,
+    },
+    /// A half-open probe was handed back unused; its lease ended.
+    ProbeReleased {
+        /// The breaker's key prefix.
+        breaker: String,
+        /// The probe's number in its episode.
+        seq: u32,
     },
     /// A retry was scheduled.
     Retry {
@@ -224,14 +232,24 @@ impl Observer for HostObserver {
                 to: *to,
                 at_us: at.as_micros(),
             },
-            Event::BreakerRejected { breaker, state } => Kind::Rejected {
+            Event::BreakerRejected { breaker, state, .. } => Kind::Rejected {
                 breaker: breaker.to_string(),
                 state: *state,
             },
-            Event::BreakerAllowed { breaker, state, at } => Kind::Allowed {
+            Event::BreakerAllowed {
+                breaker,
+                state,
+                probe,
+                at,
+            } => Kind::Allowed {
                 breaker: breaker.to_string(),
                 state: *state,
+                probe: probe.map(|p| p.seq),
                 at_us: at.as_micros(),
+            },
+            Event::BreakerProbeReleased { breaker, probe, .. } => Kind::ProbeReleased {
+                breaker: breaker.to_string(),
+                seq: probe.seq,
             },
             Event::BreakerFailureRecorded { breaker, at } => Kind::FailureRecorded {
                 breaker: breaker.to_string(),
@@ -261,11 +279,7 @@ impl Observer for HostObserver {
                 retry_after_us: u64::try_from(retry_after.as_micros()).unwrap_or(u64::MAX),
                 at_us: at.as_micros(),
             },
-            Event::BreakerReported {
-                breaker,
-                failure: false,
-                ..
-            } => Kind::SuccessRecorded {
+            Event::BreakerFailuresCleared { breaker, .. } => Kind::SuccessRecorded {
                 breaker: breaker.to_string(),
             },
             Event::RetryScheduled { attempt, delay, .. } => Kind::Retry {

@@ -60,9 +60,9 @@ fn a_healthy_run_exits_0_and_prints_its_replay_command() {
 
 #[test]
 fn an_invariant_failure_exits_1() {
-    // Callers stamping with clocks seconds apart on one shared cache let a
-    // flooding tenant through faster than rpm, and this file does not declare
-    // that it may.
+    // Callers stamping with clocks seconds apart on one caller-stamped shared
+    // cache let a flooding tenant through faster than rpm, and this file does
+    // not declare that it may.
     let skewed = r#"
 name = "skewed"
 duration_s = 60
@@ -72,6 +72,7 @@ window_s = 10
 limiter_waits = 0
 [cache]
 kind = "shared"
+time_source = "caller"
 [[servers]]
 name = "gpu"
 slots = 8

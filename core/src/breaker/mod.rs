@@ -462,6 +462,15 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                 at: step.at,
             });
         }
+        if let BreakerCommand::Release(probe) = command
+            && !step.writes.is_empty()
+        {
+            self.observer.on_event(&Event::BreakerProbeReleased {
+                breaker: self.prefix.clone(),
+                probe,
+                at: step.at,
+            });
+        }
         if step.before != step.after {
             self.observer.on_event(&Event::BreakerTransition {
                 breaker: self.prefix.clone(),

@@ -41,7 +41,7 @@ use std::time::Duration;
 use crate::time::Timestamp;
 
 /// The answer to one slot request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum SlotOutcome {
     /// A hit was recorded at `at`.
     Admitted {
