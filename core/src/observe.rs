@@ -160,6 +160,17 @@ pub enum Event {
         /// `true` for `record_failure`, `false` for `record_success`.
         failure: bool,
     },
+    /// A model server answered with a model other than the one requested
+    /// (the response's `model` field). The answer's provenance names the one
+    /// that answered; a dated snapshot of the requested id
+    /// (`gpt-4o-2024-08-06` for `gpt-4o`) or its `:latest` tag counts as the
+    /// same model and is not reported.
+    ServedModelDiffers {
+        /// The provenance requested (`openai-compatible/no-such-model`).
+        requested: Arc<str>,
+        /// The provenance of the model that answered (`openai-compatible/tiny`).
+        served: Arc<str>,
+    },
 }
 
 /// Receives every [`Event`]. Implementations must be cheap and must not block:
@@ -268,6 +279,9 @@ impl Observer for TracingObserver {
                 failure,
             } => {
                 tracing::debug!(%model, %breaker, failure, "call outcome reported to the circuit breaker")
+            }
+            Event::ServedModelDiffers { requested, served } => {
+                tracing::warn!(%requested, %served, "a different model answered than the one requested")
             }
         }
     }
