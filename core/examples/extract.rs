@@ -102,6 +102,9 @@ impl Observer for Stderr {
             ),
             Event::RateLimitWait { wait, .. } => eprintln!("rate limited; waiting {:.1}s", wait.as_secs_f64()),
             Event::BreakerTransition { from, to, .. } => eprintln!("circuit {from:?} -> {to:?}"),
+            Event::ServedModelDiffers { requested, served } => {
+                eprintln!("warning: asked for {requested}, but {served} answered")
+            }
             _ => {}
         }
     }
@@ -151,9 +154,9 @@ async fn run(args: Args) -> Result<Contact, Box<dyn std::error::Error>> {
     if let Some(n) = args.max_tokens {
         adapter = adapter.max_tokens(n);
     }
-    let adapter = adapter.build()?;
-
     let observer: Arc<dyn Observer> = Arc::new(Stderr);
+    let adapter = adapter.observer(observer.clone()).build()?;
+
     let limiter = Arc::new(RateLimiter::builder(60).observer(observer.clone()).build()?);
     let breaker = Arc::new(CircuitBreaker::builder().observer(observer.clone()).build()?);
     let provider = HardenedProvider::builder(adapter, TenantId::from_u128(1), limiter, breaker)
@@ -162,8 +165,9 @@ async fn run(args: Args) -> Result<Contact, Box<dyn std::error::Error>> {
         .build();
 
     eprintln!("extracting with {}", provider.model());
-    let contact = provider
-        .extract::<Contact>(&args.text, args.system_prompt.as_deref())
+    let answer = provider
+        .extract_with_model::<Contact>(&args.text, args.system_prompt.as_deref())
         .await?;
-    Ok(contact)
+    eprintln!("answered by {}", answer.model);
+    Ok(answer.value)
 }

@@ -195,6 +195,17 @@ pub enum Event {
         /// What was left of the deadline.
         remaining: Duration,
     },
+    /// A model server answered with a model other than the one requested
+    /// (the response's `model` field). The answer's provenance names the one
+    /// that answered; a dated snapshot of the requested id
+    /// (`gpt-4o-2024-08-06` for `gpt-4o`) or its `:latest` tag counts as the
+    /// same model and is not reported.
+    ServedModelDiffers {
+        /// The provenance requested (`openai-compatible/no-such-model`).
+        requested: Arc<str>,
+        /// The provenance of the model that answered (`openai-compatible/tiny`).
+        served: Arc<str>,
+    },
 }
 
 /// Receives every [`Event`]. Implementations must be cheap and must not block:
@@ -317,6 +328,9 @@ impl Observer for TracingObserver {
                 remaining,
             } => {
                 tracing::warn!(%model, %tenant, waiting_for, needed = needed.as_secs_f64(), remaining = remaining.as_secs_f64(), "call deadline cannot cover the next wait")
+            }
+            Event::ServedModelDiffers { requested, served } => {
+                tracing::warn!(%requested, %served, "a different model answered than the one requested")
             }
         }
     }

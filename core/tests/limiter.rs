@@ -81,7 +81,10 @@ async fn admits_rpm_calls_then_refuses_with_the_exact_wait_and_message() {
     assert_eq!(e.retry_after, secs(30) + TICK);
     assert_eq!(e.used, 3);
     assert_eq!(e.tenant, A);
-    assert_eq!(e.to_string(), "tenant has used 3 calls in 60s; retry in 30.00s");
+    assert_eq!(
+        e.to_string(),
+        "tenant 00000000-0000-0000-0000-00000000000a has used 3 calls in 60s; retry in 30.00s"
+    );
 }
 
 #[tokio::test]
@@ -92,7 +95,7 @@ async fn message_shows_fractional_waits_to_two_places() {
     clock.advance(Duration::from_millis(59_580));
     assert_eq!(
         refused(l.acquire(A).await).to_string(),
-        "tenant has used 1 calls in 60s; retry in 0.42s"
+        "tenant 00000000-0000-0000-0000-00000000000a has used 1 calls in 60s; retry in 0.42s"
     );
 }
 
@@ -235,7 +238,10 @@ async fn rpm_means_per_window() {
     }
     let e = refused(l.acquire(A).await);
     assert_eq!(e.retry_after, secs(1) + TICK);
-    assert_eq!(e.to_string(), "tenant has used 10 calls in 1s; retry in 1.00s");
+    assert_eq!(
+        e.to_string(),
+        "tenant 00000000-0000-0000-0000-00000000000a has used 10 calls in 1s; retry in 1.00s"
+    );
     clock.advance(Duration::from_millis(1_001));
     assert_eq!(l.remaining(A).await.unwrap(), 10);
 }

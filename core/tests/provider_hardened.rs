@@ -7,10 +7,10 @@ mod provider_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use provider_support::{Reply, TestServer, refused_base_url};
+use provider_support::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
 use redstring::provider::{
-    DeadlineWait, ExtractError, HardenedProvider, LlmProvider, LlmProviderExt, OpenAiCompatible, ProviderError,
-    ReqwestTransport,
+    BoxFuture, DeadlineWait, ExtractError, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, LlmProvider,
+    LlmProviderExt, OpenAiCompatible, ProviderError, ReqwestTransport, TransportError,
 };
 use redstring::{
     CircuitBreaker, CircuitState, Clock, Event, ManualClock, RateLimiter, RecordingObserver, RetryPolicy, Retryable,
@@ -601,4 +601,115 @@ async fn a_probe_the_limiter_refuses_is_handed_back_instead_of_wedging_the_circu
     let person: Person = provider.extract("three", None).await.unwrap();
     assert_eq!(person.name, "Ann");
     assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+/// The production transport, recording the timeout each request was sent with.
+#[derive(Clone)]
+struct TimedTransport {
+    inner: ReqwestTransport,
+    timeouts: Arc<std::sync::Mutex<Vec<Duration>>>,
+}
+
+impl HttpTransport for TimedTransport {
+    fn post(&self, request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
+        self.timeouts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(request.timeout);
+        self.inner.post(request)
+    }
+}
+
+#[tokio::test]
+async fn the_deadline_bounds_each_attempt_in_flight() {
+    let rig = Rig::new(10, 5).await;
+    rig.server
+        .push(Reply::status(503, LOADING))
+        .push(Reply::completion(ANN));
+    let transport = TimedTransport {
+        inner: ReqwestTransport::new().unwrap(),
+        timeouts: Arc::default(),
+    };
+    let adapter = OpenAiCompatible::builder(rig.server.base_url(), "qwen3")
+        .timeout(secs(20))
+        .build_with(transport.clone())
+        .unwrap();
+    let provider = HardenedProvider::builder(adapter, A, rig.limiter.clone(), rig.breaker.clone())
+        .retry_policy(RetryPolicy::builder().jitter(0.0).build().unwrap())
+        .clock(rig.clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(7)))
+        .deadline(secs(3))
+        .build();
+    let _: Person = provider.extract("Ann.", None).await.unwrap();
+    // 3 s left for the first attempt; after the 1 s backoff, 2 s for the second.
+    assert_eq!(*transport.timeouts.lock().unwrap(), [secs(3), secs(2)]);
+
+    // Without a deadline the adapter's own timeout applies.
+    rig.server.push(Reply::completion(ANN));
+    let unbounded = HardenedProvider::builder(
+        OpenAiCompatible::builder(rig.server.base_url(), "qwen3")
+            .timeout(secs(20))
+            .build_with(transport.clone())
+            .unwrap(),
+        A,
+        rig.limiter.clone(),
+        rig.breaker.clone(),
+    )
+    .clock(rig.clock.clone())
+    .build();
+    let _: Person = unbounded.extract("Ann.", None).await.unwrap();
+    assert_eq!(transport.timeouts.lock().unwrap().last(), Some(&secs(20)));
+}
+
+#[tokio::test]
+async fn llama_cpp_rejecting_its_own_output_is_one_attempt_and_never_opens_the_circuit() {
+    let rig = Rig::new(10, 1).await;
+    rig.server.otherwise(Reply::status(500, PEG_NATIVE_500));
+    let provider = rig.provider(A, 3).build();
+    for _ in 0..3 {
+        let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+        assert_eq!(e.kind(), "unusable_output", "{e}");
+    }
+    assert_eq!(rig.server.count(), 3, "one generation per call, not four");
+    assert!(rig.clock.sleeps().is_empty());
+    assert_eq!(rig.breaker_failures(), 0);
+    assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn a_redirect_loop_is_one_request_and_no_breaker_failure() {
+    let rig = Rig::new(10, 1).await;
+    rig.server
+        .otherwise(Reply::status(307, "").header("location", "/v1/chat/completions"));
+    let provider = rig.provider(A, 3).build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert_eq!(e.kind(), "redirected", "{e}");
+    assert_eq!(rig.server.count(), 1);
+    assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn a_reply_that_is_not_http_is_not_retried_nor_a_breaker_failure() {
+    let rig = Rig::new(10, 1).await;
+    let raw = RawServer::start(b"SSH-2.0-OpenSSH_9.6\r\n").await;
+    let provider = rig.provider_at(&raw.base_url(), A, 3).build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert_eq!(e.kind(), "transport_protocol", "{e}");
+    assert_eq!(raw.connections(), 1);
+    assert!(rig.clock.sleeps().is_empty());
+    assert_eq!(rig.breaker_failures(), 0);
+    assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn the_hardened_answer_carries_the_provenance_of_the_model_that_answered() {
+    let rig = Rig::new(10, 5).await;
+    rig.server
+        .push(Reply::status(503, LOADING))
+        .push(Reply::completion(ANN));
+    let provider = rig.provider(A, 3).build();
+    let answer = provider.extract_with_model::<Person>("Ann.", None).await.unwrap();
+    assert_eq!(answer.value, Person { name: "Ann".into() });
+    assert_eq!(answer.model, "openai-compatible/served-model");
+    assert_eq!(provider.model(), "openai-compatible/qwen3");
 }

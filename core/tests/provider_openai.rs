@@ -6,7 +6,7 @@ mod provider_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use provider_support::{Reply, TestServer, refused_base_url};
+use provider_support::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
 use redstring::provider::{
     ExtractError, LlmProvider, LlmProviderExt, OpenAiCompatible, ProviderError, ReqwestTransport, TransportErrorKind,
 };
@@ -401,4 +401,147 @@ async fn the_key_never_appears_in_debug_output() {
     let provider = adapter("http://127.0.0.1:9/v1");
     let shown = format!("{provider:?}");
     assert!(!shown.contains(KEY), "{shown}");
+}
+
+#[tokio::test]
+async fn a_retry_after_date_past_any_calendar_is_ignored_not_an_overflow() {
+    let server = TestServer::start().await;
+    server.push(
+        Reply::status(429, r#"{"error":{"message":"slow down"}}"#)
+            .header("retry-after", "Sun, 06 Nov 9223372036854775807 08:49:37 GMT"),
+    );
+    let e = provider_error(extract_from(&server).await);
+    assert!(
+        matches!(e, ProviderError::RateLimited { retry_after: None, .. }),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn llama_cpp_rejecting_its_own_output_is_an_answer_and_a_plain_500_is_not() {
+    let server = TestServer::start().await;
+    server.push(Reply::status(500, PEG_NATIVE_500)).push(Reply::status(
+        500,
+        r#"{"error":{"code":500,"message":"internal server error","type":"server_error"}}"#,
+    ));
+    let e = provider_error(extract_from(&server).await);
+    assert_eq!(e.kind(), "unusable_output", "{e}");
+    assert!(!e.is_transient() && e.server_answered(), "{e}");
+    assert!(e.to_string().contains("peg-native"), "{e}");
+    let e = provider_error(extract_from(&server).await);
+    assert!(
+        matches!(e, ProviderError::Server { status: 500, .. }) && e.is_transient(),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_llama_server_routers_400_for_an_unknown_model_is_an_unknown_model() {
+    let server = TestServer::start().await;
+    server.push(Reply::status(
+        400,
+        r#"{"error":{"code":400,"message":"model 'qwen3' not found","type":"invalid_request_error"}}"#,
+    ));
+    let e = provider_error(extract_from(&server).await);
+    assert!(
+        matches!(&e, ProviderError::UnknownModel { model, .. } if model == "qwen3"),
+        "{e:?}"
+    );
+    assert!(!e.is_transient());
+}
+
+#[tokio::test]
+async fn a_redirect_is_not_followed_and_ends_the_call() {
+    let server = TestServer::start().await;
+    server.otherwise(Reply::status(307, "").header("location", "/v1/chat/completions"));
+    let e = provider_error(extract_from(&server).await);
+    assert_eq!(e.kind(), "redirected", "{e}");
+    assert!(!e.is_transient());
+    assert!(e.to_string().contains("/v1/chat/completions"), "{e}");
+    assert_eq!(server.count(), 1, "a POST is never re-sent to where a redirect points");
+}
+
+#[tokio::test]
+async fn a_reply_that_is_not_http_is_a_permanent_protocol_error() {
+    let server = RawServer::start(b"SSH-2.0-OpenSSH_9.6\r\n").await;
+    let e = provider_error(adapter(&server.base_url()).extract::<Person>("Ann", None).await);
+    assert_eq!(e.kind(), "transport_protocol", "{e}");
+    assert!(!e.is_transient(), "{e}");
+}
+
+#[tokio::test]
+async fn answers_that_went_wrong_in_a_known_way_say_how() {
+    let server = TestServer::start().await;
+    server
+        .push(Reply::completion_message(
+            json!({"role": "assistant", "content": "{\"name\":\"Ann\",\"ag"}),
+            "length",
+        ))
+        .push(Reply::completion("```json\n{\"name\":\"Ann\",\"age\":30}\n```"))
+        .push(Reply::completion_message(
+            json!({"role": "assistant", "content": 42}),
+            "stop",
+        ));
+    let e = provider_error(extract_from(&server).await);
+    assert_eq!(e.kind(), "truncated");
+    assert!(e.to_string().contains("max_tokens"), "{e}");
+    let e = provider_error(extract_from(&server).await);
+    assert_eq!(e.kind(), "structured_output_ignored");
+    assert!(e.to_string().contains("strict"), "{e}");
+    let e = provider_error(extract_from(&server).await);
+    assert_eq!(e.kind(), "invalid_response");
+    assert!(e.to_string().contains("42"), "{e}");
+}
+
+#[tokio::test]
+async fn provenance_is_the_model_that_answered_and_a_stranger_is_reported() {
+    let server = TestServer::start().await;
+    let answer = |model: &str| {
+        let body = json!({
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": r#"{"name":"Ann","age":30}"#}, "finish_reason": "stop"}],
+        });
+        Reply::status(200, body.to_string())
+    };
+    server
+        .push(answer("tiny"))
+        .push(answer("qwen3"))
+        .push(answer("qwen3-2025-04-29"))
+        .push(Reply::completion_message(
+            json!({"content": r#"{"name":"Ann","age":30}"#}),
+            "stop",
+        ));
+    let observer = Arc::new(redstring::RecordingObserver::new());
+    let provider = OpenAiCompatible::builder(server.base_url(), "qwen3")
+        .observer(observer.clone())
+        .build()
+        .unwrap();
+
+    let tiny = provider.extract_with_model::<Person>("Ann is 30.", None).await.unwrap();
+    assert_eq!(tiny.model, "openai-compatible/tiny");
+    assert_eq!(tiny.value.name, "Ann");
+    assert_eq!(
+        observer.take(),
+        [redstring::Event::ServedModelDiffers {
+            requested: Arc::from("openai-compatible/qwen3"),
+            served: Arc::from("openai-compatible/tiny"),
+        }]
+    );
+    assert_eq!(
+        provider.model(),
+        "openai-compatible/qwen3",
+        "the configured identity is unchanged"
+    );
+
+    let same = provider.extract_with_model::<Person>("Ann is 30.", None).await.unwrap();
+    assert_eq!(same.model, "openai-compatible/qwen3");
+    let snapshot = provider.extract_with_model::<Person>("Ann is 30.", None).await.unwrap();
+    assert_eq!(snapshot.model, "openai-compatible/qwen3-2025-04-29");
+    assert!(
+        observer.take().is_empty(),
+        "the same model, or a dated snapshot of it, is no news"
+    );
+
+    // `extract_value` and `extract` keep working on top of it.
+    let _: Person = provider.extract("Ann is 30.", None).await.unwrap();
 }

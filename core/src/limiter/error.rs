@@ -8,10 +8,12 @@ use crate::time::secs;
 
 /// A tenant is over its allowance: "not now", with the exact wait.
 ///
-/// The message is `tenant has used 60 calls in 60s; retry in 0.42s`. Sleep on
+/// The message names the tenant, as the original library's does: `tenant
+/// 00000000-0000-0000-0000-00000000000a has used 60 calls in 60s; retry in
+/// 0.42s`. Sleep on
 /// [`retry_after`](Self::retry_after), never on a number parsed from the message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("tenant has used {used} calls in {window_secs}s; retry in {retry_secs:.2}s", window_secs = secs(*window), retry_secs = retry_after.as_secs_f64())]
+#[error("tenant {tenant} has used {used} calls in {window_secs}s; retry in {retry_secs:.2}s", window_secs = secs(*window), retry_secs = retry_after.as_secs_f64())]
 pub struct RateLimitExceeded {
     /// The tenant refused.
     pub tenant: TenantId,

@@ -100,7 +100,7 @@ pub struct Admission {
 /// // The first hit ages out 50 s from now (and one microsecond: the window
 /// // is inclusive), so sleeping exactly that long and asking again succeeds.
 /// assert_eq!(refused.retry_after(), Some(Duration::from_micros(50_000_001)));
-/// assert_eq!(refused.to_string(), "tenant has used 2 calls in 60s; retry in 50.00s");
+/// assert_eq!(refused.to_string(), "tenant 00000000-0000-0000-0000-000000000001 has used 2 calls in 60s; retry in 50.00s");
 /// # });
 /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
 /// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)

@@ -34,6 +34,15 @@ pub enum TransportErrorKind {
     Timeout,
     /// Anything else the transport reports.
     Other,
+    /// The peer answered with something that is not HTTP — another service
+    /// on that port, or garbage. Permanent: the base URL points at the wrong
+    /// thing.
+    Protocol,
+    /// The transport followed redirects until it gave up (a loop). Permanent.
+    Redirect,
+    /// The transport could not build the request from its URL or headers.
+    /// Permanent.
+    Invalid,
 }
 
 impl TransportErrorKind {
@@ -44,7 +53,24 @@ impl TransportErrorKind {
             TransportErrorKind::Reset => "reset",
             TransportErrorKind::Timeout => "timeout",
             TransportErrorKind::Other => "other",
+            TransportErrorKind::Protocol => "protocol",
+            TransportErrorKind::Redirect => "redirect",
+            TransportErrorKind::Invalid => "invalid",
         }
+    }
+
+    /// Whether the same request may get through if sent again: a failed
+    /// connection, a reset, a timeout, or an unrecognised failure. A reply
+    /// that is not HTTP, a redirect loop and an unbuildable request fail the
+    /// same way every time.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            TransportErrorKind::Connect
+                | TransportErrorKind::Reset
+                | TransportErrorKind::Timeout
+                | TransportErrorKind::Other
+        )
     }
 }
 
@@ -69,6 +95,30 @@ pub enum ProviderError {
         /// Why serde rejected the content.
         #[source]
         source: serde_json::Error,
+    },
+    /// The server stopped generating at the output budget (`finish_reason:
+    /// length`) before the JSON was complete. Permanent for this budget:
+    /// raise `max_tokens`. The parse error is the `source()`.
+    #[error(
+        "completion was cut off at max_tokens (finish_reason: length) before its JSON for schema {schema} was complete; raise max_tokens"
+    )]
+    Truncated {
+        /// The schema's name (the caller's type).
+        schema: String,
+        /// Where the JSON parser ran out of input.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The content is JSON wrapped in a Markdown code fence: the server
+    /// ignored the strict structured output it was asked for
+    /// (`response_format` `json_schema`) and let the model write free text.
+    /// Permanent: check that the server supports and enables it.
+    #[error(
+        "completion for schema {schema} is JSON inside a Markdown code fence: the server ignored the strict structured output (response_format json_schema) it was asked for"
+    )]
+    StructuredOutputIgnored {
+        /// The schema's name (the caller's type).
+        schema: String,
     },
     /// HTTP 200 with no content. Permanent: `length` wants a larger
     /// `max_tokens`, `stop` a different prompt.
@@ -112,6 +162,32 @@ pub enum ProviderError {
         retry_after: Option<Duration>,
         /// The server's message (`Loading model`).
         message: String,
+    },
+    /// A 5xx whose body says the server generated an answer and then could not
+    /// use it — llama.cpp's chat parser rejecting the model's finished output
+    /// (`The model produced output that does not match the expected
+    /// peg-native format`). The server is up and answered; the same request
+    /// costs the same generation again. Permanent, and not a breaker failure.
+    /// See [`wire`](super::wire) for the bodies recognised.
+    #[error("model server could not use its model's output ({status}): {message}")]
+    UnusableOutput {
+        /// The HTTP status.
+        status: u16,
+        /// The server's message.
+        message: String,
+    },
+    /// A 3xx: the base URL is not where the endpoint lives. Redirects are not
+    /// followed for a POST (a client may re-send it as a GET, or loop), so
+    /// this is permanent: set the base URL to where it points.
+    #[error(
+        "model server redirected the request ({status}) to {}; redirects are not followed: set the base URL to the endpoint itself",
+        location.as_deref().unwrap_or("nowhere (no location header)")
+    )]
+    Redirected {
+        /// The HTTP status.
+        status: u16,
+        /// The `location` header, when there was one.
+        location: Option<String>,
     },
     /// Another 5xx, or 408. Transient.
     #[error("model server error {status}: {message}")]
@@ -160,7 +236,9 @@ pub enum ProviderError {
         /// The limit, in bytes.
         limit: usize,
     },
-    /// The request never got an answer: refused, reset, timed out. Transient.
+    /// The request never got a usable HTTP answer: refused, reset, timed out
+    /// (transient), or a reply that is not HTTP, a redirect loop, an
+    /// unbuildable request (permanent; see [`TransportErrorKind::is_transient`]).
     #[error("transport error ({}): {detail}", kind.as_str())]
     Transport {
         /// How the wire failed.
@@ -172,17 +250,19 @@ pub enum ProviderError {
 
 impl ProviderError {
     /// Whether the same request may succeed if sent again: 429 (not
-    /// `insufficient_quota`), 503, other 5xx and 408, and every transport
-    /// failure. Everything else is the server having answered — retrying
-    /// spends tokens and rate-limit slots to get the same answer.
+    /// `insufficient_quota`), 503, other 5xx and 408 (not a server saying it
+    /// could not use its model's output), and the transport failures that
+    /// are not the same every time. Everything else is the server having
+    /// answered — retrying spends tokens and rate-limit slots to get the same
+    /// answer.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            ProviderError::RateLimited { .. }
-                | ProviderError::Unavailable { .. }
-                | ProviderError::Server { .. }
-                | ProviderError::Transport { .. }
-        )
+        match self {
+            ProviderError::RateLimited { .. } | ProviderError::Unavailable { .. } | ProviderError::Server { .. } => {
+                true
+            }
+            ProviderError::Transport { kind, .. } => kind.is_transient(),
+            _ => false,
+        }
     }
 
     /// The default retry verdict: [`Retryable::No`] for permanent errors,
@@ -221,11 +301,15 @@ impl ProviderError {
         match self {
             ProviderError::BlankText => "blank_text",
             ProviderError::Malformed { .. } => "malformed",
+            ProviderError::Truncated { .. } => "truncated",
+            ProviderError::StructuredOutputIgnored { .. } => "structured_output_ignored",
             ProviderError::Empty { .. } => "empty",
             ProviderError::Refused { .. } => "refused",
             ProviderError::RateLimited { .. } => "rate_limited_by_server",
             ProviderError::QuotaExhausted { .. } => "quota_exhausted",
             ProviderError::Unavailable { .. } => "unavailable",
+            ProviderError::UnusableOutput { .. } => "unusable_output",
+            ProviderError::Redirected { .. } => "redirected",
             ProviderError::Server { .. } => "server_error",
             ProviderError::Authentication { .. } => "authentication",
             ProviderError::UnknownModel { .. } => "unknown_model",
@@ -237,6 +321,9 @@ impl ProviderError {
                 TransportErrorKind::Reset => "transport_reset",
                 TransportErrorKind::Timeout => "transport_timeout",
                 TransportErrorKind::Other => "transport_other",
+                TransportErrorKind::Protocol => "transport_protocol",
+                TransportErrorKind::Redirect => "transport_redirect",
+                TransportErrorKind::Invalid => "transport_invalid",
             },
         }
     }

@@ -21,7 +21,7 @@
 //! | success | `record_success` |
 //! | transient failures that exhausted the schedule, or ran out of deadline | `record_failure` |
 //! | a transient failure the classifier refused to retry (a `Retry-After` over the cap) | `record_failure` |
-//! | the server answered unusably: malformed, empty, 4xx, oversized body | `record_success` — the server is up |
+//! | the server answered unusably: malformed, empty, truncated, 4xx, a redirect, llama.cpp's unusable-output 500, oversized body | `record_success` — the server is up |
 //! | a refusal | `record_success`, or `record_failure` with [`refusals_trip_breaker`](HardenedProviderBuilder::refusals_trip_breaker) |
 //! | no call made after admission (limiter refusal, an inner wrapper's refusal) | `release` — a half-open probe's lease ends at once, so the next caller probes |
 //!
@@ -46,7 +46,7 @@ use serde_json::Value;
 
 use super::error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError};
 use super::transport::BoxFuture;
-use super::{ExtractRequest, LlmProvider};
+use super::{ExtractRequest, Extracted, LlmProvider};
 use crate::breaker::{CircuitBreaker, CircuitOpen, Permit};
 use crate::cache::{BreakerStore, LimiterStore, MemoryCache};
 use crate::clock::{Clock, SystemClock};
@@ -193,8 +193,9 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProviderBuilder<P
     }
 
     /// A budget for each call, measured on the clock from its start: no wait
-    /// may end after it (default: none). The HTTP request itself is bounded by
-    /// the inner provider's own timeout, not by this.
+    /// may end after it, and each attempt is sent with what it leaves as its
+    /// timeout (the inner provider's own timeout still applies when it is
+    /// shorter), so a slow answer cannot outlast it either (default: none).
     pub fn deadline(mut self, budget: Duration) -> Self {
         self.deadline = Some(budget);
         self
@@ -278,11 +279,20 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
 
     /// The whole call, returning the outcome and the attempts that reached the
     /// inner provider.
-    async fn run(&self, request: ExtractRequest<'_>) -> (Result<Value, ExtractError>, u32) {
+    /// `timeout`, a caller's bound on the whole call, tightens the deadline.
+    async fn run(
+        &self,
+        request: ExtractRequest<'_>,
+        timeout: Option<Duration>,
+    ) -> (Result<Extracted<Value>, ExtractError>, u32) {
         if request.is_blank() {
             return (Err(ProviderError::BlankText.into()), 0);
         }
-        let deadline = self.deadline.map(|budget| self.clock.now().saturating_add(budget));
+        let start = self.clock.now();
+        let deadline = match (self.deadline, timeout) {
+            (Some(a), Some(b)) => Some(start.saturating_add(a.min(b))),
+            (budget, timeout) => budget.or(timeout).map(|t| start.saturating_add(t)),
+        };
 
         let permit = self.breaker.admit().await;
         if let Permit::Refused { retry_after, .. } = permit {
@@ -303,7 +313,9 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
                 |e| self.classify(e),
                 || {
                     attempts = attempts.saturating_add(1);
-                    self.inner.extract_value(request)
+                    // The attempt may take no longer than the deadline leaves.
+                    let left = deadline.map(|d| d.saturating_duration_since(self.clock.now()));
+                    self.inner.extract_answer(request, left)
                 },
             )
             .await;
@@ -437,9 +449,15 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> LlmProvider for HardenedP
         self.inner.model()
     }
 
-    fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
+    /// The inner provider's answer, provenance included; `timeout` bounds the
+    /// whole call like a deadline.
+    fn extract_answer<'a>(
+        &'a self,
+        request: ExtractRequest<'a>,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
         Box::pin(async move {
-            let (result, attempts) = self.run(request).await;
+            let (result, attempts) = self.run(request, timeout).await;
             self.observer.on_event(&Event::CallFinished {
                 model: Arc::from(self.inner.model()),
                 tenant: self.tenant,
@@ -484,14 +502,22 @@ mod tests {
         fn model(&self) -> &str {
             "scripted/m"
         }
-        fn extract_value<'a>(&'a self, _: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
+        fn extract_answer<'a>(
+            &'a self,
+            _: ExtractRequest<'a>,
+            _: Option<Duration>,
+        ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let next = self
                 .answers
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .pop_front()
-                .unwrap_or(Err(ProviderError::BlankText.into()));
+                .unwrap_or(Err(ProviderError::BlankText.into()))
+                .map(|value| Extracted {
+                    value,
+                    model: "scripted/m".to_owned(),
+                });
             Box::pin(async move { next })
         }
     }
@@ -609,11 +635,20 @@ mod tests {
         fn model(&self) -> &str {
             "hangs/m"
         }
-        fn extract_value<'a>(&'a self, _: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
+        fn extract_answer<'a>(
+            &'a self,
+            _: ExtractRequest<'a>,
+            _: Option<Duration>,
+        ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
             if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
                 Box::pin(std::future::pending())
             } else {
-                Box::pin(async { Ok(Value::from("up")) })
+                Box::pin(async {
+                    Ok(Extracted {
+                        value: Value::from("up"),
+                        model: "hangs/m".to_owned(),
+                    })
+                })
             }
         }
     }

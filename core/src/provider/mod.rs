@@ -16,6 +16,12 @@
 //!   provider — breaker outermost, limiter next, retry innermost — and is an
 //!   `LlmProvider` itself.
 //!
+//! Provenance is the model that produced the answer, not the one asked for:
+//! [`LlmProvider::extract_answer`] (and the typed
+//! [`LlmProviderExt::extract_with_model`]) return the value with it, read
+//! from the server's response. [`LlmProvider::model`] stays the configured
+//! identity.
+//!
 //! ```no_run
 //! # #[cfg(feature = "openai")]
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -44,6 +50,7 @@ mod transport;
 pub mod wire;
 
 use std::future::Future;
+use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
@@ -58,6 +65,18 @@ pub use openai::{
 pub use reqwest_transport::ReqwestTransport;
 pub use schema::{OutputSchema, make_strict};
 pub use transport::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError};
+
+/// A value and the model that produced it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Extracted<T> {
+    /// The extracted value.
+    pub value: T,
+    /// Provenance of this answer, in [`LlmProvider::model`]'s form
+    /// (`openai-compatible/qwen3`): the model the server says answered, which
+    /// can differ from the one requested (a single-model server ignores the
+    /// request's `model`; an alias resolves to a snapshot).
+    pub model: String,
+}
 
 /// One extraction, in the object-safe form providers implement.
 #[derive(Clone, Copy, Debug)]
@@ -90,15 +109,37 @@ pub trait LlmProvider: Send + Sync {
     /// never a name of its own.
     fn model(&self) -> &str;
 
-    /// Extracts a JSON value that has passed `request.schema`'s check, or says
-    /// why not. Blank text is [`ProviderError::BlankText`], before any network
-    /// call.
-    fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>>;
+    /// Extracts a JSON value that has passed `request.schema`'s check, with
+    /// the model that produced it, or says why not. Blank text is
+    /// [`ProviderError::BlankText`], before any network call.
+    ///
+    /// `timeout`, when given, bounds this call: a provider sends its request
+    /// with the smaller of it and its own timeout (a hardened provider passes
+    /// what its deadline leaves to each attempt).
+    fn extract_answer<'a>(
+        &'a self,
+        request: ExtractRequest<'a>,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>>;
+
+    /// [`extract_answer`](Self::extract_answer) without a time bound of its
+    /// own, keeping only the value.
+    fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
+        let answer = self.extract_answer(request, None);
+        Box::pin(async move { answer.await.map(|a| a.value) })
+    }
 }
 
 impl<P: LlmProvider + ?Sized> LlmProvider for std::sync::Arc<P> {
     fn model(&self) -> &str {
         (**self).model()
+    }
+    fn extract_answer<'a>(
+        &'a self,
+        request: ExtractRequest<'a>,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        (**self).extract_answer(request, timeout)
     }
     fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
         (**self).extract_value(request)
@@ -108,6 +149,13 @@ impl<P: LlmProvider + ?Sized> LlmProvider for std::sync::Arc<P> {
 impl<P: LlmProvider + ?Sized> LlmProvider for Box<P> {
     fn model(&self) -> &str {
         (**self).model()
+    }
+    fn extract_answer<'a>(
+        &'a self,
+        request: ExtractRequest<'a>,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        (**self).extract_answer(request, timeout)
     }
     fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
         (**self).extract_value(request)
@@ -126,6 +174,20 @@ pub trait LlmProviderExt: LlmProvider {
     where
         T: DeserializeOwned + JsonSchema + 'a,
     {
+        let answer = self.extract_with_model::<T>(text, system_prompt);
+        async move { answer.await.map(|a| a.value) }
+    }
+
+    /// [`extract`](Self::extract), with the model that produced the value
+    /// (see [`Extracted::model`]).
+    fn extract_with_model<'a, T>(
+        &'a self,
+        text: &'a str,
+        system_prompt: Option<&'a str>,
+    ) -> impl Future<Output = Result<Extracted<T>, ExtractError>> + Send + 'a
+    where
+        T: DeserializeOwned + JsonSchema + 'a,
+    {
         async move {
             if text.trim().is_empty() {
                 return Err(ProviderError::BlankText.into());
@@ -136,13 +198,14 @@ pub trait LlmProviderExt: LlmProvider {
                 system_prompt,
                 schema: &schema,
             };
-            let value = self.extract_value(request).await?;
-            T::deserialize(value).map_err(|source| {
-                ProviderError::Malformed {
-                    schema: schema.name().to_owned(),
-                    source,
-                }
-                .into()
+            let answer = self.extract_answer(request, None).await?;
+            let value = T::deserialize(answer.value).map_err(|source| ProviderError::Malformed {
+                schema: schema.name().to_owned(),
+                source,
+            })?;
+            Ok(Extracted {
+                value,
+                model: answer.model,
             })
         }
     }

@@ -7,6 +7,11 @@
 //! [`ProviderError`] vocabulary through [`wire`](super::wire). The API key
 //! is sent as a bearer token and shown nowhere else: not by `Debug`, not in
 //! an error, not in an event.
+//!
+//! Each answer's provenance is the model the response names in its `model`
+//! field (falling back to the configured id when it names none); when that
+//! is not the model requested, the adapter reports
+//! [`Event::ServedModelDiffers`] to its observer.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,9 +22,10 @@ use serde_json::Value;
 use super::error::{ExtractError, ProviderError};
 use super::transport::{BoxFuture, HttpRequest, HttpTransport};
 use super::wire::{self, ResponseContext};
-use super::{ExtractRequest, LlmProvider};
+use super::{ExtractRequest, Extracted, LlmProvider};
 use crate::clock::{Clock, SystemClock};
 use crate::error::ConfigError;
+use crate::observe::{Event, Observer, TracingObserver};
 use crate::time::secs;
 
 /// The key sent when none is configured: local servers ignore it, and some
@@ -43,6 +49,7 @@ pub struct OpenAiCompatible<T> {
     max_tokens: Option<u32>,
     max_response_bytes: usize,
     clock: Arc<dyn Clock>,
+    observer: Arc<dyn Observer>,
 }
 
 impl<T> fmt::Debug for OpenAiCompatible<T> {
@@ -68,6 +75,7 @@ pub struct OpenAiCompatibleBuilder {
     max_tokens: Option<u32>,
     max_response_bytes: usize,
     clock: Option<Arc<dyn Clock>>,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl fmt::Debug for OpenAiCompatibleBuilder {
@@ -96,6 +104,7 @@ impl OpenAiCompatible<()> {
             max_tokens: None,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             clock: None,
+            observer: None,
         }
     }
 }
@@ -109,7 +118,8 @@ impl OpenAiCompatibleBuilder {
     }
 
     /// How long one request may take, connection included (default
-    /// [`DEFAULT_TIMEOUT`]). Enforced by the transport.
+    /// [`DEFAULT_TIMEOUT`]). Enforced by the transport; a caller's shorter
+    /// bound (a hardened provider's deadline) wins.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -136,25 +146,27 @@ impl OpenAiCompatibleBuilder {
         self
     }
 
-    /// Builds over reqwest (rustls with ring).
+    /// Where [`Event::ServedModelDiffers`] is reported (default
+    /// [`TracingObserver`], a warning).
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Builds over reqwest (rustls with ring), following no redirects.
     #[cfg(feature = "openai")]
     pub fn build(self) -> Result<OpenAiCompatible<super::ReqwestTransport>, ConfigError> {
         let transport = super::ReqwestTransport::new().map_err(|e| ConfigError::new("http_client", "buildable", e))?;
         self.build_with(transport)
     }
 
-    /// Builds over `transport`. The base URL must be `http://` or `https://`;
-    /// the model non-empty; the timeout, `max_tokens` and
-    /// `max_response_bytes` positive.
+    /// Builds over `transport`. The base URL must be a valid `http://` or
+    /// `https://` URL with a host (and a port, if any, in range) and no query
+    /// or fragment, since `/chat/completions` is appended to its path; the
+    /// model non-empty; the timeout, `max_tokens` and `max_response_bytes`
+    /// positive.
     pub fn build_with<T: HttpTransport>(self, transport: T) -> Result<OpenAiCompatible<T>, ConfigError> {
-        let base_url = self.base_url.trim().trim_end_matches('/').to_owned();
-        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) || base_url.ends_with(':') {
-            return Err(ConfigError::new(
-                "base_url",
-                "an http:// or https:// URL",
-                format!("{:?}", self.base_url),
-            ));
-        }
+        let base_url = validate_base_url(&self.base_url)?;
         if self.model.trim().is_empty() {
             return Err(ConfigError::new("model", "non-empty", format!("{:?}", self.model)));
         }
@@ -178,7 +190,47 @@ impl OpenAiCompatibleBuilder {
             max_tokens: self.max_tokens,
             max_response_bytes: self.max_response_bytes,
             clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+            observer: self.observer.unwrap_or_else(|| Arc::new(TracingObserver)),
         })
+    }
+}
+
+/// The base URL, checked as a whole and without a trailing slash.
+fn validate_base_url(raw: &str) -> Result<String, ConfigError> {
+    let bad = |expected| ConfigError::new("base_url", expected, format!("{raw:?}"));
+    let url = url::Url::parse(raw.trim()).map_err(|_| bad("an http:// or https:// URL"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad("an http:// or https:// URL"));
+    }
+    // The WHATWG parser reads `http:///v1` as host `v1`; a URL written
+    // without a host is refused rather than guessed at.
+    let written_host = raw.trim().split_once("://").map(|(_, rest)| rest);
+    if url.host_str().is_none_or(str::is_empty) || written_host.is_none_or(|rest| rest.starts_with('/')) {
+        return Err(bad("an http:// or https:// URL with a host"));
+    }
+    // `http://h:/v1` parses as the default port; a colon with no port is a
+    // typo, not a choice.
+    if written_host.is_some_and(|rest| rest.split(['/', '?', '#']).next().is_some_and(|a| a.ends_with(':'))) {
+        return Err(bad("a URL whose port, if given, is a number"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad(
+            "a URL without a query or fragment (the adapter appends /chat/completions)",
+        ));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_owned())
+}
+
+/// Whether the model a server names as having answered is the one requested:
+/// the same id, a dated snapshot of it (`gpt-4o` → `gpt-4o-2024-08-06`), or
+/// its `:latest` tag (`qwen3` → `qwen3:latest`).
+fn same_model(requested: &str, served: &str) -> bool {
+    match served.strip_prefix(requested) {
+        Some("") | Some(":latest") => true,
+        Some(rest) => rest
+            .strip_prefix('-')
+            .is_some_and(|date| !date.is_empty() && date.chars().all(|c| c.is_ascii_digit() || c == '-')),
+        None => false,
     }
 }
 
@@ -198,7 +250,11 @@ impl<T: HttpTransport> OpenAiCompatible<T> {
         &self.transport
     }
 
-    async fn call(&self, request: ExtractRequest<'_>) -> Result<Value, ProviderError> {
+    async fn call(
+        &self,
+        request: ExtractRequest<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<Extracted<Value>, ProviderError> {
         if request.is_blank() {
             return Err(ProviderError::BlankText);
         }
@@ -218,7 +274,7 @@ impl<T: HttpTransport> OpenAiCompatible<T> {
             ],
             body,
             body_limit: self.max_response_bytes,
-            timeout: self.timeout,
+            timeout: timeout.map_or(self.timeout, |t| t.min(self.timeout)),
         };
         let response = self
             .transport
@@ -231,7 +287,24 @@ impl<T: HttpTransport> OpenAiCompatible<T> {
             api_key: &self.api_key,
             now: self.clock.now(),
         };
-        wire::parse_response(&response, &cx)
+        let completed = wire::parse_response(&response, &cx)?;
+        let model = match completed.model {
+            Some(served) if served != self.model_id => {
+                let provenance = format!("openai-compatible/{served}");
+                if !same_model(&self.model_id, &served) {
+                    self.observer.on_event(&Event::ServedModelDiffers {
+                        requested: Arc::from(self.provenance.as_str()),
+                        served: Arc::from(provenance.as_str()),
+                    });
+                }
+                provenance
+            }
+            _ => self.provenance.clone(),
+        };
+        Ok(Extracted {
+            value: completed.value,
+            model,
+        })
     }
 }
 
@@ -240,8 +313,12 @@ impl<T: HttpTransport> LlmProvider for OpenAiCompatible<T> {
         &self.provenance
     }
 
-    fn extract_value<'a>(&'a self, request: ExtractRequest<'a>) -> BoxFuture<'a, Result<Value, ExtractError>> {
-        Box::pin(async move { self.call(request).await.map_err(ExtractError::from) })
+    fn extract_answer<'a>(
+        &'a self,
+        request: ExtractRequest<'a>,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        Box::pin(async move { self.call(request, timeout).await.map_err(ExtractError::from) })
     }
 }
 
@@ -285,6 +362,38 @@ mod tests {
     }
 
     #[test]
+    fn a_base_url_a_request_could_not_use_is_refused_at_construction() {
+        for url in [
+            "http://h:99999/v1",
+            "http://my host/v1",
+            "http://h/v1?key=1",
+            "http://h/v1#frag",
+            "http:///v1",
+            "http://h:/v1",
+            "ftp://h/v1",
+        ] {
+            let e = OpenAiCompatible::builder(url, "m")
+                .build_with(Never)
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("base_url must be"), "{url}: {e}");
+            assert!(e.contains(&format!("{url:?}")), "{url}: {e}");
+        }
+        for (url, endpoint) in [
+            ("http://h:8080/v1/", "http://h:8080/v1/chat/completions"),
+            (
+                "https://api.example.com/v1",
+                "https://api.example.com/v1/chat/completions",
+            ),
+            ("http://[::1]:8080/v1", "http://[::1]:8080/v1/chat/completions"),
+            ("http://server-0:8080/v1", "http://server-0:8080/v1/chat/completions"),
+        ] {
+            let p = OpenAiCompatible::builder(url, "m").build_with(Never).unwrap();
+            assert_eq!(p.url, endpoint);
+        }
+    }
+
+    #[test]
     fn provenance_and_url() {
         let p = OpenAiCompatible::builder("http://h:8080/v1/", "qwen3")
             .build_with(Never)
@@ -292,6 +401,16 @@ mod tests {
         assert_eq!(p.model(), "openai-compatible/qwen3");
         assert_eq!(p.url, "http://h:8080/v1/chat/completions");
         assert_eq!(p.base_url(), "http://h:8080/v1");
+    }
+
+    #[test]
+    fn snapshots_and_tags_of_the_requested_model_are_the_same_model() {
+        assert!(same_model("gpt-4o", "gpt-4o"));
+        assert!(same_model("gpt-4o", "gpt-4o-2024-08-06"));
+        assert!(same_model("qwen3", "qwen3:latest"));
+        assert!(!same_model("gpt-4o", "gpt-4o-mini"));
+        assert!(!same_model("gpt-4o", "gpt-4o-"));
+        assert!(!same_model("no-such-model", "tiny"));
     }
 
     #[test]

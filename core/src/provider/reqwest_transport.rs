@@ -19,19 +19,24 @@ pub struct ReqwestTransport {
 }
 
 impl ReqwestTransport {
-    /// A transport with its own client. Installs rustls's ring crypto
-    /// provider as the process default if no provider is installed yet.
+    /// A transport with its own client, which follows no redirects (a 3xx
+    /// comes back as it is, and the adapter reports it). Installs rustls's
+    /// ring crypto provider as the process default if no provider is
+    /// installed yet.
     pub fn new() -> Result<Self, TransportError> {
         // An error here means a provider is already installed, which is all we need.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| failed(TransportErrorKind::Other, describe(&e)))?;
         Ok(ReqwestTransport { client })
     }
 
-    /// A transport over an existing client (connection pool, proxy settings
-    /// and TLS configuration are the client's).
+    /// A transport over an existing client (connection pool, proxy settings,
+    /// TLS configuration and redirect policy are the client's; a client that
+    /// follows redirects turns a loop into a permanent
+    /// [`TransportErrorKind::Redirect`]).
     pub fn with_client(client: reqwest::Client) -> Self {
         ReqwestTransport { client }
     }
@@ -72,10 +77,18 @@ impl HttpTransport for ReqwestTransport {
 
 /// reqwest's flags, verified against 0.13: refused is `is_connect`, a reset
 /// after sending is `is_request` (or `is_body` mid-response), a hang is
-/// `is_timeout`.
+/// `is_timeout`, a redirect loop `is_redirect`, an unusable URL `is_builder`.
+/// A reply that is not HTTP is also `is_request`; hyper's parse error under
+/// it tells the two apart.
 fn classify(error: &reqwest::Error) -> TransportError {
     let kind = if error.is_timeout() {
         TransportErrorKind::Timeout
+    } else if error.is_redirect() {
+        TransportErrorKind::Redirect
+    } else if error.is_builder() {
+        TransportErrorKind::Invalid
+    } else if is_not_http(error) {
+        TransportErrorKind::Protocol
     } else if error.is_connect() {
         TransportErrorKind::Connect
     } else if error.is_request() || error.is_body() || error.is_decode() {
@@ -84,6 +97,19 @@ fn classify(error: &reqwest::Error) -> TransportError {
         TransportErrorKind::Other
     };
     failed(kind, describe(error))
+}
+
+/// Whether a cause of `error` is hyper failing to parse the reply as HTTP
+/// (a bad status line or version, headers too large, an invalid header).
+fn is_not_http(error: &(dyn StdError + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(c) = cause {
+        if c.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_parse) {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// The error and its causes, one line.

@@ -7,6 +7,25 @@
 //! ignored, an error `code` may be a string or a number, reasoning text may be
 //! under `reasoning` or `reasoning_content` — because llama.cpp, vLLM, Ollama,
 //! llama-swap and OpenAI agree on the fields that matter and on little else.
+//!
+//! # Which failures are the server answering
+//!
+//! A 5xx is transient — the server may answer differently next time — except
+//! when its body says the server *did* generate an answer and then could not
+//! use it. That is [`ProviderError::UnusableOutput`]: not retried (the same
+//! request costs the same generation) and not a breaker failure (the server
+//! is up). Recognised, case-insensitively, in the error message of a 5xx:
+//!
+//! - `The model produced output that does not match the expected <format>
+//!   format` — llama.cpp's chat parser rejecting the finished output
+//!   (`peg-native`, `peg-gemma4`, `Content-only`…), which Ollama and LM Studio
+//!   surface too. A plain `500 internal server error` or a proxy's `502`
+//!   stays transient.
+//!
+//! A 400 whose message reads `model '…' not found` (llama-server in router
+//! mode) is [`ProviderError::UnknownModel`], like a 404. A 3xx is
+//! [`ProviderError::Redirected`]: the base URL is wrong, and a POST is never
+//! re-sent elsewhere.
 
 use std::time::Duration;
 
@@ -23,6 +42,10 @@ const MAX_MESSAGE_CHARS: usize = 500;
 
 /// What replaces the API key wherever a server echoes it.
 const REDACTED: &str = "[redacted]";
+
+/// Messages of a 5xx meaning the server generated output and could not use
+/// it (lowercase; matched as a substring of the lowercased message).
+const UNUSABLE_OUTPUT_MESSAGES: &[&str] = &["the model produced output that does not match the expected"];
 
 /// The JSON body of a structured-output chat completion request.
 ///
@@ -76,6 +99,20 @@ pub struct ResponseContext<'a> {
 struct Completion {
     #[serde(default)]
     choices: Vec<Choice>,
+    /// The model that produced the answer, as the server names it. Any JSON,
+    /// so that an odd value never makes a good answer unreadable.
+    #[serde(default)]
+    model: Option<Value>,
+}
+
+/// A chat completion read successfully.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completed {
+    /// The content, parsed and checked against the schema.
+    pub value: Value,
+    /// The response's `model` field, when it was a non-empty string (cleaned
+    /// like any server text).
+    pub model: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -98,18 +135,23 @@ struct Message {
     reasoning_content: Option<String>,
 }
 
-/// Reads a response into the validated JSON value, or the error it means.
-pub fn parse_response(response: &HttpResponse, cx: &ResponseContext<'_>) -> Result<Value, ProviderError> {
+/// Reads a response into the validated JSON value and the model the server
+/// says produced it, or the error it means.
+pub fn parse_response(response: &HttpResponse, cx: &ResponseContext<'_>) -> Result<Completed, ProviderError> {
     if response.status == 200 {
         return parse_completion(&response.body, cx);
     }
     Err(classify_status(response, cx))
 }
 
-fn parse_completion(body: &[u8], cx: &ResponseContext<'_>) -> Result<Value, ProviderError> {
+fn parse_completion(body: &[u8], cx: &ResponseContext<'_>) -> Result<Completed, ProviderError> {
     let completion: Completion = serde_json::from_slice(body).map_err(|e| ProviderError::InvalidResponse {
         detail: format!("{e}; body starts {}", quote(body, cx.api_key)),
     })?;
+    let model = match &completion.model {
+        Some(Value::String(m)) if !m.trim().is_empty() => Some(clean(m.trim(), cx.api_key)),
+        _ => None,
+    };
     let Some(choice) = completion.choices.into_iter().next() else {
         return Err(ProviderError::Empty {
             finish_reason: None,
@@ -133,7 +175,14 @@ fn parse_completion(body: &[u8], cx: &ResponseContext<'_>) -> Result<Value, Prov
             reason: "content_filter".to_owned(),
         });
     }
-    let content = message.content.as_ref().map(content_text).unwrap_or_default();
+    let content = match message.content.as_ref().map(content_text).transpose() {
+        Ok(text) => text.flatten().unwrap_or_default(),
+        Err(what) => {
+            return Err(ProviderError::InvalidResponse {
+                detail: format!("message.content is {what}, not text"),
+            });
+        }
+    };
     if content.trim().is_empty() {
         let has_text = |s: &Option<String>| s.as_deref().is_some_and(|t| !t.trim().is_empty());
         return Err(ProviderError::Empty {
@@ -145,20 +194,41 @@ fn parse_completion(body: &[u8], cx: &ResponseContext<'_>) -> Result<Value, Prov
         schema: cx.schema.name().to_owned(),
         source,
     };
-    let value: Value = serde_json::from_str(&content).map_err(malformed)?;
+    let value: Value = match serde_json::from_str(&content) {
+        Ok(value) => value,
+        Err(_) if content.trim_start().starts_with("```") => {
+            return Err(ProviderError::StructuredOutputIgnored {
+                schema: cx.schema.name().to_owned(),
+            });
+        }
+        Err(source) if finish_reason.as_deref() == Some("length") => {
+            return Err(ProviderError::Truncated {
+                schema: cx.schema.name().to_owned(),
+                source,
+            });
+        }
+        Err(source) => return Err(malformed(source)),
+    };
     cx.schema.check(&value).map_err(malformed)?;
-    Ok(value)
+    Ok(Completed { value, model })
 }
 
-/// A message's `content`: a string, or the text parts of an array of parts.
-fn content_text(content: &Value) -> String {
+/// A message's `content`: a string, or the text parts of an array of parts;
+/// `null` is no content. Anything else is described for the error
+/// (`a number (42)`).
+fn content_text(content: &Value) -> Result<Option<String>, String> {
     match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect(),
-        _ => String::new(),
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s.clone())),
+        Value::Array(parts) => Ok(Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect(),
+        )),
+        Value::Bool(b) => Err(format!("a boolean ({b})")),
+        Value::Number(n) => Err(format!("a number ({n})")),
+        Value::Object(_) => Err("an object".to_owned()),
     }
 }
 
@@ -221,6 +291,18 @@ fn classify_status(response: &HttpResponse, cx: &ResponseContext<'_>) -> Provide
             model: cx.model.to_owned(),
             message: error.message,
         },
+        400 if names_an_unknown_model(&error.message) => ProviderError::UnknownModel {
+            model: cx.model.to_owned(),
+            message: error.message,
+        },
+        300..=399 => ProviderError::Redirected {
+            status,
+            location: response.header("location").map(|l| clean(l, cx.api_key)),
+        },
+        500..=599 if says_output_unusable(&error.message) => ProviderError::UnusableOutput {
+            status,
+            message: error.message,
+        },
         408 | 500..=599 => ProviderError::Server {
             status,
             message: error.message,
@@ -230,6 +312,19 @@ fn classify_status(response: &HttpResponse, cx: &ResponseContext<'_>) -> Provide
             message: error.message,
         },
     }
+}
+
+/// Whether a 400's message is llama-server's router naming an unknown model
+/// (`model 'x' not found`).
+fn names_an_unknown_model(message: &str) -> bool {
+    let message = message.trim().to_ascii_lowercase();
+    message.starts_with("model ") && message.ends_with(" not found")
+}
+
+/// Whether a 5xx's message is one of [`UNUSABLE_OUTPUT_MESSAGES`].
+fn says_output_unusable(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    UNUSABLE_OUTPUT_MESSAGES.iter().any(|m| message.contains(m))
 }
 
 /// The server's requested wait: `retry-after-ms` (milliseconds), else
@@ -250,44 +345,15 @@ pub fn retry_after(response: &HttpResponse, now: Timestamp) -> Option<Duration> 
     seconds(value, 1.0).or_else(|| parse_http_date(value).map(|at| at.saturating_duration_since(now)))
 }
 
-/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form HTTP
-/// servers send.
+/// Parses an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`, and the obsolete
+/// RFC 850 and asctime forms HTTP recipients must accept) with the `httpdate`
+/// crate, which checks every field's range (years 1970–9999, a weekday that
+/// matches the date). Anything else — a year past any calendar included — is
+/// `None`, never an overflow.
 pub fn parse_http_date(text: &str) -> Option<Timestamp> {
-    let parts: Vec<&str> = text.split_whitespace().collect();
-    let [_weekday, day, month, year, time, "GMT"] = parts.as_slice() else {
-        return None;
-    };
-    let day: u32 = day.parse().ok()?;
-    let month = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ]
-    .iter()
-    .position(|m| m == month)?;
-    let year: i64 = year.parse().ok()?;
-    let mut hms = time.split(':').map(|p| p.parse::<u64>().ok());
-    let (Some(Some(h)), Some(Some(m)), Some(Some(s)), None) = (hms.next(), hms.next(), hms.next(), hms.next()) else {
-        return None;
-    };
-    if !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 {
-        return None;
-    }
-    let days = days_from_civil(year, month as i64 + 1, i64::from(day));
-    let secs = u64::try_from(days)
-        .ok()?
-        .checked_mul(86_400)?
-        .checked_add(h * 3600 + m * 60 + s)?;
-    Some(Timestamp::from_secs(secs))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date.
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let year_of_era = y - era * 400;
-    let shifted_month = (month + 9) % 12;
-    let day_of_year = (153 * shifted_month + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
+    let at = httpdate::parse_http_date(text).ok()?;
+    let since_epoch = at.duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(since_epoch.as_micros()).ok().map(Timestamp::from_micros)
 }
 
 /// The error a transport failure means.
@@ -392,7 +458,14 @@ mod tests {
             "stop",
         );
         let v = parse_response(&response(200, &[], &body), &cx(&schema)).unwrap();
-        assert_eq!(v, json!({"name": "Ann", "age": 30}));
+        assert_eq!(v.value, json!({"name": "Ann", "age": 30}));
+        assert_eq!(v.model, None, "the completion named no model");
+        let named = json!({"model": "tiny", "choices": [{"message": {"content": "{\"name\":\"A\",\"age\":1}"}}]});
+        let v = parse_response(&response(200, &[], &named.to_string()), &cx(&schema)).unwrap();
+        assert_eq!(v.model.as_deref(), Some("tiny"));
+        let odd = json!({"model": 7, "choices": [{"message": {"content": "{\"name\":\"A\",\"age\":1}"}}]});
+        let v = parse_response(&response(200, &[], &odd.to_string()), &cx(&schema)).unwrap();
+        assert_eq!(v.model, None, "an odd model field never spoils a good answer");
     }
 
     #[test]
@@ -573,6 +646,91 @@ mod tests {
         assert_eq!(parse_http_date("Tue, 14 Foo 2023 22:13:20 GMT"), None);
         assert_eq!(parse_http_date("Tue, 14 Nov 2023 22:13 GMT"), None);
         assert_eq!(parse_http_date("Tue, 14 Nov 2023 22:13:20 PST"), None);
+    }
+
+    #[test]
+    fn a_far_future_date_is_unparsable_not_an_overflow() {
+        // Once a panic in `days_from_civil` (debug) or a wrapped value (release).
+        assert_eq!(parse_http_date("Sun, 06 Nov 9223372036854775807 08:49:37 GMT"), None);
+        assert_eq!(parse_http_date("Sun, 06 Nov -9223372036854775808 08:49:37 GMT"), None);
+        let r = response(
+            429,
+            &[("retry-after", "Sun, 06 Nov 9223372036854775807 08:49:37 GMT")],
+            "",
+        );
+        assert_eq!(retry_after(&r, Timestamp::from_secs(1_700_000_000)), None);
+    }
+
+    #[test]
+    fn a_500_saying_the_server_could_not_parse_the_models_output_is_an_answer() {
+        let schema = OutputSchema::for_type::<Person>();
+        for body in [
+            r#"{"error":{"code":500,"message":"The model produced output that does not match the expected peg-native format","type":"server_error"}}"#,
+            r#"{"error":{"code":500,"message":"The model produced output that does not match the expected peg-gemma4 format","type":"server_error"}}"#,
+        ] {
+            let e = parse_response(&response(500, &[], body), &cx(&schema)).unwrap_err();
+            assert_eq!(e.kind(), "unusable_output", "{e}");
+            assert!(!e.is_transient(), "{e}");
+            assert!(e.server_answered(), "{e}");
+            assert!(e.to_string().contains("peg-"), "{e}");
+        }
+        for (status, body) in [
+            (
+                500,
+                r#"{"error":{"code":500,"message":"internal server error","type":"server_error"}}"#,
+            ),
+            (502, "<html>Bad Gateway</html>"),
+        ] {
+            let e = parse_response(&response(status, &[], body), &cx(&schema)).unwrap_err();
+            assert_eq!(e.kind(), "server_error", "{e}");
+            assert!(e.is_transient(), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_llama_server_routers_400_for_an_unknown_model_is_an_unknown_model() {
+        let schema = OutputSchema::for_type::<Person>();
+        let body =
+            r#"{"error":{"code":400,"message":"model 'no-such-model' not found","type":"invalid_request_error"}}"#;
+        let e = parse_response(&response(400, &[], body), &cx(&schema)).unwrap_err();
+        assert!(
+            matches!(e, ProviderError::UnknownModel { ref model, .. } if model == "qwen3"),
+            "{e:?}"
+        );
+        let other = r#"{"error":{"code":400,"message":"model is not loaded","type":"invalid_request_error"}}"#;
+        let e = parse_response(&response(400, &[], other), &cx(&schema)).unwrap_err();
+        assert_eq!(e.kind(), "bad_request");
+    }
+
+    #[test]
+    fn a_redirect_is_a_permanent_answer_naming_where_it_pointed() {
+        let schema = OutputSchema::for_type::<Person>();
+        let r = response(307, &[("location", "https://elsewhere/v1/chat/completions")], "");
+        let e = parse_response(&r, &cx(&schema)).unwrap_err();
+        assert_eq!(e.kind(), "redirected");
+        assert!(!e.is_transient());
+        assert!(e.to_string().contains("https://elsewhere/v1/chat/completions"), "{e}");
+    }
+
+    #[test]
+    fn answers_that_went_wrong_in_a_known_way_say_how() {
+        let schema = OutputSchema::for_type::<Person>();
+        let cut = completion(json!({"content": "{\"name\":\"Ann\",\"ag"}), "length");
+        let e = parse_response(&response(200, &[], &cut), &cx(&schema)).unwrap_err();
+        assert_eq!(e.kind(), "truncated");
+        assert!(e.to_string().contains("max_tokens"), "{e}");
+        let fenced = completion(json!({"content": "```json\n{\"name\":\"Ann\",\"age\":3}\n```"}), "stop");
+        let e = parse_response(&response(200, &[], &fenced), &cx(&schema)).unwrap_err();
+        assert_eq!(e.kind(), "structured_output_ignored");
+        assert!(e.to_string().contains("strict"), "{e}");
+        let number = completion(json!({"content": 42}), "stop");
+        let e = parse_response(&response(200, &[], &number), &cx(&schema)).unwrap_err();
+        assert_eq!(e.kind(), "invalid_response");
+        assert!(e.to_string().contains("42"), "{e}");
+        // A complete answer that fails the schema is still malformed.
+        let wrong = completion(json!({"content": "{\"name\":\"Ann\"}"}), "length");
+        let e = parse_response(&response(200, &[], &wrong), &cx(&schema)).unwrap_err();
+        assert_eq!(e.kind(), "malformed");
     }
 
     #[test]

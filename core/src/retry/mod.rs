@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use policy::{
-    DEFAULT_INITIAL_DELAY, DEFAULT_JITTER, DEFAULT_MAX_DELAY, DEFAULT_MAX_RETRIES, DEFAULT_MULTIPLIER, RetryPolicy,
-    RetryPolicyBuilder,
+    DEFAULT_INITIAL_DELAY, DEFAULT_JITTER, DEFAULT_MAX_DELAY, DEFAULT_MAX_RETRIES, DEFAULT_MULTIPLIER, MAX_DELAY_LIMIT,
+    RetryPolicy, RetryPolicyBuilder,
 };
 
 use crate::clock::{Clock, SystemClock};

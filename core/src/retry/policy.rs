@@ -16,6 +16,11 @@ pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(60);
 pub const DEFAULT_MULTIPLIER: f64 = 2.0;
 /// The default jitter: ±10 %.
 pub const DEFAULT_JITTER: f64 = 0.1;
+/// The longest `initial_delay` or `max_delay` a policy accepts: one day. A
+/// wait longer than that outlasts any outage retrying can ride out (a node
+/// replacement takes minutes) and any caller still waiting for the answer;
+/// bounding it keeps every computation on the schedule exact and finite.
+pub const MAX_DELAY_LIMIT: Duration = Duration::from_secs(86_400);
 
 /// A validated retry schedule.
 ///
@@ -42,6 +47,38 @@ pub const DEFAULT_JITTER: f64 = 0.1;
 /// let schedule: Vec<u64> = (0..5).map(|n| policy.base_delay(n).as_secs()).collect();
 /// assert_eq!(schedule, [2, 4, 8, 16, 30]); // 60 s of waiting in the worst case
 /// ```
+///
+/// # Sizing it for a model reload
+///
+/// A server reloading its model answers `503 Loading model` until it is
+/// ready, and llama-server sends no `Retry-After` with it, so the schedule
+/// alone decides how long a call rides it out: the sum of the waits
+/// ([`worst_case_wait`](RetryPolicy::worst_case_wait) bounds it). The default
+/// (1 + 2 + 4 s) covers about 7 s of reload — a llama-swap model swap takes
+/// seconds, within it; a container restart takes tens of seconds and a node
+/// replacement minutes, far beyond it. For those, either retry longer, or
+/// let the call fail fast and the circuit breaker hold traffic off
+/// (its `recovery_timeout` matched to the recovery time):
+///
+/// ```
+/// use std::time::Duration;
+/// use redstring::RetryPolicy;
+///
+/// // A container restart: 2 + 4 + 8 + 16 + 16 = 46 s of waiting.
+/// let restart = RetryPolicy::builder()
+///     .max_retries(5)
+///     .initial_delay(Duration::from_secs(2))
+///     .max_delay(Duration::from_secs(16))
+///     .jitter(0.0)
+///     .build()
+///     .unwrap();
+/// assert_eq!(restart.worst_case_wait(), Duration::from_secs(46));
+/// ```
+///
+/// A hardened provider's `deadline` caps the whole call whatever the
+/// schedule; give it room for the waits plus the attempts themselves.
+/// (llama-swap holds a request while it loads instead of answering 503, so
+/// there the request timeout, not the schedule, must outlast the load.)
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RetryPolicy {
     max_retries: u32,
@@ -88,13 +125,15 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// The wait before the first retry. Must be positive.
+    /// The wait before the first retry. Must be positive and at most
+    /// [`MAX_DELAY_LIMIT`].
     pub fn initial_delay(mut self, d: Duration) -> Self {
         self.initial_delay = Some(d);
         self
     }
 
-    /// The cap on the unjittered wait. Must be at least `initial_delay`.
+    /// The cap on the unjittered wait. Must be at least `initial_delay` and at
+    /// most [`MAX_DELAY_LIMIT`].
     pub fn max_delay(mut self, d: Duration) -> Self {
         self.max_delay = Some(d);
         self
@@ -129,10 +168,24 @@ impl RetryPolicyBuilder {
                 secs(policy.initial_delay),
             ));
         }
+        if policy.initial_delay > MAX_DELAY_LIMIT {
+            return Err(ConfigError::new(
+                "initial_delay",
+                "at most 86400 s (one day)",
+                secs(policy.initial_delay),
+            ));
+        }
         if policy.max_delay < policy.initial_delay {
             return Err(ConfigError::new(
                 "max_delay",
                 "at least initial_delay",
+                secs(policy.max_delay),
+            ));
+        }
+        if policy.max_delay > MAX_DELAY_LIMIT {
+            return Err(ConfigError::new(
+                "max_delay",
+                "at most 86400 s (one day)",
                 secs(policy.max_delay),
             ));
         }
@@ -199,11 +252,40 @@ impl RetryPolicy {
     }
 
     /// The longest the whole schedule can sleep: every base delay at its
-    /// jittered maximum.
+    /// jittered maximum, summed. Closed form — a binary search for where the
+    /// delays reach the cap, a geometric sum below it, a product above — so it
+    /// costs the same for 3 retries as for `u32::MAX`, and saturates at
+    /// `Duration::MAX` rather than overflowing.
     pub fn worst_case_wait(&self) -> Duration {
-        (0..self.max_retries)
-            .map(|n| self.base_delay(n).mul_f64(1.0 + self.jitter))
-            .fold(Duration::ZERO, Duration::saturating_add)
+        let growing = self.growing_retries();
+        let initial = self.initial_delay.as_secs_f64();
+        let below_cap = if growing == 0 {
+            0.0
+        } else if self.multiplier == 1.0 {
+            initial * f64::from(growing)
+        } else {
+            let exponent = i32::try_from(growing).unwrap_or(i32::MAX);
+            initial * (self.multiplier.powi(exponent) - 1.0) / (self.multiplier - 1.0)
+        };
+        let at_cap = f64::from(self.max_retries - growing) * self.max_delay.as_secs_f64();
+        let total = (below_cap + at_cap) * (1.0 + self.jitter);
+        Duration::try_from_secs_f64(total).unwrap_or(Duration::MAX)
+    }
+
+    /// How many retries wait less than `max_delay` (the base delay only grows
+    /// with `n`, so they come first): the first `n` whose base delay reaches
+    /// the cap, or `max_retries`.
+    fn growing_retries(&self) -> u32 {
+        let (mut low, mut high) = (0, self.max_retries);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if self.base_delay(mid) >= self.max_delay {
+                high = mid;
+            } else {
+                low = mid + 1;
+            }
+        }
+        low
     }
 }
 
@@ -285,8 +367,83 @@ mod tests {
     fn huge_exponents_saturate_at_the_cap() {
         let p = RetryPolicy::builder().max_retries(u32::MAX).build().unwrap();
         assert_eq!(p.base_delay(u32::MAX), Duration::from_secs(60));
-        let huge = RetryPolicy::builder().max_delay(Duration::MAX).build().unwrap();
-        let _ = huge.delay(10_000, &SeededRandom::from_seed(1));
+        let huge = RetryPolicy::builder()
+            .max_delay(MAX_DELAY_LIMIT)
+            .jitter(1.0)
+            .build()
+            .unwrap();
+        assert!(huge.delay(10_000, &SeededRandom::from_seed(1)) <= MAX_DELAY_LIMIT * 2);
+    }
+
+    #[test]
+    fn delays_no_wait_could_mean_are_refused_naming_the_field() {
+        // `Duration::MAX` once built, and `worst_case_wait` then panicked
+        // converting (MAX × 1.1) seconds back to a `Duration`.
+        let e = RetryPolicy::builder().max_delay(Duration::MAX).build().unwrap_err();
+        assert!(e.to_string().starts_with("max_delay must be at most 86400"), "{e}");
+        let e = RetryPolicy::builder()
+            .initial_delay(Duration::from_secs(86_401))
+            .max_delay(Duration::from_secs(86_401))
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().starts_with("initial_delay must be at most 86400"), "{e}");
+    }
+
+    #[test]
+    fn worst_case_wait_is_closed_form_for_any_number_of_retries() {
+        // 1, 2, 4 … 65536 s (17 growing waits, 131071 s), then a day each.
+        let p = RetryPolicy::builder()
+            .max_retries(u32::MAX)
+            .max_delay(MAX_DELAY_LIMIT)
+            .jitter(0.0)
+            .build()
+            .unwrap();
+        let expected = 131_071 + u64::from(u32::MAX - 17) * 86_400;
+        assert_eq!(p.worst_case_wait(), Duration::from_secs(expected));
+        let jittered = RetryPolicy::builder()
+            .max_retries(u32::MAX)
+            .max_delay(MAX_DELAY_LIMIT)
+            .jitter(1.0)
+            .build()
+            .unwrap();
+        assert_eq!(jittered.worst_case_wait(), Duration::from_secs(2 * expected));
+        assert_eq!(
+            RetryPolicy::builder().max_retries(0).build().unwrap().worst_case_wait(),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn worst_case_wait_matches_the_sum_of_the_schedule() {
+        let shapes = [
+            (1.0, 0.5, 7.0),
+            (1.5, 0.25, 10.0),
+            (2.0, 1.0, 3.0),
+            (3.0, 0.1, 1000.0),
+            (1.0, 2.0, 2.0),
+        ];
+        for (multiplier, initial, max) in shapes {
+            for retries in [0, 1, 2, 5, 13, 40] {
+                for jitter in [0.0, 0.1, 1.0] {
+                    let p = RetryPolicy::builder()
+                        .max_retries(retries)
+                        .multiplier(multiplier)
+                        .initial_delay(Duration::from_secs_f64(initial))
+                        .max_delay(Duration::from_secs_f64(max))
+                        .jitter(jitter)
+                        .build()
+                        .unwrap();
+                    let summed: f64 = (0..retries)
+                        .map(|n| p.base_delay(n).as_secs_f64() * (1.0 + jitter))
+                        .sum();
+                    let closed = p.worst_case_wait().as_secs_f64();
+                    assert!(
+                        (closed - summed).abs() <= 1e-6 * summed.max(1.0),
+                        "{p:?}: {closed} vs {summed}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -260,3 +260,46 @@ pub async fn refused_base_url() -> String {
     drop(listener);
     format!("http://{addr}/v1")
 }
+
+/// A TCP server that answers every connection with fixed bytes that are not
+/// HTTP (an SSH banner, say), then closes it, counting connections.
+pub struct RawServer {
+    addr: SocketAddr,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl RawServer {
+    /// Starts one on a free port of 127.0.0.1, answering with `reply`.
+    pub async fn start(reply: &'static [u8]) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut request = vec![0u8; 64 * 1024];
+                    let _ = stream.read(&mut request).await;
+                    let _ = stream.write_all(reply).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        RawServer { addr, connections }
+    }
+
+    /// The `/v1` base URL.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// llama.cpp's answer when its chat parser rejects the model's finished output.
+pub const PEG_NATIVE_500: &str = r#"{"error":{"code":500,"message":"The model produced output that does not match the expected peg-native format","type":"server_error"}}"#;
