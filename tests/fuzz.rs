@@ -11,9 +11,9 @@
 use std::path::Path;
 
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner};
-use redstring_sim::fuzz::{self, Bounds};
+use redstring_sim::search::fuzz::{self, Bounds};
 use redstring_sim::scenario::{Fault, Scenario};
-use redstring_sim::trace::Trace;
+use redstring_sim::evidence::trace::Trace;
 use redstring_sim::world;
 
 fn seed() -> u64 {
@@ -108,7 +108,7 @@ fn a_failing_case_shrinks_to_one_fault_and_replays_from_its_file() {
     let never_opens = |s: Scenario| {
         let run = world::run(&s, s.seed).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let opened = run.events.iter().any(|e| {
-            matches!(&e.kind, redstring_sim::trace::Kind::Breaker { to, .. } if *to == redstring::CircuitState::Open)
+            matches!(&e.kind, redstring_sim::evidence::trace::Kind::Breaker { to, .. } if *to == redstring::CircuitState::Open)
         });
         if opened {
             Err(TestCaseError::fail("a circuit opened"))

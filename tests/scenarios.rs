@@ -7,9 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
-use redstring_sim::report::Report;
+use redstring_sim::judgement::report::Report;
 use redstring_sim::scenario::Scenario;
-use redstring_sim::trace::Trace;
+use redstring_sim::evidence::trace::Trace;
 use redstring_sim::world;
 
 fn scenarios() -> Vec<PathBuf> {

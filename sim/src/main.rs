@@ -15,10 +15,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
-use redstring_sim::report::Report;
+use redstring_sim::judgement::report::Report;
 use redstring_sim::scenario::Scenario;
-use redstring_sim::timeline;
-use redstring_sim::trace::Trace;
+use redstring_sim::judgement::plots;
+use redstring_sim::evidence::trace::Trace;
 use redstring_sim::world;
 
 const INVARIANT_FAILED: u8 = 1;
@@ -66,7 +66,7 @@ enum Command {
     /// Search generated scenarios within bounds for one that breaks a claimed
     /// invariant; write the smallest one found as a replayable scenario.
     Fuzz {
-        /// The bounds file (see `redstring_sim::fuzz::Bounds`).
+        /// The bounds file (see `redstring_sim::search::fuzz::Bounds`).
         bounds: PathBuf,
         /// Cases to try.
         #[arg(long, default_value_t = 32)]
@@ -153,7 +153,7 @@ fn run(
             write(p, &Trace::to_json_lines(&run.events))?;
         }
         if let Some(p) = &svg {
-            write(p, &timeline::render(&scenario, &run.events))?;
+            write(p, &plots::render(&scenario, &run.events))?;
         }
         Ok(())
     })();
@@ -294,7 +294,7 @@ fn check(dir: &Path) -> ExitCode {
 
 fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> ExitCode {
     use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
-    use redstring_sim::fuzz::{self, Bounds};
+    use redstring_sim::search::fuzz::{self, Bounds};
     use std::cell::RefCell;
     use std::collections::BTreeMap;
 

@@ -11,8 +11,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use redstring_sim::scenario::{Behaviour, Mode};
-use redstring_sim::server::{ServerHandle, server_host};
-use redstring_sim::trace::{Kind, Trace};
+use redstring_sim::hosts::server::{ServerHandle, server_host};
+use redstring_sim::evidence::trace::{Kind, Trace};
 use serde_json::{Value, json};
 use support::{sim, spec};
 

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use redstring_sim::clock::EPOCH;
+use redstring_sim::hosts::clock::EPOCH;
 use redstring_sim::scenario::ServerSpec;
 use turmoil::{Builder, Sim};
 

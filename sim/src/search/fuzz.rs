@@ -25,7 +25,7 @@ use proptest::prelude::*;
 use redstring::TimeSource;
 use serde::{Deserialize, Serialize};
 
-use crate::report::Report;
+use crate::judgement::report::Report;
 use crate::scenario::{
     Behaviour, CacheKind, CacheLayout, ClockSpec, Expectations, Fault, Hardening, Mode, Network, Scenario,
     ScenarioError, ServerSpec, TenantLoad, WorkerGroup,

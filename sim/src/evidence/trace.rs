@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use redstring::{CircuitState, Event, Observer};
 use serde::{Deserialize, Serialize};
 
-use crate::clock::sim_elapsed;
+use crate::hosts::clock::sim_elapsed;
 
 /// One entry of the trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

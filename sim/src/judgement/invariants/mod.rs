@@ -17,7 +17,7 @@ use redstring::CircuitState;
 use serde::Serialize;
 
 use crate::scenario::{CacheKind, Fault, Scenario, ServerSpec};
-use crate::trace::{Kind, TraceEvent};
+use crate::evidence::trace::{Kind, TraceEvent};
 
 /// One invariant's outcome.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -15,12 +15,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use redstring::MemoryCache;
 
-use crate::cache_host::{RemoteCache, cache_host};
-use crate::clock::{EPOCH, SimClock};
+use crate::hosts::cache_host::{RemoteCache, cache_host};
+use crate::hosts::clock::{EPOCH, SimClock};
 use crate::scenario::{CacheKind, Fault, Scenario};
-use crate::server::{ServerHandle, server_host};
-use crate::trace::{Kind, Trace, TraceEvent};
-use crate::worker::{WorkerPlan, run_worker, stream_seed};
+use crate::hosts::server::{ServerHandle, server_host};
+use crate::evidence::trace::{Kind, Trace, TraceEvent};
+use crate::hosts::worker::{WorkerPlan, run_worker, stream_seed};
 
 /// The cache host's name on the simulated network.
 pub const CACHE_HOST: &str = "cache";

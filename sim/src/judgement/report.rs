@@ -13,9 +13,9 @@ use std::time::Duration;
 use redstring::CircuitState;
 use serde::Serialize;
 
-use crate::invariants::{Check, Verdict, check_all};
+use crate::judgement::invariants::{Check, Verdict, check_all};
 use crate::scenario::Scenario;
-use crate::trace::{Kind, TraceEvent};
+use crate::evidence::trace::{Kind, TraceEvent};
 use crate::world::Run;
 
 /// What reached one model server.

@@ -22,10 +22,10 @@ use redstring::provider::{
 };
 use redstring::{CircuitBreaker, Clock, RateLimiter, SeededRandom, TenantId};
 
-use crate::clock::{SimClock, sim_elapsed};
+use crate::hosts::clock::{SimClock, sim_elapsed};
 use crate::scenario::{Hardening, TenantLoad};
-use crate::trace::{HostObserver, Kind, Trace};
-use crate::transport::SimTransport;
+use crate::evidence::trace::{HostObserver, Kind, Trace};
+use crate::hosts::transport::SimTransport;
 
 /// The record every simulated extraction asks for.
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]

@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use turmoil::net::TcpStream;
 
-use crate::clock::SimClock;
+use crate::hosts::clock::SimClock;
 
 /// The port the cache host listens on.
 pub const PORT: u16 = 6379;

@@ -7,7 +7,7 @@ use plotters::prelude::*;
 use redstring::CircuitState;
 
 use crate::scenario::Scenario;
-use crate::trace::{Kind, TraceEvent};
+use crate::evidence::trace::{Kind, TraceEvent};
 
 /// Renders the timeline as an SVG document. Drawing errors (none are expected
 /// for an in-memory SVG) yield a document containing the error text.

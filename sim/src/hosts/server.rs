@@ -92,9 +92,9 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use crate::clock::{EPOCH, sim_elapsed};
+use crate::hosts::clock::{EPOCH, sim_elapsed};
 use crate::scenario::{Behaviour, Mode, ServerSpec};
-use crate::trace::{Kind, Trace};
+use crate::evidence::trace::{Kind, Trace};
 
 /// The port every model server listens on.
 pub const PORT: u16 = 8080;
