@@ -92,9 +92,10 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
+use crate::evidence::outcome::Answer;
+use crate::evidence::trace::{Kind, Trace};
 use crate::hosts::clock::{EPOCH, sim_elapsed};
 use crate::scenario::{Behaviour, Mode, ServerSpec};
-use crate::evidence::trace::{Kind, Trace};
 
 /// The port every model server listens on.
 pub const PORT: u16 = 8080;
@@ -124,8 +125,8 @@ pub struct ServerStats {
     pub starts: u32,
     /// Requests received, over every start.
     pub received: u64,
-    /// Requests by outcome (as recorded in the trace), over every start.
-    pub outcomes: BTreeMap<String, u64>,
+    /// Requests by how they were answered (as recorded in the trace), over every start.
+    pub outcomes: BTreeMap<Answer, u64>,
     /// Requests in flight now (running, queued, or hung by a collapse).
     pub in_flight: u32,
     /// Requests holding a slot now.
@@ -325,36 +326,24 @@ impl Server {
 #[error("connection dropped by the server's behaviour")]
 struct DropConnection;
 
-type Answer = Result<Response<Full<Bytes>>, DropConnection>;
+type Reply = Result<Response<Full<Bytes>>, DropConnection>;
 
 impl Start {
-    fn record(&self, outcome: &str, impaired: bool) {
-        self.handle
-            .lock()
-            .stats
-            .outcomes
-            .entry(outcome.to_owned())
-            .and_modify(|n| *n += 1)
-            .or_insert(1);
-        self.trace.record(
-            &self.spec.name,
-            Kind::Served {
-                outcome: outcome.to_owned(),
-                impaired,
-            },
-        );
+    fn record(&self, answer: Answer) {
+        *self.handle.lock().stats.outcomes.entry(answer).or_default() += 1;
+        self.trace.record(&self.spec.name, Kind::served(answer));
     }
 
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Answer {
+    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Reply {
         self.handle.lock().stats.received += 1;
         if request.method() != Method::POST || request.uri().path() != PATH {
-            self.record("not_found", false);
+            self.record(Answer::NotFound);
             return Ok(error_response(StatusCode::NOT_FOUND, "not found", "not_found_error"));
         }
         let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
             Ok(body) => body.to_bytes(),
             Err(_) => {
-                self.record("bad_request", false);
+                self.record(Answer::BadRequest);
                 return Ok(error_response(
                     StatusCode::BAD_REQUEST,
                     "unreadable body",
@@ -363,7 +352,7 @@ impl Start {
             }
         };
         let Ok(body) = serde_json::from_slice::<Value>(&body) else {
-            self.record("bad_request", false);
+            self.record(Answer::BadRequest);
             return Ok(error_response(
                 StatusCode::BAD_REQUEST,
                 "body is not JSON",
@@ -373,13 +362,13 @@ impl Start {
 
         let loads = self.generation > 1 || self.spec.cold_start;
         if loads && sim_elapsed().saturating_sub(self.started_at).as_secs_f64() < self.spec.reload_s {
-            self.record("loading", true);
+            self.record(Answer::Loading);
             return Ok(loading());
         }
         if *self.collapsed.borrow() {
             // Counted in flight until its client gives up, like any other.
             let _hung = self.admit_hung();
-            self.record("collapsed", true);
+            self.record(Answer::Collapsed);
             return std::future::pending().await;
         }
         let behaviour = self.handle.behaviour();
@@ -391,11 +380,11 @@ impl Start {
         };
         match mode {
             Mode::RateLimit => {
-                self.record("rate_limit", true);
+                self.record(Answer::RateLimit);
                 return Ok(rate_limited(behaviour.retry_after_s));
             }
             Mode::Error => {
-                self.record("error", true);
+                self.record(Answer::Error);
                 return Ok(error_response(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal server error",
@@ -403,22 +392,22 @@ impl Start {
                 ));
             }
             Mode::Loading => {
-                self.record("loading", true);
+                self.record(Answer::Loading);
                 return Ok(loading());
             }
             Mode::Hang => {
-                self.record("hang", true);
+                self.record(Answer::Hang);
                 return std::future::pending().await;
             }
             Mode::Drop => {
-                self.record("drop", true);
+                self.record(Answer::Drop);
                 return Err(DropConnection);
             }
             Mode::Normal | Mode::Empty | Mode::Malformed | Mode::Refuse => {}
         }
 
         let Some(mut guard) = self.admit() else {
-            self.record("queue_full", true);
+            self.record(Answer::QueueFull);
             return Ok(error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server busy",
@@ -427,17 +416,11 @@ impl Start {
         };
         if !guard.served().await {
             guard.outcome_recorded = true;
-            self.record("collapsed", true);
+            self.record(Answer::Collapsed);
             return std::future::pending().await;
         }
         guard.outcome_recorded = true;
-        let outcome = match mode {
-            Mode::Normal => "ok",
-            Mode::Empty => "empty",
-            Mode::Malformed => "malformed",
-            _ => "refuse",
-        };
-        self.record(outcome, mode != Mode::Normal);
+        self.record(Answer::of_mode(mode));
         let id = {
             let mut shared = self.handle.lock();
             shared.answered += 1;
@@ -565,7 +548,7 @@ impl Drop for Admitted {
         // Outside a running simulation (the Sim itself being dropped) there is
         // no time to stamp the event with, and nobody left to read it.
         if !self.outcome_recorded && turmoil::sim_elapsed().is_some() {
-            self.start.record("abandoned", true);
+            self.start.record(Answer::Abandoned);
         }
     }
 }
@@ -633,7 +616,8 @@ fn completion(spec: &ServerSpec, id: u64, mode: Mode, request: &Value) -> Respon
             Value::Null,
             "stop",
         ),
-        _ => {
+        // Only the 200 modes reach here; the others answered (or hung) before.
+        Mode::Normal | Mode::RateLimit | Mode::Error | Mode::Loading | Mode::Hang | Mode::Drop => {
             let content = schema.map_or_else(|| json!({}), content_for_schema);
             (json!(content.to_string()), Value::Null, Value::Null, "stop")
         }

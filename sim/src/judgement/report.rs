@@ -13,9 +13,9 @@ use std::time::Duration;
 use redstring::CircuitState;
 use serde::Serialize;
 
-use crate::judgement::invariants::{Check, Verdict, check_all};
+use crate::evidence::trace::{DRIVER, Kind, TraceEvent};
+use crate::judgement::invariants::{Check, Verdict};
 use crate::scenario::Scenario;
-use crate::evidence::trace::{Kind, TraceEvent};
 use crate::world::Run;
 
 /// What reached one model server.
@@ -46,9 +46,10 @@ pub struct Report {
     pub in_flight: u64,
     /// Requests the workers sent.
     pub requests: u64,
-    /// Calls the breakers admitted.
+    /// Calls admitted by the breaker and then by the limiter: the calls
+    /// that reached the retry layer.
     pub admitted_calls: u64,
-    /// Requests per admitted call.
+    /// Requests per call that reached the retry layer.
     pub retry_amplification: f64,
     /// Per server.
     pub servers: BTreeMap<String, ServerLoad>,
@@ -89,7 +90,7 @@ impl Report {
             time_to_open_s: None,
             time_to_recover_s: None,
             rate_limited: 0,
-            checks: check_all(scenario, events),
+            checks: run.checks.clone(),
             replay: format!("redstring-sim run {path} --seed {}", run.seed),
         };
         let first_fault = scenario
@@ -104,16 +105,16 @@ impl Report {
             let t = e.t_us as f64 / 1e6;
             match &e.kind {
                 Kind::Arrival { .. } => report.arrivals += 1,
-                Kind::CallEnd { outcome, .. } => *report.outcomes.entry(outcome.clone()).or_default() += 1,
+                Kind::CallEnd { outcome, .. } => *report.outcomes.entry(outcome.name().to_owned()).or_default() += 1,
                 Kind::Request { .. } => report.requests += 1,
-                kind if kind.admits_call() => report.admitted_calls += 1,
                 Kind::Limited { .. } => report.rate_limited += 1,
-                Kind::Served { outcome, impaired } => {
+                Kind::Served { outcome, .. } => {
                     let load = report.servers.entry(e.host.clone()).or_default();
                     load.received += 1;
-                    load.while_impaired += u64::from(*impaired);
-                    *load.by_outcome.entry(outcome.clone()).or_default() += 1;
+                    load.while_impaired += u64::from(outcome.impaired());
+                    *load.by_outcome.entry(outcome.name().to_owned()).or_default() += 1;
                 }
+                kind if kind.admits_call() => report.admitted_calls += 1,
                 Kind::Breaker { to, .. } => {
                     if *to == CircuitState::Open {
                         report.breaker_openings += 1;
@@ -229,15 +230,15 @@ impl Report {
         for e in events {
             let t = e.t_us as f64 / 1e6;
             match &e.kind {
-                Kind::Fault { what } => {
-                    let _ = writeln!(out, "{t:>9.3} driver  {what}");
+                Kind::Fault { fault } => {
+                    let _ = writeln!(out, "{t:>9.3} {DRIVER}  {fault}");
                 }
                 Kind::Breaker { breaker, from, to, .. } => {
                     let _ = writeln!(out, "{t:>9.3} {}  {breaker} {from:?} -> {to:?}", e.host);
                 }
                 Kind::CallEnd { outcome, .. } => {
                     let b = buckets.entry(e.t_us / 10_000_000).or_default();
-                    if outcome == "ok" { b[0] += 1 } else { b[1] += 1 }
+                    if outcome.is_ok() { b[0] += 1 } else { b[1] += 1 }
                 }
                 Kind::Limited { .. } => buckets.entry(e.t_us / 10_000_000).or_default()[2] += 1,
                 Kind::Request { .. } => buckets.entry(e.t_us / 10_000_000).or_default()[3] += 1,

@@ -6,10 +6,27 @@
 //! rejected and every error names the file, the field and (for syntax and type
 //! errors) the line, so a typo never silently falls back to a default.
 
+mod deployment;
+pub mod fault;
+mod settings;
+mod validate;
+
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+pub use deployment::{Behaviour, FleetMember, Mode, ServerSpec, TenantLoad, WorkerGroup, tenant};
+pub use fault::{Fault, FaultKind};
+pub use settings::{CacheKind, CacheLayout, ClockSpec, Hardening, Network};
+
+use crate::judgement::invariants::Invariant;
+use deployment::defaults;
+
+/// The cache host's name on the simulated network, reserved: no server or
+/// worker may take it, and faults name it to reach the shared cache.
+pub const CACHE_HOST: &str = "cache";
 
 /// One simulated outage.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -49,396 +66,6 @@ pub struct Scenario {
     pub expect: Expectations,
 }
 
-/// The hardening configuration every worker builds its provider from.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Hardening {
-    /// Calls per tenant per window.
-    pub rpm: u32,
-    /// The limiter's window.
-    pub window_s: f64,
-    /// Failed calls that open a breaker.
-    pub failure_threshold: u32,
-    /// Breaker open time, and the failure count's lifetime.
-    pub recovery_timeout_s: f64,
-    /// Probes per half-open episode.
-    pub half_open_max_calls: u32,
-    /// Retries after the first attempt.
-    pub max_retries: u32,
-    /// First backoff.
-    pub initial_delay_s: f64,
-    /// Backoff cap.
-    pub max_delay_s: f64,
-    /// Backoff growth.
-    pub multiplier: f64,
-    /// Backoff jitter fraction.
-    pub jitter: f64,
-    /// Per-request HTTP timeout.
-    pub request_timeout_s: f64,
-    /// Limiter refusals a call waits out before giving up.
-    pub limiter_waits: u32,
-    /// Per-call deadline, if any.
-    pub deadline_s: Option<f64>,
-    /// Output token budget per request.
-    pub max_tokens: u32,
-}
-
-impl Default for Hardening {
-    fn default() -> Self {
-        Hardening {
-            rpm: 60,
-            window_s: 60.0,
-            failure_threshold: 5,
-            recovery_timeout_s: 60.0,
-            half_open_max_calls: 1,
-            max_retries: 3,
-            initial_delay_s: 1.0,
-            max_delay_s: 60.0,
-            multiplier: 2.0,
-            jitter: 0.1,
-            request_timeout_s: 30.0,
-            limiter_waits: 1,
-            deadline_s: None,
-            max_tokens: 256,
-        }
-    }
-}
-
-impl Hardening {
-    /// The retry schedule these settings describe.
-    pub fn retry_policy(&self) -> Result<redstring::RetryPolicy, redstring::ConfigError> {
-        let secs = |s: f64| std::time::Duration::try_from_secs_f64(s).unwrap_or(std::time::Duration::MAX);
-        redstring::RetryPolicy::builder()
-            .max_retries(self.max_retries)
-            .initial_delay(secs(self.initial_delay_s))
-            .max_delay(secs(self.max_delay_s))
-            .multiplier(self.multiplier)
-            .jitter(self.jitter)
-            .build()
-    }
-}
-
-/// Where the limiter's hits and the breaker's state live.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CacheKind {
-    /// Each worker keeps its own in-process `MemoryCache` (the default).
-    #[default]
-    PerWorker,
-    /// One cache host shared by the fleet over the simulated network.
-    Shared,
-}
-
-/// The cache layout.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CacheLayout {
-    /// Per worker or shared.
-    pub kind: CacheKind,
-    /// Whose clock stamps hits in the shared cache.
-    pub time_source: redstring::TimeSource,
-    /// The cache host's own clock.
-    pub clock: ClockSpec,
-    /// How long a worker waits for the cache host before calling it unavailable (default 250 ms).
-    pub timeout_ms: Option<u64>,
-}
-
-/// Link latency.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Network {
-    /// Fastest delivery.
-    pub min_latency_ms: u64,
-    /// Slowest delivery.
-    pub max_latency_ms: u64,
-}
-
-impl Default for Network {
-    fn default() -> Self {
-        Network {
-            min_latency_ms: 1,
-            max_latency_ms: 5,
-        }
-    }
-}
-
-/// A host's clock relative to true simulated time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClockSpec {
-    /// Constant offset (positive: the host's clock runs ahead).
-    pub offset_ms: i64,
-    /// Rate error in parts per million (positive: runs fast).
-    pub drift_ppm: i64,
-}
-
-/// One GPU model server.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServerSpec {
-    /// Host name, referenced by workers and faults.
-    pub name: String,
-    /// The model id it serves.
-    #[serde(default = "defaults::model")]
-    pub model: String,
-    /// Parallel decode slots.
-    #[serde(default = "defaults::slots")]
-    pub slots: u32,
-    /// Requests that may wait for a slot; more are answered 503.
-    #[serde(default = "defaults::queue")]
-    pub queue: u32,
-    /// In-flight requests (running + queued) at which the server collapses:
-    /// every request hangs until load falls back below `slots`.
-    #[serde(default)]
-    pub collapse_at: Option<u32>,
-    /// Prompt tokens per request.
-    #[serde(default = "defaults::prompt_tokens")]
-    pub prompt_tokens: u32,
-    /// Output tokens per request.
-    #[serde(default = "defaults::output_tokens")]
-    pub output_tokens: u32,
-    /// Prefill speed per slot.
-    #[serde(default = "defaults::prefill_tps")]
-    pub prefill_tokens_per_s: f64,
-    /// Decode speed per slot.
-    #[serde(default = "defaults::decode_tps")]
-    pub decode_tokens_per_s: f64,
-    /// Seconds after a restart during which it answers 503 "Loading model".
-    #[serde(default = "defaults::reload_s")]
-    pub reload_s: f64,
-    /// Whether the run's first start loads the model too (by default the
-    /// run begins with the model already loaded).
-    #[serde(default)]
-    pub cold_start: bool,
-    /// How it answers at the start.
-    #[serde(default)]
-    pub behaviour: Behaviour,
-}
-
-impl ServerSpec {
-    /// A server called `name` with every other field at the scenario file's
-    /// default.
-    pub fn named(name: impl Into<String>) -> Self {
-        ServerSpec {
-            name: name.into(),
-            model: defaults::model(),
-            slots: defaults::slots(),
-            queue: defaults::queue(),
-            collapse_at: None,
-            prompt_tokens: defaults::prompt_tokens(),
-            output_tokens: defaults::output_tokens(),
-            prefill_tokens_per_s: defaults::prefill_tps(),
-            decode_tokens_per_s: defaults::decode_tps(),
-            reload_s: defaults::reload_s(),
-            cold_start: false,
-            behaviour: Behaviour::default(),
-        }
-    }
-
-    /// Seconds one request holds a slot: prefill plus decode.
-    pub fn service_time_s(&self) -> f64 {
-        f64::from(self.prompt_tokens) / self.prefill_tokens_per_s
-            + f64::from(self.output_tokens) / self.decode_tokens_per_s
-    }
-
-    /// Requests per second its slots can serve.
-    pub fn throughput(&self) -> f64 {
-        f64::from(self.slots) / self.service_time_s()
-    }
-}
-
-/// What a server does with a request, beyond its capacity model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// Answers correctly.
-    #[default]
-    Normal,
-    /// 200 with empty content, `finish_reason: length`, reasoning text present.
-    Empty,
-    /// 200 with content that is not the requested JSON.
-    Malformed,
-    /// 200 with a refusal.
-    Refuse,
-    /// 429 with `Retry-After`.
-    RateLimit,
-    /// 500.
-    Error,
-    /// 503 "Loading model".
-    Loading,
-    /// Accepts and never answers.
-    Hang,
-    /// Closes the connection without answering.
-    Drop,
-}
-
-/// A server behaviour: a mode applied to a fraction of requests.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Behaviour {
-    /// What the affected requests get.
-    pub mode: Mode,
-    /// Fraction of requests affected; the rest are answered normally.
-    pub probability: f64,
-    /// The `Retry-After` a `rate_limit` answer carries.
-    pub retry_after_s: f64,
-}
-
-impl Default for Behaviour {
-    fn default() -> Self {
-        Behaviour {
-            mode: Mode::Normal,
-            probability: 1.0,
-            retry_after_s: 1.0,
-        }
-    }
-}
-
-/// A group of identical workers.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkerGroup {
-    /// Host name, or the prefix `{name}-{i}` when `count` > 1.
-    pub name: String,
-    /// How many.
-    #[serde(default = "defaults::count")]
-    pub count: u32,
-    /// The servers it calls; worker `i` uses `servers[i % len]`.
-    pub servers: Vec<String>,
-    /// Its tenants and their load.
-    pub tenants: Vec<TenantLoad>,
-    /// Its clock.
-    #[serde(default)]
-    pub clock: ClockSpec,
-}
-
-/// One tenant's open-loop load on one worker.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantLoad {
-    /// The tenant id (as the low bits of a UUID).
-    pub id: u64,
-    /// Mean arrivals per minute (Poisson).
-    pub calls_per_min: f64,
-}
-
-/// A timed event.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Fault {
-    /// Kill a server's process; connections are refused until it restarts.
-    Crash {
-        /// When.
-        at_s: f64,
-        /// Which server.
-        server: String,
-    },
-    /// Start a crashed server again; it loads its model for `reload_s`.
-    Restart {
-        /// When.
-        at_s: f64,
-        /// Which server.
-        server: String,
-    },
-    /// Change how a server answers.
-    Behave {
-        /// When.
-        at_s: f64,
-        /// Which server.
-        server: String,
-        /// The new behaviour.
-        behaviour: Behaviour,
-    },
-    /// Cut the link between two hosts (both directions).
-    Partition {
-        /// When.
-        at_s: f64,
-        /// One host.
-        a: String,
-        /// The other.
-        b: String,
-    },
-    /// Restore a cut link.
-    Heal {
-        /// When.
-        at_s: f64,
-        /// One host.
-        a: String,
-        /// The other.
-        b: String,
-    },
-    /// Set the latency of the link between two hosts (both directions).
-    Latency {
-        /// When.
-        at_s: f64,
-        /// One host.
-        a: String,
-        /// The other.
-        b: String,
-        /// The new one-way latency.
-        ms: u64,
-    },
-    /// Step a host's clock.
-    ClockStep {
-        /// When.
-        at_s: f64,
-        /// Which host (a worker, or `cache`).
-        host: String,
-        /// By how much (negative steps back).
-        by_ms: i64,
-    },
-    /// Every worker fires `calls` extra calls for one tenant at once.
-    Burst {
-        /// When.
-        at_s: f64,
-        /// Calls per worker.
-        calls: u32,
-        /// The tenant they are for.
-        tenant: u64,
-    },
-    /// Kill the cache host.
-    CacheDown {
-        /// When.
-        at_s: f64,
-    },
-    /// Restart the cache host (its state is lost).
-    CacheUp {
-        /// When.
-        at_s: f64,
-    },
-}
-
-impl Fault {
-    /// When it happens, in simulated seconds.
-    pub fn at_s(&self) -> f64 {
-        match self {
-            Fault::Crash { at_s, .. }
-            | Fault::Restart { at_s, .. }
-            | Fault::Behave { at_s, .. }
-            | Fault::Partition { at_s, .. }
-            | Fault::Heal { at_s, .. }
-            | Fault::Latency { at_s, .. }
-            | Fault::ClockStep { at_s, .. }
-            | Fault::Burst { at_s, .. }
-            | Fault::CacheDown { at_s }
-            | Fault::CacheUp { at_s } => *at_s,
-        }
-    }
-
-    /// Whether it starts (rather than ends) an outage, for the liveness phase.
-    pub fn is_disruptive(&self) -> bool {
-        match self {
-            Fault::Crash { .. }
-            | Fault::Partition { .. }
-            | Fault::CacheDown { .. }
-            | Fault::Burst { .. }
-            | Fault::Latency { .. } => true,
-            Fault::Behave { behaviour, .. } => behaviour.mode != Mode::Normal,
-            Fault::Restart { .. } | Fault::Heal { .. } | Fault::CacheUp { .. } | Fault::ClockStep { .. } => false,
-        }
-    }
-}
-
 /// Declared expectations about the invariants.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -446,7 +73,7 @@ pub struct Expectations {
     /// Invariants this scenario may violate (their excess is reported as a
     /// figure, not a failure) — e.g. `rpm_per_window` for a caller-stamped fleet
     /// under skew.
-    pub may_violate: BTreeSet<String>,
+    pub may_violate: BTreeSet<Invariant>,
 }
 
 /// A scenario file that cannot be used.
@@ -470,6 +97,14 @@ pub enum ScenarioError {
         /// The parser's description, with line and column.
         message: String,
     },
+    /// A scenario file given where a fuzzer bounds file is needed.
+    #[error(
+        "{file} is a scenario file; `fuzz` needs a bounds file (like scenarios/bounds/default.toml) — to replay a scenario, use `redstring-sim run {file}`"
+    )]
+    NotBounds {
+        /// The file.
+        file: String,
+    },
     /// Well-formed but nonsensical.
     #[error("{file}: {}field `{field}`: {message}", .line.map(|l| format!("line {l}: ")).unwrap_or_default())]
     Invalid {
@@ -484,52 +119,17 @@ pub enum ScenarioError {
     },
 }
 
-mod defaults {
-    pub fn seed() -> u64 {
-        1
-    }
-    pub fn tick_ms() -> u64 {
-        10
-    }
-    pub fn model() -> String {
-        "qwen3-8b".into()
-    }
-    pub fn slots() -> u32 {
-        4
-    }
-    pub fn queue() -> u32 {
-        32
-    }
-    pub fn prompt_tokens() -> u32 {
-        400
-    }
-    pub fn output_tokens() -> u32 {
-        60
-    }
-    pub fn prefill_tps() -> f64 {
-        2000.0
-    }
-    pub fn decode_tps() -> f64 {
-        40.0
-    }
-    pub fn reload_s() -> f64 {
-        10.0
-    }
-    pub fn count() -> u32 {
-        1
-    }
+/// A synchronised burst of extra calls (see [`Fault::Burst`]), as the
+/// workers fire it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Burst {
+    /// When, from the start of the run.
+    pub at: Duration,
+    /// The tenant the calls are for.
+    pub tenant: u64,
+    /// Calls per worker.
+    pub calls: u32,
 }
-
-/// The names of the invariants the checker knows, for `expect.may_violate`.
-pub const INVARIANTS: &[&str] = &[
-    "rpm_per_window",
-    "retry_after_monotone",
-    "half_open_probes",
-    "sparse_failures",
-    "no_call_while_open",
-    "liveness",
-    "accounting",
-];
 
 impl Scenario {
     /// Reads and validates a scenario file.
@@ -552,7 +152,7 @@ impl Scenario {
             ScenarioError::Invalid {
                 file, field, message, ..
             } => ScenarioError::Invalid {
-                line: locate(text, &field),
+                line: validate::locate(text, &field),
                 file,
                 field,
                 message,
@@ -567,246 +167,61 @@ impl Scenario {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise scenario: {e}\n"))
     }
 
-    /// Every worker host name, in order.
-    pub fn worker_names(&self) -> Vec<String> {
-        let mut names = Vec::new();
+    /// Every worker of the fleet, groups expanded, in order: worker `i` of a
+    /// group calls the group's `servers[i % len]`.
+    pub fn fleet(&self) -> Vec<FleetMember> {
+        let mut fleet = Vec::new();
         for group in &self.workers {
-            if group.count == 1 {
-                names.push(group.name.clone());
-            } else {
-                names.extend((0..group.count).map(|i| format!("{}-{i}", group.name)));
+            for i in 0..group.count {
+                let name = if group.count == 1 {
+                    group.name.clone()
+                } else {
+                    format!("{}-{i}", group.name)
+                };
+                let server = match group.servers.len() {
+                    0 => String::new(),
+                    n => group.servers[i as usize % n].clone(),
+                };
+                fleet.push(FleetMember {
+                    name,
+                    index: fleet.len() as u64,
+                    server,
+                    tenants: group.tenants.clone(),
+                    clock: group.clock,
+                });
             }
         }
-        names
+        fleet
     }
 
-    /// Checks everything serde cannot: positive numbers, known names, sane ranges.
-    pub fn validate(&self, file: &str) -> Result<(), ScenarioError> {
-        let bad = |field: &str, message: String| ScenarioError::Invalid {
-            file: file.to_owned(),
-            line: None,
-            field: field.to_owned(),
-            message,
-        };
-        let positive = |field: &str, v: f64| {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(bad(field, format!("must be positive, got {v}")))
-            }
-        };
-        if self.name.trim().is_empty() {
-            return Err(bad("name", "must not be empty".into()));
-        }
-        positive("duration_s", self.duration_s)?;
-        if self.duration_s > 24.0 * 3600.0 {
-            return Err(bad(
-                "duration_s",
-                format!("must be at most one day, got {}", self.duration_s),
-            ));
-        }
-        if self.tick_ms == 0 || self.tick_ms > 1000 {
-            return Err(bad(
-                "tick_ms",
-                format!("must be between 1 and 1000, got {}", self.tick_ms),
-            ));
-        }
-        let h = &self.hardening;
-        for (field, v) in [
-            ("hardening.rpm", f64::from(h.rpm)),
-            ("hardening.window_s", h.window_s),
-            ("hardening.failure_threshold", f64::from(h.failure_threshold)),
-            ("hardening.recovery_timeout_s", h.recovery_timeout_s),
-            ("hardening.half_open_max_calls", f64::from(h.half_open_max_calls)),
-            ("hardening.initial_delay_s", h.initial_delay_s),
-            ("hardening.max_delay_s", h.max_delay_s),
-            ("hardening.request_timeout_s", h.request_timeout_s),
-            ("hardening.max_tokens", f64::from(h.max_tokens)),
-        ] {
-            positive(field, v)?;
-        }
-        if let Some(d) = h.deadline_s {
-            positive("hardening.deadline_s", d)?;
-        }
-        if !(h.multiplier.is_finite() && h.multiplier >= 1.0) {
-            return Err(bad(
-                "hardening.multiplier",
-                format!("must be at least 1.0, got {}", h.multiplier),
-            ));
-        }
-        if !(0.0..=1.0).contains(&h.jitter) {
-            return Err(bad(
-                "hardening.jitter",
-                format!("must be between 0.0 and 1.0, got {}", h.jitter),
-            ));
-        }
-        if h.max_delay_s < h.initial_delay_s {
-            return Err(bad("hardening.max_delay_s", "must be at least initial_delay_s".into()));
-        }
-        if self.network.min_latency_ms > self.network.max_latency_ms {
-            return Err(bad("network.min_latency_ms", "must not exceed max_latency_ms".into()));
-        }
-        if self.servers.is_empty() {
-            return Err(bad("servers", "at least one server is needed".into()));
-        }
-        let mut hosts = BTreeSet::new();
-        for (i, s) in self.servers.iter().enumerate() {
-            let at = |f: &str| format!("servers[{i}].{f}");
-            if !valid_host(&s.name) || !hosts.insert(s.name.clone()) {
-                return Err(bad(
-                    &at("name"),
-                    format!("must be a unique host name, got {:?}", s.name),
-                ));
-            }
-            if s.slots == 0 {
-                return Err(bad(&at("slots"), "must be positive, got 0".into()));
-            }
-            positive(&at("prefill_tokens_per_s"), s.prefill_tokens_per_s)?;
-            positive(&at("decode_tokens_per_s"), s.decode_tokens_per_s)?;
-            if !(s.reload_s.is_finite() && s.reload_s >= 0.0) {
-                return Err(bad(
-                    &at("reload_s"),
-                    format!("must not be negative, got {}", s.reload_s),
-                ));
-            }
-            check_behaviour(&s.behaviour).map_err(|m| bad(&at("behaviour"), m))?;
-        }
-        if self.workers.is_empty() {
-            return Err(bad("workers", "at least one worker is needed".into()));
-        }
-        for (i, w) in self.workers.iter().enumerate() {
-            let at = |f: &str| format!("workers[{i}].{f}");
-            if w.count == 0 || w.count > 500 {
-                return Err(bad(&at("count"), format!("must be between 1 and 500, got {}", w.count)));
-            }
-            if w.servers.is_empty() {
-                return Err(bad(&at("servers"), "must name at least one server".into()));
-            }
-            for s in &w.servers {
-                if !self.servers.iter().any(|x| &x.name == s) {
-                    return Err(bad(&at("servers"), format!("no server named {s:?}")));
-                }
-            }
-            for (j, t) in w.tenants.iter().enumerate() {
-                if !(t.calls_per_min.is_finite() && t.calls_per_min >= 0.0) {
-                    return Err(bad(
-                        &format!("workers[{i}].tenants[{j}].calls_per_min"),
-                        format!("must not be negative, got {}", t.calls_per_min),
-                    ));
-                }
-            }
-        }
-        let workers = self.worker_names();
-        for w in &workers {
-            if !valid_host(w) || !hosts.insert(w.clone()) {
-                return Err(bad("workers", format!("host name {w:?} is invalid or used twice")));
-            }
-        }
-        hosts.insert("cache".into());
-        for (i, f) in self.faults.iter().enumerate() {
-            let at = |field: &str| format!("faults[{i}].{field}");
-            let t = f.at_s();
-            if !(t.is_finite() && t >= 0.0 && t <= self.duration_s) {
-                return Err(bad(
-                    &at("at_s"),
-                    format!("must be within the run (0..={}), got {t}", self.duration_s),
-                ));
-            }
-            let server_known = |s: &String| self.servers.iter().any(|x| &x.name == s);
-            match f {
-                Fault::Crash { server, .. } | Fault::Restart { server, .. } | Fault::Behave { server, .. }
-                    if !server_known(server) =>
-                {
-                    return Err(bad(&at("server"), format!("no server named {server:?}")));
-                }
-                Fault::Behave { behaviour, .. } => check_behaviour(behaviour).map_err(|m| bad(&at("behaviour"), m))?,
-                Fault::Partition { a, b, .. } | Fault::Heal { a, b, .. } | Fault::Latency { a, b, .. } => {
-                    for h in [a, b] {
-                        if !hosts.contains(h) {
-                            return Err(bad(&at("a/b"), format!("no host named {h:?}")));
-                        }
-                    }
-                }
-                Fault::ClockStep { host, .. } if host != "cache" && !workers.contains(host) => {
-                    return Err(bad(&at("host"), format!("no worker or cache named {host:?}")));
-                }
-                Fault::CacheDown { .. } | Fault::CacheUp { .. } if self.cache.kind != CacheKind::Shared => {
-                    return Err(bad(&at("kind"), "cache faults need cache.kind = \"shared\"".into()));
-                }
-                _ => {}
-            }
-        }
-        for name in &self.expect.may_violate {
-            if !INVARIANTS.contains(&name.as_str()) {
-                return Err(bad(
-                    "expect.may_violate",
-                    format!("unknown invariant {name:?}; known: {}", INVARIANTS.join(", ")),
-                ));
-            }
-        }
-        Ok(())
+    /// The server called `name`.
+    pub fn server(&self, name: &str) -> Option<&ServerSpec> {
+        self.servers.iter().find(|s| s.name == name)
     }
-}
 
-/// The 1-based line where the dotted `field` (`servers[1].slots`,
-/// `hardening.rpm`) is written in `text`, or the line of its nearest written
-/// parent (its table header, or the inline table holding it).
-fn locate(text: &str, field: &str) -> Option<usize> {
-    let lines: Vec<&str> = text.lines().map(str::trim).collect();
-    let is_header = |l: &str| l.starts_with('[');
-    let key_line = |from: usize, key: &str| {
-        (from..lines.len())
-            .take_while(|&i| i == from || !is_header(lines[i]))
-            .find(|&i| {
-                lines[i]
-                    .strip_prefix(key)
-                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+    /// The schedule's bursts, as every worker fires them.
+    pub fn bursts(&self) -> Vec<Burst> {
+        let secs = |s: f64| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX);
+        self.faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::Burst { at_s, calls, tenant } => Some(Burst {
+                    at: secs(*at_s),
+                    tenant: *tenant,
+                    calls: *calls,
+                }),
+                Fault::Crash { .. }
+                | Fault::Restart { .. }
+                | Fault::Behave { .. }
+                | Fault::Partition { .. }
+                | Fault::Heal { .. }
+                | Fault::Latency { .. }
+                | Fault::ClockStep { .. }
+                | Fault::CacheDown { .. }
+                | Fault::CacheUp { .. } => None,
             })
-    };
-    let mut at: Option<usize> = None;
-    let segments: Vec<&str> = field.split('.').collect();
-    for (n, segment) in segments.iter().enumerate() {
-        let (name, index) = match segment.split_once('[') {
-            Some((name, rest)) => (name, rest.trim_end_matches(']').parse::<usize>().ok()),
-            None => (*segment, None),
-        };
-        let from = at.map_or(0, |i| i + 1);
-        let last = n + 1 == segments.len();
-        let found = match index {
-            Some(k) if !last => {
-                let header = format!("[[{name}]]");
-                (from..lines.len()).filter(|&i| lines[i] == header).nth(k)
-            }
-            _ if !last => {
-                let header = format!("[{name}]");
-                (from..lines.len()).find(|&i| lines[i] == header)
-            }
-            _ => None,
-        };
-        match found {
-            Some(i) => at = Some(i),
-            // The segment is a key (the last one, or an inline table): its line.
-            None => return key_line(from.min(lines.len()), name).or(at).map(|i| i + 1),
-        }
+            .collect()
     }
-    at.map(|i| i + 1)
-}
-
-fn check_behaviour(b: &Behaviour) -> Result<(), String> {
-    if !(0.0..=1.0).contains(&b.probability) {
-        return Err(format!("probability must be between 0 and 1, got {}", b.probability));
-    }
-    if !(b.retry_after_s.is_finite() && b.retry_after_s >= 0.0) {
-        return Err(format!("retry_after_s must not be negative, got {}", b.retry_after_s));
-    }
-    Ok(())
-}
-
-fn valid_host(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        && name != "cache"
 }
 
 #[cfg(test)]
@@ -830,7 +245,7 @@ tenants = [{ id = 1, calls_per_min = 30 }]
         assert_eq!(s.hardening, Hardening::default());
         assert_eq!(s.tick_ms, 10);
         assert_eq!(s.servers[0].slots, 4);
-        assert_eq!(s.worker_names(), ["w"]);
+        assert_eq!(s.fleet().iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["w"]);
     }
 
     #[test]
@@ -880,7 +295,7 @@ tenants = [{ id = 1, calls_per_min = 30 }]
             ),
             (
                 format!("{MINIMAL}\n[expect]\nmay_violate = [\"rpm\"]\n"),
-                "unknown invariant \"rpm\"",
+                "unknown variant `rpm`",
             ),
         ];
         for (text, expected) in cases {
