@@ -114,8 +114,9 @@ const MAX_BODY: usize = 1 << 20;
 #[derive(Clone, Debug)]
 pub struct ServerHandle {
     shared: Arc<Mutex<Shared>>,
-    /// Whether the process is up (see [`ServerHandle::kill`]).
-    process: Arc<watch::Sender<bool>>,
+    /// Whether the process is up, and which life it is in (see
+    /// [`ServerHandle::kill`]).
+    process: Arc<watch::Sender<Process>>,
 }
 
 /// A snapshot of a server's counters.
@@ -158,7 +159,7 @@ impl ServerHandle {
                 stats: ServerStats::default(),
                 answered: 0,
             })),
-            process: Arc::new(watch::Sender::new(true)),
+            process: Arc::new(watch::Sender::new(Process { up: true, life: 0 })),
         }
     }
 
@@ -174,18 +175,29 @@ impl ServerHandle {
     /// `Sim::crash` takes the whole host off the network instead: packets to
     /// it are held, so connections to it time out rather than being refused.)
     pub fn kill(&self) {
-        self.process.send_replace(false);
+        self.process.send_modify(|p| p.up = false);
     }
 
     /// Starts a killed process again, with a fresh reload period. Does nothing
-    /// if it is running.
+    /// if it is running. A kill and a restart in the same instant are a
+    /// process that dies and starts again: the server sees the new life even
+    /// if it never saw the process down.
     pub fn restart(&self) {
-        self.process.send_replace(true);
+        self.process.send_if_modified(|p| {
+            let restarts = !p.up;
+            if restarts {
+                *p = Process {
+                    up: true,
+                    life: p.life + 1,
+                };
+            }
+            restarts
+        });
     }
 
     /// Whether the process is up (not killed through this handle).
     pub fn is_up(&self) -> bool {
-        *self.process.borrow()
+        self.process.borrow().up
     }
 
     /// The current behaviour.
@@ -260,7 +272,7 @@ impl Server {
         let mut process = self.handle.process.subscribe();
         loop {
             // Down (killed through the handle) until restarted through it.
-            if process.wait_for(|up| *up).await.is_err() {
+            if process.wait_for(|p| p.up).await.is_err() {
                 return Ok(());
             }
             self.serve(&mut process).await?;
@@ -268,7 +280,8 @@ impl Server {
     }
 
     /// One life of the process: from a start (or restart) until it is killed.
-    async fn serve(&self, process: &mut watch::Receiver<bool>) -> turmoil::Result {
+    async fn serve(&self, process: &mut watch::Receiver<Process>) -> turmoil::Result {
+        let life = process.borrow().life;
         let generation = {
             let mut shared = self.handle.lock();
             shared.generation += 1;
@@ -294,7 +307,7 @@ impl Server {
         loop {
             tokio::select! {
                 biased;
-                down = process.wait_for(|up| !*up) => {
+                down = process.wait_for(|p| !p.up || p.life != life) => {
                     if down.is_err() {
                         std::future::pending::<()>().await;
                     }
@@ -319,6 +332,15 @@ impl Server {
             }
         }
     }
+}
+
+/// The process's state as the driver sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Process {
+    /// Whether it is running.
+    up: bool,
+    /// How many times it has been restarted through the handle.
+    life: u64,
 }
 
 /// Returned by the service to make hyper close the connection unanswered.
