@@ -114,7 +114,7 @@ impl Report {
                     load.while_impaired += u64::from(outcome.impaired());
                     *load.by_outcome.entry(outcome.name().to_owned()).or_default() += 1;
                 }
-                kind if kind.admits_call() => report.admitted_calls += 1,
+                kind if kind.reaches_retry() => report.admitted_calls += 1,
                 Kind::Breaker { to, .. } => {
                     if *to == CircuitState::Open {
                         report.breaker_openings += 1;
@@ -255,4 +255,85 @@ impl Report {
 
 fn round_ms(s: f64) -> f64 {
     (s * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use redstring::CircuitState;
+
+    use super::*;
+    use crate::judgement::invariants::check_all;
+    use crate::scenario::tenant;
+
+    const MINIMAL: &str = r#"
+name = "synthetic"
+duration_s = 10
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+"#;
+
+    fn ev(kind: Kind) -> TraceEvent {
+        TraceEvent {
+            t_us: 1,
+            host: "w".into(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn retry_amplification_counts_only_calls_that_reached_the_retry_layer() {
+        // Four calls past the breaker; the limiter refused two of them and
+        // admitted two, which sent three requests between them.
+        let allowed = || {
+            ev(Kind::Allowed {
+                breaker: "b".into(),
+                state: CircuitState::Closed,
+                at_us: 1,
+            })
+        };
+        let admitted = || {
+            ev(Kind::Admitted {
+                tenant: tenant(1),
+                remaining: 1,
+                at_us: 1,
+            })
+        };
+        let limited = || {
+            ev(Kind::Limited {
+                tenant: tenant(1),
+                retry_after_us: 5,
+                at_us: 1,
+            })
+        };
+        let request = || ev(Kind::Request { server: "gpu".into() });
+        let events = vec![
+            allowed(),
+            allowed(),
+            allowed(),
+            allowed(),
+            admitted(),
+            limited(),
+            admitted(),
+            limited(),
+            request(),
+            request(),
+            request(),
+        ];
+        let scenario = Scenario::parse("synthetic.toml", MINIMAL).unwrap();
+        let run = Run {
+            seed: 1,
+            simulated: Duration::from_secs(1),
+            checks: check_all(&scenario, &events),
+            events,
+        };
+        let report = Report::new(&scenario, "synthetic.toml", &run);
+        assert_eq!(report.admitted_calls, 2);
+        assert_eq!(report.retry_amplification, 1.5);
+    }
 }

@@ -27,7 +27,7 @@ pub(super) fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 }
             }
             Kind::Request { .. } => requests += 1,
-            kind if kind.admits_call() => calls += 1,
+            kind if kind.reaches_retry() => calls += 1,
             _ => {}
         }
     }
