@@ -10,10 +10,9 @@
 //!
 //! [`Invariant`] is the registry: the scenario's `expect.may_violate`, the
 //! fuzzer's claims, the report and [`check_all`] all name invariants by it,
-//! and [`Invariant::check`] is the one match that maps each to its checker,
-//! grouped by subject: [`limiter`](self::limiter) (invariants 1–2),
-//! [`breaker`](self::breaker) (3–5), [`liveness`](self::liveness) (6) and
-//! [`accounting`](self::accounting) (7).
+//! and `Invariant::check` is the one match that maps each to its checker,
+//! grouped by subject in private modules: `limiter` (invariants 1–2),
+//! `breaker` (3–5), `liveness` (6) and `accounting` (7).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
