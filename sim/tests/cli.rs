@@ -72,6 +72,7 @@ window_s = 10
 limiter_waits = 0
 [cache]
 kind = "shared"
+time_source = "caller"
 [[servers]]
 name = "gpu"
 slots = 8

@@ -77,6 +77,7 @@ pub const MAX_HALF_OPEN_CALLS: u32 = 1000;
 /// The validated numbers a breaker runs with (see
 /// [`CircuitBreakerBuilder`](crate::breaker::CircuitBreakerBuilder)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BreakerParams {
     /// Failures (within one `recovery_timeout` of the first) that open the circuit.
     pub failure_threshold: u32,
@@ -94,6 +95,7 @@ pub struct BreakerParams {
 /// `{kg:circuit}:state` — so that on Redis Cluster all four hash to one slot and
 /// a transition can be one script.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BreakerKeys {
     /// The current [`CircuitState`].
     pub state: String,
@@ -121,6 +123,7 @@ impl BreakerKeys {
 /// One half-open probe: the episode it belongs to (the instant the circuit
 /// went half-open) and its number within the episode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ProbeId {
     /// When the episode began.
     pub episode: Timestamp,
@@ -136,6 +139,7 @@ impl fmt::Display for ProbeId {
 
 /// A live probe's lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Lease {
     /// The probe's number in its episode.
     pub seq: u32,
@@ -150,6 +154,7 @@ pub struct Lease {
 /// exactly), at most [`MAX_HALF_OPEN_CALLS`] leases. Anything else is damage
 /// and reads as no record.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ProbeLeases {
     /// When the episode began.
     pub episode: Timestamp,
@@ -211,6 +216,7 @@ impl ProbeLeases {
 
 /// What is stored in the state key.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum StoredState {
     /// Nothing: a breaker that never opened, or was reset. Reads as closed.
     Missing,
@@ -222,6 +228,7 @@ pub enum StoredState {
 
 /// Everything a breaker has stored, decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BreakerSnapshot {
     /// The state key.
     pub state: StoredState,
@@ -309,6 +316,7 @@ impl BreakerView for BreakerSnapshot {
 
 /// Who a report comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Origin {
     /// Unknown: the spec's bare `record_success()` / `record_failure()`, which
     /// act on whatever state is stored.
@@ -321,6 +329,7 @@ pub enum Origin {
 
 /// A command to the state machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum BreakerCommand {
     /// May a call go through? Drives open → half-open; answers with a [`Permit`].
     Allow,
@@ -336,6 +345,7 @@ pub enum BreakerCommand {
 
 /// The answer to [`BreakerCommand::Allow`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Permit {
     /// A call through a closed circuit.
     Call,
@@ -369,6 +379,7 @@ impl Permit {
 
 /// A change to one stored key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Write<T> {
     /// Leave it as it is.
     Keep,
@@ -380,6 +391,7 @@ pub enum Write<T> {
 
 /// A change to the failure counter, whose TTL is applied on creation only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum FailuresWrite {
     /// Leave it as it is.
     Keep,
@@ -393,6 +405,7 @@ pub enum FailuresWrite {
 
 /// The writes that carry out a step, one per key.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Writes {
     /// The state key.
     pub state: Write<CircuitState>,
@@ -421,6 +434,7 @@ impl Writes {
 
 /// The result of one step: the decision and what to store.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BreakerStep {
     /// The effective state before the step.
     pub before: CircuitState,

@@ -57,11 +57,11 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             to: *to,
             at_us: at.as_micros(),
         },
-        Event::BreakerRejected { breaker, state } => Kind::Rejected {
+        Event::BreakerRejected { breaker, state, .. } => Kind::Rejected {
             breaker: breaker.to_string(),
             state: *state,
         },
-        Event::BreakerAllowed { breaker, state, at } => Kind::Allowed {
+        Event::BreakerAllowed { breaker, state, at, .. } => Kind::Allowed {
             breaker: breaker.to_string(),
             state: *state,
             at_us: at.as_micros(),
@@ -97,19 +97,27 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             retry_after_us: micros(*retry_after),
             at_us: at.as_micros(),
         },
-        Event::BreakerReported {
-            breaker,
-            failure: false,
-            ..
-        } => Kind::SuccessRecorded {
+        Event::BreakerFailuresCleared { breaker, at } => Kind::FailuresCleared {
             breaker: breaker.to_string(),
+            at_us: at.as_micros(),
+        },
+        Event::BreakerProbesExpired { breaker, expired, at } => Kind::ProbesExpired {
+            breaker: breaker.to_string(),
+            expired: *expired,
+            at_us: at.as_micros(),
+        },
+        Event::StampClamped {
+            tenant, asked, used, ..
+        } => Kind::StampClamped {
+            tenant: *tenant,
+            asked_us: asked.as_micros(),
+            used_us: used.as_micros(),
         },
         Event::RetryScheduled { attempt, delay, .. } => Kind::Retry {
             attempt: *attempt,
             delay_us: micros(*delay),
         },
-        Event::BreakerReported { failure: true, .. }
-        | Event::RetryExhausted { .. }
+        Event::RetryExhausted { .. }
         | Event::CallFinished { .. }
         | Event::RateLimitWait { .. }
         | Event::DeadlineExceeded { .. } => return None,

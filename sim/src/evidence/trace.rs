@@ -117,11 +117,30 @@ pub enum Kind {
         /// The stamp, epoch microseconds.
         at_us: u64,
     },
-    /// A call's success was reported to a breaker (which clears a closed
-    /// breaker's failure count).
-    SuccessRecorded {
+    /// A success report cleared a closed breaker's failure count.
+    FailuresCleared {
         /// The breaker's key prefix.
         breaker: String,
+        /// The stamp, epoch microseconds.
+        at_us: u64,
+    },
+    /// Half-open probes whose lease ended without a report stopped counting.
+    ProbesExpired {
+        /// The breaker's key prefix.
+        breaker: String,
+        /// How many leases ended.
+        expired: u32,
+        /// The stamp, epoch microseconds.
+        at_us: u64,
+    },
+    /// A shared store clamped a caller's clock as a limiter decision's stamp.
+    StampClamped {
+        /// The tenant.
+        tenant: TenantId,
+        /// The caller's now, epoch microseconds.
+        asked_us: u64,
+        /// The stamp the store used, epoch microseconds.
+        used_us: u64,
     },
     /// A retry was scheduled.
     Retry {

@@ -80,7 +80,7 @@ pub(super) fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                     failures.entry(scope).or_default().push(ctx.instant(e, *at_us));
                 }
             }
-            Kind::SuccessRecorded { breaker } => {
+            Kind::FailuresCleared { breaker, .. } => {
                 let scope = ctx.scopes.breaker(e, breaker);
                 if breakers.state(&scope) == CircuitState::Closed {
                     failures.entry(scope).or_default().clear();
