@@ -11,10 +11,10 @@
 use std::path::Path;
 
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner};
-use redstring_sim::fuzz::{self, Bounds};
-use redstring_sim::scenario::{Fault, Scenario};
-use redstring_sim::trace::Trace;
-use redstring_sim::world;
+use redstring_sim::evidence::trace::{Kind, Trace};
+use redstring_sim::scenario::{Fault, FaultKind, Scenario};
+use redstring_sim::search::fuzz::{self, Bounds};
+use redstring_sim::world::simulate;
 
 fn seed() -> u64 {
     match std::env::var("REDSTRING_FUZZ_SEED").as_deref() {
@@ -91,7 +91,7 @@ fn generated_scenarios_are_valid_and_round_trip_through_toml() {
 #[test]
 fn a_failing_case_shrinks_to_one_fault_and_replays_from_its_file() {
     let mut b = bounds();
-    b.fault_kinds = vec!["crash".into()];
+    b.fault_kinds = vec![FaultKind::Crash];
     b.duration_s = [40.0, 90.0];
     b.workers = [1, 2];
     b.servers = [1, 1];
@@ -106,10 +106,11 @@ fn a_failing_case_shrinks_to_one_fault_and_replays_from_its_file() {
         ..Config::default()
     });
     let never_opens = |s: Scenario| {
-        let run = world::run(&s, s.seed).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let opened = run.events.iter().any(|e| {
-            matches!(&e.kind, redstring_sim::trace::Kind::Breaker { to, .. } if *to == redstring::CircuitState::Open)
-        });
+        let run = simulate(&s, s.seed).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let opened = run
+            .events
+            .iter()
+            .any(|e| matches!(&e.kind, Kind::Breaker { to, .. } if *to == redstring::CircuitState::Open));
         if opened {
             Err(TestCaseError::fail("a circuit opened"))
         } else {
@@ -136,8 +137,8 @@ fn a_failing_case_shrinks_to_one_fault_and_replays_from_its_file() {
     let path = fuzz::write_regression(&dir, &minimal).unwrap();
     let replayed = Scenario::load(&path).unwrap();
     let (a, b) = (
-        world::run(&minimal, minimal.seed).unwrap(),
-        world::run(&replayed, replayed.seed).unwrap(),
+        simulate(&minimal, minimal.seed).unwrap(),
+        simulate(&replayed, replayed.seed).unwrap(),
     );
     assert_eq!(
         Trace::to_json_lines(&a.events),

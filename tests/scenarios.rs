@@ -7,10 +7,10 @@
 
 use std::path::{Path, PathBuf};
 
-use redstring_sim::report::Report;
+use redstring_sim::evidence::trace::Trace;
+use redstring_sim::judgement::report::Report;
 use redstring_sim::scenario::Scenario;
-use redstring_sim::trace::Trace;
-use redstring_sim::world;
+use redstring_sim::world::simulate;
 
 fn scenarios() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
@@ -27,19 +27,19 @@ fn check(path: &Path) {
     let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
     let scenario = Scenario::load(path).unwrap();
     let shown = format!("scenarios/{name}.toml");
-    let first = world::run(&scenario, scenario.seed).unwrap();
+    let first = simulate(&scenario, scenario.seed).unwrap();
     let report = Report::new(&scenario, &shown, &first);
-    let failed: Vec<&str> = report.checks.iter().filter(|c| c.failed()).map(|c| c.name).collect();
+    let failed = first.failed();
     assert!(
         failed.is_empty(),
         "{name}: invariants failed: {failed:?}\n{}",
         report.render(None)
     );
 
-    let again = world::run(&scenario, scenario.seed).unwrap();
+    let again = simulate(&scenario, scenario.seed).unwrap();
     let (a, b) = (Trace::to_json_lines(&first.events), Trace::to_json_lines(&again.events));
     assert!(a == b, "{name}: the same seed gave a different trace");
-    let other = world::run(&scenario, scenario.seed + 1).unwrap();
+    let other = simulate(&scenario, scenario.seed + 1).unwrap();
     assert_ne!(
         a,
         Trace::to_json_lines(&other.events),

@@ -13,7 +13,8 @@ use std::time::Duration;
 ///
 /// Produced by a [`Clock`](crate::Clock); arithmetic saturates rather than
 /// wrapping, so a clock stepped backwards past the epoch reads as the epoch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(transparent))]
 pub struct Timestamp(u64);
 
 impl Timestamp {

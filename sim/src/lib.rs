@@ -5,16 +5,26 @@
 //! `turmoil` network simulator against flaky GPU model servers, fleets sharing
 //! a cache, partitions and skewed clocks. A run is a pure function of its
 //! scenario and seed: the same pair gives the same trace, byte for byte.
+//!
+//! The modules follow the roles of a run, in the order data flows through
+//! them:
+//!
+//! - [`scenario`] — the input: a deployment, its hardening and a fault
+//!   schedule, parsed from TOML and validated;
+//! - [`world`] — the engine: builds the turmoil simulation from a scenario,
+//!   applies each fault at its instant and runs it ([`world::simulate`]);
+//! - [`hosts`] — one module per machine of the modelled deployment: model
+//!   server, cache host, worker, the transport between them, and their clocks;
+//! - [`evidence`] — what a run leaves behind: the typed trace and the one
+//!   fold of breaker and limiter state over it;
+//! - [`judgement`] — what the evidence says: the invariants, the report and
+//!   the plots;
+//! - [`search`] — looking for the scenario that breaks a configuration: the
+//!   fuzzer.
 
-pub mod cache_host;
-pub mod clock;
-pub mod fuzz;
-pub mod invariants;
-pub mod report;
+pub mod evidence;
+pub mod hosts;
+pub mod judgement;
 pub mod scenario;
-pub mod server;
-pub mod timeline;
-pub mod trace;
-pub mod transport;
-pub mod worker;
+pub mod search;
 pub mod world;

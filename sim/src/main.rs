@@ -4,26 +4,36 @@
 //! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F]
 //! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50
 //! redstring-sim check [scenarios/]
-//! redstring-sim fuzz bounds.toml --cases 200 [--seed N] [--out scenarios/regressions]
+//! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--out scenarios/regressions]
 //! ```
 //!
+//! Every command goes through [`redstring_sim::world::simulate`]: build the
+//! world, run it, check the invariants.
+//!
 //! Exit codes: 0 every invariant held (or was expected not to), 1 an invariant
-//! failed, 2 a scenario file is unusable, 3 the simulation itself failed.
+//! failed, 2 a scenario (or bounds) file is unusable, 3 the simulation itself
+//! failed, 4 an output file could not be written.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
-use redstring_sim::report::Report;
+use redstring_sim::evidence::trace::Trace;
+use redstring_sim::judgement::plots;
+use redstring_sim::judgement::report::Report;
 use redstring_sim::scenario::Scenario;
-use redstring_sim::timeline;
-use redstring_sim::trace::Trace;
-use redstring_sim::world;
+use redstring_sim::search::fuzz::{self, BOUNDS_DIR, Bounds};
+use redstring_sim::world::simulate;
 
 const INVARIANT_FAILED: u8 = 1;
 const BAD_SCENARIO: u8 = 2;
 const SIM_FAILED: u8 = 3;
+const IO_FAILED: u8 = 4;
 
 #[derive(Parser)]
 #[command(
@@ -66,7 +76,7 @@ enum Command {
     /// Search generated scenarios within bounds for one that breaks a claimed
     /// invariant; write the smallest one found as a replayable scenario.
     Fuzz {
-        /// The bounds file (see `redstring_sim::fuzz::Bounds`).
+        /// The bounds file (see `redstring_sim::search::fuzz::Bounds`), not a scenario.
         bounds: PathBuf,
         /// Cases to try.
         #[arg(long, default_value_t = 32)]
@@ -78,7 +88,8 @@ enum Command {
         #[arg(long, default_value = "scenarios/regressions")]
         out: PathBuf,
     },
-    /// Run every scenario in a directory with its own seed and check its invariants.
+    /// Run every scenario under a directory (subdirectories included, bounds
+    /// directories skipped) with its own seed and check its invariants.
     Check {
         /// The directory (default `scenarios`).
         #[arg(default_value = "scenarios")]
@@ -87,14 +98,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let result = match Cli::parse().command {
         Command::Run {
             scenario,
             seed,
             json,
             trace,
             svg,
-        } => run(&scenario, seed, json, trace, svg),
+        } => run(&scenario, seed, Outputs::open(json, trace, svg)),
         Command::Sweep { scenario, seeds } => sweep(&scenario, &seeds),
         Command::Check { dir } => check(&dir),
         Command::Fuzz {
@@ -103,8 +114,12 @@ fn main() -> ExitCode {
             seed,
             out,
         } => fuzz(&bounds, cases, seed, &out),
-    }
+    };
+    result.unwrap_or_else(|code| code)
 }
+
+/// A command's early end: the exit code, its message already printed.
+type Outcome = Result<ExitCode, ExitCode>;
 
 fn load(path: &Path) -> Result<Scenario, ExitCode> {
     Scenario::load(path).map_err(|e| {
@@ -113,54 +128,64 @@ fn load(path: &Path) -> Result<Scenario, ExitCode> {
     })
 }
 
-fn write(path: &Path, contents: &str) -> Result<(), ExitCode> {
-    std::fs::write(path, contents).map_err(|e| {
-        eprintln!("error: cannot write {}: {e}", path.display());
-        ExitCode::from(SIM_FAILED)
-    })
+fn io_failed(path: &Path, e: std::io::Error) -> ExitCode {
+    eprintln!("error: cannot write {}: {e}", path.display());
+    ExitCode::from(IO_FAILED)
 }
 
-fn run(
-    path: &Path,
-    seed: Option<u64>,
-    json: Option<PathBuf>,
-    trace: Option<PathBuf>,
-    svg: Option<PathBuf>,
-) -> ExitCode {
-    let scenario = match load(path) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+/// The files `run` writes, created before the run so that an unwritable
+/// path fails at once rather than after the simulation.
+struct Outputs {
+    json: Option<(PathBuf, File)>,
+    trace: Option<(PathBuf, File)>,
+    svg: Option<(PathBuf, File)>,
+}
+
+impl Outputs {
+    fn open(json: Option<PathBuf>, trace: Option<PathBuf>, svg: Option<PathBuf>) -> Result<Outputs, ExitCode> {
+        let create = |p: Option<PathBuf>| -> Result<Option<(PathBuf, File)>, ExitCode> {
+            p.map(|p| File::create(&p).map(|f| (p.clone(), f)).map_err(|e| io_failed(&p, e)))
+                .transpose()
+        };
+        Ok(Outputs {
+            json: create(json)?,
+            trace: create(trace)?,
+            svg: create(svg)?,
+        })
+    }
+
+    fn write(slot: Option<(PathBuf, File)>, contents: impl FnOnce() -> String) -> Result<(), ExitCode> {
+        match slot {
+            Some((path, mut file)) => file.write_all(contents().as_bytes()).map_err(|e| io_failed(&path, e)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn run(path: &Path, seed: Option<u64>, outputs: Result<Outputs, ExitCode>) -> Outcome {
+    let scenario = load(path)?;
+    let outputs = outputs?;
     let seed = seed.unwrap_or(scenario.seed);
     println!("{}", scenario_header(&scenario, path, seed));
     let started = Instant::now();
-    let result = world::run(&scenario, seed);
+    let result = simulate(&scenario, seed);
     let wall = started.elapsed();
-    let run = match result {
-        Ok(run) => run,
-        Err(e) => {
-            eprintln!("error: {e}\nreplay: redstring-sim run {} --seed {seed}", path.display());
-            return ExitCode::from(SIM_FAILED);
-        }
-    };
+    let run = result.map_err(|e| {
+        eprintln!("error: {e}\nreplay: redstring-sim run {} --seed {seed}", path.display());
+        ExitCode::from(SIM_FAILED)
+    })?;
     let report = Report::new(&scenario, &path.display().to_string(), &run);
     print!("{}", report.render(Some(wall)));
-    let outputs = (|| -> Result<(), ExitCode> {
-        if let Some(p) = &json {
-            write(p, &serde_json::to_string_pretty(&report).unwrap_or_default())?;
-        }
-        if let Some(p) = &trace {
-            write(p, &Trace::to_json_lines(&run.events))?;
-        }
-        if let Some(p) = &svg {
-            write(p, &timeline::render(&scenario, &run.events))?;
-        }
-        Ok(())
-    })();
-    if let Err(code) = outputs {
-        return code;
-    }
-    if report.failed() {
+    Outputs::write(outputs.json, || {
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    })?;
+    Outputs::write(outputs.trace, || Trace::to_json_lines(&run.events))?;
+    Outputs::write(outputs.svg, || plots::render(&scenario, &run.events))?;
+    Ok(verdict(report.failed()))
+}
+
+fn verdict(failed: bool) -> ExitCode {
+    if failed {
         ExitCode::from(INVARIANT_FAILED)
     } else {
         ExitCode::SUCCESS
@@ -177,7 +202,7 @@ fn scenario_header(s: &Scenario, path: &Path, seed: u64) -> String {
         s.duration_s,
         s.tick_ms,
         s.servers.len(),
-        s.worker_names().len(),
+        s.fleet().len(),
         s.cache.kind,
         s.cache.time_source,
         h.rpm,
@@ -200,30 +225,31 @@ fn parse_range(seeds: &str) -> Option<(u64, u64)> {
     (a < b).then_some((a, b))
 }
 
-fn sweep(path: &Path, seeds: &str) -> ExitCode {
-    let scenario = match load(path) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    let Some((from, to)) = parse_range(seeds) else {
-        eprintln!("error: --seeds must look like A..B with A < B, got {seeds:?}");
-        return ExitCode::from(BAD_SCENARIO);
-    };
-    let bar = indicatif::ProgressBar::new(to - from);
+fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds {msg}")
+        indicatif::ProgressStyle::with_template(&format!("{{bar:40}} {{pos}}/{{len}} {what} {{msg}}"))
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    bar
+}
+
+fn names<T: std::fmt::Display>(items: &[T]) -> String {
+    items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn sweep(path: &Path, seeds: &str) -> Outcome {
+    let scenario = load(path)?;
+    let Some((from, to)) = parse_range(seeds) else {
+        eprintln!("error: --seeds must look like A..B with A < B, got {seeds:?}");
+        return Err(ExitCode::from(BAD_SCENARIO));
+    };
+    let bar = progress(to - from, "seeds");
     let mut failing = Vec::new();
     for seed in from..to {
-        match world::run(&scenario, seed) {
-            Ok(run) => {
-                let report = Report::new(&scenario, &path.display().to_string(), &run);
-                if report.failed() {
-                    let names: Vec<&str> = report.checks.iter().filter(|c| c.failed()).map(|c| c.name).collect();
-                    failing.push((seed, names.join(", ")));
-                }
-            }
+        match simulate(&scenario, seed) {
+            Ok(run) if !run.failed().is_empty() => failing.push((seed, names(&run.failed()))),
+            Ok(_) => {}
             Err(e) => failing.push((seed, format!("simulation failed: {e}"))),
         }
         bar.set_message(format!("{} failing", failing.len()));
@@ -237,25 +263,42 @@ fn sweep(path: &Path, seeds: &str) -> ExitCode {
             path.display()
         );
     }
-    if failing.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(INVARIANT_FAILED)
-    }
+    Ok(verdict(!failing.is_empty()))
 }
 
-fn check(dir: &Path) -> ExitCode {
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(entries) => entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-            .collect(),
-        Err(e) => {
-            eprintln!("error: cannot read {}: {e}", dir.display());
-            return ExitCode::from(BAD_SCENARIO);
+/// Every `*.toml` under `dir`, in subdirectories too (but not in fuzzer
+/// bounds directories), sorted.
+fn scenario_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                if path.file_name().is_none_or(|n| n != BOUNDS_DIR) {
+                    pending.push(path);
+                }
+            } else if path.extension().is_some_and(|x| x == "toml") {
+                files.push(path);
+            }
         }
-    };
+    }
     files.sort();
+    Ok(files)
+}
+
+fn check(dir: &Path) -> Outcome {
+    let files = scenario_files(dir).map_err(|e| {
+        eprintln!("error: cannot read {}: {e}", dir.display());
+        ExitCode::from(BAD_SCENARIO)
+    })?;
+    if files.is_empty() {
+        eprintln!(
+            "error: no scenario files (*.toml) in {} or its subdirectories",
+            dir.display()
+        );
+        return Err(ExitCode::from(BAD_SCENARIO));
+    }
     let mut worst = 0u8;
     for path in files {
         let scenario = match Scenario::load(&path) {
@@ -267,21 +310,19 @@ fn check(dir: &Path) -> ExitCode {
             }
         };
         let started = Instant::now();
-        match world::run(&scenario, scenario.seed) {
+        match simulate(&scenario, scenario.seed) {
+            Ok(run) if run.failed().is_empty() => {
+                println!("ok    {} ({:.1} s)", path.display(), started.elapsed().as_secs_f64());
+            }
             Ok(run) => {
-                let report = Report::new(&scenario, &path.display().to_string(), &run);
-                let failed: Vec<&str> = report.checks.iter().filter(|c| c.failed()).map(|c| c.name).collect();
-                if failed.is_empty() {
-                    println!("ok    {} ({:.1} s)", path.display(), started.elapsed().as_secs_f64());
-                } else {
-                    println!(
-                        "FAIL  {}: {}\n      replay: {}",
-                        path.display(),
-                        failed.join(", "),
-                        report.replay
-                    );
-                    worst = worst.max(INVARIANT_FAILED);
-                }
+                println!(
+                    "FAIL  {}: {}\n      replay: redstring-sim run {} --seed {}",
+                    path.display(),
+                    names(&run.failed()),
+                    path.display(),
+                    run.seed
+                );
+                worst = worst.max(INVARIANT_FAILED);
             }
             Err(e) => {
                 println!("ERROR {}: {e}", path.display());
@@ -289,22 +330,16 @@ fn check(dir: &Path) -> ExitCode {
             }
         }
     }
-    ExitCode::from(worst)
+    Ok(ExitCode::from(worst))
 }
 
-fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> ExitCode {
+fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> Outcome {
     use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
-    use redstring_sim::fuzz::{self, Bounds};
-    use std::cell::RefCell;
-    use std::collections::BTreeMap;
 
-    let bounds = match Bounds::load(path) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(BAD_SCENARIO);
-        }
-    };
+    let bounds = Bounds::load(path).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(BAD_SCENARIO)
+    })?;
     let mut runner = TestRunner::new(Config {
         cases,
         rng_seed: RngSeed::Fixed(seed),
@@ -312,27 +347,17 @@ fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> ExitCode {
         max_shrink_iters: 512,
         ..Config::default()
     });
-    let bar = indicatif::ProgressBar::new(u64::from(cases));
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} cases {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = progress(u64::from(cases), "cases");
     let tried: RefCell<BTreeMap<String, u64>> = RefCell::new(BTreeMap::new());
     let runs = RefCell::new(0u64);
     let started = Instant::now();
     let result = runner.run(&fuzz::scenarios(&bounds), |scenario| {
         *runs.borrow_mut() += 1;
         let mut t = tried.borrow_mut();
-        *t.entry(format!(
-            "cache {:?}/{:?}",
-            scenario.cache.kind, scenario.cache.time_source
-        ))
-        .or_default() += 1;
+        let layout = format!("cache {:?}/{:?}", scenario.cache.kind, scenario.cache.time_source);
+        *t.entry(layout).or_default() += 1;
         for f in &scenario.faults {
-            let kind = serde_json::to_value(f)
-                .ok()
-                .and_then(|v| v["kind"].as_str().map(str::to_owned));
-            *t.entry(format!("fault {}", kind.unwrap_or_default())).or_default() += 1;
+            *t.entry(format!("fault {}", f.kind())).or_default() += 1;
         }
         drop(t);
         bar.inc(1);
@@ -352,32 +377,27 @@ fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> ExitCode {
     match result {
         Ok(()) => {
             println!("no case broke a claimed invariant in {cases} cases");
-            ExitCode::SUCCESS
+            Ok(ExitCode::SUCCESS)
         }
         Err(TestError::Fail(reason, minimal)) => {
             println!("FAILED: {reason}");
             match fuzz::write_regression(out, &minimal) {
-                Ok(written) => {
-                    println!(
-                        "smallest failing case: {}\nreplay: redstring-sim run {}",
-                        written.display(),
-                        written.display()
-                    );
-                    ExitCode::from(INVARIANT_FAILED)
-                }
-                Err(e) => {
-                    eprintln!(
-                        "error: cannot write the failing case to {}: {e}\n{}",
-                        out.display(),
-                        minimal.to_toml()
-                    );
-                    ExitCode::from(INVARIANT_FAILED)
-                }
+                Ok(written) => println!(
+                    "smallest failing case: {}\nreplay: redstring-sim run {}",
+                    written.display(),
+                    written.display()
+                ),
+                Err(e) => eprintln!(
+                    "error: cannot write the failing case to {}: {e}\n{}",
+                    out.display(),
+                    minimal.to_toml()
+                ),
             }
+            Ok(ExitCode::from(INVARIANT_FAILED))
         }
         Err(TestError::Abort(reason)) => {
             eprintln!("error: the search stopped: {reason}");
-            ExitCode::from(SIM_FAILED)
+            Err(ExitCode::from(SIM_FAILED))
         }
     }
 }

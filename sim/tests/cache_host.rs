@@ -12,8 +12,8 @@ use redstring::cache::{KeyValue, LimiterStore, SlotRequest};
 use redstring::limiter::SlotOutcome;
 use redstring::testing::{Harness, run_all};
 use redstring::{CacheError, Clock, TimeSource, Timestamp};
-use redstring_sim::cache_host::{RemoteCache, cache_host};
-use redstring_sim::clock::{EPOCH, SimClock, sim_elapsed};
+use redstring_sim::hosts::cache_host::{RemoteCache, cache_host};
+use redstring_sim::hosts::clock::{EPOCH, SimClock, sim_elapsed};
 use redstring_sim::scenario::ClockSpec;
 use support::sim;
 

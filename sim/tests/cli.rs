@@ -139,3 +139,58 @@ fn sweep_lists_failing_seeds_with_their_replay_command() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
 }
+
+#[test]
+fn check_finds_scenarios_in_subdirectories_and_skips_bounds() {
+    let dir = std::env::temp_dir().join(format!("redstring-sim-check-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("regressions")).unwrap();
+    std::fs::create_dir_all(dir.join("bounds")).unwrap();
+    std::fs::write(dir.join("regressions").join("small.toml"), SMALL).unwrap();
+    std::fs::write(dir.join("bounds").join("default.toml"), "max_faults = 1\n").unwrap();
+    let out = bin().arg("check").arg(&dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("ok    ") && text.contains("small.toml"), "{text}");
+    assert!(!text.contains("default.toml"), "{text}");
+}
+
+#[test]
+fn check_of_a_directory_without_scenarios_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("redstring-sim-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = bin().arg("check").arg(&dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no scenario files"), "{err}");
+}
+
+#[test]
+fn fuzz_given_a_scenario_says_it_needs_a_bounds_file() {
+    let path = temp_file("not-bounds.toml", SMALL);
+    let out = bin().arg("fuzz").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not-bounds.toml") && err.contains("is a scenario") && err.contains("bounds file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unwritable_output_is_an_io_error_before_the_run() {
+    let path = temp_file("unwritable.toml", SMALL);
+    for flag in ["--json", "--trace", "--svg"] {
+        let out = bin()
+            .arg("run")
+            .arg(&path)
+            .arg(flag)
+            .arg("/nonexistent-dir/out")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(4), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot write /nonexistent-dir/out"), "{flag}: {err}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains("replay:"), "{flag}: checked before the run: {text}");
+    }
+}

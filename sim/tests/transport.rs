@@ -11,11 +11,11 @@ use redstring::provider::{
     ExtractError, HttpRequest, HttpResponse, HttpTransport, LlmProviderExt, OpenAiCompatible, ProviderError,
     TransportError, TransportErrorKind,
 };
-use redstring_sim::clock::sim_elapsed;
+use redstring_sim::evidence::trace::{Kind, Trace};
+use redstring_sim::hosts::clock::sim_elapsed;
+use redstring_sim::hosts::server::{ServerHandle, server_host};
+use redstring_sim::hosts::transport::SimTransport;
 use redstring_sim::scenario::{Behaviour, Mode};
-use redstring_sim::server::{ServerHandle, server_host};
-use redstring_sim::trace::{Kind, Trace};
-use redstring_sim::transport::SimTransport;
 use serde_json::{Value, json};
 use support::{sim, spec};
 use turmoil::Builder;
@@ -194,7 +194,7 @@ fn a_timed_out_request_is_seen_by_the_server_as_abandoned() {
         .events()
         .into_iter()
         .filter_map(|e| match e.kind {
-            Kind::Served { outcome, .. } => Some(outcome),
+            Kind::Served { outcome, .. } => Some(outcome.name()),
             _ => None,
         })
         .collect();

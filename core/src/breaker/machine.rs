@@ -76,7 +76,8 @@ pub const MAX_HALF_OPEN_CALLS: u32 = 1000;
 
 /// The validated numbers a breaker runs with (see
 /// [`CircuitBreakerBuilder`](crate::breaker::CircuitBreakerBuilder)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BreakerParams {
     /// Failures (within one `recovery_timeout` of the first) that open the circuit.
     pub failure_threshold: u32,
@@ -93,7 +94,8 @@ pub struct BreakerParams {
 /// The spec's `{key_prefix}:{name}` with the prefix wrapped in braces —
 /// `{kg:circuit}:state` — so that on Redis Cluster all four hash to one slot and
 /// a transition can be one script.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BreakerKeys {
     /// The current [`CircuitState`].
     pub state: String,
@@ -120,7 +122,8 @@ impl BreakerKeys {
 
 /// One half-open probe: the episode it belongs to (the instant the circuit
 /// went half-open) and its number within the episode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ProbeId {
     /// When the episode began.
     pub episode: Timestamp,
@@ -135,7 +138,8 @@ impl fmt::Display for ProbeId {
 }
 
 /// A live probe's lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Lease {
     /// The probe's number in its episode.
     pub seq: u32,
@@ -149,7 +153,8 @@ pub struct Lease {
 /// decimal digits only, instants at most 2^53 µs (what a Redis script holds
 /// exactly), at most [`MAX_HALF_OPEN_CALLS`] leases. Anything else is damage
 /// and reads as no record.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ProbeLeases {
     /// When the episode began.
     pub episode: Timestamp,
@@ -210,7 +215,8 @@ impl ProbeLeases {
 }
 
 /// What is stored in the state key.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum StoredState {
     /// Nothing: a breaker that never opened, or was reset. Reads as closed.
     Missing,
@@ -221,7 +227,8 @@ pub enum StoredState {
 }
 
 /// Everything a breaker has stored, decoded.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BreakerSnapshot {
     /// The state key.
     pub state: StoredState,
@@ -308,7 +315,8 @@ impl BreakerView for BreakerSnapshot {
 }
 
 /// Who a report comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Origin {
     /// Unknown: the spec's bare `record_success()` / `record_failure()`, which
     /// act on whatever state is stored.
@@ -320,7 +328,8 @@ pub enum Origin {
 }
 
 /// A command to the state machine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum BreakerCommand {
     /// May a call go through? Drives open → half-open; answers with a [`Permit`].
     Allow,
@@ -335,7 +344,8 @@ pub enum BreakerCommand {
 }
 
 /// The answer to [`BreakerCommand::Allow`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Permit {
     /// A call through a closed circuit.
     Call,
@@ -368,7 +378,8 @@ impl Permit {
 }
 
 /// A change to one stored key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Write<T> {
     /// Leave it as it is.
     Keep,
@@ -379,7 +390,8 @@ pub enum Write<T> {
 }
 
 /// A change to the failure counter, whose TTL is applied on creation only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum FailuresWrite {
     /// Leave it as it is.
     Keep,
@@ -392,7 +404,8 @@ pub enum FailuresWrite {
 }
 
 /// The writes that carry out a step, one per key.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Writes {
     /// The state key.
     pub state: Write<CircuitState>,
@@ -420,7 +433,8 @@ impl Writes {
 }
 
 /// The result of one step: the decision and what to store.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BreakerStep {
     /// The effective state before the step.
     pub before: CircuitState,

@@ -116,7 +116,8 @@ pub trait HitWindow: Cache {
 }
 
 /// What [`LimiterStore::acquire_slot`] is asked to decide.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SlotRequest {
     /// The caller's `now` (ignored under [`TimeSource::Store`]; clamped by
     /// [`crate::limiter::clamp_stamp`] under [`TimeSource::Caller`]).

@@ -41,7 +41,8 @@ use std::time::Duration;
 use crate::time::Timestamp;
 
 /// The answer to one slot request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum SlotOutcome {
     /// A hit was recorded at `at`.
     Admitted {

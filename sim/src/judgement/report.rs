@@ -13,9 +13,9 @@ use std::time::Duration;
 use redstring::CircuitState;
 use serde::Serialize;
 
-use crate::invariants::{Check, Verdict, check_all};
+use crate::evidence::trace::{DRIVER, Kind, TraceEvent};
+use crate::judgement::invariants::{Check, Verdict};
 use crate::scenario::Scenario;
-use crate::trace::{Kind, TraceEvent};
 use crate::world::Run;
 
 /// What reached one model server.
@@ -46,9 +46,10 @@ pub struct Report {
     pub in_flight: u64,
     /// Requests the workers sent.
     pub requests: u64,
-    /// Calls the breakers admitted.
+    /// Calls admitted by the breaker and then by the limiter: the calls
+    /// that reached the retry layer.
     pub admitted_calls: u64,
-    /// Requests per admitted call.
+    /// Requests per call that reached the retry layer.
     pub retry_amplification: f64,
     /// Per server.
     pub servers: BTreeMap<String, ServerLoad>,
@@ -89,7 +90,7 @@ impl Report {
             time_to_open_s: None,
             time_to_recover_s: None,
             rate_limited: 0,
-            checks: check_all(scenario, events),
+            checks: run.checks.clone(),
             replay: format!("redstring-sim run {path} --seed {}", run.seed),
         };
         let first_fault = scenario
@@ -104,16 +105,16 @@ impl Report {
             let t = e.t_us as f64 / 1e6;
             match &e.kind {
                 Kind::Arrival { .. } => report.arrivals += 1,
-                Kind::CallEnd { outcome, .. } => *report.outcomes.entry(outcome.clone()).or_default() += 1,
+                Kind::CallEnd { outcome, .. } => *report.outcomes.entry(outcome.name().to_owned()).or_default() += 1,
                 Kind::Request { .. } => report.requests += 1,
-                kind if kind.admits_call() => report.admitted_calls += 1,
                 Kind::Limited { .. } => report.rate_limited += 1,
-                Kind::Served { outcome, impaired } => {
+                Kind::Served { outcome, .. } => {
                     let load = report.servers.entry(e.host.clone()).or_default();
                     load.received += 1;
-                    load.while_impaired += u64::from(*impaired);
-                    *load.by_outcome.entry(outcome.clone()).or_default() += 1;
+                    load.while_impaired += u64::from(outcome.impaired());
+                    *load.by_outcome.entry(outcome.name().to_owned()).or_default() += 1;
                 }
+                kind if kind.reaches_retry() => report.admitted_calls += 1,
                 Kind::Breaker { to, .. } => {
                     if *to == CircuitState::Open {
                         report.breaker_openings += 1;
@@ -229,15 +230,15 @@ impl Report {
         for e in events {
             let t = e.t_us as f64 / 1e6;
             match &e.kind {
-                Kind::Fault { what } => {
-                    let _ = writeln!(out, "{t:>9.3} driver  {what}");
+                Kind::Fault { fault } => {
+                    let _ = writeln!(out, "{t:>9.3} {DRIVER}  {fault}");
                 }
                 Kind::Breaker { breaker, from, to, .. } => {
                     let _ = writeln!(out, "{t:>9.3} {}  {breaker} {from:?} -> {to:?}", e.host);
                 }
                 Kind::CallEnd { outcome, .. } => {
                     let b = buckets.entry(e.t_us / 10_000_000).or_default();
-                    if outcome == "ok" { b[0] += 1 } else { b[1] += 1 }
+                    if outcome.is_ok() { b[0] += 1 } else { b[1] += 1 }
                 }
                 Kind::Limited { .. } => buckets.entry(e.t_us / 10_000_000).or_default()[2] += 1,
                 Kind::Request { .. } => buckets.entry(e.t_us / 10_000_000).or_default()[3] += 1,
@@ -254,4 +255,86 @@ impl Report {
 
 fn round_ms(s: f64) -> f64 {
     (s * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use redstring::CircuitState;
+
+    use super::*;
+    use crate::judgement::invariants::check_all;
+    use crate::scenario::tenant;
+
+    const MINIMAL: &str = r#"
+name = "synthetic"
+duration_s = 10
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+"#;
+
+    fn ev(kind: Kind) -> TraceEvent {
+        TraceEvent {
+            t_us: 1,
+            host: "w".into(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn retry_amplification_counts_only_calls_that_reached_the_retry_layer() {
+        // Four calls past the breaker; the limiter refused two of them and
+        // admitted two, which sent three requests between them.
+        let allowed = || {
+            ev(Kind::Allowed {
+                breaker: "b".into(),
+                state: CircuitState::Closed,
+                probe: None,
+                at_us: 1,
+            })
+        };
+        let admitted = || {
+            ev(Kind::Admitted {
+                tenant: tenant(1),
+                remaining: 1,
+                at_us: 1,
+            })
+        };
+        let limited = || {
+            ev(Kind::Limited {
+                tenant: tenant(1),
+                retry_after_us: 5,
+                at_us: 1,
+            })
+        };
+        let request = || ev(Kind::Request { server: "gpu".into() });
+        let events = vec![
+            allowed(),
+            allowed(),
+            allowed(),
+            allowed(),
+            admitted(),
+            limited(),
+            admitted(),
+            limited(),
+            request(),
+            request(),
+            request(),
+        ];
+        let scenario = Scenario::parse("synthetic.toml", MINIMAL).unwrap();
+        let run = Run {
+            seed: 1,
+            simulated: Duration::from_secs(1),
+            checks: check_all(&scenario, &events),
+            events,
+        };
+        let report = Report::new(&scenario, "synthetic.toml", &run);
+        assert_eq!(report.admitted_calls, 2);
+        assert_eq!(report.retry_amplification, 1.5);
+    }
 }

@@ -9,6 +9,7 @@
 //! which is what makes an outage pile up.
 
 use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,11 +22,16 @@ use redstring::provider::{
     OpenAiCompatible, OutputSchema, TransportError,
 };
 use redstring::{CircuitBreaker, Clock, RateLimiter, SeededRandom, TenantId};
+use tokio::task::JoinHandle;
 
-use crate::clock::{SimClock, sim_elapsed};
-use crate::scenario::{Hardening, TenantLoad};
-use crate::trace::{HostObserver, Kind, Trace};
-use crate::transport::SimTransport;
+use crate::evidence::observe::HostObserver;
+use crate::evidence::outcome::CallOutcome;
+use crate::evidence::trace::{Kind, Trace};
+use crate::hosts::clock::{SimClock, sim_elapsed};
+use crate::hosts::server::PORT;
+use crate::hosts::transport::SimTransport;
+use crate::scenario::{Burst, Hardening, TenantLoad};
+use crate::world::seeds;
 
 /// The record every simulated extraction asks for.
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
@@ -73,13 +79,16 @@ pub struct WorkerPlan {
     pub seed: u64,
     /// When arrivals stop.
     pub until: Duration,
-    /// Synchronised bursts: (when, tenant, calls).
-    pub bursts: Vec<(Duration, u64, u32)>,
+    /// Synchronised bursts this worker fires with the rest of the fleet.
+    pub bursts: Vec<Burst>,
 }
 
 fn secs(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
 }
+
+/// One tenant's hardened provider over this worker's stores `S`.
+type Provider<S> = Arc<HardenedProvider<Arc<OpenAiCompatible<CountingTransport>>, S, S>>;
 
 /// Runs one worker until `plan.until` over `store` (its own cache, or the
 /// shared cache host's client).
@@ -88,6 +97,29 @@ pub async fn run_worker<S: LimiterStore + BreakerStore>(
     store: Arc<S>,
     trace: Trace,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let providers = providers(&plan, store, &trace)?;
+    let calls = Calls {
+        host: plan.name.clone(),
+        trace,
+        schema: Arc::new(OutputSchema::for_type::<Extraction>()),
+        next: Rc::new(Cell::new(0)),
+    };
+    let mut load = arrivals(&plan, &providers, &calls);
+    load.extend(bursts(&plan, &providers, &calls));
+    tokio::time::sleep(plan.until.saturating_sub(sim_elapsed())).await;
+    for task in load {
+        task.abort();
+    }
+    Ok(())
+}
+
+/// The production stack for each of the worker's tenants: one limiter, one
+/// breaker and one adapter shared by all of them.
+fn providers<S: LimiterStore + BreakerStore>(
+    plan: &WorkerPlan,
+    store: Arc<S>,
+    trace: &Trace,
+) -> Result<Vec<Provider<S>>, Box<dyn std::error::Error>> {
     let h = &plan.hardening;
     let clock: Arc<dyn Clock> = Arc::new(plan.clock.clone());
     let observer = Arc::new(HostObserver::new(&plan.name, trace.clone()));
@@ -113,86 +145,87 @@ pub async fn run_worker<S: LimiterStore + BreakerStore>(
     let policy = h.retry_policy()?;
     let transport = CountingTransport(SimTransport::new(&plan.name, trace.clone()));
     let adapter = Arc::new(
-        OpenAiCompatible::builder(format!("http://{}:8080/v1", plan.server), plan.model.clone())
+        OpenAiCompatible::builder(format!("http://{}:{PORT}/v1", plan.server), plan.model.clone())
             .timeout(secs(h.request_timeout_s))
             .max_tokens(h.max_tokens)
             .clock(clock.clone())
             .build_with(transport)?,
     );
-    let schema = Arc::new(OutputSchema::for_type::<Extraction>());
     let mut providers = Vec::new();
     for (i, t) in plan.tenants.iter().enumerate() {
-        let mut builder = HardenedProvider::builder(
-            adapter.clone(),
-            TenantId::from_u128(u128::from(t.id)),
-            limiter.clone(),
-            breaker.clone(),
-        )
-        .retry_policy(policy)
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(stream_seed(
-            plan.seed,
-            plan.index,
-            1_000 + i as u64,
-        ))))
-        .observer(observer.clone())
-        .limiter_waits(h.limiter_waits);
+        let jitter = SeededRandom::from_seed(seeds::retry_jitter(plan.seed, plan.index, i));
+        let mut builder = HardenedProvider::builder(adapter.clone(), t.tenant(), limiter.clone(), breaker.clone())
+            .retry_policy(policy)
+            .clock(clock.clone())
+            .rng(Arc::new(jitter))
+            .observer(observer.clone())
+            .limiter_waits(h.limiter_waits);
         if let Some(d) = h.deadline_s {
             builder = builder.deadline(secs(d));
         }
         providers.push(Arc::new(builder.build()));
     }
+    Ok(providers)
+}
 
-    let next_call = std::rc::Rc::new(Cell::new(0u64));
-    let start_call = {
-        let (trace, name, schema, next_call) = (trace.clone(), plan.name.clone(), schema.clone(), next_call.clone());
-        move |provider: Arc<HardenedProvider<_, S, S>>, tenant: u64| {
-            let call = next_call.get();
-            next_call.set(call + 1);
-            trace.record(&name, Kind::Arrival { call, tenant });
-            let (trace, name, schema) = (trace.clone(), name.clone(), schema.clone());
-            tokio::task::spawn_local(async move {
-                let started = sim_elapsed();
-                let work = async {
-                    let request = ExtractRequest {
-                        text: "Ada Lovelace wrote the first program.",
-                        system_prompt: Some("Extract the person named."),
-                        schema: &schema,
-                    };
-                    let result = provider.extract_value(request).await;
-                    (result, ATTEMPTS.with(Cell::get))
-                };
-                let (result, attempts) = ATTEMPTS.scope(Cell::new(0), work).await;
-                let outcome = match &result {
-                    Ok(_) => "ok".to_owned(),
-                    Err(e) => e.kind().to_owned(),
-                };
-                let latency_ms = u64::try_from((sim_elapsed().saturating_sub(started)).as_millis()).unwrap_or(0);
-                trace.record(
-                    &name,
-                    Kind::CallEnd {
-                        call,
-                        tenant,
-                        outcome,
-                        attempts,
-                        latency_ms,
-                    },
-                );
-            });
-        }
-    };
+/// Starts units of work and records their arrival and end.
+#[derive(Clone)]
+struct Calls {
+    host: String,
+    trace: Trace,
+    schema: Arc<OutputSchema>,
+    /// The next worker-local call number.
+    next: Rc<Cell<u64>>,
+}
 
-    // One arrival stream per tenant, plus the bursts, all until `until`.
+impl Calls {
+    /// One unit of work for `tenant` through `provider`, on its own task.
+    fn start<S: LimiterStore + BreakerStore>(&self, provider: Provider<S>, tenant: TenantId) {
+        let call = self.next.get();
+        self.next.set(call + 1);
+        self.trace.record(&self.host, Kind::Arrival { call, tenant });
+        let this = self.clone();
+        tokio::task::spawn_local(async move {
+            let started = sim_elapsed();
+            let work = async {
+                let request = ExtractRequest {
+                    text: "Ada Lovelace wrote the first program.",
+                    system_prompt: Some("Extract the person named."),
+                    schema: &this.schema,
+                };
+                let result = provider.extract_value(request).await;
+                (result, ATTEMPTS.with(Cell::get))
+            };
+            let (result, attempts) = ATTEMPTS.scope(Cell::new(0), work).await;
+            let latency_ms = u64::try_from((sim_elapsed().saturating_sub(started)).as_millis()).unwrap_or(0);
+            let end = Kind::CallEnd {
+                call,
+                tenant,
+                outcome: CallOutcome::of(&result),
+                attempts,
+                latency_ms,
+            };
+            this.trace.record(&this.host, end);
+        });
+    }
+}
+
+/// One open-loop Poisson arrival stream per tenant, until `plan.until`.
+fn arrivals<S: LimiterStore + BreakerStore>(
+    plan: &WorkerPlan,
+    providers: &[Provider<S>],
+    calls: &Calls,
+) -> Vec<JoinHandle<()>> {
     let mut streams = Vec::new();
-    for (i, t) in plan.tenants.iter().enumerate() {
+    for (i, (t, provider)) in plan.tenants.iter().zip(providers).enumerate() {
         if t.calls_per_min <= 0.0 {
             continue;
         }
         let Ok(exp) = Exp::new(t.calls_per_min / 60.0) else {
             continue;
         };
-        let mut rng = ChaCha8Rng::seed_from_u64(stream_seed(plan.seed, plan.index, i as u64));
-        let (provider, start_call, until, tenant) = (providers[i].clone(), start_call.clone(), plan.until, t.id);
+        let mut rng = ChaCha8Rng::seed_from_u64(seeds::arrivals(plan.seed, plan.index, i));
+        let (provider, calls, until, tenant) = (provider.clone(), calls.clone(), plan.until, t.tenant());
         streams.push(tokio::task::spawn_local(async move {
             loop {
                 let gap = Duration::try_from_secs_f64(exp.sample(&mut rng)).unwrap_or(Duration::MAX);
@@ -200,34 +233,31 @@ pub async fn run_worker<S: LimiterStore + BreakerStore>(
                     break;
                 }
                 tokio::time::sleep(gap).await;
-                start_call(provider.clone(), tenant);
+                calls.start(provider.clone(), tenant);
             }
         }));
     }
-    for (at, tenant, calls) in plan.bursts.clone() {
-        let Some(i) = plan.tenants.iter().position(|t| t.id == tenant) else {
-            continue;
-        };
-        let (provider, start_call) = (providers[i].clone(), start_call.clone());
-        streams.push(tokio::task::spawn_local(async move {
-            tokio::time::sleep(at.saturating_sub(sim_elapsed())).await;
-            for _ in 0..calls {
-                start_call(provider.clone(), tenant);
-            }
-        }));
-    }
-    tokio::time::sleep(plan.until.saturating_sub(sim_elapsed())).await;
-    for s in streams {
-        s.abort();
-    }
-    Ok(())
+    streams
 }
 
-/// A seed for one random stream of one worker, derived from the run's seed.
-pub fn stream_seed(seed: u64, worker: u64, stream: u64) -> u64 {
-    // SplitMix64-style mixing keeps nearby inputs' streams unrelated.
-    let mut z = seed ^ worker.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stream.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// The fleet's synchronised bursts, each fired at its exact instant.
+fn bursts<S: LimiterStore + BreakerStore>(
+    plan: &WorkerPlan,
+    providers: &[Provider<S>],
+    calls: &Calls,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for burst in &plan.bursts {
+        let Some(i) = plan.tenants.iter().position(|t| t.id == burst.tenant) else {
+            continue;
+        };
+        let (provider, calls, burst, tenant) = (providers[i].clone(), calls.clone(), *burst, plan.tenants[i].tenant());
+        tasks.push(tokio::task::spawn_local(async move {
+            tokio::time::sleep(burst.at.saturating_sub(sim_elapsed())).await;
+            for _ in 0..burst.calls {
+                calls.start(provider.clone(), tenant);
+            }
+        }));
+    }
+    tasks
 }

@@ -92,9 +92,10 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use crate::clock::{EPOCH, sim_elapsed};
+use crate::evidence::outcome::Answer;
+use crate::evidence::trace::{Kind, Trace};
+use crate::hosts::clock::{EPOCH, sim_elapsed};
 use crate::scenario::{Behaviour, Mode, ServerSpec};
-use crate::trace::{Kind, Trace};
 
 /// The port every model server listens on.
 pub const PORT: u16 = 8080;
@@ -113,8 +114,9 @@ const MAX_BODY: usize = 1 << 20;
 #[derive(Clone, Debug)]
 pub struct ServerHandle {
     shared: Arc<Mutex<Shared>>,
-    /// Whether the process is up (see [`ServerHandle::kill`]).
-    process: Arc<watch::Sender<bool>>,
+    /// Whether the process is up, and which life it is in (see
+    /// [`ServerHandle::kill`]).
+    process: Arc<watch::Sender<Process>>,
 }
 
 /// A snapshot of a server's counters.
@@ -124,8 +126,8 @@ pub struct ServerStats {
     pub starts: u32,
     /// Requests received, over every start.
     pub received: u64,
-    /// Requests by outcome (as recorded in the trace), over every start.
-    pub outcomes: BTreeMap<String, u64>,
+    /// Requests by how they were answered (as recorded in the trace), over every start.
+    pub outcomes: BTreeMap<Answer, u64>,
     /// Requests in flight now (running, queued, or hung by a collapse).
     pub in_flight: u32,
     /// Requests holding a slot now.
@@ -157,7 +159,7 @@ impl ServerHandle {
                 stats: ServerStats::default(),
                 answered: 0,
             })),
-            process: Arc::new(watch::Sender::new(true)),
+            process: Arc::new(watch::Sender::new(Process { up: true, life: 0 })),
         }
     }
 
@@ -173,18 +175,29 @@ impl ServerHandle {
     /// `Sim::crash` takes the whole host off the network instead: packets to
     /// it are held, so connections to it time out rather than being refused.)
     pub fn kill(&self) {
-        self.process.send_replace(false);
+        self.process.send_modify(|p| p.up = false);
     }
 
     /// Starts a killed process again, with a fresh reload period. Does nothing
-    /// if it is running.
+    /// if it is running. A kill and a restart in the same instant are a
+    /// process that dies and starts again: the server sees the new life even
+    /// if it never saw the process down.
     pub fn restart(&self) {
-        self.process.send_replace(true);
+        self.process.send_if_modified(|p| {
+            let restarts = !p.up;
+            if restarts {
+                *p = Process {
+                    up: true,
+                    life: p.life + 1,
+                };
+            }
+            restarts
+        });
     }
 
     /// Whether the process is up (not killed through this handle).
     pub fn is_up(&self) -> bool {
-        *self.process.borrow()
+        self.process.borrow().up
     }
 
     /// The current behaviour.
@@ -259,7 +272,7 @@ impl Server {
         let mut process = self.handle.process.subscribe();
         loop {
             // Down (killed through the handle) until restarted through it.
-            if process.wait_for(|up| *up).await.is_err() {
+            if process.wait_for(|p| p.up).await.is_err() {
                 return Ok(());
             }
             self.serve(&mut process).await?;
@@ -267,7 +280,8 @@ impl Server {
     }
 
     /// One life of the process: from a start (or restart) until it is killed.
-    async fn serve(&self, process: &mut watch::Receiver<bool>) -> turmoil::Result {
+    async fn serve(&self, process: &mut watch::Receiver<Process>) -> turmoil::Result {
+        let life = process.borrow().life;
         let generation = {
             let mut shared = self.handle.lock();
             shared.generation += 1;
@@ -293,7 +307,7 @@ impl Server {
         loop {
             tokio::select! {
                 biased;
-                down = process.wait_for(|up| !*up) => {
+                down = process.wait_for(|p| !p.up || p.life != life) => {
                     if down.is_err() {
                         std::future::pending::<()>().await;
                     }
@@ -320,41 +334,38 @@ impl Server {
     }
 }
 
+/// The process's state as the driver sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Process {
+    /// Whether it is running.
+    up: bool,
+    /// How many times it has been restarted through the handle.
+    life: u64,
+}
+
 /// Returned by the service to make hyper close the connection unanswered.
 #[derive(Debug, thiserror::Error)]
 #[error("connection dropped by the server's behaviour")]
 struct DropConnection;
 
-type Answer = Result<Response<Full<Bytes>>, DropConnection>;
+type Reply = Result<Response<Full<Bytes>>, DropConnection>;
 
 impl Start {
-    fn record(&self, outcome: &str, impaired: bool) {
-        self.handle
-            .lock()
-            .stats
-            .outcomes
-            .entry(outcome.to_owned())
-            .and_modify(|n| *n += 1)
-            .or_insert(1);
-        self.trace.record(
-            &self.spec.name,
-            Kind::Served {
-                outcome: outcome.to_owned(),
-                impaired,
-            },
-        );
+    fn record(&self, answer: Answer) {
+        *self.handle.lock().stats.outcomes.entry(answer).or_default() += 1;
+        self.trace.record(&self.spec.name, Kind::served(answer));
     }
 
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Answer {
+    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Reply {
         self.handle.lock().stats.received += 1;
         if request.method() != Method::POST || request.uri().path() != PATH {
-            self.record("not_found", false);
+            self.record(Answer::NotFound);
             return Ok(error_response(StatusCode::NOT_FOUND, "not found", "not_found_error"));
         }
         let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
             Ok(body) => body.to_bytes(),
             Err(_) => {
-                self.record("bad_request", false);
+                self.record(Answer::BadRequest);
                 return Ok(error_response(
                     StatusCode::BAD_REQUEST,
                     "unreadable body",
@@ -363,7 +374,7 @@ impl Start {
             }
         };
         let Ok(body) = serde_json::from_slice::<Value>(&body) else {
-            self.record("bad_request", false);
+            self.record(Answer::BadRequest);
             return Ok(error_response(
                 StatusCode::BAD_REQUEST,
                 "body is not JSON",
@@ -373,13 +384,13 @@ impl Start {
 
         let loads = self.generation > 1 || self.spec.cold_start;
         if loads && sim_elapsed().saturating_sub(self.started_at).as_secs_f64() < self.spec.reload_s {
-            self.record("loading", true);
+            self.record(Answer::Loading);
             return Ok(loading());
         }
         if *self.collapsed.borrow() {
             // Counted in flight until its client gives up, like any other.
             let _hung = self.admit_hung();
-            self.record("collapsed", true);
+            self.record(Answer::Collapsed);
             return std::future::pending().await;
         }
         let behaviour = self.handle.behaviour();
@@ -391,11 +402,11 @@ impl Start {
         };
         match mode {
             Mode::RateLimit => {
-                self.record("rate_limit", true);
+                self.record(Answer::RateLimit);
                 return Ok(rate_limited(behaviour.retry_after_s));
             }
             Mode::Error => {
-                self.record("error", true);
+                self.record(Answer::Error);
                 return Ok(error_response(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal server error",
@@ -403,22 +414,22 @@ impl Start {
                 ));
             }
             Mode::Loading => {
-                self.record("loading", true);
+                self.record(Answer::Loading);
                 return Ok(loading());
             }
             Mode::Hang => {
-                self.record("hang", true);
+                self.record(Answer::Hang);
                 return std::future::pending().await;
             }
             Mode::Drop => {
-                self.record("drop", true);
+                self.record(Answer::Drop);
                 return Err(DropConnection);
             }
             Mode::Normal | Mode::Empty | Mode::Malformed | Mode::Refuse => {}
         }
 
         let Some(mut guard) = self.admit() else {
-            self.record("queue_full", true);
+            self.record(Answer::QueueFull);
             return Ok(error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server busy",
@@ -427,17 +438,11 @@ impl Start {
         };
         if !guard.served().await {
             guard.outcome_recorded = true;
-            self.record("collapsed", true);
+            self.record(Answer::Collapsed);
             return std::future::pending().await;
         }
         guard.outcome_recorded = true;
-        let outcome = match mode {
-            Mode::Normal => "ok",
-            Mode::Empty => "empty",
-            Mode::Malformed => "malformed",
-            _ => "refuse",
-        };
-        self.record(outcome, mode != Mode::Normal);
+        self.record(Answer::of_mode(mode));
         let id = {
             let mut shared = self.handle.lock();
             shared.answered += 1;
@@ -565,7 +570,7 @@ impl Drop for Admitted {
         // Outside a running simulation (the Sim itself being dropped) there is
         // no time to stamp the event with, and nobody left to read it.
         if !self.outcome_recorded && turmoil::sim_elapsed().is_some() {
-            self.start.record("abandoned", true);
+            self.start.record(Answer::Abandoned);
         }
     }
 }
@@ -633,7 +638,8 @@ fn completion(spec: &ServerSpec, id: u64, mode: Mode, request: &Value) -> Respon
             Value::Null,
             "stop",
         ),
-        _ => {
+        // Only the 200 modes reach here; the others answered (or hung) before.
+        Mode::Normal | Mode::RateLimit | Mode::Error | Mode::Loading | Mode::Hang | Mode::Drop => {
             let content = schema.map_or_else(|| json!({}), content_for_schema);
             (json!(content.to_string()), Value::Null, Value::Null, "stop")
         }

@@ -26,7 +26,7 @@ use redstring::provider::wire::failed;
 use redstring::provider::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError, TransportErrorKind};
 use turmoil::net::TcpStream;
 
-use crate::trace::{Kind, Trace};
+use crate::evidence::trace::{Kind, Trace};
 
 /// An [`HttpTransport`] over the simulated network, for the worker host it
 /// runs on.

@@ -2,23 +2,31 @@
 //!
 //! All hosts run on one thread, so one shared [`Trace`] receives events in a
 //! single, deterministic order. Each [`TraceEvent`] carries true simulated
-//! time, the host that saw it, and what happened. The invariant checkers and
-//! the report are computed from this stream alone; written out as JSON lines
-//! it is the artefact two runs are compared by, byte for byte.
+//! time, the host that saw it, and what happened as typed data: a fault
+//! carries the [`Fault`] itself, a call's end its [`CallOutcome`], a server's
+//! answer its [`Answer`], and every tenant is the core's [`TenantId`]. The
+//! invariant checkers and the report are computed from this stream alone;
+//! written out as JSON lines it is the artefact two runs are compared by,
+//! byte for byte.
 
 use std::sync::{Arc, Mutex};
 
-use redstring::{CircuitState, Event, Observer};
-use serde::{Deserialize, Serialize};
+use redstring::{CircuitState, TenantId};
+use serde::{Serialize, Serializer};
 
-use crate::clock::sim_elapsed;
+use crate::evidence::outcome::{Answer, CallOutcome};
+use crate::hosts::clock::sim_elapsed;
+use crate::scenario::Fault;
+
+/// The host name the fault schedule records under.
+pub const DRIVER: &str = "driver";
 
 /// One entry of the trace.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TraceEvent {
     /// True simulated time, microseconds since the start.
     pub t_us: u64,
-    /// The host that recorded it (`driver` for the fault schedule).
+    /// The host that recorded it ([`DRIVER`] for the fault schedule).
     pub host: String,
     /// What happened.
     #[serde(flatten)]
@@ -26,38 +34,41 @@ pub struct TraceEvent {
 }
 
 /// What happened.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "ev", rename_all = "snake_case")]
 pub enum Kind {
-    /// The fault schedule did something.
+    /// The fault schedule applied a fault (written as its description).
     Fault {
-        /// What, in words.
-        what: String,
+        /// The fault.
+        #[serde(rename = "what", serialize_with = "described")]
+        fault: Fault,
     },
     /// A unit of work arrived at a worker.
     Arrival {
         /// Worker-local call number.
         call: u64,
         /// The tenant.
-        tenant: u64,
+        tenant: TenantId,
     },
     /// A unit of work ended.
     CallEnd {
         /// Worker-local call number.
         call: u64,
         /// The tenant.
-        tenant: u64,
-        /// `ok`, or the error kind that ended it.
-        outcome: String,
+        tenant: TenantId,
+        /// How it ended.
+        outcome: CallOutcome,
         /// Requests it sent to a model server.
         attempts: u32,
         /// Simulated milliseconds from arrival to end.
         latency_ms: u64,
     },
     /// The limiter granted a slot, stamped `at_us` by the clock that decided.
+    /// Every call past the limiter is one of these, so they are also the
+    /// calls that reached the retry layer.
     Admitted {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// Slots left.
         remaining: u32,
         /// The stamp, epoch microseconds.
@@ -66,7 +77,7 @@ pub enum Kind {
     /// The limiter refused.
     Limited {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// The wait it reported, microseconds.
         retry_after_us: u64,
         /// The decision's stamp, epoch microseconds.
@@ -94,6 +105,13 @@ pub enum Kind {
         /// The decision's stamp, epoch microseconds.
         at_us: u64,
     },
+    /// A half-open probe was handed back unused; its lease ended.
+    ProbeReleased {
+        /// The breaker's key prefix.
+        breaker: String,
+        /// The probe's number in its episode.
+        seq: u32,
+    },
     /// A breaker refused a call.
     Rejected {
         /// The breaker's key prefix.
@@ -109,16 +127,29 @@ pub enum Kind {
         at_us: u64,
     },
     /// A success report cleared a closed breaker's failure count.
-    SuccessRecorded {
+    FailuresCleared {
         /// The breaker's key prefix.
         breaker: String,
+        /// The stamp, epoch microseconds.
+        at_us: u64,
     },
-    /// A half-open probe was handed back unused; its lease ended.
-    ProbeReleased {
+    /// Half-open probes whose lease ended without a report stopped counting.
+    ProbesExpired {
         /// The breaker's key prefix.
         breaker: String,
-        /// The probe's number in its episode.
-        seq: u32,
+        /// How many leases ended.
+        expired: u32,
+        /// The stamp, epoch microseconds.
+        at_us: u64,
+    },
+    /// A shared store clamped a caller's clock as a limiter decision's stamp.
+    StampClamped {
+        /// The tenant.
+        tenant: TenantId,
+        /// The caller's now, epoch microseconds.
+        asked_us: u64,
+        /// The stamp the store used, epoch microseconds.
+        used_us: u64,
     },
     /// A retry was scheduled.
     Retry {
@@ -129,10 +160,14 @@ pub enum Kind {
     },
     /// The cache could not be reached; a fallback was applied.
     CacheUnavailable {
-        /// The port operation.
-        operation: String,
-        /// What the component did instead.
-        fallback: String,
+        /// The port operation, as the core names it.
+        operation: &'static str,
+        /// What the component did instead, as the core names it.
+        fallback: &'static str,
+        /// Whether that fallback let a call past its breaker (decided where
+        /// the core's event is read: [`crate::evidence::observe`]).
+        #[serde(skip)]
+        admitted_call: bool,
     },
     /// A stored breaker state was unreadable.
     Unreadable,
@@ -143,23 +178,40 @@ pub enum Kind {
     },
     /// A model server received a request and answered (or did not).
     Served {
-        /// How it was answered: `ok`, `loading`, `queue_full`, `collapsed`,
-        /// or the behaviour applied (`empty`, `malformed`, `hang`, ...).
-        outcome: String,
-        /// Whether the server was impaired (loading, collapsed or misbehaving).
+        /// How it was answered.
+        outcome: Answer,
+        /// Whether the server was impaired: always `outcome.impaired()`.
         impaired: bool,
     },
 }
 
+fn described<S: Serializer>(fault: &Fault, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(fault)
+}
+
 impl Kind {
+    /// A server's answer, with whether it was impaired.
+    pub fn served(outcome: Answer) -> Kind {
+        Kind::Served {
+            outcome,
+            impaired: outcome.impaired(),
+        }
+    }
+
     /// Whether this event let a call past its breaker: an admission, or the
     /// breaker's fallback admitting it when its cache could not be reached.
     pub fn admits_call(&self) -> bool {
         match self {
             Kind::Allowed { .. } => true,
-            Kind::CacheUnavailable { operation, fallback } => operation == "breaker_step" && fallback == "allowed",
+            Kind::CacheUnavailable { admitted_call, .. } => *admitted_call,
             _ => false,
         }
+    }
+
+    /// Whether this event let a call past the limiter, and so into the retry
+    /// layer (the base of retry amplification).
+    pub fn reaches_retry(&self) -> bool {
+        matches!(self, Kind::Admitted { .. })
     }
 }
 
@@ -203,91 +255,5 @@ impl Trace {
             out.push('\n');
         }
         out
-    }
-}
-
-/// The observer a worker hands its components: redstring's events, into the trace.
-#[derive(Clone, Debug)]
-pub struct HostObserver {
-    host: String,
-    trace: Trace,
-}
-
-impl HostObserver {
-    /// An observer recording as `host`.
-    pub fn new(host: &str, trace: Trace) -> Self {
-        HostObserver {
-            host: host.to_owned(),
-            trace,
-        }
-    }
-}
-
-impl Observer for HostObserver {
-    fn on_event(&self, event: &Event) {
-        let kind = match event {
-            Event::BreakerTransition { breaker, from, to, at } => Kind::Breaker {
-                breaker: breaker.to_string(),
-                from: *from,
-                to: *to,
-                at_us: at.as_micros(),
-            },
-            Event::BreakerRejected { breaker, state, .. } => Kind::Rejected {
-                breaker: breaker.to_string(),
-                state: *state,
-            },
-            Event::BreakerAllowed {
-                breaker,
-                state,
-                probe,
-                at,
-            } => Kind::Allowed {
-                breaker: breaker.to_string(),
-                state: *state,
-                probe: probe.map(|p| p.seq),
-                at_us: at.as_micros(),
-            },
-            Event::BreakerProbeReleased { breaker, probe, .. } => Kind::ProbeReleased {
-                breaker: breaker.to_string(),
-                seq: probe.seq,
-            },
-            Event::BreakerFailureRecorded { breaker, at } => Kind::FailureRecorded {
-                breaker: breaker.to_string(),
-                at_us: at.as_micros(),
-            },
-            Event::BreakerStateUnreadable { .. } => Kind::Unreadable,
-            Event::CacheUnavailable {
-                operation, fallback, ..
-            } => Kind::CacheUnavailable {
-                operation: (*operation).to_owned(),
-                fallback: (*fallback).to_owned(),
-            },
-            Event::RateLimitAdmitted {
-                tenant, remaining, at, ..
-            } => Kind::Admitted {
-                tenant: tenant.to_string(),
-                remaining: *remaining,
-                at_us: at.as_micros(),
-            },
-            Event::RateLimitRefused {
-                tenant,
-                retry_after,
-                at,
-                ..
-            } => Kind::Limited {
-                tenant: tenant.to_string(),
-                retry_after_us: u64::try_from(retry_after.as_micros()).unwrap_or(u64::MAX),
-                at_us: at.as_micros(),
-            },
-            Event::BreakerFailuresCleared { breaker, .. } => Kind::SuccessRecorded {
-                breaker: breaker.to_string(),
-            },
-            Event::RetryScheduled { attempt, delay, .. } => Kind::Retry {
-                attempt: *attempt,
-                delay_us: u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
-            },
-            _ => return,
-        };
-        self.trace.record(&self.host, kind);
     }
 }

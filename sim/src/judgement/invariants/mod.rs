@@ -1,0 +1,460 @@
+//! The invariant checkers: each reads the finished trace and returns a verdict.
+//!
+//! Checkers are kept apart from the fault injectors: they know nothing about
+//! how the world was driven, only what the trace says happened. Each returns
+//! held, violated (with the first violating event), or not applicable (with
+//! why), plus a figure worth reporting either way. A scenario may declare that
+//! it expects an invariant to be violated (a caller-stamped fleet under clock
+//! skew overshoots `rpm`); the violation is then reported as a measurement,
+//! not a failure.
+//!
+//! [`Invariant`] is the registry: the scenario's `expect.may_violate`, the
+//! fuzzer's claims, the report and [`check_all`] all name invariants by it,
+//! and `Invariant::check` is the one match that maps each to its checker,
+//! grouped by subject in private modules: `limiter` (invariants 1–2),
+//! `breaker` (3–5), `liveness` (6) and `accounting` (7).
+//!
+//! Scope: with per-worker caches every worker has its own limiter and breaker,
+//! so the checks run per worker; with a shared cache they run fleet-wide (see
+//! [`Scopes`]).
+
+mod accounting;
+mod breaker;
+mod limiter;
+mod liveness;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::evidence::timeline::Scopes;
+use crate::evidence::trace::TraceEvent;
+use crate::scenario::Scenario;
+
+pub use liveness::heal_time_us;
+
+/// A promise the library makes, checked on every run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Invariant {
+    /// No tenant gets more than `rpm` admissions in any window.
+    RpmPerWindow,
+    /// Successive refusals never report a growing wait while no hit is added.
+    RetryAfterMonotone,
+    /// A half-open episode admits at most `half_open_max_calls` probes.
+    HalfOpenProbes,
+    /// Failures spaced wider than `recovery_timeout` never open a circuit.
+    SparseFailures,
+    /// Nothing is admitted while its breaker is open and not yet due.
+    NoCallWhileOpen,
+    /// After the last fault, every breaker closes within a bound and calls
+    /// succeed again.
+    Liveness,
+    /// Every unit of work ends once, classified; requests ≤ (max_retries + 1)
+    /// × calls that reached the retry layer.
+    Accounting,
+}
+
+impl Invariant {
+    /// Every invariant, in the order they are checked and reported.
+    pub const ALL: [Invariant; 7] = [
+        Invariant::RpmPerWindow,
+        Invariant::RetryAfterMonotone,
+        Invariant::HalfOpenProbes,
+        Invariant::SparseFailures,
+        Invariant::NoCallWhileOpen,
+        Invariant::Liveness,
+        Invariant::Accounting,
+    ];
+
+    /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
+    /// compile here until it is given one (and a test checks `ALL` agrees).
+    pub const fn position(self) -> usize {
+        match self {
+            Invariant::RpmPerWindow => 0,
+            Invariant::RetryAfterMonotone => 1,
+            Invariant::HalfOpenProbes => 2,
+            Invariant::SparseFailures => 3,
+            Invariant::NoCallWhileOpen => 4,
+            Invariant::Liveness => 5,
+            Invariant::Accounting => 6,
+        }
+    }
+
+    /// The name scenario files and reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Invariant::RpmPerWindow => "rpm_per_window",
+            Invariant::RetryAfterMonotone => "retry_after_monotone",
+            Invariant::HalfOpenProbes => "half_open_probes",
+            Invariant::SparseFailures => "sparse_failures",
+            Invariant::NoCallWhileOpen => "no_call_while_open",
+            Invariant::Liveness => "liveness",
+            Invariant::Accounting => "accounting",
+        }
+    }
+
+    /// Runs this invariant's checker.
+    fn check(self, ctx: &Ctx, events: &[TraceEvent]) -> Finding {
+        match self {
+            Invariant::RpmPerWindow => limiter::rpm_per_window(ctx, events),
+            Invariant::RetryAfterMonotone => limiter::retry_after_monotone(ctx, events),
+            Invariant::HalfOpenProbes => breaker::half_open_probes(ctx, events),
+            Invariant::SparseFailures => breaker::sparse_failures(ctx, events),
+            Invariant::NoCallWhileOpen => breaker::no_call_while_open(ctx, events),
+            Invariant::Liveness => liveness::liveness(ctx, events),
+            Invariant::Accounting => accounting::accounting(ctx, events),
+        }
+    }
+}
+
+/// Pads like a string, so reports can align names.
+impl fmt::Display for Invariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// One invariant's outcome.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// It held over the whole run.
+    Held,
+    /// It did not; the first violation.
+    Violated {
+        /// Simulated time of the violating event, microseconds.
+        t_us: u64,
+        /// The host that recorded it.
+        host: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The run gives it nothing to check.
+    NotApplicable {
+        /// Why.
+        why: String,
+    },
+}
+
+/// An invariant's verdict, with what the scenario expected and a figure.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Check {
+    /// The invariant.
+    pub name: Invariant,
+    /// The verdict.
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    /// The scenario declared it may be violated.
+    pub may_violate: bool,
+    /// A measurement that goes with it (the excess, the worst case seen).
+    pub figure: String,
+}
+
+impl Check {
+    /// Whether this check fails the run: violated and not expected to be.
+    pub fn failed(&self) -> bool {
+        matches!(self.verdict, Verdict::Violated { .. }) && !self.may_violate
+    }
+}
+
+/// Runs every checker over `events`, in [`Invariant::ALL`] order.
+pub fn check_all(scenario: &Scenario, events: &[TraceEvent]) -> Vec<Check> {
+    let ctx = Ctx::new(scenario);
+    Invariant::ALL
+        .into_iter()
+        .map(|name| {
+            let (verdict, figure) = name.check(&ctx, events);
+            Check {
+                name,
+                verdict,
+                may_violate: scenario.expect.may_violate.contains(&name),
+                figure,
+            }
+        })
+        .collect()
+}
+
+/// A checker's verdict and its figure.
+type Finding = (Verdict, String);
+
+/// What every checker needs to know about the scenario.
+struct Ctx<'a> {
+    scenario: &'a Scenario,
+    scopes: Scopes,
+    /// One clock stamps everything a scope decides (per-worker, or a shared
+    /// cache stamping with its own time).
+    single_clock: bool,
+    window_us: u64,
+    recovery_us: u64,
+    /// The longest a request and its reply can spend on the network.
+    round_trip_us: u64,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(scenario: &'a Scenario) -> Self {
+        let scopes = Scopes::of(scenario);
+        Ctx {
+            scenario,
+            scopes,
+            single_clock: !scopes.shared() || scenario.cache.time_source == redstring::TimeSource::Store,
+            window_us: secs_us(scenario.hardening.window_s),
+            recovery_us: secs_us(scenario.hardening.recovery_timeout_s),
+            round_trip_us: 2 * (scenario.network.max_latency_ms + scenario.tick_ms) * 1000,
+        }
+    }
+
+    /// The instant the checks compare: the deciding clock's stamp when one
+    /// clock decides everything in a scope, otherwise true simulated time.
+    fn instant(&self, e: &TraceEvent, stamp_us: u64) -> u64 {
+        if self.single_clock { stamp_us } else { e.t_us }
+    }
+}
+
+fn secs_us(s: f64) -> u64 {
+    (s * 1e6).round().max(0.0) as u64
+}
+
+fn not_applicable(why: impl Into<String>) -> Finding {
+    (Verdict::NotApplicable { why: why.into() }, String::new())
+}
+
+fn violated(e: &TraceEvent, detail: String) -> Verdict {
+    Verdict::Violated {
+        t_us: e.t_us,
+        host: e.host.clone(),
+        detail,
+    }
+}
+#[cfg(test)]
+mod tests {
+    use redstring::CircuitState;
+
+    use super::*;
+    use crate::evidence::outcome::CallOutcome;
+    use crate::evidence::trace::Kind;
+    use crate::scenario::tenant;
+
+    const MINIMAL: &str = r#"
+name = "synthetic"
+duration_s = 100
+[hardening]
+rpm = 2
+window_s = 10
+half_open_max_calls = 1
+failure_threshold = 2
+recovery_timeout_s = 5
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+"#;
+
+    fn scenario() -> Scenario {
+        Scenario::parse("synthetic.toml", MINIMAL).unwrap()
+    }
+
+    fn ev(t_s: f64, kind: Kind) -> TraceEvent {
+        TraceEvent {
+            t_us: secs_us(t_s),
+            host: "w".into(),
+            kind,
+        }
+    }
+
+    fn admitted(t_s: f64) -> TraceEvent {
+        ev(
+            t_s,
+            Kind::Admitted {
+                tenant: tenant(1),
+                remaining: 0,
+                at_us: secs_us(t_s),
+            },
+        )
+    }
+
+    fn breaker(t_s: f64, from: CircuitState, to: CircuitState) -> TraceEvent {
+        ev(
+            t_s,
+            Kind::Breaker {
+                breaker: "b".into(),
+                from,
+                to,
+                at_us: secs_us(t_s),
+            },
+        )
+    }
+
+    fn verdict(name: Invariant, events: &[TraceEvent]) -> Verdict {
+        check_all(&scenario(), events)
+            .into_iter()
+            .find(|c| c.name == name)
+            .unwrap()
+            .verdict
+    }
+
+    #[test]
+    fn an_extra_admission_in_a_window_is_caught() {
+        assert_eq!(
+            verdict(Invariant::RpmPerWindow, &[admitted(0.0), admitted(5.0), admitted(11.0)]),
+            Verdict::Held
+        );
+        let v = verdict(Invariant::RpmPerWindow, &[admitted(0.0), admitted(5.0), admitted(10.0)]);
+        assert!(matches!(v, Verdict::Violated { t_us: 10_000_000, .. }), "{v:?}");
+    }
+
+    #[test]
+    fn a_second_live_probe_in_one_episode_is_caught() {
+        use CircuitState::*;
+        let probe = |t, seq| {
+            ev(
+                t,
+                Kind::Allowed {
+                    breaker: "b".into(),
+                    state: HalfOpen,
+                    probe: Some(seq),
+                    at_us: secs_us(t),
+                },
+            )
+        };
+        let episode = || [breaker(1.0, Closed, Open), breaker(6.0, Open, HalfOpen), probe(6.0, 1)];
+        assert_eq!(verdict(Invariant::HalfOpenProbes, &episode()), Verdict::Held);
+        let two = [episode().as_slice(), &[probe(6.5, 2)]].concat();
+        assert!(matches!(
+            verdict(Invariant::HalfOpenProbes, &two),
+            Verdict::Violated { .. }
+        ));
+        // The lease is the recovery timeout, 5 s here: a probe after it, or
+        // after the first was handed back, is the only live one.
+        let expired = [episode().as_slice(), &[probe(11.0, 2)]].concat();
+        assert_eq!(verdict(Invariant::HalfOpenProbes, &expired), Verdict::Held);
+        let released = ev(
+            6.2,
+            Kind::ProbeReleased {
+                breaker: "b".into(),
+                seq: 1,
+            },
+        );
+        let handed_back = [episode().as_slice(), &[released, probe(6.5, 2)]].concat();
+        assert_eq!(verdict(Invariant::HalfOpenProbes, &handed_back), Verdict::Held);
+    }
+
+    #[test]
+    fn an_admission_while_open_is_caught() {
+        use CircuitState::*;
+        let allowed = ev(
+            2.0,
+            Kind::Allowed {
+                breaker: "b".into(),
+                state: Closed,
+                probe: None,
+                at_us: secs_us(2.0),
+            },
+        );
+        let v = verdict(Invariant::NoCallWhileOpen, &[breaker(1.0, Closed, Open), allowed]);
+        assert!(matches!(v, Verdict::Violated { .. }), "{v:?}");
+    }
+
+    #[test]
+    fn an_opening_on_sparse_failures_is_caught() {
+        use CircuitState::*;
+        let failure = |t| {
+            ev(
+                t,
+                Kind::FailureRecorded {
+                    breaker: "b".into(),
+                    at_us: secs_us(t),
+                },
+            )
+        };
+        let dense = [failure(1.0), failure(3.0), breaker(3.0, Closed, Open)];
+        assert_eq!(verdict(Invariant::SparseFailures, &dense), Verdict::Held);
+        let sparse = [failure(1.0), failure(9.0), breaker(9.0, Closed, Open)];
+        assert!(matches!(
+            verdict(Invariant::SparseFailures, &sparse),
+            Verdict::Violated { .. }
+        ));
+    }
+
+    #[test]
+    fn work_that_ends_twice_or_unannounced_is_caught() {
+        let end = |call| {
+            ev(
+                3.0,
+                Kind::CallEnd {
+                    call,
+                    tenant: tenant(1),
+                    outcome: CallOutcome::Ok,
+                    attempts: 1,
+                    latency_ms: 1,
+                },
+            )
+        };
+        let arrive = ev(
+            1.0,
+            Kind::Arrival {
+                call: 0,
+                tenant: tenant(1),
+            },
+        );
+        assert_eq!(verdict(Invariant::Accounting, &[arrive.clone(), end(0)]), Verdict::Held);
+        assert!(matches!(
+            verdict(Invariant::Accounting, &[arrive, end(0), end(0)]),
+            Verdict::Violated { .. }
+        ));
+    }
+
+    #[test]
+    fn a_declared_violation_does_not_fail_the_run() {
+        let mut s = scenario();
+        s.expect.may_violate.insert(Invariant::RpmPerWindow);
+        let checks = check_all(&s, &[admitted(0.0), admitted(1.0), admitted(2.0)]);
+        let rpm = checks.iter().find(|c| c.name == Invariant::RpmPerWindow).unwrap();
+        assert!(matches!(rpm.verdict, Verdict::Violated { .. }));
+        assert!(!rpm.failed());
+    }
+
+    #[test]
+    fn window_counting_is_inclusive_and_finds_the_first_excess() {
+        assert_eq!(limiter::max_in_window([0, 10, 20].into_iter(), 20, 3), (3, None));
+        assert_eq!(limiter::max_in_window([0, 10, 20, 20].into_iter(), 20, 3), (4, Some(3)));
+        assert_eq!(limiter::max_in_window([0, 21, 42].into_iter(), 20, 1), (1, None));
+    }
+
+    #[test]
+    fn all_lists_every_invariant_once_in_position_order() {
+        for (i, invariant) in Invariant::ALL.iter().enumerate() {
+            assert_eq!(invariant.position(), i, "{invariant}");
+            let json = serde_json::to_value(invariant).unwrap();
+            assert_eq!(json, invariant.name());
+        }
+    }
+
+    #[test]
+    fn a_restarted_shared_cache_forgets_open_breakers() {
+        use CircuitState::*;
+        let mut s = scenario();
+        s.cache.kind = crate::scenario::CacheKind::Shared;
+        let up = TraceEvent {
+            t_us: secs_us(2.0),
+            host: crate::evidence::trace::DRIVER.into(),
+            kind: Kind::Fault {
+                fault: crate::scenario::Fault::CacheUp { at_s: 2.0 },
+            },
+        };
+        let allowed = ev(
+            3.0,
+            Kind::Allowed {
+                breaker: "b".into(),
+                state: Closed,
+                probe: None,
+                at_us: secs_us(3.0),
+            },
+        );
+        let checks = check_all(&s, &[breaker(1.0, Closed, Open), up, allowed]);
+        let open = checks.iter().find(|c| c.name == Invariant::NoCallWhileOpen).unwrap();
+        assert_eq!(open.verdict, Verdict::Held);
+    }
+}

@@ -1,0 +1,127 @@
+//! The settings under test and the environment they run in: the hardening
+//! configuration, where its state lives, the network and each host's clock.
+
+use serde::{Deserialize, Serialize};
+
+/// The hardening configuration every worker builds its provider from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Hardening {
+    /// Calls per tenant per window.
+    pub rpm: u32,
+    /// The limiter's window.
+    pub window_s: f64,
+    /// Failed calls that open a breaker.
+    pub failure_threshold: u32,
+    /// Breaker open time, and the failure count's lifetime.
+    pub recovery_timeout_s: f64,
+    /// Probes per half-open episode.
+    pub half_open_max_calls: u32,
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// First backoff.
+    pub initial_delay_s: f64,
+    /// Backoff cap.
+    pub max_delay_s: f64,
+    /// Backoff growth.
+    pub multiplier: f64,
+    /// Backoff jitter fraction.
+    pub jitter: f64,
+    /// Per-request HTTP timeout.
+    pub request_timeout_s: f64,
+    /// Limiter refusals a call waits out before giving up.
+    pub limiter_waits: u32,
+    /// Per-call deadline, if any.
+    pub deadline_s: Option<f64>,
+    /// Output token budget per request.
+    pub max_tokens: u32,
+}
+
+impl Default for Hardening {
+    fn default() -> Self {
+        Hardening {
+            rpm: 60,
+            window_s: 60.0,
+            failure_threshold: 5,
+            recovery_timeout_s: 60.0,
+            half_open_max_calls: 1,
+            max_retries: 3,
+            initial_delay_s: 1.0,
+            max_delay_s: 60.0,
+            multiplier: 2.0,
+            jitter: 0.1,
+            request_timeout_s: 30.0,
+            limiter_waits: 1,
+            deadline_s: None,
+            max_tokens: 256,
+        }
+    }
+}
+
+impl Hardening {
+    /// The retry schedule these settings describe.
+    pub fn retry_policy(&self) -> Result<redstring::RetryPolicy, redstring::ConfigError> {
+        let secs = |s: f64| std::time::Duration::try_from_secs_f64(s).unwrap_or(std::time::Duration::MAX);
+        redstring::RetryPolicy::builder()
+            .max_retries(self.max_retries)
+            .initial_delay(secs(self.initial_delay_s))
+            .max_delay(secs(self.max_delay_s))
+            .multiplier(self.multiplier)
+            .jitter(self.jitter)
+            .build()
+    }
+}
+
+/// Where the limiter's hits and the breaker's state live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheKind {
+    /// Each worker keeps its own in-process `MemoryCache` (the default).
+    #[default]
+    PerWorker,
+    /// One cache host shared by the fleet over the simulated network.
+    Shared,
+}
+
+/// The cache layout.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheLayout {
+    /// Per worker or shared.
+    pub kind: CacheKind,
+    /// Whose clock stamps hits in the shared cache.
+    pub time_source: redstring::TimeSource,
+    /// The cache host's own clock.
+    pub clock: ClockSpec,
+    /// How long a worker waits for the cache host before calling it unavailable (default 250 ms).
+    pub timeout_ms: Option<u64>,
+}
+
+/// Link latency.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Network {
+    /// Fastest delivery.
+    pub min_latency_ms: u64,
+    /// Slowest delivery.
+    pub max_latency_ms: u64,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            min_latency_ms: 1,
+            max_latency_ms: 5,
+        }
+    }
+}
+
+/// A host's clock relative to true simulated time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClockSpec {
+    /// Constant offset (positive: the host's clock runs ahead).
+    pub offset_ms: i64,
+    /// Rate error in parts per million (positive: runs fast).
+    pub drift_ppm: i64,
+}

@@ -1,0 +1,47 @@
+//! The world's fault schedule: faults at one instant apply in a defined,
+//! documented order (see `redstring_sim::scenario::Fault`).
+
+use redstring_sim::evidence::outcome::Answer;
+use redstring_sim::evidence::trace::Kind;
+use redstring_sim::scenario::Scenario;
+use redstring_sim::world::simulate;
+
+const BASE: &str = r#"
+name = "same-instant"
+duration_s = 40
+[[servers]]
+name = "gpu"
+reload_s = 5
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 120 }]
+"#;
+
+const CRASH: &str = "[[faults]]\nkind = \"crash\"\nat_s = 10\nserver = \"gpu\"\n";
+const RESTART: &str = "[[faults]]\nkind = \"restart\"\nat_s = 10\nserver = \"gpu\"\n";
+
+/// How the server answered after the faults: (loading, ok) answers.
+fn answers_after(faults: &str) -> (usize, usize) {
+    let s = Scenario::parse("same-instant.toml", &format!("{BASE}{faults}")).unwrap();
+    let run = simulate(&s, 1).unwrap();
+    let count = |answer: Answer| {
+        run.events
+            .iter()
+            .filter(|e| e.t_us >= 10_000_000 && matches!(e.kind, Kind::Served { outcome, .. } if outcome == answer))
+            .count()
+    };
+    (count(Answer::Loading), count(Answer::Ok))
+}
+
+#[test]
+fn a_crash_and_a_restart_at_one_instant_are_a_crash_followed_by_a_restart() {
+    for (order, faults) in [
+        ("crash first", format!("{CRASH}{RESTART}")),
+        ("restart first", format!("{RESTART}{CRASH}")),
+    ] {
+        let (loading, ok) = answers_after(&faults);
+        assert!(loading > 0, "{order}: the restart reloads the model");
+        assert!(ok > 0, "{order}: and the server serves again after its reload");
+    }
+}
