@@ -89,7 +89,8 @@ pub enum CacheKind {
 pub struct CacheLayout {
     /// Per worker or shared.
     pub kind: CacheKind,
-    /// Whose clock stamps hits in the shared cache.
+    /// Whose clock stamps hits in the shared cache (default `store`, the
+    /// cache host's own clock, as in the core).
     pub time_source: redstring::TimeSource,
     /// The cache host's own clock.
     pub clock: ClockSpec,
