@@ -47,11 +47,12 @@ use crate::time::Timestamp;
 pub enum TimeSource {
     /// The caller's clock (the spec's behaviour): each worker stamps with its
     /// own `now`. The skew-sensitive choice: a limiter decision's stamp is
-    /// clamped into one window behind the store's clock
+    /// clamped into `[store − window, store + max_clock_ahead]`
     /// ([`crate::limiter::clamp_stamp`], reported as
     /// [`Event::StampClamped`](crate::Event::StampClamped)), and a tenant can
-    /// get up to [`crate::limiter::skew_bound`] admissions per window — at
-    /// most twice `rpm` — when the fleet's clocks disagree.
+    /// get up to [`crate::limiter::skew_bound`] admissions per window — twice
+    /// `rpm` while the clocks stay within a window of each other, three times
+    /// at worst — when the fleet's clocks disagree.
     Caller,
     /// The cache's own clock (Redis `TIME`, the cache host's clock), the
     /// default: one clock for the whole fleet, so skewed workers still agree

@@ -23,12 +23,12 @@
 //!   in it was already stored and was counted by its decision.)
 //! - **In true time the excess is bounded by the skew**: if the stamps of
 //!   the callers admitted in a window spread over at most `Δ` (the largest
-//!   difference between their clocks, after clamping, so `Δ ≤ window`), any
-//!   `window` of true time holds at most `limit × (1 + ⌈Δ / window⌉)`
-//!   admissions — exactly `limit` when every clock agrees or the store
-//!   stamps, and however wild a caller's clock, at most `2 × limit` (`3 ×`
-//!   if the tolerated lead `max_ahead` is as large as the window; the
-//!   limiter's default lead is one second). [`skew_bound`] computes it.
+//!   difference between their clocks, after clamping, so
+//!   `Δ ≤ window + max_ahead`), any `window` of true time holds at most
+//!   `limit × (1 + ⌈Δ / window⌉)` admissions — exactly `limit` when every
+//!   clock agrees or the store stamps, `2 × limit` while the clocks stay
+//!   within one window of each other, and `3 × limit` however wild a
+//!   caller's clock. [`skew_bound`] computes it.
 //!
 //! A clock far ahead can therefore no longer prune everyone else's hits (the
 //! store prunes by its own clock), and is reported when clamped.
