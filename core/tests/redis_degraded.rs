@@ -317,8 +317,14 @@ async fn a_window_without_ttl_gets_one_even_when_refused() {
     let clock = Arc::new(ManualClock::new(SystemClock.now()));
     let cache = server.cache();
     let window = window_key("t");
-    cache.record_hit("t", clock.now(), Duration::from_secs(60)).await.unwrap();
-    cache.record_hit("t", clock.now(), Duration::from_secs(60)).await.unwrap();
+    cache
+        .record_hit("t", clock.now(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    cache
+        .record_hit("t", clock.now(), Duration::from_secs(60))
+        .await
+        .unwrap();
     ok(server.command(&["PERSIST", &window]));
     assert_eq!(pttl(&server, &window), -1);
     assert!(matches!(

@@ -53,6 +53,17 @@
 //!
 //! Don't store values at keys of the form `…:hits` that collide with a window.
 //!
+//! Every script touches one limiter tenant's single key, or one breaker's four
+//! keys (which share the `{prefix}` tag), so each script is Cluster-safe.
+//!
+//! Hit members are `"<µs>:<n>"`, where `n` counts the hits already at that exact
+//! instant: two hits at one instant are two members, from any process, with no
+//! client nonce or entropy. Instants are integer microseconds
+//! ([`Timestamp::as_micros`]), exact as sorted-set scores; `opened_at` is
+//! stored in [`Timestamp`]'s `Display` form (`1700000000.250000`). Instants and
+//! durations above 2^53 µs (year 2255) are refused rather than rounded. TTLs
+//! are rounded up to whole milliseconds.
+//!
 //! # Keys a foreign writer damaged
 //!
 //! The scripts check a key's type before reading it, so a value of the wrong
@@ -72,17 +83,6 @@
 //!   writes, are not hits: reads ignore them and the next write removes them;
 //! - a window always has a TTL: every recorded hit extends it, and a refused
 //!   `acquire_slot` gives one to a window left without.
-
-//! Every script touches one limiter tenant's single key, or one breaker's four
-//! keys (which share the `{prefix}` tag), so each script is Cluster-safe.
-//!
-//! Hit members are `"<µs>:<n>"`, where `n` counts the hits already at that exact
-//! instant: two hits at one instant are two members, from any process, with no
-//! client nonce or entropy. Instants are integer microseconds
-//! ([`Timestamp::as_micros`]), exact as sorted-set scores; `opened_at` is
-//! stored in [`Timestamp`]'s `Display` form (`1700000000.250000`). Instants and
-//! durations above 2^53 µs (year 2255) are refused rather than rounded. TTLs
-//! are rounded up to whole milliseconds.
 //!
 //! # Time source
 //!
@@ -809,15 +809,15 @@ impl LimiterStore for RedisCache {
             [0, used, retry, at, clamped @ (0 | 1), healed @ (0 | 1)] => {
                 self.report_healed_window(key, healed == 1);
                 u64::try_from(used)
-                .ok()
-                .zip(u64::try_from(retry).ok())
-                .zip(stamp(at))
-                .map(|((used, retry), at)| SlotOutcome::Refused {
-                    used,
-                    retry_after: Duration::from_micros(retry),
-                    at,
-                    clamped: clamped == 1,
-                })
+                    .ok()
+                    .zip(u64::try_from(retry).ok())
+                    .zip(stamp(at))
+                    .map(|((used, retry), at)| SlotOutcome::Refused {
+                        used,
+                        retry_after: Duration::from_micros(retry),
+                        at,
+                        clamped: clamped == 1,
+                    })
             }
             _ => None,
         };
@@ -1015,14 +1015,14 @@ impl BreakerStore for RedisCache {
             [Some(at), state, failures, opened_at, probes] => Ok({
                 self.report_wrong_types(keys, [state, failures, opened_at, probes]);
                 (
-                BreakerSnapshot::decode(
-                    state.as_deref(),
-                    failures.as_deref(),
-                    opened_at.as_deref(),
-                    probes.as_deref(),
-                ),
-                micros(OP, at)?,
-            )
+                    BreakerSnapshot::decode(
+                        state.as_deref(),
+                        failures.as_deref(),
+                        opened_at.as_deref(),
+                        probes.as_deref(),
+                    ),
+                    micros(OP, at)?,
+                )
             }),
             _ => Err(unexpected(OP, &reply)),
         }
@@ -1093,7 +1093,11 @@ mod tests {
                 "OOM",
             ),
         ] {
-            assert_eq!(classify(&server_error(reply)), Class::Unavailable(Some(code)), "{reply}");
+            assert_eq!(
+                classify(&server_error(reply)),
+                Class::Unavailable(Some(code)),
+                "{reply}"
+            );
         }
     }
 
