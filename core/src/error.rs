@@ -55,6 +55,18 @@ pub enum CacheError {
         /// The key holding the non-numeric value.
         key: String,
     },
+    /// The cache refused the credentials: a wrong or missing password (or a
+    /// password sent to a server that has none). A misconfiguration, not a
+    /// transient fault: it is never routed to a component's
+    /// cache-unavailable policy, and every operation reports it until the
+    /// configuration is fixed.
+    #[error("authentication failed during {operation}: wrong or missing password for {target}")]
+    Authentication {
+        /// The port operation that was refused.
+        operation: &'static str,
+        /// The server, as safe to print (any password replaced by `***`).
+        target: String,
+    },
     /// The cache has been closed.
     #[error("cache is closed")]
     Closed,

@@ -89,7 +89,10 @@ pub enum Event {
     BreakerStateUnreadable {
         /// The breaker's key prefix.
         breaker: Arc<str>,
-        /// What was stored instead of a state.
+        /// What was stored instead of a state: at most
+        /// [`EXCERPT_BYTES`](crate::breaker::machine::EXCERPT_BYTES) of it,
+        /// and its full length when cut (see
+        /// [`excerpt`](crate::breaker::machine::excerpt)).
         stored: String,
     },
     /// A component could not reach its cache and applied its policy.

@@ -446,7 +446,8 @@ pub struct BreakerStep {
     pub permit: Option<Permit>,
     /// Probe leases this step found expired and dropped.
     pub expired_probes: u32,
-    /// The stored state was damaged and read as closed: what was there.
+    /// The stored state was damaged and read as closed: an excerpt of what
+    /// was there (see [`excerpt`]), never the whole of a large value.
     pub unreadable: Option<String>,
     /// What to store.
     pub writes: Writes,
@@ -488,13 +489,31 @@ fn open_wait(opened_at: Option<Timestamp>, params: &BreakerParams, now: Timestam
     }
 }
 
+/// The most bytes of a damaged stored value [`excerpt`] keeps.
+pub const EXCERPT_BYTES: usize = 64;
+
+/// What a report shows of a damaged stored value: the value itself when it is
+/// at most [`EXCERPT_BYTES`] long, else its first bytes (cut at a character
+/// boundary) and its full length — `"xxxx… (1048576 bytes)"`. A foreign
+/// writer's megabyte never travels whole into an event or a log line.
+pub fn excerpt(stored: &str) -> String {
+    if stored.len() <= EXCERPT_BYTES {
+        return stored.to_owned();
+    }
+    let mut end = EXCERPT_BYTES;
+    while !stored.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &stored[..end], stored.len())
+}
+
 /// One transition of the breaker. Pure: the same inputs give the same step.
 pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &BreakerParams, now: Timestamp) -> BreakerStep {
     use CircuitState::*;
     let (before, unreadable) = match stored.state() {
         StoredState::Valid(state) => (state, None),
         StoredState::Missing => (Closed, None),
-        StoredState::Unreadable(s) => (Closed, Some(s)),
+        StoredState::Unreadable(s) => (Closed, Some(excerpt(&s))),
     };
     let mut writes = Writes::NONE;
     let mut permit = None;
@@ -780,6 +799,21 @@ mod tests {
         snap.opened_at = None;
         assert!(step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0).allowed());
         assert_eq!(retry_after(&snap, &params(1, 60, 1), T0), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_large_unreadable_state_is_reported_by_excerpt() {
+        let big = "x".repeat(1 << 20);
+        let snap = BreakerSnapshot::decode(Some(&big), None, None, None);
+        let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
+        let shown = s.unreadable.expect("reported");
+        assert!(shown.len() <= EXCERPT_BYTES + 32, "{} bytes", shown.len());
+        assert!(shown.starts_with(&"x".repeat(EXCERPT_BYTES)));
+        assert!(shown.ends_with("(1048576 bytes)"), "{shown}");
+        // Never cut inside a character.
+        let wide = "é".repeat(100);
+        assert!(excerpt(&wide).starts_with(&"é".repeat(EXCERPT_BYTES / 2)));
+        assert_eq!(excerpt("bogus"), "bogus");
     }
 
     #[test]

@@ -91,6 +91,7 @@ checks!(
     racing_breaker_probes_admit_exactly_the_limit,
     breaker_success_from_half_open_clears_everything,
     breaker_unreadable_state_reads_as_closed,
+    breaker_a_large_unreadable_state_is_reported_by_excerpt,
     breaker_read_changes_nothing,
     breaker_probe_leases_expire_and_late_reports_change_nothing,
     breaker_release_frees_exactly_its_own_probe,
@@ -577,6 +578,23 @@ async fn breaker_unreadable_state_reads_as_closed<H: Harness>(h: &H) {
     assert!(s.allowed());
     assert_eq!(s.before, CircuitState::Closed);
     assert_eq!(s.unreadable.as_deref(), Some("garbage"));
+}
+
+async fn breaker_a_large_unreadable_state_is_reported_by_excerpt<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance");
+    let big = "y".repeat(1 << 20);
+    c.set(&keys.state, &big, None).await.unwrap();
+    let s = c
+        .breaker_step(&keys, BreakerCommand::Allow, params(5, secs(60), 1), h.now())
+        .await
+        .unwrap();
+    assert!(s.allowed());
+    assert_eq!(s.unreadable, Some(crate::breaker::machine::excerpt(&big)));
+    let shown = s.unreadable.unwrap_or_default();
+    assert!(shown.len() < 128, "the report carried {} bytes", shown.len());
+    assert!(shown.contains("1048576 bytes"), "{shown}");
+    c.delete(&keys.state).await.unwrap();
 }
 
 async fn breaker_read_changes_nothing<H: Harness>(h: &H) {

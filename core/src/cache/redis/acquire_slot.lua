@@ -2,10 +2,13 @@
 -- KEYS[1]: the tenant's window (sorted set).
 -- ARGV: now (µs, or '' for the server's TIME), window (µs), limit,
 --       ttl (µs), ttl (ms, rounded up), max_ahead (µs).
--- Returns {1, remaining, at, clamped} when admitted, {0, used, retry_after_us,
--- at, clamped} when refused. The decision is limiter::decide's, line for line;
--- a caller's stamp is clamped as limiter::clamp_stamp clamps it.
+-- Returns {1, remaining, at, clamped, healed} when admitted, {0, used,
+-- retry_after_us, at, clamped, healed} when refused; healed is 1 when a
+-- foreign value (another type, scores beyond 2^53 µs) was removed first.
+-- The decision is limiter::decide's, line for line; a caller's stamp is
+-- clamped as limiter::clamp_stamp clamps it.
 local w = KEYS[1]
+local healed = heal_window(w)
 local store_now = server_now()
 local window = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
@@ -27,16 +30,21 @@ local since = now - window
 if since < 0 then
   since = 0
 end
-local count = redis.call('ZCOUNT', w, int(since), '+inf')
+local count = redis.call('ZCOUNT', w, int(since), MAX_SCORE)
 if count < limit then
   record(w, now, tonumber(ARGV[4]), tonumber(ARGV[5]), store_now)
-  return {1, limit - count - 1, now, clamped}
+  return {1, limit - count - 1, now, clamped, healed}
 end
--- Refused: nothing is recorded. The wait runs until the oldest hit in the
+-- Refused: nothing is recorded, but a window left without a TTL (by a
+-- foreign writer) gets one, so no hit holds a slot forever.
+if redis.call('PTTL', w) == -1 then
+  redis.call('PEXPIRE', w, ARGV[5])
+end
+-- The wait The wait runs until the oldest hit in the
 -- window has left the inclusive window: (oldest + window) - now plus one
 -- microsecond, never less than one microsecond; the full window if there is
 -- no oldest hit.
-local first = redis.call('ZRANGEBYSCORE', w, int(since), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+local first = redis.call('ZRANGEBYSCORE', w, int(since), MAX_SCORE, 'WITHSCORES', 'LIMIT', 0, 1)
 local retry = window
 if first[2] then
   retry = tonumber(first[2]) + window + 1 - now
@@ -44,4 +52,4 @@ if first[2] then
     retry = 1
   end
 end
-return {0, count, retry, now, clamped}
+return {0, count, retry, now, clamped, healed}

@@ -22,11 +22,13 @@ local recovery_ms = tonumber(ARGV[8])
 local max_probes = tonumber(ARGV[9])
 local lease_us = tonumber(ARGV[10])
 
--- BreakerSnapshot::decode, field by field.
-local raw_state = redis.call('GET', KEYS[1])
-local raw_failures = redis.call('GET', KEYS[2])
-local raw_opened = redis.call('GET', KEYS[3])
-local raw_probes = redis.call('GET', KEYS[4])
+-- BreakerSnapshot::decode, field by field. A key a foreign writer gave
+-- another type reads as a marker text that decodes as unreadable, here and
+-- in Rust alike, and is replaced by the next write to it.
+local raw_state = read_string(KEYS[1])
+local raw_failures = read_string(KEYS[2])
+local raw_opened = read_string(KEYS[3])
+local raw_probes = read_string(KEYS[4])
 
 -- A u32 as Rust's parser reads it: optional '+', digits, at most 4294967295.
 local function parse_u32(s)

@@ -24,6 +24,47 @@ local function now_from(arg)
   return server_now()
 end
 
+-- The largest score the adapter ever writes (2^53 µs). Anything above it (a
+-- foreign `ZADD key +inf x`) is no hit of ours and would hold a slot forever.
+local MAX_SCORE = '9007199254740992'
+
+-- What a key a value should live at (a string) holds, as text: the value,
+-- false when the key is absent, or "WRONGTYPE: a <type>, not a string" when a
+-- foreign writer left another type there (GET would fail on it). The marker
+-- parses as no value, so a wrong-typed key reads like an unreadable one and
+-- the next write replaces it (SET overwrites any type).
+local function read_string(key)
+  local t = redis.call('TYPE', key).ok
+  if t ~= 'string' and t ~= 'none' then
+    return 'WRONGTYPE: a ' .. t .. ', not a string'
+  end
+  return redis.call('GET', key)
+end
+
+-- Whether `w` can be read as a hit window: a sorted set, or nothing. A value
+-- of another type reads as an empty window.
+local function window_readable(w)
+  local t = redis.call('TYPE', w).ok
+  return t == 'zset' or t == 'none'
+end
+
+-- Makes `w` fit to record in: a foreign value of another type is deleted,
+-- and scores beyond any the adapter writes are dropped. Returns 1 when it
+-- removed something, 0 when the window was sound. A sound window sees reads
+-- only: the first write of a script is the one Redis checks against
+-- `maxmemory`, and that must stay the hit itself.
+local function heal_window(w)
+  if not window_readable(w) then
+    redis.call('DEL', w)
+    return 1
+  end
+  if redis.call('ZCOUNT', w, '(' .. MAX_SCORE, '+inf') > 0 then
+    redis.call('ZREMRANGEBYSCORE', w, '(' .. MAX_SCORE, '+inf')
+    return 1
+  end
+  return 0
+end
+
 -- HitWindow::record_hit, as MemoryCache's State::record does it: add one hit
 -- at `at`, keep the series alive at least `ttl_ms` from now (never shorten a
 -- longer life), and drop hits more than `ttl_us` older than the server's

@@ -52,6 +52,7 @@
 //!   in another slot; only `delete` touches both keys.
 //!
 //! Don't store values at keys of the form `…:hits` that collide with a window.
+//!
 //! Every script touches one limiter tenant's single key, or one breaker's four
 //! keys (which share the `{prefix}` tag), so each script is Cluster-safe.
 //!
@@ -62,6 +63,26 @@
 //! stored in [`Timestamp`]'s `Display` form (`1700000000.250000`). Instants and
 //! durations above 2^53 µs (year 2255) are refused rather than rounded. TTLs
 //! are rounded up to whole milliseconds.
+//!
+//! # Keys a foreign writer damaged
+//!
+//! The scripts check a key's type before reading it, so a value of the wrong
+//! type is never an error that lasts:
+//!
+//! - a breaker key that is not a string (someone `HSET` the state key) reads
+//!   as the text `WRONGTYPE: a <type>, not a string`, which
+//!   [`BreakerSnapshot::decode`] takes as unreadable — the state as
+//!   [`StoredState::Unreadable`](machine::StoredState::Unreadable) (closed,
+//!   reported as [`Event::BreakerStateUnreadable`](crate::Event::BreakerStateUnreadable)),
+//!   the other keys as absent — on both sides of the cross-check; the adapter
+//!   logs a warning, and the next write to the key replaces it (`SET`
+//!   overwrites any type);
+//! - a hit window that is not a sorted set reads as empty, and the next
+//!   `record_hit` or `acquire_slot` deletes it first and logs a warning;
+//! - scores beyond 2^53 µs (a `ZADD key +inf x`), which the adapter never
+//!   writes, are not hits: reads ignore them and the next write removes them;
+//! - a window always has a TTL: every recorded hit extends it, and a refused
+//!   `acquire_slot` gives one to a window left without.
 //!
 //! # Time source
 //!
@@ -83,9 +104,35 @@
 //! server returns. Every operation finishes within
 //! [`RedisCacheBuilder::operation_timeout`] (`connect_timeout` +
 //! `response_timeout`): a refused connection, a timeout or a server killed
-//! mid-call is [`CacheError::Unavailable`], never a hang. Server-side and
-//! reply-shape errors are [`CacheError::Protocol`]; incrementing a non-integer
-//! is [`CacheError::NotAnInteger`].
+//! mid-call is [`CacheError::Unavailable`], never a hang.
+//!
+//! A server that answers may still be unable to serve. These error codes are
+//! [`CacheError::Unavailable`] too (the reason names the code), so the
+//! components' policies below apply to them, with an event each time:
+//!
+//! | code | what the server is saying |
+//! |---|---|
+//! | `OOM` | at `maxmemory` under `noeviction`: no write fits |
+//! | `LOADING` | loading its dataset after a restart |
+//! | `BUSY` | a script has run past `busy-reply-threshold` |
+//! | `READONLY` | a replica, e.g. the old master after a failover |
+//! | `MASTERDOWN` | a replica whose master link is down (`replica-serve-stale-data no`) |
+//! | `CLUSTERDOWN`, `TRYAGAIN` | a cluster that is down or moving slots |
+//!
+//! A command failing inside a script reaches the client as a script error;
+//! the adapter classifies it by the code of the inner error, which Redis 7
+//! keeps as the reply's code and older servers quote in the text (`ERR Error
+//! running script … -OOM …`). Reads still work at `OOM`, and every script's
+//! first write is its real one, so a full server refuses exactly what would
+//! grow it.
+//!
+//! A refused password — wrong, missing (`NOAUTH`), or sent to a server that
+//! has none — is a misconfiguration, not an outage: every operation fails at
+//! once with [`CacheError::Authentication`] ("authentication failed: wrong or
+//! missing password for `<target>`", the target redacted), which is not
+//! transient and is never routed to a cache-unavailable policy. Other
+//! server-side and reply-shape errors are [`CacheError::Protocol`];
+//! incrementing a non-integer is [`CacheError::NotAnInteger`].
 //!
 //! What the components do meanwhile is theirs to decide, and configurable:
 //! the rate limiter's
@@ -153,6 +200,10 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 /// The default number of reconnection attempts per outage episode.
 pub const DEFAULT_RECONNECT_RETRIES: usize = 2;
+
+/// How the scripts spell a key holding another type than a string
+/// (`common.lua`'s `read_string`), followed by the type.
+const WRONG_TYPE_MARKER: &str = "WRONGTYPE: ";
 
 /// The largest instant or duration, in µs, a Lua number holds exactly (2^53).
 const MAX_EXACT_MICROS: u64 = 1 << 53;
@@ -357,6 +408,36 @@ impl RedisCache {
         }
     }
 
+    /// Reports a hit window a script found holding a foreign value (another
+    /// type, or scores beyond any the adapter writes) and replaced.
+    fn report_healed_window(&self, key: &str, healed: bool) {
+        if healed {
+            tracing::warn!(
+                server = %self.inner.target,
+                key,
+                window = %window_key(key),
+                "a foreign value at a hit window was removed before recording"
+            );
+        }
+    }
+
+    /// Reports breaker keys a foreign writer gave another type than a string
+    /// (the scripts read them as [`WRONG_TYPE_MARKER`] text); the state key's
+    /// is also reported by the breaker as an unreadable state.
+    fn report_wrong_types(&self, keys: &BreakerKeys, raw: [&Option<String>; 4]) {
+        let names = [&keys.state, &keys.failures, &keys.opened_at, &keys.probes];
+        for (key, value) in names.into_iter().zip(raw) {
+            if let Some(value) = value.as_deref().filter(|v| v.starts_with(WRONG_TYPE_MARKER)) {
+                tracing::warn!(
+                    server = %self.inner.target,
+                    key = %key,
+                    found = value,
+                    "a breaker key holds another type; read as unreadable until the next write replaces it"
+                );
+            }
+        }
+    }
+
     /// Runs one round trip on the connection, bounded by the operation
     /// timeout, with its error mapped onto the port's vocabulary.
     async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, CacheError>
@@ -380,39 +461,101 @@ impl RedisCache {
 
     fn map_error(&self, operation: &'static str, error: &RedisError) -> CacheError {
         let text = scrub(&error.to_string(), self.inner.secret.as_deref());
-        if is_unavailable(error) {
-            CacheError::Unavailable {
+        match classify(error) {
+            Class::Authentication => CacheError::Authentication {
+                operation,
+                target: self.inner.target.clone(),
+            },
+            Class::Unavailable(None) => CacheError::Unavailable {
                 operation,
                 reason: format!("{}: {text}", self.inner.target),
-            }
-        } else {
-            CacheError::Protocol {
+            },
+            Class::Unavailable(Some(code)) => CacheError::Unavailable {
+                operation,
+                reason: format!("{} answered {code}: {text}", self.inner.target),
+            },
+            Class::Protocol => CacheError::Protocol {
                 operation,
                 detail: text,
-            }
+            },
         }
     }
 }
 
-/// Whether an error means "the server could not answer" (transient), as
-/// opposed to a bug or a foreign writer.
-fn is_unavailable(error: &RedisError) -> bool {
-    error.is_io_error()
+/// Server error codes meaning "the server cannot serve this now", which the
+/// components' cache-unavailable policies cover: out of memory under
+/// `noeviction`, loading its dataset, busy with a long script, a replica
+/// refusing writes after a failover, a replica whose master is down, a
+/// cluster that is down or resharding.
+const UNAVAILABLE_CODES: [&str; 7] = [
+    "OOM",
+    "LOADING",
+    "BUSY",
+    "READONLY",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+];
+
+/// Server error codes meaning the credentials were refused.
+const AUTHENTICATION_CODES: [&str; 2] = ["NOAUTH", "WRONGPASS"];
+
+/// What an error from the redis crate means for the port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// A wrong or missing password: a misconfiguration.
+    Authentication,
+    /// The server could not answer now (transient); with the server's error
+    /// code when it said so itself.
+    Unavailable(Option<&'static str>),
+    /// A bug or a foreign writer.
+    Protocol,
+}
+
+fn classify(error: &RedisError) -> Class {
+    let text = error.to_string();
+    if matches!(error.kind(), ErrorKind::AuthenticationFailed)
+        || error_codes(error, &text).any(|code| AUTHENTICATION_CODES.contains(&code))
+        || text.contains("called without any password configured")
+    {
+        return Class::Authentication;
+    }
+    if let Some(code) = error_codes(error, &text).find_map(|c| UNAVAILABLE_CODES.iter().find(|&&u| u == c)) {
+        return Class::Unavailable(Some(code));
+    }
+    if error.is_io_error()
         || error.is_timeout()
         || error.is_connection_refusal()
         || error.is_connection_dropped()
         || matches!(
             error.kind(),
             ErrorKind::Io
-                | ErrorKind::AuthenticationFailed
                 | ErrorKind::ClusterConnectionNotFound
                 | ErrorKind::Server(
                     ServerErrorKind::BusyLoading
                         | ServerErrorKind::TryAgain
                         | ServerErrorKind::ClusterDown
                         | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
                 )
         )
+    {
+        return Class::Unavailable(None);
+    }
+    Class::Protocol
+}
+
+/// The error codes an error carries: the reply's own code, and any code
+/// quoted in its text. A `redis.call` failing inside a script reaches the
+/// client with the inner error's code (Redis 7: `-OOM … script: …`) or, on
+/// older servers, wrapped in an `ERR Error running script … -OOM …` whose
+/// text still names it; either way the code is an upper-case word of the
+/// text.
+fn error_codes<'a>(error: &'a RedisError, text: &'a str) -> impl Iterator<Item = &'a str> {
+    let words = text
+        .split(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        .filter(|w| w.len() >= 2);
+    error.code().into_iter().chain(words)
 }
 
 /// A µs value as a script argument, refusing what a Lua number would round.
@@ -585,17 +728,20 @@ impl HitWindow for RedisCache {
     async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
         let window = window_key(key);
         let at = exact("record_hit", at.as_micros())?;
-        self.run("record_hit", |mut c| async move {
-            SCRIPTS
-                .record_hit
-                .key(&window)
-                .arg(at)
-                .arg(duration_us(ttl))
-                .arg(ttl_ms(ttl))
-                .invoke_async::<()>(&mut c)
-                .await
-        })
-        .await
+        let healed: i64 = self
+            .run("record_hit", |mut c| async move {
+                SCRIPTS
+                    .record_hit
+                    .key(&window)
+                    .arg(at)
+                    .arg(duration_us(ttl))
+                    .arg(ttl_ms(ttl))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        self.report_healed_window(key, healed == 1);
+        Ok(())
     }
 
     async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
@@ -649,7 +795,8 @@ impl LimiterStore for RedisCache {
             .await?;
         let stamp = |n: i64| u64::try_from(n).map(Timestamp::from_micros).ok();
         let outcome = match *reply.as_slice() {
-            [1, remaining, at, clamped @ (0 | 1)] => {
+            [1, remaining, at, clamped @ (0 | 1), healed @ (0 | 1)] => {
+                self.report_healed_window(key, healed == 1);
                 u32::try_from(remaining)
                     .ok()
                     .zip(stamp(at))
@@ -659,16 +806,19 @@ impl LimiterStore for RedisCache {
                         clamped: clamped == 1,
                     })
             }
-            [0, used, retry, at, clamped @ (0 | 1)] => u64::try_from(used)
-                .ok()
-                .zip(u64::try_from(retry).ok())
-                .zip(stamp(at))
-                .map(|((used, retry), at)| SlotOutcome::Refused {
-                    used,
-                    retry_after: Duration::from_micros(retry),
-                    at,
-                    clamped: clamped == 1,
-                }),
+            [0, used, retry, at, clamped @ (0 | 1), healed @ (0 | 1)] => {
+                self.report_healed_window(key, healed == 1);
+                u64::try_from(used)
+                    .ok()
+                    .zip(u64::try_from(retry).ok())
+                    .zip(stamp(at))
+                    .map(|((used, retry), at)| SlotOutcome::Refused {
+                        used,
+                        retry_after: Duration::from_micros(retry),
+                        at,
+                        clamped: clamped == 1,
+                    })
+            }
             _ => None,
         };
         outcome.ok_or_else(|| unexpected("acquire_slot", &reply))
@@ -806,6 +956,7 @@ impl BreakerStore for RedisCache {
             return Err(unexpected(OP, &reply));
         };
         let at = micros(OP, &at)?;
+        self.report_wrong_types(keys, [&raw_state, &raw_failures, &raw_opened, &raw_probes]);
         let snapshot = BreakerSnapshot::decode(
             raw_state.as_deref(),
             raw_failures.as_deref(),
@@ -861,15 +1012,18 @@ impl BreakerStore for RedisCache {
             })
             .await?;
         match reply.as_slice() {
-            [Some(at), state, failures, opened_at, probes] => Ok((
-                BreakerSnapshot::decode(
-                    state.as_deref(),
-                    failures.as_deref(),
-                    opened_at.as_deref(),
-                    probes.as_deref(),
-                ),
-                micros(OP, at)?,
-            )),
+            [Some(at), state, failures, opened_at, probes] => Ok({
+                self.report_wrong_types(keys, [state, failures, opened_at, probes]);
+                (
+                    BreakerSnapshot::decode(
+                        state.as_deref(),
+                        failures.as_deref(),
+                        opened_at.as_deref(),
+                        probes.as_deref(),
+                    ),
+                    micros(OP, at)?,
+                )
+            }),
             _ => Err(unexpected(OP, &reply)),
         }
     }
@@ -908,6 +1062,62 @@ mod tests {
         assert_eq!(redact_raw("nonsense"), "nonsense");
         assert_eq!(redact_raw("user:hunter2@host"), "***@host");
         assert_eq!(redact_raw("x://a@b?pass=hunter2"), "x://***@b?***");
+    }
+
+    /// The error the redis crate makes of a raw RESP error reply.
+    fn server_error(reply: &str) -> RedisError {
+        match ::redis::parse_redis_value(format!("{reply}\r\n").as_bytes()) {
+            Ok(::redis::Value::ServerError(e)) => e.into(),
+            other => panic!("{reply} parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn server_errors_that_mean_unavailable_are_classified_by_code() {
+        for (reply, code) in [
+            ("-OOM command not allowed when used memory > 'maxmemory'.", "OOM"),
+            ("-LOADING Redis is loading the dataset in memory", "LOADING"),
+            ("-BUSY Redis is busy running a script.", "BUSY"),
+            ("-READONLY You can't write against a read only replica.", "READONLY"),
+            ("-MASTERDOWN Link with MASTER is down", "MASTERDOWN"),
+            ("-CLUSTERDOWN The cluster is down", "CLUSTERDOWN"),
+            ("-TRYAGAIN Multiple keys request during rehashing of slot", "TRYAGAIN"),
+            // Redis 7: a redis.call inside a script keeps its code.
+            (
+                "-OOM command not allowed when used memory > 'maxmemory'. script: 37df, on @user_script:1.",
+                "OOM",
+            ),
+            // Older servers wrap it in ERR; the code is still in the text.
+            (
+                "-ERR Error running script (call to f_37df): @user_script:1: -OOM command not allowed",
+                "OOM",
+            ),
+        ] {
+            assert_eq!(
+                classify(&server_error(reply)),
+                Class::Unavailable(Some(code)),
+                "{reply}"
+            );
+        }
+    }
+
+    #[test]
+    fn credentials_refused_are_authentication_and_bugs_are_protocol() {
+        for reply in [
+            "-NOAUTH Authentication required.",
+            "-WRONGPASS invalid username-password pair or user is disabled.",
+            "-ERR AUTH <password> called without any password configured for the default user.",
+        ] {
+            assert_eq!(classify(&server_error(reply)), Class::Authentication, "{reply}");
+        }
+        for reply in [
+            "-ERR unknown command 'FOO'",
+            "-WRONGTYPE Operation against a key holding the wrong kind of value",
+            "-ERR Error running script: @user_script:3: attempt to compare nil with number",
+            "-NOPERM this user has no permissions to run the 'evalsha' command",
+        ] {
+            assert_eq!(classify(&server_error(reply)), Class::Protocol, "{reply}");
+        }
     }
 
     #[test]
