@@ -2,25 +2,121 @@
 //! any window, and a refusal's wait that never grows while nothing is added.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use redstring::TenantId;
+use redstring::limiter::{DEFAULT_MAX_CLOCK_AHEAD, skew_bound};
+use redstring::{TenantId, TimeSource};
 
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::timeline::admissions;
 use crate::evidence::trace::{Kind, TraceEvent};
+use crate::scenario::{CACHE_HOST, CacheKind, ClockSpec, Fault, Scenario};
+
+/// What invariant 1 claims for a scenario: at most `limit` admissions of one
+/// tenant in any window. `rpm` when one clock stamps each limiter's hits (per
+/// worker caches, or a shared cache stamping with its own clock); with a
+/// caller-stamped shared cache, the limiter's documented
+/// [`skew_bound`] for the spread of the fleet's clocks after the store's clamp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RpmBound {
+    /// Admissions claimed per window.
+    pub limit: u64,
+    /// The spread of the stamping clocks the limit allows for (zero: exact).
+    pub spread: Duration,
+}
+
+/// The bound invariant 1 holds `s` to — the one place it is computed, for the
+/// checker and the fuzzer alike.
+pub fn rpm_bound(s: &Scenario) -> RpmBound {
+    let rpm = s.hardening.rpm;
+    let exact = RpmBound {
+        limit: u64::from(rpm),
+        spread: Duration::ZERO,
+    };
+    if s.cache.kind != CacheKind::Shared || s.cache.time_source != TimeSource::Caller {
+        return exact;
+    }
+    let window = Duration::from_secs_f64(s.hardening.window_s);
+    let ahead = DEFAULT_MAX_CLOCK_AHEAD.min(window);
+    let spread = clock_spread(s, window, ahead);
+    RpmBound {
+        limit: skew_bound(rpm, window, ahead, spread),
+        spread,
+    }
+}
+
+/// The largest difference, over the run, between two workers' clocks as the
+/// shared cache takes them: each worker's offset from the cache host's clock
+/// (offset, drift and steps on both sides), clamped into `[−window, ahead]`
+/// as `limiter::clamp_stamp` clamps a stamp. Offsets move linearly between
+/// steps, so their extremes are at the start, the end and either side of a
+/// step.
+fn clock_spread(s: &Scenario, window: Duration, ahead: Duration) -> Duration {
+    let steps = |host: &str, t_s: f64, inclusive: bool| -> f64 {
+        s.faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::ClockStep { at_s, host: h, by_ms }
+                    if h == host && (*at_s < t_s || (inclusive && *at_s <= t_s)) =>
+                {
+                    Some(*by_ms as f64)
+                }
+                _ => None,
+            })
+            .sum()
+    };
+    let offset_ms = |clock: &ClockSpec, host: &str, t_s: f64, inclusive: bool| {
+        clock.offset_ms as f64 + clock.drift_ppm as f64 * 1e-3 * t_s + steps(host, t_s, inclusive)
+    };
+    let mut instants = vec![0.0, s.duration_s];
+    instants.extend(s.faults.iter().filter_map(|f| match f {
+        Fault::ClockStep { at_s, .. } => Some(*at_s),
+        _ => None,
+    }));
+    let (lo, hi) = (-(window.as_secs_f64() * 1e3), ahead.as_secs_f64() * 1e3);
+    let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
+    for member in s.fleet() {
+        for &t in &instants {
+            for inclusive in [false, true] {
+                let relative = offset_ms(&member.clock, &member.name, t, inclusive)
+                    - offset_ms(&s.cache.clock, CACHE_HOST, t, inclusive);
+                let clamped = relative.clamp(lo, hi);
+                min = min.min(clamped);
+                max = max.max(clamped);
+            }
+        }
+    }
+    if min > max {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64(((max - min) / 1e3).max(0.0))
+}
 
 /// A tenant as the report shows it: the last four hex digits of its UUID.
 fn short(tenant: TenantId) -> String {
     format!("…{:04x}", tenant.as_uuid().as_u128() & 0xffff)
 }
 
-/// Invariant 1: never more than `rpm` admissions of one tenant in a window.
+/// Invariant 1: never more than `rpm` admissions of one tenant in a window —
+/// or, under a caller-stamped shared cache, never more than the limiter's
+/// skew bound for the fleet's clocks ([`rpm_bound`]).
 pub(super) fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let admitted = admissions(ctx.scopes, events);
     if admitted.is_empty() {
         return not_applicable("no admissions");
     }
-    let rpm = ctx.scenario.hardening.rpm as usize;
+    let rpm = ctx.scenario.hardening.rpm;
+    let bound = rpm_bound(ctx.scenario);
+    let limit = usize::try_from(bound.limit).unwrap_or(usize::MAX);
+    let claim = if bound.spread.is_zero() {
+        format!("rpm {rpm}")
+    } else {
+        format!(
+            "bound {} = rpm {rpm} for a clock spread of {:.1} s",
+            bound.limit,
+            bound.spread.as_secs_f64()
+        )
+    };
     // In true time an admission is seen up to one round trip after the cache
     // decided it, so true-time windows are narrowed by that much.
     let width = if ctx.single_clock {
@@ -41,20 +137,20 @@ pub(super) fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             })
             .collect();
         stamped.sort_by_key(|(t, _)| *t);
-        let (max, first_bad) = max_in_window(stamped.iter().map(|(t, _)| *t), width, rpm);
+        let (max, first_bad) = max_in_window(stamped.iter().map(|(t, _)| *t), width, limit);
         worst = worst.max(max);
         let best = per_tenant.entry(*tenant).or_default();
         *best = (*best).max(max);
         if let (Verdict::Held, Some(i)) = (&verdict, first_bad) {
-            verdict = violated(stamped[i].1, format!("{max} admissions in one window (rpm {rpm})"));
+            verdict = violated(stamped[i].1, format!("{max} admissions in one window ({claim})"));
         }
         let mut true_time: Vec<u64> = list.iter().map(|e| e.t_us).collect();
         true_time.sort_unstable();
-        true_worst = true_worst.max(max_in_window(true_time.into_iter(), width, rpm).0);
+        true_worst = true_worst.max(max_in_window(true_time.into_iter(), width, limit).0);
     }
     let tenants: Vec<String> = per_tenant.iter().map(|(t, n)| format!("{}: {n}", short(*t))).collect();
     let figure = format!(
-        "max admitted per window: {worst} (rpm {rpm}); in true time: {true_worst}; per tenant: {}",
+        "max admitted per window: {worst} ({claim}); in true time: {true_worst}; per tenant: {}",
         tenants.join(", ")
     );
     (verdict, figure)

@@ -31,13 +31,15 @@ use crate::evidence::timeline::Scopes;
 use crate::evidence::trace::TraceEvent;
 use crate::scenario::Scenario;
 
+pub use limiter::{RpmBound, rpm_bound};
 pub use liveness::heal_time_us;
 
 /// A promise the library makes, checked on every run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Invariant {
-    /// No tenant gets more than `rpm` admissions in any window.
+    /// No tenant gets more than `rpm` admissions in any window (the limiter's
+    /// skew bound under a caller-stamped shared cache: [`rpm_bound`]).
     RpmPerWindow,
     /// Successive refusals never report a growing wait while no hit is added.
     RetryAfterMonotone,
@@ -228,6 +230,8 @@ fn violated(e: &TraceEvent, detail: String) -> Verdict {
 }
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use redstring::CircuitState;
 
     use super::*;
@@ -303,6 +307,72 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         );
         let v = verdict(Invariant::RpmPerWindow, &[admitted(0.0), admitted(5.0), admitted(10.0)]);
         assert!(matches!(v, Verdict::Violated { t_us: 10_000_000, .. }), "{v:?}");
+    }
+
+    /// A caller-stamped shared cache whose workers run 3 s behind and 4 s
+    /// ahead of the cache host, one of them stepped `step_ms` at 50 s.
+    fn skewed(time_source: &str, step_ms: i64) -> Scenario {
+        let toml = format!(
+            r#"
+name = "skewed"
+duration_s = 100
+[hardening]
+rpm = 20
+window_s = 10
+[cache]
+kind = "shared"
+time_source = "{time_source}"
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "slow"
+servers = ["gpu"]
+tenants = [{{ id = 1, calls_per_min = 1 }}]
+clock = {{ offset_ms = -3000 }}
+[[workers]]
+name = "fast"
+servers = ["gpu"]
+tenants = [{{ id = 1, calls_per_min = 1 }}]
+clock = {{ offset_ms = 4000 }}
+[[faults]]
+kind = "clock_step"
+at_s = 50
+host = "slow"
+by_ms = {step_ms}
+"#
+        );
+        Scenario::parse("skewed.toml", &toml).unwrap()
+    }
+
+    #[test]
+    fn the_rpm_bound_follows_the_clamped_clock_spread() {
+        // The fast worker is clamped to 1 s ahead; the slow one is 3 s behind:
+        // a spread of 4 s in a 10 s window lets twice rpm through.
+        let b = rpm_bound(&skewed("caller", 0));
+        assert_eq!((b.limit, b.spread), (40, Duration::from_secs(4)));
+        // Stepped 9 s further back, the slow one is clamped one window behind:
+        // spread 11 s, three times rpm.
+        let b = rpm_bound(&skewed("caller", -9000));
+        assert_eq!((b.limit, b.spread), (60, Duration::from_secs(11)));
+        // The cache's own clock stamps: exact.
+        let b = rpm_bound(&skewed("store", -9000));
+        assert_eq!((b.limit, b.spread), (20, Duration::ZERO));
+    }
+
+    #[test]
+    fn admissions_beyond_the_skew_bound_are_caught_and_within_it_held() {
+        let s = skewed("caller", 0);
+        let burst = |n: usize| -> Vec<TraceEvent> { (0..n).map(|i| admitted(i as f64 * 0.1)).collect() };
+        let check = |events: &[TraceEvent]| {
+            let checks = check_all(&s, events);
+            checks
+                .into_iter()
+                .find(|c| c.name == Invariant::RpmPerWindow)
+                .unwrap()
+                .verdict
+        };
+        assert_eq!(check(&burst(40)), Verdict::Held);
+        assert!(matches!(check(&burst(41)), Verdict::Violated { .. }));
     }
 
     #[test]
