@@ -61,8 +61,8 @@ fn a_healthy_run_exits_0_and_prints_its_replay_command() {
 #[test]
 fn an_invariant_failure_exits_1() {
     // Callers stamping with clocks seconds apart on one caller-stamped shared
-    // cache let a flooding tenant through faster than rpm, and this file does
-    // not declare that it may.
+    // cache make a refused tenant's wait grow (and let it past rpm, within the
+    // skew bound), and this file does not declare that it may.
     let skewed = r#"
 name = "skewed"
 duration_s = 60
@@ -91,7 +91,8 @@ clock = { offset_ms = 4000 }
     let out = bin().arg("run").arg(&path).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains("rpm_per_window         VIOLATED"), "{text}");
+    assert!(text.contains("retry_after_monotone   VIOLATED"), "{text}");
+    assert!(text.contains("rpm_per_window         held"), "{text}");
 }
 
 #[test]
