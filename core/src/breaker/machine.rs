@@ -222,8 +222,24 @@ pub enum StoredState {
     Missing,
     /// A valid state.
     Valid(CircuitState),
-    /// Something that is not a state; reads as closed, with a warning.
+    /// Something that is not a state; reads as closed, with a warning. Holds
+    /// an [`excerpt`] of what was stored, never the whole of a large value.
     Unreadable(String),
+}
+
+impl StoredState {
+    /// Decodes the state key's stored text, as every adapter reads it: a
+    /// damaged value keeps only its [`excerpt`], so a foreign writer's
+    /// megabyte is never copied past this point.
+    pub fn read(stored: Option<&str>) -> Self {
+        match stored {
+            None => StoredState::Missing,
+            Some(s) => match CircuitState::parse(s) {
+                Some(state) => StoredState::Valid(state),
+                None => StoredState::Unreadable(excerpt(s)),
+            },
+        }
+    }
 }
 
 /// Everything a breaker has stored, decoded.
@@ -252,13 +268,7 @@ impl BreakerSnapshot {
     /// Decodes the four stored strings, as any adapter reads them.
     pub fn decode(state: Option<&str>, failures: Option<&str>, opened_at: Option<&str>, probes: Option<&str>) -> Self {
         BreakerSnapshot {
-            state: match state {
-                None => StoredState::Missing,
-                Some(s) => match CircuitState::parse(s) {
-                    Some(state) => StoredState::Valid(state),
-                    None => StoredState::Unreadable(s.to_owned()),
-                },
-            },
+            state: StoredState::read(state),
             failures: failures.and_then(|s| s.parse().ok()),
             opened_at: opened_at.and_then(Timestamp::parse_secs),
             probes: probes.and_then(ProbeLeases::decode),
@@ -513,7 +523,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
     let (before, unreadable) = match stored.state() {
         StoredState::Valid(state) => (state, None),
         StoredState::Missing => (Closed, None),
-        StoredState::Unreadable(s) => (Closed, Some(excerpt(&s))),
+        StoredState::Unreadable(s) => (Closed, Some(s)),
     };
     let mut writes = Writes::NONE;
     let mut permit = None;
@@ -609,7 +619,6 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
         (BreakerCommand::RecordFailure(origin), HalfOpen) => {
             if decides_episode(stored, origin, now) {
                 writes = open_now(now);
-                writes.failures = FailuresWrite::Keep;
                 Open
             } else {
                 HalfOpen

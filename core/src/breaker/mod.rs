@@ -512,7 +512,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         if let machine::StoredState::Unreadable(stored) = state {
             self.observer.on_event(&Event::BreakerStateUnreadable {
                 breaker: self.prefix.clone(),
-                stored: machine::excerpt(stored),
+                stored: stored.clone(),
             });
         }
     }

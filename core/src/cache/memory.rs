@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
 use crate::breaker::machine::{
-    self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, BreakerView, CircuitState,
-    FailuresWrite, ProbeLeases, StoredState, Write,
+    self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, BreakerView, FailuresWrite,
+    ProbeLeases, StoredState, Write,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::CacheError;
@@ -289,10 +289,7 @@ impl BreakerView for LiveKeys<'_> {
     fn state(&self) -> StoredState {
         match self.value(&self.keys.state) {
             None => StoredState::Missing,
-            Some(Value::Text(s)) => match CircuitState::parse(s) {
-                Some(state) => StoredState::Valid(state),
-                None => StoredState::Unreadable(s.clone()),
-            },
+            Some(Value::Text(s)) => StoredState::read(Some(s)),
             Some(Value::Int(n)) => StoredState::Unreadable(n.to_string()),
         }
     }

@@ -228,7 +228,6 @@ elseif command == 'success' or command == 'failure' then
         after = 'closed'
       else
         open_now()
-        w_failures = 'keep'
         after = 'open'
       end
     end
