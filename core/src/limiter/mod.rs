@@ -37,8 +37,15 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "kg:ratelimit";
 /// How far ahead of a shared store's clock a caller-stamped decision is taken
-/// as it is, by default (see [`RateLimiterBuilder::max_clock_ahead`]).
+/// as it is, by default (see [`RateLimiterBuilder::max_clock_ahead`]), for
+/// windows of at least this length.
 pub const DEFAULT_MAX_CLOCK_AHEAD: Duration = Duration::from_secs(1);
+
+/// The lead a limiter with `window` takes when none is set:
+/// [`DEFAULT_MAX_CLOCK_AHEAD`], or the window if shorter.
+pub fn default_max_clock_ahead(window: Duration) -> Duration {
+    DEFAULT_MAX_CLOCK_AHEAD.min(window)
+}
 
 /// What [`RateLimiter::acquire`] does when the shared cache is unavailable
 /// ([`CacheError::Unavailable`]: unreachable, timed out). Every use emits
@@ -249,7 +256,7 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             ));
         }
         let max_ahead = match self.max_ahead {
-            None => DEFAULT_MAX_CLOCK_AHEAD.min(self.window),
+            None => default_max_clock_ahead(self.window),
             Some(d) if d <= self.window => d,
             Some(d) => {
                 return Err(ConfigError::new(

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use redstring::limiter::{DEFAULT_MAX_CLOCK_AHEAD, skew_bound};
+use redstring::limiter::{default_max_clock_ahead, skew_bound};
 use redstring::{TenantId, TimeSource};
 
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
@@ -37,7 +37,7 @@ pub fn rpm_bound(s: &Scenario) -> RpmBound {
         return exact;
     }
     let window = Duration::from_secs_f64(s.hardening.window_s);
-    let ahead = DEFAULT_MAX_CLOCK_AHEAD.min(window);
+    let ahead = default_max_clock_ahead(window);
     let spread = clock_spread(s, window, ahead);
     RpmBound {
         limit: skew_bound(rpm, window, ahead, spread),
