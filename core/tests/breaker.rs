@@ -411,6 +411,15 @@ async fn admission_is_data_and_a_refusal_carries_its_wait_from_the_same_step() {
             retry_after: secs(40)
         }
     );
+    assert_eq!(
+        r.observer.events().last(),
+        Some(&Event::BreakerRejected {
+            breaker: "kg:circuit".into(),
+            state: CircuitState::Open,
+            retry_after: secs(40),
+        }),
+        "the refusal's event carries the same wait"
+    );
     r.clock.advance(secs(40));
     let Permit::Probe(id) = r.breaker.admit().await else {
         panic!("the transitioning call is a probe")
@@ -446,9 +455,18 @@ async fn a_probe_that_never_reports_stops_counting_after_its_lease() {
             .iter()
             .any(|e| matches!(e, Event::BreakerProbesExpired { expired: 1, .. }))
     );
-    // The lost probe's late verdict changes nothing; the live one decides.
+    // The lost probe's late verdict changes nothing, and is not reported as a
+    // recorded failure; the live one decides.
+    let recorded = |events: &[Event]| {
+        events
+            .iter()
+            .filter(|e| matches!(e, Event::BreakerFailureRecorded { .. }))
+            .count()
+    };
+    let before = recorded(&r.observer.events());
     r.breaker.record_failure_for(&lost).await.unwrap();
     assert_eq!(r.breaker.state().await.unwrap(), CircuitState::HalfOpen);
+    assert_eq!(recorded(&r.observer.events()), before);
     r.breaker.record_success_for(&fresh).await.unwrap();
     assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
 }
@@ -475,7 +493,22 @@ async fn releasing_a_permit_touches_exactly_that_permit() {
         !r.breaker.allow_request().await,
         "the other worker's probe is still live"
     );
+    let released = |events: &[Event]| -> Vec<ProbeId> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::BreakerProbeReleased { probe, .. } => Some(*probe),
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(
+        released(&r.observer.events()).is_empty(),
+        "a call permit's hand-back releases nothing"
+    );
     r.breaker.release(&probe).await.unwrap();
+    let Permit::Probe(id) = probe else { unreachable!() };
+    assert_eq!(released(&r.observer.events()), [id]);
     assert!(
         r.breaker.allow_request().await,
         "a released probe frees its slot at once"
