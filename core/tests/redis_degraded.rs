@@ -7,11 +7,10 @@
 
 mod redis_support;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_support::RedisServer;
+use redis_support::{RedisServer, bounded};
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::cache::redis::{RedisCache, window_key};
 use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
@@ -20,13 +19,6 @@ use redstring::{
     AcquireError, CacheError, CircuitBreaker, CircuitState, Clock, Event, ManualClock, OnCacheError,
     OnCacheUnavailable, RateLimiter, RecordingObserver, SystemClock, TenantId,
 };
-
-/// Fails the test instead of hanging if `f` never finishes.
-async fn bounded<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), f)
-        .await
-        .expect("a cache call hung past its timeout")
-}
 
 fn request(now: redstring::Timestamp) -> SlotRequest {
     SlotRequest {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use redis_support::RedisServer;
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin, ProbeId};
 use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
@@ -218,17 +218,9 @@ where
 #[test]
 fn memory_and_redis_give_identical_answers() {
     let Some(server) = RedisServer::start() else { return };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = redis_support::runtime();
     let redis = rt.block_on(async { server.cache() });
-    let mut runner = TestRunner::new(Config {
-        cases: 48,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = redis_support::runner(48);
     let result = runner.run(&prop::collection::vec(op(), 10..60), |ops| {
         rt.block_on(async {
             server.flush();

@@ -7,11 +7,10 @@
 
 mod redis_support;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_support::{RedisServer, wait};
+use redis_support::{RedisServer, bounded, wait};
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::cache::redis::{ConnectionManager, RedisCache};
 use redstring::cache::{BreakerStore, KeyValue, LimiterStore, SlotRequest};
@@ -20,14 +19,6 @@ use redstring::{
     AcquireError, Cache, CacheError, CircuitBreaker, Clock, Event, ManualClock, OnCacheError, OnCacheUnavailable,
     RateLimiter, RecordingObserver, SystemClock, TenantId,
 };
-
-/// Fails the test instead of hanging if `f` never finishes; the adapter's own
-/// bound (1 s here) is far inside this guard.
-async fn bounded<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), f)
-        .await
-        .expect("a cache call hung past its timeout")
-}
 
 fn request(now: redstring::Timestamp) -> SlotRequest {
     SlotRequest {

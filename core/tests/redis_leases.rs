@@ -9,7 +9,6 @@
 mod lease_support;
 mod redis_support;
 
-use proptest::test_runner::{Config, TestRunner};
 use redis_support::RedisServer;
 use redstring::breaker::machine::BreakerKeys;
 use redstring::{Clock, SystemClock};
@@ -17,21 +16,9 @@ use redstring::{Clock, SystemClock};
 #[test]
 fn probe_leases_hold_on_redis() {
     let Some(server) = RedisServer::start() else { return };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = redis_support::runtime();
     let redis = rt.block_on(async { server.cache() });
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(48);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = redis_support::runner(48);
     let strategy = (1u32..3, 1u32..4, 1u64..15, lease_support::actions(80));
     let result = runner.run(&strategy, |(threshold, probes, lease_s, actions)| {
         server.flush();

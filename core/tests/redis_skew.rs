@@ -11,7 +11,6 @@ mod skew_support;
 
 use std::time::Duration;
 
-use proptest::test_runner::{Config, TestRunner};
 use redis_support::{RedisServer, wait};
 use redstring::{Clock, SystemClock};
 
@@ -22,15 +21,7 @@ const MAX_AHEAD: Duration = Duration::from_millis(30);
 async fn skewed_callers_stay_within_the_skew_bound_on_redis() {
     let Some(server) = RedisServer::start() else { return };
     let cache = server.cache();
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(6);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = redis_support::runner(6);
     let handle = tokio::runtime::Handle::current();
     let result = runner.run(&skew_support::cases(WINDOW, 25), |case| {
         server.flush();

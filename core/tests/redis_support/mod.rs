@@ -196,3 +196,35 @@ pub async fn wait(d: Duration) {
         .await
         .expect("sleeping task");
 }
+
+/// Fails the test instead of hanging if `f` never finishes; the adapter's own
+/// bounds are far inside this guard.
+pub async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .expect("a cache call hung past its timeout")
+}
+
+/// A two-thread runtime for a plain `#[test]` that drives a real server
+/// through a property test.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// A proptest runner for `default_cases` cases (`PROPTEST_CASES` overrides),
+/// persisting nothing: a failure prints its minimal input.
+pub fn runner(default_cases: u32) -> proptest::test_runner::TestRunner {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default_cases);
+    proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    })
+}
