@@ -454,3 +454,28 @@ async fn one_fast_clock_cannot_lift_a_shared_limit() {
     }
     assert_eq!(admitted, 2, "the fast worker's hit counts and nobody's is pruned");
 }
+
+/// A `MemoryCache` stamps with its own clock unless told otherwise: a caller
+/// whose `now` is an hour off is decided at the cache's instant.
+#[tokio::test]
+async fn a_memory_cache_stamps_with_its_own_clock_by_default() {
+    use redstring::cache::{LimiterStore, SlotRequest};
+    use redstring::limiter::SlotOutcome;
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = MemoryCache::new(clock.clone());
+    let request = SlotRequest {
+        now: clock.now().saturating_add(secs(3600)),
+        window: secs(60),
+        limit: 5,
+        ttl: secs(121),
+        max_ahead: Duration::ZERO,
+    };
+    assert_eq!(
+        cache.acquire_slot("k", request).await.unwrap(),
+        SlotOutcome::Admitted {
+            remaining: 4,
+            at: clock.now(),
+            clamped: false
+        }
+    );
+}

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use redis_support::RedisServer;
 use redstring::cache::redis::RedisCache;
-use redstring::limiter::skew_bound;
+use redstring::cache::{LimiterStore, SlotRequest};
+use redstring::limiter::{SlotOutcome, skew_bound};
 use redstring::{
     CircuitBreaker, Clock, Event, ManualClock, NoopObserver, RateLimiter, RecordingObserver, SystemClock, TenantId,
     TimeSource,
@@ -107,8 +108,6 @@ async fn one_fast_clock_cannot_lift_a_shared_limit() {
 
 #[tokio::test]
 async fn store_time_stamps_with_the_servers_clock() {
-    use redstring::cache::{LimiterStore, SlotRequest};
-    use redstring::limiter::SlotOutcome;
     let Some(server) = RedisServer::start() else { return };
     let c = cache(&server, TimeSource::Store);
     let caller_now = SystemClock.now().saturating_sub(HOUR);
@@ -152,4 +151,29 @@ async fn store_time_keeps_a_fast_worker_from_probing_early() {
         on_time.record_failure().await.unwrap();
         assert_eq!(fast.allow_request().await, fast_worker_probes, "{time_source:?}");
     }
+}
+
+/// A `RedisCache` built without a time source stamps with the server's
+/// `TIME`: a caller an hour behind is neither believed nor clamped.
+#[tokio::test]
+async fn a_redis_cache_stamps_with_the_servers_clock_by_default() {
+    let Some(server) = RedisServer::start() else { return };
+    let c = RedisCache::builder().build_from_url(&server.url()).unwrap();
+    assert_eq!(c.time_source(), TimeSource::Store);
+    let before = SystemClock.now();
+    let request = SlotRequest {
+        now: before.saturating_sub(HOUR),
+        window: Duration::from_secs(60),
+        limit: 5,
+        ttl: Duration::from_secs(120),
+        max_ahead: Duration::ZERO,
+    };
+    let SlotOutcome::Admitted { at, clamped, .. } = c.acquire_slot("k", request).await.unwrap() else {
+        panic!("first acquire refused");
+    };
+    assert!(!clamped);
+    assert!(
+        at >= before && at <= SystemClock.now(),
+        "stamped {at}, not the caller's clock"
+    );
 }
