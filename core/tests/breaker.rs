@@ -530,6 +530,13 @@ async fn a_success_that_clears_the_failure_count_is_reported_by_the_breaker() {
     assert_eq!(cleared(&r.observer.events()), 1);
     r.breaker.record_success().await.unwrap();
     assert_eq!(cleared(&r.observer.events()), 1, "nothing to clear, nothing reported");
+    r.breaker.record_failure().await.unwrap();
+    r.breaker.reset().await.unwrap();
+    assert_eq!(
+        cleared(&r.observer.events()),
+        1,
+        "a reset clears the count too, but it is no success"
+    );
 }
 
 #[test]

@@ -468,13 +468,6 @@ impl BreakerStep {
     pub fn allowed(&self) -> bool {
         self.permit.is_none_or(|p| p.is_admitted())
     }
-
-    /// Whether a success report cleared a closed circuit's failure count.
-    pub fn cleared_failures(&self) -> bool {
-        self.before == CircuitState::Closed
-            && self.after == CircuitState::Closed
-            && self.writes.failures == FailuresWrite::Delete
-    }
 }
 
 /// Whether an open circuit opened at `opened_at` may probe at `now`. A

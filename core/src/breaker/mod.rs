@@ -479,7 +479,12 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                 at: step.at,
             });
         }
-        if step.cleared_failures() {
+        // A success in a closed circuit that had failures to clear (a reset
+        // clears them too, and is no success).
+        if matches!(command, BreakerCommand::RecordSuccess(_))
+            && step.before == CircuitState::Closed
+            && step.writes.failures == machine::FailuresWrite::Delete
+        {
             self.observer.on_event(&Event::BreakerFailuresCleared {
                 breaker: self.prefix.clone(),
                 at: step.at,
