@@ -69,7 +69,9 @@ pub enum Event {
         /// When, on the clock that decided.
         at: Timestamp,
     },
-    /// A call's failure was reported to the breaker.
+    /// A call's failure was recorded: counted by a closed breaker, or
+    /// reopening a half-open one. A report that changes nothing (a late one:
+    /// the circuit already open, the probe's lease over) is not an event.
     BreakerFailureRecorded {
         /// The breaker's key prefix.
         breaker: Arc<str>,

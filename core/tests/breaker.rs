@@ -483,7 +483,19 @@ async fn releasing_a_permit_touches_exactly_that_permit() {
     let probe = r.breaker.admit().await;
     assert!(matches!(probe, Permit::Probe(_)));
     r.breaker.release(&closed_call).await.unwrap();
+    let recorded = |events: &[Event]| {
+        events
+            .iter()
+            .filter(|e| matches!(e, Event::BreakerFailureRecorded { .. }))
+            .count()
+    };
+    let before = recorded(&r.observer.events());
     r.breaker.record_failure_for(&closed_call).await.unwrap();
+    assert_eq!(
+        recorded(&r.observer.events()),
+        before,
+        "a failure that changes nothing is not reported as recorded"
+    );
     assert_eq!(
         r.breaker.state().await.unwrap(),
         CircuitState::HalfOpen,

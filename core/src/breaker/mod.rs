@@ -441,9 +441,8 @@ impl<S: BreakerStore> CircuitBreaker<S> {
             .await?;
         // A failure is reported before the transition it may cause, an
         // admission after the transition it may have driven (the probe).
-        // A late probe's failure is ignored, and not reported as recorded.
-        let ignored = matches!(command, BreakerCommand::RecordFailure(Origin::Probe(_))) && step.writes.is_empty();
-        if matches!(command, BreakerCommand::RecordFailure(_)) && !ignored {
+        // A failure that changes nothing (a late report) is not recorded.
+        if matches!(command, BreakerCommand::RecordFailure(_)) && !step.writes.is_empty() {
             self.observer.on_event(&Event::BreakerFailureRecorded {
                 breaker: self.prefix.clone(),
                 at: step.at,
