@@ -417,9 +417,12 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         Ok(snapshot.effective_state())
     }
 
-    /// Seconds until an `allow_request` will admit a probe:
+    /// Seconds until an open circuit will admit a probe:
     /// `max(0, recovery_timeout − (now − opened_at))`, zero when nothing is
-    /// stored. A pure read and an estimate — treat it like `Retry-After`.
+    /// stored. A pure read and an estimate — treat it like `Retry-After`. A
+    /// refusal from [`admit`](Self::admit) already carries its wait (for a
+    /// half-open circuit, until the earliest live lease ends), with no second
+    /// read.
     pub async fn retry_after(&self) -> Result<Duration, CacheError> {
         let (snapshot, now) = self.store.breaker_read(&self.keys, self.clock.now()).await?;
         Ok(machine::retry_after(&snapshot, &self.params, now))

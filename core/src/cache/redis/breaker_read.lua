@@ -1,6 +1,6 @@
 -- BreakerStore::breaker_read: the four raw values and the instant to judge
 -- them at, in one round trip, changing nothing.
--- KEYS: state, failures, opened_at, half_open_calls.
+-- KEYS: state, failures, opened_at, probes.
 -- ARGV[1]: now (µs, or '' for the server's TIME).
 -- A key of another type reads as breaker_step reads it (read_string).
 return {int(now_from(ARGV[1])), read_string(KEYS[1]), read_string(KEYS[2]), read_string(KEYS[3]),
