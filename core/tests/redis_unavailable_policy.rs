@@ -121,6 +121,17 @@ async fn admit_fails_open() {
         assert_eq!(limiter.acquire(TENANT).await.unwrap().remaining, 0);
     }
     assert_eq!(fallbacks(&observer), ["allowed"; 5]);
+    // Each admission is reported as one, right after the fallback that made it.
+    let admitted = observer
+        .events()
+        .iter()
+        .filter(|e| matches!(e, Event::RateLimitAdmitted { remaining: 0, tenant, .. } if *tenant == TENANT))
+        .count();
+    assert_eq!(admitted, 5);
+    assert!(matches!(
+        observer.events().last(),
+        Some(Event::RateLimitAdmitted { .. })
+    ));
 }
 
 #[tokio::test]

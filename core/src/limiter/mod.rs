@@ -64,7 +64,9 @@ pub enum OnCacheUnavailable {
     LocalLimit,
     /// Admit the call (fail open): the outage costs nothing in throughput, but
     /// the limit is gone until the cache returns. The admission reports
-    /// `remaining: 0`, since nothing is known.
+    /// `remaining: 0`, since nothing is known, and is reported as any other
+    /// ([`Event::RateLimitAdmitted`], after the `CacheUnavailable` event that
+    /// names this fallback).
     Admit,
     /// Refuse the call with [`AcquireError::Cache`] (fail closed): the limit is
     /// never exceeded, and a cache outage stops all model calls.
@@ -351,7 +353,15 @@ impl<S: LimiterStore> RateLimiter<S> {
                             Err(_) => Err(AcquireError::Cache(error)),
                         }
                     }
-                    (OnCacheUnavailable::Admit, _) => Ok(Admission { remaining: 0 }),
+                    (OnCacheUnavailable::Admit, _) => {
+                        self.observer.on_event(&Event::RateLimitAdmitted {
+                            limiter: self.prefix.clone(),
+                            tenant,
+                            remaining: 0,
+                            at: request.now,
+                        });
+                        Ok(Admission { remaining: 0 })
+                    }
                     _ => Err(AcquireError::Cache(error)),
                 }
             }

@@ -6,16 +6,25 @@
 //! core's events change — a new event, a field that becomes data instead of
 //! text — this function is the edit, and nothing downstream reads a core
 //! event directly.
+//!
+//! One fact spans two events: the core reports a limiter's fallback
+//! (`CacheUnavailable` from `acquire_slot`) and then, synchronously, the
+//! decision the fallback made. The observer carries the fallback over to that
+//! decision, so the trace says which limiter decided ([`Decider`]).
+
+use std::sync::Mutex;
 
 use redstring::{Event, Observer};
 
-use crate::evidence::trace::{Kind, Trace};
+use crate::evidence::trace::{Decider, Kind, Trace};
 
 /// The observer a worker hands its components: redstring's events, into the trace.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct HostObserver {
     host: String,
     trace: Trace,
+    /// The limiter fallback just reported, for the decision that follows it.
+    fallback: Mutex<Decider>,
 }
 
 impl HostObserver {
@@ -24,17 +33,38 @@ impl HostObserver {
         HostObserver {
             host: host.to_owned(),
             trace,
+            fallback: Mutex::new(Decider::Cache),
         }
     }
 }
 
 impl Observer for HostObserver {
     fn on_event(&self, event: &Event) {
-        if let Some(kind) = to_trace(event) {
+        let mut fallback = self.fallback.lock().unwrap_or_else(|p| p.into_inner());
+        let decider = std::mem::take(&mut *fallback);
+        if let Some(kind) = to_trace(event, decider) {
+            if let Kind::CacheUnavailable {
+                operation: ACQUIRE_SLOT,
+                fallback: taken,
+                ..
+            } = &kind
+            {
+                *fallback = match *taken {
+                    LOCAL_LIMIT => Decider::Local,
+                    ALLOWED => Decider::Unlimited,
+                    _ => Decider::Cache,
+                };
+            }
             self.trace.record(&self.host, kind);
         }
     }
 }
+
+/// The core's name for the limiter's atomic step, as its `CacheUnavailable`
+/// event reports it.
+const ACQUIRE_SLOT: &str = "acquire_slot";
+/// The core's name for the limiter's local-limit fallback.
+const LOCAL_LIMIT: &str = "local limit";
 
 /// The core's name for the breaker's atomic step, as its
 /// `CacheUnavailable` event reports it.
@@ -48,8 +78,10 @@ fn micros(d: std::time::Duration) -> u64 {
 
 /// The trace entry for a core event, or `None` for events the trace does not
 /// keep (a call's end is recorded by the worker, which knows its number and
-/// latency; waits and give-ups show in the calls' outcomes).
-pub fn to_trace(event: &Event) -> Option<Kind> {
+/// latency; waits and give-ups show in the calls' outcomes). `decider` is who
+/// made a limiter decision this event reports: the fallback the event just
+/// before it announced, if any.
+pub fn to_trace(event: &Event, decider: Decider) -> Option<Kind> {
     let kind = match event {
         Event::BreakerTransition { breaker, from, to, at } => Kind::Breaker {
             breaker: breaker.to_string(),
@@ -96,6 +128,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             tenant: *tenant,
             remaining: *remaining,
             at_us: at.as_micros(),
+            decided_by: decider,
         },
         Event::RateLimitRefused {
             tenant,
@@ -106,6 +139,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             tenant: *tenant,
             retry_after_us: micros(*retry_after),
             at_us: at.as_micros(),
+            decided_by: decider,
         },
         Event::BreakerFailuresCleared { breaker, at } => Kind::FailuresCleared {
             breaker: breaker.to_string(),

@@ -33,6 +33,28 @@ pub struct TraceEvent {
     pub kind: Kind,
 }
 
+/// Which limiter made a decision: the configured cache, or the fallback a
+/// worker took while its shared cache could not be reached (the limiter's
+/// `OnCacheUnavailable` policy).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decider {
+    /// The configured cache: a worker's own, or the shared one.
+    #[default]
+    Cache,
+    /// The worker's private fallback limiter (`local_limit`).
+    Local,
+    /// Nobody: the call was admitted without a limit (`admit`).
+    Unlimited,
+}
+
+impl Decider {
+    /// Whether the configured cache decided (the case traces leave unwritten).
+    pub fn is_cache(&self) -> bool {
+        *self == Decider::Cache
+    }
+}
+
 /// What happened.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "ev", rename_all = "snake_case")]
@@ -73,6 +95,9 @@ pub enum Kind {
         remaining: u32,
         /// The stamp, epoch microseconds.
         at_us: u64,
+        /// Who decided (written only when it was not the configured cache).
+        #[serde(skip_serializing_if = "Decider::is_cache")]
+        decided_by: Decider,
     },
     /// The limiter refused.
     Limited {
@@ -82,6 +107,9 @@ pub enum Kind {
         retry_after_us: u64,
         /// The decision's stamp, epoch microseconds.
         at_us: u64,
+        /// Who decided (written only when it was not the configured cache).
+        #[serde(skip_serializing_if = "Decider::is_cache")]
+        decided_by: Decider,
     },
     /// A breaker changed state.
     Breaker {

@@ -128,6 +128,7 @@ fn providers<S: LimiterStore + BreakerStore>(
             .window(secs(h.window_s))
             .clock(clock.clone())
             .observer(observer.clone())
+            .on_cache_unavailable(h.on_cache_unavailable)
             .cache(store.clone())
             .build()?,
     );
@@ -139,6 +140,7 @@ fn providers<S: LimiterStore + BreakerStore>(
             .key_prefix(format!("kg:circuit:{}", plan.server))
             .clock(clock.clone())
             .observer(observer.clone())
+            .on_cache_error(h.on_cache_error)
             .cache(store)
             .build()?,
     );

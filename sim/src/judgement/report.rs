@@ -203,7 +203,7 @@ impl Report {
                 Verdict::Held => ("held", String::new()),
                 Verdict::Violated { t_us, host, detail } => (
                     if c.may_violate {
-                        "exceeded (expected)"
+                        "violated, as the scenario declares it may be"
                     } else {
                         "VIOLATED"
                     },
@@ -303,6 +303,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 tenant: tenant(1),
                 remaining: 1,
                 at_us: 1,
+                decided_by: Default::default(),
             })
         };
         let limited = || {
@@ -310,6 +311,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 tenant: tenant(1),
                 retry_after_us: 5,
                 at_us: 1,
+                decided_by: Default::default(),
             })
         };
         let request = || ev(Kind::Request { server: "gpu".into() });

@@ -35,6 +35,12 @@ pub struct Hardening {
     pub deadline_s: Option<f64>,
     /// Output token budget per request.
     pub max_tokens: u32,
+    /// What a limiter does while the shared cache cannot be reached
+    /// (`local_limit`, `admit` or `refuse`).
+    pub on_cache_unavailable: redstring::OnCacheUnavailable,
+    /// What a breaker answers while the shared cache cannot be reached
+    /// (`allow` or `refuse`).
+    pub on_cache_error: redstring::OnCacheError,
 }
 
 impl Default for Hardening {
@@ -54,6 +60,8 @@ impl Default for Hardening {
             limiter_waits: 1,
             deadline_s: None,
             max_tokens: 256,
+            on_cache_unavailable: redstring::OnCacheUnavailable::default(),
+            on_cache_error: redstring::OnCacheError::default(),
         }
     }
 }

@@ -14,15 +14,17 @@
 //! `redstring-sim run` replays exactly.
 //!
 //! A case passes when every invariant its configuration *claims* holds
-//! ([`claimed_exceptions`] names the ones it cannot claim: a caller-stamped
-//! shared cache under skew may exceed `rpm`; a cache host that restarts loses
-//! its state).
+//! ([`claimed_exceptions`] names the ones it cannot claim: only liveness, for
+//! a fleet that overloads a healthy server). Conditions that loosen an
+//! invariant — skew, clock steps, a cache cut off or restarted — are claimed
+//! at the bound the checker computes for them, so a case that exceeds it
+//! fails and shrinks like any other.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use redstring::TimeSource;
+use redstring::{OnCacheError, OnCacheUnavailable, TimeSource};
 use serde::{Deserialize, Serialize};
 
 use crate::judgement::invariants::Invariant;
@@ -81,6 +83,10 @@ pub struct Bounds {
     pub cache: Vec<CacheKind>,
     /// Time sources to try for a shared cache.
     pub time_sources: Vec<TimeSource>,
+    /// Limiter policies to try while the shared cache cannot be reached.
+    pub on_cache_unavailable: Vec<OnCacheUnavailable>,
+    /// Breaker policies to try while the shared cache cannot be reached.
+    pub on_cache_error: Vec<OnCacheError>,
     /// Largest clock offset, either way.
     pub max_clock_offset_ms: i64,
     /// Largest clock drift, either way.
@@ -111,6 +117,12 @@ impl Default for Bounds {
             request_timeout_s: [2.0, 15.0],
             cache: vec![CacheKind::PerWorker, CacheKind::Shared],
             time_sources: vec![TimeSource::Caller, TimeSource::Store],
+            on_cache_unavailable: vec![
+                OnCacheUnavailable::LocalLimit,
+                OnCacheUnavailable::Admit,
+                OnCacheUnavailable::Refuse,
+            ],
+            on_cache_error: vec![OnCacheError::Allow, OnCacheError::Refuse],
             max_clock_offset_ms: 5000,
             max_drift_ppm: 500,
             fault_kinds: episode_kinds(),
@@ -198,6 +210,12 @@ impl Bounds {
         }
         if self.time_sources.is_empty() {
             return Err(bad("time_sources", "name at least one time source".into()));
+        }
+        if self.on_cache_unavailable.is_empty() {
+            return Err(bad("on_cache_unavailable", "name at least one policy".into()));
+        }
+        if self.on_cache_error.is_empty() {
+            return Err(bad("on_cache_error", "name at least one policy".into()));
         }
         if self.max_clock_offset_ms < 0 || self.max_drift_ppm < 0 {
             return Err(bad("max_clock_offset_ms", "must not be negative".into()));
@@ -389,9 +407,23 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                 uniform(b.initial_delay_s[0], b.initial_delay_s[1]),
                 uniform(b.jitter[0], b.jitter[1]),
                 uniform(b.request_timeout_s[0], b.request_timeout_s[1]),
+                prop::sample::select(b.on_cache_unavailable.clone()),
+                prop::sample::select(b.on_cache_error.clone()),
             )
                 .prop_map(
-                    |(rpm, window_s, failure_threshold, recovery, probes, max_retries, initial, jitter, timeout)| {
+                    |(
+                        rpm,
+                        window_s,
+                        failure_threshold,
+                        recovery,
+                        probes,
+                        max_retries,
+                        initial,
+                        jitter,
+                        timeout,
+                        on_cache_unavailable,
+                        on_cache_error,
+                    )| {
                         Hardening {
                             rpm,
                             window_s,
@@ -403,6 +435,8 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                             max_delay_s: (initial * 8.0).max(initial),
                             jitter,
                             request_timeout_s: timeout,
+                            on_cache_unavailable,
+                            on_cache_error,
                             ..Hardening::default()
                         }
                     },
@@ -617,52 +651,18 @@ fn build(
     scenario
 }
 
-/// The invariants a configuration cannot claim, and why they may fail:
-///
-/// - a shared cache stamped by skewed callers (offsets, drift or clock steps)
-///   disagrees about the window: `rpm_per_window` and `retry_after_monotone`;
-/// - a worker clock stepped backwards, where that clock stamps the limiter's
-///   decisions (its own cache, or a caller-stamped shared one), reports a
-///   wait longer by the step: `retry_after_monotone`;
-/// - a worker cut off from the shared cache limits locally (bounded
-///   overshoot, and waits from its local history): `rpm_per_window`,
-///   `retry_after_monotone`;
-/// - a cache host that restarts forgets every hit and every open circuit:
-///   `rpm_per_window`, `retry_after_monotone`, `no_call_while_open`;
-/// - a fleet that overloads a healthy server never recovers, fault or not:
-///   `liveness` (see [`carries_its_load`]).
+/// The invariants a configuration cannot claim, and why they may fail: only
+/// `liveness`, for a fleet that overloads a healthy server and so never
+/// recovers, fault or not (see [`carries_its_load`]). Every other condition
+/// that once dropped an invariant — a skewed caller-stamped fleet, clocks
+/// stepped back, workers cut off from the shared cache, a cache that goes
+/// down or restarts — now bounds it instead ([`crate::judgement::invariants::rpm_bound`],
+/// [`crate::judgement::invariants::wait_growth_bound`]), and the claim is
+/// checked against the bound.
 pub fn claimed_exceptions(s: &Scenario) -> BTreeSet<Invariant> {
-    use Invariant::{Liveness, NoCallWhileOpen, RetryAfterMonotone, RpmPerWindow};
     let mut out = BTreeSet::new();
     if !carries_its_load(s) {
-        out.insert(Liveness);
-    }
-    let callers_stamp = s.cache.kind == CacheKind::PerWorker || s.cache.time_source == TimeSource::Caller;
-    let stepped_back = s
-        .faults
-        .iter()
-        .any(|f| matches!(f, Fault::ClockStep { host, by_ms, .. } if *by_ms < 0 && host != CACHE_HOST));
-    if callers_stamp && stepped_back {
-        out.insert(RetryAfterMonotone);
-    }
-    if s.cache.kind != CacheKind::Shared {
-        return out;
-    }
-    let skewed = s.workers.iter().any(|w| w.clock != ClockSpec::default())
-        || s.faults.iter().any(|f| matches!(f, Fault::ClockStep { .. }));
-    // rpm_per_window stays claimed: under caller-stamped time it holds the
-    // limiter's skew bound (invariants::rpm_bound), not rpm.
-    if skewed && s.cache.time_source == TimeSource::Caller {
-        out.insert(RetryAfterMonotone);
-    }
-    if s.faults
-        .iter()
-        .any(|f| matches!(f, Fault::Partition { b, .. } | Fault::Partition { a: b, .. } if b == CACHE_HOST))
-    {
-        out.extend([RpmPerWindow, RetryAfterMonotone]);
-    }
-    if s.faults.iter().any(|f| matches!(f, Fault::CacheDown { .. })) {
-        out.extend([RpmPerWindow, RetryAfterMonotone, NoCallWhileOpen]);
+        out.insert(Invariant::Liveness);
     }
     out
 }

@@ -146,7 +146,17 @@ pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut breakers = Breakers::new(ctx.scopes);
     let (mut admitted_while_impaired, mut verdict) = (0, Verdict::Held);
     let mut any_open = false;
+    // Calls the breaker's fallback let through while the cache could not be
+    // reached (`on_cache_error = "allow"`): no circuit decided them, so they
+    // are outside the claim, and counted.
+    let mut unchecked = 0;
     for e in events {
+        if let Kind::CacheUnavailable {
+            admitted_call: true, ..
+        } = e.kind
+        {
+            unchecked += 1;
+        }
         if let Kind::Allowed {
             breaker,
             state: decided,
@@ -172,5 +182,11 @@ pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     if !any_open {
         return not_applicable("the circuit never opened");
     }
-    (verdict, format!("{admitted_while_impaired} admissions while open"))
+    let mut figure = format!("{admitted_while_impaired} admissions while open");
+    if unchecked > 0 {
+        figure.push_str(&format!(
+            "; {unchecked} calls let through by the breaker's fallback while the cache was unreachable (on_cache_error = allow)"
+        ));
+    }
+    (verdict, figure)
 }

@@ -1,7 +1,7 @@
 //! The limiter's promises: never more than `rpm` admissions of one tenant in
 //! any window, and a refusal's wait that never grows while nothing is added.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use redstring::limiter::{default_max_clock_ahead, skew_bound};
@@ -9,39 +9,168 @@ use redstring::{TenantId, TimeSource};
 
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::timeline::admissions;
-use crate::evidence::trace::{Kind, TraceEvent};
+use crate::evidence::trace::{Decider, Kind, TraceEvent};
 use crate::scenario::{CACHE_HOST, CacheKind, ClockSpec, Fault, Scenario};
 
-/// What invariant 1 claims for a scenario: at most `limit` admissions of one
-/// tenant in any window. `rpm` when one clock stamps each limiter's hits (per
-/// worker caches, or a shared cache stamping with its own clock); with a
-/// caller-stamped shared cache, the limiter's documented
-/// [`skew_bound`] for the spread of the fleet's clocks after the store's clamp.
+/// What invariant 1 claims for a scenario: how many admissions of one tenant
+/// any window may hold, from three allowances, each documented where the
+/// behaviour it allows for is built:
+///
+/// - the configured cache's own decisions: `rpm` when one clock stamps them
+///   (per-worker caches, or a shared cache stamping with its own clock); with
+///   a caller-stamped shared cache, the limiter's [`skew_bound`] for the
+///   spread of the fleet's clocks after the store's clamp;
+/// - a shared cache that restarts forgets every hit: each restart within one
+///   window lets it decide that many again;
+/// - a worker cut off from the shared cache limits locally
+///   (`OnCacheUnavailable::LocalLimit`): `rpm` more per worker that fell
+///   back. `Admit` admits without any limit: those admissions are counted
+///   and reported, outside the bound, which cannot exist for them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RpmBound {
-    /// Admissions claimed per window.
-    pub limit: u64,
-    /// The spread of the stamping clocks the limit allows for (zero: exact).
+    /// The limiter's `rpm`.
+    pub rpm: u32,
+    /// Admissions the configured cache may decide per window.
+    pub decided: u64,
+    /// The spread of the stamping clocks `decided` allows for (zero: exact).
     pub spread: Duration,
+    /// The most restarts of the shared cache within one window.
+    pub restarts: u64,
+}
+
+impl RpmBound {
+    /// The most admissions of one tenant per window when `fell_back` of the
+    /// workers serving it limited locally.
+    pub fn limit(&self, fell_back: u64) -> u64 {
+        self.decided
+            .saturating_mul(self.restarts.saturating_add(1))
+            .saturating_add(u64::from(self.rpm).saturating_mul(fell_back))
+    }
+
+    /// How [`RpmBound::limit`] is made up, in the report's words: `rpm 30`
+    /// when it is exact, else for example `bound 60: rpm 30 + 30 × 1 worker
+    /// that limited locally`.
+    pub fn explain(&self, fell_back: u64) -> String {
+        let rpm = self.rpm;
+        let mut text = if self.spread.is_zero() {
+            format!("rpm {rpm}")
+        } else {
+            format!(
+                "rpm {rpm} × {} for a clock spread of {:.1} s",
+                self.decided / u64::from(rpm.max(1)),
+                self.spread.as_secs_f64()
+            )
+        };
+        if self.restarts > 0 {
+            let plural = if self.restarts == 1 { "" } else { "s" };
+            text = format!(
+                "({text}) × {} for {} cache restart{plural} in one window",
+                self.restarts + 1,
+                self.restarts
+            );
+        }
+        if fell_back > 0 {
+            let plural = if fell_back == 1 { "" } else { "s" };
+            text = format!("{text} + {rpm} × {fell_back} worker{plural} that limited locally");
+        }
+        if self.limit(fell_back) == u64::from(rpm) {
+            text
+        } else {
+            format!("bound {}: {text}", self.limit(fell_back))
+        }
+    }
 }
 
 /// The bound invariant 1 holds `s` to — the one place it is computed, for the
-/// checker and the fuzzer alike.
+/// checker and the fuzzer alike (see [`RpmBound`]).
 pub fn rpm_bound(s: &Scenario) -> RpmBound {
     let rpm = s.hardening.rpm;
-    let exact = RpmBound {
-        limit: u64::from(rpm),
+    let mut bound = RpmBound {
+        rpm,
+        decided: u64::from(rpm),
         spread: Duration::ZERO,
+        restarts: 0,
     };
-    if s.cache.kind != CacheKind::Shared || s.cache.time_source != TimeSource::Caller {
-        return exact;
+    if s.cache.kind != CacheKind::Shared {
+        return bound;
     }
     let window = Duration::from_secs_f64(s.hardening.window_s);
-    let ahead = default_max_clock_ahead(window);
-    let spread = clock_spread(s, window, ahead);
-    RpmBound {
-        limit: skew_bound(rpm, window, ahead, spread),
-        spread,
+    bound.restarts = restarts_in_a_window(s, window);
+    if s.cache.time_source == TimeSource::Caller {
+        let ahead = default_max_clock_ahead(window);
+        bound.spread = clock_spread(s, window, ahead);
+        bound.decided = skew_bound(rpm, window, ahead, bound.spread);
+    }
+    bound
+}
+
+/// The most times the shared cache comes back (restarted, with nothing in
+/// it) within any one window of the run.
+fn restarts_in_a_window(s: &Scenario, window: Duration) -> u64 {
+    let mut ups: Vec<f64> = s
+        .faults
+        .iter()
+        .filter_map(|f| match f {
+            Fault::CacheUp { at_s } => Some(*at_s),
+            _ => None,
+        })
+        .collect();
+    ups.sort_by(f64::total_cmp);
+    let w = window.as_secs_f64();
+    let mut most = 0;
+    for (i, t) in ups.iter().enumerate() {
+        let within = ups[i..].iter().take_while(|u| **u <= t + w).count();
+        most = most.max(within);
+    }
+    most as u64
+}
+
+/// How much a refusal's wait may grow over the one before it (same worker,
+/// tenant and deciding limiter, no hit added in between) — invariant 2's
+/// allowance, the one place it is computed. Zero with one clock and one
+/// limiter: the window never holds more than `rpm` hits, so the wait is
+/// always until the oldest of them ages out and only shrinks. Two things put
+/// more than `rpm` hits in the window; when the oldest ages out the next
+/// refusal then waits for the next-oldest, up to a window later:
+///
+/// - a step back of `b` of the clock that stamps the decisions widens the
+///   window over hits already counted, for one window plus `b` after the
+///   step: the wait may grow by up to the window plus `b` there;
+/// - a caller-stamped shared cache under skew holds up to [`skew_bound`]
+///   hits: the wait may grow by up to the window plus the clocks' spread
+///   (no stamp is further than the spread ahead of another).
+pub fn wait_growth_bound(s: &Scenario, host: &str, decider: Decider, between_us: (u64, u64)) -> Duration {
+    let shared_cache_decided = s.cache.kind == CacheKind::Shared && decider == Decider::Cache;
+    let stamper = if shared_cache_decided && s.cache.time_source == TimeSource::Store {
+        CACHE_HOST
+    } else {
+        host
+    };
+    let window = Duration::from_secs_f64(s.hardening.window_s);
+    let (from, to) = between_us;
+    // Steps back whose aftermath reaches the later refusal.
+    let back = s
+        .faults
+        .iter()
+        .filter_map(|f| match f {
+            Fault::ClockStep { at_s, host: h, by_ms } if h == stamper && *by_ms < 0 => {
+                let step = Duration::from_millis(by_ms.unsigned_abs());
+                let at = Duration::from_secs_f64(at_s.max(0.0));
+                let until = at.saturating_add(window).saturating_add(step);
+                let (from, to) = (Duration::from_micros(from), Duration::from_micros(to));
+                (at <= to && until >= from).then_some(step)
+            }
+            _ => None,
+        })
+        .fold(Duration::ZERO, Duration::saturating_add);
+    let mut widened = back;
+    if shared_cache_decided && s.cache.time_source == TimeSource::Caller {
+        widened = widened.saturating_add(rpm_bound(s).spread);
+    }
+    if widened.is_zero() {
+        Duration::ZERO
+    } else {
+        window.saturating_add(widened)
     }
 }
 
@@ -98,61 +227,80 @@ fn short(tenant: TenantId) -> String {
 }
 
 /// Invariant 1: never more than `rpm` admissions of one tenant in a window —
-/// or, under a caller-stamped shared cache, never more than the limiter's
-/// skew bound for the fleet's clocks ([`rpm_bound`]).
+/// or, where the scenario allows more, never more than [`rpm_bound`] says.
 pub(super) fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let admitted = admissions(ctx.scopes, events);
     if admitted.is_empty() {
         return not_applicable("no admissions");
     }
-    let rpm = ctx.scenario.hardening.rpm;
     let bound = rpm_bound(ctx.scenario);
-    let limit = usize::try_from(bound.limit).unwrap_or(usize::MAX);
-    let claim = if bound.spread.is_zero() {
-        format!("rpm {rpm}")
-    } else {
-        format!(
-            "bound {} = rpm {rpm} for a clock spread of {:.1} s",
-            bound.limit,
-            bound.spread.as_secs_f64()
-        )
-    };
-    // In true time an admission is seen up to one round trip after the cache
-    // decided it, so true-time windows are narrowed by that much.
-    let width = if ctx.single_clock {
-        ctx.window_us
-    } else {
-        ctx.window_us.saturating_sub(ctx.round_trip_us)
-    };
     let mut verdict = Verdict::Held;
-    let (mut worst, mut true_worst) = (0, 0);
+    let (mut worst, mut worst_claim, mut true_worst, mut unlimited) = (0, String::new(), 0, 0);
     // The most any one tenant got in a window, per tenant (across scopes).
     let mut per_tenant: BTreeMap<TenantId, usize> = BTreeMap::new();
     for ((_, tenant), list) in &admitted {
-        let mut stamped: Vec<(u64, &TraceEvent)> = list
+        let decided_by = |e: &TraceEvent| match e.kind {
+            Kind::Admitted { decided_by, .. } => decided_by,
+            _ => Decider::Cache,
+        };
+        // Admissions nobody decided (the `admit` fallback) have no bound.
+        let limited: Vec<&TraceEvent> = list
+            .iter()
+            .copied()
+            .filter(|e| decided_by(e) != Decider::Unlimited)
+            .collect();
+        unlimited += list.len() - limited.len();
+        let fell_back: BTreeSet<&str> = limited
+            .iter()
+            .filter(|e| decided_by(e) == Decider::Local)
+            .map(|e| e.host.as_str())
+            .collect();
+        let fell_back = fell_back.len() as u64;
+        let limit = usize::try_from(bound.limit(fell_back)).unwrap_or(usize::MAX);
+        let claim = bound.explain(fell_back);
+        // Stamps are comparable when one clock made them all; otherwise (a
+        // caller-stamped cache, or local limiters stamping with each worker's
+        // clock) true time, where an admission is seen up to one round trip
+        // after it was decided, so windows are narrowed by that much.
+        let one_clock = ctx.single_clock && fell_back == 0;
+        let width = if one_clock {
+            ctx.window_us
+        } else {
+            ctx.window_us.saturating_sub(ctx.round_trip_us)
+        };
+        let mut stamped: Vec<(u64, &TraceEvent)> = limited
             .iter()
             .map(|e| match e.kind {
-                Kind::Admitted { at_us, .. } => (ctx.instant(e, at_us), *e),
+                Kind::Admitted { at_us, .. } if one_clock => (at_us, *e),
                 _ => (e.t_us, *e),
             })
             .collect();
         stamped.sort_by_key(|(t, _)| *t);
         let (max, first_bad) = max_in_window(stamped.iter().map(|(t, _)| *t), width, limit);
-        worst = worst.max(max);
+        if max >= worst {
+            worst = max;
+            worst_claim = claim.clone();
+        }
         let best = per_tenant.entry(*tenant).or_default();
         *best = (*best).max(max);
         if let (Verdict::Held, Some(i)) = (&verdict, first_bad) {
             verdict = violated(stamped[i].1, format!("{max} admissions in one window ({claim})"));
         }
-        let mut true_time: Vec<u64> = list.iter().map(|e| e.t_us).collect();
+        let mut true_time: Vec<u64> = limited.iter().map(|e| e.t_us).collect();
         true_time.sort_unstable();
-        true_worst = true_worst.max(max_in_window(true_time.into_iter(), width, limit).0);
+        let true_width = ctx.window_us.saturating_sub(ctx.round_trip_us);
+        true_worst = true_worst.max(max_in_window(true_time.into_iter(), true_width, limit).0);
     }
     let tenants: Vec<String> = per_tenant.iter().map(|(t, n)| format!("{}: {n}", short(*t))).collect();
-    let figure = format!(
-        "max admitted per window: {worst} ({claim}); in true time: {true_worst}; per tenant: {}",
+    let mut figure = format!(
+        "max admitted per window: {worst} ({worst_claim}); in true time: {true_worst}; per tenant: {}",
         tenants.join(", ")
     );
+    if unlimited > 0 {
+        figure.push_str(&format!(
+            "; {unlimited} admitted without a limit while the cache was unreachable (on_cache_unavailable = admit: unbounded)"
+        ));
+    }
     (verdict, figure)
 }
 
@@ -174,36 +322,53 @@ pub(super) fn max_in_window(sorted: impl Iterator<Item = u64>, width: u64, limit
     (max, first_bad)
 }
 
-/// Invariant 2: successive refusals of one tenant never report a longer wait
-/// while no hit is added.
+/// Invariant 2: successive refusals of one tenant by one limiter never report
+/// a longer wait while no hit is added — or longer by at most
+/// [`wait_growth_bound`] where the scenario's clocks allow it.
 pub(super) fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
-    // Each worker's refusals of a tenant, in its own order; between two of
-    // them a hit may have been added anywhere in the limiter's scope (with a
-    // shared cache, by another worker — seen in the trace up to a round trip
-    // late), and then the wait may legitimately change.
+    // Each worker's refusals of a tenant by each of its limiters (the
+    // configured cache, or its local fallback), in its own order; between two
+    // of them a hit may have been added anywhere in the limiter's scope (with
+    // a shared cache, by another worker — seen in the trace up to a round
+    // trip late), and then the wait may legitimately change.
     let admitted = admissions(ctx.scopes, events);
-    let mut last: BTreeMap<(&str, TenantId), (u64, u64)> = BTreeMap::new();
+    let mut last: BTreeMap<(&str, TenantId, Decider), (u64, u64)> = BTreeMap::new();
     let mut refusals = 0;
     let mut verdict = Verdict::Held;
-    let mut worst_growth = 0u64;
+    let (mut worst_growth, mut worst_allowed) = (0u64, 0u64);
+    let mut largest_allowance = 0u64;
     for e in events {
         let Kind::Limited {
-            tenant, retry_after_us, ..
+            tenant,
+            retry_after_us,
+            decided_by,
+            ..
         } = &e.kind
         else {
             continue;
         };
         refusals += 1;
-        let key = (e.host.as_str(), *tenant);
+        let key = (e.host.as_str(), *tenant, *decided_by);
         if let Some(&(t_prev, prev)) = last.get(&key) {
             let hit_between = admitted.get(&(ctx.scopes.limiter(e), *tenant)).is_some_and(|hits| {
                 hits.iter()
                     .any(|h| h.t_us + ctx.round_trip_us >= t_prev && h.t_us <= e.t_us)
             });
+            let allowed = micros(wait_growth_bound(ctx.scenario, &e.host, *decided_by, (t_prev, e.t_us)));
+            largest_allowance = largest_allowance.max(allowed);
             if !hit_between && *retry_after_us > prev {
-                worst_growth = worst_growth.max(retry_after_us - prev);
-                if verdict == Verdict::Held {
-                    verdict = violated(e, format!("wait grew from {prev} µs to {retry_after_us} µs"));
+                let growth = retry_after_us - prev;
+                if growth > worst_growth {
+                    (worst_growth, worst_allowed) = (growth, allowed);
+                }
+                if growth > allowed && verdict == Verdict::Held {
+                    verdict = violated(
+                        e,
+                        format!(
+                            "wait grew from {prev} µs to {retry_after_us} µs (allowed growth {} ms)",
+                            allowed / 1000
+                        ),
+                    );
                 }
             }
         }
@@ -212,8 +377,37 @@ pub(super) fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> Finding 
     if refusals == 0 {
         return not_applicable("no refusals");
     }
-    (
-        verdict,
-        format!("{refusals} refusals; worst growth {} ms", worst_growth / 1000),
-    )
+    let figure = if largest_allowance == 0 {
+        format!("{refusals} refusals; worst growth {} ms", worst_growth / 1000)
+    } else {
+        let s = ctx.scenario;
+        let stepped_back = s
+            .faults
+            .iter()
+            .any(|f| matches!(f, Fault::ClockStep { by_ms, .. } if *by_ms < 0));
+        let skewed = ctx.scopes.shared() && s.cache.time_source == TimeSource::Caller && !rpm_bound(s).spread.is_zero();
+        let why = match (stepped_back, skewed) {
+            (true, true) => "a window plus the steps back and the clocks' spread",
+            (true, false) => "a window plus the steps back",
+            _ => "a window plus the clocks' spread",
+        };
+        let bound = if worst_allowed == largest_allowance {
+            format!("bound {} ms", worst_allowed / 1000)
+        } else {
+            format!(
+                "bound {} ms there, {} ms at most",
+                worst_allowed / 1000,
+                largest_allowance / 1000
+            )
+        };
+        format!(
+            "{refusals} refusals; worst growth {} ms, {bound} ({why})",
+            worst_growth / 1000
+        )
+    };
+    (verdict, figure)
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -3,10 +3,13 @@
 //! Checkers are kept apart from the fault injectors: they know nothing about
 //! how the world was driven, only what the trace says happened. Each returns
 //! held, violated (with the first violating event), or not applicable (with
-//! why), plus a figure worth reporting either way. A scenario may declare that
-//! it expects an invariant to be violated (a caller-stamped fleet under clock
-//! skew overshoots `rpm`); the violation is then reported as a measurement,
-//! not a failure.
+//! why), plus a figure worth reporting either way. Conditions that loosen a
+//! promise (clock skew, steps back, a cache cut off or restarted) turn it
+//! into a bounded claim, checked against the bound and printed beside it
+//! ([`rpm_bound`], [`wait_growth_bound`]). A scenario may still declare that
+//! it expects an invariant to be violated (`expect.may_violate`, as the
+//! fuzzer does for liveness under a load no server can carry); the violation
+//! is then reported, not failed.
 //!
 //! [`Invariant`] is the registry: the scenario's `expect.may_violate`, the
 //! fuzzer's claims, the report and [`check_all`] all name invariants by it,
@@ -31,17 +34,20 @@ use crate::evidence::timeline::Scopes;
 use crate::evidence::trace::TraceEvent;
 use crate::scenario::Scenario;
 
-pub use limiter::{RpmBound, rpm_bound};
+pub use limiter::{RpmBound, rpm_bound, wait_growth_bound};
 pub use liveness::heal_time_us;
 
 /// A promise the library makes, checked on every run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Invariant {
-    /// No tenant gets more than `rpm` admissions in any window (the limiter's
-    /// skew bound under a caller-stamped shared cache: [`rpm_bound`]).
+    /// No tenant gets more than `rpm` admissions in any window — or the bound
+    /// [`rpm_bound`] states where the scenario allows more (a caller-stamped
+    /// shared cache under skew, cache restarts, workers limiting locally).
     RpmPerWindow,
-    /// Successive refusals never report a growing wait while no hit is added.
+    /// Successive refusals never report a growing wait while no hit is added —
+    /// or one growing by at most [`wait_growth_bound`] (clock steps back, a
+    /// caller-stamped skewed fleet).
     RetryAfterMonotone,
     /// A half-open episode admits at most `half_open_max_calls` probes.
     HalfOpenProbes,
@@ -236,7 +242,7 @@ mod tests {
 
     use super::*;
     use crate::evidence::outcome::CallOutcome;
-    use crate::evidence::trace::Kind;
+    use crate::evidence::trace::{Decider, Kind};
     use crate::scenario::tenant;
 
     const MINIMAL: &str = r#"
@@ -275,6 +281,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 tenant: tenant(1),
                 remaining: 0,
                 at_us: secs_us(t_s),
+                decided_by: Decider::Cache,
             },
         )
     }
@@ -349,14 +356,14 @@ by_ms = {step_ms}
         // The fast worker is clamped to 1 s ahead; the slow one is 3 s behind:
         // a spread of 4 s in a 10 s window lets twice rpm through.
         let b = rpm_bound(&skewed("caller", 0));
-        assert_eq!((b.limit, b.spread), (40, Duration::from_secs(4)));
+        assert_eq!((b.limit(0), b.spread), (40, Duration::from_secs(4)));
         // Stepped 9 s further back, the slow one is clamped one window behind:
         // spread 11 s, three times rpm.
         let b = rpm_bound(&skewed("caller", -9000));
-        assert_eq!((b.limit, b.spread), (60, Duration::from_secs(11)));
+        assert_eq!((b.limit(0), b.spread), (60, Duration::from_secs(11)));
         // The cache's own clock stamps: exact.
         let b = rpm_bound(&skewed("store", -9000));
-        assert_eq!((b.limit, b.spread), (20, Duration::ZERO));
+        assert_eq!((b.limit(0), b.spread), (20, Duration::ZERO));
     }
 
     #[test]
@@ -373,6 +380,235 @@ by_ms = {step_ms}
         };
         assert_eq!(check(&burst(40)), Verdict::Held);
         assert!(matches!(check(&burst(41)), Verdict::Violated { .. }));
+    }
+
+    /// A shared, store-stamped cache for two workers `w` and `v`, rpm 2 per
+    /// 10 s, with `faults` (TOML) appended.
+    fn shared(faults: &str, hardening: &str) -> Scenario {
+        let toml = format!(
+            r#"
+name = "shared"
+duration_s = 100
+[hardening]
+rpm = 2
+window_s = 10
+{hardening}
+[cache]
+kind = "shared"
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{{ id = 1, calls_per_min = 1 }}]
+[[workers]]
+name = "v"
+servers = ["gpu"]
+tenants = [{{ id = 1, calls_per_min = 1 }}]
+{faults}
+"#
+        );
+        Scenario::parse("shared.toml", &toml).unwrap()
+    }
+
+    fn admitted_on(host: &str, t_s: f64, decided_by: Decider) -> TraceEvent {
+        TraceEvent {
+            host: host.into(),
+            ..ev(
+                t_s,
+                Kind::Admitted {
+                    tenant: tenant(1),
+                    remaining: 0,
+                    at_us: secs_us(t_s),
+                    decided_by,
+                },
+            )
+        }
+    }
+
+    fn limited_on(host: &str, t_s: f64, wait_s: f64, decided_by: Decider) -> TraceEvent {
+        TraceEvent {
+            host: host.into(),
+            ..ev(
+                t_s,
+                Kind::Limited {
+                    tenant: tenant(1),
+                    retry_after_us: secs_us(wait_s),
+                    at_us: secs_us(t_s),
+                    decided_by,
+                },
+            )
+        }
+    }
+
+    fn check_of(s: &Scenario, name: Invariant, events: &[TraceEvent]) -> Check {
+        check_all(s, events).into_iter().find(|c| c.name == name).unwrap()
+    }
+
+    #[test]
+    fn workers_that_limit_locally_add_rpm_each_to_the_bound() {
+        use Decider::{Cache, Local, Unlimited};
+        let s = shared("", "");
+        // rpm 2 from the shared cache, and 2 more from w's local limiter: the
+        // bound is rpm × (1 worker that fell back + 1) = 4.
+        let mut events = vec![
+            admitted_on("v", 1.0, Cache),
+            admitted_on("v", 2.0, Cache),
+            admitted_on("w", 3.0, Local),
+            admitted_on("w", 4.0, Local),
+        ];
+        let c = check_of(&s, Invariant::RpmPerWindow, &events);
+        assert_eq!(c.verdict, Verdict::Held, "{c:?}");
+        assert!(
+            c.figure.contains("bound 4: rpm 2 + 2 × 1 worker that limited locally"),
+            "{}",
+            c.figure
+        );
+        // A fifth in the window exceeds it.
+        events.push(admitted_on("v", 5.0, Cache));
+        let c = check_of(&s, Invariant::RpmPerWindow, &events);
+        assert!(matches!(c.verdict, Verdict::Violated { t_us: 5_000_000, .. }), "{c:?}");
+        // Without the local ones, three shared admissions already exceed rpm.
+        let shared_only = [
+            admitted_on("v", 1.0, Cache),
+            admitted_on("v", 2.0, Cache),
+            admitted_on("v", 5.0, Cache),
+        ];
+        assert!(matches!(
+            check_of(&s, Invariant::RpmPerWindow, &shared_only).verdict,
+            Verdict::Violated { .. }
+        ));
+        // Admissions nobody decided (the admit policy) are outside any bound,
+        // and counted in the figure.
+        let unlimited: Vec<TraceEvent> = (0..5)
+            .map(|i| admitted_on("w", 1.0 + f64::from(i), Unlimited))
+            .collect();
+        let c = check_of(&s, Invariant::RpmPerWindow, &unlimited);
+        assert_eq!(c.verdict, Verdict::Held);
+        assert!(c.figure.contains("5 admitted without a limit"), "{}", c.figure);
+    }
+
+    #[test]
+    fn each_cache_restart_in_a_window_lets_the_store_decide_rpm_again() {
+        let s = shared(
+            "[[faults]]\nkind = \"cache_down\"\nat_s = 4\n[[faults]]\nkind = \"cache_up\"\nat_s = 5\n[[faults]]\nkind = \"cache_down\"\nat_s = 50\n[[faults]]\nkind = \"cache_up\"\nat_s = 70\n",
+            "",
+        );
+        let b = rpm_bound(&s);
+        // The two restarts are 65 s apart: one per 10 s window.
+        assert_eq!((b.restarts, b.limit(0)), (1, 4));
+        let before_and_after = [admitted(1.0), admitted(2.0), admitted(6.0), admitted(7.0)];
+        assert_eq!(
+            check_of(&s, Invariant::RpmPerWindow, &before_and_after).verdict,
+            Verdict::Held
+        );
+        let one_more = [before_and_after.as_slice(), &[admitted(8.0)]].concat();
+        assert!(matches!(
+            check_of(&s, Invariant::RpmPerWindow, &one_more).verdict,
+            Verdict::Violated { .. }
+        ));
+        // Two restarts within one window: three times rpm.
+        let close = shared(
+            "[[faults]]\nkind = \"cache_up\"\nat_s = 4\n[[faults]]\nkind = \"cache_up\"\nat_s = 9\n",
+            "",
+        );
+        assert_eq!(rpm_bound(&close).limit(0), 6);
+    }
+
+    #[test]
+    fn a_wait_may_grow_only_in_the_aftermath_of_a_step_back_and_by_at_most_a_window_plus_the_step() {
+        use Decider::Cache;
+        // Per-worker caches (the worker's clock stamps), w stepped back 3 s at 20 s.
+        let step = r#"
+name = "stepped"
+duration_s = 100
+[hardening]
+rpm = 2
+window_s = 10
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+[[faults]]
+kind = "clock_step"
+at_s = 20
+host = "w"
+by_ms = -3000
+"#;
+        let s = Scenario::parse("stepped.toml", step).unwrap();
+        let second = Duration::from_secs(1).as_micros() as u64;
+        // Before the step, and long after its aftermath (20 + 10 + 3 s): none.
+        assert_eq!(
+            wait_growth_bound(&s, "w", Cache, (5 * second, 6 * second)),
+            Duration::ZERO
+        );
+        assert_eq!(
+            wait_growth_bound(&s, "w", Cache, (40 * second, 41 * second)),
+            Duration::ZERO
+        );
+        // Across it or within its aftermath: the window plus the step.
+        assert_eq!(
+            wait_growth_bound(&s, "w", Cache, (19 * second, 21 * second)),
+            Duration::from_secs(13)
+        );
+        assert_eq!(
+            wait_growth_bound(&s, "w", Cache, (30 * second, 32 * second)),
+            Duration::from_secs(13)
+        );
+        // Another host's step does not loosen w's claim.
+        assert_eq!(
+            wait_growth_bound(&s, "v", Cache, (19 * second, 21 * second)),
+            Duration::ZERO
+        );
+        let grows = |t: f64, by: f64| {
+            [
+                limited_on("w", t, 2.0, Cache),
+                limited_on("w", t + 1.0, 2.0 + by, Cache),
+            ]
+        };
+        let verdict = |events: &[TraceEvent]| check_of(&s, Invariant::RetryAfterMonotone, events).verdict;
+        assert_eq!(verdict(&grows(25.0, 12.0)), Verdict::Held);
+        assert!(matches!(verdict(&grows(25.0, 14.0)), Verdict::Violated { .. }));
+        assert!(matches!(verdict(&grows(50.0, 0.5)), Verdict::Violated { .. }));
+    }
+
+    #[test]
+    fn waits_from_a_local_fallback_and_from_the_shared_cache_are_compared_apart() {
+        use Decider::{Cache, Local};
+        let s = shared("", "");
+        // The local limiter knew only its own hits; the shared cache's wait is
+        // another limiter's, and may be longer.
+        let events = [
+            limited_on("w", 10.0, 1.0, Local),
+            limited_on("w", 10.5, 6.0, Cache),
+            limited_on("w", 11.0, 5.0, Cache),
+        ];
+        assert_eq!(
+            check_of(&s, Invariant::RetryAfterMonotone, &events).verdict,
+            Verdict::Held
+        );
+        let grew = [events.as_slice(), &[limited_on("w", 11.5, 7.0, Cache)]].concat();
+        assert!(matches!(
+            check_of(&s, Invariant::RetryAfterMonotone, &grew).verdict,
+            Verdict::Violated { .. }
+        ));
+    }
+
+    #[test]
+    fn a_caller_stamped_skewed_fleet_allows_a_window_plus_the_spread() {
+        use Decider::Cache;
+        let s = skewed("caller", 0);
+        // Spread 4 s (see the_rpm_bound_follows_the_clamped_clock_spread).
+        assert_eq!(
+            wait_growth_bound(&s, "slow", Cache, (0, 1_000_000)),
+            Duration::from_secs(14)
+        );
+        assert_eq!(
+            wait_growth_bound(&skewed("store", 0), "slow", Cache, (0, 1_000_000)),
+            Duration::ZERO
+        );
     }
 
     #[test]
