@@ -560,3 +560,40 @@ fn a_reload_distribution_is_drawn_per_start_from_the_seed() {
         "{a:?} {others:?}"
     );
 }
+
+#[test]
+fn the_shipped_vllm_overload_server_preempts_under_its_burst() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/vllm-overload.toml");
+    let scenario = redstring_sim::scenario::Scenario::load(&path).unwrap();
+    let server = ServerSpec {
+        name: "gpu".into(),
+        ..scenario.servers[0].clone()
+    };
+    let mut sim = sim(1, 120);
+    let handle = ServerHandle::default();
+    sim.host("gpu", server_host(server, handle.clone(), Trace::new(), 7));
+    let log: Log = Rc::default();
+    // The burst: six workers' fifteen calls at once.
+    for i in 0..90 {
+        let log = log.clone();
+        sim.client(format!("client-{i}"), async move {
+            let seen = post(1024, Duration::from_secs(60)).await;
+            log.borrow_mut().push((i, seen));
+            Ok(())
+        });
+    }
+    let mut peak_running = 0;
+    while !sim.step().unwrap() {
+        peak_running = peak_running.max(handle.stats().running);
+    }
+    let stats = handle.stats();
+    assert!(stats.preemptions > 0, "{stats:?}");
+    assert!(
+        peak_running < 64,
+        "the cache, not max_seqs, bounds the batch: {peak_running}"
+    );
+    assert!(
+        log.borrow().iter().all(|(_, s)| s.status() == Some(200)),
+        "slow, never refused"
+    );
+}

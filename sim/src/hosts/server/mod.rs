@@ -630,6 +630,12 @@ impl Start {
                 "unavailable_error",
             ));
         };
+        // From here the request is the server's: a client that leaves while it
+        // is held for a load or waits in the engine is recorded `abandoned`.
+        let mut pending = Pending {
+            start: self.clone(),
+            recorded: false,
+        };
         if matches!(kind, ServerKind::LlamaSwap | ServerKind::Ollama) && !b.is_ready() {
             let extra = self.extra.clone();
             let (reload, fixed) = (self.spec.reload, self.spec.reload_s);
@@ -637,26 +643,28 @@ impl Start {
             match b.ready(load_time).await {
                 Ok(()) => {}
                 Err(LoadError::Failed { timeout_s }) => {
+                    pending.recorded = true;
                     self.record(Answer::LoadFailed);
                     return Ok(load_failed(timeout_s));
                 }
                 Err(LoadError::QueueFull) => {
+                    pending.recorded = true;
                     self.record(Answer::QueueFull);
                     return Ok(ollama_busy());
                 }
             }
         }
         let mode = self.draw_mode();
+        if mode != Mode::Normal && !matches!(mode, Mode::Empty | Mode::Malformed | Mode::Refuse) {
+            // The mode records its own answer.
+            pending.recorded = true;
+        }
         match self.misbehave(mode) {
             Some(Early::Reply(reply)) => return reply,
             Some(Early::Hang) => return std::future::pending().await,
             None => {}
         }
         let (output, truncated) = front::output_tokens(wanted, max_tokens, prompt, b.preset.context_tokens);
-        let mut pending = Pending {
-            start: self.clone(),
-            recorded: false,
-        };
         match b.serve(prompt, output).await {
             Some(EngineOutcome::Finished { generated }) => {
                 pending.recorded = true;
