@@ -376,6 +376,142 @@ impl Engine {
     }
 }
 
+/// What the model predicts for one server under Poisson load: a mean-value
+/// fixed point, not a simulation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Expectation {
+    /// Mean request latency, arrival to last token, seconds.
+    pub latency_s: f64,
+    /// Mean time to first token, seconds.
+    pub ttft_s: f64,
+    /// Mean sequences running.
+    pub batch: f64,
+    /// Mean step time, milliseconds.
+    pub step_ms: f64,
+}
+
+/// The analytic expectation of the model for requests of `prompt` and
+/// `output` tokens arriving as a Poisson stream of `rate_per_s`, or `None`
+/// when the batch would outgrow `max_seqs` or the cache (the queue then grows
+/// without bound).
+///
+/// With `m = λ·s` arrivals per step of mean length `s`, a step is a decode
+/// step plus the expected prefill of those arrivals:
+/// `s = decode_ms(u) + c·(1 − e^−m) + b·P·m + a·P²·(m + m²)` for the prefill
+/// polynomial `a·T² + b·T + c`; a request waits the rest of a busy step (half
+/// of one, when the engine is busy, `1 − e^−B`), is admitted with the others
+/// that arrived meanwhile (TTFT: that wait plus `decode_ms(u) +
+/// prefill_ms(P·(1 + m))`), and then takes `O − 1` more steps; the batch is
+/// `B = λ·latency` (Little) and `u = B·(P + O/2) / kv_tokens`. Solved by damped
+/// iteration.
+pub fn expectation(params: &EngineParams, prompt: u64, output: u64, rate_per_s: f64) -> Option<Expectation> {
+    let (p, o) = (prompt as f64, output.max(1) as f64);
+    let lambda = rate_per_s / 1000.0;
+    let footprint = EngineParams::mean_footprint(prompt, output);
+    let (a, b, c) = (4.209989e-07, 1.518344e-02, 1.650142e+01);
+    let mut s = decode_ms(0.0) + prefill_ms(prompt);
+    let mut result = None;
+    for _ in 0..500 {
+        let m = lambda * s;
+        // Latency and batch from the current step length.
+        let busy_wait = |batch: f64| (1.0 - (-batch).exp()) * s / 2.0;
+        let mut batch = lambda * o * s;
+        let mut u = batch * footprint / params.kv_tokens.max(1) as f64;
+        let ttft = busy_wait(batch) + decode_ms(u) + prefill_ms((p * (1.0 + m)).round() as u64);
+        let latency = ttft + (o - 1.0) * s;
+        batch = lambda * latency;
+        u = batch * footprint / params.kv_tokens.max(1) as f64;
+        if batch > f64::from(params.max_seqs) || u > 1.0 || !latency.is_finite() {
+            return None;
+        }
+        let next = decode_ms(u) + c * (1.0 - (-m).exp()) + b * p * m + a * p * p * (m + m * m);
+        let scale = params.time_scale;
+        result = Some(Expectation {
+            latency_s: latency * scale / 1000.0,
+            ttft_s: ttft * scale / 1000.0,
+            batch,
+            step_ms: s * scale,
+        });
+        if (next - s).abs() < 1e-9 {
+            break;
+        }
+        s = 0.5 * s + 0.5 * next;
+    }
+    result
+}
+
+/// What [`measure`] saw: means over the requests that finished.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Measured {
+    /// Mean latency, seconds.
+    pub latency_s: f64,
+    /// Mean time to first token, seconds.
+    pub ttft_s: f64,
+    /// Requests finished.
+    pub finished: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+}
+
+/// Runs the engine alone on `requests` Poisson arrivals of `rate_per_s`
+/// (seeded by `seed`, each step's factor lognormal with `sigma`) and measures
+/// the mean latency and time to first token, skipping the first tenth as
+/// warm-up.
+pub fn measure(
+    params: &EngineParams,
+    prompt: u64,
+    output: u64,
+    rate_per_s: f64,
+    requests: u64,
+    sigma: f64,
+    seed: u64,
+) -> Measured {
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Exp, StandardNormal};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut engine = Engine::new(*params);
+    let gaps = Exp::new(rate_per_s.max(1e-9)).ok();
+    let mut arrived = Vec::with_capacity(usize::try_from(requests).unwrap_or(0));
+    let mut at = Duration::ZERO;
+    for id in 0..requests {
+        let gap = gaps.map_or(0.0, |g| g.sample(&mut rng));
+        at += Duration::try_from_secs_f64(gap).unwrap_or(Duration::ZERO);
+        engine.submit(id, prompt, output, at);
+        arrived.push(at);
+    }
+    let mut steps = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+    let mut factor = || {
+        if sigma <= 0.0 {
+            return 1.0;
+        }
+        let z: f64 = StandardNormal.sample(&mut steps);
+        (sigma * z - sigma * sigma / 2.0).exp()
+    };
+    let mut events = Vec::new();
+    engine.run_until(Duration::MAX, &mut factor, &mut events);
+    let skip = requests / 10;
+    let (mut latency, mut ttft, mut n, mut m) = (0.0, 0.0, 0u64, 0u64);
+    for e in &events {
+        match *e {
+            EngineEvent::Finished { id, at, .. } if id >= skip => {
+                latency += (at - arrived[id as usize]).as_secs_f64();
+                n += 1;
+            }
+            EngineEvent::FirstToken { id, at } if id >= skip => {
+                ttft += (at - arrived[id as usize]).as_secs_f64();
+                m += 1;
+            }
+            _ => {}
+        }
+    }
+    Measured {
+        latency_s: latency / n.max(1) as f64,
+        ttft_s: ttft / m.max(1) as f64,
+        finished: n,
+        preemptions: engine.preemptions(),
+    }
+}
+
 /// A variance factor that cannot make time run backwards or vanish.
 fn sanitize(factor: f64) -> f64 {
     if factor.is_finite() && factor > 0.0 {

@@ -6,14 +6,23 @@
 //! bounded FIFO queue in front of them, overload collapse, and the misbehaviour
 //! modes of [`Behaviour`] (empty answers, malformed JSON, refusals, 429s, 500s,
 //! hangs, dropped connections). Everything runs on turmoil's virtual time and
-//! one seeded RNG, so the same scenario and seed serve the same answers.
+//! seeded RNGs, so the same scenario and seed serve the same answers.
+//!
+//! A server's [`kinds::ServerKind`] picks what it behaves like. This page
+//! describes the `generic` kind, the default; the others (`llama_cpp`,
+//! `llama_swap`, `vllm`, `ollama`, `openai`) serve through the
+//! continuous-batching engine of [`batching`] behind the gates of their kind
+//! (`front.rs`, [`quota`]), documented on [`kinds::ServerKind`] and in
+//! `docs/server-kinds.md`. Their draws beyond the behaviour draw (load times,
+//! token counts, step times) come from their own ChaCha streams of the
+//! server's seed, so a generic server draws exactly what it always drew.
 //!
 //! # What a request goes through
 //!
 //! `POST /v1/chat/completions` on port [`PORT`] is handled in this order (any
 //! other path is `404`, a body that is not JSON is `400`):
 //!
-//! 1. **Reload.** For `reload_s` after each restart of the process (every
+//! 1. **Reload.** For `reload_s` (or a draw of `reload`) after each restart of the process (every
 //!    `Sim::bounce`, every [`ServerHandle::restart`]; the first start too when
 //!    the spec says `cold_start`), the answer
 //!    is `503` with llama.cpp's
