@@ -5,7 +5,7 @@
 //! one, not a 429 coin flip. OpenAI counts limits per minute in requests and
 //! tokens, "whichever limit is hit first applies", and charges a request at
 //! admission "the maximum of `max_tokens` and the estimated number of tokens"
-//! of the prompt (https://developers.openai.com/api/docs/guides/rate-limits).
+//! of the prompt (<https://developers.openai.com/api/docs/guides/rate-limits>).
 //! Here each limit is a token bucket holding at most the limit and refilling
 //! it evenly over 60 s; a request is admitted only if both buckets hold its
 //! charge, and a refused request takes nothing. The headers follow the guide's
