@@ -597,3 +597,27 @@ fn the_shipped_vllm_overload_server_preempts_under_its_burst() {
         "slow, never refused"
     );
 }
+
+#[test]
+fn a_scenario_file_names_a_kind_and_its_bad_field() {
+    let text = |server: &str| {
+        format!(
+            "name = \"k\"\nduration_s = 10\n\n[[servers]]\nname = \"gpu\"\n{server}\n\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 6 }}]\n"
+        )
+    };
+    let ok = redstring_sim::scenario::Scenario::parse("k.toml", &text("kind = \"vllm\"\nkv_tokens = 4000")).unwrap();
+    assert_eq!(ok.servers[0].kind, ServerKind::Vllm);
+    let err = redstring_sim::scenario::Scenario::parse("k.toml", &text("kv_tokens = 4000"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("servers[0].kv_tokens") && err.contains("kind"), "{err}");
+    let err =
+        redstring_sim::scenario::Scenario::parse("k.toml", &text("kind = \"openai\"\nquota = { rpm = 0, tpm = 10 }"))
+            .unwrap_err()
+            .to_string();
+    assert!(err.contains("servers[0].quota.rpm"), "{err}");
+    let err = redstring_sim::scenario::Scenario::parse("k.toml", &text("kind = \"tgi\""))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("kind"), "{err}");
+}

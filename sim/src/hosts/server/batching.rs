@@ -325,7 +325,9 @@ impl Engine {
         }
         let u = self.kv_used as f64 / p.kv_tokens.max(1) as f64;
         let ms = EngineParams::step_ms(new_tokens, u) * p.time_scale * sanitize(factor);
-        let end = start + Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::ZERO);
+        // A step too long to represent never ends: an infinitely slow GPU, not
+        // an infinitely fast one.
+        let end = start.saturating_add(Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX));
         self.now = end;
         self.steps += 1;
         let mut still = Vec::with_capacity(self.running.len());

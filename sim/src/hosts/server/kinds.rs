@@ -112,6 +112,12 @@ pub const DEFAULT_OLLAMA_MAX_QUEUE: u32 = 512;
 /// `OLLAMA_KEEP_ALIVE`'s default, seconds.
 pub const DEFAULT_OLLAMA_KEEP_ALIVE_S: f64 = 300.0;
 
+/// The longest mean load time a `reload` distribution may have: a day.
+const MAX_RELOAD_S: f64 = 86_400.0;
+
+/// The largest mean token count a distribution may have.
+const MAX_TOKENS: f64 = 10_000_000.0;
+
 /// A distribution of a positive quantity (a reload time, a token count),
 /// drawn from the server's seeded RNG.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -338,13 +344,16 @@ pub fn validate(spec: &ServerSpec) -> Result<(), (String, String)> {
             return bad(field, format!("must not be negative, got {v}"));
         }
     }
-    for (field, dist) in [
-        ("reload", spec.reload),
-        ("prompt_tokens_dist", spec.prompt_tokens_dist),
-        ("output_tokens_dist", spec.output_tokens_dist),
+    for (field, dist, most) in [
+        ("reload", spec.reload, MAX_RELOAD_S),
+        ("prompt_tokens_dist", spec.prompt_tokens_dist, MAX_TOKENS),
+        ("output_tokens_dist", spec.output_tokens_dist, MAX_TOKENS),
     ] {
         if let Some(d) = dist {
             d.check().map_err(|m| (field.to_owned(), m))?;
+            if d.mean() > most {
+                return bad(field, format!("must have a mean of at most {most}, got {}", d.mean()));
+            }
         }
     }
     if let Some(q) = &spec.quota {
