@@ -80,8 +80,13 @@
 //! outcome is known: `ok`, `loading`, `queue_full`, `collapsed`, `not_found`,
 //! `bad_request`, the mode applied (`empty`, `malformed`, `refuse`,
 //! `rate_limit`, `error`, `hang`, `drop`), or `abandoned` for a request whose
-//! client left (or whose server crashed) while it was queued or running.
-//! `impaired` is false only for `ok`, `not_found` and `bad_request`.
+//! client left (or whose server crashed) while it was queued or running. The
+//! batching kinds add `context_exceeded` (llama.cpp's 400), `truncated` (cut
+//! at `max_tokens` or the context), `throttled` (a 429 from llama-swap's
+//! concurrency limit or a quota bucket), `quota_exhausted` and `load_failed`
+//! (llama-swap's health check timed out).
+//! `impaired` is false only for `ok`, `not_found`, `bad_request`, `context_exceeded`
+//! and `truncated`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
