@@ -621,3 +621,45 @@ fn a_scenario_file_names_a_kind_and_its_bad_field() {
         .to_string();
     assert!(err.contains("kind"), "{err}");
 }
+
+#[test]
+fn vllm_answers_503_past_its_opt_in_queue_limit() {
+    let server = ServerSpec {
+        max_queue: Some(2),
+        ..spec(ServerKind::Vllm)
+    };
+    let (seen, trace, _) = run(
+        server,
+        3,
+        |i| Duration::from_millis(20 * i as u64),
+        256,
+        Duration::from_secs(10),
+        30,
+    );
+    assert_eq!(seen[0].status(), Some(200));
+    assert_eq!(seen[1].status(), Some(200));
+    assert_eq!(seen[2].status(), Some(503), "waiting and running count: {seen:?}");
+    assert_eq!(served(&trace), ["queue_full", "ok", "ok"]);
+}
+
+#[test]
+fn llama_swap_unloads_after_its_ttl_and_the_next_request_waits_for_the_load() {
+    let server = ServerSpec {
+        reload_s: 3.0,
+        keep_alive_s: Some(10.0),
+        ..spec(ServerKind::LlamaSwap)
+    };
+    let (seen, _, _) = run(
+        server,
+        2,
+        |i| Duration::from_secs([0, 20][i]),
+        256,
+        Duration::from_secs(30),
+        60,
+    );
+    assert!(seen[0].at() < Duration::from_secs(1), "loaded at the start: {seen:?}");
+    // 20 s + the 250 ms wait + three one-second polls.
+    assert_eq!(seen[1].status(), Some(200), "{seen:?}");
+    assert!(seen[1].at() >= Duration::from_millis(23_250), "{seen:?}");
+    assert!(seen[1].at() < Duration::from_secs(25), "{seen:?}");
+}
