@@ -116,6 +116,17 @@ pub enum Answer {
     Hang,
     /// The `drop` mode: the connection closed unanswered.
     Drop,
+    /// `400 exceed_context_size_error`: the prompt does not fit the context.
+    ContextExceeded,
+    /// 200 cut off at `max_tokens` or the context: `finish_reason: "length"`.
+    Truncated,
+    /// A 429 from a real limit: llama-swap's concurrency limit or a hosted
+    /// endpoint's request or token bucket.
+    Throttled,
+    /// `429 insufficient_quota`: the hosted endpoint's credit is spent.
+    QuotaExhausted,
+    /// The model failed to load (llama-swap's health check timed out): 500.
+    LoadFailed,
 }
 
 impl Answer {
@@ -135,11 +146,12 @@ impl Answer {
     }
 
     /// Whether the server was impaired when it gave this answer (loading,
-    /// full, collapsed or misbehaving); false only for `ok` and for requests
-    /// the server rightly turned away.
+    /// full, collapsed, throttled or misbehaving); false only for `ok`, for
+    /// requests the server rightly turned away, and for answers cut off at
+    /// the limit the request or the context set.
     pub fn impaired(self) -> bool {
         match self {
-            Answer::Ok | Answer::NotFound | Answer::BadRequest => false,
+            Answer::Ok | Answer::NotFound | Answer::BadRequest | Answer::ContextExceeded | Answer::Truncated => false,
             Answer::Loading
             | Answer::QueueFull
             | Answer::Collapsed
@@ -150,7 +162,10 @@ impl Answer {
             | Answer::RateLimit
             | Answer::Error
             | Answer::Hang
-            | Answer::Drop => true,
+            | Answer::Drop
+            | Answer::Throttled
+            | Answer::QuotaExhausted
+            | Answer::LoadFailed => true,
         }
     }
 
@@ -171,6 +186,11 @@ impl Answer {
             Answer::Error => "error",
             Answer::Hang => "hang",
             Answer::Drop => "drop",
+            Answer::ContextExceeded => "context_exceeded",
+            Answer::Truncated => "truncated",
+            Answer::Throttled => "throttled",
+            Answer::QuotaExhausted => "quota_exhausted",
+            Answer::LoadFailed => "load_failed",
         }
     }
 }

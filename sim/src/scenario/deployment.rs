@@ -4,6 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::ClockSpec;
+use crate::hosts::server::kinds::Preset;
+pub use crate::hosts::server::kinds::{ServerKind, Spread};
+pub use crate::hosts::server::quota::Quota;
 
 /// One GPU model server.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -46,6 +49,62 @@ pub struct ServerSpec {
     /// How it answers at the start.
     #[serde(default)]
     pub behaviour: Behaviour,
+    /// Which real server it behaves like (default `generic`: the fields
+    /// above, nothing else). See [`ServerKind`] and `docs/server-kinds.md`.
+    #[serde(default, skip_serializing_if = "is_generic")]
+    pub kind: ServerKind,
+    /// Load time after each start, drawn per load; replaces `reload_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reload: Option<Spread>,
+    /// Prompt tokens per request, drawn per request; replaces `prompt_tokens`
+    /// (batching kinds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_dist: Option<Spread>,
+    /// Output tokens a request would generate, drawn per request (capped by
+    /// its `max_tokens`); replaces `output_tokens` (batching kinds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens_dist: Option<Spread>,
+    /// Sequences batched together (vLLM `--max-num-seqs`, default 256;
+    /// Ollama `OLLAMA_NUM_PARALLEL`, default 1; llama.cpp: `slots`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_seqs: Option<u32>,
+    /// KV cache capacity in tokens (vLLM default 1 048 576; llama.cpp:
+    /// `context_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_tokens: Option<u64>,
+    /// Prompt tokens one step may prefill (default 8192).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batched_tokens: Option<u64>,
+    /// llama.cpp's context `-c` in tokens (default 16 384, unified across slots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_tokens: Option<u64>,
+    /// Multiplies every step's time: 2 is a GPU half as fast (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_scale: Option<f64>,
+    /// Sigma of each step's lognormal time factor (mean 1; default 0.05).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_sigma: Option<f64>,
+    /// llama-swap's `concurrencyLimit` (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_limit: Option<u32>,
+    /// llama-swap's `healthCheckTimeout` in seconds (default 120, at least 15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check_timeout_s: Option<f64>,
+    /// Ollama's `OLLAMA_MAX_QUEUE` (default 512); vLLM's opt-in
+    /// `--max-num-queued-reqs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queue: Option<u32>,
+    /// Idle seconds before the model unloads (Ollama's keep-alive, default
+    /// 300; llama-swap's `ttl`, default never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_alive_s: Option<f64>,
+    /// The hosted endpoint's quotas (kind `openai`, required there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<Quota>,
+}
+
+fn is_generic(kind: &ServerKind) -> bool {
+    *kind == ServerKind::Generic
 }
 
 impl ServerSpec {
@@ -65,18 +124,61 @@ impl ServerSpec {
             reload_s: defaults::reload_s(),
             cold_start: false,
             behaviour: Behaviour::default(),
+            kind: ServerKind::Generic,
+            reload: None,
+            prompt_tokens_dist: None,
+            output_tokens_dist: None,
+            max_seqs: None,
+            kv_tokens: None,
+            max_batched_tokens: None,
+            context_tokens: None,
+            time_scale: None,
+            step_sigma: None,
+            concurrency_limit: None,
+            health_check_timeout_s: None,
+            max_queue: None,
+            keep_alive_s: None,
+            quota: None,
         }
     }
 
-    /// Seconds one request holds a slot: prefill plus decode.
+    /// Seconds one request is served on an idle server. Generic: it holds a
+    /// slot for prefill plus decode at the spec's speeds. Batching kinds: the
+    /// engine's prefill step and one decode step per output token, at the
+    /// mean token counts.
     pub fn service_time_s(&self) -> f64 {
-        f64::from(self.prompt_tokens) / self.prefill_tokens_per_s
-            + f64::from(self.output_tokens) / self.decode_tokens_per_s
+        match Preset::of(self) {
+            Some(preset) => {
+                let (prompt, output) = Preset::mean_tokens(self);
+                preset.engine.unloaded_latency_s(prompt, output)
+            }
+            None => {
+                f64::from(self.prompt_tokens) / self.prefill_tokens_per_s
+                    + f64::from(self.output_tokens) / self.decode_tokens_per_s
+            }
+        }
     }
 
-    /// Requests per second its slots can serve.
+    /// Requests per second it can serve. Generic: its slots over the service
+    /// time. Batching kinds: the engine's steady-state capacity estimate
+    /// (`EngineParams::capacity_per_s`) at the mean token counts, which is
+    /// not `slots / service_time_s()`: a batch shares its decode steps. A
+    /// hosted endpoint's quota caps it further.
     pub fn throughput(&self) -> f64 {
-        f64::from(self.slots) / self.service_time_s()
+        match Preset::of(self) {
+            Some(preset) => {
+                let (prompt, output) = Preset::mean_tokens(self);
+                let capacity = preset.engine.capacity_per_s(prompt, output);
+                match preset.quota {
+                    Some(q) => {
+                        let charge = prompt.max(1) as f64;
+                        capacity.min(f64::from(q.rpm) / 60.0).min(q.tpm as f64 / 60.0 / charge)
+                    }
+                    None => capacity,
+                }
+            }
+            None => f64::from(self.slots) / self.service_time_s(),
+        }
     }
 }
 

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use deployment::{Behaviour, FleetMember, Mode, ServerSpec, TenantLoad, WorkerGroup, tenant};
+pub use deployment::{
+    Behaviour, FleetMember, Mode, Quota, ServerKind, ServerSpec, Spread, TenantLoad, WorkerGroup, tenant,
+};
 pub use fault::{Fault, FaultKind};
 pub use settings::{CacheKind, CacheLayout, ClockSpec, Hardening, Network};
 

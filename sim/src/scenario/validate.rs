@@ -118,6 +118,7 @@ impl Scenario {
                 return Err(e.bad(&at("reload_s"), format!("must not be negative, got {}", s.reload_s)));
             }
             check_behaviour(&s.behaviour).map_err(|m| e.bad(&at("behaviour"), m))?;
+            crate::hosts::server::kinds::validate(s).map_err(|(f, m)| e.bad(&at(&f), m))?;
         }
         Ok(hosts)
     }

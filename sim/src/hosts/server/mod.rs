@@ -6,14 +6,23 @@
 //! bounded FIFO queue in front of them, overload collapse, and the misbehaviour
 //! modes of [`Behaviour`] (empty answers, malformed JSON, refusals, 429s, 500s,
 //! hangs, dropped connections). Everything runs on turmoil's virtual time and
-//! one seeded RNG, so the same scenario and seed serve the same answers.
+//! seeded RNGs, so the same scenario and seed serve the same answers.
+//!
+//! A server's [`kinds::ServerKind`] picks what it behaves like. This page
+//! describes the `generic` kind, the default; the others (`llama_cpp`,
+//! `llama_swap`, `vllm`, `ollama`, `openai`) serve through the
+//! continuous-batching engine of [`batching`] behind the gates of their kind
+//! (`front.rs`, [`quota`]), documented on [`kinds::ServerKind`] and in
+//! `docs/server-kinds.md`. Their draws beyond the behaviour draw (load times,
+//! token counts, step times) come from their own ChaCha streams of the
+//! server's seed, so a generic server draws exactly what it always drew.
 //!
 //! # What a request goes through
 //!
 //! `POST /v1/chat/completions` on port [`PORT`] is handled in this order (any
 //! other path is `404`, a body that is not JSON is `400`):
 //!
-//! 1. **Reload.** For `reload_s` after each restart of the process (every
+//! 1. **Reload.** For `reload_s` (or a draw of `reload`) after each restart of the process (every
 //!    `Sim::bounce`, every [`ServerHandle::restart`]; the first start too when
 //!    the spec says `cold_start`), the answer
 //!    is `503` with llama.cpp's
@@ -71,8 +80,13 @@
 //! outcome is known: `ok`, `loading`, `queue_full`, `collapsed`, `not_found`,
 //! `bad_request`, the mode applied (`empty`, `malformed`, `refuse`,
 //! `rate_limit`, `error`, `hang`, `drop`), or `abandoned` for a request whose
-//! client left (or whose server crashed) while it was queued or running.
-//! `impaired` is false only for `ok`, `not_found` and `bad_request`.
+//! client left (or whose server crashed) while it was queued or running. The
+//! batching kinds add `context_exceeded` (llama.cpp's 400), `truncated` (cut
+//! at `max_tokens` or the context), `throttled` (a 429 from llama-swap's
+//! concurrency limit or a quota bucket), `quota_exhausted` and `load_failed`
+//! (llama-swap's health check timed out).
+//! `impaired` is false only for `ok`, `not_found`, `bad_request`, `context_exceeded`
+//! and `truncated`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -96,6 +110,15 @@ use crate::evidence::outcome::Answer;
 use crate::evidence::trace::{Kind, Trace};
 use crate::hosts::clock::{EPOCH, sim_elapsed};
 use crate::scenario::{Behaviour, Mode, ServerSpec};
+
+pub mod batching;
+mod front;
+pub mod kinds;
+pub mod quota;
+
+use front::{Batching, EngineOutcome, ExtraRng, LoadError};
+use kinds::{Preset, ServerKind};
+use quota::{Decision, Limit, go_duration};
 
 /// The port every model server listens on.
 pub const PORT: u16 = 8080;
@@ -136,6 +159,8 @@ pub struct ServerStats {
     pub collapsed: bool,
     /// How many times it has collapsed, over every start.
     pub collapses: u32,
+    /// Batching kinds: running sequences preempted (vLLM recompute) in this start.
+    pub preemptions: u64,
 }
 
 #[derive(Debug)]
@@ -146,6 +171,8 @@ struct Shared {
     stats: ServerStats,
     /// Responses sent, for unique completion ids.
     answered: u64,
+    /// The current start's batching engine (batching kinds).
+    batching: Option<Arc<Batching>>,
 }
 
 impl ServerHandle {
@@ -158,6 +185,7 @@ impl ServerHandle {
                 generation: 0,
                 stats: ServerStats::default(),
                 answered: 0,
+                batching: None,
             })),
             process: Arc::new(watch::Sender::new(Process { up: true, life: 0 })),
         }
@@ -207,7 +235,15 @@ impl ServerHandle {
 
     /// The counters now.
     pub fn stats(&self) -> ServerStats {
-        self.lock().stats.clone()
+        let shared = self.lock();
+        let mut stats = shared.stats.clone();
+        if let Some(b) = &shared.batching {
+            let (running, in_flight, preemptions) = b.counts();
+            stats.running = running;
+            stats.in_flight = in_flight;
+            stats.preemptions = preemptions;
+        }
+        stats
     }
 
     fn lock(&self) -> MutexGuard<'_, Shared> {
@@ -236,12 +272,14 @@ pub type HostFuture = Pin<Box<dyn Future<Output = turmoil::Result> + 'static>>;
 /// queue; the RNG continues across restarts.
 pub fn server_host(spec: ServerSpec, handle: ServerHandle, trace: Trace, seed: u64) -> impl Fn() -> HostFuture {
     let rng = Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(seed)));
+    let extra = Arc::new(Mutex::new(ExtraRng::new(seed)));
     move || {
         let server = Server {
             spec: spec.clone(),
             handle: handle.clone(),
             trace: trace.clone(),
             rng: rng.clone(),
+            extra: extra.clone(),
         };
         Box::pin(server.run())
     }
@@ -253,6 +291,8 @@ struct Server {
     handle: ServerHandle,
     trace: Trace,
     rng: Arc<Mutex<ChaCha8Rng>>,
+    /// Load times, token counts and step times (see [`ExtraRng`]).
+    extra: Arc<Mutex<ExtraRng>>,
 }
 
 /// One start of a server: what a crash throws away.
@@ -261,10 +301,16 @@ struct Start {
     handle: ServerHandle,
     trace: Trace,
     rng: Arc<Mutex<ChaCha8Rng>>,
+    extra: Arc<Mutex<ExtraRng>>,
     generation: u64,
     started_at: Duration,
+    /// Whether this start loads the model, and for how long.
+    loads: bool,
+    reload_s: f64,
     slots: Semaphore,
     collapsed: watch::Sender<bool>,
+    /// The engine and gate state of a batching kind.
+    batching: Option<Arc<Batching>>,
 }
 
 impl Server {
@@ -291,19 +337,61 @@ impl Server {
             shared.stats.collapsed = false;
             shared.generation
         };
+        let loads = generation > 1 || self.spec.cold_start;
+        // Drawn only when a distribution is given, so fixed reloads draw nothing.
+        let reload_s = if loads {
+            self.extra
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .load_time(self.spec.reload, self.spec.reload_s)
+        } else {
+            0.0
+        };
+        let preset = Preset::of(&self.spec);
+        let batching = preset.map(|preset| {
+            // llama-swap and Ollama load on demand: a start that loads begins
+            // with the model out of memory, and its first request loads it.
+            let on_demand = matches!(preset.kind, ServerKind::LlamaSwap | ServerKind::Ollama);
+            Arc::new(Batching::new(preset, !(on_demand && loads)))
+        });
+        self.handle.lock().batching = batching.clone();
         let start = Arc::new(Start {
             slots: Semaphore::new(usize::try_from(self.spec.slots).unwrap_or(usize::MAX)),
             spec: self.spec.clone(),
             handle: self.handle.clone(),
             trace: self.trace.clone(),
             rng: self.rng.clone(),
+            extra: self.extra.clone(),
             generation,
             started_at: sim_elapsed(),
+            loads,
+            reload_s,
             collapsed: watch::Sender::new(false),
+            batching: batching.clone(),
         });
+        // vLLM serves nothing, not even a connection, until its engine is up.
+        if self.spec.kind == ServerKind::Vllm && loads {
+            let wait = Duration::try_from_secs_f64(reload_s).unwrap_or(Duration::MAX);
+            tokio::select! {
+                biased;
+                down = process.wait_for(|p| !p.up || p.life != life) => {
+                    if down.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                    return Ok(());
+                }
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
         let listener = turmoil::net::TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), PORT)).await?;
         // Dropping the set at a kill aborts every connection with the process.
         let mut connections = JoinSet::new();
+        if let Some(b) = batching {
+            let extra = self.extra.clone();
+            connections.spawn(async move {
+                b.drive(extra).await;
+            });
+        }
         loop {
             tokio::select! {
                 biased;
@@ -350,6 +438,37 @@ struct DropConnection;
 
 type Reply = Result<Response<Full<Bytes>>, DropConnection>;
 
+/// How a misbehaviour mode answers before any capacity is used.
+enum Early {
+    /// With this reply.
+    Reply(Reply),
+    /// Never.
+    Hang,
+}
+
+/// The tokens a completion reports, and whether it was cut off.
+#[derive(Clone, Copy, Debug)]
+struct Usage {
+    prompt: u64,
+    completion: u64,
+    truncated: bool,
+}
+
+/// A request of a batching kind waiting for the engine: if its client leaves
+/// (or its start ends) first, it is recorded `abandoned`.
+struct Pending {
+    start: Arc<Start>,
+    recorded: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.recorded && turmoil::sim_elapsed().is_some() {
+            self.start.record(Answer::Abandoned);
+        }
+    }
+}
+
 impl Start {
     fn record(&self, answer: Answer) {
         *self.handle.lock().stats.outcomes.entry(answer).or_default() += 1;
@@ -362,6 +481,12 @@ impl Start {
             self.record(Answer::NotFound);
             return Ok(error_response(StatusCode::NOT_FOUND, "not found", "not_found_error"));
         }
+        let key = request
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
         let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
             Ok(body) => body.to_bytes(),
             Err(_) => {
@@ -382,8 +507,10 @@ impl Start {
             ));
         };
 
-        let loads = self.generation > 1 || self.spec.cold_start;
-        if loads && sim_elapsed().saturating_sub(self.started_at).as_secs_f64() < self.spec.reload_s {
+        if let Some(batching) = self.batching.clone() {
+            return self.handle_batching(batching, body, &key).await;
+        }
+        if self.loading_now() {
             self.record(Answer::Loading);
             return Ok(loading());
         }
@@ -393,39 +520,11 @@ impl Start {
             self.record(Answer::Collapsed);
             return std::future::pending().await;
         }
-        let behaviour = self.handle.behaviour();
-        let draw: f64 = self.rng.lock().unwrap_or_else(|p| p.into_inner()).random();
-        let mode = if draw < behaviour.probability {
-            behaviour.mode
-        } else {
-            Mode::Normal
-        };
-        match mode {
-            Mode::RateLimit => {
-                self.record(Answer::RateLimit);
-                return Ok(rate_limited(behaviour.retry_after_s));
-            }
-            Mode::Error => {
-                self.record(Answer::Error);
-                return Ok(error_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal server error",
-                    "server_error",
-                ));
-            }
-            Mode::Loading => {
-                self.record(Answer::Loading);
-                return Ok(loading());
-            }
-            Mode::Hang => {
-                self.record(Answer::Hang);
-                return std::future::pending().await;
-            }
-            Mode::Drop => {
-                self.record(Answer::Drop);
-                return Err(DropConnection);
-            }
-            Mode::Normal | Mode::Empty | Mode::Malformed | Mode::Refuse => {}
+        let mode = self.draw_mode();
+        match self.misbehave(mode) {
+            Some(Early::Reply(reply)) => return reply,
+            Some(Early::Hang) => return std::future::pending().await,
+            None => {}
         }
 
         let Some(mut guard) = self.admit() else {
@@ -443,12 +542,253 @@ impl Start {
         }
         guard.outcome_recorded = true;
         self.record(Answer::of_mode(mode));
-        let id = {
-            let mut shared = self.handle.lock();
-            shared.answered += 1;
-            shared.answered
+        let id = self.next_answer_id();
+        let usage = Usage {
+            prompt: u64::from(self.spec.prompt_tokens),
+            completion: u64::from(self.spec.output_tokens),
+            truncated: false,
         };
-        Ok(completion(&self.spec, id, mode, &body))
+        Ok(completion(&self.spec, id, mode, &body, usage))
+    }
+
+    fn next_answer_id(&self) -> u64 {
+        let mut shared = self.handle.lock();
+        shared.answered += 1;
+        shared.answered
+    }
+
+    /// Whether this start is still loading its model (answered `503 Loading
+    /// model` by the generic and llama.cpp kinds).
+    fn loading_now(&self) -> bool {
+        self.loads && sim_elapsed().saturating_sub(self.started_at).as_secs_f64() < self.reload_s
+    }
+
+    /// One draw of the server's behaviour: its mode, or `normal`.
+    fn draw_mode(&self) -> Mode {
+        let behaviour = self.handle.behaviour();
+        let draw: f64 = self.rng.lock().unwrap_or_else(|p| p.into_inner()).random();
+        if draw < behaviour.probability {
+            behaviour.mode
+        } else {
+            Mode::Normal
+        }
+    }
+
+    /// The answer of a mode that answers before any capacity is used (and
+    /// records it), or `None` for the modes that are served.
+    fn misbehave(&self, mode: Mode) -> Option<Early> {
+        match mode {
+            Mode::RateLimit => {
+                self.record(Answer::RateLimit);
+                Some(Early::Reply(Ok(rate_limited(self.handle.behaviour().retry_after_s))))
+            }
+            Mode::Error => {
+                self.record(Answer::Error);
+                Some(Early::Reply(Ok(error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal server error",
+                    "server_error",
+                ))))
+            }
+            Mode::Loading => {
+                self.record(Answer::Loading);
+                Some(Early::Reply(Ok(loading())))
+            }
+            Mode::Hang => {
+                self.record(Answer::Hang);
+                Some(Early::Hang)
+            }
+            Mode::Drop => {
+                self.record(Answer::Drop);
+                Some(Early::Reply(Err(DropConnection)))
+            }
+            Mode::Normal | Mode::Empty | Mode::Malformed | Mode::Refuse => None,
+        }
+    }
+
+    /// A request to a batching kind: the kind's gate, the behaviour draw,
+    /// then the engine.
+    async fn handle_batching(self: Arc<Self>, b: Arc<Batching>, body: Value, key: &str) -> Reply {
+        let kind = b.preset.kind;
+        if kind == ServerKind::LlamaCpp && self.loading_now() {
+            self.record(Answer::Loading);
+            return Ok(loading());
+        }
+        let (prompt, wanted) = self.draw_tokens();
+        let max_tokens = body
+            .get("max_tokens")
+            .or_else(|| body.get("max_completion_tokens"))
+            .and_then(Value::as_u64);
+        let mut quota_headers = Vec::new();
+        if kind == ServerKind::OpenAi {
+            let now = sim_elapsed();
+            // Charged at admission: the larger of max_tokens and the prompt.
+            let charge = max_tokens.unwrap_or(0).max(prompt);
+            let decided = b.quotas(|q| (q.admit(key, charge, now), q.headers(key, now)));
+            if let Some((decision, headers)) = decided {
+                quota_headers = headers;
+                if let Some(reply) = self.refused_by_quota(decision, &quota_headers) {
+                    return reply;
+                }
+            }
+        }
+        let Some(_in_flight) = b.enter() else {
+            if kind == ServerKind::LlamaSwap {
+                self.record(Answer::Throttled);
+                return Ok(too_many_requests());
+            }
+            self.record(Answer::QueueFull);
+            return Ok(error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server busy: the waiting queue is full",
+                "unavailable_error",
+            ));
+        };
+        // From here the request is the server's: a client that leaves while it
+        // is held for a load or waits in the engine is recorded `abandoned`.
+        let mut pending = Pending {
+            start: self.clone(),
+            recorded: false,
+        };
+        if matches!(kind, ServerKind::LlamaSwap | ServerKind::Ollama) && !b.is_ready() {
+            let extra = self.extra.clone();
+            let (reload, fixed) = (self.spec.reload, self.spec.reload_s);
+            let load_time = move || extra.lock().unwrap_or_else(|p| p.into_inner()).load_time(reload, fixed);
+            match b.ready(load_time).await {
+                Ok(()) => {}
+                Err(LoadError::Failed { timeout_s }) => {
+                    pending.recorded = true;
+                    self.record(Answer::LoadFailed);
+                    return Ok(load_failed(timeout_s));
+                }
+                Err(LoadError::QueueFull) => {
+                    pending.recorded = true;
+                    self.record(Answer::QueueFull);
+                    return Ok(ollama_busy());
+                }
+            }
+        }
+        let mode = self.draw_mode();
+        if mode != Mode::Normal && !matches!(mode, Mode::Empty | Mode::Malformed | Mode::Refuse) {
+            // The mode records its own answer.
+            pending.recorded = true;
+        }
+        match self.misbehave(mode) {
+            Some(Early::Reply(reply)) => return reply,
+            Some(Early::Hang) => return std::future::pending().await,
+            None => {}
+        }
+        let (output, truncated) = front::output_tokens(wanted, max_tokens, prompt, b.preset.context_tokens);
+        match b.serve(prompt, output).await {
+            Some(EngineOutcome::Finished { generated }) => {
+                pending.recorded = true;
+                let truncated = truncated && mode == Mode::Normal;
+                self.record(if truncated {
+                    Answer::Truncated
+                } else {
+                    Answer::of_mode(mode)
+                });
+                if let Some(q) = &self.spec.quota
+                    && q.credit_tokens.is_some()
+                {
+                    b.quotas(|quotas| quotas.spend(prompt.saturating_add(generated)));
+                }
+                let id = self.next_answer_id();
+                let usage = Usage {
+                    prompt,
+                    completion: generated,
+                    truncated,
+                };
+                let mut response = completion(&self.spec, id, mode, &body, usage);
+                add_headers(&mut response, &quota_headers);
+                Ok(response)
+            }
+            Some(EngineOutcome::Rejected) => {
+                pending.recorded = true;
+                self.record(Answer::ContextExceeded);
+                Ok(context_exceeded(prompt, b.preset.context_tokens.unwrap_or(0)))
+            }
+            // The engine is gone with its start: nothing will answer.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Prompt tokens and the output length a request would generate, drawn
+    /// from the spec's distributions (or its fixed counts, drawing nothing).
+    fn draw_tokens(&self) -> (u64, u64) {
+        let draw = |dist: Option<kinds::Spread>, fixed: u32| match dist {
+            Some(d) => d
+                .sample(&mut self.extra.lock().unwrap_or_else(|p| p.into_inner()).tokens)
+                .round() as u64,
+            None => u64::from(fixed),
+        };
+        let prompt = draw(self.spec.prompt_tokens_dist, self.spec.prompt_tokens);
+        let output = draw(self.spec.output_tokens_dist, self.spec.output_tokens);
+        (prompt, output.max(1))
+    }
+
+    /// The 429 a hosted endpoint's quota answers with, recorded, or `None`
+    /// when it admitted the request.
+    fn refused_by_quota(&self, decision: Decision, headers: &[(&'static str, String)]) -> Option<Reply> {
+        let model = &self.spec.model;
+        let (body, retry_after, answer) = match decision {
+            Decision::Admit => return None,
+            Decision::Limited {
+                limit,
+                retry_after,
+                requested,
+                used,
+            } => {
+                let (what, kind, limit_value) = match limit {
+                    Limit::Requests => (
+                        "requests per min (RPM)",
+                        "requests",
+                        self.spec.quota.map_or(0, |q| u64::from(q.rpm)),
+                    ),
+                    Limit::Tokens => ("tokens per min (TPM)", "tokens", self.spec.quota.map_or(0, |q| q.tpm)),
+                };
+                let message = format!(
+                    "Rate limit reached for {model} in organization org-sim on {what}: Limit {limit_value}, Used {used}, Requested {requested}. Please try again in {}. Visit https://platform.openai.com/account/rate-limits to learn more.",
+                    go_duration(retry_after)
+                );
+                (
+                    json!({"error": {"message": message, "type": kind, "param": null, "code": "rate_limit_exceeded"}}),
+                    Some(retry_after),
+                    Answer::Throttled,
+                )
+            }
+            Decision::TooLarge { requested } => {
+                let limit = self.spec.quota.map_or(0, |q| q.tpm);
+                let message = format!(
+                    "Request too large for {model} in organization org-sim on tokens per min (TPM): Limit {limit}, Requested {requested}."
+                );
+                (
+                    json!({"error": {"message": message, "type": "tokens", "param": null, "code": "rate_limit_exceeded"}}),
+                    None,
+                    Answer::Throttled,
+                )
+            }
+            Decision::Exhausted => (
+                json!({"error": {
+                    "message": "You exceeded your current quota, please check your plan and billing details.",
+                    "type": "insufficient_quota",
+                    "param": null,
+                    "code": "insufficient_quota",
+                }}),
+                None,
+                Answer::QuotaExhausted,
+            ),
+        };
+        self.record(answer);
+        let mut response = json_response(StatusCode::TOO_MANY_REQUESTS, &body);
+        add_headers(&mut response, headers);
+        if let Some(wait) = retry_after {
+            let whole = |unit: u128| u64::try_from(wait.as_micros().div_ceil(unit)).unwrap_or(u64::MAX);
+            let h = response.headers_mut();
+            h.insert(hyper::header::RETRY_AFTER, whole(1_000_000).into());
+            h.insert("retry-after-ms", whole(1000).into());
+        }
+        Some(Ok(response))
     }
 
     /// Admits a request to the capacity model, or `None` when the queue is full.
@@ -592,6 +932,61 @@ fn error_response(status: StatusCode, message: &str, kind: &str) -> Response<Ful
     )
 }
 
+fn add_headers(response: &mut Response<Full<Bytes>>, headers: &[(&'static str, String)]) {
+    for (name, value) in headers {
+        if let Ok(value) = hyper::header::HeaderValue::from_str(value) {
+            response.headers_mut().insert(*name, value);
+        }
+    }
+}
+
+/// llama-swap's 429 past its concurrency limit, as released in v250
+/// (`internal/swaputil/http.go`): `Retry-After: 1`, a JSON body.
+fn too_many_requests() -> Response<Full<Bytes>> {
+    let mut response = json_response(StatusCode::TOO_MANY_REQUESTS, &json!({"error": "Too many requests"}));
+    response.headers_mut().insert(hyper::header::RETRY_AFTER, 1u64.into());
+    response
+}
+
+/// llama-swap's answer to every request that waited for a load whose health
+/// check timed out: `500 unspecific error: …` in v250's envelope.
+fn load_failed(timeout_s: f64) -> Response<Full<Bytes>> {
+    let timeout = go_duration(Duration::try_from_secs_f64(timeout_s).unwrap_or(Duration::ZERO));
+    json_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        &json!({"src": "llama-swap", "error": format!("unspecific error: health check timed out after {timeout}")}),
+    )
+}
+
+/// Ollama's 503 when its pending-request queue is full, as its OpenAI
+/// middleware wraps it on `/v1` (`server/sched.go`, `middleware/openai.go`).
+fn ollama_busy() -> Response<Full<Bytes>> {
+    json_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &json!({"error": {
+            "message": "server busy, please try again.  maximum pending requests exceeded",
+            "type": "api_error",
+            "param": null,
+            "code": null,
+        }}),
+    )
+}
+
+/// llama.cpp's 400 for a prompt that does not fit the context
+/// (`server-context.cpp` `update_slots`).
+fn context_exceeded(prompt: u64, n_ctx: u64) -> Response<Full<Bytes>> {
+    json_response(
+        StatusCode::BAD_REQUEST,
+        &json!({"error": {
+            "code": 400,
+            "message": format!("request ({prompt} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it"),
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": prompt,
+            "n_ctx": n_ctx,
+        }}),
+    )
+}
+
 fn loading() -> Response<Full<Bytes>> {
     error_response(StatusCode::SERVICE_UNAVAILABLE, "Loading model", "unavailable_error")
 }
@@ -616,8 +1011,10 @@ fn rate_limited(retry_after_s: f64) -> Response<Full<Bytes>> {
     response
 }
 
-/// A `chat.completion` body for `mode` (one of the 200 modes).
-fn completion(spec: &ServerSpec, id: u64, mode: Mode, request: &Value) -> Response<Full<Bytes>> {
+/// A `chat.completion` body for `mode` (one of the 200 modes). A `normal`
+/// answer cut off (`usage.truncated`) carries the first part of its content
+/// — no longer valid JSON — and `finish_reason: "length"`.
+fn completion(spec: &ServerSpec, id: u64, mode: Mode, request: &Value, usage: Usage) -> Response<Full<Bytes>> {
     let schema = request.pointer("/response_format/json_schema/schema");
     let (content, refusal, reasoning, finish_reason) = match mode {
         Mode::Empty => (
@@ -640,8 +1037,18 @@ fn completion(spec: &ServerSpec, id: u64, mode: Mode, request: &Value) -> Respon
         ),
         // Only the 200 modes reach here; the others answered (or hung) before.
         Mode::Normal | Mode::RateLimit | Mode::Error | Mode::Loading | Mode::Hang | Mode::Drop => {
-            let content = schema.map_or_else(|| json!({}), content_for_schema);
-            (json!(content.to_string()), Value::Null, Value::Null, "stop")
+            let content = schema.map_or_else(|| json!({}), content_for_schema).to_string();
+            if usage.truncated {
+                let keep = content.chars().count() / 2;
+                (
+                    json!(content.chars().take(keep).collect::<String>()),
+                    Value::Null,
+                    Value::Null,
+                    "length",
+                )
+            } else {
+                (json!(content), Value::Null, Value::Null, "stop")
+            }
         }
     };
     let created = EPOCH.saturating_add(sim_elapsed()).as_micros() / 1_000_000;
@@ -668,9 +1075,9 @@ fn completion(spec: &ServerSpec, id: u64, mode: Mode, request: &Value) -> Respon
                 "finish_reason": finish_reason,
             }],
             "usage": {
-                "prompt_tokens": spec.prompt_tokens,
-                "completion_tokens": spec.output_tokens,
-                "total_tokens": u64::from(spec.prompt_tokens) + u64::from(spec.output_tokens),
+                "prompt_tokens": usage.prompt,
+                "completion_tokens": usage.completion,
+                "total_tokens": usage.prompt.saturating_add(usage.completion),
             },
         }),
     )

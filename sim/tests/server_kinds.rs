@@ -1,0 +1,665 @@
+//! The server kinds, each against the behaviour it claims: llama.cpp's
+//! loading 503 and context 400, llama-swap's hold while loading and its 429,
+//! vLLM's batching, preemption and refused connections while it loads,
+//! Ollama's load on demand and its full queue, and a hosted endpoint's quota
+//! buckets and headers. Driven over turmoil TCP with a plain hyper client.
+
+mod support;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use redstring_sim::evidence::trace::{Kind, Trace};
+use redstring_sim::hosts::server::{ServerHandle, server_host};
+use redstring_sim::scenario::{Quota, ServerKind, ServerSpec, Spread};
+use serde_json::{Value, json};
+use support::sim;
+
+/// What a client saw.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    Answer {
+        status: u16,
+        headers: BTreeMap<String, String>,
+        body: Value,
+        /// Simulated time the answer arrived.
+        at: Duration,
+    },
+    Failed(String),
+    TimedOut,
+}
+
+impl Seen {
+    fn status(&self) -> Option<u16> {
+        match self {
+            Seen::Answer { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    fn body(&self) -> &Value {
+        match self {
+            Seen::Answer { body, .. } => body,
+            _ => &Value::Null,
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        match self {
+            Seen::Answer { headers, .. } => headers.get(name).map(String::as_str),
+            _ => None,
+        }
+    }
+
+    fn at(&self) -> Duration {
+        match self {
+            Seen::Answer { at, .. } => *at,
+            _ => Duration::MAX,
+        }
+    }
+}
+
+fn chat_request(max_tokens: u64) -> Value {
+    json!({
+        "model": "qwen3-8b",
+        "messages": [{"role": "user", "content": "Name the person."}],
+        "max_tokens": max_tokens,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "strict": true, "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+            "additionalProperties": false,
+        }}},
+    })
+}
+
+/// One request with `max_tokens` on a fresh connection, bounded by `timeout`.
+async fn post(max_tokens: u64, timeout: Duration) -> Seen {
+    let exchange = async {
+        let stream = turmoil::net::TcpStream::connect(("gpu", 8080))
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        let request = Request::post("/v1/chat/completions")
+            .header("host", "gpu")
+            .header("authorization", "Bearer sk-test")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(chat_request(max_tokens).to_string())))
+            .map_err(|e| e.to_string())?;
+        let send = async {
+            let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+            let status = response.status().as_u16();
+            let headers = response
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+                .collect();
+            let body = response.into_body().collect().await.map_err(|e| e.to_string())?;
+            let body = serde_json::from_slice(&body.to_bytes()).map_err(|e| e.to_string())?;
+            Ok::<_, String>(Seen::Answer {
+                status,
+                headers,
+                body,
+                at: turmoil::sim_elapsed().unwrap(),
+            })
+        };
+        tokio::pin!(conn);
+        tokio::select! {
+            seen = send => seen,
+            done = &mut conn => Err(format!("connection ended: {done:?}")),
+        }
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(Ok(seen)) => seen,
+        Ok(Err(e)) => Seen::Failed(e),
+        Err(_) => Seen::TimedOut,
+    }
+}
+
+fn served(trace: &Trace) -> Vec<String> {
+    trace
+        .events()
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            Kind::Served { outcome, .. } => Some(outcome.name().to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn spec(kind: ServerKind) -> ServerSpec {
+    ServerSpec {
+        kind,
+        reload_s: 0.0,
+        step_sigma: Some(0.0),
+        ..ServerSpec::named("gpu")
+    }
+}
+
+type Log = Rc<RefCell<Vec<(usize, Seen)>>>;
+
+/// Runs `clients` clients against a server of `spec`; client `i` waits
+/// `start(i)` and then sends one request with `max_tokens`, giving up after
+/// `timeout`. Returns what each saw, in client order, and the trace.
+fn run(
+    spec: ServerSpec,
+    clients: usize,
+    start: impl Fn(usize) -> Duration,
+    max_tokens: u64,
+    timeout: Duration,
+    secs: u64,
+) -> (Vec<Seen>, Trace, ServerHandle) {
+    let mut sim = sim(1, secs);
+    let trace = Trace::new();
+    let handle = ServerHandle::new(spec.behaviour);
+    sim.host("gpu", server_host(spec, handle.clone(), trace.clone(), 7));
+    let log: Log = Rc::default();
+    for i in 0..clients {
+        let (log, wait) = (log.clone(), start(i));
+        sim.client(format!("client-{i}"), async move {
+            tokio::time::sleep(wait).await;
+            let seen = post(max_tokens, timeout).await;
+            log.borrow_mut().push((i, seen));
+            Ok(())
+        });
+    }
+    sim.run().unwrap();
+    let mut log = log.borrow().clone();
+    log.sort_by_key(|(i, _)| *i);
+    (log.into_iter().map(|(_, s)| s).collect(), trace, handle)
+}
+
+#[test]
+fn vllm_latency_grows_with_the_batch() {
+    let latency = |batch: usize| {
+        let server = ServerSpec {
+            kv_tokens: Some(20_000),
+            ..spec(ServerKind::Vllm)
+        };
+        let (seen, _, _) = run(server, batch, |_| Duration::ZERO, 256, Duration::from_secs(60), 120);
+        assert!(seen.iter().all(|s| s.status() == Some(200)), "{seen:?}");
+        seen.iter().map(Seen::at).max().unwrap()
+    };
+    let (one, sixteen) = (latency(1), latency(16));
+    // 400 prompt + 60 output: one alone is a prefill and 60 decode steps at
+    // u ≈ 0.02 — about 0.4 s; sixteen share their steps at u ≈ 0.35 and
+    // prefill 6400 tokens first.
+    assert!(
+        one > Duration::from_millis(350) && one < Duration::from_millis(500),
+        "{one:?}"
+    );
+    assert!(sixteen > one + Duration::from_millis(400), "{one:?} vs {sixteen:?}");
+    assert!(sixteen < one * 16, "batched, not one at a time: {sixteen:?}");
+}
+
+#[test]
+fn vllm_preempts_when_its_cache_is_full_and_still_answers() {
+    // Two sequences of 400 + 60 tokens need up to 920 KV tokens; 880 fit
+    // both prompts but not both outputs.
+    let server = ServerSpec {
+        kv_tokens: Some(880),
+        ..spec(ServerKind::Vllm)
+    };
+    let mut sim = sim(1, 60);
+    let trace = Trace::new();
+    let handle = ServerHandle::default();
+    sim.host("gpu", server_host(server, handle.clone(), trace.clone(), 7));
+    let log: Log = Rc::default();
+    for i in 0..2 {
+        let log = log.clone();
+        sim.client(format!("client-{i}"), async move {
+            tokio::time::sleep(Duration::from_millis(10 * i as u64)).await;
+            let seen = post(256, Duration::from_secs(60)).await;
+            log.borrow_mut().push((i, seen));
+            Ok(())
+        });
+    }
+    let mut preempted = 0;
+    while !sim.step().unwrap() {
+        preempted = preempted.max(handle.stats().preemptions);
+    }
+    assert!(preempted >= 1, "the later sequence was preempted");
+    let log = log.borrow();
+    assert!(log.iter().all(|(_, s)| s.status() == Some(200)), "{log:?}");
+    let first = log.iter().find(|(i, _)| *i == 0).unwrap().1.at();
+    let second = log.iter().find(|(i, _)| *i == 1).unwrap().1.at();
+    assert!(
+        second > first,
+        "the preempted one is recomputed after: {first:?} {second:?}"
+    );
+    assert_eq!(served(&trace), ["ok", "ok"]);
+}
+
+#[test]
+fn vllm_refuses_connections_until_loaded() {
+    let server = ServerSpec {
+        cold_start: true,
+        reload_s: 5.0,
+        ..spec(ServerKind::Vllm)
+    };
+    let (seen, trace, _) = run(
+        server,
+        2,
+        |i| Duration::from_secs(if i == 0 { 1 } else { 6 }),
+        256,
+        Duration::from_secs(10),
+        30,
+    );
+    assert!(matches!(&seen[0], Seen::Failed(_)), "{seen:?}");
+    assert_eq!(seen[1].status(), Some(200), "{seen:?}");
+    assert_eq!(served(&trace), ["ok"], "a refused connection never reaches the server");
+}
+
+#[test]
+fn llama_cpp_answers_loading_while_it_loads_and_rejects_a_prompt_over_its_context_after_queueing() {
+    let server = ServerSpec {
+        cold_start: true,
+        reload_s: 2.0,
+        ..spec(ServerKind::LlamaCpp)
+    };
+    let (seen, _, _) = run(
+        server,
+        2,
+        |i| Duration::from_secs(i as u64 * 3),
+        256,
+        Duration::from_secs(10),
+        30,
+    );
+    assert_eq!(seen[0].status(), Some(503));
+    assert_eq!(
+        seen[0].body(),
+        &json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+    );
+    assert_eq!(seen[1].status(), Some(200));
+
+    // One slot, a context of 300: the 400-token prompt waits for the slot,
+    // then gets the 400.
+    let server = ServerSpec {
+        slots: 1,
+        context_tokens: Some(300),
+        prompt_tokens_dist: Some(Spread::Fixed { value: 400.0 }),
+        ..spec(ServerKind::LlamaCpp)
+    };
+    let (seen, trace, _) = run(server, 1, |_| Duration::ZERO, 256, Duration::from_secs(10), 30);
+    assert_eq!(seen[0].status(), Some(400), "{seen:?}");
+    assert_eq!(seen[0].body()["error"]["type"], "exceed_context_size_error");
+    assert_eq!(seen[0].body()["error"]["n_prompt_tokens"], 400);
+    assert_eq!(seen[0].body()["error"]["n_ctx"], 300);
+    assert_eq!(
+        seen[0].body()["error"]["message"],
+        "request (400 tokens) exceeds the available context size (300 tokens), try increasing it"
+    );
+    assert_eq!(served(&trace), ["context_exceeded"]);
+}
+
+#[test]
+fn output_stops_at_max_tokens_with_finish_reason_length() {
+    let server = ServerSpec {
+        output_tokens: 80,
+        ..spec(ServerKind::LlamaCpp)
+    };
+    let (seen, trace, _) = run(server.clone(), 1, |_| Duration::ZERO, 32, Duration::from_secs(10), 30);
+    let choice = &seen[0].body()["choices"][0];
+    assert_eq!(choice["finish_reason"], "length");
+    let content = choice["message"]["content"].as_str().unwrap();
+    assert!(serde_json::from_str::<Value>(content).is_err(), "cut off: {content}");
+    assert_eq!(seen[0].body()["usage"]["completion_tokens"], 32);
+    assert_eq!(served(&trace), ["truncated"]);
+
+    let (seen, trace, _) = run(server, 1, |_| Duration::ZERO, 256, Duration::from_secs(10), 30);
+    assert_eq!(seen[0].body()["choices"][0]["finish_reason"], "stop");
+    assert_eq!(seen[0].body()["usage"]["completion_tokens"], 80);
+    assert_eq!(served(&trace), ["ok"]);
+}
+
+#[test]
+fn llama_swap_holds_a_request_while_the_upstream_loads_and_answers_after() {
+    let server = ServerSpec {
+        cold_start: true,
+        reload_s: 6.6,
+        ..spec(ServerKind::LlamaSwap)
+    };
+    let (seen, trace, _) = run(
+        server,
+        3,
+        |i| Duration::from_secs(1 + i as u64),
+        256,
+        Duration::from_secs(30),
+        60,
+    );
+    // The load starts with the first request at 1 s; health polls at 1.25 s
+    // and then every second: healthy at the poll 7.25 s after the start.
+    for s in &seen {
+        assert_eq!(s.status(), Some(200), "held, not refused: {seen:?}");
+        assert!(s.at() >= Duration::from_millis(8250), "{seen:?}");
+        assert!(s.at() < Duration::from_millis(9500), "{seen:?}");
+    }
+    assert_eq!(served(&trace), ["ok", "ok", "ok"]);
+}
+
+#[test]
+fn llama_swap_times_out_a_load_with_500_for_every_waiter_and_the_next_request_loads_again() {
+    let server = ServerSpec {
+        cold_start: true,
+        reload: Some(Spread::Fixed { value: 20.0 }),
+        health_check_timeout_s: Some(15.0),
+        ..spec(ServerKind::LlamaSwap)
+    };
+    let (seen, trace, _) = run(
+        server,
+        3,
+        |i| Duration::from_secs([0, 1, 30][i]),
+        256,
+        Duration::from_secs(60),
+        120,
+    );
+    for s in &seen[..2] {
+        assert_eq!(s.status(), Some(500), "{seen:?}");
+        assert_eq!(
+            s.body(),
+            &json!({"src": "llama-swap", "error": "unspecific error: health check timed out after 15s"})
+        );
+        assert_eq!(
+            s.at().as_secs(),
+            16,
+            "first poll after 15 s past the deadline: {seen:?}"
+        );
+    }
+    assert_eq!(seen[2].status(), Some(500), "a new load, as slow: {seen:?}");
+    assert_eq!(served(&trace), ["load_failed", "load_failed", "load_failed"]);
+}
+
+#[test]
+fn llama_swap_answers_429_past_its_concurrency_limit_waiting_requests_included() {
+    let server = ServerSpec {
+        cold_start: true,
+        reload_s: 3.0,
+        concurrency_limit: Some(2),
+        ..spec(ServerKind::LlamaSwap)
+    };
+    let (seen, trace, _) = run(
+        server,
+        3,
+        |i| Duration::from_millis(100 * i as u64),
+        256,
+        Duration::from_secs(30),
+        60,
+    );
+    assert_eq!(seen[0].status(), Some(200));
+    assert_eq!(seen[1].status(), Some(200));
+    assert_eq!(seen[2].status(), Some(429), "{seen:?}");
+    assert_eq!(seen[2].header("retry-after"), Some("1"));
+    assert_eq!(seen[2].body(), &json!({"error": "Too many requests"}));
+    assert_eq!(served(&trace), ["throttled", "ok", "ok"]);
+}
+
+#[test]
+fn ollama_loads_on_demand_and_answers_503_when_its_queue_is_full() {
+    let server = ServerSpec {
+        cold_start: true,
+        reload_s: 4.0,
+        max_queue: Some(2),
+        ..spec(ServerKind::Ollama)
+    };
+    let (seen, trace, _) = run(
+        server,
+        3,
+        |i| Duration::from_millis(100 * i as u64),
+        256,
+        Duration::from_secs(60),
+        60,
+    );
+    assert_eq!(seen[0].status(), Some(200));
+    assert!(
+        seen[0].at() >= Duration::from_secs(4),
+        "it waited for the load: {seen:?}"
+    );
+    assert_eq!(seen[1].status(), Some(200));
+    assert_eq!(seen[2].status(), Some(503), "{seen:?}");
+    assert_eq!(
+        seen[2].body()["error"]["message"],
+        "server busy, please try again.  maximum pending requests exceeded"
+    );
+    assert_eq!(served(&trace)[0], "queue_full");
+
+    // Loaded, idle past its keep-alive: the next request loads it again.
+    let server = ServerSpec {
+        reload_s: 4.0,
+        keep_alive_s: Some(10.0),
+        ..spec(ServerKind::Ollama)
+    };
+    let (seen, _, _) = run(
+        server,
+        2,
+        |i| Duration::from_secs([0, 20][i]),
+        256,
+        Duration::from_secs(60),
+        60,
+    );
+    assert!(seen[0].at() < Duration::from_secs(2), "loaded at the start: {seen:?}");
+    assert!(
+        seen[1].at() >= Duration::from_secs(24),
+        "unloaded after 10 s idle: {seen:?}"
+    );
+}
+
+#[test]
+fn openai_quota_answers_429_whose_headers_match_the_bucket() {
+    let server = ServerSpec {
+        quota: Some(Quota {
+            rpm: 3,
+            tpm: 100_000,
+            credit_tokens: None,
+        }),
+        ..spec(ServerKind::OpenAi)
+    };
+    let (seen, trace, _) = run(
+        server,
+        4,
+        |i| Duration::from_millis(100 * i as u64),
+        256,
+        Duration::from_secs(30),
+        60,
+    );
+    for (i, s) in seen[..3].iter().enumerate() {
+        assert_eq!(s.status(), Some(200), "{seen:?}");
+        assert_eq!(s.header("x-ratelimit-limit-requests"), Some("3"));
+        assert_eq!(
+            s.header("x-ratelimit-remaining-requests"),
+            Some(["2", "1", "0"][i]),
+            "{s:?}"
+        );
+    }
+    let limited = &seen[3];
+    assert_eq!(limited.status(), Some(429));
+    assert_eq!(limited.body()["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(limited.body()["error"]["type"], "requests");
+    assert_eq!(limited.header("x-ratelimit-remaining-requests"), Some("0"));
+    // 3 per minute refills one every 20 s; three were taken 0.0–0.2 s and the
+    // fourth asks at 0.3 s: the bucket holds 0.3/20 of one, so ~19.7 s.
+    let ms: u64 = limited.header("retry-after-ms").unwrap().parse().unwrap();
+    assert!((19_600..=19_800).contains(&ms), "{ms}");
+    assert_eq!(limited.header("retry-after"), Some("20"));
+    let reset = limited.header("x-ratelimit-reset-requests").unwrap();
+    assert!(reset.starts_with("59."), "almost a minute to full: {reset}");
+    // Three charges of max(256, 400) tokens, refilling at 100 000 a minute
+    // (about 167 per 0.1 s): about 99 300 left.
+    let tokens: u64 = limited.header("x-ratelimit-remaining-tokens").unwrap().parse().unwrap();
+    assert!((99_200..=99_400).contains(&tokens), "{tokens}");
+    assert_eq!(
+        served(&trace),
+        ["throttled", "ok", "ok", "ok"],
+        "refused at once, served later"
+    );
+}
+
+#[test]
+fn openai_answers_insufficient_quota_once_the_credit_is_spent() {
+    let server = ServerSpec {
+        quota: Some(Quota {
+            rpm: 100,
+            tpm: 100_000,
+            credit_tokens: Some(400),
+        }),
+        ..spec(ServerKind::OpenAi)
+    };
+    let (seen, trace, _) = run(
+        server,
+        2,
+        |i| Duration::from_secs(i as u64 * 2),
+        256,
+        Duration::from_secs(30),
+        60,
+    );
+    assert_eq!(seen[0].status(), Some(200));
+    assert_eq!(seen[1].status(), Some(429));
+    assert_eq!(seen[1].body()["error"]["code"], "insufficient_quota");
+    assert_eq!(served(&trace), ["ok", "quota_exhausted"]);
+}
+
+#[test]
+fn a_reload_distribution_is_drawn_per_start_from_the_seed() {
+    let reload = |seed: u64| {
+        let server = ServerSpec {
+            cold_start: true,
+            reload: Some(Spread::Uniform { low: 2.0, high: 8.0 }),
+            ..spec(ServerKind::LlamaCpp)
+        };
+        let mut sim = sim(1, 30);
+        let handle = ServerHandle::default();
+        sim.host("gpu", server_host(server, handle, Trace::new(), seed));
+        let first_ok: Rc<RefCell<Option<Duration>>> = Rc::default();
+        let out = first_ok.clone();
+        sim.client("client", async move {
+            loop {
+                let seen = post(256, Duration::from_secs(5)).await;
+                if seen.status() == Some(200) {
+                    *out.borrow_mut() = Some(seen.at());
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        sim.run().unwrap();
+        first_ok.borrow().unwrap()
+    };
+    let (a, b) = (reload(7), reload(7));
+    assert_eq!(a, b, "same seed, same draw");
+    assert!(a >= Duration::from_secs(2) && a < Duration::from_secs(9), "{a:?}");
+    let others: Vec<_> = (1..6).map(reload).collect();
+    assert!(
+        others.iter().any(|o| o.abs_diff(a) > Duration::from_millis(300)),
+        "{a:?} {others:?}"
+    );
+}
+
+#[test]
+fn the_shipped_vllm_overload_server_preempts_under_its_burst() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/vllm-overload.toml");
+    let scenario = redstring_sim::scenario::Scenario::load(&path).unwrap();
+    let server = ServerSpec {
+        name: "gpu".into(),
+        ..scenario.servers[0].clone()
+    };
+    let mut sim = sim(1, 120);
+    let handle = ServerHandle::default();
+    sim.host("gpu", server_host(server, handle.clone(), Trace::new(), 7));
+    let log: Log = Rc::default();
+    // The burst: six workers' fifteen calls at once.
+    for i in 0..90 {
+        let log = log.clone();
+        sim.client(format!("client-{i}"), async move {
+            let seen = post(1024, Duration::from_secs(60)).await;
+            log.borrow_mut().push((i, seen));
+            Ok(())
+        });
+    }
+    let mut peak_running = 0;
+    while !sim.step().unwrap() {
+        peak_running = peak_running.max(handle.stats().running);
+    }
+    let stats = handle.stats();
+    assert!(stats.preemptions > 0, "{stats:?}");
+    assert!(
+        peak_running < 64,
+        "the cache, not max_seqs, bounds the batch: {peak_running}"
+    );
+    assert!(
+        log.borrow().iter().all(|(_, s)| s.status() == Some(200)),
+        "slow, never refused"
+    );
+}
+
+#[test]
+fn a_scenario_file_names_a_kind_and_its_bad_field() {
+    let text = |server: &str| {
+        format!(
+            "name = \"k\"\nduration_s = 10\n\n[[servers]]\nname = \"gpu\"\n{server}\n\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 6 }}]\n"
+        )
+    };
+    let ok = redstring_sim::scenario::Scenario::parse("k.toml", &text("kind = \"vllm\"\nkv_tokens = 4000")).unwrap();
+    assert_eq!(ok.servers[0].kind, ServerKind::Vllm);
+    let err = redstring_sim::scenario::Scenario::parse("k.toml", &text("kv_tokens = 4000"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("servers[0].kv_tokens") && err.contains("kind"), "{err}");
+    let err =
+        redstring_sim::scenario::Scenario::parse("k.toml", &text("kind = \"openai\"\nquota = { rpm = 0, tpm = 10 }"))
+            .unwrap_err()
+            .to_string();
+    assert!(err.contains("servers[0].quota.rpm"), "{err}");
+    let err = redstring_sim::scenario::Scenario::parse("k.toml", &text("kind = \"tgi\""))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("kind"), "{err}");
+}
+
+#[test]
+fn vllm_answers_503_past_its_opt_in_queue_limit() {
+    let server = ServerSpec {
+        max_queue: Some(2),
+        ..spec(ServerKind::Vllm)
+    };
+    let (seen, trace, _) = run(
+        server,
+        3,
+        |i| Duration::from_millis(20 * i as u64),
+        256,
+        Duration::from_secs(10),
+        30,
+    );
+    assert_eq!(seen[0].status(), Some(200));
+    assert_eq!(seen[1].status(), Some(200));
+    assert_eq!(seen[2].status(), Some(503), "waiting and running count: {seen:?}");
+    assert_eq!(served(&trace), ["queue_full", "ok", "ok"]);
+}
+
+#[test]
+fn llama_swap_unloads_after_its_ttl_and_the_next_request_waits_for_the_load() {
+    let server = ServerSpec {
+        reload_s: 3.0,
+        keep_alive_s: Some(10.0),
+        ..spec(ServerKind::LlamaSwap)
+    };
+    let (seen, _, _) = run(
+        server,
+        2,
+        |i| Duration::from_secs([0, 20][i]),
+        256,
+        Duration::from_secs(30),
+        60,
+    );
+    assert!(seen[0].at() < Duration::from_secs(1), "loaded at the start: {seen:?}");
+    // 20 s + the 250 ms wait + three one-second polls.
+    assert_eq!(seen[1].status(), Some(200), "{seen:?}");
+    assert!(seen[1].at() >= Duration::from_millis(23_250), "{seen:?}");
+    assert!(seen[1].at() < Duration::from_secs(25), "{seen:?}");
+}
