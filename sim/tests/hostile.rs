@@ -334,3 +334,36 @@ tenant = 1
     let run = simulate(&s, 1).expect("the run completes");
     assert!(run.events.len() > 20_000);
 }
+
+#[test]
+fn a_heavy_tenant_on_a_hanging_server_does_not_exhaust_a_workers_ports() {
+    // Hundreds of calls a second (the arrivals' gaps round up to the tick),
+    // each holding its connection for 30 s: more than the 16,384 ephemeral
+    // ports turmoil gives a host. Past its connection
+    // limit a worker fails to connect, as a real host out of ports does.
+    let text = r#"
+name = "ports"
+duration_s = 30
+[hardening]
+rpm = 100000
+max_retries = 0
+failure_threshold = 100000
+request_timeout_s = 30
+[[servers]]
+name = "gpu"
+queue = 100000
+behaviour = { mode = "hang" }
+[[workers]]
+name = "worker"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 60000 }]
+"#;
+    let s = Scenario::parse("ports.toml", text).unwrap();
+    let run = simulate(&s, 1).expect("the run completes");
+    let requests = run
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, redstring_sim::evidence::trace::Kind::Request { .. }))
+        .count();
+    assert!(requests > 16_384, "{requests} requests");
+}
