@@ -32,7 +32,7 @@ use redstring_sim::judgement::plots;
 use redstring_sim::judgement::report::Report;
 use redstring_sim::scenario::{Scenario, Warning, sanity};
 use redstring_sim::search::fuzz::{self, BOUNDS_DIR, Bounds};
-use redstring_sim::world::simulate;
+use redstring_sim::world::{Budget, simulate};
 
 const INVARIANT_FAILED: u8 = 1;
 const BAD_SCENARIO: u8 = 2;
@@ -288,6 +288,12 @@ fn sweep(path: &Path, seeds: &str, strict: bool) -> Outcome {
         eprintln!("error: --seeds must look like A..B with A < B, got {seeds:?}");
         return Err(ExitCode::from(BAD_SCENARIO));
     };
+    // Every seed asks for the same work: over the budget is one failure, not
+    // one per seed.
+    Budget::DEFAULT.check(&scenario).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(SIM_FAILED)
+    })?;
     let bar = progress(to - from, "seeds");
     let mut failing = Vec::new();
     for seed in from..to {

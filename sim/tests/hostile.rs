@@ -52,6 +52,7 @@ fn temp_file(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("redstring-sim-hostile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, text).unwrap();
     path
 }
@@ -291,14 +292,25 @@ fn a_valid_scenario_asking_for_too_much_work_exits_3_naming_it() {
         .replace("duration_s = 20", "duration_s = 3600")
         .replace("count = 2", "count = 100")
         .replace("calls_per_min = 30", "calls_per_min = 6000");
-    let path = temp_file("too-much.toml", &text);
-    let out = Command::new(env!("CARGO_BIN_EXE_redstring-sim"))
-        .args(["run", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("over its work budget: calls"), "{err}");
+    let file = temp_file("too-much/too-much.toml", &text);
+    let (path, dir) = (file.to_str().unwrap(), file.parent().unwrap().to_str().unwrap());
+    for args in [
+        vec!["run", path],
+        vec!["sweep", path, "--seeds", "1..3"],
+        vec!["check", dir],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_redstring-sim"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {text}");
+        assert!(text.contains("over its work budget: calls"), "{args:?}: {text}");
+    }
 }
 
 #[test]

@@ -33,7 +33,7 @@
 //! `Protocol`). `close` closes the client only: the host serves the rest of
 //! the fleet. A client holds at most
 //! [`MAX_OPEN_CONNECTIONS`] connections, counting those closed within
-//! [`TIME_WAIT`](crate::hosts::transport::TIME_WAIT); an operation beyond
+//! [`TIME_WAIT`]; an operation beyond
 //! that is `Unavailable` at once, as on a host out of ports, rather than
 //! exhausting or reusing turmoil's ephemeral ports.
 

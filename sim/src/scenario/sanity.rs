@@ -392,7 +392,8 @@ pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
                 down.insert(server.as_str());
             }
             Fault::Restart { server, .. } => {
-                if !down.remove(server.as_str()) {
+                let was_down = down.remove(server.as_str());
+                if !was_down {
                     let i = scenario.faults.iter().position(|g| std::ptr::eq(g, f)).unwrap_or(0);
                     warn(
                         format!("faults[{i}].server"),
