@@ -379,3 +379,31 @@ tenants = [{ id = 1, calls_per_min = 60000 }]
         .count();
     assert!(requests > 16_384, "{requests} requests");
 }
+
+#[test]
+fn link_latencies_and_schedules_past_their_limits_are_refused() {
+    let text =
+        format!("{BASE}\n[[faults]]\nkind = \"latency\"\nat_s = 5\na = \"worker-0\"\nb = \"gpu\"\nms = 3600000\n");
+    refused(
+        &text,
+        "faults[0].ms",
+        "ms = 3600000",
+        "must be at most 60000 (one minute)",
+    );
+    let text = format!("{BASE}\n[network]\nmax_latency_ms = 18446744073709551615\n");
+    refused(
+        &text,
+        "network.max_latency_ms",
+        "max_latency_ms = 18446744073709551615",
+        "must be at most 60000",
+    );
+    let crash = "\n[[faults]]\nkind = \"crash\"\nat_s = 5\nserver = \"gpu\"\n";
+    let text = format!("{BASE}{}", crash.repeat(10_001));
+    match Scenario::parse("hostile.toml", &text) {
+        Err(ScenarioError::Invalid { field, message, .. }) => {
+            assert_eq!(field, "faults");
+            assert!(message.contains("must be at most 10000"), "{message}");
+        }
+        other => panic!("expected a validation error, got {other:?}"),
+    }
+}

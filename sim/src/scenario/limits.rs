@@ -24,6 +24,7 @@
 //! | `workers[].tenants` | ..= [`MAX_TENANTS`] per group |
 //! | `tenants[].calls_per_min` | ..= [`MAX_CALLS_PER_MIN`]; the whole fleet ..= [`MAX_FLEET_CALLS_PER_MIN`] |
 //! | a `burst` fault's `calls` | ..= [`MAX_BURST_CALLS_PER_WORKER`]; times the workers with its tenant ..= [`MAX_BURST_CALLS`] |
+//! | `faults` | ..= [`MAX_FAULTS`] |
 //! | `hardening.max_retries` | ..= [`MAX_RETRIES`] |
 //! | `hardening.limiter_waits` | ..= [`MAX_LIMITER_WAITS`] |
 //! | `hardening.multiplier` | 1 ..= 1000 |
@@ -67,6 +68,9 @@ pub const MAX_CALLS_PER_MIN: f64 = 60_000.0;
 /// The most arrivals per minute of every tenant on every worker together
 /// (10,000 a second).
 pub const MAX_FLEET_CALLS_PER_MIN: f64 = 600_000.0;
+
+/// The most faults in one schedule.
+pub const MAX_FAULTS: u64 = 10_000;
 
 /// The most calls one burst fires on one worker.
 pub const MAX_BURST_CALLS_PER_WORKER: u32 = 10_000;

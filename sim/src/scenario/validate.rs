@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::limits::{
-    MAX_BURST_CALLS, MAX_BURST_CALLS_PER_WORKER, MAX_CALLS_PER_MIN, MAX_CLOCK_MS, MAX_DRIFT_PPM, MAX_FLEET,
+    MAX_BURST_CALLS, MAX_BURST_CALLS_PER_WORKER, MAX_CALLS_PER_MIN, MAX_CLOCK_MS, MAX_DRIFT_PPM, MAX_FAULTS, MAX_FLEET,
     MAX_FLEET_CALLS_PER_MIN, MAX_LATENCY_MS, MAX_LIMITER_WAITS, MAX_RETRIES, MAX_SECONDS, MAX_SERVERS,
     MAX_SERVICE_TIME_S, MAX_TENANTS, MAX_TOKENS_PER_S, MIN_SECONDS, MIN_TOKENS_PER_S,
 };
@@ -280,11 +280,12 @@ impl Scenario {
         hosts: &BTreeSet<String>,
         workers: &BTreeSet<String>,
     ) -> Result<(), ScenarioError> {
+        e.at_most("faults", self.faults.len() as u64, MAX_FAULTS, "faults")?;
+        let fleet = self.fleet();
         // Each host's clock offset plus every step it is given, in ms.
-        let mut clock_ms: BTreeMap<String, u64> = self
-            .fleet()
-            .into_iter()
-            .map(|m| (m.name, m.clock.offset_ms.unsigned_abs()))
+        let mut clock_ms: BTreeMap<String, u64> = fleet
+            .iter()
+            .map(|m| (m.name.clone(), m.clock.offset_ms.unsigned_abs()))
             .collect();
         clock_ms.insert(CACHE_HOST.into(), self.cache.clock.offset_ms.unsigned_abs());
         for (i, f) in self.faults.iter().enumerate() {
@@ -341,8 +342,7 @@ impl Scenario {
                         u64::from(MAX_BURST_CALLS_PER_WORKER),
                         "calls per worker",
                     )?;
-                    let workers = self
-                        .fleet()
+                    let workers = fleet
                         .iter()
                         .filter(|m| m.tenants.iter().any(|t| t.id == *tenant))
                         .count() as u64;
