@@ -63,6 +63,9 @@ fn link_faults_naming_cache_in_a_per_worker_layout_are_refused() {
         let text = format!("{BASE}\n[[faults]]\nkind = \"{kind}\"\nat_s = 5\na = \"worker-0\"\nb = \"cache\"\n{extra}");
         refused(&text, "faults[0].b", "b = \"cache\"", "there is no cache host");
     }
+    // Stepping a cache clock that does not exist would change nothing.
+    let text = format!("{BASE}\n[[faults]]\nkind = \"clock_step\"\nat_s = 5\nhost = \"cache\"\nby_ms = 100\n");
+    refused(&text, "faults[0].host", "host = \"cache\"", "there is no cache host");
 }
 
 #[test]
@@ -262,7 +265,8 @@ fn a_run_over_its_work_budget_ends_with_what_ran_out() {
         }) => assert_eq!(needed, 3 * 2500),
         other => panic!("expected the host-step budget to run out, got {other:?}"),
     }
-    // 2 workers × 30 calls a minute × 20 s = 20 calls, each with up to 4 attempts.
+    // 2 workers × 30 calls a minute × 20 s = 20 calls, each with up to 3
+    // retries and 1 limiter wait after its first attempt.
     match simulate_within(&s, 1, tight(u64::MAX, 19, u64::MAX)) {
         Err(SimError::OverBudget {
             resource: Resource::Calls,
@@ -271,17 +275,17 @@ fn a_run_over_its_work_budget_ends_with_what_ran_out() {
         }) => {}
         other => panic!("expected the call budget to run out, got {other:?}"),
     }
-    match simulate_within(&s, 1, tight(u64::MAX, u64::MAX, 79)) {
+    match simulate_within(&s, 1, tight(u64::MAX, u64::MAX, 99)) {
         Err(
             e @ SimError::OverBudget {
                 resource: Resource::Attempts,
-                needed: 80,
+                needed: 100,
                 ..
             },
-        ) => assert!(e.to_string().contains("request attempts"), "{e}"),
+        ) => assert!(e.to_string().contains("max_retries + limiter_waits"), "{e}"),
         other => panic!("expected the attempt budget to run out, got {other:?}"),
     }
-    assert!(simulate_within(&s, 1, tight(7500, 20, 80)).is_ok());
+    assert!(simulate_within(&s, 1, tight(7500, 20, 100)).is_ok());
 }
 
 #[test]

@@ -324,6 +324,9 @@ impl Scenario {
                     if host != CACHE_HOST && !workers.contains(host) {
                         return Err(e.bad(&at("host"), format!("no worker or cache named {host:?}")));
                     }
+                    if host == CACHE_HOST && !hosts.contains(host) {
+                        return Err(e.bad(&at("host"), self.unknown_host(host, hosts)));
+                    }
                     let total = clock_ms.entry(host.clone()).or_insert(0);
                     *total = total.saturating_add(by_ms.unsigned_abs());
                     if *total > MAX_CLOCK_MS {

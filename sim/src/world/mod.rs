@@ -12,7 +12,7 @@
 //! a pure function of (scenario, seed).
 //!
 //! A run is bounded: [`Budget`] caps the work one simulation may take on —
-//! host-steps, calls and request attempts — and a scenario that asks for
+//! host-steps, calls and attempts — and a scenario that asks for
 //! more ends with [`SimError::OverBudget`] naming what ran out, before it
 //! starts (the calls and attempts are the schedule's expected numbers, known
 //! up front) or, for steps, as soon as the count passes the cap.
@@ -99,7 +99,8 @@ pub enum Resource {
     /// Calls the fleet's tenants and bursts start (expected, from the
     /// schedule): the trace and the tasks grow with them.
     Calls,
-    /// Request attempts if every call used all its retries.
+    /// Admission attempts if every call used all its retries and limiter
+    /// waits.
     Attempts,
 }
 
@@ -108,7 +109,7 @@ impl std::fmt::Display for Resource {
         f.write_str(match self {
             Resource::HostSteps => "host-steps (steps × hosts)",
             Resource::Calls => "calls (expected arrivals and burst calls)",
-            Resource::Attempts => "request attempts (calls × (1 + max_retries))",
+            Resource::Attempts => "attempts (calls × (1 + max_retries + limiter_waits))",
         })
     }
 }
@@ -121,7 +122,8 @@ pub struct Budget {
     pub host_steps: u64,
     /// Most calls started, expected from the tenants' rates and the bursts.
     pub calls: u64,
-    /// Most request attempts, calls times `1 + max_retries`.
+    /// Most attempts, calls times `1 + max_retries + limiter_waits`: every
+    /// request and every limiter refusal waited out leaves events behind.
     pub attempts: u64,
 }
 
@@ -161,7 +163,9 @@ impl Budget {
             .sum();
         // Saturating float-to-int conversions: NaN is 0, too large is u64::MAX.
         let calls = (arrivals + bursts).ceil() as u64;
-        let attempts = calls.saturating_mul(1 + u64::from(scenario.hardening.max_retries));
+        let h = &scenario.hardening;
+        let per_call = 1 + u64::from(h.max_retries) + u64::from(h.limiter_waits);
+        let attempts = calls.saturating_mul(per_call);
         for (resource, needed, budget) in [
             (Resource::HostSteps, host_steps, self.host_steps),
             (Resource::Calls, calls, self.calls),
