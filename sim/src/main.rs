@@ -1,18 +1,22 @@
 //! `redstring-sim`: run outage scenarios against the real hardening code.
 //!
 //! ```text
-//! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F]
-//! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50
-//! redstring-sim check [scenarios/]
+//! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
+//! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50 [--strict]
+//! redstring-sim check [scenarios/] [--strict]
 //! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--out scenarios/regressions]
 //! ```
 //!
 //! Every command goes through [`redstring_sim::world::simulate`]: build the
-//! world, run it, check the invariants.
+//! world, run it, check the invariants. `run`, `sweep` and `check` first print
+//! each server's offered load against its capacity and what is odd about the
+//! scenario (`redstring_sim::scenario::sanity`); with `--strict` anything odd
+//! is an error.
 //!
 //! Exit codes: 0 every invariant held (or was expected not to), 1 an invariant
-//! failed, 2 a scenario (or bounds) file is unusable, 3 the simulation itself
-//! failed, 4 an output file could not be written.
+//! failed, 2 a scenario (or bounds) file is unusable (or, under `--strict`,
+//! odd), 3 the simulation itself failed or ran over its work budget, 4 an
+//! output file could not be written.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -26,9 +30,9 @@ use clap::{Parser, Subcommand};
 use redstring_sim::evidence::trace::Trace;
 use redstring_sim::judgement::plots;
 use redstring_sim::judgement::report::Report;
-use redstring_sim::scenario::Scenario;
+use redstring_sim::scenario::{Scenario, Warning, sanity};
 use redstring_sim::search::fuzz::{self, BOUNDS_DIR, Bounds};
-use redstring_sim::world::simulate;
+use redstring_sim::world::{Budget, simulate};
 
 const INVARIANT_FAILED: u8 = 1;
 const BAD_SCENARIO: u8 = 2;
@@ -64,6 +68,9 @@ enum Command {
         /// Write an SVG timeline here.
         #[arg(long)]
         svg: Option<PathBuf>,
+        /// Refuse (exit 2) a scenario with any warning.
+        #[arg(long)]
+        strict: bool,
     },
     /// Run one scenario over a range of seeds and list every failing seed.
     Sweep {
@@ -72,6 +79,9 @@ enum Command {
         /// Seeds as `A..B` (B exclusive).
         #[arg(long, default_value = "1..21")]
         seeds: String,
+        /// Refuse (exit 2) a scenario with any warning.
+        #[arg(long)]
+        strict: bool,
     },
     /// Search generated scenarios within bounds for one that breaks a claimed
     /// invariant; write the smallest one found as a replayable scenario.
@@ -94,6 +104,9 @@ enum Command {
         /// The directory (default `scenarios`).
         #[arg(default_value = "scenarios")]
         dir: PathBuf,
+        /// Count a scenario with any warning as bad (exit 2) and do not run it.
+        #[arg(long)]
+        strict: bool,
     },
 }
 
@@ -105,9 +118,14 @@ fn main() -> ExitCode {
             json,
             trace,
             svg,
-        } => run(&scenario, seed, Outputs::open(json, trace, svg)),
-        Command::Sweep { scenario, seeds } => sweep(&scenario, &seeds),
-        Command::Check { dir } => check(&dir),
+            strict,
+        } => run(&scenario, seed, Outputs::open(json, trace, svg), strict),
+        Command::Sweep {
+            scenario,
+            seeds,
+            strict,
+        } => sweep(&scenario, &seeds, strict),
+        Command::Check { dir, strict } => check(&dir, strict),
         Command::Fuzz {
             bounds,
             cases,
@@ -121,11 +139,36 @@ fn main() -> ExitCode {
 /// A command's early end: the exit code, its message already printed.
 type Outcome = Result<ExitCode, ExitCode>;
 
-fn load(path: &Path) -> Result<Scenario, ExitCode> {
-    Scenario::load(path).map_err(|e| {
+/// Loads a scenario and prints every warning; under `strict` a warning is
+/// an error.
+fn load(path: &Path, strict: bool) -> Result<Scenario, ExitCode> {
+    let (scenario, warnings) = Scenario::load_checked(path).map_err(|e| {
         eprintln!("error: {e}");
         ExitCode::from(BAD_SCENARIO)
-    })
+    })?;
+    let file = path.display().to_string();
+    if strict && !warnings.is_empty() {
+        for w in warnings {
+            eprintln!("error: {} (--strict)", w.into_error(&file));
+        }
+        return Err(ExitCode::from(BAD_SCENARIO));
+    }
+    print_warnings(&file, &warnings);
+    Ok(scenario)
+}
+
+/// Each server's offered load against its capacity, one line each.
+fn loads(scenario: &Scenario) -> String {
+    sanity::loads(scenario)
+        .iter()
+        .map(|load| format!("   load {load}\n"))
+        .collect()
+}
+
+fn print_warnings(file: &str, warnings: &[Warning]) {
+    for w in warnings {
+        eprintln!("warning: {file}: {w}");
+    }
 }
 
 fn io_failed(path: &Path, e: std::io::Error) -> ExitCode {
@@ -162,11 +205,11 @@ impl Outputs {
     }
 }
 
-fn run(path: &Path, seed: Option<u64>, outputs: Result<Outputs, ExitCode>) -> Outcome {
-    let scenario = load(path)?;
+fn run(path: &Path, seed: Option<u64>, outputs: Result<Outputs, ExitCode>, strict: bool) -> Outcome {
+    let scenario = load(path, strict)?;
     let outputs = outputs?;
     let seed = seed.unwrap_or(scenario.seed);
-    println!("{}", scenario_header(&scenario, path, seed));
+    println!("{}{}", scenario_header(&scenario, path, seed), loads(&scenario));
     let started = Instant::now();
     let result = simulate(&scenario, seed);
     let wall = started.elapsed();
@@ -238,12 +281,19 @@ fn names<T: std::fmt::Display>(items: &[T]) -> String {
     items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-fn sweep(path: &Path, seeds: &str) -> Outcome {
-    let scenario = load(path)?;
+fn sweep(path: &Path, seeds: &str, strict: bool) -> Outcome {
+    let scenario = load(path, strict)?;
+    print!("{}", loads(&scenario));
     let Some((from, to)) = parse_range(seeds) else {
         eprintln!("error: --seeds must look like A..B with A < B, got {seeds:?}");
         return Err(ExitCode::from(BAD_SCENARIO));
     };
+    // Every seed asks for the same work: over the budget is one failure, not
+    // one per seed.
+    Budget::DEFAULT.check(&scenario).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(SIM_FAILED)
+    })?;
     let bar = progress(to - from, "seeds");
     let mut failing = Vec::new();
     for seed in from..to {
@@ -287,7 +337,7 @@ fn scenario_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-fn check(dir: &Path) -> Outcome {
+fn check(dir: &Path, strict: bool) -> Outcome {
     let files = scenario_files(dir).map_err(|e| {
         eprintln!("error: cannot read {}: {e}", dir.display());
         ExitCode::from(BAD_SCENARIO)
@@ -301,8 +351,21 @@ fn check(dir: &Path) -> Outcome {
     }
     let mut worst = 0u8;
     for path in files {
-        let scenario = match Scenario::load(&path) {
-            Ok(s) => s,
+        let scenario = match Scenario::load_checked(&path) {
+            Ok((s, warnings)) => {
+                let file = path.display().to_string();
+                if strict && !warnings.is_empty() {
+                    for w in warnings {
+                        println!("BAD   {} (--strict)", w.into_error(&file));
+                    }
+                    worst = worst.max(BAD_SCENARIO);
+                    continue;
+                }
+                for w in &warnings {
+                    println!("WARN  {file}: {w}");
+                }
+                s
+            }
             Err(e) => {
                 println!("BAD   {e}");
                 worst = worst.max(BAD_SCENARIO);

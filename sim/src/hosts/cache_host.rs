@@ -31,7 +31,11 @@
 //! [`CacheError::Unavailable`] naming the port operation; the host's own
 //! errors come back as the matching [`CacheError`] variant (`NotAnInteger`,
 //! `Protocol`). `close` closes the client only: the host serves the rest of
-//! the fleet.
+//! the fleet. A client holds at most
+//! [`MAX_OPEN_CONNECTIONS`] connections, counting those closed within
+//! [`TIME_WAIT`]; an operation beyond
+//! that is `Unavailable` at once, as on a host out of ports, rather than
+//! exhausting or reusing turmoil's ephemeral ports.
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
@@ -49,6 +53,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use turmoil::net::TcpStream;
 
 use crate::hosts::clock::SimClock;
+use crate::hosts::transport::{ConnectionLimit, MAX_OPEN_CONNECTIONS, TIME_WAIT};
 
 /// The port the cache host listens on.
 pub const PORT: u16 = 6379;
@@ -179,6 +184,7 @@ pub struct RemoteCache {
     host: String,
     timeout: Duration,
     closed: AtomicBool,
+    open: Arc<ConnectionLimit>,
 }
 
 impl RemoteCache {
@@ -189,6 +195,7 @@ impl RemoteCache {
             host: host.into(),
             timeout,
             closed: AtomicBool::new(false),
+            open: Arc::default(),
         }
     }
 
@@ -221,6 +228,12 @@ impl RemoteCache {
             detail: e.to_string(),
         })?;
         line.push(b'\n');
+        let Some(_permit) = self.open.take() else {
+            return Err(unavailable(format!(
+                "{MAX_OPEN_CONNECTIONS} connections to {} opened within {TIME_WAIT:?}, the most a simulated host holds",
+                self.host
+            )));
+        };
         let exchange = async {
             let mut stream = TcpStream::connect((self.host.as_str(), PORT))
                 .await

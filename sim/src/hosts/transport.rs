@@ -17,6 +17,16 @@
 //! response in time is [`TransportErrorKind::Timeout`]; a URL this transport
 //! cannot reach (not `http://`) or an unparsable response is
 //! [`TransportErrorKind::Other`].
+//!
+//! A transport holds at most [`MAX_OPEN_CONNECTIONS`] connections, counting
+//! those closed within [`TIME_WAIT`]; a request beyond that fails at once as
+//! [`TransportErrorKind::Connect`], as on a real host out of ports, rather
+//! than exhausting or reusing turmoil's ephemeral ports (which panics the
+//! whole simulation).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -27,17 +37,20 @@ use redstring::provider::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, T
 use turmoil::net::TcpStream;
 
 use crate::evidence::trace::{Kind, Trace};
+use crate::hosts::clock::sim_elapsed;
 
 /// An [`HttpTransport`] over the simulated network, for the worker host it
 /// runs on.
 ///
 /// Every request attempt is recorded in the trace as [`Kind::Request`] under
 /// the worker's name, with the URL's host as the server, before it connects.
-/// Only usable from inside a turmoil host.
+/// Only usable from inside a turmoil host. Clones share the limit of
+/// [`MAX_OPEN_CONNECTIONS`].
 #[derive(Clone, Debug)]
 pub struct SimTransport {
     host: String,
     trace: Trace,
+    open: Arc<ConnectionLimit>,
 }
 
 impl SimTransport {
@@ -46,7 +59,72 @@ impl SimTransport {
         SimTransport {
             host: host.into(),
             trace,
+            open: Arc::default(),
         }
+    }
+}
+
+/// The most connections one transport (or one cache client) holds at once,
+/// counting those closed within the last [`TIME_WAIT`].
+///
+/// turmoil gives a host 16,384 ephemeral ports, handed out in turn, and
+/// panics when they run out — or when it hands a port out again while the
+/// peer still holds the socket of its last connection (its end closes only
+/// when the client's FIN arrives, up to a link's latency later). A worker has
+/// one transport and one cache client, 16,000 such connections together: for
+/// a port to come round again every other port would have to be open or
+/// closed within [`TIME_WAIT`], which this bound rules out. A client over it
+/// fails to connect, as a real host out of ports (or full of `TIME_WAIT`
+/// sockets) does.
+pub const MAX_OPEN_CONNECTIONS: usize = 8000;
+
+/// How long a closed connection still counts against
+/// [`MAX_OPEN_CONNECTIONS`]: twice the longest one-way latency a scenario may
+/// set ([`MAX_LATENCY_MS`](crate::scenario::limits::MAX_LATENCY_MS)), as TCP's
+/// `TIME_WAIT` is twice a segment's lifetime.
+pub const TIME_WAIT: Duration = Duration::from_millis(2 * crate::scenario::limits::MAX_LATENCY_MS);
+
+/// One client's connections: open now, and closed within [`TIME_WAIT`].
+#[derive(Debug, Default)]
+pub struct ConnectionLimit {
+    state: Mutex<LimitState>,
+}
+
+#[derive(Debug, Default)]
+struct LimitState {
+    open: usize,
+    /// When each recently closed connection stops counting, oldest first
+    /// (simulated time only moves forward).
+    closing: VecDeque<Duration>,
+}
+
+impl ConnectionLimit {
+    /// A permit for one more connection, or `None` when the client already
+    /// holds [`MAX_OPEN_CONNECTIONS`].
+    pub fn take(self: &Arc<Self>) -> Option<ConnectionPermit> {
+        let now = sim_elapsed();
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while state.closing.front().is_some_and(|t| *t <= now) {
+            state.closing.pop_front();
+        }
+        if state.open + state.closing.len() >= MAX_OPEN_CONNECTIONS {
+            return None;
+        }
+        state.open += 1;
+        Some(ConnectionPermit(self.clone()))
+    }
+}
+
+/// One of a client's [`MAX_OPEN_CONNECTIONS`]; dropped with its connection,
+/// it counts for [`TIME_WAIT`] more.
+#[derive(Debug)]
+pub struct ConnectionPermit(Arc<ConnectionLimit>);
+
+impl Drop for ConnectionPermit {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.open = state.open.saturating_sub(1);
+        state.closing.push_back(sim_elapsed().saturating_add(TIME_WAIT));
     }
 }
 
@@ -103,6 +181,15 @@ impl HttpTransport for SimTransport {
                     server: target.host.clone(),
                 },
             );
+            let Some(_permit) = self.open.take() else {
+                return Err(failed(
+                    TransportErrorKind::Connect,
+                    format!(
+                        "{} has opened {MAX_OPEN_CONNECTIONS} connections within {TIME_WAIT:?}, the most a simulated host holds",
+                        self.host
+                    ),
+                ));
+            };
             let timeout = request.timeout;
             match tokio::time::timeout(timeout, exchange(&target, request)).await {
                 Ok(result) => result,

@@ -5,9 +5,14 @@
 //! fuzzer and written back out as a replayable file. Unknown fields are
 //! rejected and every error names the file, the field and (for syntax and type
 //! errors) the line, so a typo never silently falls back to a default.
+//!
+//! Numbers must fall in the ranges [`limits`] documents; what is valid but
+//! most likely not what the author meant is a [`sanity`] warning.
 
 mod deployment;
 pub mod fault;
+pub mod limits;
+pub mod sanity;
 mod settings;
 mod validate;
 
@@ -21,7 +26,10 @@ pub use deployment::{
     Behaviour, FleetMember, Mode, Quota, ServerKind, ServerSpec, Spread, TenantLoad, WorkerGroup, tenant,
 };
 pub use fault::{Fault, FaultKind};
+pub use sanity::{Oddity, ServerLoad, Warning};
 pub use settings::{CacheKind, CacheLayout, ClockSpec, Hardening, Network};
+
+pub(crate) use validate::locate;
 
 use crate::judgement::invariants::Invariant;
 use deployment::defaults;
@@ -142,6 +150,25 @@ impl Scenario {
             source,
         })?;
         Scenario::parse(&file, &text)
+    }
+
+    /// Reads and validates a scenario file, and lists what is odd about it
+    /// (see [`sanity::warnings`]), with lines.
+    pub fn load_checked(path: &Path) -> Result<(Scenario, Vec<Warning>), ScenarioError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+            file: file.clone(),
+            source,
+        })?;
+        Scenario::parse_checked(&file, &text)
+    }
+
+    /// Parses and validates scenario text, and lists what is odd about it
+    /// (see [`sanity::warnings`]), with lines; `file` names it in errors.
+    pub fn parse_checked(file: &str, text: &str) -> Result<(Scenario, Vec<Warning>), ScenarioError> {
+        let scenario = Scenario::parse(file, text)?;
+        let warnings = sanity::warnings(&scenario, Some(text));
+        Ok((scenario, warnings))
     }
 
     /// Parses and validates scenario text; `file` names it in errors.

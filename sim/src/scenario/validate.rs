@@ -1,9 +1,17 @@
 //! Everything serde cannot check about a scenario: positive numbers, known
 //! names, sane ranges — one function per section, each error naming the
 //! field (and, through [`locate`], its line).
+//!
+//! The ranges are in [`limits`](super::limits): each bounds a number that
+//! would otherwise make a run panic, overflow, or grow without bound.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use super::limits::{
+    MAX_BURST_CALLS, MAX_BURST_CALLS_PER_WORKER, MAX_CALLS_PER_MIN, MAX_CLOCK_MS, MAX_DRIFT_PPM, MAX_FAULTS, MAX_FLEET,
+    MAX_FLEET_CALLS_PER_MIN, MAX_LATENCY_MS, MAX_LIMITER_WAITS, MAX_RETRIES, MAX_SECONDS, MAX_SERVERS,
+    MAX_SERVICE_TIME_S, MAX_TENANTS, MAX_TOKENS_PER_S, MIN_SECONDS, MIN_TOKENS_PER_S,
+};
 use super::{Behaviour, CACHE_HOST, CacheKind, Fault, Scenario, ScenarioError};
 
 /// Builds the errors of one file.
@@ -28,6 +36,32 @@ impl Errors<'_> {
             Err(self.bad(field, format!("must be positive, got {v}")))
         }
     }
+
+    /// A span of time in seconds: positive, at least [`MIN_SECONDS`] (so it
+    /// does not round to nothing) and at most [`MAX_SECONDS`].
+    fn seconds(&self, field: &str, v: f64) -> Result<(), ScenarioError> {
+        self.positive(field, v)?;
+        self.within(field, v, MIN_SECONDS, MAX_SECONDS, " s")
+    }
+
+    fn within(&self, field: &str, v: f64, min: f64, max: f64, unit: &str) -> Result<(), ScenarioError> {
+        if v.is_finite() && (min..=max).contains(&v) {
+            Ok(())
+        } else {
+            Err(self.bad(
+                field,
+                format!("must be between {min}{unit} and {max}{unit}, got {v}{unit}"),
+            ))
+        }
+    }
+
+    fn at_most(&self, field: &str, v: u64, max: u64, what: &str) -> Result<(), ScenarioError> {
+        if v <= max {
+            Ok(())
+        } else {
+            Err(self.bad(field, format!("must be at most {max} ({what}), got {v}")))
+        }
+    }
 }
 
 impl Scenario {
@@ -38,7 +72,11 @@ impl Scenario {
         self.validate_hardening(&errors)?;
         let mut hosts = self.validate_servers(&errors)?;
         let workers = self.validate_workers(&errors, &mut hosts)?;
-        hosts.insert(CACHE_HOST.into());
+        // The cache is a host only when it is shared: in a per-worker layout
+        // there is no `cache` on the network to cut or slow down.
+        if self.cache.kind == CacheKind::Shared {
+            hosts.insert(CACHE_HOST.into());
+        }
         self.validate_faults(&errors, &hosts, &workers)
     }
 
@@ -56,9 +94,30 @@ impl Scenario {
         if self.tick_ms == 0 || self.tick_ms > 1000 {
             return Err(e.bad("tick_ms", format!("must be between 1 and 1000, got {}", self.tick_ms)));
         }
+        // tick_ms is at most 1000, so this is exact.
+        let tick_s = self.tick_ms as f64 / 1000.0;
+        if self.duration_s < tick_s {
+            return Err(e.bad(
+                "duration_s",
+                format!("must be at least one tick ({tick_s} s), got {}", self.duration_s),
+            ));
+        }
+        e.at_most(
+            "network.max_latency_ms",
+            self.network.max_latency_ms,
+            MAX_LATENCY_MS,
+            "one minute",
+        )?;
         if self.network.min_latency_ms > self.network.max_latency_ms {
             return Err(e.bad("network.min_latency_ms", "must not exceed max_latency_ms".into()));
         }
+        if let Some(ms) = self.cache.timeout_ms {
+            if ms == 0 {
+                return Err(e.bad("cache.timeout_ms", "must be positive, got 0".into()));
+            }
+            e.at_most("cache.timeout_ms", ms, MAX_LATENCY_MS, "one minute")?;
+        }
+        check_clock(e, "cache.clock", &self.cache.clock)?;
         Ok(())
     }
 
@@ -66,24 +125,40 @@ impl Scenario {
         let h = &self.hardening;
         for (field, v) in [
             ("hardening.rpm", f64::from(h.rpm)),
-            ("hardening.window_s", h.window_s),
             ("hardening.failure_threshold", f64::from(h.failure_threshold)),
-            ("hardening.recovery_timeout_s", h.recovery_timeout_s),
             ("hardening.half_open_max_calls", f64::from(h.half_open_max_calls)),
-            ("hardening.initial_delay_s", h.initial_delay_s),
-            ("hardening.max_delay_s", h.max_delay_s),
-            ("hardening.request_timeout_s", h.request_timeout_s),
             ("hardening.max_tokens", f64::from(h.max_tokens)),
         ] {
             e.positive(field, v)?;
         }
-        if let Some(d) = h.deadline_s {
-            e.positive("hardening.deadline_s", d)?;
+        for (field, v) in [
+            ("hardening.window_s", h.window_s),
+            ("hardening.recovery_timeout_s", h.recovery_timeout_s),
+            ("hardening.initial_delay_s", h.initial_delay_s),
+            ("hardening.max_delay_s", h.max_delay_s),
+            ("hardening.request_timeout_s", h.request_timeout_s),
+        ] {
+            e.seconds(field, v)?;
         }
-        if !(h.multiplier.is_finite() && h.multiplier >= 1.0) {
+        if let Some(d) = h.deadline_s {
+            e.seconds("hardening.deadline_s", d)?;
+        }
+        e.at_most(
+            "hardening.max_retries",
+            u64::from(h.max_retries),
+            u64::from(MAX_RETRIES),
+            "retries after the first attempt",
+        )?;
+        e.at_most(
+            "hardening.limiter_waits",
+            u64::from(h.limiter_waits),
+            u64::from(MAX_LIMITER_WAITS),
+            "refusals waited out per call",
+        )?;
+        if !(h.multiplier.is_finite() && (1.0..=1000.0).contains(&h.multiplier)) {
             return Err(e.bad(
                 "hardening.multiplier",
-                format!("must be at least 1.0, got {}", h.multiplier),
+                format!("must be between 1.0 and 1000.0, got {}", h.multiplier),
             ));
         }
         if !(0.0..=1.0).contains(&h.jitter) {
@@ -103,6 +178,7 @@ impl Scenario {
         if self.servers.is_empty() {
             return Err(e.bad("servers", "at least one server is needed".into()));
         }
+        e.at_most("servers", self.servers.len() as u64, MAX_SERVERS, "servers")?;
         let mut hosts = BTreeSet::new();
         for (i, s) in self.servers.iter().enumerate() {
             let at = |f: &str| format!("servers[{i}].{f}");
@@ -112,11 +188,26 @@ impl Scenario {
             if s.slots == 0 {
                 return Err(e.bad(&at("slots"), "must be positive, got 0".into()));
             }
-            e.positive(&at("prefill_tokens_per_s"), s.prefill_tokens_per_s)?;
-            e.positive(&at("decode_tokens_per_s"), s.decode_tokens_per_s)?;
+            for (field, v) in [
+                ("prefill_tokens_per_s", s.prefill_tokens_per_s),
+                ("decode_tokens_per_s", s.decode_tokens_per_s),
+            ] {
+                e.positive(&at(field), v)?;
+                e.within(&at(field), v, MIN_TOKENS_PER_S, MAX_TOKENS_PER_S, " tokens/s")?;
+            }
+            let service = s.service_time_s();
+            if !(service.is_finite() && service <= MAX_SERVICE_TIME_S) {
+                return Err(e.bad(
+                    &at("output_tokens"),
+                    format!(
+                        "one request would hold a slot for {service} s (prompt_tokens / prefill_tokens_per_s + output_tokens / decode_tokens_per_s); at most {MAX_SERVICE_TIME_S} s"
+                    ),
+                ));
+            }
             if !(s.reload_s.is_finite() && s.reload_s >= 0.0) {
                 return Err(e.bad(&at("reload_s"), format!("must not be negative, got {}", s.reload_s)));
             }
+            e.within(&at("reload_s"), s.reload_s, 0.0, MAX_SECONDS, " s")?;
             check_behaviour(&s.behaviour).map_err(|m| e.bad(&at("behaviour"), m))?;
             crate::hosts::server::kinds::validate(s).map_err(|(f, m)| e.bad(&at(&f), m))?;
         }
@@ -129,11 +220,27 @@ impl Scenario {
         if self.workers.is_empty() {
             return Err(e.bad("workers", "at least one worker is needed".into()));
         }
+        let mut fleet: u64 = 0;
+        let mut fleet_calls_per_min = 0.0;
         for (i, w) in self.workers.iter().enumerate() {
             let at = |f: &str| format!("workers[{i}].{f}");
             if w.count == 0 || w.count > 500 {
                 return Err(e.bad(&at("count"), format!("must be between 1 and 500, got {}", w.count)));
             }
+            fleet = fleet.saturating_add(u64::from(w.count));
+            if fleet > MAX_FLEET {
+                return Err(e.bad(
+                    &at("count"),
+                    format!("the fleet would have {fleet} workers or more; at most {MAX_FLEET} in all groups together"),
+                ));
+            }
+            e.at_most(
+                &at("tenants"),
+                w.tenants.len() as u64,
+                MAX_TENANTS,
+                "tenants per worker",
+            )?;
+            check_clock(e, &at("clock"), &w.clock)?;
             if w.servers.is_empty() {
                 return Err(e.bad(&at("servers"), "must name at least one server".into()));
             }
@@ -141,10 +248,18 @@ impl Scenario {
                 return Err(e.bad(&at("servers"), format!("no server named {s:?}")));
             }
             for (j, t) in w.tenants.iter().enumerate() {
+                let field = format!("workers[{i}].tenants[{j}].calls_per_min");
                 if !(t.calls_per_min.is_finite() && t.calls_per_min >= 0.0) {
+                    return Err(e.bad(&field, format!("must not be negative, got {}", t.calls_per_min)));
+                }
+                e.within(&field, t.calls_per_min, 0.0, MAX_CALLS_PER_MIN, " calls/min")?;
+                fleet_calls_per_min += t.calls_per_min * f64::from(w.count);
+                if fleet_calls_per_min > MAX_FLEET_CALLS_PER_MIN {
                     return Err(e.bad(
-                        &format!("workers[{i}].tenants[{j}].calls_per_min"),
-                        format!("must not be negative, got {}", t.calls_per_min),
+                        &field,
+                        format!(
+                            "the whole fleet's tenants would call {fleet_calls_per_min} times a minute or more; at most {MAX_FLEET_CALLS_PER_MIN}"
+                        ),
                     ));
                 }
             }
@@ -166,6 +281,14 @@ impl Scenario {
         hosts: &BTreeSet<String>,
         workers: &BTreeSet<String>,
     ) -> Result<(), ScenarioError> {
+        e.at_most("faults", self.faults.len() as u64, MAX_FAULTS, "faults")?;
+        let fleet = self.fleet();
+        // Each host's clock offset plus every step it is given, in ms.
+        let mut clock_ms: BTreeMap<String, u64> = fleet
+            .iter()
+            .map(|m| (m.name.clone(), m.clock.offset_ms.unsigned_abs()))
+            .collect();
+        clock_ms.insert(CACHE_HOST.into(), self.cache.clock.offset_ms.unsigned_abs());
         for (i, f) in self.faults.iter().enumerate() {
             let at = |field: &str| format!("faults[{i}].{field}");
             let t = f.at_s();
@@ -189,26 +312,85 @@ impl Scenario {
                     check_behaviour(behaviour).map_err(|m| e.bad(&at("behaviour"), m))?;
                 }
                 Fault::Partition { a, b, .. } | Fault::Heal { a, b, .. } | Fault::Latency { a, b, .. } => {
-                    if let Some(h) = [a, b].into_iter().find(|h| !hosts.contains(*h)) {
-                        return Err(e.bad(&at("a/b"), format!("no host named {h:?}")));
+                    for (side, h) in [("a", a), ("b", b)] {
+                        if !hosts.contains(h) {
+                            return Err(e.bad(&at(side), self.unknown_host(h, hosts)));
+                        }
+                    }
+                    if let Fault::Latency { ms, .. } = f {
+                        e.at_most(&at("ms"), *ms, MAX_LATENCY_MS, "one minute")?;
                     }
                 }
-                Fault::ClockStep { host, .. } => {
+                Fault::ClockStep { host, by_ms, .. } => {
                     if host != CACHE_HOST && !workers.contains(host) {
                         return Err(e.bad(&at("host"), format!("no worker or cache named {host:?}")));
                     }
+                    if host == CACHE_HOST && !hosts.contains(host) {
+                        return Err(e.bad(&at("host"), self.unknown_host(host, hosts)));
+                    }
+                    let total = clock_ms.entry(host.clone()).or_insert(0);
+                    *total = total.saturating_add(by_ms.unsigned_abs());
+                    if *total > MAX_CLOCK_MS {
+                        return Err(e.bad(
+                            &at("by_ms"),
+                            format!(
+                                "{host}'s clock offset and steps would add up to {total} ms; at most {MAX_CLOCK_MS} ms (one year) either way"
+                            ),
+                        ));
+                    }
                 }
-                Fault::Burst { .. } | Fault::CacheDown { .. } | Fault::CacheUp { .. } => {}
+                Fault::Burst { calls, tenant, .. } => {
+                    e.at_most(
+                        &at("calls"),
+                        u64::from(*calls),
+                        u64::from(MAX_BURST_CALLS_PER_WORKER),
+                        "calls per worker",
+                    )?;
+                    let workers = fleet
+                        .iter()
+                        .filter(|m| m.tenants.iter().any(|t| t.id == *tenant))
+                        .count() as u64;
+                    let total = u64::from(*calls).saturating_mul(workers);
+                    if total > MAX_BURST_CALLS {
+                        return Err(e.bad(
+                            &at("calls"),
+                            format!(
+                                "{calls} calls on each of the {workers} workers with tenant {tenant} are {total} calls at once; at most {MAX_BURST_CALLS}"
+                            ),
+                        ));
+                    }
+                }
+                Fault::CacheDown { .. } | Fault::CacheUp { .. } => {}
             }
         }
         Ok(())
+    }
+
+    /// Why `name` is not a host a link fault can name, and which names are.
+    fn unknown_host(&self, name: &str, hosts: &BTreeSet<String>) -> String {
+        if let Some(group) = self.workers.iter().find(|w| w.name == name && w.count > 1) {
+            let last = group.count - 1;
+            return format!(
+                "{name:?} is a group of {} workers, not a host; name one of them: {name}-0 … {name}-{last}",
+                group.count
+            );
+        }
+        if name == CACHE_HOST {
+            return "there is no cache host: the cache is per worker (set cache.kind = \"shared\" for one the fleet shares)"
+                .into();
+        }
+        let mut known: Vec<&str> = hosts.iter().map(String::as_str).take(12).collect();
+        if hosts.len() > known.len() {
+            known.push("…");
+        }
+        format!("no host named {name:?}; hosts are: {}", known.join(", "))
     }
 }
 
 /// The 1-based line where the dotted `field` (`servers[1].slots`,
 /// `hardening.rpm`) is written in `text`, or the line of its nearest written
 /// parent (its table header, or the inline table holding it).
-pub(super) fn locate(text: &str, field: &str) -> Option<usize> {
+pub(crate) fn locate(text: &str, field: &str) -> Option<usize> {
     let lines: Vec<&str> = text.lines().map(str::trim).collect();
     let is_header = |l: &str| l.starts_with('[');
     let key_line = |from: usize, key: &str| {
@@ -256,7 +438,29 @@ fn check_behaviour(b: &Behaviour) -> Result<(), String> {
     if !(b.retry_after_s.is_finite() && b.retry_after_s >= 0.0) {
         return Err(format!("retry_after_s must not be negative, got {}", b.retry_after_s));
     }
+    if b.retry_after_s > MAX_SECONDS {
+        return Err(format!(
+            "retry_after_s must be at most {MAX_SECONDS} s, got {}",
+            b.retry_after_s
+        ));
+    }
     Ok(())
+}
+
+/// A clock's offset and drift within [`MAX_CLOCK_MS`] and [`MAX_DRIFT_PPM`].
+fn check_clock(e: &Errors, field: &str, clock: &super::ClockSpec) -> Result<(), ScenarioError> {
+    e.at_most(
+        &format!("{field}.offset_ms"),
+        clock.offset_ms.unsigned_abs(),
+        MAX_CLOCK_MS,
+        "one year either way",
+    )?;
+    e.at_most(
+        &format!("{field}.drift_ppm"),
+        clock.drift_ppm.unsigned_abs(),
+        MAX_DRIFT_PPM,
+        "10 % either way",
+    )
 }
 
 fn valid_host(name: &str) -> bool {

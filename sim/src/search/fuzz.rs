@@ -31,7 +31,7 @@ use crate::judgement::invariants::Invariant;
 use crate::judgement::report::Report;
 use crate::scenario::{
     Behaviour, CACHE_HOST, CacheKind, CacheLayout, ClockSpec, Expectations, Fault, FaultKind, Hardening, Mode, Network,
-    Scenario, ScenarioError, ServerSpec, TenantLoad, WorkerGroup,
+    Scenario, ScenarioError, ServerSpec, TenantLoad, WorkerGroup, limits,
 };
 use crate::world::simulate;
 
@@ -93,9 +93,13 @@ pub struct Bounds {
     pub max_drift_ppm: i64,
     /// Fault kinds to draw from (see [`episode_kinds`]).
     pub fault_kinds: Vec<FaultKind>,
-    /// Most fault episodes per case.
+    /// Most fault episodes per case (at most [`MAX_FAULTS`]).
     pub max_faults: usize,
 }
+
+/// The most fault episodes a bounds file may ask for per case: proptest
+/// sizes each case's schedule up to it, so it must stay small.
+pub const MAX_FAULTS: usize = 64;
 
 impl Default for Bounds {
     fn default() -> Self {
@@ -149,7 +153,17 @@ impl Bounds {
                 }
             }
         })?;
-        bounds.validate(&file)?;
+        bounds.validate(&file).map_err(|e| match e {
+            ScenarioError::Invalid {
+                file, field, message, ..
+            } => ScenarioError::Invalid {
+                line: crate::scenario::locate(&text, &field),
+                file,
+                field,
+                message,
+            },
+            other => other,
+        })?;
         Ok(bounds)
     }
 
@@ -177,6 +191,48 @@ impl Bounds {
         range("initial_delay_s", self.initial_delay_s, 0.001)?;
         range("request_timeout_s", self.request_timeout_s, 0.001)?;
         range("jitter", self.jitter, 0.0)?;
+        // The largest values a scenario may hold (see `scenario::limits`).
+        for (field, [_, b], max) in [
+            ("duration_s", self.duration_s, 24.0 * 3600.0),
+            ("calls_per_min", self.calls_per_min, limits::MAX_CALLS_PER_MIN),
+            ("window_s", self.window_s, limits::MAX_SECONDS),
+            ("recovery_timeout_s", self.recovery_timeout_s, limits::MAX_SECONDS),
+            // The generator sets max_delay_s to eight times the first delay.
+            ("initial_delay_s", self.initial_delay_s, limits::MAX_SECONDS / 8.0),
+            ("request_timeout_s", self.request_timeout_s, limits::MAX_SECONDS),
+        ] {
+            if b > max {
+                return Err(bad(field, format!("max must be at most {max}, got {b}")));
+            }
+        }
+        if self.max_faults > MAX_FAULTS {
+            return Err(bad(
+                "max_faults",
+                format!("must be at most {MAX_FAULTS}, got {}", self.max_faults),
+            ));
+        }
+        if self.max_retries[1] > limits::MAX_RETRIES {
+            return Err(bad(
+                "max_retries",
+                format!(
+                    "max must be at most {}, got {}",
+                    limits::MAX_RETRIES,
+                    self.max_retries[1]
+                ),
+            ));
+        }
+        if self.max_clock_offset_ms.unsigned_abs() > limits::MAX_CLOCK_MS / 2 {
+            return Err(bad(
+                "max_clock_offset_ms",
+                format!("must be at most {} (half a year)", limits::MAX_CLOCK_MS / 2),
+            ));
+        }
+        if self.max_drift_ppm.unsigned_abs() > limits::MAX_DRIFT_PPM {
+            return Err(bad(
+                "max_drift_ppm",
+                format!("must be at most {}", limits::MAX_DRIFT_PPM),
+            ));
+        }
         if self.jitter[1] > 1.0 {
             return Err(bad("jitter", "must not exceed 1.0".into()));
         }

@@ -10,6 +10,12 @@
 //! caller uses — build, run, check the invariants. Every random stream is
 //! seeded from the run's seed ([`seeds`]) and the epoch is fixed, so a run is
 //! a pure function of (scenario, seed).
+//!
+//! A run is bounded: [`Budget`] caps the work one simulation may take on —
+//! host-steps, calls and attempts — and a scenario that asks for
+//! more ends with [`SimError::OverBudget`] naming what ran out, before it
+//! starts (the calls and attempts are the schedule's expected numbers, known
+//! up front) or, for steps, as soon as the count passes the cap.
 
 pub mod seeds;
 
@@ -27,8 +33,15 @@ use crate::hosts::worker::{WorkerPlan, run_worker};
 use crate::judgement::invariants::{Check, Invariant, check_all};
 use crate::scenario::{CACHE_HOST, CacheKind, Fault, Network, Scenario, fault};
 
-/// Connection backlog per host; well above any fleet's simultaneous connects.
-const TCP_CAPACITY: usize = 8192;
+/// Connection backlog per host: turmoil panics ("server socket buffer full")
+/// when more connection attempts than this wait for one host's accept, so it
+/// is above what a valid fleet can open at once — at most
+/// [`MAX_FLEET`](crate::scenario::limits::MAX_FLEET) workers, each holding
+/// at most [`MAX_OPEN_CONNECTIONS`](crate::hosts::transport::MAX_OPEN_CONNECTIONS)
+/// requests and as many cache operations. turmoil allocates the backlog only
+/// as it fills, and a stream's buffer as segments arrive, so a large figure
+/// costs nothing.
+const TCP_CAPACITY: usize = 1 << 24;
 
 /// How long a worker waits for the cache host when the scenario does not say.
 const DEFAULT_CACHE_TIMEOUT_MS: u64 = 250;
@@ -53,20 +66,148 @@ impl Run {
     }
 }
 
-/// The simulation itself failed (not an invariant: a host returned an error,
-/// or turmoil stopped the run).
+/// The simulation itself failed (not an invariant).
 #[derive(Debug, thiserror::Error)]
-#[error("simulation failed at {at_s:.3} s: {message}")]
-pub struct SimError {
-    /// Simulated seconds when it failed.
-    pub at_s: f64,
-    /// turmoil's or the host's description.
-    pub message: String,
+pub enum SimError {
+    /// A host returned an error, or turmoil stopped the run.
+    #[error("simulation failed at {at_s:.3} s: {message}")]
+    Failed {
+        /// Simulated seconds when it failed.
+        at_s: f64,
+        /// turmoil's or the host's description.
+        message: String,
+    },
+    /// The scenario asks for more work than the [`Budget`] allows.
+    #[error(
+        "simulation over its work budget: {resource} would reach {needed} (budget {budget}); shorten the run, shrink the fleet or lower the load"
+    )]
+    OverBudget {
+        /// What ran out.
+        resource: Resource,
+        /// How much the scenario needs (or had used when it stopped).
+        needed: u64,
+        /// The budget for it.
+        budget: u64,
+    },
 }
 
-/// Runs `scenario` with `seed` to completion and checks every invariant.
+/// A kind of work a [`Budget`] caps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resource {
+    /// Simulation steps times hosts: the time a run takes even when idle.
+    HostSteps,
+    /// Calls the fleet's tenants and bursts start (expected, from the
+    /// schedule): the trace and the tasks grow with them.
+    Calls,
+    /// Admission attempts if every call used all its retries and limiter
+    /// waits.
+    Attempts,
+}
+
+impl std::fmt::Display for Resource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Resource::HostSteps => "host-steps (steps × hosts)",
+            Resource::Calls => "calls (expected arrivals and burst calls)",
+            Resource::Attempts => "attempts (calls × (1 + max_retries + limiter_waits))",
+        })
+    }
+}
+
+/// The most work one simulation may take on, so that every scenario that
+/// passes validation runs in bounded time and memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Most simulation steps times hosts.
+    pub host_steps: u64,
+    /// Most calls started, expected from the tenants' rates and the bursts.
+    pub calls: u64,
+    /// Most attempts, calls times `1 + max_retries + limiter_waits`: every
+    /// request and every limiter refusal waited out leaves events behind.
+    pub attempts: u64,
+}
+
+impl Budget {
+    /// The budget [`simulate`] runs with: ample for any fleet worth
+    /// simulating (the 20-worker reference fleet uses under 1 % of it), and a
+    /// few minutes of wall-clock time and a few GB of trace at most.
+    pub const DEFAULT: Budget = Budget {
+        host_steps: 250_000_000,
+        calls: 1_000_000,
+        attempts: 5_000_000,
+    };
+
+    /// The work `scenario` asks for, checked against this budget before it
+    /// runs.
+    pub fn check(&self, scenario: &Scenario) -> Result<(), SimError> {
+        let fleet = scenario.fleet();
+        let hosts = hosts(scenario, fleet.len());
+        let tick = Duration::from_millis(scenario.tick_ms.max(1));
+        let steps = run_length(scenario).as_nanos().div_ceil(tick.as_nanos());
+        let host_steps = u64::try_from(steps.saturating_mul(u128::from(hosts))).unwrap_or(u64::MAX);
+        let arrivals: f64 = fleet
+            .iter()
+            .flat_map(|m| m.tenants.iter())
+            .map(|t| t.calls_per_min / 60.0 * scenario.duration_s)
+            .sum();
+        let bursts: f64 = scenario
+            .bursts()
+            .iter()
+            .map(|b| {
+                let workers = fleet
+                    .iter()
+                    .filter(|m| m.tenants.iter().any(|t| t.id == b.tenant))
+                    .count();
+                f64::from(b.calls) * workers as f64
+            })
+            .sum();
+        // Saturating float-to-int conversions: NaN is 0, too large is u64::MAX.
+        let calls = (arrivals + bursts).ceil() as u64;
+        let h = &scenario.hardening;
+        let per_call = 1 + u64::from(h.max_retries) + u64::from(h.limiter_waits);
+        let attempts = calls.saturating_mul(per_call);
+        for (resource, needed, budget) in [
+            (Resource::HostSteps, host_steps, self.host_steps),
+            (Resource::Calls, calls, self.calls),
+            (Resource::Attempts, attempts, self.attempts),
+        ] {
+            if needed > budget {
+                return Err(SimError::OverBudget {
+                    resource,
+                    needed,
+                    budget,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Hosts a run of `scenario` with `fleet` workers has.
+fn hosts(scenario: &Scenario, fleet: usize) -> u64 {
+    let cache = u64::from(scenario.cache.kind == CacheKind::Shared);
+    (scenario.servers.len() as u64)
+        .saturating_add(fleet as u64)
+        .saturating_add(cache)
+}
+
+/// Simulated time a run of `scenario` covers: its duration and a grace
+/// period for calls in flight to end.
+fn run_length(scenario: &Scenario) -> Duration {
+    secs(scenario.duration_s).saturating_add(Duration::from_secs(5))
+}
+
+/// Runs `scenario` with `seed` to completion and checks every invariant,
+/// within [`Budget::DEFAULT`].
 pub fn simulate(scenario: &Scenario, seed: u64) -> Result<Run, SimError> {
-    let (simulated, events) = World::build(scenario, seed).run()?;
+    simulate_within(scenario, seed, Budget::DEFAULT)
+}
+
+/// Runs `scenario` with `seed` to completion within `budget` and checks
+/// every invariant.
+pub fn simulate_within(scenario: &Scenario, seed: u64, budget: Budget) -> Result<Run, SimError> {
+    budget.check(scenario)?;
+    let (simulated, events) = World::build(scenario, seed).run_within(budget)?;
     Ok(Run {
         seed,
         simulated,
@@ -114,7 +255,7 @@ impl<'s> World<'s> {
             seed,
             Duration::from_millis(scenario.tick_ms),
             &scenario.network,
-            duration + Duration::from_secs(5),
+            run_length(scenario),
         )
         .build();
         let mut world = World {
@@ -225,11 +366,27 @@ impl<'s> World<'s> {
 
     /// Runs to the end, applying the scenario's faults at their instants;
     /// returns the simulated time covered and the trace.
-    pub fn run(mut self) -> Result<(Duration, Vec<TraceEvent>), SimError> {
+    pub fn run(self) -> Result<(Duration, Vec<TraceEvent>), SimError> {
+        self.run_within(Budget::DEFAULT)
+    }
+
+    /// Like [`World::run`], but ends with [`SimError::OverBudget`] as soon as
+    /// the steps taken times the hosts pass `budget.host_steps`.
+    pub fn run_within(mut self, budget: Budget) -> Result<(Duration, Vec<TraceEvent>), SimError> {
         let scenario = self.scenario;
         let schedule = fault::in_order(&scenario.faults);
+        let hosts = hosts(scenario, scenario.fleet().len()).max(1);
+        let mut host_steps: u64 = 0;
         let mut next = 0;
         loop {
+            host_steps = host_steps.saturating_add(hosts);
+            if host_steps > budget.host_steps {
+                return Err(SimError::OverBudget {
+                    resource: Resource::HostSteps,
+                    needed: host_steps,
+                    budget: budget.host_steps,
+                });
+            }
             let now = self.sim.elapsed();
             while let Some(f) = schedule.get(next).filter(|f| secs(f.at_s()) <= now) {
                 self.apply(f);
@@ -239,7 +396,7 @@ impl<'s> World<'s> {
                 Ok(true) => break,
                 Ok(false) => {}
                 Err(e) => {
-                    return Err(SimError {
+                    return Err(SimError::Failed {
                         at_s: self.sim.elapsed().as_secs_f64(),
                         message: e.to_string(),
                     });

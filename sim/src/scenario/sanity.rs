@@ -1,0 +1,430 @@
+//! Sanity before the run: what a valid scenario most likely got wrong, and
+//! the load it puts on each server.
+//!
+//! Validation ([`Scenario::validate`]) rejects what cannot run. Some files
+//! run but do not model what their author meant — a burst for a tenant no
+//! worker has fires nothing; a restart of a server that never crashed only
+//! reloads it; a `collapse_at` the queue never lets load reach never
+//! collapses. [`warnings`] lists those, each naming the field and (when the
+//! file's text is at hand) its line; `run`, `check` and `sweep` print them
+//! before running and `--strict` refuses to run with any.
+//!
+//! [`loads`] is the up-front load figure: each server's offered load — the
+//! calls per second its workers' tenants send it, as their limiters let them
+//! through — against the calls per second its slots can serve
+//! ([`ServerSpec::throughput`](super::ServerSpec::throughput)), with the
+//! bursts beside it as the seconds of capacity they take. A steady load above
+//! [`LOAD_WARNING`] of capacity is a warning too: queues grow and the outage
+//! under test is hidden behind plain overload. (A burst above capacity is
+//! what a burst scenario is for, so it is shown, not warned about.)
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use super::{CacheKind, Fault, FaultKind, Mode, Scenario, ScenarioError, fault, validate};
+
+/// The fraction of a server's capacity above which its steady offered load
+/// is a warning.
+pub const LOAD_WARNING: f64 = 0.8;
+
+/// A seconds field at or above this many seconds most likely holds
+/// milliseconds.
+pub const IMPLAUSIBLE_SECONDS: f64 = 1000.0;
+
+/// One thing a scenario most likely got wrong: the field, its line, and what
+/// is odd about it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Warning {
+    /// The dotted path of the field (`faults[2].tenant`, `servers[0].collapse_at`).
+    pub field: String,
+    /// The line it is written on, when the file's text was given.
+    pub line: Option<usize>,
+    /// What is odd.
+    pub odd: Oddity,
+}
+
+/// What a [`Warning`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Oddity {
+    /// A server's steady offered load is above [`LOAD_WARNING`] of its capacity.
+    Overloaded(ServerLoad),
+    /// A burst for a tenant no worker has: it fires no calls.
+    BurstForUnknownTenant {
+        /// The burst's tenant.
+        tenant: u64,
+        /// The tenants the fleet has.
+        known: Vec<u64>,
+    },
+    /// A restart of a server that is not down at that moment (no earlier
+    /// crash, or already restarted): it only reloads the model.
+    RestartWithoutCrash {
+        /// The server.
+        server: String,
+    },
+    /// A worker group with `tenants = []`: its workers make no calls.
+    NoTenants {
+        /// The group's name.
+        group: String,
+    },
+    /// A seconds field so large it is most likely milliseconds.
+    SecondsLookLikeMilliseconds {
+        /// Its value, in seconds as written.
+        value: f64,
+    },
+    /// A field the behaviour's mode ignores (`retry_after_s` is only sent
+    /// with `mode = "rate_limit"`).
+    IgnoredByMode {
+        /// The mode.
+        mode: Mode,
+    },
+    /// `collapse_at` above `slots + queue`: the queue answers 503 before
+    /// in-flight requests ever reach it, so the server never collapses.
+    CollapseUnreachable {
+        /// `collapse_at`.
+        collapse_at: u32,
+        /// `slots + queue`, the most requests a server holds.
+        most_in_flight: u64,
+    },
+    /// A fault at the very end of the run, when arrivals have stopped: it
+    /// changes nothing the invariants see.
+    FaultAtEnd {
+        /// The fault's kind.
+        kind: FaultKind,
+    },
+}
+
+impl fmt::Display for Oddity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Oddity::Overloaded(load) => write!(
+                f,
+                "{} is offered {:.0} % of its capacity ({:.2} of {:.2} calls/s), above {:.0} %: queues grow whatever the faults do",
+                load.server,
+                load.utilisation() * 100.0,
+                load.offered_per_s,
+                load.capacity_per_s,
+                LOAD_WARNING * 100.0
+            ),
+            Oddity::BurstForUnknownTenant { tenant, known } => write!(
+                f,
+                "a burst for tenant {tenant}, which no worker has, fires no calls; the fleet's tenants are {}",
+                list(known)
+            ),
+            Oddity::RestartWithoutCrash { server } => write!(
+                f,
+                "restarts {server:?}, which has not crashed before it (no earlier `crash` still in effect): it only reloads the model"
+            ),
+            Oddity::NoTenants { group } => {
+                write!(
+                    f,
+                    "worker group {group:?} has `tenants = []`: its workers make no calls"
+                )
+            }
+            Oddity::SecondsLookLikeMilliseconds { value } => write!(
+                f,
+                "{value} s is {:.1} hours — is it milliseconds ({} s)?",
+                value / 3600.0,
+                value / 1000.0
+            ),
+            Oddity::IgnoredByMode { mode } => write!(
+                f,
+                "only `mode = \"rate_limit\"` sends a Retry-After; mode {:?} ignores it",
+                mode_name(*mode)
+            ),
+            Oddity::CollapseUnreachable {
+                collapse_at,
+                most_in_flight,
+            } => write!(
+                f,
+                "{collapse_at} is above slots + queue = {most_in_flight}: the queue answers 503 first, so the server never collapses"
+            ),
+            Oddity::FaultAtEnd { kind } => write!(
+                f,
+                "a {kind} at the end of the run, when arrivals have stopped, changes nothing the invariants see"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(line) = self.line {
+            write!(f, "line {line}: ")?;
+        }
+        write!(f, "field `{}`: {}", self.field, self.odd)
+    }
+}
+
+impl Warning {
+    /// The warning as the error `--strict` makes of it, for `file`.
+    pub fn into_error(self, file: &str) -> ScenarioError {
+        ScenarioError::Invalid {
+            file: file.to_owned(),
+            line: self.line,
+            message: self.odd.to_string(),
+            field: self.field,
+        }
+    }
+}
+
+fn list<T: fmt::Display>(items: &[T]) -> String {
+    if items.is_empty() {
+        return "none".into();
+    }
+    items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn mode_name(mode: Mode) -> String {
+    serde_json::to_value(mode)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{mode:?}"))
+}
+
+/// One server's offered load against its capacity, before the run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerLoad {
+    /// The server.
+    pub server: String,
+    /// Calls per second its workers' tenants send, before their limiters.
+    pub arriving_per_s: f64,
+    /// Calls per second that reach it steadily: the arrivals as the
+    /// limiters admit them (`rpm` per `window_s` per tenant — per worker with
+    /// per-worker caches, fleet-wide with a shared one).
+    pub offered_per_s: f64,
+    /// Calls all bursts fire at it in the run.
+    pub burst_calls: u64,
+    /// Calls per second its slots serve ([`ServerSpec::throughput`](super::ServerSpec::throughput)).
+    pub capacity_per_s: f64,
+}
+
+impl ServerLoad {
+    /// Offered load as a fraction of capacity (0 for a server without a
+    /// finite positive capacity figure to compare against).
+    pub fn utilisation(&self) -> f64 {
+        if self.capacity_per_s.is_finite() && self.capacity_per_s > 0.0 {
+            self.offered_per_s / self.capacity_per_s
+        } else {
+            0.0
+        }
+    }
+}
+
+impl fmt::Display for ServerLoad {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: offered {:.2} calls/s ({:.2} arriving before the limiter",
+            self.server, self.offered_per_s, self.arriving_per_s
+        )?;
+        write!(
+            f,
+            ") against a capacity of {:.2} calls/s: {:.0} %",
+            self.capacity_per_s,
+            self.utilisation() * 100.0
+        )?;
+        if self.burst_calls > 0 {
+            write!(
+                f,
+                "; bursts add {} calls, {:.1} s of its capacity",
+                self.burst_calls,
+                self.burst_calls as f64 / self.capacity_per_s
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Each server's offered load against its capacity, in `scenario.servers` order.
+pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
+    let fleet = scenario.fleet();
+    let h = &scenario.hardening;
+    let allowed_per_s = f64::from(h.rpm) / h.window_s;
+    // With a shared cache a tenant's allowance is the fleet's: each worker
+    // gets the share its arrivals are of the tenant's total.
+    let tenant_total = |id: u64| -> f64 {
+        fleet
+            .iter()
+            .flat_map(|m| m.tenants.iter())
+            .filter(|t| t.id == id)
+            .map(|t| t.calls_per_min / 60.0)
+            .sum()
+    };
+    scenario
+        .servers
+        .iter()
+        .map(|spec| {
+            let mut arriving = 0.0;
+            let mut admitted = 0.0;
+            let mut burst_calls: u64 = 0;
+            for m in fleet.iter().filter(|m| m.server == spec.name) {
+                for t in &m.tenants {
+                    let rate = t.calls_per_min / 60.0;
+                    arriving += rate;
+                    admitted += match scenario.cache.kind {
+                        CacheKind::PerWorker => rate.min(allowed_per_s),
+                        CacheKind::Shared => {
+                            let total = tenant_total(t.id);
+                            if total > allowed_per_s {
+                                rate * allowed_per_s / total
+                            } else {
+                                rate
+                            }
+                        }
+                    };
+                }
+                for b in scenario.bursts() {
+                    if m.tenants.iter().any(|t| t.id == b.tenant) {
+                        burst_calls = burst_calls.saturating_add(u64::from(b.calls));
+                    }
+                }
+            }
+            ServerLoad {
+                server: spec.name.clone(),
+                arriving_per_s: arriving,
+                offered_per_s: admitted,
+                burst_calls,
+                capacity_per_s: spec.throughput(),
+            }
+        })
+        .collect()
+}
+
+/// Everything odd about `scenario` (which must have passed validation), in
+/// file order within each kind of oddity; `text`, the file it was parsed
+/// from, gives each warning its line and tells which fields are written
+/// rather than defaulted.
+pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
+    let mut out = Vec::new();
+    let mut warn = |field: String, odd: Oddity| {
+        out.push(Warning {
+            line: text.and_then(|t| validate::locate(t, &field)),
+            field,
+            odd,
+        });
+    };
+    let written: Option<toml::Table> = text.and_then(|t| toml::from_str(t).ok());
+
+    for (i, load) in loads(scenario).into_iter().enumerate() {
+        if load.utilisation() > LOAD_WARNING {
+            warn(format!("servers[{i}].name"), Oddity::Overloaded(load));
+        }
+    }
+    for (i, s) in scenario.servers.iter().enumerate() {
+        let most = u64::from(s.slots) + u64::from(s.queue);
+        if let Some(c) = s.collapse_at.filter(|c| u64::from(*c) > most) {
+            warn(
+                format!("servers[{i}].collapse_at"),
+                Oddity::CollapseUnreachable {
+                    collapse_at: c,
+                    most_in_flight: most,
+                },
+            );
+        }
+        let path = format!("servers[{i}].behaviour");
+        if ignores_retry_after(
+            s.behaviour.mode,
+            s.behaviour.retry_after_s,
+            written_at(&written, "servers", i),
+        ) {
+            warn(
+                format!("{path}.retry_after_s"),
+                Oddity::IgnoredByMode { mode: s.behaviour.mode },
+            );
+        }
+    }
+    for (i, w) in scenario.workers.iter().enumerate() {
+        if w.tenants.is_empty() {
+            warn(
+                format!("workers[{i}].tenants"),
+                Oddity::NoTenants { group: w.name.clone() },
+            );
+        }
+    }
+    for (field, value) in [
+        (
+            "hardening.request_timeout_s",
+            Some(scenario.hardening.request_timeout_s),
+        ),
+        ("hardening.deadline_s", scenario.hardening.deadline_s),
+    ] {
+        if let Some(value) = value.filter(|v| *v >= IMPLAUSIBLE_SECONDS) {
+            warn(field.into(), Oddity::SecondsLookLikeMilliseconds { value });
+        }
+    }
+    let tenants: BTreeSet<u64> = scenario
+        .workers
+        .iter()
+        .flat_map(|w| w.tenants.iter().map(|t| t.id))
+        .collect();
+    for (i, f) in scenario.faults.iter().enumerate() {
+        match f {
+            Fault::Burst { tenant, .. } if !tenants.contains(tenant) => warn(
+                format!("faults[{i}].tenant"),
+                Oddity::BurstForUnknownTenant {
+                    tenant: *tenant,
+                    known: tenants.iter().copied().collect(),
+                },
+            ),
+            Fault::Behave { behaviour, .. }
+                if ignores_retry_after(
+                    behaviour.mode,
+                    behaviour.retry_after_s,
+                    written_at(&written, "faults", i).and_then(|f| f.get("behaviour")),
+                ) =>
+            {
+                warn(
+                    format!("faults[{i}].behaviour.retry_after_s"),
+                    Oddity::IgnoredByMode { mode: behaviour.mode },
+                );
+            }
+            _ => {}
+        }
+        if f.at_s() >= scenario.duration_s {
+            warn(format!("faults[{i}].at_s"), Oddity::FaultAtEnd { kind: f.kind() });
+        }
+    }
+    // Restarts, in the order the faults apply.
+    let mut down = BTreeSet::new();
+    for f in fault::in_order(&scenario.faults) {
+        match f {
+            Fault::Crash { server, .. } => {
+                down.insert(server.as_str());
+            }
+            Fault::Restart { server, .. } => {
+                let was_down = down.remove(server.as_str());
+                if !was_down {
+                    let i = scenario.faults.iter().position(|g| std::ptr::eq(g, f)).unwrap_or(0);
+                    warn(
+                        format!("faults[{i}].server"),
+                        Oddity::RestartWithoutCrash { server: server.clone() },
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The `i`th table of the array `key` as the file wrote it.
+fn written_at<'t>(written: &'t Option<toml::Table>, key: &str, i: usize) -> Option<&'t toml::Value> {
+    written.as_ref()?.get(key)?.as_array()?.get(i)
+}
+
+/// Whether a behaviour sets a `retry_after_s` its mode ignores: written out in
+/// `table` (the server, or the fault's behaviour) when the text is known, or
+/// else different from the default.
+fn ignores_retry_after(mode: Mode, retry_after_s: f64, table: Option<&toml::Value>) -> bool {
+    if mode == Mode::RateLimit {
+        return false;
+    }
+    match table {
+        Some(t) => {
+            // A server writes its behaviour as a table of its own.
+            let behaviour = t.get("behaviour").unwrap_or(t);
+            behaviour.get("retry_after_s").is_some()
+        }
+        None => retry_after_s != super::Behaviour::default().retry_after_s,
+    }
+}

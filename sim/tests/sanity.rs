@@ -1,0 +1,260 @@
+//! Sanity before the run: each warning for what a valid scenario most likely
+//! got wrong, with its field and line; the up-front load figure; `--strict`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use redstring_sim::scenario::sanity::{self, LOAD_WARNING};
+use redstring_sim::scenario::{FaultKind, Mode, Oddity, Scenario, Warning};
+
+const BASE: &str = r#"
+name = "sane"
+duration_s = 60
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "worker"
+count = 2
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 6 }]
+"#;
+
+fn warnings(text: &str) -> Vec<Warning> {
+    Scenario::parse_checked("sane.toml", text).unwrap().1
+}
+
+/// The single warning of `text`, expected on the line written as `line`.
+fn only_warning(text: &str, line: &str) -> Warning {
+    let mut w = warnings(text);
+    assert_eq!(w.len(), 1, "{w:#?}");
+    let w = w.remove(0);
+    let expected = text.lines().position(|l| l.trim() == line).map(|i| i + 1);
+    assert!(expected.is_some(), "{line:?} not in the text");
+    assert_eq!(w.line, expected, "{w}");
+    w
+}
+
+#[test]
+fn a_plain_scenario_has_no_warnings() {
+    assert_eq!(warnings(BASE), []);
+}
+
+#[test]
+fn a_burst_for_a_tenant_no_worker_has() {
+    let text = format!("{BASE}\n[[faults]]\nkind = \"burst\"\nat_s = 10\ncalls = 5\ntenant = 2\n");
+    let w = only_warning(&text, "tenant = 2");
+    assert_eq!(w.field, "faults[0].tenant");
+    assert_eq!(
+        w.odd,
+        Oddity::BurstForUnknownTenant {
+            tenant: 2,
+            known: vec![1]
+        }
+    );
+    assert!(w.to_string().contains("the fleet's tenants are 1"), "{w}");
+}
+
+#[test]
+fn a_restart_with_no_earlier_crash() {
+    let restart = "\n[[faults]]\nkind = \"restart\"\nat_s = 10\nserver = \"gpu\"\n";
+    let w = only_warning(&format!("{BASE}{restart}"), "server = \"gpu\"");
+    assert_eq!(w.field, "faults[0].server");
+    assert_eq!(w.odd, Oddity::RestartWithoutCrash { server: "gpu".into() });
+    // After a crash it is what it should be, whichever is written first; a
+    // second restart has nothing left to restart.
+    let crash = "\n[[faults]]\nkind = \"crash\"\nat_s = 5\nserver = \"gpu\"\n";
+    assert_eq!(warnings(&format!("{BASE}{restart}{crash}")), []);
+    let w = warnings(&format!("{BASE}{crash}{restart}{}", restart.replace("10", "20")));
+    assert_eq!(w.len(), 1, "{w:#?}");
+    assert_eq!(w[0].field, "faults[2].server");
+}
+
+#[test]
+fn a_group_without_tenants() {
+    let text = BASE.replace("tenants = [{ id = 1, calls_per_min = 6 }]", "tenants = []");
+    let w = only_warning(&text, "tenants = []");
+    assert_eq!(w.field, "workers[0].tenants");
+    assert_eq!(w.odd, Oddity::NoTenants { group: "worker".into() });
+}
+
+#[test]
+fn a_request_timeout_in_milliseconds() {
+    let text = format!("{BASE}\n[hardening]\nrequest_timeout_s = 30000\n");
+    let w = only_warning(&text, "request_timeout_s = 30000");
+    assert_eq!(w.field, "hardening.request_timeout_s");
+    assert_eq!(w.odd, Oddity::SecondsLookLikeMilliseconds { value: 30000.0 });
+    assert!(w.to_string().contains("is it milliseconds (30 s)?"), "{w}");
+    // Ten minutes is a long timeout, not a unit mistake.
+    assert_eq!(warnings(&format!("{BASE}\n[hardening]\nrequest_timeout_s = 600\n")), []);
+}
+
+#[test]
+fn a_retry_after_the_mode_ignores() {
+    let text = BASE.replace(
+        "name = \"gpu\"",
+        "name = \"gpu\"\nbehaviour = { mode = \"error\", retry_after_s = 5 }",
+    );
+    let w = only_warning(&text, "behaviour = { mode = \"error\", retry_after_s = 5 }");
+    assert_eq!(w.field, "servers[0].behaviour.retry_after_s");
+    assert_eq!(w.odd, Oddity::IgnoredByMode { mode: Mode::Error });
+    assert!(w.to_string().contains("mode \"error\" ignores it"), "{w}");
+    // In a fault, even at the default value, as long as it is written.
+    let fault = "\n[[faults]]\nkind = \"behave\"\nat_s = 5\nserver = \"gpu\"\nbehaviour = { mode = \"error\", retry_after_s = 1 }\n";
+    let w = only_warning(
+        &format!("{BASE}{fault}"),
+        "behaviour = { mode = \"error\", retry_after_s = 1 }",
+    );
+    assert_eq!(w.field, "faults[0].behaviour.retry_after_s");
+    // With the mode that sends it, or not written, nothing to say.
+    assert_eq!(warnings(&format!("{BASE}{}", fault.replace("error", "rate_limit"))), []);
+    assert_eq!(
+        warnings(&format!("{BASE}{}", fault.replace(", retry_after_s = 1", ""))),
+        []
+    );
+}
+
+#[test]
+fn a_collapse_the_queue_never_lets_load_reach() {
+    let text = BASE.replace(
+        "name = \"gpu\"",
+        "name = \"gpu\"\nslots = 2\nqueue = 8\ncollapse_at = 11",
+    );
+    let w = only_warning(&text, "collapse_at = 11");
+    assert_eq!(w.field, "servers[0].collapse_at");
+    assert_eq!(
+        w.odd,
+        Oddity::CollapseUnreachable {
+            collapse_at: 11,
+            most_in_flight: 10
+        }
+    );
+    assert_eq!(warnings(&text.replace("collapse_at = 11", "collapse_at = 10")), []);
+}
+
+#[test]
+fn a_fault_at_the_very_end() {
+    let text = format!("{BASE}\n[[faults]]\nkind = \"crash\"\nat_s = 60\nserver = \"gpu\"\n");
+    let w = only_warning(&text, "at_s = 60");
+    assert_eq!(w.field, "faults[0].at_s");
+    assert_eq!(w.odd, Oddity::FaultAtEnd { kind: FaultKind::Crash });
+    assert_eq!(warnings(&text.replace("at_s = 60", "at_s = 59.9")), []);
+}
+
+#[test]
+fn the_load_figure_is_arrivals_as_the_limiters_admit_them_against_capacity() {
+    // Default server: 4 slots, 400 / 2000 + 60 / 40 = 1.7 s a request.
+    let capacity = 4.0 / 1.7;
+    let text = BASE.replace("calls_per_min = 6", "calls_per_min = 120");
+    let s = Scenario::parse("load.toml", &text).unwrap();
+    let load = &sanity::loads(&s)[0];
+    // Per-worker limiters: each worker admits its tenant 60 a minute.
+    assert_eq!(load.arriving_per_s, 4.0);
+    assert_eq!(load.offered_per_s, 2.0);
+    assert!((load.capacity_per_s - capacity).abs() < 1e-9);
+    assert!((load.utilisation() - 2.0 / capacity).abs() < 1e-9);
+    assert!(load.utilisation() > LOAD_WARNING);
+    let w = only_warning(&text, "name = \"gpu\"");
+    assert_eq!(w.field, "servers[0].name");
+    assert!(w.to_string().contains("gpu is offered 85 % of its capacity"), "{w}");
+    // A shared cache limits the tenant fleet-wide: 60 a minute in all.
+    let shared = format!("{text}\n[cache]\nkind = \"shared\"\n");
+    let s = Scenario::parse("load.toml", &shared).unwrap();
+    assert_eq!(sanity::loads(&s)[0].offered_per_s, 1.0);
+    assert_eq!(warnings(&shared), []);
+    // Bursts are shown as capacity-seconds, not warned about.
+    let burst = format!("{BASE}\n[[faults]]\nkind = \"burst\"\nat_s = 10\ncalls = 40\ntenant = 1\n");
+    let s = Scenario::parse("load.toml", &burst).unwrap();
+    let load = &sanity::loads(&s)[0];
+    assert_eq!(load.burst_calls, 80);
+    assert!(
+        load.to_string().contains("bursts add 80 calls, 34.0 s of its capacity"),
+        "{load}"
+    );
+    assert_eq!(warnings(&burst), []);
+}
+
+#[test]
+fn the_shipped_scenarios_warn_only_where_they_are_odd() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+    let mut odd = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|x| x == "toml") {
+            let (_, warnings) = Scenario::load_checked(&path).unwrap();
+            for w in warnings {
+                odd.push(format!("{}: {}", path.file_name().unwrap().to_string_lossy(), w.field));
+            }
+        }
+    }
+    // overload-burst's collapse_at = 12 is above its slots + queue = 10: it
+    // never collapses (its report shows queue_full, not collapsed).
+    assert_eq!(odd, ["overload-burst.toml: servers[0].collapse_at"]);
+}
+
+fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("redstring-sim-sanity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn the_cli_prints_the_load_and_warnings_and_strict_refuses_them() {
+    let text = format!("{BASE}\n[[faults]]\nkind = \"burst\"\nat_s = 2\ncalls = 5\ntenant = 2\n")
+        .replace("duration_s = 60", "duration_s = 5");
+    let path = temp_file("odd.toml", &text);
+    let bin = || Command::new(env!("CARGO_BIN_EXE_redstring-sim"));
+
+    let out = bin().args(["run", path.to_str().unwrap()]).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("load gpu: offered 0.20 calls/s (0.20 arriving before the limiter)"),
+        "{stdout}"
+    );
+    let line = text.lines().position(|l| l == "tenant = 2").unwrap() + 1;
+    assert!(
+        stderr.contains(&format!(
+            "warning: {}: line {line}: field `faults[0].tenant`",
+            path.display()
+        )),
+        "{stderr}"
+    );
+
+    for args in [
+        vec!["run", path.to_str().unwrap(), "--strict"],
+        vec!["sweep", path.to_str().unwrap(), "--seeds", "1..2", "--strict"],
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("line {line}: field `faults[0].tenant`")),
+            "{stderr}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("replay:"),
+            "strict does not run"
+        );
+    }
+
+    let dir = path.parent().unwrap();
+    let out = bin()
+        .args(["check", dir.to_str().unwrap(), "--strict"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{stdout}");
+    assert!(
+        stdout.contains("BAD") && stdout.contains("faults[0].tenant"),
+        "{stdout}"
+    );
+    let out = bin().args(["check", dir.to_str().unwrap()]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("WARN") && stdout.contains("ok "), "{stdout}");
+}
