@@ -98,7 +98,7 @@ impl fmt::Display for Oddity {
         match self {
             Oddity::Overloaded(load) => write!(
                 f,
-                "{} is offered {:.0} % of its capacity ({:.2} of {:.2} calls/s), above {:.0} %: queues grow whatever the faults do",
+                "{} is offered {:.0} % of its capacity ({:.2} of {:.2} calls/s), above {:.0} %: queues grow, or a quota refuses the excess, whatever the faults do",
                 load.server,
                 load.utilisation() * 100.0,
                 load.offered_per_s,
