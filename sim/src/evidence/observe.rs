@@ -197,6 +197,52 @@ mod tests {
         trace.events().iter().map(|e| e.kind.admits_call()).collect()
     }
 
+    /// What the trace records as deciders when the core reports `events`:
+    /// each limiter decision, and the fallback (if any) announced before it.
+    fn deciders(fallbacks: &[Option<&'static str>]) -> Vec<Decider> {
+        use redstring::{TenantId, Timestamp};
+        let trace = Trace::new();
+        let observer = HostObserver::new("w", trace.clone());
+        for fallback in fallbacks {
+            if let Some(fallback) = fallback {
+                observer.on_event(&Event::CacheUnavailable {
+                    component: "limiter".into(),
+                    operation: "acquire_slot",
+                    fallback,
+                    error: "unreachable".into(),
+                });
+            }
+            observer.on_event(&Event::RateLimitAdmitted {
+                limiter: "limiter".into(),
+                tenant: TenantId::from_u128(1),
+                remaining: 0,
+                at: Timestamp::from_secs(1),
+            });
+        }
+        trace
+            .events()
+            .iter()
+            .filter_map(|e| match e.kind {
+                Kind::Admitted { decided_by, .. } => Some(decided_by),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_limiter_fallback_names_who_decided_the_next_decision_only() {
+        assert_eq!(
+            deciders(&[None, Some("local limit"), None, Some("allowed"), None]),
+            [
+                Decider::Cache,
+                Decider::Local,
+                Decider::Cache,
+                Decider::Unlimited,
+                Decider::Cache
+            ]
+        );
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_breaker_admitting_without_its_cache_is_an_admitted_call() {
         assert_eq!(admitted_without_cache(OnCacheError::Allow).await, [true]);

@@ -739,6 +739,30 @@ by_ms = -3000
     }
 
     #[test]
+    fn calls_the_breaker_fallback_let_through_are_counted_beside_the_claim() {
+        use CircuitState::*;
+        let through = ev(
+            2.0,
+            Kind::CacheUnavailable {
+                operation: "breaker_step",
+                fallback: "allowed",
+                admitted_call: true,
+            },
+        );
+        let c = check_of(
+            &scenario(),
+            Invariant::NoCallWhileOpen,
+            &[breaker(1.0, Closed, Open), through.clone(), through],
+        );
+        assert_eq!(c.verdict, Verdict::Held);
+        assert!(
+            c.figure.contains("2 calls let through by the breaker's fallback"),
+            "{}",
+            c.figure
+        );
+    }
+
+    #[test]
     fn a_restarted_shared_cache_forgets_open_breakers() {
         use CircuitState::*;
         let mut s = scenario();
