@@ -4,9 +4,11 @@
 //! Each worker builds exactly what a production process would — a limiter, a
 //! breaker, the OpenAI-compatible adapter and the hardened provider composing
 //! them — from the scenario's configuration, on its own skewed clock, with the
-//! simulated network underneath. Load is open-loop: each tenant's calls arrive
-//! as a Poisson process (seeded), whether or not earlier calls have finished,
-//! which is what makes an outage pile up.
+//! simulated network underneath. Load is open loop — each tenant's calls
+//! arrive as a Poisson process (seeded), whether or not earlier calls have
+//! finished, which is what makes an outage pile up — or closed loop: a fixed
+//! number of clients, each waiting for its call to end and thinking before
+//! the next, whose load falls as latency grows.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -105,6 +107,7 @@ pub async fn run_worker<S: LimiterStore + BreakerStore>(
         next: Rc::new(Cell::new(0)),
     };
     let mut load = arrivals(&plan, &providers, &calls);
+    load.extend(clients(&plan, &providers, &calls));
     load.extend(bursts(&plan, &providers, &calls));
     tokio::time::sleep(plan.until.saturating_sub(sim_elapsed())).await;
     for task in load {
@@ -183,11 +186,21 @@ struct Calls {
 impl Calls {
     /// One unit of work for `tenant` through `provider`, on its own task.
     fn start<S: LimiterStore + BreakerStore>(&self, provider: Provider<S>, tenant: TenantId) {
+        tokio::task::spawn_local(self.call(provider, tenant));
+    }
+
+    /// One unit of work for `tenant` through `provider`: it arrives now, and
+    /// the future ends when the call does.
+    fn call<S: LimiterStore + BreakerStore>(
+        &self,
+        provider: Provider<S>,
+        tenant: TenantId,
+    ) -> impl std::future::Future<Output = ()> + 'static {
         let call = self.next.get();
         self.next.set(call + 1);
         self.trace.record(&self.host, Kind::Arrival { call, tenant });
         let this = self.clone();
-        tokio::task::spawn_local(async move {
+        async move {
             let started = sim_elapsed();
             let work = async {
                 let request = ExtractRequest {
@@ -208,7 +221,7 @@ impl Calls {
                 latency_ms,
             };
             this.trace.record(&this.host, end);
-        });
+        }
     }
 }
 
@@ -240,6 +253,40 @@ fn arrivals<S: LimiterStore + BreakerStore>(
         }));
     }
     streams
+}
+
+/// Each tenant's closed-loop clients, until `plan.until`: a client sends a
+/// call, waits for it to end, thinks for an exponentially distributed time
+/// (mean `think_s`, its own seeded stream) and sends the next. Clients start
+/// after one think time each, so they do not all send at the first instant.
+fn clients<S: LimiterStore + BreakerStore>(
+    plan: &WorkerPlan,
+    providers: &[Provider<S>],
+    calls: &Calls,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for (i, (t, provider)) in plan.tenants.iter().zip(providers).enumerate() {
+        let Ok(exp) = Exp::new(1.0 / t.think_s) else {
+            continue;
+        };
+        for client in 0..t.clients {
+            let mut rng = ChaCha8Rng::seed_from_u64(seeds::think(plan.seed, plan.index, i, client));
+            let (provider, calls, until, tenant) = (provider.clone(), calls.clone(), plan.until, t.tenant());
+            tasks.push(tokio::task::spawn_local(async move {
+                loop {
+                    let think = Duration::try_from_secs_f64(exp.sample(&mut rng)).unwrap_or(Duration::MAX);
+                    if sim_elapsed().saturating_add(think) >= until {
+                        break;
+                    }
+                    tokio::time::sleep(think).await;
+                    // On its own task, so a call in flight when arrivals
+                    // stop runs to its end like an open-loop one.
+                    let _ = tokio::task::spawn_local(calls.call(provider.clone(), tenant)).await;
+                }
+            }));
+        }
+    }
+    tasks
 }
 
 /// The fleet's synchronised bursts, each fired at its exact instant.

@@ -293,14 +293,37 @@ pub struct FleetMember {
     pub clock: ClockSpec,
 }
 
-/// One tenant's open-loop load on one worker.
+/// One tenant's load on one worker: open loop, closed loop, or both.
+///
+/// Open loop (`calls_per_min`) is arrivals as a Poisson process, whether or
+/// not earlier calls have ended — a pipeline fed from a queue, which is what
+/// makes an outage pile up. Closed loop (`clients`, `think_s`) is a fixed
+/// number of clients that each send a call, wait for it to end, think for an
+/// exponentially distributed time, and send the next — interactive users or
+/// a pool of N concurrent workers, whose load falls as latency grows.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantLoad {
     /// The tenant id (as the low bits of a UUID; see [`TenantLoad::tenant`]).
     pub id: u64,
-    /// Mean arrivals per minute (Poisson).
+    /// Mean open-loop arrivals per minute (Poisson).
+    #[serde(default)]
     pub calls_per_min: f64,
+    /// Closed-loop clients, each with at most one call in flight.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub clients: u32,
+    /// A closed-loop client's mean think time between the end of one call and
+    /// the start of the next, seconds.
+    #[serde(default = "defaults::think_s", skip_serializing_if = "is_default_think")]
+    pub think_s: f64,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_default_think(s: &f64) -> bool {
+    *s == defaults::think_s()
 }
 
 pub(super) mod defaults {
@@ -337,12 +360,38 @@ pub(super) mod defaults {
     pub fn count() -> u32 {
         1
     }
+    pub fn think_s() -> f64 {
+        1.0
+    }
 }
 
 impl TenantLoad {
+    /// An open-loop tenant `id` arriving `calls_per_min` times a minute.
+    pub fn open(id: u64, calls_per_min: f64) -> Self {
+        TenantLoad {
+            id,
+            calls_per_min,
+            clients: 0,
+            think_s: defaults::think_s(),
+        }
+    }
+
     /// The tenant, as the core and the trace know it.
     pub fn tenant(&self) -> redstring::TenantId {
         tenant(self.id)
+    }
+
+    /// The most calls per minute this tenant can start: its open-loop rate,
+    /// plus each closed-loop client starting one call per think time (calls
+    /// that end at once — refused, or a circuit open — leave only the think
+    /// time between them). What validation and the work budget bound.
+    pub fn peak_calls_per_min(&self) -> f64 {
+        let closed = if self.clients == 0 {
+            0.0
+        } else {
+            f64::from(self.clients) * 60.0 / self.think_s.max(f64::MIN_POSITIVE)
+        };
+        self.calls_per_min + closed
     }
 }
 

@@ -247,7 +247,7 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
             .iter()
             .flat_map(|m| m.tenants.iter())
             .filter(|t| t.id == id)
-            .map(|t| t.calls_per_min / 60.0)
+            .map(|t| t.peak_calls_per_min() / 60.0)
             .sum()
     };
     scenario
@@ -259,7 +259,8 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
             let mut burst_calls: u64 = 0;
             for m in fleet.iter().filter(|m| m.server == spec.name) {
                 for t in &m.tenants {
-                    let rate = t.calls_per_min / 60.0;
+                    // A closed loop's peak: its clients' calls ending at once.
+                    let rate = t.peak_calls_per_min() / 60.0;
                     arriving += rate;
                     admitted += match scenario.cache.kind {
                         CacheKind::PerWorker => rate.min(allowed_per_s),

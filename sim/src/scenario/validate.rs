@@ -8,9 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::limits::{
-    MAX_BURST_CALLS, MAX_BURST_CALLS_PER_WORKER, MAX_CALLS_PER_MIN, MAX_CLOCK_MS, MAX_DRIFT_PPM, MAX_FAULTS, MAX_FLEET,
-    MAX_FLEET_CALLS_PER_MIN, MAX_LATENCY_MS, MAX_LIMITER_WAITS, MAX_RETRIES, MAX_SECONDS, MAX_SERVERS,
-    MAX_SERVICE_TIME_S, MAX_TENANTS, MAX_TOKENS_PER_S, MIN_SECONDS, MIN_TOKENS_PER_S,
+    MAX_BURST_CALLS, MAX_BURST_CALLS_PER_WORKER, MAX_CALLS_PER_MIN, MAX_CLIENTS, MAX_CLOCK_MS, MAX_DRIFT_PPM,
+    MAX_FAULTS, MAX_FLEET, MAX_FLEET_CALLS_PER_MIN, MAX_LATENCY_MS, MAX_LIMITER_WAITS, MAX_RETRIES, MAX_SECONDS,
+    MAX_SERVERS, MAX_SERVICE_TIME_S, MAX_TENANTS, MAX_TOKENS_PER_S, MIN_SECONDS, MIN_TOKENS_PER_S,
 };
 use super::{Behaviour, CACHE_HOST, CacheKind, Fault, Scenario, ScenarioError};
 
@@ -253,7 +253,28 @@ impl Scenario {
                     return Err(e.bad(&field, format!("must not be negative, got {}", t.calls_per_min)));
                 }
                 e.within(&field, t.calls_per_min, 0.0, MAX_CALLS_PER_MIN, " calls/min")?;
-                fleet_calls_per_min += t.calls_per_min * f64::from(w.count);
+                if t.clients > 0 {
+                    let think = format!("workers[{i}].tenants[{j}].think_s");
+                    e.within(&think, t.think_s, MIN_SECONDS, MAX_SECONDS, " s")?;
+                    e.at_most(
+                        &format!("workers[{i}].tenants[{j}].clients"),
+                        u64::from(t.clients),
+                        MAX_CLIENTS,
+                        "closed-loop clients per tenant",
+                    )?;
+                    // Each client starts at most one call per think time.
+                    let peak = t.peak_calls_per_min();
+                    if peak > MAX_CALLS_PER_MIN {
+                        return Err(e.bad(
+                            &think,
+                            format!(
+                                "{} clients thinking {} s could start {peak:.0} calls a minute; at most {MAX_CALLS_PER_MIN} per tenant",
+                                t.clients, t.think_s
+                            ),
+                        ));
+                    }
+                }
+                fleet_calls_per_min += t.peak_calls_per_min() * f64::from(w.count);
                 if fleet_calls_per_min > MAX_FLEET_CALLS_PER_MIN {
                     return Err(e.bad(
                         &field,

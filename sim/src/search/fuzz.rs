@@ -676,10 +676,7 @@ fn build(
     let tenants: Vec<TenantLoad> = loads
         .iter()
         .enumerate()
-        .map(|(i, calls_per_min)| TenantLoad {
-            id: i as u64 + 1,
-            calls_per_min: *calls_per_min,
-        })
+        .map(|(i, calls_per_min)| TenantLoad::open(i as u64 + 1, *calls_per_min))
         .collect();
     let faults = episodes
         .iter()

@@ -148,7 +148,7 @@ impl Budget {
         let arrivals: f64 = fleet
             .iter()
             .flat_map(|m| m.tenants.iter())
-            .map(|t| t.calls_per_min / 60.0 * scenario.duration_s)
+            .map(|t| t.peak_calls_per_min() / 60.0 * scenario.duration_s)
             .sum();
         let bursts: f64 = scenario
             .bursts()

@@ -35,6 +35,16 @@ pub fn retry_jitter(run: u64, worker: u64, tenant: usize) -> u64 {
     mix(run, worker, JITTER_STREAMS + tenant as u64)
 }
 
+/// Stream numbers at and above this one are a worker's closed-loop think
+/// times (one per tenant and client); they sit above every other stream.
+const THINK_STREAMS: u64 = 1 << 32;
+
+/// The think times of closed-loop client `client` of the `tenant`-th tenant
+/// of fleet member `worker`.
+pub fn think(run: u64, worker: u64, tenant: usize, client: u32) -> u64 {
+    mix(run, worker, THINK_STREAMS + ((tenant as u64) << 20) + u64::from(client))
+}
+
 /// SplitMix64-style mixing keeps nearby inputs' streams unrelated.
 fn mix(seed: u64, worker: u64, stream: u64) -> u64 {
     let mut z = seed ^ worker.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stream.wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -56,6 +66,9 @@ mod tests {
             arrivals(1, 0, 1),
             arrivals(1, 1, 0),
             retry_jitter(1, 0, 0),
+            think(1, 0, 0, 0),
+            think(1, 0, 0, 1),
+            think(1, 0, 1, 0),
         ];
         let unique: std::collections::BTreeSet<_> = seeds.iter().collect();
         assert_eq!(unique.len(), seeds.len());
