@@ -159,6 +159,12 @@ impl ServerSpec {
         }
     }
 
+    /// The longest load after a restart the run should expect: `reload_s`,
+    /// or the upper end of the `reload` distribution (see [`Spread::upper`]).
+    pub fn longest_reload_s(&self) -> f64 {
+        self.reload.as_ref().map_or(self.reload_s, Spread::upper)
+    }
+
     /// Requests per second it can serve. Generic: its slots over the service
     /// time. Batching kinds: the engine's steady-state capacity estimate
     /// (`EngineParams::capacity_per_s`) at the mean token counts, which is

@@ -24,7 +24,7 @@ pub fn heal_time_us(s: &Scenario) -> Option<u64> {
         .iter()
         .map(|f| {
             let extra = match f {
-                Fault::Restart { server, .. } => s.server(server).map_or(0.0, |x| x.reload_s),
+                Fault::Restart { server, .. } => s.server(server).map_or(0.0, ServerSpec::longest_reload_s),
                 Fault::Burst { calls, .. } => f64::from(*calls) * workers / slowest + s.hardening.request_timeout_s,
                 Fault::Crash { .. }
                 | Fault::Behave { .. }

@@ -763,6 +763,16 @@ by_ms = -3000
     }
 
     #[test]
+    fn the_last_fault_ends_after_the_longest_reload_a_restart_may_draw() {
+        let text = format!("{MINIMAL}[[faults]]\nkind = \"restart\"\nat_s = 30\nserver = \"gpu\"\n");
+        let mut s = Scenario::parse("restart.toml", &text).unwrap();
+        let fixed = heal_time_us(&s).unwrap();
+        s.servers[0].reload = Some(crate::scenario::Spread::Uniform { low: 5.0, high: 40.0 });
+        let drawn = heal_time_us(&s).unwrap();
+        assert_eq!(drawn - fixed, secs_us(40.0 - s.servers[0].reload_s));
+    }
+
+    #[test]
     fn a_restarted_shared_cache_forgets_open_breakers() {
         use CircuitState::*;
         let mut s = scenario();
