@@ -83,6 +83,7 @@ scenario_tests! {
     overload_burst => "overload-burst.toml",
     reasoning_empty => "reasoning-empty.toml",
     reference_fleet => "reference-fleet.toml",
+    replayed_trace => "replayed-trace.toml",
     skew_bypass => "skew-bypass.toml",
     skewed_fleet_caller => "skewed-fleet-caller.toml",
     skewed_fleet_store => "skewed-fleet-store.toml",

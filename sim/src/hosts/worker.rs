@@ -48,14 +48,22 @@ pub struct Extraction {
 tokio::task_local! {
     /// Requests the current call has sent, counted by [`CountingTransport`].
     static ATTEMPTS: Cell<u32>;
+    /// The current call's token counts, when it replays a trace's request.
+    static TOKENS: Option<(u64, u64)>;
 }
 
-/// Counts each request against the call whose task sends it.
+/// Counts each request against the call whose task sends it, and tells the
+/// server a replayed request's token counts.
 struct CountingTransport(SimTransport);
 
 impl HttpTransport for CountingTransport {
-    fn post(&self, request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
+    fn post(&self, mut request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
         let _ = ATTEMPTS.try_with(|n| n.set(n.get() + 1));
+        if let Ok(Some((prompt, output))) = TOKENS.try_with(|t| *t) {
+            request
+                .headers
+                .push((crate::hosts::TOKENS_HEADER.to_owned(), format!("{prompt},{output}")));
+        }
         self.0.post(request)
     }
 }
@@ -108,6 +116,7 @@ pub async fn run_worker<S: LimiterStore + BreakerStore>(
     };
     let mut load = arrivals(&plan, &providers, &calls);
     load.extend(clients(&plan, &providers, &calls));
+    load.extend(replays(&plan, &providers, &calls));
     load.extend(bursts(&plan, &providers, &calls));
     tokio::time::sleep(plan.until.saturating_sub(sim_elapsed())).await;
     for task in load {
@@ -186,15 +195,17 @@ struct Calls {
 impl Calls {
     /// One unit of work for `tenant` through `provider`, on its own task.
     fn start<S: LimiterStore + BreakerStore>(&self, provider: Provider<S>, tenant: TenantId) {
-        tokio::task::spawn_local(self.call(provider, tenant));
+        tokio::task::spawn_local(self.call(provider, tenant, None));
     }
 
     /// One unit of work for `tenant` through `provider`: it arrives now, and
-    /// the future ends when the call does.
+    /// the future ends when the call does. `tokens` are a replayed request's
+    /// prompt and output tokens, sent to the server with each attempt.
     fn call<S: LimiterStore + BreakerStore>(
         &self,
         provider: Provider<S>,
         tenant: TenantId,
+        tokens: Option<(u64, u64)>,
     ) -> impl std::future::Future<Output = ()> + 'static {
         let call = self.next.get();
         self.next.set(call + 1);
@@ -211,7 +222,7 @@ impl Calls {
                 let result = provider.extract_value(request).await;
                 (result, ATTEMPTS.with(Cell::get))
             };
-            let (result, attempts) = ATTEMPTS.scope(Cell::new(0), work).await;
+            let (result, attempts) = TOKENS.scope(tokens, ATTEMPTS.scope(Cell::new(0), work)).await;
             let latency_ms = u64::try_from((sim_elapsed().saturating_sub(started)).as_millis()).unwrap_or(0);
             let end = Kind::CallEnd {
                 call,
@@ -281,10 +292,40 @@ fn clients<S: LimiterStore + BreakerStore>(
                     tokio::time::sleep(think).await;
                     // On its own task, so a call in flight when arrivals
                     // stop runs to its end like an open-loop one.
-                    let _ = tokio::task::spawn_local(calls.call(provider.clone(), tenant)).await;
+                    let _ = tokio::task::spawn_local(calls.call(provider.clone(), tenant, None)).await;
                 }
             }));
         }
+    }
+    tasks
+}
+
+/// Each tenant's replayed trace: every request at its instant, with its
+/// token counts, until `plan.until`.
+fn replays<S: LimiterStore + BreakerStore>(
+    plan: &WorkerPlan,
+    providers: &[Provider<S>],
+    calls: &Calls,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for (t, provider) in plan.tenants.iter().zip(providers) {
+        let Some(replay) = &t.replay else {
+            continue;
+        };
+        let (requests, provider, calls, until, tenant) = (
+            replay.requests.clone(),
+            provider.clone(),
+            calls.clone(),
+            plan.until,
+            t.tenant(),
+        );
+        tasks.push(tokio::task::spawn_local(async move {
+            for r in requests.iter().take_while(|r| r.at < until) {
+                tokio::time::sleep(r.at.saturating_sub(sim_elapsed())).await;
+                let tokens = Some((r.prompt_tokens, r.output_tokens));
+                tokio::task::spawn_local(calls.call(provider.clone(), tenant, tokens));
+            }
+        }));
     }
     tasks
 }

@@ -299,7 +299,8 @@ pub struct FleetMember {
     pub clock: ClockSpec,
 }
 
-/// One tenant's load on one worker: open loop, closed loop, or both.
+/// One tenant's load on one worker: open loop, closed loop, a replayed
+/// trace, or any mix of them.
 ///
 /// Open loop (`calls_per_min`) is arrivals as a Poisson process, whether or
 /// not earlier calls have ended — a pipeline fed from a queue, which is what
@@ -322,6 +323,10 @@ pub struct TenantLoad {
     /// the start of the next, seconds.
     #[serde(default = "defaults::think_s", skip_serializing_if = "is_default_think")]
     pub think_s: f64,
+    /// An arrival trace replayed as this tenant's calls (with each request's
+    /// token counts), beside any open or closed loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<super::replay::Replay>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -379,12 +384,22 @@ impl TenantLoad {
             calls_per_min,
             clients: 0,
             think_s: defaults::think_s(),
+            replay: None,
         }
     }
 
     /// The tenant, as the core and the trace know it.
     pub fn tenant(&self) -> redstring::TenantId {
         tenant(self.id)
+    }
+
+    /// The mean calls per minute a replayed trace starts over a run of
+    /// `duration_s` (zero without one).
+    pub fn replay_calls_per_min(&self, duration_s: f64) -> f64 {
+        match &self.replay {
+            Some(r) if duration_s > 0.0 => r.requests.len() as f64 * 60.0 / duration_s,
+            _ => 0.0,
+        }
     }
 
     /// The most calls per minute this tenant can start: its open-loop rate,

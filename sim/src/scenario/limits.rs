@@ -23,6 +23,7 @@
 //! | workers in all groups together | ..= [`MAX_FLEET`] (and 500 per group) |
 //! | `workers[].tenants` | ..= [`MAX_TENANTS`] per group |
 //! | `tenants[].calls_per_min` | ..= [`MAX_CALLS_PER_MIN`]; the whole fleet ..= [`MAX_FLEET_CALLS_PER_MIN`] |
+//! | `tenants[].replay` | at most [`replay::MAX_REQUESTS`](super::replay::MAX_REQUESTS) requests inside the run, each ..= [`MAX_TRACE_TOKENS`] tokens either way; `speedup` 0.001 ..= 10⁶ |
 //! | `tenants[].clients` | ..= [`MAX_CLIENTS`]; with `think_s` ([`MIN_SECONDS`] ..), at most [`MAX_CALLS_PER_MIN`] starts a minute, counted in the fleet's total |
 //! | a `burst` fault's `calls` | ..= [`MAX_BURST_CALLS_PER_WORKER`]; times the workers with its tenant ..= [`MAX_BURST_CALLS`] |
 //! | `faults` | ..= [`MAX_FAULTS`] |
@@ -65,6 +66,10 @@ pub const MAX_TENANTS: u64 = 100;
 /// The most arrivals per minute of one tenant on one worker (1000 a second).
 /// Far more makes the Poisson gaps round to zero simulated time.
 pub const MAX_CALLS_PER_MIN: f64 = 60_000.0;
+
+/// The most tokens either way in one replayed trace request (the simulated
+/// servers' token header carries no more).
+pub const MAX_TRACE_TOKENS: u64 = crate::hosts::MAX_HEADER_TOKENS;
 
 /// The most closed-loop clients of one tenant on one worker.
 pub const MAX_CLIENTS: u64 = 10_000;

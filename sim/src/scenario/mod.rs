@@ -12,6 +12,7 @@
 mod deployment;
 pub mod fault;
 pub mod limits;
+pub mod replay;
 pub mod sanity;
 mod settings;
 mod validate;
@@ -177,18 +178,44 @@ impl Scenario {
             file: file.to_owned(),
             message: e.to_string().trim_end().to_owned(),
         })?;
-        scenario.validate(file).map_err(|e| match e {
-            ScenarioError::Invalid {
-                file, field, message, ..
-            } => ScenarioError::Invalid {
-                line: validate::locate(text, &field),
-                file,
-                field,
-                message,
-            },
-            other => other,
-        })?;
+        let mut scenario = scenario;
+        scenario
+            .validate(file)
+            .and_then(|()| scenario.load_replays(file))
+            .map_err(|e| match e {
+                ScenarioError::Invalid {
+                    file, field, message, ..
+                } => ScenarioError::Invalid {
+                    line: validate::locate(text, &field),
+                    file,
+                    field,
+                    message,
+                },
+                other => other,
+            })?;
         Ok(scenario)
+    }
+
+    /// Reads every tenant's replayed trace, relative to the scenario file
+    /// `file`; an unreadable or malformed trace names the tenant's field.
+    fn load_replays(&mut self, file: &str) -> Result<(), ScenarioError> {
+        let dir = Path::new(file).parent().unwrap_or(Path::new(""));
+        let duration = Duration::try_from_secs_f64(self.duration_s).unwrap_or(Duration::MAX);
+        for (i, w) in self.workers.iter_mut().enumerate() {
+            for (j, t) in w.tenants.iter_mut().enumerate() {
+                let Some(replay) = t.replay.as_mut() else {
+                    continue;
+                };
+                let path = dir.join(&replay.file);
+                replay.load(&path, duration).map_err(|e| ScenarioError::Invalid {
+                    file: file.to_owned(),
+                    line: None,
+                    field: format!("workers[{i}].tenants[{j}].replay"),
+                    message: e.to_string(),
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// The scenario as TOML, as `load` reads it back.

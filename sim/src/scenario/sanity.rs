@@ -247,7 +247,7 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
             .iter()
             .flat_map(|m| m.tenants.iter())
             .filter(|t| t.id == id)
-            .map(|t| t.peak_calls_per_min() / 60.0)
+            .map(|t| (t.peak_calls_per_min() + t.replay_calls_per_min(scenario.duration_s)) / 60.0)
             .sum()
     };
     scenario
@@ -260,7 +260,7 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
             for m in fleet.iter().filter(|m| m.server == spec.name) {
                 for t in &m.tenants {
                     // A closed loop's peak: its clients' calls ending at once.
-                    let rate = t.peak_calls_per_min() / 60.0;
+                    let rate = (t.peak_calls_per_min() + t.replay_calls_per_min(scenario.duration_s)) / 60.0;
                     arriving += rate;
                     admitted += match scenario.cache.kind {
                         CacheKind::PerWorker => rate.min(allowed_per_s),

@@ -148,7 +148,10 @@ impl Budget {
         let arrivals: f64 = fleet
             .iter()
             .flat_map(|m| m.tenants.iter())
-            .map(|t| t.peak_calls_per_min() / 60.0 * scenario.duration_s)
+            .map(|t| {
+                t.peak_calls_per_min() / 60.0 * scenario.duration_s
+                    + t.replay.as_ref().map_or(0.0, |r| r.requests.len() as f64)
+            })
             .sum();
         let bursts: f64 = scenario
             .bursts()

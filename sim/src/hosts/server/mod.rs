@@ -487,6 +487,12 @@ impl Start {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
+        let tokens = crate::hosts::tokens_of(
+            request
+                .headers()
+                .get(crate::hosts::TOKENS_HEADER)
+                .and_then(|v| v.to_str().ok()),
+        );
         let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
             Ok(body) => body.to_bytes(),
             Err(_) => {
@@ -508,7 +514,7 @@ impl Start {
         };
 
         if let Some(batching) = self.batching.clone() {
-            return self.handle_batching(batching, body, &key).await;
+            return self.handle_batching(batching, body, &key, tokens).await;
         }
         if self.loading_now() {
             self.record(Answer::Loading);
@@ -535,7 +541,14 @@ impl Start {
                 "unavailable_error",
             ));
         };
-        if !guard.served().await {
+        let service = tokens.map_or_else(
+            || self.service_time(),
+            |(prompt, output)| {
+                let s = prompt as f64 / self.spec.prefill_tokens_per_s + output as f64 / self.spec.decode_tokens_per_s;
+                Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
+            },
+        );
+        if !guard.served(service).await {
             guard.outcome_recorded = true;
             self.record(Answer::Collapsed);
             return std::future::pending().await;
@@ -543,9 +556,11 @@ impl Start {
         guard.outcome_recorded = true;
         self.record(Answer::of_mode(mode));
         let id = self.next_answer_id();
+        let (prompt, output) =
+            tokens.unwrap_or((u64::from(self.spec.prompt_tokens), u64::from(self.spec.output_tokens)));
         let usage = Usage {
-            prompt: u64::from(self.spec.prompt_tokens),
-            completion: u64::from(self.spec.output_tokens),
+            prompt,
+            completion: output,
             truncated: false,
         };
         Ok(completion(&self.spec, id, mode, &body, usage))
@@ -608,13 +623,21 @@ impl Start {
 
     /// A request to a batching kind: the kind's gate, the behaviour draw,
     /// then the engine.
-    async fn handle_batching(self: Arc<Self>, b: Arc<Batching>, body: Value, key: &str) -> Reply {
+    /// `tokens` are the request's own counts ([`crate::hosts::TOKENS_HEADER`]),
+    /// used in place of a draw.
+    async fn handle_batching(
+        self: Arc<Self>,
+        b: Arc<Batching>,
+        body: Value,
+        key: &str,
+        tokens: Option<(u64, u64)>,
+    ) -> Reply {
         let kind = b.preset.kind;
         if kind == ServerKind::LlamaCpp && self.loading_now() {
             self.record(Answer::Loading);
             return Ok(loading());
         }
-        let (prompt, wanted) = self.draw_tokens();
+        let (prompt, wanted) = tokens.map_or_else(|| self.draw_tokens(), |(p, o)| (p, o.max(1)));
         let max_tokens = body
             .get("max_tokens")
             .or_else(|| body.get("max_completion_tokens"))
@@ -845,9 +868,9 @@ struct Admitted {
 }
 
 impl Admitted {
-    /// Waits for a slot and holds it for the service time. `false` if the
-    /// server collapsed meanwhile (or already had).
-    async fn served(&mut self) -> bool {
+    /// Waits for a slot and holds it for `service`. `false` if the server
+    /// collapsed meanwhile (or already had).
+    async fn served(&mut self, service: Duration) -> bool {
         let start = self.start.clone();
         let mut collapsed = start.collapsed.subscribe();
         let collapse = async move {
@@ -869,7 +892,7 @@ impl Admitted {
         let done = tokio::select! {
             biased;
             () = &mut collapse => false,
-            () = tokio::time::sleep(start.service_time()) => true,
+            () = tokio::time::sleep(service) => true,
         };
         drop(permit);
         self.set_running(false);
