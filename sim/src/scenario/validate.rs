@@ -14,6 +14,10 @@ use super::limits::{
 };
 use super::{Behaviour, CACHE_HOST, CacheKind, Fault, Scenario, ScenarioError};
 
+/// The largest `expect.objectives.amplification_max`: a call the limiter
+/// admitted sends at most its first attempt and [`MAX_RETRIES`] retries.
+const MAX_AMPLIFICATION: f64 = (MAX_RETRIES + 1) as f64;
+
 /// Builds the errors of one file.
 struct Errors<'f> {
     file: &'f str,
@@ -77,7 +81,26 @@ impl Scenario {
         if self.cache.kind == CacheKind::Shared {
             hosts.insert(CACHE_HOST.into());
         }
-        self.validate_faults(&errors, &hosts, &workers)
+        self.validate_faults(&errors, &hosts, &workers)?;
+        self.validate_objectives(&errors)
+    }
+
+    /// Objectives: finite, non-negative, within what a run can measure.
+    fn validate_objectives(&self, e: &Errors) -> Result<(), ScenarioError> {
+        let o = &self.expect.objectives;
+        let field = |name: &str| format!("expect.objectives.{name}");
+        let checks = [
+            ("goodput_recovery_s", o.goodput_recovery_s, MAX_SECONDS, " s"),
+            ("failed_fraction_max", o.failed_fraction_max, 1.0, ""),
+            ("p99_latency_s", o.p99_latency_s, MAX_SECONDS, " s"),
+            ("amplification_max", o.amplification_max, MAX_AMPLIFICATION, "×"),
+        ];
+        for (name, value, max, unit) in checks {
+            if let Some(v) = value {
+                e.within(&field(name), v, 0.0, max, unit)?;
+            }
+        }
+        Ok(())
     }
 
     fn validate_run(&self, e: &Errors) -> Result<(), ScenarioError> {
