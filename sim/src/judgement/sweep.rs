@@ -49,6 +49,8 @@ impl Distribution {
 /// How often one invariant or objective passed.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct PassRate {
+    /// The invariant or objective.
+    pub name: String,
     /// Seeds where it passed: an invariant did not fail (held, not
     /// applicable, or violated where the scenario allows it); an objective
     /// was not missed (met, or not applicable).
@@ -66,9 +68,9 @@ pub struct SweepSummary {
     /// seed measured are left out.
     pub figures: BTreeMap<&'static str, Distribution>,
     /// Per invariant, in the registry's order.
-    pub invariants: Vec<(String, PassRate)>,
+    pub invariants: Vec<PassRate>,
     /// Per objective the scenario sets, in [`Objectives`](crate::scenario::Objectives) order.
-    pub objectives: Vec<(String, PassRate)>,
+    pub objectives: Vec<PassRate>,
 }
 
 impl SweepSummary {
@@ -136,8 +138,8 @@ impl SweepSummary {
         }
         let _ = writeln!(out, "pass rate:");
         for (what, rates) in [("invariant", &self.invariants), ("objective", &self.objectives)] {
-            for (name, r) in rates {
-                let _ = writeln!(out, "  {what} {name:<22} {}/{}", r.passed, r.seeds);
+            for r in rates {
+                let _ = writeln!(out, "  {what} {:<22} {}/{}", r.name, r.passed, r.seeds);
             }
         }
         out
@@ -145,17 +147,20 @@ impl SweepSummary {
 }
 
 /// Adds one seed's pass/fail per name to `rates`, keeping first-seen order.
-fn tally(rates: &mut Vec<(String, PassRate)>, passes: Vec<(String, bool)>) {
+fn tally(rates: &mut Vec<PassRate>, passes: Vec<(String, bool)>) {
     for (name, passed) in passes {
-        let i = match rates.iter().position(|(n, _)| *n == name) {
+        let i = match rates.iter().position(|r| r.name == name) {
             Some(i) => i,
             None => {
-                rates.push((name, PassRate::default()));
+                rates.push(PassRate {
+                    name,
+                    ..PassRate::default()
+                });
                 rates.len() - 1
             }
         };
-        rates[i].1.seeds += 1;
-        rates[i].1.passed += u64::from(passed);
+        rates[i].seeds += 1;
+        rates[i].passed += u64::from(passed);
     }
 }
 
@@ -182,7 +187,7 @@ mod tests {
         let mut rates = Vec::new();
         tally(&mut rates, vec![("b".into(), true), ("a".into(), false)]);
         tally(&mut rates, vec![("b".into(), false), ("a".into(), false)]);
-        assert_eq!(rates[0], ("b".to_owned(), PassRate { passed: 1, seeds: 2 }));
-        assert_eq!(rates[1], ("a".to_owned(), PassRate { passed: 0, seeds: 2 }));
+        let got: Vec<(&str, u64, u64)> = rates.iter().map(|r| (r.name.as_str(), r.passed, r.seeds)).collect();
+        assert_eq!(got, [("b", 1, 2), ("a", 0, 2)]);
     }
 }
