@@ -36,11 +36,7 @@ fn check(path: &Path) {
         "{name}: invariants failed: {failed:?}\n{}",
         report.render(None)
     );
-    assert!(
-        !report.missed(),
-        "{name}: objectives missed\n{}",
-        report.render(None)
-    );
+    assert!(!report.missed(), "{name}: objectives missed\n{}", report.render(None));
 
     let again = simulate(&scenario, scenario.seed).unwrap();
     let (a, b) = (Trace::to_json_lines(&first.events), Trace::to_json_lines(&again.events));

@@ -321,7 +321,12 @@ fn sweep(path: &Path, seeds: &str, json: Option<PathBuf>, strict: bool) -> Outco
                 if !run.failed().is_empty() {
                     failing.push((seed, names(&run.failed())));
                 }
-                let missed: Vec<&str> = report.objectives.iter().filter(|o| o.missed()).map(|o| o.name).collect();
+                let missed: Vec<&str> = report
+                    .objectives
+                    .iter()
+                    .filter(|o| o.missed())
+                    .map(|o| o.name)
+                    .collect();
                 if !missed.is_empty() {
                     missing.push((seed, missed.join(", ")));
                 }

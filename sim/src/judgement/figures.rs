@@ -179,7 +179,11 @@ pub fn goodput_recovery(heal_us: Option<u64>, events: &[TraceEvent], end_us: u64
     let span = seconds + RECOVERY_WINDOW_S as usize;
     let (mut offered, mut ok) = (vec![0u64; span], vec![0u64; span]);
     let mut arrived: BTreeMap<(&str, u64), u64> = BTreeMap::new();
-    let bin = |t: u64| t.checked_sub(heal).map(|d| (d / 1_000_000) as usize).filter(|b| *b < span);
+    let bin = |t: u64| {
+        t.checked_sub(heal)
+            .map(|d| (d / 1_000_000) as usize)
+            .filter(|b| *b < span)
+    };
     for e in events {
         match &e.kind {
             Kind::Arrival { call, .. } => {
@@ -234,7 +238,13 @@ mod tests {
     }
 
     fn arrival(t_us: u64, call: u64) -> TraceEvent {
-        at(t_us, Kind::Arrival { call, tenant: tenant(1) })
+        at(
+            t_us,
+            Kind::Arrival {
+                call,
+                tenant: tenant(1),
+            },
+        )
     }
 
     fn end(t_us: u64, call: u64, outcome: CallOutcome, latency_ms: u64) -> TraceEvent {
@@ -308,7 +318,15 @@ mod tests {
             )
         };
         let request = || at(2, Kind::Request { server: "gpu".into() });
-        let events = vec![admitted(), admitted(), request(), request(), request(), request(), request()];
+        let events = vec![
+            admitted(),
+            admitted(),
+            request(),
+            request(),
+            request(),
+            request(),
+            request(),
+        ];
         assert_eq!(retry_amplification(&events), Some(2.5));
         assert_eq!(retry_amplification(&events[2..]), None);
     }
@@ -330,7 +348,13 @@ mod tests {
         // Heal at 10 s; calls fail up to and including 12 s, succeed from
         // 13 s. Windows of 5 s from the heal: [10,15) has 2 ok of 5, ...,
         // [13,18) has 5 of 5 — recovered 3 s after the heal.
-        let events = calls(0, 30, |s| if s <= 12 { CallOutcome::CircuitOpen } else { CallOutcome::Ok });
+        let events = calls(0, 30, |s| {
+            if s <= 12 {
+                CallOutcome::CircuitOpen
+            } else {
+                CallOutcome::Ok
+            }
+        });
         assert_eq!(
             goodput_recovery(Some(10_000_000), &events, 30_000_000),
             Recovery::Recovered { s: 3.0 }
@@ -346,7 +370,13 @@ mod tests {
     fn deferred_calls_are_not_offered_and_in_flight_calls_are_not_ok() {
         // Heal at 0; every call ok except those of seconds 0 and 1, which
         // the limiter deferred: the first window holds 3 offered, 3 ok.
-        let events = calls(0, 10, |s| if s < 2 { CallOutcome::RateLimited } else { CallOutcome::Ok });
+        let events = calls(0, 10, |s| {
+            if s < 2 {
+                CallOutcome::RateLimited
+            } else {
+                CallOutcome::Ok
+            }
+        });
         assert_eq!(
             goodput_recovery(Some(0), &events, 10_000_000),
             Recovery::Recovered { s: 0.0 }
@@ -382,12 +412,19 @@ mod tests {
             let bad2 = i % 10 == 2 || i % 10 == 3;
             for (v, bad) in [(&mut one, bad1), (&mut two, bad2)] {
                 v.push(arrival(t, i));
-                let o = if bad { CallOutcome::Failed("timeout") } else { CallOutcome::Ok };
+                let o = if bad {
+                    CallOutcome::Failed("timeout")
+                } else {
+                    CallOutcome::Ok
+                };
                 v.push(end(t + 1_000, i, o, 1));
             }
         }
         // [0,5): 19 ok of 20 = 95 % → recovered at 0.
-        assert_eq!(goodput_recovery(Some(0), &one, 10_000_000), Recovery::Recovered { s: 0.0 });
+        assert_eq!(
+            goodput_recovery(Some(0), &one, 10_000_000),
+            Recovery::Recovered { s: 0.0 }
+        );
         // Two failures in every 10 calls (2.5 s): every 5 s window holds
         // at least 3 failures of 20 → never.
         assert_eq!(goodput_recovery(Some(0), &two, 10_000_000), Recovery::NotRecovered);

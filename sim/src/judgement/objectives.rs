@@ -1,11 +1,10 @@
 //! Objectives: whether this configuration met its users' needs.
 //!
 //! Apart from the invariants (did the library keep its promises), a scenario
-//! may set targets in `[expect.objectives]`
-//! ([`Objectives`](crate::scenario::Objectives)). Each set target is compared
-//! with its figure ([`Figures`]) and gets a verdict: met, missed (with the
-//! measured value beside the target), or not applicable (with why). A missed
-//! objective makes `run` exit 5; a failed invariant still wins with 1.
+//! may set targets in `[expect.objectives]` ([`Objectives`]). Each set target
+//! is compared with its figure ([`Figures`]) and gets a verdict: met, missed
+//! (with the measured value beside the target), or not applicable (with why).
+//! A missed objective makes `run` exit 5; a failed invariant still wins with 1.
 
 use serde::Serialize;
 
@@ -66,7 +65,10 @@ fn compare(measured: f64, target: f64) -> Judged {
     if measured <= target {
         Judged::Met { measured }
     } else {
-        Judged::Missed { measured: Some(measured), why: None }
+        Judged::Missed {
+            measured: Some(measured),
+            why: None,
+        }
     }
 }
 
@@ -125,7 +127,11 @@ pub fn judge(objectives: &Objectives, figures: &Figures) -> Vec<ObjectiveVerdict
         out.push(ObjectiveVerdict {
             name: "amplification_max",
             target,
-            judged: or_na(figures.retry_amplification, target, "no call was admitted by the limiter"),
+            judged: or_na(
+                figures.retry_amplification,
+                target,
+                "no call was admitted by the limiter",
+            ),
         });
     }
     out
@@ -174,7 +180,13 @@ mod tests {
             ]
         );
         assert_eq!(v[0].judged, Judged::Met { measured: 4.0 });
-        assert_eq!(v[1].judged, Judged::Missed { measured: Some(7.0), why: None });
+        assert_eq!(
+            v[1].judged,
+            Judged::Missed {
+                measured: Some(7.0),
+                why: None
+            }
+        );
         // At the target is met.
         assert_eq!(v[2].judged, Judged::Met { measured: 0.1 });
         assert!(v[3].missed());
@@ -190,7 +202,10 @@ mod tests {
         let one = |r| judge(&o, &figures(r)).remove(0).judged;
         assert!(matches!(one(Recovery::NoFault), Judged::NotApplicable { why } if why.contains("no fault")));
         assert!(matches!(one(Recovery::TooLate), Judged::NotApplicable { .. }));
-        assert!(matches!(one(Recovery::NotRecovered), Judged::Missed { measured: None, .. }));
+        assert!(matches!(
+            one(Recovery::NotRecovered),
+            Judged::Missed { measured: None, .. }
+        ));
         assert!(matches!(one(Recovery::Recovered { s: 11.0 }), Judged::Missed { .. }));
     }
 }

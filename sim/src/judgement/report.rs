@@ -98,7 +98,11 @@ impl Report {
             time_to_recover_s: None,
             rate_limited: 0,
             checks: run.checks.clone(),
-            figures: Figures::new(scenario, events, u64::try_from(run.simulated.as_micros()).unwrap_or(u64::MAX)),
+            figures: Figures::new(
+                scenario,
+                events,
+                u64::try_from(run.simulated.as_micros()).unwrap_or(u64::MAX),
+            ),
             objectives: Vec::new(),
             replay: format!("redstring-sim run {path} --seed {}", run.seed),
         };
@@ -278,9 +282,7 @@ fn describe(o: &ObjectiveVerdict) -> String {
     let target = format!("target ≤ {}", o.target);
     match &o.judged {
         Judged::Met { measured } => format!("met — {} ({target})", round_ms(*measured)),
-        Judged::Missed {
-            measured: Some(m), ..
-        } => format!("MISSED — {} ({target})", round_ms(*m)),
+        Judged::Missed { measured: Some(m), .. } => format!("MISSED — {} ({target})", round_ms(*m)),
         Judged::Missed { why, .. } => format!("MISSED — {} ({target})", why.as_deref().unwrap_or("no figure")),
         Judged::NotApplicable { why } => format!("n/a ({why})"),
     }
