@@ -91,12 +91,19 @@ fn bad_objectives_are_refused_naming_the_field() {
 }
 
 #[test]
-fn a_bad_objective_exits_2_through_the_cli() {
-    let path = temp_file("bad.toml", &with_objectives("failed_fraction_max = 2"));
+fn a_bad_objective_exits_2_through_the_cli_naming_field_and_line() {
+    let path = temp_file(
+        "bad.toml",
+        &with_objectives("p99_latency_s = 1\nfailed_fraction_max = 2"),
+    );
     let out = bin().arg("run").arg(&path).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("expect.objectives.failed_fraction_max"), "{err}");
+    // SMALL takes 9 lines (the first empty); the header is line 10.
+    assert!(
+        err.contains("line 12: field `expect.objectives.failed_fraction_max`"),
+        "{err}"
+    );
 }
 
 #[test]

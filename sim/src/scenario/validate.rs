@@ -427,7 +427,13 @@ pub(crate) fn locate(text: &str, field: &str) -> Option<usize> {
     };
     let mut at: Option<usize> = None;
     let segments: Vec<&str> = field.split('.').collect();
+    // Segments already matched by a dotted table header (`[expect.objectives]`).
+    let mut skip = 0;
     for (n, segment) in segments.iter().enumerate() {
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
         let (name, index) = match segment.split_once('[') {
             Some((name, rest)) => (name, rest.trim_end_matches(']').parse::<usize>().ok()),
             None => (*segment, None),
@@ -441,7 +447,18 @@ pub(crate) fn locate(text: &str, field: &str) -> Option<usize> {
             }
             _ if !last => {
                 let header = format!("[{name}]");
-                (from..lines.len()).find(|&i| lines[i] == header)
+                (from..lines.len()).find(|&i| lines[i] == header).or_else(|| {
+                    // A dotted header naming this table and the ones below it.
+                    let tables = &segments[n..segments.len() - 1];
+                    let dotted = format!("[{}]", tables.join("."));
+                    let found = (tables.len() > 1 && !dotted[1..].contains('['))
+                        .then(|| (from..lines.len()).find(|&i| lines[i] == dotted))
+                        .flatten();
+                    if found.is_some() {
+                        skip = tables.len() - 1;
+                    }
+                    found
+                })
             }
             _ => None,
         };
