@@ -1,6 +1,7 @@
 //! Every shipped scenario: its invariants hold (or are violated only where the
-//! scenario says they may be), its report and compact trace match the reviewed
-//! snapshot, the same seed replays byte for byte, and another seed differs.
+//! scenario says they may be), the objectives it sets are met, its report and
+//! compact trace match the reviewed snapshot, the same seed replays byte for
+//! byte, and another seed differs.
 //!
 //! Review a changed snapshot with `cargo insta review` (or rerun with
 //! `INSTA_UPDATE=always` and read the diff) before committing it.
@@ -35,6 +36,7 @@ fn check(path: &Path) {
         "{name}: invariants failed: {failed:?}\n{}",
         report.render(None)
     );
+    assert!(!report.missed(), "{name}: objectives missed\n{}", report.render(None));
 
     let again = simulate(&scenario, scenario.seed).unwrap();
     let (a, b) = (Trace::to_json_lines(&first.events), Trace::to_json_lines(&again.events));
@@ -73,6 +75,7 @@ macro_rules! scenario_tests {
 scenario_tests! {
     cache_partition => "cache-partition.toml",
     container_restart => "container-restart.toml",
+    container_restart_objectives => "container-restart-objectives.toml",
     flaky_network => "flaky-network.toml",
     hosted_quota => "hosted-quota.toml",
     llama_swap_hold => "llama-swap-hold.toml",

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
-//! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50 [--strict]
+//! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50 [--json F] [--strict]
 //! redstring-sim check [scenarios/] [--strict]
 //! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--out scenarios/regressions]
 //! ```
@@ -16,7 +16,8 @@
 //! Exit codes: 0 every invariant held (or was expected not to), 1 an invariant
 //! failed, 2 a scenario (or bounds) file is unusable (or, under `--strict`,
 //! odd), 3 the simulation itself failed or ran over its work budget, 4 an
-//! output file could not be written.
+//! output file could not be written, 5 every invariant held but an objective
+//! (`[expect.objectives]`) was missed.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ use clap::{Parser, Subcommand};
 use redstring_sim::evidence::trace::Trace;
 use redstring_sim::judgement::plots;
 use redstring_sim::judgement::report::Report;
+use redstring_sim::judgement::sweep::SweepSummary;
 use redstring_sim::scenario::{Scenario, Warning, sanity};
 use redstring_sim::search::fuzz::{self, BOUNDS_DIR, Bounds};
 use redstring_sim::world::{Budget, simulate};
@@ -38,6 +40,8 @@ const INVARIANT_FAILED: u8 = 1;
 const BAD_SCENARIO: u8 = 2;
 const SIM_FAILED: u8 = 3;
 const IO_FAILED: u8 = 4;
+/// Every invariant held but an objective was missed.
+const OBJECTIVE_MISSED: u8 = 5;
 
 #[derive(Parser)]
 #[command(
@@ -79,6 +83,9 @@ enum Command {
         /// Seeds as `A..B` (B exclusive).
         #[arg(long, default_value = "1..21")]
         seeds: String,
+        /// Write the summary (distributions and pass rates) as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
         /// Refuse (exit 2) a scenario with any warning.
         #[arg(long)]
         strict: bool,
@@ -124,7 +131,8 @@ fn main() -> ExitCode {
             scenario,
             seeds,
             strict,
-        } => sweep(&scenario, &seeds, strict),
+            json,
+        } => sweep(&scenario, &seeds, json, strict),
         Command::Check { dir, strict } => check(&dir, strict),
         Command::Fuzz {
             bounds,
@@ -224,12 +232,15 @@ fn run(path: &Path, seed: Option<u64>, outputs: Result<Outputs, ExitCode>, stric
     })?;
     Outputs::write(outputs.trace, || Trace::to_json_lines(&run.events))?;
     Outputs::write(outputs.svg, || plots::render(&scenario, &run.events))?;
-    Ok(verdict(report.failed()))
+    Ok(verdict(report.failed(), report.missed()))
 }
 
-fn verdict(failed: bool) -> ExitCode {
+/// The exit code: a failed invariant wins over a missed objective.
+fn verdict(failed: bool, missed: bool) -> ExitCode {
     if failed {
         ExitCode::from(INVARIANT_FAILED)
+    } else if missed {
+        ExitCode::from(OBJECTIVE_MISSED)
     } else {
         ExitCode::SUCCESS
     }
@@ -281,8 +292,12 @@ fn names<T: std::fmt::Display>(items: &[T]) -> String {
     items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-fn sweep(path: &Path, seeds: &str, strict: bool) -> Outcome {
+fn sweep(path: &Path, seeds: &str, json: Option<PathBuf>, strict: bool) -> Outcome {
     let scenario = load(path, strict)?;
+    let json = match json {
+        Some(p) => Some(File::create(&p).map(|f| (p.clone(), f)).map_err(|e| io_failed(&p, e))?),
+        None => None,
+    };
     print!("{}", loads(&scenario));
     let Some((from, to)) = parse_range(seeds) else {
         eprintln!("error: --seeds must look like A..B with A < B, got {seeds:?}");
@@ -295,11 +310,28 @@ fn sweep(path: &Path, seeds: &str, strict: bool) -> Outcome {
         ExitCode::from(SIM_FAILED)
     })?;
     let bar = progress(to - from, "seeds");
+    let shown = path.display().to_string();
     let mut failing = Vec::new();
+    let mut missing = Vec::new();
+    let mut reports = Vec::new();
     for seed in from..to {
         match simulate(&scenario, seed) {
-            Ok(run) if !run.failed().is_empty() => failing.push((seed, names(&run.failed()))),
-            Ok(_) => {}
+            Ok(run) => {
+                let report = Report::new(&scenario, &shown, &run);
+                if !run.failed().is_empty() {
+                    failing.push((seed, names(&run.failed())));
+                }
+                let missed: Vec<&str> = report
+                    .objectives
+                    .iter()
+                    .filter(|o| o.missed())
+                    .map(|o| o.name)
+                    .collect();
+                if !missed.is_empty() {
+                    missing.push((seed, missed.join(", ")));
+                }
+                reports.push(report);
+            }
             Err(e) => failing.push((seed, format!("simulation failed: {e}"))),
         }
         bar.set_message(format!("{} failing", failing.len()));
@@ -308,12 +340,18 @@ fn sweep(path: &Path, seeds: &str, strict: bool) -> Outcome {
     bar.finish();
     println!("{} of {} seeds failed", failing.len(), to - from);
     for (seed, why) in &failing {
-        println!(
-            "  seed {seed}: {why}\n    replay: redstring-sim run {} --seed {seed}",
-            path.display()
-        );
+        println!("  seed {seed}: {why}\n    replay: redstring-sim run {shown} --seed {seed}");
     }
-    Ok(verdict(!failing.is_empty()))
+    if !missing.is_empty() {
+        println!("{} of {} seeds missed an objective", missing.len(), to - from);
+        for (seed, which) in &missing {
+            println!("  seed {seed}: missed {which}\n    replay: redstring-sim run {shown} --seed {seed}");
+        }
+    }
+    let summary = SweepSummary::new(&reports);
+    print!("{}", summary.render());
+    Outputs::write(json, || serde_json::to_string_pretty(&summary).unwrap_or_default())?;
+    Ok(verdict(!failing.is_empty(), !missing.is_empty()))
 }
 
 /// Every `*.toml` under `dir`, in subdirectories too (but not in fuzzer

@@ -14,7 +14,9 @@ use redstring::CircuitState;
 use serde::Serialize;
 
 use crate::evidence::trace::{DRIVER, Kind, TraceEvent};
+use crate::judgement::figures::Figures;
 use crate::judgement::invariants::{Check, Verdict};
+use crate::judgement::objectives::{self, Judged, ObjectiveVerdict};
 use crate::scenario::Scenario;
 use crate::world::Run;
 
@@ -63,6 +65,11 @@ pub struct Report {
     pub rate_limited: u64,
     /// The checkers' verdicts.
     pub checks: Vec<Check>,
+    /// The figures objectives are judged by.
+    pub figures: Figures,
+    /// The verdict on each objective the scenario sets (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub objectives: Vec<ObjectiveVerdict>,
     /// The command that replays this run.
     pub replay: String,
 }
@@ -91,6 +98,12 @@ impl Report {
             time_to_recover_s: None,
             rate_limited: 0,
             checks: run.checks.clone(),
+            figures: Figures::new(
+                scenario,
+                events,
+                u64::try_from(run.simulated.as_micros()).unwrap_or(u64::MAX),
+            ),
+            objectives: Vec::new(),
             replay: format!("redstring-sim run {path} --seed {}", run.seed),
         };
         let first_fault = scenario
@@ -134,17 +147,21 @@ impl Report {
             }
         }
         report.time_to_recover_s = last_close_after_fault;
+        report.objectives = objectives::judge(&scenario.expect.objectives, &report.figures);
         let ended: u64 = report.outcomes.values().sum();
         report.in_flight = report.arrivals.saturating_sub(ended);
-        if report.admitted_calls > 0 {
-            report.retry_amplification = round_ms(report.requests as f64 / report.admitted_calls as f64);
-        }
+        report.retry_amplification = report.figures.retry_amplification.map_or(0.0, round_ms);
         report
     }
 
     /// Whether any invariant failed (violated and not declared `may_violate`).
     pub fn failed(&self) -> bool {
         self.checks.iter().any(Check::failed)
+    }
+
+    /// Whether any objective was missed.
+    pub fn missed(&self) -> bool {
+        self.objectives.iter().any(ObjectiveVerdict::missed)
     }
 
     /// The report as text. `wall` adds how long the run took in real time.
@@ -218,6 +235,12 @@ impl Report {
             };
             let _ = writeln!(out, "  {:<22} {mark}{detail}{figure}", c.name);
         }
+        if !self.objectives.is_empty() {
+            let _ = writeln!(out, "\nobjectives:");
+            for o in &self.objectives {
+                let _ = writeln!(out, "  {:<22} {}", o.name, describe(o));
+            }
+        }
         let _ = writeln!(out, "\nreplay: {}", self.replay);
         out
     }
@@ -250,6 +273,18 @@ impl Report {
             let _ = writeln!(out, "{:>5}s {ok:>5} {failed:>5} {limited:>5} {requests:>5}", b * 10);
         }
         out
+    }
+}
+
+/// One objective's verdict as text: the verdict, then the figure beside the
+/// target.
+fn describe(o: &ObjectiveVerdict) -> String {
+    let target = format!("target ≤ {}", o.target);
+    match &o.judged {
+        Judged::Met { measured } => format!("met — {} ({target})", round_ms(*measured)),
+        Judged::Missed { measured: Some(m), .. } => format!("MISSED — {} ({target})", round_ms(*m)),
+        Judged::Missed { why, .. } => format!("MISSED — {} ({target})", why.as_deref().unwrap_or("no figure")),
+        Judged::NotApplicable { why } => format!("n/a ({why})"),
     }
 }
 

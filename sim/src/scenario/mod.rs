@@ -85,6 +85,42 @@ pub struct Expectations {
     /// figure, not a failure) — e.g. `rpm_per_window` for a caller-stamped fleet
     /// under skew.
     pub may_violate: BTreeSet<Invariant>,
+    /// What this configuration must achieve for its users (`[expect.objectives]`),
+    /// judged apart from the invariants.
+    #[serde(skip_serializing_if = "Objectives::is_empty")]
+    pub objectives: Objectives,
+}
+
+/// Targets a run must meet for this configuration to serve its users, apart
+/// from what the library promises. Every one is optional; each set one gets a
+/// verdict (see [`crate::judgement::objectives`]). The figures they are
+/// measured against are defined in [`crate::judgement::figures`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Objectives {
+    /// Most seconds from the end of the last fault until goodput is back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput_recovery_s: Option<f64>,
+    /// Most requests the model servers may receive while impaired.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub impaired_requests_max: Option<u64>,
+    /// Largest share (0 to 1) of calls, not counting those the limiter
+    /// deferred, that may end in an error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_fraction_max: Option<f64>,
+    /// Longest 99th-percentile latency of calls, seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_latency_s: Option<f64>,
+    /// Most requests per call admitted by the limiter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amplification_max: Option<f64>,
+}
+
+impl Objectives {
+    /// Whether no objective is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Objectives::default()
+    }
 }
 
 /// A scenario file that cannot be used.

@@ -14,6 +14,10 @@ use super::limits::{
 };
 use super::{Behaviour, CACHE_HOST, CacheKind, Fault, Scenario, ScenarioError};
 
+/// The largest `expect.objectives.amplification_max`: a call the limiter
+/// admitted sends at most its first attempt and [`MAX_RETRIES`] retries.
+const MAX_AMPLIFICATION: f64 = (MAX_RETRIES + 1) as f64;
+
 /// Builds the errors of one file.
 struct Errors<'f> {
     file: &'f str,
@@ -77,7 +81,26 @@ impl Scenario {
         if self.cache.kind == CacheKind::Shared {
             hosts.insert(CACHE_HOST.into());
         }
-        self.validate_faults(&errors, &hosts, &workers)
+        self.validate_faults(&errors, &hosts, &workers)?;
+        self.validate_objectives(&errors)
+    }
+
+    /// Objectives: finite, non-negative, within what a run can measure.
+    fn validate_objectives(&self, e: &Errors) -> Result<(), ScenarioError> {
+        let o = &self.expect.objectives;
+        let field = |name: &str| format!("expect.objectives.{name}");
+        let checks = [
+            ("goodput_recovery_s", o.goodput_recovery_s, MAX_SECONDS, " s"),
+            ("failed_fraction_max", o.failed_fraction_max, 1.0, ""),
+            ("p99_latency_s", o.p99_latency_s, MAX_SECONDS, " s"),
+            ("amplification_max", o.amplification_max, MAX_AMPLIFICATION, "×"),
+        ];
+        for (name, value, max, unit) in checks {
+            if let Some(v) = value {
+                e.within(&field(name), v, 0.0, max, unit)?;
+            }
+        }
+        Ok(())
     }
 
     fn validate_run(&self, e: &Errors) -> Result<(), ScenarioError> {
@@ -425,7 +448,13 @@ pub(crate) fn locate(text: &str, field: &str) -> Option<usize> {
     };
     let mut at: Option<usize> = None;
     let segments: Vec<&str> = field.split('.').collect();
+    // Segments already matched by a dotted table header (`[expect.objectives]`).
+    let mut skip = 0;
     for (n, segment) in segments.iter().enumerate() {
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
         let (name, index) = match segment.split_once('[') {
             Some((name, rest)) => (name, rest.trim_end_matches(']').parse::<usize>().ok()),
             None => (*segment, None),
@@ -439,7 +468,18 @@ pub(crate) fn locate(text: &str, field: &str) -> Option<usize> {
             }
             _ if !last => {
                 let header = format!("[{name}]");
-                (from..lines.len()).find(|&i| lines[i] == header)
+                (from..lines.len()).find(|&i| lines[i] == header).or_else(|| {
+                    // A dotted header naming this table and the ones below it.
+                    let tables = &segments[n..segments.len() - 1];
+                    let dotted = format!("[{}]", tables.join("."));
+                    let found = (tables.len() > 1 && !dotted[1..].contains('['))
+                        .then(|| (from..lines.len()).find(|&i| lines[i] == dotted))
+                        .flatten();
+                    if found.is_some() {
+                        skip = tables.len() - 1;
+                    }
+                    found
+                })
             }
             _ => None,
         };

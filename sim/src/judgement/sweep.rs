@@ -1,0 +1,193 @@
+//! A sweep's summary: how the figures spread across seeds, and how often each
+//! invariant held and each objective was met.
+//!
+//! One seed's report says what happened once; a configuration is judged by
+//! what happens across many. [`SweepSummary`] gathers the reports of the
+//! seeds that ran and gives, for every figure of [`Figures`](crate::judgement::figures::Figures), its
+//! distribution (min / median / p95 / max), and for every invariant and
+//! objective its pass rate.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::judgement::report::Report;
+
+/// How one figure spread across the seeds that measured it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Distribution {
+    /// Seeds that measured it (a seed with no fault has no recovery time).
+    pub seeds: u64,
+    /// The smallest value.
+    pub min: f64,
+    /// The median, by nearest rank.
+    pub median: f64,
+    /// The 95th percentile, by nearest rank.
+    pub p95: f64,
+    /// The largest value.
+    pub max: f64,
+}
+
+impl Distribution {
+    /// The distribution of `values`; `None` when there are none. NaNs sort
+    /// last (no figure is ever NaN).
+    pub fn of(mut values: Vec<f64>) -> Option<Distribution> {
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let rank = |p: usize| values[(n * p).div_ceil(100).max(1) - 1];
+        (n > 0).then(|| Distribution {
+            seeds: n as u64,
+            min: values[0],
+            median: rank(50),
+            p95: rank(95),
+            max: values[n - 1],
+        })
+    }
+}
+
+/// How often one invariant or objective passed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PassRate {
+    /// The invariant or objective.
+    pub name: String,
+    /// Seeds where it passed: an invariant did not fail (held, not
+    /// applicable, or violated where the scenario allows it); an objective
+    /// was not missed (met, or not applicable).
+    pub passed: u64,
+    /// Seeds where it was judged (every seed that ran).
+    pub seeds: u64,
+}
+
+/// The summary of a sweep.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SweepSummary {
+    /// Seeds whose simulation ran to the end.
+    pub seeds: u64,
+    /// Per figure (named as in [`Figures`](crate::judgement::figures::Figures)), its distribution; figures no
+    /// seed measured are left out.
+    pub figures: BTreeMap<&'static str, Distribution>,
+    /// Per invariant, in the registry's order.
+    pub invariants: Vec<PassRate>,
+    /// Per objective the scenario sets, in [`Objectives`](crate::scenario::Objectives) order.
+    pub objectives: Vec<PassRate>,
+}
+
+impl SweepSummary {
+    /// The summary of `reports`, one per seed that ran.
+    pub fn new(reports: &[Report]) -> SweepSummary {
+        let mut values: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+        let mut summary = SweepSummary {
+            seeds: reports.len() as u64,
+            ..SweepSummary::default()
+        };
+        for r in reports {
+            let f = &r.figures;
+            let named = [
+                ("latency_p50_s", f.latency_p50_s),
+                ("latency_p95_s", f.latency_p95_s),
+                ("latency_p99_s", f.latency_p99_s),
+                ("failed_fraction", f.failed_fraction),
+                ("impaired_requests", Some(f.impaired_requests as f64)),
+                ("retry_amplification", f.retry_amplification),
+                ("goodput_recovery_s", f.goodput_recovery.seconds()),
+            ];
+            for (name, v) in named {
+                if let Some(v) = v {
+                    values.entry(name).or_default().push(v);
+                }
+            }
+            let passes = r
+                .checks
+                .iter()
+                .map(|c| (c.name.to_string(), !c.failed()))
+                .collect::<Vec<_>>();
+            tally(&mut summary.invariants, passes);
+            let passes = r.objectives.iter().map(|o| (o.name.to_owned(), !o.missed())).collect();
+            tally(&mut summary.objectives, passes);
+        }
+        summary.figures = values
+            .into_iter()
+            .filter_map(|(k, v)| Distribution::of(v).map(|d| (k, d)))
+            .collect();
+        summary
+    }
+
+    /// The summary as text, as `sweep` prints it.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "\ndistribution over {} seeds (min / median / p95 / max):",
+            self.seeds
+        );
+        for (name, d) in &self.figures {
+            let partial = if d.seeds < self.seeds {
+                format!("  ({} of {} seeds)", d.seeds, self.seeds)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "  {name:<22} {} / {} / {} / {}{partial}",
+                round(d.min),
+                round(d.median),
+                round(d.p95),
+                round(d.max)
+            );
+        }
+        let _ = writeln!(out, "pass rate:");
+        for (what, rates) in [("invariant", &self.invariants), ("objective", &self.objectives)] {
+            for r in rates {
+                let _ = writeln!(out, "  {what} {:<22} {}/{}", r.name, r.passed, r.seeds);
+            }
+        }
+        out
+    }
+}
+
+/// Adds one seed's pass/fail per name to `rates`, keeping first-seen order.
+fn tally(rates: &mut Vec<PassRate>, passes: Vec<(String, bool)>) {
+    for (name, passed) in passes {
+        let i = match rates.iter().position(|r| r.name == name) {
+            Some(i) => i,
+            None => {
+                rates.push(PassRate {
+                    name,
+                    ..PassRate::default()
+                });
+                rates.len() - 1
+            }
+        };
+        rates[i].seeds += 1;
+        rates[i].passed += u64::from(passed);
+    }
+}
+
+fn round(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distribution_is_nearest_rank() {
+        let d = Distribution::of((1..=20).rev().map(f64::from).collect()).unwrap();
+        // 20 values 1..=20: median rank 10, p95 rank 19.
+        assert_eq!((d.seeds, d.min, d.median, d.p95, d.max), (20, 1.0, 10.0, 19.0, 20.0));
+        let one = Distribution::of(vec![3.5]).unwrap();
+        assert_eq!((one.min, one.median, one.p95, one.max), (3.5, 3.5, 3.5, 3.5));
+        assert_eq!(Distribution::of(Vec::new()), None);
+    }
+
+    #[test]
+    fn tally_counts_passes_per_name_in_first_seen_order() {
+        let mut rates = Vec::new();
+        tally(&mut rates, vec![("b".into(), true), ("a".into(), false)]);
+        tally(&mut rates, vec![("b".into(), false), ("a".into(), false)]);
+        let got: Vec<(&str, u64, u64)> = rates.iter().map(|r| (r.name.as_str(), r.passed, r.seeds)).collect();
+        assert_eq!(got, [("b", 1, 2), ("a", 0, 2)]);
+    }
+}
