@@ -9,7 +9,7 @@
 mod redis_support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis_support::tls::{ClientAuth, TlsServer, pki_only};
 use redis_support::{bounded, wait};
@@ -104,10 +104,12 @@ async fn plain_tcp_to_the_tls_port_fails_unavailable_within_the_operation_timeou
     let cache = builder
         .build_from_url(&format!("redis://127.0.0.1:{}", server.port()))
         .unwrap();
-    let started = Instant::now();
-    let reason = unavailable(bounded(cache.get("k")).await);
-    let took = started.elapsed();
-    assert!(took <= limit + Duration::from_millis(500), "took {took:?}: {reason}");
+    // Not a hang: the answer comes within the operation timeout (plus slack).
+    let reason = unavailable(
+        tokio::time::timeout(limit + Duration::from_millis(500), cache.get("k"))
+            .await
+            .expect("a plain connection to the TLS port hung past the operation timeout"),
+    );
     assert!(
         reason.contains(&format!("redis://127.0.0.1:{}", server.port())),
         "{reason}"
