@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use redstring::cache::redis::RedisCache;
 
+#[cfg(feature = "redis-tls")]
+pub mod tls;
+
 /// A running (or stopped, between `kill` and `restart`) redis-server.
 pub struct RedisServer {
     dir: tempfile::TempDir,

@@ -146,6 +146,29 @@
 //! output: the adapter describes its server by a redacted URL and scrubs the
 //! password from any text the redis crate produces.
 //!
+//! # TLS
+//!
+//! With the `redis-tls` feature, `rediss://` URLs connect over TLS (rustls,
+//! ring), verifying the server's certificate and name against the platform's
+//! root certificates. For a server a private CA signed,
+//! [`tls_ca_file`](RedisCacheBuilder::tls_ca_file) trusts that CA's PEM file
+//! instead; for a server that requires client certificates (mutual TLS),
+//! [`tls_client_cert`](RedisCacheBuilder::tls_client_cert) presents a PEM
+//! certificate and key. The files are read and checked when the cache is
+//! built: an unreadable file, or one without a certificate or key, is a
+//! [`ConfigError`] naming the builder option and the file, and so are TLS
+//! files with a plain `redis://` URL and a `#insecure` URL (verification is
+//! never skipped). Without the feature a `rediss://` URL is a `ConfigError`
+//! saying which feature it needs. If no rustls crypto provider is installed
+//! for the process, building a `rediss://` cache installs ring's.
+//!
+//! A failed handshake is [`CacheError::Unavailable`] on the operation that
+//! tried to connect, with rustls's reason (`invalid peer certificate:
+//! UnknownIssuer`, `received fatal alert: CertificateRequired`); a plain
+//! `redis://` client pointed at a TLS port fails the same way (the server
+//! resets the connection), within the operation timeout. Only file paths are
+//! kept and printed, never what the files hold.
+//!
 //! # Ownership
 //!
 //! [`RedisCache::from_url`] owns its connection; [`close`](Cache::close)
@@ -172,13 +195,15 @@
 //! ```
 
 mod scripts;
+#[cfg(feature = "redis-tls")]
+mod tls;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ::redis::aio::ConnectionManagerConfig;
-use ::redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind};
+use ::redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
 
 use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
 use crate::breaker::machine::{
@@ -205,16 +230,24 @@ pub const DEFAULT_RECONNECT_RETRIES: usize = 2;
 /// (`common.lua`'s `read_string`), followed by the type.
 const WRONG_TYPE_MARKER: &str = "WRONGTYPE: ";
 
+/// What a `rediss://` URL is told without the `redis-tls` feature.
+#[cfg_attr(feature = "redis-tls", allow(dead_code))]
+const NO_TLS: &str = "a redis:// or unix:// URL (rediss:// needs the `redis-tls` feature)";
+
 /// The largest instant or duration, in µs, a Lua number holds exactly (2^53).
 const MAX_EXACT_MICROS: u64 = 1 << 53;
 
-/// Configures a [`RedisCache`]: timeouts, reconnection and the time source.
+/// Configures a [`RedisCache`]: timeouts, reconnection, the time source and
+/// (feature `redis-tls`) the TLS files. Its `Debug` shows file paths, never
+/// their contents.
 #[derive(Clone, Debug)]
 pub struct RedisCacheBuilder {
     connect_timeout: Duration,
     response_timeout: Duration,
     reconnect_retries: usize,
     time_source: TimeSource,
+    #[cfg(feature = "redis-tls")]
+    tls: tls::TlsFiles,
 }
 
 impl Default for RedisCacheBuilder {
@@ -224,6 +257,8 @@ impl Default for RedisCacheBuilder {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             reconnect_retries: DEFAULT_RECONNECT_RETRIES,
             time_source: TimeSource::default(),
+            #[cfg(feature = "redis-tls")]
+            tls: tls::TlsFiles::default(),
         }
     }
 }
@@ -256,6 +291,28 @@ impl RedisCacheBuilder {
         self
     }
 
+    /// Trusts the CA certificates in the PEM file at `path` instead of the
+    /// platform's roots, for a server whose certificate a private CA signed
+    /// (feature `redis-tls`; needs a `rediss://` URL). The file is read when
+    /// the cache is built; an unreadable file, or one without a certificate,
+    /// is a [`ConfigError`] for `tls_ca_file` naming it.
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.ca_file = Some(path.into());
+        self
+    }
+
+    /// Presents the PEM certificate chain at `cert` and the PEM private key at
+    /// `key` to a server that requires client certificates (mutual TLS;
+    /// feature `redis-tls`; needs a `rediss://` URL). Read when the cache is
+    /// built; a bad file is a [`ConfigError`] for `tls_client_cert` or
+    /// `tls_client_key` naming it, never showing what it holds.
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_client_cert(mut self, cert: impl Into<std::path::PathBuf>, key: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.client = Some((cert.into(), key.into()));
+        self
+    }
+
     /// The bound on any one operation: `connect_timeout + response_timeout`
     /// (a first operation may have to connect before it can ask).
     pub fn operation_timeout(&self) -> Duration {
@@ -263,13 +320,23 @@ impl RedisCacheBuilder {
     }
 
     /// A cache that owns a new connection to `url` (`redis://[user][:password@]host[:port][/db]`,
-    /// `rediss://` is not enabled, `unix:///path?pass=…`). Returns at once; the
+    /// `unix:///path?pass=…`, and with feature `redis-tls`
+    /// `rediss://[user][:password@]host[:port][/db]`). Returns at once; the
     /// connection is made by the first operation. Must be called from within a
     /// Tokio runtime, and the cache used on one with its timer enabled (every
     /// operation is bounded by `tokio::time::timeout`). The error never
     /// contains the password.
     pub fn build_from_url(self, url: &str) -> Result<RedisCache, ConfigError> {
-        let client = Client::open(url).map_err(|_| ConfigError::new("url", "a valid Redis URL", redact_raw(url)))?;
+        let info = url.into_connection_info().map_err(|_| {
+            let tls_scheme = url.starts_with("rediss:") || url.starts_with("valkeys:");
+            let expected = if tls_scheme && cfg!(not(feature = "redis-tls")) {
+                NO_TLS
+            } else {
+                "a valid Redis URL"
+            };
+            ConfigError::new("url", expected, redact_raw(url))
+        })?;
+        let client = self.client(info)?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(ConfigError::new(
                 "url",
@@ -298,6 +365,46 @@ impl RedisCacheBuilder {
             )
         })?;
         Ok(RedisCache::assemble(self, manager, true, target, secret))
+    }
+
+    /// The client for `info`, with this builder's TLS files when it has any.
+    #[cfg(feature = "redis-tls")]
+    fn client(&self, info: ConnectionInfo) -> Result<Client, ConfigError> {
+        let invalid = |info: &ConnectionInfo| ConfigError::new("url", "a valid Redis URL", describe(info));
+        let insecure = match info.addr() {
+            ConnectionAddr::TcpTls { insecure, .. } => *insecure,
+            _ if self.tls.is_empty() => return Client::open(info.clone()).map_err(|_| invalid(&info)),
+            _ => {
+                return Err(ConfigError::new(
+                    "url",
+                    "a rediss:// URL when a TLS CA file or client certificate is set",
+                    describe(&info),
+                ));
+            }
+        };
+        if insecure {
+            return Err(ConfigError::new(
+                "url",
+                "a rediss:// URL that verifies the server (`#insecure` is not supported)",
+                describe(&info),
+            ));
+        }
+        tls::ensure_crypto_provider();
+        if self.tls.is_empty() {
+            return Client::open(info.clone()).map_err(|_| invalid(&info));
+        }
+        let certificates = self.tls.load()?;
+        Client::build_with_tls(info.clone(), certificates)
+            .map_err(|_| ConfigError::new("url", "a usable TLS configuration", describe(&info)))
+    }
+
+    /// The client for `info` (`rediss://` needs feature `redis-tls`).
+    #[cfg(not(feature = "redis-tls"))]
+    fn client(&self, info: ConnectionInfo) -> Result<Client, ConfigError> {
+        if matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+            return Err(ConfigError::new("url", NO_TLS, describe(&info)));
+        }
+        Client::open(info.clone()).map_err(|_| ConfigError::new("url", "a valid Redis URL", describe(&info)))
     }
 
     /// A cache over the caller's connection, which it does not own: `close`
@@ -1044,6 +1151,14 @@ mod tests {
         assert_eq!(window_key("a{b"), "{a{b}:hits");
         assert_eq!(window_key("a}b"), "a}b:hits");
         assert_eq!(window_key("{}x"), "{}x:hits");
+    }
+
+    #[cfg(not(feature = "redis-tls"))]
+    #[test]
+    fn a_tls_url_without_the_feature_says_which_feature() {
+        let e = RedisCache::from_url("rediss://:hunter2@127.0.0.1:6380").unwrap_err();
+        assert_eq!((e.field, e.expected), ("url", NO_TLS));
+        assert!(!e.to_string().contains("hunter2"), "{e}");
     }
 
     #[test]
