@@ -17,7 +17,7 @@
 //! failed, 2 a scenario (or bounds) file is unusable (or, under `--strict`,
 //! odd), 3 the simulation itself failed or ran over its work budget, 4 an
 //! output file could not be written, 5 every invariant held but an objective
-//! (`[expect.objectives]`) was missed.
+//! (`[objectives]`) was missed.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! Objectives end to end: `[expect.objectives]` is parsed and validated with
+//! Objectives end to end: `[objectives]` is parsed and validated with
 //! errors naming the field, each set objective gets a verdict in the report
 //! and its JSON, `run` exits 5 when one is missed (1 still wins when an
 //! invariant fails), and `sweep` prints each figure's distribution and each
@@ -32,9 +32,9 @@ servers = ["gpu"]
 tenants = [{ id = 1, calls_per_min = 30 }]
 "#;
 
-/// `SMALL` with `[expect.objectives]` holding `lines`.
+/// `SMALL` with `[objectives]` holding `lines`.
 fn with_objectives(lines: &str) -> String {
-    format!("{SMALL}[expect.objectives]\n{lines}\n")
+    format!("{SMALL}[objectives]\n{lines}\n")
 }
 
 fn invalid_field(text: &str) -> String {
@@ -51,9 +51,9 @@ fn objectives_parse_and_round_trip() {
         &with_objectives("p99_latency_s = 2.5\nimpaired_requests_max = 3"),
     )
     .unwrap();
-    assert_eq!(s.expect.objectives.p99_latency_s, Some(2.5));
-    assert_eq!(s.expect.objectives.impaired_requests_max, Some(3));
-    assert_eq!(s.expect.objectives.failed_fraction_max, None);
+    assert_eq!(s.objectives.p99_latency_s, Some(2.5));
+    assert_eq!(s.objectives.impaired_requests_max, Some(3));
+    assert_eq!(s.objectives.failed_fraction_max, None);
     assert_eq!(Scenario::parse("again.toml", &s.to_toml()).unwrap(), s);
     // No objectives: nothing written back.
     let plain = Scenario::parse("o.toml", SMALL).unwrap();
@@ -64,19 +64,19 @@ fn objectives_parse_and_round_trip() {
 fn bad_objectives_are_refused_naming_the_field() {
     assert_eq!(
         invalid_field(&with_objectives("failed_fraction_max = 1.5")),
-        "expect.objectives.failed_fraction_max"
+        "objectives.failed_fraction_max"
     );
     assert_eq!(
         invalid_field(&with_objectives("p99_latency_s = -1")),
-        "expect.objectives.p99_latency_s"
+        "objectives.p99_latency_s"
     );
     assert_eq!(
         invalid_field(&with_objectives("goodput_recovery_s = nan")),
-        "expect.objectives.goodput_recovery_s"
+        "objectives.goodput_recovery_s"
     );
     assert_eq!(
         invalid_field(&with_objectives("amplification_max = inf")),
-        "expect.objectives.amplification_max"
+        "objectives.amplification_max"
     );
     // Unknown and mistyped fields are parse errors naming the field.
     for (text, field) in [
@@ -100,10 +100,7 @@ fn a_bad_objective_exits_2_through_the_cli_naming_field_and_line() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     // SMALL takes 9 lines (the first empty); the header is line 10.
-    assert!(
-        err.contains("line 12: field `expect.objectives.failed_fraction_max`"),
-        "{err}"
-    );
+    assert!(err.contains("line 12: field `objectives.failed_fraction_max`"), "{err}");
 }
 
 #[test]
@@ -186,7 +183,7 @@ tenants = [{ id = 1, calls_per_min = 30 }]
 kind = "crash"
 at_s = 10
 server = "gpu"
-[expect.objectives]
+[objectives]
 goodput_recovery_s = 60
 "#;
     let path = temp_file("crashed.toml", crashed);

@@ -1,7 +1,7 @@
 //! Objectives: whether this configuration met its users' needs.
 //!
 //! Apart from the invariants (did the library keep its promises), a scenario
-//! may set targets in `[expect.objectives]` ([`Objectives`]). Each set target
+//! may set targets in `[objectives]` ([`Objectives`]). Each set target
 //! is compared with its figure ([`Figures`]) and gets a verdict: met, missed
 //! (with the measured value beside the target), or not applicable (with why).
 //! A missed objective makes `run` exit 5; a failed invariant still wins with 1.

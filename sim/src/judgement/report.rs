@@ -147,7 +147,7 @@ impl Report {
             }
         }
         report.time_to_recover_s = last_close_after_fault;
-        report.objectives = objectives::judge(&scenario.expect.objectives, &report.figures);
+        report.objectives = objectives::judge(&scenario.objectives, &report.figures);
         let ended: u64 = report.outcomes.values().sum();
         report.in_flight = report.arrivals.saturating_sub(ended);
         report.retry_amplification = report.figures.retry_amplification.map_or(0.0, round_ms);

@@ -75,6 +75,10 @@ pub struct Scenario {
     /// Which invariants this scenario expects to see violated.
     #[serde(default)]
     pub expect: Expectations,
+    /// What this configuration must achieve for its users (`[objectives]`),
+    /// judged apart from the invariants.
+    #[serde(default, skip_serializing_if = "Objectives::is_empty")]
+    pub objectives: Objectives,
 }
 
 /// Declared expectations about the invariants.
@@ -85,10 +89,6 @@ pub struct Expectations {
     /// figure, not a failure) — e.g. `rpm_per_window` for a caller-stamped fleet
     /// under skew.
     pub may_violate: BTreeSet<Invariant>,
-    /// What this configuration must achieve for its users (`[expect.objectives]`),
-    /// judged apart from the invariants.
-    #[serde(skip_serializing_if = "Objectives::is_empty")]
-    pub objectives: Objectives,
 }
 
 /// Targets a run must meet for this configuration to serve its users, apart

@@ -14,7 +14,7 @@ use super::limits::{
 };
 use super::{Behaviour, CACHE_HOST, CacheKind, Fault, Scenario, ScenarioError};
 
-/// The largest `expect.objectives.amplification_max`: a call the limiter
+/// The largest `objectives.amplification_max`: a call the limiter
 /// admitted sends at most its first attempt and [`MAX_RETRIES`] retries.
 const MAX_AMPLIFICATION: f64 = (MAX_RETRIES + 1) as f64;
 
@@ -87,8 +87,8 @@ impl Scenario {
 
     /// Objectives: finite, non-negative, within what a run can measure.
     fn validate_objectives(&self, e: &Errors) -> Result<(), ScenarioError> {
-        let o = &self.expect.objectives;
-        let field = |name: &str| format!("expect.objectives.{name}");
+        let o = &self.objectives;
+        let field = |name: &str| format!("objectives.{name}");
         let checks = [
             ("goodput_recovery_s", o.goodput_recovery_s, MAX_SECONDS, " s"),
             ("failed_fraction_max", o.failed_fraction_max, 1.0, ""),
@@ -448,7 +448,7 @@ pub(crate) fn locate(text: &str, field: &str) -> Option<usize> {
     };
     let mut at: Option<usize> = None;
     let segments: Vec<&str> = field.split('.').collect();
-    // Segments already matched by a dotted table header (`[expect.objectives]`).
+    // Segments already matched by a dotted table header (`[cache.clock]`).
     let mut skip = 0;
     for (n, segment) in segments.iter().enumerate() {
         if skip > 0 {

@@ -699,6 +699,7 @@ fn build(
         workers: fleet(&shape, &clocks, &tenants),
         faults,
         expect: Expectations::default(),
+        objectives: Default::default(),
     };
     scenario.expect.may_violate = claimed_exceptions(&scenario);
     scenario
