@@ -1,25 +1,46 @@
 //! `MemoryCache`: the in-process adapter, and the default.
 //!
 //! It is not a test double: one process with a `MemoryCache` limits and breaks
-//! correctly. Its only limitation is that processes cannot share it. All state
-//! sits behind one mutex, so each atomic operation is one critical section and
-//! racing tasks in one process see exactly the answers a single caller would.
+//! correctly. Its only limitation is that processes cannot share it.
+//!
+//! # Exactness and sharding
+//!
+//! The keys are split over [`SHARDS`] shards, each behind its own mutex, so
+//! tenants on different shards never wait for each other. A key that begins
+//! with a **hash tag** (`{…}`, as a breaker's four keys `{prefix}:state`, …
+//! do, so that Redis Cluster puts them in one slot) lives on one shard with
+//! every other tagged key; every other key — a limiter's `{prefix}:{tenant}`
+//! is `kg:ratelimit:…` — is placed by its hash over the rest. Telling them
+//! apart costs one byte, and a breaker's step finds its four keys together
+//! without hashing any of them. Every operation locks the shards its keys
+//! live on (one, for every key the crate builds), so each atomic operation is
+//! still one critical section for its keys and racing tasks in one process see
+//! exactly the answers a single caller would.
+//!
+//! # Time and memory
 //!
 //! TTLs are measured on the injected [`Clock`] — never on the OS — so simulated
-//! time and TTL time agree. Expired entries are dropped when touched and swept
-//! in bulk once the number of operations since the last sweep exceeds the
-//! number of live keys, so memory stays bounded by live tenants × rpm and idle
-//! tenants go away.
+//! time and TTL time agree. Expired entries are dropped when touched, and a
+//! shard is swept in bulk once its operations since its last sweep exceed
+//! [`SWEEP_SLACK`] plus its live keys; every such sweep also sweeps the next
+//! shard in turn, so a shard nobody touches is swept too. Memory therefore
+//! stays bounded by live tenants × their hits (a limiter's tenant holds at most
+//! the hits of one series lifetime, about `2 × rpm`; see
+//! [`RateLimiter`](crate::RateLimiter)), and idle tenants go away.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+mod breaker;
+mod series;
+
+use std::collections::HashMap;
+use std::hash::Hasher as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
+use series::Series;
+
 use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
-use crate::breaker::machine::{
-    self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, BreakerView, FailuresWrite,
-    ProbeLeases, StoredState, Write,
-};
+use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use crate::clock::{Clock, SystemClock};
 use crate::error::CacheError;
 use crate::limiter::{SlotOutcome, clamp_stamp, decide};
@@ -30,7 +51,19 @@ use crate::time::Timestamp;
 /// simulator's byte-for-byte determinism needs that).
 type Map<V> = HashMap<String, V, rustc_hash::FxBuildHasher>;
 
-/// The in-process [`Cache`]: every capability of the port, behind one mutex.
+/// How many shards a cache splits untagged keys (a limiter's tenants) over.
+const HASHED: usize = 32;
+
+/// The shard every key that begins with `{` lives on.
+const TAGGED: usize = 0;
+
+/// How many shards a cache has: one for tagged keys, [`HASHED`] for the rest.
+pub const SHARDS: usize = 1 + HASHED;
+
+/// Operations a shard takes beyond its live keys before it is swept.
+pub const SWEEP_SLACK: usize = 16;
+
+/// The in-process [`Cache`]: every capability of the port, over sharded maps.
 ///
 /// Cheap to clone; clones share one store.
 #[derive(Clone)]
@@ -41,8 +74,16 @@ pub struct MemoryCache {
 struct Shared {
     clock: Arc<dyn Clock>,
     time_source: TimeSource,
-    state: Mutex<State>,
+    shards: Box<[Shard]>,
+    /// The shard the next sweep visits besides its own.
+    sweep_next: AtomicUsize,
 }
+
+/// One shard on a cache line of its own, so two cores working on two shards
+/// never contend for one line.
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard(Mutex<State>);
 
 #[derive(Default)]
 struct State {
@@ -62,20 +103,20 @@ enum Value {
     Int(i64),
 }
 
-struct Series {
-    /// Hit instants, ascending.
-    hits: VecDeque<Timestamp>,
-    deadline: Timestamp,
-}
-
 impl std::fmt::Debug for MemoryCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = self.lock();
+        let (mut values, mut windows, mut closed) = (0, 0, false);
+        for shard in self.shared.shards.iter() {
+            let state = lock(shard);
+            values += state.values.len();
+            windows += state.windows.len();
+            closed |= state.closed;
+        }
         f.debug_struct("MemoryCache")
             .field("time_source", &self.shared.time_source)
-            .field("values", &state.values.len())
-            .field("windows", &state.windows.len())
-            .field("closed", &state.closed)
+            .field("values", &values)
+            .field("windows", &windows)
+            .field("closed", &closed)
             .finish()
     }
 }
@@ -85,6 +126,25 @@ impl Default for MemoryCache {
     fn default() -> Self {
         Self::new(Arc::new(SystemClock))
     }
+}
+
+fn lock(shard: &Shard) -> MutexGuard<'_, State> {
+    // A panic while holding the lock cannot leave the maps half-updated in a
+    // way later operations misread, so a poisoned lock is still usable.
+    shard.0.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The shard `key` lives on: keys that begin with a hash tag (`{…}`, as a
+/// breaker's do) share the first shard; every other key is placed by its hash
+/// over the rest.
+fn shard_of(key: &str) -> usize {
+    if key.starts_with('{') {
+        return TAGGED;
+    }
+    let mut hasher = rustc_hash::FxHasher::default();
+    hasher.write(key.as_bytes());
+    // The high bits mix best.
+    1 + (hasher.finish() >> (u64::BITS - HASHED.trailing_zeros())) as usize
 }
 
 impl MemoryCache {
@@ -105,7 +165,8 @@ impl MemoryCache {
             shared: Arc::new(Shared {
                 clock,
                 time_source,
-                state: Mutex::new(State::default()),
+                shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+                sweep_next: AtomicUsize::new(0),
             }),
         }
     }
@@ -114,77 +175,63 @@ impl MemoryCache {
     /// spent on. Expired entries still waiting for a sweep are not counted.
     pub fn len(&self) -> (usize, usize) {
         let now = self.shared.clock.now();
-        let state = self.lock();
-        let values = state.values.values().filter(|e| e.live(now)).count();
-        let windows = state.windows.values().filter(|s| s.deadline > now).count();
+        let (mut values, mut windows) = (0, 0);
+        for shard in self.shared.shards.iter() {
+            let state = lock(shard);
+            values += state.values.values().filter(|e| e.live(now)).count();
+            windows += state.windows.values().filter(|s| s.deadline > now).count();
+        }
         (values, windows)
     }
 
     /// Total hits held across every window (bounded by live tenants × rpm × 2).
     pub fn stored_hits(&self) -> usize {
-        self.lock().windows.values().map(|s| s.hits.len()).sum()
+        self.shared
+            .shards
+            .iter()
+            .map(|shard| lock(shard).windows.values().map(Series::len).sum::<usize>())
+            .sum()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the maps half-updated in a
-        // way later operations misread, so a poisoned lock is still usable.
-        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// Locks `key`'s shard, checks the cache is open, and sweeps if due.
+    fn open(&self, key: &str, now: Timestamp) -> Result<MutexGuard<'_, State>, CacheError> {
+        self.open_shard(shard_of(key), now)
     }
 
-    /// Locks, checks the cache is open, and sweeps if due.
-    fn open(&self, now: Timestamp) -> Result<MutexGuard<'_, State>, CacheError> {
-        let mut state = self.lock();
+    #[inline]
+    fn open_shard(&self, index: usize, now: Timestamp) -> Result<MutexGuard<'_, State>, CacheError> {
+        let mut state = lock(&self.shared.shards[index]);
         if state.closed {
             return Err(CacheError::Closed);
         }
         state.ops_since_sweep += 1;
-        if state.ops_since_sweep > 64 + state.values.len() + state.windows.len() {
+        if state.ops_since_sweep > SWEEP_SLACK + state.values.len() + state.windows.len() {
             state.sweep(now);
+            self.sweep_another(index, now);
         }
         Ok(state)
+    }
+
+    /// Sweeps the next shard in turn (not `holding`, whose lock is held), if
+    /// nobody is using it: a busy shard sweeps itself.
+    fn sweep_another(&self, holding: usize, now: Timestamp) {
+        let next = self.shared.sweep_next.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        if next == holding {
+            return;
+        }
+        let other = match self.shared.shards[next].0.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        let mut other = other;
+        other.sweep(now);
     }
 
     fn stamp(&self, caller_now: Timestamp, clock_now: Timestamp) -> Timestamp {
         match self.shared.time_source {
             TimeSource::Caller => caller_now,
             TimeSource::Store => clock_now,
-        }
-    }
-}
-
-impl Series {
-    fn first(at: Timestamp, ttl: Duration, now: Timestamp) -> Series {
-        Series {
-            hits: VecDeque::from([at]),
-            deadline: now.saturating_add(ttl),
-        }
-    }
-
-    /// Index of the first hit at or after `since`.
-    fn start(&self, since: Timestamp) -> usize {
-        self.hits.partition_point(|h| *h < since)
-    }
-
-    /// Adds a hit at `at`, extends the series' life to `ttl` from `now`, and
-    /// drops hits more than `ttl` older than `now` — the store's clock, never
-    /// the newest stamp, so one caller's far-future stamp cannot prune
-    /// everyone else's hits.
-    fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) {
-        if self.hits.back().is_none_or(|last| *last <= at) {
-            self.hits.push_back(at);
-        } else {
-            let pos = self.hits.partition_point(|h| *h <= at);
-            self.hits.insert(pos, at);
-        }
-        let deadline = now.saturating_add(ttl);
-        self.deadline = if self.deadline <= now {
-            deadline
-        } else {
-            self.deadline.max(deadline)
-        };
-        let floor = now.saturating_sub(ttl);
-        while self.hits.front().is_some_and(|h| *h < floor) {
-            self.hits.pop_front();
         }
     }
 }
@@ -225,18 +272,11 @@ impl State {
         }
     }
 
-    fn series(&mut self, key: &str, now: Timestamp) -> Option<&Series> {
-        if self.windows.get(key).is_some_and(|s| s.deadline <= now) {
-            self.windows.remove(key);
-        }
-        self.windows.get(key)
-    }
-
     /// The live series at `key`, emptied first if it expired — one lookup.
     fn series_mut(&mut self, key: &str, now: Timestamp) -> Option<&mut Series> {
         let series = self.windows.get_mut(key)?;
         if series.deadline <= now {
-            series.hits.clear();
+            series.clear();
         }
         Some(series)
     }
@@ -251,74 +291,14 @@ impl State {
     }
 }
 
-/// The breaker's keys read straight from the maps, only as the state machine
-/// asks for them; expired entries read as absent.
-struct LiveKeys<'a> {
-    state: &'a State,
-    keys: &'a BreakerKeys,
-    now: Timestamp,
-}
-
-impl LiveKeys<'_> {
-    fn value(&self, key: &str) -> Option<&Value> {
-        self.state
-            .values
-            .get(key)
-            .filter(|e| e.live(self.now))
-            .map(|e| &e.value)
-    }
-
-    fn count(&self, key: &str) -> Option<u32> {
-        match self.value(key)? {
-            Value::Int(n) => u32::try_from(*n).ok(),
-            Value::Text(s) => s.parse().ok(),
-        }
-    }
-
-    fn snapshot(&self) -> BreakerSnapshot {
-        BreakerSnapshot {
-            state: self.state(),
-            failures: self.failures(),
-            opened_at: self.opened_at(),
-            probes: self.probes(),
-        }
-    }
-}
-
-impl BreakerView for LiveKeys<'_> {
-    fn state(&self) -> StoredState {
-        match self.value(&self.keys.state) {
-            None => StoredState::Missing,
-            Some(Value::Text(s)) => StoredState::read(Some(s)),
-            Some(Value::Int(n)) => StoredState::Unreadable(n.to_string()),
-        }
-    }
-
-    fn failures(&self) -> Option<u32> {
-        self.count(&self.keys.failures)
-    }
-
-    fn opened_at(&self) -> Option<Timestamp> {
-        match self.value(&self.keys.opened_at)? {
-            Value::Text(s) => Timestamp::parse_secs(s),
-            Value::Int(_) => None,
-        }
-    }
-
-    fn probes(&self) -> Option<ProbeLeases> {
-        match self.value(&self.keys.probes)? {
-            Value::Text(s) => ProbeLeases::decode(s),
-            Value::Int(_) => None,
-        }
-    }
-}
-
 impl Cache for MemoryCache {
     async fn close(&self) -> Result<(), CacheError> {
-        let mut state = self.lock();
-        state.closed = true;
-        state.values.clear();
-        state.windows.clear();
+        for shard in self.shared.shards.iter() {
+            let mut state = lock(shard);
+            state.closed = true;
+            state.values.clear();
+            state.windows.clear();
+        }
         Ok(())
     }
 }
@@ -326,7 +306,7 @@ impl Cache for MemoryCache {
 impl KeyValue for MemoryCache {
     async fn get(&self, key: &str) -> Result<Option<String>, CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(now)?;
+        let mut state = self.open(key, now)?;
         Ok(state.value(key, now).map(|e| match &e.value {
             Value::Text(s) => s.clone(),
             Value::Int(n) => n.to_string(),
@@ -335,14 +315,14 @@ impl KeyValue for MemoryCache {
 
     async fn set(&self, key: &str, value: &str, ttl: Option<Duration>) -> Result<(), CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(now)?;
+        let mut state = self.open(key, now)?;
         state.put(key, Value::Text(value.to_owned()), deadline(now, ttl));
         Ok(())
     }
 
     async fn increment(&self, key: &str, ttl: Option<Duration>) -> Result<i64, CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(now)?;
+        let mut state = self.open(key, now)?;
         match state.value(key, now) {
             Some(entry) => {
                 let current = match &entry.value {
@@ -367,7 +347,7 @@ impl KeyValue for MemoryCache {
 
     async fn delete(&self, key: &str) -> Result<(), CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(now)?;
+        let mut state = self.open(key, now)?;
         state.values.remove(key);
         state.windows.remove(key);
         Ok(())
@@ -377,30 +357,22 @@ impl KeyValue for MemoryCache {
 impl HitWindow for MemoryCache {
     async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(now)?;
+        let mut state = self.open(key, now)?;
         state.record(key, at, ttl, now);
         Ok(())
     }
 
     async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(now)?;
-        Ok(state.series(key, now).map_or(0, |s| count_since(s, since)))
+        let mut state = self.open(key, now)?;
+        Ok(state.series_mut(key, now).map_or(0, |s| s.count_since(since)))
     }
 
     async fn oldest_since(&self, key: &str, since: Timestamp) -> Result<Option<Timestamp>, CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(now)?;
-        Ok(state.series(key, now).and_then(|s| oldest_since(s, since)))
+        let mut state = self.open(key, now)?;
+        Ok(state.series_mut(key, now).and_then(|s| s.oldest_since(since)))
     }
-}
-
-fn count_since(series: &Series, since: Timestamp) -> u64 {
-    (series.hits.len() - series.start(since)) as u64
-}
-
-fn oldest_since(series: &Series, since: Timestamp) -> Option<Timestamp> {
-    series.hits.get(series.start(since)).copied()
 }
 
 impl LimiterStore for MemoryCache {
@@ -410,19 +382,12 @@ impl LimiterStore for MemoryCache {
             TimeSource::Store => (clock_now, false),
             TimeSource::Caller => clamp_stamp(request.now, clock_now, request.window, request.max_ahead),
         };
-        let mut state = self.open(clock_now)?;
+        let mut state = self.open(key, clock_now)?;
         let since = now.saturating_sub(request.window);
         let outcome = match state.series_mut(key, clock_now) {
             Some(series) => {
-                let start = series.start(since);
-                let count = (series.hits.len() - start) as u64;
-                let outcome = decide(
-                    count,
-                    series.hits.get(start).copied(),
-                    request.limit,
-                    now,
-                    request.window,
-                );
+                let (count, oldest) = series.window(since);
+                let outcome = decide(count, oldest, request.limit, now, request.window);
                 if let SlotOutcome::Admitted { .. } = outcome {
                     series.push(now, request.ttl, clock_now);
                 }
@@ -452,56 +417,8 @@ impl BreakerStore for MemoryCache {
     ) -> Result<BreakerStep, CacheError> {
         let clock_now = self.shared.clock.now();
         let now = self.stamp(now, clock_now);
-        let mut state = self.open(clock_now)?;
-        let step = machine::step(
-            &LiveKeys {
-                state: &state,
-                keys,
-                now: clock_now,
-            },
-            command,
-            &params,
-            now,
-        );
-        let w = &step.writes;
-        match w.state {
-            Write::Keep => {}
-            Write::Set(s) => state.put(&keys.state, Value::Text(s.as_str().to_owned()), None),
-            Write::Delete => {
-                state.values.remove(&keys.state);
-            }
-        }
-        match w.failures {
-            FailuresWrite::Keep => {}
-            FailuresWrite::Create => state.put(
-                &keys.failures,
-                Value::Int(1),
-                deadline(clock_now, Some(params.recovery_timeout)),
-            ),
-            FailuresWrite::Bump(n) => {
-                if let Some(entry) = state.values.get_mut(&keys.failures) {
-                    entry.value = Value::Int(i64::from(n));
-                }
-            }
-            FailuresWrite::Delete => {
-                state.values.remove(&keys.failures);
-            }
-        }
-        match w.opened_at {
-            Write::Keep => {}
-            Write::Set(t) => state.put(&keys.opened_at, Value::Text(t.to_string()), None),
-            Write::Delete => {
-                state.values.remove(&keys.opened_at);
-            }
-        }
-        match &w.probes {
-            Write::Keep => {}
-            Write::Set(leases) => state.put(&keys.probes, Value::Text(leases.encode()), None),
-            Write::Delete => {
-                state.values.remove(&keys.probes);
-            }
-        }
-        Ok(step)
+        let mut held = breaker::Held::lock(self, keys, clock_now)?;
+        Ok(held.step(keys, command, &params, now, clock_now))
     }
 
     async fn breaker_read(
@@ -511,13 +428,36 @@ impl BreakerStore for MemoryCache {
     ) -> Result<(BreakerSnapshot, Timestamp), CacheError> {
         let clock_now = self.shared.clock.now();
         let now = self.stamp(now, clock_now);
-        let state = self.open(clock_now)?;
-        let snapshot = LiveKeys {
-            state: &state,
-            keys,
-            now: clock_now,
+        let held = breaker::Held::lock(self, keys, clock_now)?;
+        Ok((held.snapshot(keys, clock_now), now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tagged_keys_share_a_shard_and_untagged_ones_never_use_it() {
+        assert_eq!(shard_of("{kg:circuit}:state"), TAGGED);
+        assert_ne!(shard_of("kg:ratelimit:x"), TAGGED);
+        let keys = BreakerKeys::new("kg:circuit");
+        let shard = shard_of(&keys.state);
+        for key in [&keys.failures, &keys.opened_at, &keys.probes] {
+            assert_eq!(shard_of(key), shard, "{key}");
         }
-        .snapshot();
-        Ok((snapshot, now))
+    }
+
+    #[test]
+    fn keys_spread_over_the_shards() {
+        let mut used = [false; SHARDS];
+        for n in 0..1_000u128 {
+            used[shard_of(&format!("kg:ratelimit:{}", crate::TenantId::from_u128(n)))] = true;
+        }
+        assert!(!used[TAGGED]);
+        assert!(
+            used[1..].iter().all(|u| *u),
+            "every hashed shard holds some of 1 000 tenants"
+        );
     }
 }
