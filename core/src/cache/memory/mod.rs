@@ -12,7 +12,8 @@
 //! every other tagged key; every other key — a limiter's `{prefix}:{tenant}`
 //! is `kg:ratelimit:…` — is placed by its hash over the rest. Telling them
 //! apart costs one byte, and a breaker's step finds its four keys together
-//! without hashing any of them. Every operation locks the shards its keys
+//! without hashing any of them. (A limiter prefix that begins with `{` puts
+//! all its tenants on the tagged shard: still exact, only not spread.) Every operation locks the shards its keys
 //! live on (one, for every key the crate builds), so each atomic operation is
 //! still one critical section for its keys and racing tasks in one process see
 //! exactly the answers a single caller would.
@@ -219,12 +220,11 @@ impl MemoryCache {
         if next == holding {
             return;
         }
-        let other = match self.shared.shards[next].0.try_lock() {
+        let mut other = match self.shared.shards[next].0.try_lock() {
             Ok(guard) => guard,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return,
         };
-        let mut other = other;
         other.sweep(now);
     }
 
