@@ -66,6 +66,16 @@ pub trait Cache: Send + Sync + 'static {
     /// Releases the cache's resources. Idempotent: a second call succeeds and
     /// does nothing. Operations after `close` fail with [`CacheError::Closed`].
     fn close(&self) -> impl Future<Output = Result<(), CacheError>> + Send;
+
+    /// Whether every atomic operation ([`LimiterStore::acquire_slot`],
+    /// [`BreakerStore::breaker_step`], [`BreakerStore::breaker_read`]) stamps
+    /// with the cache's own clock and ignores the caller's `now` — true of a
+    /// store under [`TimeSource::Store`] that knows it. A component then skips
+    /// reading its own clock for the request: one clock read per decision
+    /// instead of two. The default, `false`, is always correct.
+    fn stamps_with_own_clock(&self) -> bool {
+        false
+    }
 }
 
 /// String values with TTLs, and counters.

@@ -301,6 +301,10 @@ impl Cache for MemoryCache {
         }
         Ok(())
     }
+
+    fn stamps_with_own_clock(&self) -> bool {
+        self.shared.time_source == TimeSource::Store
+    }
 }
 
 impl KeyValue for MemoryCache {
