@@ -4,10 +4,22 @@
 //! shard: one lock. Hand-made keys may not; then every shard they touch is
 //! locked, in index order (so two steps never wait for each other crosswise),
 //! for the whole step.
+//!
+//! # Nothing stored: no lock
+//!
+//! A healthy breaker stores nothing — no state key (closed), no failure
+//! count, no open timestamp, no leases — and most of its steps (every
+//! `Allow`, every success report) then write nothing either. When the tagged
+//! shard held no value at all as its lock was last released, [`unlocked_step`]
+//! runs the same [`machine::step`] on [`BreakerSnapshot::EMPTY`] without
+//! taking the lock, and answers with it if it writes nothing. That is exact:
+//! the shard's value count is published before every unlock, so a step that
+//! reads zero is ordered before any write that has not yet finished, and a
+//! step that would write goes through the lock as always.
 
-use std::sync::MutexGuard;
+use std::sync::atomic::Ordering;
 
-use super::{MemoryCache, State, TAGGED, Value, deadline, shard_of};
+use super::{Guard, MemoryCache, State, TAGGED, Value, deadline, shard_of};
 use crate::breaker::machine::{
     self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, BreakerView, FailuresWrite,
     ProbeLeases, StoredState, Write,
@@ -35,13 +47,37 @@ impl Key {
     }
 }
 
+/// The step for `command` without a lock, when the tagged shard holds no
+/// value (so `keys` read as [`BreakerSnapshot::EMPTY`]) and the step writes
+/// nothing; `None` when the step must take the lock.
+#[inline]
+pub(super) fn unlocked_step(
+    cache: &MemoryCache,
+    keys: &BreakerKeys,
+    command: BreakerCommand,
+    params: &BreakerParams,
+    now: Timestamp,
+) -> Option<BreakerStep> {
+    let tagged = &cache.shared.shards[TAGGED];
+    if tagged.values.load(Ordering::Acquire) != 0
+        || cache.shared.closed.load(Ordering::Acquire)
+        || ![&keys.state, &keys.failures, &keys.opened_at, &keys.probes]
+            .iter()
+            .all(|k| k.starts_with('{'))
+    {
+        return None;
+    }
+    let step = machine::step(&BreakerSnapshot::EMPTY, command, params, now);
+    step.writes.is_empty().then_some(step)
+}
+
 /// The locked shards of one breaker's keys.
 pub(super) enum Held<'a> {
     /// The keys share one shard (every key set [`BreakerKeys::new`] builds).
-    One(MutexGuard<'a, State>),
+    One(Guard<'a>),
     /// Hand-made keys over several shards: their guards in lock order, and
     /// which guard each key's shard is (state, failures, opened_at, probes).
-    Many(Vec<MutexGuard<'a, State>>, [usize; 4]),
+    Many(Vec<Guard<'a>>, [usize; 4]),
 }
 
 impl<'a> Held<'a> {
@@ -239,6 +275,50 @@ mod tests {
             std::task::Poll::Ready(v) => v,
             std::task::Poll::Pending => panic!("MemoryCache operations never suspend"),
         }
+    }
+
+    fn params() -> BreakerParams {
+        BreakerParams {
+            failure_threshold: 3,
+            recovery_timeout: Duration::from_secs(60),
+            half_open_max_calls: 1,
+            probe_lease: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn the_unlocked_step_answers_only_while_nothing_is_stored() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let keys = BreakerKeys::new("kg:circuit");
+        let now = clock.now();
+        let success = BreakerCommand::RecordSuccess(Origin::Untracked);
+        let fail = BreakerCommand::RecordFailure(Origin::Untracked);
+        assert!(unlocked_step(&cache, &keys, BreakerCommand::Allow, &params(), now).is_some());
+        assert!(unlocked_step(&cache, &keys, success, &params(), now).is_some());
+        assert!(
+            unlocked_step(&cache, &keys, fail, &params(), now).is_none(),
+            "a step that writes locks"
+        );
+        ready(cache.breaker_step(&keys, fail, params(), now)).unwrap();
+        assert!(
+            unlocked_step(&cache, &keys, success, &params(), now).is_none(),
+            "a stored failure count must be cleared under the lock"
+        );
+        let cleared = ready(cache.breaker_step(&keys, success, params(), now)).unwrap();
+        assert_eq!(cleared.writes.failures, FailuresWrite::Delete);
+        let (snapshot, _) = ready(cache.breaker_read(&keys, now)).unwrap();
+        assert_eq!(snapshot, BreakerSnapshot::EMPTY);
+        assert!(
+            unlocked_step(&cache, &keys, success, &params(), now).is_some(),
+            "empty again"
+        );
+        ready(crate::cache::Cache::close(&cache)).unwrap();
+        assert!(unlocked_step(&cache, &keys, BreakerCommand::Allow, &params(), now).is_none());
+        assert!(matches!(
+            ready(cache.breaker_step(&keys, BreakerCommand::Allow, params(), now)),
+            Err(CacheError::Closed)
+        ));
     }
 
     #[test]

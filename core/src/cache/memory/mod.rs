@@ -34,7 +34,8 @@ mod series;
 
 use std::collections::HashMap;
 use std::hash::Hasher as _;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
@@ -78,13 +79,47 @@ struct Shared {
     shards: Box<[Shard]>,
     /// The shard the next sweep visits besides its own.
     sweep_next: AtomicUsize,
+    /// Set (under every shard's lock) by `close`, for the paths that take none.
+    closed: AtomicBool,
 }
 
 /// One shard on a cache line of its own, so two cores working on two shards
 /// never contend for one line.
 #[repr(align(128))]
 #[derive(Default)]
-struct Shard(Mutex<State>);
+struct Shard {
+    state: Mutex<State>,
+    /// How many values the shard held when its lock was last released:
+    /// written before every unlock ([`Guard`]), so a reader that sees zero
+    /// may take the shard as holding no value at that instant.
+    values: AtomicUsize,
+}
+
+/// A shard's lock, which publishes the shard's value count as it is released.
+struct Guard<'a> {
+    locked: MutexGuard<'a, State>,
+    published: &'a AtomicUsize,
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        // Before the field drops and the mutex unlocks.
+        self.published.store(self.locked.values.len(), Ordering::Release);
+    }
+}
+
+impl Deref for Guard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.locked
+    }
+}
+
+impl DerefMut for Guard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.locked
+    }
+}
 
 #[derive(Default)]
 struct State {
@@ -129,10 +164,13 @@ impl Default for MemoryCache {
     }
 }
 
-fn lock(shard: &Shard) -> MutexGuard<'_, State> {
+fn lock(shard: &Shard) -> Guard<'_> {
     // A panic while holding the lock cannot leave the maps half-updated in a
     // way later operations misread, so a poisoned lock is still usable.
-    shard.0.lock().unwrap_or_else(|p| p.into_inner())
+    Guard {
+        locked: shard.state.lock().unwrap_or_else(|p| p.into_inner()),
+        published: &shard.values,
+    }
 }
 
 /// The shard `key` lives on: keys that begin with a hash tag (`{…}`, as a
@@ -168,6 +206,7 @@ impl MemoryCache {
                 time_source,
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
                 sweep_next: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
             }),
         }
     }
@@ -195,12 +234,12 @@ impl MemoryCache {
     }
 
     /// Locks `key`'s shard, checks the cache is open, and sweeps if due.
-    fn open(&self, key: &str, now: Timestamp) -> Result<MutexGuard<'_, State>, CacheError> {
+    fn open(&self, key: &str, now: Timestamp) -> Result<Guard<'_>, CacheError> {
         self.open_shard(shard_of(key), now)
     }
 
     #[inline]
-    fn open_shard(&self, index: usize, now: Timestamp) -> Result<MutexGuard<'_, State>, CacheError> {
+    fn open_shard(&self, index: usize, now: Timestamp) -> Result<Guard<'_>, CacheError> {
         let mut state = lock(&self.shared.shards[index]);
         if state.closed {
             return Err(CacheError::Closed);
@@ -220,10 +259,15 @@ impl MemoryCache {
         if next == holding {
             return;
         }
-        let mut other = match self.shared.shards[next].0.try_lock() {
+        let shard = &self.shared.shards[next];
+        let locked = match shard.state.try_lock() {
             Ok(guard) => guard,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return,
+        };
+        let mut other = Guard {
+            locked,
+            published: &shard.values,
         };
         other.sweep(now);
     }
@@ -295,6 +339,7 @@ impl Cache for MemoryCache {
     async fn close(&self) -> Result<(), CacheError> {
         for shard in self.shared.shards.iter() {
             let mut state = lock(shard);
+            self.shared.closed.store(true, Ordering::Release);
             state.closed = true;
             state.values.clear();
             state.windows.clear();
@@ -421,6 +466,9 @@ impl BreakerStore for MemoryCache {
     ) -> Result<BreakerStep, CacheError> {
         let clock_now = self.shared.clock.now();
         let now = self.stamp(now, clock_now);
+        if let Some(step) = breaker::unlocked_step(self, keys, command, &params, now) {
+            return Ok(step);
+        }
         let mut held = breaker::Held::lock(self, keys, clock_now)?;
         Ok(held.step(keys, command, &params, now, clock_now))
     }
