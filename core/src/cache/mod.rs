@@ -36,6 +36,7 @@ use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Breake
 use crate::clock::Clock;
 use crate::error::CacheError;
 use crate::limiter::SlotOutcome;
+use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
 /// Whose clock stamps hits and breaker timestamps in an atomic operation.
@@ -160,6 +161,23 @@ pub trait LimiterStore: HitWindow {
         key: &str,
         request: SlotRequest,
     ) -> impl Future<Output = Result<SlotOutcome, CacheError>> + Send;
+
+    /// [`acquire_slot`](Self::acquire_slot) for `tenant` under `prefix`, whose
+    /// key is `{prefix}:{tenant}` (the tenant's hyphenated lower-case UUID).
+    /// The default formats that key and calls `acquire_slot`; an in-process
+    /// store may find the tenant's series by the id instead of by the string,
+    /// provided the key's string form still names the same series.
+    fn acquire_tenant_slot(
+        &self,
+        prefix: &str,
+        tenant: TenantId,
+        request: SlotRequest,
+    ) -> impl Future<Output = Result<SlotOutcome, CacheError>> + Send {
+        async move {
+            let key = KeyBuf::tenant(prefix, &tenant);
+            self.acquire_slot(key.as_str(), request).await
+        }
+    }
 }
 
 /// The breaker's transitions as atomic steps over its four keys.

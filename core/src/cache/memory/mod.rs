@@ -30,6 +30,7 @@
 //! [`RateLimiter`](crate::RateLimiter)), and idle tenants go away.
 
 mod breaker;
+mod names;
 mod series;
 
 use std::collections::HashMap;
@@ -39,6 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
+use names::{Name, Prefixes, tenant_key};
 use series::Series;
 
 use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
@@ -46,6 +48,7 @@ use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Breake
 use crate::clock::{Clock, SystemClock};
 use crate::error::CacheError;
 use crate::limiter::{SlotOutcome, clamp_stamp, decide};
+use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
 /// Maps keyed by cache key with a fast, fixed-seed hasher: lookups are the hot
@@ -81,6 +84,8 @@ struct Shared {
     sweep_next: AtomicUsize,
     /// Set (under every shard's lock) by `close`, for the paths that take none.
     closed: AtomicBool,
+    /// The limiter prefixes whose tenants' series are named by id.
+    prefixes: Prefixes,
 }
 
 /// One shard on a cache line of its own, so two cores working on two shards
@@ -125,6 +130,8 @@ impl DerefMut for Guard<'_> {
 struct State {
     values: Map<ValueEntry>,
     windows: Map<Series>,
+    /// Limiter tenants' series, by interned prefix and tenant id.
+    tenants: HashMap<(u32, u128), Series, rustc_hash::FxBuildHasher>,
     ops_since_sweep: usize,
     closed: bool,
 }
@@ -145,7 +152,7 @@ impl std::fmt::Debug for MemoryCache {
         for shard in self.shared.shards.iter() {
             let state = lock(shard);
             values += state.values.len();
-            windows += state.windows.len();
+            windows += state.windows.len() + state.tenants.len();
             closed |= state.closed;
         }
         f.debug_struct("MemoryCache")
@@ -174,16 +181,31 @@ fn lock(shard: &Shard) -> Guard<'_> {
 }
 
 /// The shard `key` lives on: keys that begin with a hash tag (`{…}`, as a
-/// breaker's do) share the first shard; every other key is placed by its hash
-/// over the rest.
+/// breaker's do) share the first shard; a limiter's `{prefix}:{tenant}` key
+/// is placed by its tenant (as [`shard_of_tenant`]), every other key by its
+/// hash, over the rest.
 fn shard_of(key: &str) -> usize {
     if key.starts_with('{') {
         return TAGGED;
     }
+    if let Some((_, tenant)) = tenant_key(key) {
+        return shard_of_tenant(tenant);
+    }
     let mut hasher = rustc_hash::FxHasher::default();
     hasher.write(key.as_bytes());
+    hashed_shard(hasher.finish())
+}
+
+/// The shard a limiter tenant's key lives on, from the tenant's id alone.
+fn shard_of_tenant(tenant: u128) -> usize {
+    let mut hasher = rustc_hash::FxHasher::default();
+    hasher.write_u128(tenant);
+    hashed_shard(hasher.finish())
+}
+
+fn hashed_shard(hash: u64) -> usize {
     // The high bits mix best.
-    1 + (hasher.finish() >> (u64::BITS - HASHED.trailing_zeros())) as usize
+    1 + (hash >> (u64::BITS - HASHED.trailing_zeros())) as usize
 }
 
 impl MemoryCache {
@@ -207,6 +229,7 @@ impl MemoryCache {
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
                 sweep_next: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
+                prefixes: Prefixes::default(),
             }),
         }
     }
@@ -220,6 +243,7 @@ impl MemoryCache {
             let state = lock(shard);
             values += state.values.values().filter(|e| e.live(now)).count();
             windows += state.windows.values().filter(|s| s.deadline > now).count();
+            windows += state.tenants.values().filter(|s| s.deadline > now).count();
         }
         (values, windows)
     }
@@ -229,7 +253,11 @@ impl MemoryCache {
         self.shared
             .shards
             .iter()
-            .map(|shard| lock(shard).windows.values().map(Series::len).sum::<usize>())
+            .map(|shard| {
+                let state = lock(shard);
+                let hits = |series: &Series| series.len();
+                state.windows.values().map(hits).sum::<usize>() + state.tenants.values().map(hits).sum::<usize>()
+            })
             .sum()
     }
 
@@ -245,7 +273,7 @@ impl MemoryCache {
             return Err(CacheError::Closed);
         }
         state.ops_since_sweep += 1;
-        if state.ops_since_sweep > SWEEP_SLACK + state.values.len() + state.windows.len() {
+        if state.ops_since_sweep > SWEEP_SLACK + state.values.len() + state.windows.len() + state.tenants.len() {
             state.sweep(now);
             self.sweep_another(index, now);
         }
@@ -294,6 +322,7 @@ impl State {
     fn sweep(&mut self, now: Timestamp) {
         self.values.retain(|_, e| e.live(now));
         self.windows.retain(|_, s| s.deadline > now);
+        self.tenants.retain(|_, s| s.deadline > now);
         self.ops_since_sweep = 0;
     }
 
@@ -316,21 +345,45 @@ impl State {
         }
     }
 
-    /// The live series at `key`, emptied first if it expired — one lookup.
-    fn series_mut(&mut self, key: &str, now: Timestamp) -> Option<&mut Series> {
-        let series = self.windows.get_mut(key)?;
+    /// The live series named `name`, emptied first if it expired — one lookup.
+    fn series_mut(&mut self, name: Name<'_>, now: Timestamp) -> Option<&mut Series> {
+        let series = match name {
+            Name::Tenant(prefix, tenant) => self.tenants.get_mut(&(prefix, tenant))?,
+            Name::Text(key) => self.windows.get_mut(key)?,
+        };
         if series.deadline <= now {
             series.clear();
         }
         Some(series)
     }
 
-    fn record(&mut self, key: &str, at: Timestamp, ttl: Duration, now: Timestamp) {
-        match self.series_mut(key, now) {
-            Some(series) => series.push(at, ttl, now),
-            None => {
-                self.windows.insert(key.to_owned(), Series::first(at, ttl, now));
+    /// Stores a new series under `name`.
+    fn insert_series(&mut self, name: Name<'_>, series: Series) {
+        match name {
+            Name::Tenant(prefix, tenant) => {
+                self.tenants.insert((prefix, tenant), series);
             }
+            Name::Text(key) => {
+                self.windows.insert(key.to_owned(), series);
+            }
+        }
+    }
+
+    fn remove_series(&mut self, name: Name<'_>) {
+        match name {
+            Name::Tenant(prefix, tenant) => {
+                self.tenants.remove(&(prefix, tenant));
+            }
+            Name::Text(key) => {
+                self.windows.remove(key);
+            }
+        }
+    }
+
+    fn record(&mut self, name: Name<'_>, at: Timestamp, ttl: Duration, now: Timestamp) {
+        match self.series_mut(name, now) {
+            Some(series) => series.push(at, ttl, now),
+            None => self.insert_series(name, Series::first(at, ttl, now)),
         }
     }
 }
@@ -343,6 +396,7 @@ impl Cache for MemoryCache {
             state.closed = true;
             state.values.clear();
             state.windows.clear();
+            state.tenants.clear();
         }
         Ok(())
     }
@@ -398,7 +452,7 @@ impl KeyValue for MemoryCache {
         let now = self.shared.clock.now();
         let mut state = self.open(key, now)?;
         state.values.remove(key);
-        state.windows.remove(key);
+        state.remove_series(self.shared.prefixes.name(key));
         Ok(())
     }
 }
@@ -407,33 +461,38 @@ impl HitWindow for MemoryCache {
     async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
         let now = self.shared.clock.now();
         let mut state = self.open(key, now)?;
-        state.record(key, at, ttl, now);
+        state.record(self.shared.prefixes.name(key), at, ttl, now);
         Ok(())
     }
 
     async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
         let now = self.shared.clock.now();
         let mut state = self.open(key, now)?;
-        Ok(state.series_mut(key, now).map_or(0, |s| s.count_since(since)))
+        Ok(state
+            .series_mut(self.shared.prefixes.name(key), now)
+            .map_or(0, |s| s.count_since(since)))
     }
 
     async fn oldest_since(&self, key: &str, since: Timestamp) -> Result<Option<Timestamp>, CacheError> {
         let now = self.shared.clock.now();
         let mut state = self.open(key, now)?;
-        Ok(state.series_mut(key, now).and_then(|s| s.oldest_since(since)))
+        Ok(state
+            .series_mut(self.shared.prefixes.name(key), now)
+            .and_then(|s| s.oldest_since(since)))
     }
 }
 
-impl LimiterStore for MemoryCache {
-    async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
+impl MemoryCache {
+    /// The atomic slot decision for the series named `name` on `shard`.
+    fn acquire_named(&self, shard: usize, name: Name<'_>, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
         let clock_now = self.shared.clock.now();
         let (now, clamped) = match self.shared.time_source {
             TimeSource::Store => (clock_now, false),
             TimeSource::Caller => clamp_stamp(request.now, clock_now, request.window, request.max_ahead),
         };
-        let mut state = self.open(key, clock_now)?;
+        let mut state = self.open_shard(shard, clock_now)?;
         let since = now.saturating_sub(request.window);
-        let outcome = match state.series_mut(key, clock_now) {
+        let outcome = match state.series_mut(name, clock_now) {
             Some(series) => {
                 let (count, oldest) = series.window(since);
                 let outcome = decide(count, oldest, request.limit, now, request.window);
@@ -445,14 +504,38 @@ impl LimiterStore for MemoryCache {
             None => {
                 let outcome = decide(0, None, request.limit, now, request.window);
                 if let SlotOutcome::Admitted { .. } = outcome {
-                    state
-                        .windows
-                        .insert(key.to_owned(), Series::first(now, request.ttl, clock_now));
+                    state.insert_series(name, Series::first(now, request.ttl, clock_now));
                 }
                 outcome
             }
         };
         Ok(outcome.with_clamped(clamped))
+    }
+}
+
+impl LimiterStore for MemoryCache {
+    async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
+        self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
+    }
+
+    /// By the tenant's id: no key is formatted, checked or hashed. The key
+    /// `{prefix}:{tenant}` names the same series ([`names`]).
+    async fn acquire_tenant_slot(
+        &self,
+        prefix: &str,
+        tenant: TenantId,
+        request: SlotRequest,
+    ) -> Result<SlotOutcome, CacheError> {
+        let bits = tenant.as_uuid().as_u128();
+        match self.shared.prefixes.id(prefix) {
+            Some(id) if !prefix.starts_with('{') => {
+                self.acquire_named(shard_of_tenant(bits), Name::Tenant(id, bits), request)
+            }
+            _ => {
+                let key = super::KeyBuf::tenant(prefix, &tenant);
+                self.acquire_slot(key.as_str(), request).await
+            }
+        }
     }
 }
 
@@ -497,6 +580,52 @@ mod tests {
         let shard = shard_of(&keys.state);
         for key in [&keys.failures, &keys.opened_at, &keys.probes] {
             assert_eq!(shard_of(key), shard, "{key}");
+        }
+    }
+
+    fn ready<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        match f
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+        {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("MemoryCache operations never suspend"),
+        }
+    }
+
+    #[test]
+    fn a_tenants_id_and_its_key_name_one_series() {
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let now = clock.now();
+        let request = SlotRequest {
+            now,
+            window: Duration::from_secs(60),
+            limit: 2,
+            ttl: Duration::from_secs(121),
+            max_ahead: Duration::from_secs(1),
+        };
+        for prefix in ["kg:ratelimit", "{tagged}", &"p".repeat(120)] {
+            let tenant = TenantId::from_u128(9);
+            let key = super::super::KeyBuf::tenant(prefix, &tenant);
+            let key = key.as_str();
+            ready(cache.acquire_tenant_slot(prefix, tenant, request)).unwrap();
+            assert_eq!(ready(cache.count_since(key, now)).unwrap(), 1, "{prefix}");
+            ready(cache.record_hit(key, now, request.ttl)).unwrap();
+            assert!(
+                matches!(
+                    ready(cache.acquire_tenant_slot(prefix, tenant, request)).unwrap(),
+                    SlotOutcome::Refused { used: 2, .. }
+                ),
+                "{prefix}: the hit recorded by key counts against the tenant"
+            );
+            ready(cache.delete(key)).unwrap();
+            assert_eq!(ready(cache.count_since(key, now)).unwrap(), 0, "{prefix}");
+            assert!(matches!(
+                ready(cache.acquire_slot(key, request)).unwrap(),
+                SlotOutcome::Admitted { remaining: 1, .. }
+            ));
         }
     }
 
