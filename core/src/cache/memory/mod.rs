@@ -532,8 +532,10 @@ impl LimiterStore for MemoryCache {
                 self.acquire_named(shard_of_tenant(bits), Name::Tenant(id, bits), request)
             }
             _ => {
+                // Not across an await: the future stays small.
                 let key = super::KeyBuf::tenant(prefix, &tenant);
-                self.acquire_slot(key.as_str(), request).await
+                let key = key.as_str();
+                self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
             }
         }
     }
