@@ -9,14 +9,19 @@
 //! tenants on different shards never wait for each other. A key that begins
 //! with a **hash tag** (`{…}`, as a breaker's four keys `{prefix}:state`, …
 //! do, so that Redis Cluster puts them in one slot) lives on one shard with
-//! every other tagged key; every other key — a limiter's `{prefix}:{tenant}`
-//! is `kg:ratelimit:…` — is placed by its hash over the rest. Telling them
-//! apart costs one byte, and a breaker's step finds its four keys together
-//! without hashing any of them. (A limiter prefix that begins with `{` puts
-//! all its tenants on the tagged shard: still exact, only not spread.) Every operation locks the shards its keys
-//! live on (one, for every key the crate builds), so each atomic operation is
-//! still one critical section for its keys and racing tasks in one process see
-//! exactly the answers a single caller would.
+//! every other tagged key; a limiter's `{prefix}:{tenant}` key is placed by
+//! its tenant's id, and every other key by its hash, over the rest. Telling
+//! them apart costs one byte, and a breaker's step finds its four keys
+//! together without hashing any of them. (A limiter prefix that begins with
+//! `{` puts all its tenants on the tagged shard: still exact, only not
+//! spread.) A limiter's tenant is looked up by id, never by formatting its
+//! key (`names.rs`); the key names the same series.
+//!
+//! Every operation locks the shards its keys live on (one, for every key the
+//! crate builds), so each atomic operation is still one critical section for
+//! its keys and racing tasks in one process see exactly the answers a single
+//! caller would — except a breaker step over an empty store that writes
+//! nothing, which needs no lock at all (`breaker.rs`).
 //!
 //! # Time and memory
 //!
@@ -519,7 +524,7 @@ impl LimiterStore for MemoryCache {
     }
 
     /// By the tenant's id: no key is formatted, checked or hashed. The key
-    /// `{prefix}:{tenant}` names the same series ([`names`]).
+    /// `{prefix}:{tenant}` names the same series.
     async fn acquire_tenant_slot(
         &self,
         prefix: &str,
