@@ -2,13 +2,14 @@
 //!
 //! A counting global allocator (this test binary only) tallies allocations
 //! while a warmed-up limiter and breaker run allow → acquire → record_success
-//! thousands of times on the default observer.
+//! thousands of times on the default observer, and while one limiter serves a
+//! thousand tenants (every shard of its `MemoryCache`) at their limits.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -16,13 +17,26 @@ use redstring::{CircuitBreaker, ManualClock, RateLimiter, TenantId};
 
 struct Counting;
 
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    /// Allocations made on this thread: the test harness's other threads
+    /// (another test starting) are not counted.
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn allocations() -> usize {
+    ALLOCATIONS.with(Cell::get)
+}
+
+fn count_one() {
+    // `try_with`: a thread being torn down has no counter left.
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+}
 
 // SAFETY: forwards to the system allocator unchanged; only counts.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count_one();
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -31,7 +45,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count_one();
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -65,10 +79,35 @@ fn the_success_path_allocates_nothing_per_call() {
     for _ in 0..1_000 {
         call();
     }
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let before = allocations();
     for _ in 0..10_000 {
         call();
     }
-    let per_call = (ALLOCATIONS.load(Ordering::SeqCst) - before) as f64 / 10_000.0;
+    let per_call = (allocations() - before) as f64 / 10_000.0;
     assert_eq!(per_call, 0.0, "allocations per call on the success path");
+}
+
+#[test]
+fn a_thousand_tenants_at_their_limits_allocate_nothing_per_call() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let limiter = RateLimiter::builder(10).clock(clock.clone()).build().unwrap();
+    let tenants: Vec<TenantId> = (0..1_000u128).map(TenantId::from_u128).collect();
+    let round = || {
+        // One admission per tenant every window / rpm: each at its limit.
+        clock.advance(Duration::from_millis(6_001));
+        for tenant in &tenants {
+            ready(limiter.acquire(*tenant)).unwrap();
+        }
+    };
+    // Warm up: every series reaches its steady size (two windows and the
+    // clock lead of hits, at one per 6 s).
+    for _ in 0..40 {
+        round();
+    }
+    let before = allocations();
+    for _ in 0..20 {
+        round();
+    }
+    let per_call = (allocations() - before) as f64 / 20_000.0;
+    assert_eq!(per_call, 0.0, "allocations per call over a thousand tenants");
 }

@@ -36,6 +36,7 @@ use crate::cache::{BreakerStore, MemoryCache, StoreSlot};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Observer, TracingObserver};
+use crate::time::Timestamp;
 
 /// The default failure threshold.
 pub const DEFAULT_FAILURE_THRESHOLD: u32 = 5;
@@ -438,10 +439,13 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     }
 
     async fn run(&self, command: BreakerCommand) -> Result<machine::BreakerStep, CacheError> {
-        let step = self
-            .store
-            .breaker_step(&self.keys, command, self.params, self.clock.now())
-            .await?;
+        // A store that stamps with its own clock ignores ours: skip the read.
+        let now = if self.store.stamps_with_own_clock() {
+            Timestamp::EPOCH
+        } else {
+            self.clock.now()
+        };
+        let step = self.store.breaker_step(&self.keys, command, self.params, now).await?;
         // A failure is reported before the transition it may cause, an
         // admission after the transition it may have driven (the probe).
         // A failure that changes nothing (a late report) is not recorded.

@@ -36,6 +36,7 @@ use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Breake
 use crate::clock::Clock;
 use crate::error::CacheError;
 use crate::limiter::SlotOutcome;
+use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
 /// Whose clock stamps hits and breaker timestamps in an atomic operation.
@@ -66,6 +67,16 @@ pub trait Cache: Send + Sync + 'static {
     /// Releases the cache's resources. Idempotent: a second call succeeds and
     /// does nothing. Operations after `close` fail with [`CacheError::Closed`].
     fn close(&self) -> impl Future<Output = Result<(), CacheError>> + Send;
+
+    /// Whether every atomic operation ([`LimiterStore::acquire_slot`],
+    /// [`BreakerStore::breaker_step`], [`BreakerStore::breaker_read`]) stamps
+    /// with the cache's own clock and ignores the caller's `now` — true of a
+    /// store under [`TimeSource::Store`] that knows it. A component then skips
+    /// reading its own clock for the request: one clock read per decision
+    /// instead of two. The default, `false`, is always correct.
+    fn stamps_with_own_clock(&self) -> bool {
+        false
+    }
 }
 
 /// String values with TTLs, and counters.
@@ -150,6 +161,23 @@ pub trait LimiterStore: HitWindow {
         key: &str,
         request: SlotRequest,
     ) -> impl Future<Output = Result<SlotOutcome, CacheError>> + Send;
+
+    /// [`acquire_slot`](Self::acquire_slot) for `tenant` under `prefix`, whose
+    /// key is `{prefix}:{tenant}` (the tenant's hyphenated lower-case UUID).
+    /// The default formats that key and calls `acquire_slot`; an in-process
+    /// store may find the tenant's series by the id instead of by the string,
+    /// provided the key's string form still names the same series.
+    fn acquire_tenant_slot(
+        &self,
+        prefix: &str,
+        tenant: TenantId,
+        request: SlotRequest,
+    ) -> impl Future<Output = Result<SlotOutcome, CacheError>> + Send {
+        async move {
+            let key = KeyBuf::tenant(prefix, &tenant);
+            self.acquire_slot(key.as_str(), request).await
+        }
+    }
 }
 
 /// The breaker's transitions as atomic steps over its four keys.

@@ -322,9 +322,13 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// clock is read once and the same instant is used for the count, the
     /// oldest hit and the new hit.
     pub async fn acquire(&self, tenant: TenantId) -> Result<Admission, AcquireError> {
-        let key = KeyBuf::tenant(&self.prefix, &tenant);
         let request = SlotRequest {
-            now: self.clock.now(),
+            // A store that stamps with its own clock ignores ours: skip the read.
+            now: if self.store.stamps_with_own_clock() {
+                Timestamp::EPOCH
+            } else {
+                self.clock.now()
+            },
             window: self.window,
             limit: self.rpm,
             // A clamped caller's window reaches at most two windows behind
@@ -337,7 +341,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 .saturating_add(Duration::from_micros(1)),
             max_ahead: self.max_ahead,
         };
-        match self.store.acquire_slot(key.as_str(), request).await {
+        match self.store.acquire_tenant_slot(&self.prefix, tenant, request).await {
             Ok(outcome) => self.conclude(tenant, request.now, outcome),
             Err(error) if error.is_transient() => {
                 self.observer.on_event(&Event::CacheUnavailable {
@@ -348,7 +352,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 });
                 match (self.on_cache_unavailable, &self.local) {
                     (OnCacheUnavailable::LocalLimit, Some(local)) => {
-                        match local.acquire_slot(key.as_str(), request).await {
+                        match local.acquire_tenant_slot(&self.prefix, tenant, request).await {
                             Ok(outcome) => self.conclude(tenant, request.now, outcome),
                             Err(_) => Err(AcquireError::Cache(error)),
                         }

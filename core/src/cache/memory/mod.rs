@@ -1,0 +1,651 @@
+//! `MemoryCache`: the in-process adapter, and the default.
+//!
+//! It is not a test double: one process with a `MemoryCache` limits and breaks
+//! correctly. Its only limitation is that processes cannot share it.
+//!
+//! # Exactness and sharding
+//!
+//! The keys are split over [`SHARDS`] shards, each behind its own mutex, so
+//! tenants on different shards never wait for each other. A key that begins
+//! with a **hash tag** (`{…}`, as a breaker's four keys `{prefix}:state`, …
+//! do, so that Redis Cluster puts them in one slot) lives on one shard with
+//! every other tagged key; a limiter's `{prefix}:{tenant}` key is placed by
+//! its tenant's id, and every other key by its hash, over the rest. Telling
+//! them apart costs one byte, and a breaker's step finds its four keys
+//! together without hashing any of them. (A limiter prefix that begins with
+//! `{` puts all its tenants on the tagged shard: still exact, only not
+//! spread.) A limiter's tenant is looked up by id, never by formatting its
+//! key (`names.rs`); the key names the same series.
+//!
+//! Every operation locks the shards its keys live on (one, for every key the
+//! crate builds), so each atomic operation is still one critical section for
+//! its keys and racing tasks in one process see exactly the answers a single
+//! caller would — except a breaker step over an empty store that writes
+//! nothing, which needs no lock at all (`breaker.rs`).
+//!
+//! # Time and memory
+//!
+//! TTLs are measured on the injected [`Clock`] — never on the OS — so simulated
+//! time and TTL time agree. Expired entries are dropped when touched, and a
+//! shard is swept in bulk once its operations since its last sweep exceed
+//! [`SWEEP_SLACK`] plus its live keys; every such sweep also sweeps the next
+//! shard in turn, so a shard nobody touches is swept too. Memory therefore
+//! stays bounded by live tenants × their hits (a limiter's tenant holds at most
+//! the hits of one series lifetime, about `2 × rpm`; see
+//! [`RateLimiter`](crate::RateLimiter)), and idle tenants go away.
+
+mod breaker;
+mod names;
+mod series;
+
+use std::collections::HashMap;
+use std::hash::Hasher as _;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
+
+use names::{Name, Prefixes, tenant_key};
+use series::Series;
+
+use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
+use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
+use crate::clock::{Clock, SystemClock};
+use crate::error::CacheError;
+use crate::limiter::{SlotOutcome, clamp_stamp, decide};
+use crate::tenant::TenantId;
+use crate::time::Timestamp;
+
+/// Maps keyed by cache key with a fast, fixed-seed hasher: lookups are the hot
+/// path's main cost, and iteration order never depends on a random seed (the
+/// simulator's byte-for-byte determinism needs that).
+type Map<V> = HashMap<String, V, rustc_hash::FxBuildHasher>;
+
+/// How many shards a cache splits untagged keys (a limiter's tenants) over.
+const HASHED: usize = 32;
+
+/// The shard every key that begins with `{` lives on.
+const TAGGED: usize = 0;
+
+/// How many shards a cache has: one for tagged keys, [`HASHED`] for the rest.
+pub const SHARDS: usize = 1 + HASHED;
+
+/// Operations a shard takes beyond its live keys before it is swept.
+pub const SWEEP_SLACK: usize = 16;
+
+/// The in-process [`Cache`]: every capability of the port, over sharded maps.
+///
+/// Cheap to clone; clones share one store.
+#[derive(Clone)]
+pub struct MemoryCache {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    clock: Arc<dyn Clock>,
+    time_source: TimeSource,
+    shards: Box<[Shard]>,
+    /// The shard the next sweep visits besides its own.
+    sweep_next: AtomicUsize,
+    /// Set (under every shard's lock) by `close`, for the paths that take none.
+    closed: AtomicBool,
+    /// The limiter prefixes whose tenants' series are named by id.
+    prefixes: Prefixes,
+}
+
+/// One shard on a cache line of its own, so two cores working on two shards
+/// never contend for one line.
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard {
+    state: Mutex<State>,
+    /// How many values the shard held when its lock was last released:
+    /// written before every unlock ([`Guard`]), so a reader that sees zero
+    /// may take the shard as holding no value at that instant.
+    values: AtomicUsize,
+}
+
+/// A shard's lock, which publishes the shard's value count as it is released.
+struct Guard<'a> {
+    locked: MutexGuard<'a, State>,
+    published: &'a AtomicUsize,
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        // Before the field drops and the mutex unlocks.
+        self.published.store(self.locked.values.len(), Ordering::Release);
+    }
+}
+
+impl Deref for Guard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.locked
+    }
+}
+
+impl DerefMut for Guard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.locked
+    }
+}
+
+#[derive(Default)]
+struct State {
+    values: Map<ValueEntry>,
+    windows: Map<Series>,
+    /// Limiter tenants' series, by interned prefix and tenant id.
+    tenants: HashMap<(u32, u128), Series, rustc_hash::FxBuildHasher>,
+    ops_since_sweep: usize,
+    closed: bool,
+}
+
+struct ValueEntry {
+    value: Value,
+    deadline: Option<Timestamp>,
+}
+
+enum Value {
+    Text(String),
+    Int(i64),
+}
+
+impl std::fmt::Debug for MemoryCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (mut values, mut windows, mut closed) = (0, 0, false);
+        for shard in self.shared.shards.iter() {
+            let state = lock(shard);
+            values += state.values.len();
+            windows += state.windows.len() + state.tenants.len();
+            closed |= state.closed;
+        }
+        f.debug_struct("MemoryCache")
+            .field("time_source", &self.shared.time_source)
+            .field("values", &values)
+            .field("windows", &windows)
+            .field("closed", &closed)
+            .finish()
+    }
+}
+
+impl Default for MemoryCache {
+    /// A cache on the system clock.
+    fn default() -> Self {
+        Self::new(Arc::new(SystemClock))
+    }
+}
+
+fn lock(shard: &Shard) -> Guard<'_> {
+    // A panic while holding the lock cannot leave the maps half-updated in a
+    // way later operations misread, so a poisoned lock is still usable.
+    Guard {
+        locked: shard.state.lock().unwrap_or_else(|p| p.into_inner()),
+        published: &shard.values,
+    }
+}
+
+/// The shard `key` lives on: keys that begin with a hash tag (`{…}`, as a
+/// breaker's do) share the first shard; a limiter's `{prefix}:{tenant}` key
+/// is placed by its tenant (as [`shard_of_tenant`]), every other key by its
+/// hash, over the rest.
+fn shard_of(key: &str) -> usize {
+    if key.starts_with('{') {
+        return TAGGED;
+    }
+    if let Some((_, tenant)) = tenant_key(key) {
+        return shard_of_tenant(tenant);
+    }
+    let mut hasher = rustc_hash::FxHasher::default();
+    hasher.write(key.as_bytes());
+    hashed_shard(hasher.finish())
+}
+
+/// The shard a limiter tenant's key lives on, from the tenant's id alone.
+fn shard_of_tenant(tenant: u128) -> usize {
+    let mut hasher = rustc_hash::FxHasher::default();
+    hasher.write_u128(tenant);
+    hashed_shard(hasher.finish())
+}
+
+fn hashed_shard(hash: u64) -> usize {
+    // The high bits mix best.
+    1 + (hash >> (u64::BITS - HASHED.trailing_zeros())) as usize
+}
+
+impl MemoryCache {
+    /// A cache whose TTLs run on `clock`, and whose atomic operations stamp
+    /// with `clock` too ([`TimeSource::Store`], the default). For a cache owned
+    /// by one limiter or breaker the two are the same clock.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self::with_time_source(clock, TimeSource::default())
+    }
+
+    /// A cache whose TTLs run on `clock`; under [`TimeSource::Store`] its atomic
+    /// operations also stamp with `clock`, under [`TimeSource::Caller`] with the
+    /// caller's `now`, clamped into one window behind `clock`
+    /// ([`crate::limiter::clamp_stamp`]). The simulator's shared cache host
+    /// runs either.
+    pub fn with_time_source(clock: Arc<dyn Clock>, time_source: TimeSource) -> Self {
+        MemoryCache {
+            shared: Arc::new(Shared {
+                clock,
+                time_source,
+                shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+                sweep_next: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
+                prefixes: Prefixes::default(),
+            }),
+        }
+    }
+
+    /// Live keys holding a value, and keys holding a hit window — what memory is
+    /// spent on. Expired entries still waiting for a sweep are not counted.
+    pub fn len(&self) -> (usize, usize) {
+        let now = self.shared.clock.now();
+        let (mut values, mut windows) = (0, 0);
+        for shard in self.shared.shards.iter() {
+            let state = lock(shard);
+            values += state.values.values().filter(|e| e.live(now)).count();
+            windows += state.windows.values().filter(|s| s.deadline > now).count();
+            windows += state.tenants.values().filter(|s| s.deadline > now).count();
+        }
+        (values, windows)
+    }
+
+    /// Total hits held across every window (bounded by live tenants × rpm × 2).
+    pub fn stored_hits(&self) -> usize {
+        self.shared
+            .shards
+            .iter()
+            .map(|shard| {
+                let state = lock(shard);
+                let hits = |series: &Series| series.len();
+                state.windows.values().map(hits).sum::<usize>() + state.tenants.values().map(hits).sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// Locks `key`'s shard, checks the cache is open, and sweeps if due.
+    fn open(&self, key: &str, now: Timestamp) -> Result<Guard<'_>, CacheError> {
+        self.open_shard(shard_of(key), now)
+    }
+
+    #[inline]
+    fn open_shard(&self, index: usize, now: Timestamp) -> Result<Guard<'_>, CacheError> {
+        let mut state = lock(&self.shared.shards[index]);
+        if state.closed {
+            return Err(CacheError::Closed);
+        }
+        state.ops_since_sweep += 1;
+        if state.ops_since_sweep > SWEEP_SLACK + state.values.len() + state.windows.len() + state.tenants.len() {
+            state.sweep(now);
+            self.sweep_another(index, now);
+        }
+        Ok(state)
+    }
+
+    /// Sweeps the next shard in turn (not `holding`, whose lock is held), if
+    /// nobody is using it: a busy shard sweeps itself.
+    fn sweep_another(&self, holding: usize, now: Timestamp) {
+        let next = self.shared.sweep_next.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        if next == holding {
+            return;
+        }
+        let shard = &self.shared.shards[next];
+        let locked = match shard.state.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        let mut other = Guard {
+            locked,
+            published: &shard.values,
+        };
+        other.sweep(now);
+    }
+
+    fn stamp(&self, caller_now: Timestamp, clock_now: Timestamp) -> Timestamp {
+        match self.shared.time_source {
+            TimeSource::Caller => caller_now,
+            TimeSource::Store => clock_now,
+        }
+    }
+}
+
+impl ValueEntry {
+    fn live(&self, now: Timestamp) -> bool {
+        self.deadline.is_none_or(|d| d > now)
+    }
+}
+
+fn deadline(now: Timestamp, ttl: Option<Duration>) -> Option<Timestamp> {
+    ttl.map(|ttl| now.saturating_add(ttl))
+}
+
+impl State {
+    fn sweep(&mut self, now: Timestamp) {
+        self.values.retain(|_, e| e.live(now));
+        self.windows.retain(|_, s| s.deadline > now);
+        self.tenants.retain(|_, s| s.deadline > now);
+        self.ops_since_sweep = 0;
+    }
+
+    fn value(&mut self, key: &str, now: Timestamp) -> Option<&mut ValueEntry> {
+        if self.values.get(key).is_some_and(|e| !e.live(now)) {
+            self.values.remove(key);
+        }
+        self.values.get_mut(key)
+    }
+
+    fn put(&mut self, key: &str, value: Value, deadline: Option<Timestamp>) {
+        match self.values.get_mut(key) {
+            Some(entry) => {
+                entry.value = value;
+                entry.deadline = deadline;
+            }
+            None => {
+                self.values.insert(key.to_owned(), ValueEntry { value, deadline });
+            }
+        }
+    }
+
+    /// The live series named `name`, emptied first if it expired — one lookup.
+    fn series_mut(&mut self, name: Name<'_>, now: Timestamp) -> Option<&mut Series> {
+        let series = match name {
+            Name::Tenant(prefix, tenant) => self.tenants.get_mut(&(prefix, tenant))?,
+            Name::Text(key) => self.windows.get_mut(key)?,
+        };
+        if series.deadline <= now {
+            series.clear();
+        }
+        Some(series)
+    }
+
+    /// Stores a new series under `name`.
+    fn insert_series(&mut self, name: Name<'_>, series: Series) {
+        match name {
+            Name::Tenant(prefix, tenant) => {
+                self.tenants.insert((prefix, tenant), series);
+            }
+            Name::Text(key) => {
+                self.windows.insert(key.to_owned(), series);
+            }
+        }
+    }
+
+    fn remove_series(&mut self, name: Name<'_>) {
+        match name {
+            Name::Tenant(prefix, tenant) => {
+                self.tenants.remove(&(prefix, tenant));
+            }
+            Name::Text(key) => {
+                self.windows.remove(key);
+            }
+        }
+    }
+
+    fn record(&mut self, name: Name<'_>, at: Timestamp, ttl: Duration, now: Timestamp) {
+        match self.series_mut(name, now) {
+            Some(series) => series.push(at, ttl, now),
+            None => self.insert_series(name, Series::first(at, ttl, now)),
+        }
+    }
+}
+
+impl Cache for MemoryCache {
+    async fn close(&self) -> Result<(), CacheError> {
+        for shard in self.shared.shards.iter() {
+            let mut state = lock(shard);
+            self.shared.closed.store(true, Ordering::Release);
+            state.closed = true;
+            state.values.clear();
+            state.windows.clear();
+            state.tenants.clear();
+        }
+        Ok(())
+    }
+
+    fn stamps_with_own_clock(&self) -> bool {
+        self.shared.time_source == TimeSource::Store
+    }
+}
+
+impl KeyValue for MemoryCache {
+    async fn get(&self, key: &str) -> Result<Option<String>, CacheError> {
+        let now = self.shared.clock.now();
+        let mut state = self.open(key, now)?;
+        Ok(state.value(key, now).map(|e| match &e.value {
+            Value::Text(s) => s.clone(),
+            Value::Int(n) => n.to_string(),
+        }))
+    }
+
+    async fn set(&self, key: &str, value: &str, ttl: Option<Duration>) -> Result<(), CacheError> {
+        let now = self.shared.clock.now();
+        let mut state = self.open(key, now)?;
+        state.put(key, Value::Text(value.to_owned()), deadline(now, ttl));
+        Ok(())
+    }
+
+    async fn increment(&self, key: &str, ttl: Option<Duration>) -> Result<i64, CacheError> {
+        let now = self.shared.clock.now();
+        let mut state = self.open(key, now)?;
+        match state.value(key, now) {
+            Some(entry) => {
+                let current = match &entry.value {
+                    Value::Int(n) => *n,
+                    Value::Text(s) => s
+                        .parse::<i64>()
+                        .map_err(|_| CacheError::NotAnInteger { key: key.to_owned() })?,
+                };
+                let next = current.checked_add(1).ok_or_else(|| CacheError::Protocol {
+                    operation: "increment",
+                    detail: format!("{key} would overflow"),
+                })?;
+                entry.value = Value::Int(next);
+                Ok(next)
+            }
+            None => {
+                state.put(key, Value::Int(1), deadline(now, ttl));
+                Ok(1)
+            }
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), CacheError> {
+        let now = self.shared.clock.now();
+        let mut state = self.open(key, now)?;
+        state.values.remove(key);
+        state.remove_series(self.shared.prefixes.name(key));
+        Ok(())
+    }
+}
+
+impl HitWindow for MemoryCache {
+    async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
+        let now = self.shared.clock.now();
+        let mut state = self.open(key, now)?;
+        state.record(self.shared.prefixes.name(key), at, ttl, now);
+        Ok(())
+    }
+
+    async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
+        let now = self.shared.clock.now();
+        let mut state = self.open(key, now)?;
+        Ok(state
+            .series_mut(self.shared.prefixes.name(key), now)
+            .map_or(0, |s| s.count_since(since)))
+    }
+
+    async fn oldest_since(&self, key: &str, since: Timestamp) -> Result<Option<Timestamp>, CacheError> {
+        let now = self.shared.clock.now();
+        let mut state = self.open(key, now)?;
+        Ok(state
+            .series_mut(self.shared.prefixes.name(key), now)
+            .and_then(|s| s.oldest_since(since)))
+    }
+}
+
+impl MemoryCache {
+    /// The atomic slot decision for the series named `name` on `shard`.
+    fn acquire_named(&self, shard: usize, name: Name<'_>, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let (now, clamped) = match self.shared.time_source {
+            TimeSource::Store => (clock_now, false),
+            TimeSource::Caller => clamp_stamp(request.now, clock_now, request.window, request.max_ahead),
+        };
+        let mut state = self.open_shard(shard, clock_now)?;
+        let since = now.saturating_sub(request.window);
+        let outcome = match state.series_mut(name, clock_now) {
+            Some(series) => {
+                let (count, oldest) = series.window(since);
+                let outcome = decide(count, oldest, request.limit, now, request.window);
+                if let SlotOutcome::Admitted { .. } = outcome {
+                    series.push(now, request.ttl, clock_now);
+                }
+                outcome
+            }
+            None => {
+                let outcome = decide(0, None, request.limit, now, request.window);
+                if let SlotOutcome::Admitted { .. } = outcome {
+                    state.insert_series(name, Series::first(now, request.ttl, clock_now));
+                }
+                outcome
+            }
+        };
+        Ok(outcome.with_clamped(clamped))
+    }
+}
+
+impl LimiterStore for MemoryCache {
+    async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
+        self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
+    }
+
+    /// By the tenant's id: no key is formatted, checked or hashed. The key
+    /// `{prefix}:{tenant}` names the same series.
+    async fn acquire_tenant_slot(
+        &self,
+        prefix: &str,
+        tenant: TenantId,
+        request: SlotRequest,
+    ) -> Result<SlotOutcome, CacheError> {
+        let bits = tenant.as_uuid().as_u128();
+        match self.shared.prefixes.id(prefix) {
+            Some(id) if !prefix.starts_with('{') => {
+                self.acquire_named(shard_of_tenant(bits), Name::Tenant(id, bits), request)
+            }
+            _ => {
+                // Not across an await: the future stays small.
+                let key = super::KeyBuf::tenant(prefix, &tenant);
+                let key = key.as_str();
+                self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
+            }
+        }
+    }
+}
+
+impl BreakerStore for MemoryCache {
+    async fn breaker_step(
+        &self,
+        keys: &BreakerKeys,
+        command: BreakerCommand,
+        params: BreakerParams,
+        now: Timestamp,
+    ) -> Result<BreakerStep, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let now = self.stamp(now, clock_now);
+        if let Some(step) = breaker::unlocked_step(self, keys, command, &params, now) {
+            return Ok(step);
+        }
+        let mut held = breaker::Held::lock(self, keys, clock_now)?;
+        Ok(held.step(keys, command, &params, now, clock_now))
+    }
+
+    async fn breaker_read(
+        &self,
+        keys: &BreakerKeys,
+        now: Timestamp,
+    ) -> Result<(BreakerSnapshot, Timestamp), CacheError> {
+        let clock_now = self.shared.clock.now();
+        let now = self.stamp(now, clock_now);
+        let held = breaker::Held::lock(self, keys, clock_now)?;
+        Ok((held.snapshot(keys, clock_now), now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tagged_keys_share_a_shard_and_untagged_ones_never_use_it() {
+        assert_eq!(shard_of("{kg:circuit}:state"), TAGGED);
+        assert_ne!(shard_of("kg:ratelimit:x"), TAGGED);
+        let keys = BreakerKeys::new("kg:circuit");
+        let shard = shard_of(&keys.state);
+        for key in [&keys.failures, &keys.opened_at, &keys.probes] {
+            assert_eq!(shard_of(key), shard, "{key}");
+        }
+    }
+
+    fn ready<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        match f
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+        {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("MemoryCache operations never suspend"),
+        }
+    }
+
+    #[test]
+    fn a_tenants_id_and_its_key_name_one_series() {
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let now = clock.now();
+        let request = SlotRequest {
+            now,
+            window: Duration::from_secs(60),
+            limit: 2,
+            ttl: Duration::from_secs(121),
+            max_ahead: Duration::from_secs(1),
+        };
+        for prefix in ["kg:ratelimit", "{tagged}", &"p".repeat(120)] {
+            let tenant = TenantId::from_u128(9);
+            let key = super::super::KeyBuf::tenant(prefix, &tenant);
+            let key = key.as_str();
+            ready(cache.acquire_tenant_slot(prefix, tenant, request)).unwrap();
+            assert_eq!(ready(cache.count_since(key, now)).unwrap(), 1, "{prefix}");
+            ready(cache.record_hit(key, now, request.ttl)).unwrap();
+            assert!(
+                matches!(
+                    ready(cache.acquire_tenant_slot(prefix, tenant, request)).unwrap(),
+                    SlotOutcome::Refused { used: 2, .. }
+                ),
+                "{prefix}: the hit recorded by key counts against the tenant"
+            );
+            ready(cache.delete(key)).unwrap();
+            assert_eq!(ready(cache.count_since(key, now)).unwrap(), 0, "{prefix}");
+            assert!(matches!(
+                ready(cache.acquire_slot(key, request)).unwrap(),
+                SlotOutcome::Admitted { remaining: 1, .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn keys_spread_over_the_shards() {
+        let mut used = [false; SHARDS];
+        for n in 0..1_000u128 {
+            used[shard_of(&format!("kg:ratelimit:{}", crate::TenantId::from_u128(n)))] = true;
+        }
+        assert!(!used[TAGGED]);
+        assert!(
+            used[1..].iter().all(|u| *u),
+            "every hashed shard holds some of 1 000 tenants"
+        );
+    }
+}

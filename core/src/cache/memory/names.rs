@@ -1,0 +1,161 @@
+//! How a hit series is named inside the store: a limiter's tenant by its id,
+//! anything else by its key.
+//!
+//! A limiter's key is `{prefix}:{tenant}` — 49 bytes to format, check and
+//! hash twice on every `acquire`. The store instead interns each prefix once
+//! (a small number; a process has a limiter or two) and keys the tenant's
+//! series by `(prefix id, tenant id)`. The string form still names the same
+//! series: a key of exactly that shape, by whatever path it arrives
+//! ([`HitWindow`](crate::cache::HitWindow), `delete`), is parsed to the same
+//! name, and both forms pick the same shard from the tenant id.
+
+use std::sync::{Mutex, OnceLock};
+
+use crate::cache::MAX_PREFIX_LEN;
+
+/// How many prefixes a cache interns; the prefixes after them are named by
+/// their keys, as any other key.
+const PREFIXES: usize = 64;
+
+/// A series' name within a shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Name<'k> {
+    /// A limiter tenant: the interned prefix's id and the tenant's id.
+    Tenant(u32, u128),
+    /// Any other key.
+    Text(&'k str),
+}
+
+/// The interned prefixes: filled in order, never emptied.
+pub(super) struct Prefixes {
+    slots: [OnceLock<Box<str>>; PREFIXES],
+    /// Held while a prefix is added, so one prefix never gets two ids.
+    adding: Mutex<()>,
+}
+
+impl Default for Prefixes {
+    fn default() -> Self {
+        Prefixes {
+            slots: std::array::from_fn(|_| OnceLock::new()),
+            adding: Mutex::new(()),
+        }
+    }
+}
+
+impl Prefixes {
+    /// `prefix`'s id, interning it if there is room; `None` once the table is
+    /// full (or for a prefix no limiter accepts), and then for good.
+    pub(super) fn id(&self, prefix: &str) -> Option<u32> {
+        if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
+            return None;
+        }
+        if let Some(id) = self.find(prefix) {
+            return Some(id);
+        }
+        let _adding = self.adding.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(id) = self.find(prefix) {
+            return Some(id);
+        }
+        let free = self.slots.iter().position(|slot| slot.get().is_none())?;
+        let _ = self.slots[free].set(Box::from(prefix));
+        u32::try_from(free).ok()
+    }
+
+    fn find(&self, prefix: &str) -> Option<u32> {
+        for (id, slot) in self.slots.iter().enumerate() {
+            match slot.get() {
+                Some(known) if **known == *prefix => return u32::try_from(id).ok(),
+                Some(_) => {}
+                // Filled in order: nothing after an empty slot.
+                None => return None,
+            }
+        }
+        None
+    }
+
+    /// The name `key` has: a tenant's when it is `{prefix}:{tenant}` with an
+    /// interned (or internable) prefix, else the key itself.
+    pub(super) fn name<'k>(&self, key: &'k str) -> Name<'k> {
+        match tenant_key(key).and_then(|(prefix, tenant)| Some((self.id(prefix)?, tenant))) {
+            Some((id, tenant)) => Name::Tenant(id, tenant),
+            None => Name::Text(key),
+        }
+    }
+}
+
+/// Length of a hyphenated UUID.
+const UUID_LEN: usize = 36;
+
+/// `key` split as `{prefix}:{tenant}` — a non-empty prefix that does not begin
+/// with `{`, a colon, and a UUID in hyphenated lower-case hex, exactly as a
+/// limiter formats it — or `None`.
+pub(super) fn tenant_key(key: &str) -> Option<(&str, u128)> {
+    let split = key.len().checked_sub(UUID_LEN + 1)?;
+    if split == 0 || key.starts_with('{') || key.as_bytes()[split] != b':' {
+        return None;
+    }
+    let uuid = &key.as_bytes()[split + 1..];
+    let mut bits = 0u128;
+    for (at, byte) in uuid.iter().enumerate() {
+        if matches!(at, 8 | 13 | 18 | 23) {
+            if *byte != b'-' {
+                return None;
+            }
+            continue;
+        }
+        let digit = match byte {
+            b'0'..=b'9' => byte - b'0',
+            b'a'..=b'f' => byte - b'a' + 10,
+            _ => return None,
+        };
+        bits = (bits << 4) | u128::from(digit);
+    }
+    // `split` is the colon's index, an ASCII byte: a character boundary.
+    Some((key.get(..split)?, bits))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::KeyBuf;
+    use crate::tenant::TenantId;
+
+    #[test]
+    fn a_limiters_key_parses_back_to_its_prefix_and_tenant() {
+        for n in [0u128, 1, u128::MAX, 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210] {
+            let key = KeyBuf::tenant("kg:ratelimit", &TenantId::from_u128(n));
+            assert_eq!(tenant_key(key.as_str()), Some(("kg:ratelimit", n)));
+        }
+    }
+
+    #[test]
+    fn other_keys_are_not_tenants() {
+        let tenant = "00000000-0000-0000-0000-000000000001";
+        for key in [
+            tenant.to_owned(),
+            format!(":{tenant}"),
+            format!("{{p}}:{tenant}"),
+            format!("p:{}", tenant.to_uppercase().replace('0', "A")),
+            format!("p;{tenant}"),
+            format!("p:{}", tenant.replace('-', "0")),
+            "short".to_owned(),
+        ] {
+            assert_eq!(tenant_key(&key), None, "{key}");
+        }
+    }
+
+    #[test]
+    fn a_prefix_gets_one_id_and_the_table_fills_for_good() {
+        let prefixes = Prefixes::default();
+        assert_eq!(prefixes.id("a"), Some(0));
+        assert_eq!(prefixes.id("b"), Some(1));
+        assert_eq!(prefixes.id("a"), Some(0));
+        for n in 2..PREFIXES {
+            assert_eq!(prefixes.id(&format!("p{n}")), u32::try_from(n).ok());
+        }
+        assert_eq!(prefixes.id("one too many"), None);
+        assert_eq!(prefixes.id("b"), Some(1));
+        let key = format!("one too many:{}", TenantId::from_u128(3));
+        assert_eq!(prefixes.name(&key), Name::Text(&key));
+    }
+}

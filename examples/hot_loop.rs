@@ -1,0 +1,154 @@
+//! Loops one hot-path operation for an instruction-count profiler.
+//!
+//! Wall-clock figures need a quiet machine; instruction counts do not. Run a
+//! case under `valgrind --tool=callgrind` twice with different iteration
+//! counts and divide the difference in instructions by the difference in
+//! iterations: that is the instructions one call costs, setup and warm-up
+//! excluded.
+//!
+//! ```text
+//! cargo build --profile bench --example hot_loop
+//! valgrind --tool=callgrind target/release/examples/hot_loop hot 10000
+//! ```
+//!
+//! Cases: `acquire`, `breaker`, `hot`, `hot_system`, `tenants`, `governor`,
+//! `recloser`, `governor_recloser`, `governor_tenants`.
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use redstring::{CircuitBreaker, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId};
+
+const RPM: u32 = 1_000;
+const WINDOW: Duration = Duration::from_secs(60);
+const STEP: Duration = Duration::from_millis(61);
+const WARM_UP: usize = 5_000;
+
+fn ready<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("MemoryCache operations never suspend"),
+    }
+}
+
+fn limiter(clock: Arc<dyn redstring::Clock>, rpm: u32, window: Duration) -> RateLimiter {
+    RateLimiter::builder(rpm)
+        .window(window)
+        .clock(clock)
+        .observer(Arc::new(NoopObserver))
+        .build()
+        .expect("valid limiter")
+}
+
+fn breaker(clock: Arc<dyn redstring::Clock>) -> CircuitBreaker {
+    CircuitBreaker::builder()
+        .clock(clock)
+        .observer(Arc::new(NoopObserver))
+        .build()
+        .expect("valid breaker")
+}
+
+type Governor = governor::DefaultKeyedRateLimiter<TenantId>;
+
+fn governor() -> Governor {
+    governor::RateLimiter::keyed(governor::Quota::per_second(NonZeroU32::MAX))
+}
+
+fn recloser() -> recloser::Recloser {
+    recloser::Recloser::custom().closed_len(100).build()
+}
+
+/// Runs `f` for the warm-up and then `iters` times.
+fn repeat(iters: usize, mut f: impl FnMut(usize)) {
+    for i in 0..WARM_UP + iters {
+        f(i);
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let case = args.next().unwrap_or_else(|| "hot".to_owned());
+    let iters: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(10_000);
+    let tenant = TenantId::from_u128(42);
+    let tenants: Vec<TenantId> = (0..1_000u128).map(TenantId::from_u128).collect();
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    match case.as_str() {
+        "acquire" => {
+            let l = limiter(clock.clone(), RPM, WINDOW);
+            repeat(iters, |_| {
+                clock.advance(STEP);
+                ready(l.acquire(tenant)).expect("admitted");
+            });
+        }
+        "breaker" => {
+            let b = breaker(clock.clone());
+            repeat(iters, |_| {
+                assert!(ready(b.allow_request()));
+                ready(b.record_success()).expect("recorded");
+            });
+        }
+        "hot" => {
+            let (l, b) = (limiter(clock.clone(), RPM, WINDOW), breaker(clock.clone()));
+            repeat(iters, |_| {
+                clock.advance(STEP);
+                assert!(ready(b.allow_request()));
+                ready(l.acquire(tenant)).expect("admitted");
+                ready(b.record_success()).expect("recorded");
+            });
+        }
+        "hot_system" => {
+            // As the bench: an rpm never reached, a 1 ms window.
+            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
+            let (l, b) = (
+                limiter(system.clone(), u32::MAX, Duration::from_millis(1)),
+                breaker(system),
+            );
+            repeat(iters, |_| {
+                assert!(ready(b.allow_request()));
+                ready(l.acquire(tenant)).expect("admitted");
+                ready(b.record_success()).expect("recorded");
+            });
+        }
+        "tenants" => {
+            let l = limiter(clock.clone(), RPM, WINDOW);
+            repeat(iters, |i| {
+                let i = i % tenants.len();
+                if i == 0 {
+                    clock.advance(STEP);
+                }
+                ready(l.acquire(tenants[i])).expect("admitted");
+            });
+        }
+        "governor" => {
+            let g = governor();
+            repeat(iters, |_| g.check_key(&tenant).expect("admitted"));
+        }
+        "governor_tenants" => {
+            let g = governor();
+            repeat(iters, |i| g.check_key(&tenants[i % tenants.len()]).expect("admitted"));
+        }
+        "recloser" => {
+            let r = recloser();
+            repeat(iters, |_| r.call(|| Ok::<_, ()>(())).expect("closed"));
+        }
+        "governor_recloser" => {
+            let (g, r) = (governor(), recloser());
+            repeat(iters, |_| {
+                r.call(|| {
+                    g.check_key(&tenant).expect("admitted");
+                    Ok::<_, ()>(())
+                })
+                .expect("closed")
+            });
+        }
+        other => {
+            eprintln!("unknown case {other:?}");
+            std::process::exit(2);
+        }
+    }
+}

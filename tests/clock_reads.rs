@@ -1,0 +1,92 @@
+//! One clock read per decision over a store that stamps with its own clock.
+//!
+//! A `MemoryCache` under `TimeSource::Store` ignores the caller's `now`, so the
+//! limiter and the breaker do not read their clock for it: on the production
+//! clock every read is a system call's worth of time. A caller-stamped cache
+//! still gets the caller's reading.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use redstring::{
+    CircuitBreaker, Clock, ManualClock, MemoryCache, NoopObserver, RateLimiter, Sleep, TenantId, TimeSource, Timestamp,
+};
+
+fn ready<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("MemoryCache operations never suspend"),
+    }
+}
+
+/// A manual clock that counts its readings.
+#[derive(Default)]
+struct Counted {
+    clock: ManualClock,
+    reads: AtomicUsize,
+}
+
+impl Counted {
+    fn reads(&self) -> usize {
+        self.reads.load(Ordering::SeqCst)
+    }
+}
+
+impl Clock for Counted {
+    fn now(&self) -> Timestamp {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.clock.now()
+    }
+    fn sleep(&self, duration: Duration) -> Sleep {
+        self.clock.sleep(duration)
+    }
+}
+
+fn cache(clock: &Arc<Counted>, time_source: TimeSource) -> Arc<MemoryCache> {
+    Arc::new(MemoryCache::with_time_source(clock.clone(), time_source))
+}
+
+#[test]
+fn a_store_stamped_decision_reads_the_clock_once() {
+    let clock = Arc::new(Counted::default());
+    let store = cache(&clock, TimeSource::Store);
+    let limiter = RateLimiter::builder(10)
+        .clock(clock.clone())
+        .cache(store.clone())
+        .observer(Arc::new(NoopObserver))
+        .build()
+        .unwrap();
+    let breaker = CircuitBreaker::builder()
+        .clock(clock.clone())
+        .cache(store)
+        .observer(Arc::new(NoopObserver))
+        .build()
+        .unwrap();
+    let before = clock.reads();
+    ready(limiter.acquire(TenantId::from_u128(1))).unwrap();
+    assert_eq!(clock.reads() - before, 1, "acquire");
+    let before = clock.reads();
+    assert!(ready(breaker.allow_request()));
+    ready(breaker.record_success()).unwrap();
+    assert_eq!(clock.reads() - before, 2, "allow + record_success");
+}
+
+#[test]
+fn a_caller_stamped_decision_still_gets_the_callers_reading() {
+    let clock = Arc::new(Counted::default());
+    let store = cache(&clock, TimeSource::Caller);
+    let limiter = RateLimiter::builder(10)
+        .clock(clock.clone())
+        .cache(store)
+        .observer(Arc::new(NoopObserver))
+        .build()
+        .unwrap();
+    let before = clock.reads();
+    ready(limiter.acquire(TenantId::from_u128(1))).unwrap();
+    assert_eq!(clock.reads() - before, 2, "the caller's reading and the store's");
+}

@@ -1,0 +1,102 @@
+//! What a live tenant at its limit costs in memory, and that it is bounded by
+//! `rpm`.
+//!
+//! A counting global allocator (this test binary only) tracks the bytes held.
+//! Tenants are driven at their limit — one admission per `window / rpm` — for
+//! three windows, long enough for their series to reach the steady size the
+//! limiter's series lifetime (`2 × window + max_clock_ahead`) allows: about
+//! `2 × rpm` hits of 8 bytes, in a ring buffer whose capacity is a power of
+//! two.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use redstring::{ManualClock, NoopObserver, RateLimiter, TenantId};
+
+struct Counting;
+
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        HELD.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        HELD.fetch_add(new_size, Ordering::Relaxed);
+        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn ready<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("MemoryCache operations never suspend"),
+    }
+}
+
+const TENANTS: u128 = 50;
+const WINDOW: Duration = Duration::from_secs(60);
+
+/// Bytes held per tenant after `TENANTS` tenants ran at `rpm` for three windows.
+fn bytes_per_tenant(rpm: u32) -> usize {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let limiter = RateLimiter::builder(rpm)
+        .window(WINDOW)
+        .clock(clock.clone())
+        .observer(Arc::new(NoopObserver))
+        .build()
+        .unwrap();
+    let before = HELD.load(Ordering::SeqCst);
+    let step = WINDOW / rpm + Duration::from_micros(1);
+    for _ in 0..3 * rpm {
+        for n in 0..TENANTS {
+            ready(limiter.acquire(TenantId::from_u128(n))).expect("one admission per window / rpm");
+        }
+        clock.advance(step);
+    }
+    let held = HELD.load(Ordering::SeqCst) - before;
+    drop(limiter);
+    held / TENANTS as usize
+}
+
+/// The bound documented in BENCHMARKS.md: 16 bytes per hit the series can
+/// hold (8 per instant, doubled for the ring buffer's power-of-two
+/// capacity), plus the key and the map's entry.
+fn bound(rpm: u32) -> usize {
+    let hits = 2 * rpm as usize + (rpm as usize).div_ceil(60) + 2;
+    16 * hits + 512
+}
+
+#[test]
+fn a_live_tenant_at_its_limit_costs_memory_bounded_by_rpm() {
+    for rpm in [10, 100, 1_000] {
+        let bytes = bytes_per_tenant(rpm);
+        eprintln!("rpm {rpm}: {bytes} bytes per live tenant (bound {})", bound(rpm));
+        assert!(bytes <= bound(rpm), "rpm {rpm}: {bytes} bytes > {}", bound(rpm));
+        // It does hold the window: at least 8 bytes per hit in it.
+        assert!(
+            bytes >= 8 * rpm as usize,
+            "rpm {rpm}: {bytes} bytes hold less than a window"
+        );
+    }
+}
