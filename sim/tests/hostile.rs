@@ -411,3 +411,103 @@ fn link_latencies_and_schedules_past_their_limits_are_refused() {
         other => panic!("expected a validation error, got {other:?}"),
     }
 }
+
+#[test]
+fn an_ollama_with_no_keep_alive_and_no_load_time_serves_instead_of_spinning() {
+    // keep_alive_s = 0 unloads the model once idle; the request that loaded
+    // it must still be served. With reload_s = 0 the server used to unload
+    // the model the moment its load ended and start another, forever, at one
+    // instant: the simulation never advanced.
+    let text = r#"
+name = "ollama-zero"
+duration_s = 30
+[[servers]]
+name = "gpu"
+kind = "ollama"
+keep_alive_s = 0
+reload_s = 0
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 6 }]
+"#;
+    let s = Scenario::parse("ollama.toml", text).unwrap();
+    let run = redstring_sim::world::simulate(&s, 1).unwrap();
+    let ok = run
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                redstring_sim::evidence::trace::Kind::CallEnd {
+                    outcome: redstring_sim::evidence::outcome::CallOutcome::Ok,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert!(ok > 0, "no call was served");
+}
+
+#[test]
+fn a_time_scale_that_makes_steps_take_no_time_is_refused() {
+    let text = r#"
+name = "scale"
+duration_s = 30
+[[servers]]
+name = "gpu"
+kind = "vllm"
+time_scale = 1e-12
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 6 }]
+"#;
+    refused(
+        text,
+        "servers[0].time_scale",
+        "time_scale = 1e-12",
+        "between 0.01 and 1000",
+    );
+}
+
+#[test]
+fn token_counts_beyond_ten_million_are_refused() {
+    let text = BASE.replace(
+        "[[servers]]\nname = \"gpu\"",
+        "[[servers]]\nname = \"gpu\"\noutput_tokens = 4000000000",
+    );
+    refused(
+        &text,
+        "servers[0].output_tokens",
+        "output_tokens = 4000000000",
+        "at most 10000000",
+    );
+    let text = format!("{BASE}\n[hardening]\nmax_tokens = 4000000000\n");
+    refused(
+        &text,
+        "hardening.max_tokens",
+        "max_tokens = 4000000000",
+        "at most 10000000",
+    );
+}
+
+#[test]
+fn a_fleet_of_a_billion_closed_loop_clients_is_refused() {
+    // Each group's tenants are within the per-tenant limits; together they
+    // would be a billion tasks before the first instant.
+    let tenants: Vec<String> = (1..=20)
+        .map(|i| format!("{{ id = {i}, clients = 10000, think_s = 31536000 }}"))
+        .collect();
+    let text = format!(
+        "name = \"clients\"\nduration_s = 60\n[[servers]]\nname = \"gpu\"\n[[workers]]\nname = \"w\"\ncount = 500\nservers = [\"gpu\"]\ntenants = [{}]\n",
+        tenants.join(", ")
+    );
+    match Scenario::parse("clients.toml", &text) {
+        Err(ScenarioError::Invalid { field, message, .. }) => {
+            assert_eq!(field, "workers[0].tenants[0].clients", "{message}");
+            assert!(message.contains("at most 100000"), "{message}");
+        }
+        other => panic!("expected a validation error, got {other:?}"),
+    }
+}

@@ -24,7 +24,8 @@
 //! | `workers[].tenants` | ..= [`MAX_TENANTS`] per group |
 //! | `tenants[].calls_per_min` | ..= [`MAX_CALLS_PER_MIN`]; the whole fleet ..= [`MAX_FLEET_CALLS_PER_MIN`] |
 //! | `tenants[].replay` | at most [`replay::MAX_REQUESTS`](super::replay::MAX_REQUESTS) requests inside the run, each ..= [`MAX_TRACE_TOKENS`] tokens either way; `speedup` 0.001 ..= 10⁶ |
-//! | `tenants[].clients` | ..= [`MAX_CLIENTS`]; with `think_s` ([`MIN_SECONDS`] ..), at most [`MAX_CALLS_PER_MIN`] starts a minute, counted in the fleet's total |
+//! | `servers[].prompt_tokens`, `output_tokens`, `hardening.max_tokens` | ..= [`MAX_TRACE_TOKENS`] |
+//! | `tenants[].clients` | ..= [`MAX_CLIENTS`], the whole fleet ..= [`MAX_FLEET_CLIENTS`]; with `think_s` ([`MIN_SECONDS`] ..), at most [`MAX_CALLS_PER_MIN`] starts a minute, counted in the fleet's total |
 //! | a `burst` fault's `calls` | ..= [`MAX_BURST_CALLS_PER_WORKER`]; times the workers with its tenant ..= [`MAX_BURST_CALLS`] |
 //! | `faults` | ..= [`MAX_FAULTS`] |
 //! | `hardening.max_retries` | ..= [`MAX_RETRIES`] |
@@ -73,6 +74,10 @@ pub const MAX_TRACE_TOKENS: u64 = crate::hosts::MAX_HEADER_TOKENS;
 
 /// The most closed-loop clients of one tenant on one worker.
 pub const MAX_CLIENTS: u64 = 10_000;
+
+/// The most closed-loop clients of every tenant on every worker together
+/// (each is a task with its own random stream).
+pub const MAX_FLEET_CLIENTS: u64 = 100_000;
 
 /// The most arrivals per minute of every tenant on every worker together
 /// (10,000 a second).

@@ -18,7 +18,7 @@
 //! under test is hidden behind plain overload. (A burst above capacity is
 //! what a burst scenario is for, so it is shown, not warned about.)
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use super::{CacheKind, Fault, FaultKind, Mode, Scenario, ScenarioError, fault, validate};
@@ -240,16 +240,20 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
     let fleet = scenario.fleet();
     let h = &scenario.hardening;
     let allowed_per_s = f64::from(h.rpm) / h.window_s;
+    let rate = |t: &super::TenantLoad| (t.peak_calls_per_min() + t.replay_calls_per_min(scenario.duration_s)) / 60.0;
     // With a shared cache a tenant's allowance is the fleet's: each worker
-    // gets the share its arrivals are of the tenant's total.
-    let tenant_total = |id: u64| -> f64 {
-        fleet
-            .iter()
-            .flat_map(|m| m.tenants.iter())
-            .filter(|t| t.id == id)
-            .map(|t| (t.peak_calls_per_min() + t.replay_calls_per_min(scenario.duration_s)) / 60.0)
-            .sum()
-    };
+    // gets the share its arrivals are of the tenant's total. Totals, and the
+    // burst calls per tenant, are summed once (fleets and schedules may be
+    // large).
+    let mut tenant_total: BTreeMap<u64, f64> = BTreeMap::new();
+    for t in fleet.iter().flat_map(|m| m.tenants.iter()) {
+        *tenant_total.entry(t.id).or_default() += rate(t);
+    }
+    let mut burst_per_tenant: BTreeMap<u64, u64> = BTreeMap::new();
+    for b in scenario.bursts() {
+        let calls = burst_per_tenant.entry(b.tenant).or_default();
+        *calls = calls.saturating_add(u64::from(b.calls));
+    }
     scenario
         .servers
         .iter()
@@ -258,14 +262,15 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
             let mut admitted = 0.0;
             let mut burst_calls: u64 = 0;
             for m in fleet.iter().filter(|m| m.server == spec.name) {
+                let mut tenants = BTreeSet::new();
                 for t in &m.tenants {
                     // A closed loop's peak: its clients' calls ending at once.
-                    let rate = (t.peak_calls_per_min() + t.replay_calls_per_min(scenario.duration_s)) / 60.0;
+                    let rate = rate(t);
                     arriving += rate;
                     admitted += match scenario.cache.kind {
                         CacheKind::PerWorker => rate.min(allowed_per_s),
                         CacheKind::Shared => {
-                            let total = tenant_total(t.id);
+                            let total = tenant_total.get(&t.id).copied().unwrap_or(0.0);
                             if total > allowed_per_s {
                                 rate * allowed_per_s / total
                             } else {
@@ -273,11 +278,10 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
                             }
                         }
                     };
+                    tenants.insert(t.id);
                 }
-                for b in scenario.bursts() {
-                    if m.tenants.iter().any(|t| t.id == b.tenant) {
-                        burst_calls = burst_calls.saturating_add(u64::from(b.calls));
-                    }
+                for id in tenants {
+                    burst_calls = burst_calls.saturating_add(burst_per_tenant.get(&id).copied().unwrap_or(0));
                 }
             }
             ServerLoad {

@@ -9,8 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::limits::{
     MAX_BURST_CALLS, MAX_BURST_CALLS_PER_WORKER, MAX_CALLS_PER_MIN, MAX_CLIENTS, MAX_CLOCK_MS, MAX_DRIFT_PPM,
-    MAX_FAULTS, MAX_FLEET, MAX_FLEET_CALLS_PER_MIN, MAX_LATENCY_MS, MAX_LIMITER_WAITS, MAX_RETRIES, MAX_SECONDS,
-    MAX_SERVERS, MAX_SERVICE_TIME_S, MAX_TENANTS, MAX_TOKENS_PER_S, MIN_SECONDS, MIN_TOKENS_PER_S,
+    MAX_FAULTS, MAX_FLEET, MAX_FLEET_CALLS_PER_MIN, MAX_FLEET_CLIENTS, MAX_LATENCY_MS, MAX_LIMITER_WAITS, MAX_RETRIES,
+    MAX_SECONDS, MAX_SERVERS, MAX_SERVICE_TIME_S, MAX_TENANTS, MAX_TOKENS_PER_S, MAX_TRACE_TOKENS, MIN_SECONDS,
+    MIN_TOKENS_PER_S,
 };
 use super::{Behaviour, CACHE_HOST, CacheKind, Fault, Scenario, ScenarioError};
 
@@ -154,6 +155,12 @@ impl Scenario {
         ] {
             e.positive(field, v)?;
         }
+        e.at_most(
+            "hardening.max_tokens",
+            u64::from(h.max_tokens),
+            MAX_TRACE_TOKENS,
+            "output tokens per request",
+        )?;
         for (field, v) in [
             ("hardening.window_s", h.window_s),
             ("hardening.recovery_timeout_s", h.recovery_timeout_s),
@@ -218,6 +225,9 @@ impl Scenario {
                 e.positive(&at(field), v)?;
                 e.within(&at(field), v, MIN_TOKENS_PER_S, MAX_TOKENS_PER_S, " tokens/s")?;
             }
+            for (field, v) in [("prompt_tokens", s.prompt_tokens), ("output_tokens", s.output_tokens)] {
+                e.at_most(&at(field), u64::from(v), MAX_TRACE_TOKENS, "tokens per request")?;
+            }
             let service = s.service_time_s();
             if !(service.is_finite() && service <= MAX_SERVICE_TIME_S) {
                 return Err(e.bad(
@@ -245,6 +255,7 @@ impl Scenario {
         }
         let mut fleet: u64 = 0;
         let mut fleet_calls_per_min = 0.0;
+        let mut fleet_clients: u64 = 0;
         for (i, w) in self.workers.iter().enumerate() {
             let at = |f: &str| format!("workers[{i}].{f}");
             if w.count == 0 || w.count > 500 {
@@ -296,6 +307,15 @@ impl Scenario {
                             ),
                         ));
                     }
+                }
+                fleet_clients = fleet_clients.saturating_add(u64::from(t.clients).saturating_mul(u64::from(w.count)));
+                if fleet_clients > MAX_FLEET_CLIENTS {
+                    return Err(e.bad(
+                        &format!("workers[{i}].tenants[{j}].clients"),
+                        format!(
+                            "the whole fleet would run {fleet_clients} closed-loop clients or more; at most {MAX_FLEET_CLIENTS} in all"
+                        ),
+                    ));
                 }
                 fleet_calls_per_min += t.peak_calls_per_min() * f64::from(w.count);
                 if fleet_calls_per_min > MAX_FLEET_CALLS_PER_MIN {

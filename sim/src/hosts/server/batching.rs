@@ -327,7 +327,9 @@ impl Engine {
         let ms = EngineParams::step_ms(new_tokens, u) * p.time_scale * sanitize(factor);
         // A step too long to represent never ends: an infinitely slow GPU, not
         // an infinitely fast one.
-        let end = start.saturating_add(Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX));
+        // And no step takes no time: a run of steps always moves the clock.
+        let step = Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX);
+        let end = start.saturating_add(step.max(Duration::from_micros(1)));
         self.now = end;
         self.steps += 1;
         let mut still = Vec::with_capacity(self.running.len());

@@ -288,9 +288,11 @@ impl Batching {
                                 continue;
                             }
                             st.model = Model::Ready;
-                            // Freshly loaded: its idle time starts now.
+                            // Freshly loaded: its idle time starts now, and
+                            // the requests that waited for it are served —
+                            // not unloaded again by a keep-alive of zero.
                             st.last_done = now;
-                            continue;
+                            break Ok(());
                         }
                         until
                     }

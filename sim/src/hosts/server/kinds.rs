@@ -335,9 +335,9 @@ pub fn validate(spec: &ServerSpec) -> Result<(), (String, String)> {
         }
     }
     if let Some(t) = spec.time_scale
-        && !(t.is_finite() && t > 0.0 && t <= 1000.0)
+        && !(t.is_finite() && (0.01..=1000.0).contains(&t))
     {
-        return bad("time_scale", format!("must be above 0 and at most 1000, got {t}"));
+        return bad("time_scale", format!("must be between 0.01 and 1000, got {t}"));
     }
     if let Some(s) = spec.step_sigma
         && !(s.is_finite() && (0.0..=1.0).contains(&s))

@@ -139,7 +139,15 @@ fn restarts_in_a_window(s: &Scenario, window: Duration) -> u64 {
 /// - a caller-stamped shared cache under skew holds up to [`skew_bound`]
 ///   hits: the wait may grow by up to the window plus the clocks' spread
 ///   (no stamp is further than the spread ahead of another).
-pub fn wait_growth_bound(s: &Scenario, host: &str, decider: Decider, between_us: (u64, u64)) -> Duration {
+///
+/// `bound` is [`rpm_bound`]`(s)`, computed once by the caller.
+pub fn wait_growth_bound(
+    s: &Scenario,
+    bound: &RpmBound,
+    host: &str,
+    decider: Decider,
+    between_us: (u64, u64),
+) -> Duration {
     let shared_cache_decided = s.cache.kind == CacheKind::Shared && decider == Decider::Cache;
     let stamper = if shared_cache_decided && s.cache.time_source == TimeSource::Store {
         CACHE_HOST
@@ -165,7 +173,7 @@ pub fn wait_growth_bound(s: &Scenario, host: &str, decider: Decider, between_us:
         .fold(Duration::ZERO, Duration::saturating_add);
     let mut widened = back;
     if shared_cache_decided && s.cache.time_source == TimeSource::Caller {
-        widened = widened.saturating_add(rpm_bound(s).spread);
+        widened = widened.saturating_add(bound.spread);
     }
     if widened.is_zero() {
         Duration::ZERO
@@ -178,34 +186,46 @@ pub fn wait_growth_bound(s: &Scenario, host: &str, decider: Decider, between_us:
 /// shared cache takes them: each worker's offset from the cache host's clock
 /// (offset, drift and steps on both sides), clamped into `[−window, ahead]`
 /// as `limiter::clamp_stamp` clamps a stamp. Offsets move linearly between
-/// steps, so their extremes are at the start, the end and either side of a
-/// step.
+/// steps, so a worker's extremes are at the start, the end and either side
+/// of its own or the cache host's steps. Each host's steps are summed once
+/// (a schedule may hold thousands), so this is O(steps · log steps).
 fn clock_spread(s: &Scenario, window: Duration, ahead: Duration) -> Duration {
-    let steps = |host: &str, t_s: f64, inclusive: bool| -> f64 {
-        s.faults
-            .iter()
-            .filter_map(|f| match f {
-                Fault::ClockStep { at_s, host: h, by_ms }
-                    if h == host && (*at_s < t_s || (inclusive && *at_s <= t_s)) =>
-                {
-                    Some(*by_ms as f64)
-                }
-                _ => None,
-            })
-            .sum()
+    // Each host's steps in time order, with the running total after each.
+    let mut steps: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    for f in &s.faults {
+        if let Fault::ClockStep { at_s, host, by_ms } = f {
+            steps.entry(host.as_str()).or_default().push((*at_s, *by_ms as f64));
+        }
+    }
+    for list in steps.values_mut() {
+        list.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut total = 0.0;
+        for step in list.iter_mut() {
+            total += step.1;
+            step.1 = total;
+        }
+    }
+    // The total of `host`'s steps before `t_s` (at or before, if inclusive).
+    let stepped = |host: &str, t_s: f64, inclusive: bool| -> f64 {
+        let Some(list) = steps.get(host) else { return 0.0 };
+        let n = list.partition_point(|(at, _)| *at < t_s || (inclusive && *at <= t_s));
+        if n == 0 { 0.0 } else { list[n - 1].1 }
     };
     let offset_ms = |clock: &ClockSpec, host: &str, t_s: f64, inclusive: bool| {
-        clock.offset_ms as f64 + clock.drift_ppm as f64 * 1e-3 * t_s + steps(host, t_s, inclusive)
+        clock.offset_ms as f64 + clock.drift_ppm as f64 * 1e-3 * t_s + stepped(host, t_s, inclusive)
     };
-    let mut instants = vec![0.0, s.duration_s];
-    instants.extend(s.faults.iter().filter_map(|f| match f {
-        Fault::ClockStep { at_s, .. } => Some(*at_s),
-        _ => None,
-    }));
+    let cache_steps: Vec<f64> = steps
+        .get(CACHE_HOST)
+        .map_or(Vec::new(), |l| l.iter().map(|x| x.0).collect());
     let (lo, hi) = (-(window.as_secs_f64() * 1e3), ahead.as_secs_f64() * 1e3);
     let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
     for member in s.fleet() {
-        for &t in &instants {
+        let own = steps.get(member.name.as_str()).into_iter().flatten().map(|x| x.0);
+        let instants = [0.0, s.duration_s]
+            .into_iter()
+            .chain(own)
+            .chain(cache_steps.iter().copied());
+        for t in instants {
             for inclusive in [false, true] {
                 let relative = offset_ms(&member.clock, &member.name, t, inclusive)
                     - offset_ms(&s.cache.clock, CACHE_HOST, t, inclusive);
@@ -332,6 +352,7 @@ pub(super) fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> Finding 
     // a shared cache, by another worker — seen in the trace up to a round
     // trip late), and then the wait may legitimately change.
     let admitted = admissions(ctx.scopes, events);
+    let bound = rpm_bound(ctx.scenario);
     let mut last: BTreeMap<(&str, TenantId, Decider), (u64, u64)> = BTreeMap::new();
     let mut refusals = 0;
     let mut verdict = Verdict::Held;
@@ -350,14 +371,21 @@ pub(super) fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> Finding 
         refusals += 1;
         let key = (e.host.as_str(), *tenant, *decided_by);
         if let Some(&(t_prev, prev)) = last.get(&key) {
+            // Admissions are in trace order, so in time order: the first
+            // one late enough tells whether any fell in between.
             let hit_between = admitted.get(&(ctx.scopes.limiter(e), *tenant)).is_some_and(|hits| {
-                hits.iter()
-                    .any(|h| h.t_us + ctx.round_trip_us >= t_prev && h.t_us <= e.t_us)
+                let first = hits.partition_point(|h| h.t_us.saturating_add(ctx.round_trip_us) < t_prev);
+                hits.get(first).is_some_and(|h| h.t_us <= e.t_us)
             });
-            let allowed = micros(wait_growth_bound(ctx.scenario, &e.host, *decided_by, (t_prev, e.t_us)));
-            largest_allowance = largest_allowance.max(allowed);
             if !hit_between && *retry_after_us > prev {
                 let growth = retry_after_us - prev;
+                let allowed = micros(wait_growth_bound(
+                    ctx.scenario,
+                    &bound,
+                    &e.host,
+                    *decided_by,
+                    (t_prev, e.t_us),
+                ));
                 if growth > worst_growth {
                     (worst_growth, worst_allowed) = (growth, allowed);
                 }
@@ -371,6 +399,10 @@ pub(super) fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> Finding 
                     );
                 }
             }
+        } else {
+            // The most this worker's limiter may ever allow, for the figure.
+            let most = wait_growth_bound(ctx.scenario, &bound, &e.host, *decided_by, (0, u64::MAX));
+            largest_allowance = largest_allowance.max(micros(most));
         }
         last.insert(key, (e.t_us, *retry_after_us));
     }
@@ -385,7 +417,7 @@ pub(super) fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> Finding 
             .faults
             .iter()
             .any(|f| matches!(f, Fault::ClockStep { by_ms, .. } if *by_ms < 0));
-        let skewed = ctx.scopes.shared() && s.cache.time_source == TimeSource::Caller && !rpm_bound(s).spread.is_zero();
+        let skewed = ctx.scopes.shared() && s.cache.time_source == TimeSource::Caller && !bound.spread.is_zero();
         let why = match (stepped_back, skewed) {
             (true, true) => "a window plus the steps back and the clocks' spread",
             (true, false) => "a window plus the steps back",

@@ -541,25 +541,25 @@ by_ms = -3000
         let second = Duration::from_secs(1).as_micros() as u64;
         // Before the step, and long after its aftermath (20 + 10 + 3 s): none.
         assert_eq!(
-            wait_growth_bound(&s, "w", Cache, (5 * second, 6 * second)),
+            wait_growth_bound(&s, &rpm_bound(&s), "w", Cache, (5 * second, 6 * second)),
             Duration::ZERO
         );
         assert_eq!(
-            wait_growth_bound(&s, "w", Cache, (40 * second, 41 * second)),
+            wait_growth_bound(&s, &rpm_bound(&s), "w", Cache, (40 * second, 41 * second)),
             Duration::ZERO
         );
         // Across it or within its aftermath: the window plus the step.
         assert_eq!(
-            wait_growth_bound(&s, "w", Cache, (19 * second, 21 * second)),
+            wait_growth_bound(&s, &rpm_bound(&s), "w", Cache, (19 * second, 21 * second)),
             Duration::from_secs(13)
         );
         assert_eq!(
-            wait_growth_bound(&s, "w", Cache, (30 * second, 32 * second)),
+            wait_growth_bound(&s, &rpm_bound(&s), "w", Cache, (30 * second, 32 * second)),
             Duration::from_secs(13)
         );
         // Another host's step does not loosen w's claim.
         assert_eq!(
-            wait_growth_bound(&s, "v", Cache, (19 * second, 21 * second)),
+            wait_growth_bound(&s, &rpm_bound(&s), "v", Cache, (19 * second, 21 * second)),
             Duration::ZERO
         );
         let grows = |t: f64, by: f64| {
@@ -602,11 +602,17 @@ by_ms = -3000
         let s = skewed("caller", 0);
         // Spread 4 s (see the_rpm_bound_follows_the_clamped_clock_spread).
         assert_eq!(
-            wait_growth_bound(&s, "slow", Cache, (0, 1_000_000)),
+            wait_growth_bound(&s, &rpm_bound(&s), "slow", Cache, (0, 1_000_000)),
             Duration::from_secs(14)
         );
         assert_eq!(
-            wait_growth_bound(&skewed("store", 0), "slow", Cache, (0, 1_000_000)),
+            wait_growth_bound(
+                &skewed("store", 0),
+                &rpm_bound(&skewed("store", 0)),
+                "slow",
+                Cache,
+                (0, 1_000_000)
+            ),
             Duration::ZERO
         );
     }
