@@ -10,39 +10,13 @@ use std::time::Duration;
 
 use redis_support::RedisServer;
 use redstring::cache::redis::RedisCache;
-use redstring::{
-    AcquireError, CircuitBreaker, CircuitState, Clock, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId,
-};
+use redstring::{CircuitBreaker, CircuitState, Clock, ManualClock, NoopObserver, SystemClock, TenantId};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_tasks_over_five_connections_admit_exactly_rpm() {
     let Some(server) = RedisServer::start() else { return };
-    let limiters: Vec<_> = (0..5)
-        .map(|_| {
-            Arc::new(
-                RateLimiter::builder(10)
-                    .cache(Arc::new(server.cache()))
-                    .observer(Arc::new(NoopObserver))
-                    .build()
-                    .unwrap(),
-            )
-        })
-        .collect();
+    let (admitted, limited, limiters) = redis_support::race_one_tenant(|| server.cache(), 5, 50, 10).await;
     let tenant = TenantId::from_u128(42);
-    let tasks: Vec<_> = (0..50)
-        .map(|i| {
-            let limiter = limiters[i % limiters.len()].clone();
-            tokio::spawn(async move { limiter.acquire(tenant).await })
-        })
-        .collect();
-    let (mut admitted, mut limited) = (0, 0);
-    for task in tasks {
-        match task.await.unwrap() {
-            Ok(_) => admitted += 1,
-            Err(AcquireError::Limited(_)) => limited += 1,
-            Err(other) => panic!("unexpected error: {other:?}"),
-        }
-    }
     assert_eq!((admitted, limited), (10, 40));
     assert_eq!(limiters[0].remaining(tenant).await.unwrap(), 0);
     // Another tenant is untouched.

@@ -16,7 +16,7 @@ use redis_support::{bounded, wait};
 use redstring::cache::KeyValue;
 use redstring::cache::redis::RedisCache;
 use redstring::testing::{Harness, run_all};
-use redstring::{AcquireError, CacheError, Clock, NoopObserver, RateLimiter, SystemClock, TenantId, Timestamp};
+use redstring::{CacheError, Clock, SystemClock, TenantId, Timestamp};
 
 const PASSWORD: &str = "tls-hunter2-secret";
 
@@ -54,32 +54,8 @@ async fn fifty_tasks_over_five_tls_connections_admit_exactly_rpm() {
     let Some(server) = TlsServer::start(ClientAuth::Optional, None) else {
         return;
     };
-    let limiters: Vec<_> = (0..5)
-        .map(|_| {
-            Arc::new(
-                RateLimiter::builder(10)
-                    .cache(Arc::new(server.cache()))
-                    .observer(Arc::new(NoopObserver))
-                    .build()
-                    .unwrap(),
-            )
-        })
-        .collect();
+    let (admitted, limited, limiters) = redis_support::race_one_tenant(|| server.cache(), 5, 50, 10).await;
     let tenant = TenantId::from_u128(42);
-    let tasks: Vec<_> = (0..50)
-        .map(|i| {
-            let limiter = limiters[i % limiters.len()].clone();
-            tokio::spawn(async move { limiter.acquire(tenant).await })
-        })
-        .collect();
-    let (mut admitted, mut limited) = (0, 0);
-    for task in tasks {
-        match task.await.unwrap() {
-            Ok(_) => admitted += 1,
-            Err(AcquireError::Limited(_)) => limited += 1,
-            Err(other) => panic!("unexpected error: {other:?}"),
-        }
-    }
     assert_eq!((admitted, limited), (10, 40));
     assert_eq!(limiters[0].remaining(tenant).await.unwrap(), 0);
 }

@@ -1,20 +1,9 @@
 //! The `redstring-sim` binary: exit codes distinguish a bad scenario file from
 //! an invariant failure, and errors name the file and the line.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod support;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_redstring-sim"))
-}
-
-fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("redstring-sim-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
+use support::{bin, temp_file};
 
 const SMALL: &str = r#"
 name = "small"

@@ -3,8 +3,9 @@
 //! field and its line (exit 2), ends with a typed budget error (exit 3), or
 //! runs to its end without a panic.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod support;
+
+use support::{bin, temp_file};
 
 use redstring_sim::scenario::{Scenario, ScenarioError};
 use redstring_sim::search::fuzz::Bounds;
@@ -46,15 +47,6 @@ fn refused(text: &str, field: &str, line: &str, message: &str) {
         }
         other => panic!("{field}: expected a validation error, got {other:?}"),
     }
-}
-
-fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("redstring-sim-hostile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(&path, text).unwrap();
-    path
 }
 
 #[test]
@@ -240,7 +232,7 @@ fn a_bounds_file_asking_for_billions_of_faults_is_refused() {
         }
         other => panic!("expected a validation error, got {other:?}"),
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_redstring-sim"))
+    let out = bin()
         .args(["fuzz", path.to_str().unwrap(), "--cases", "1"])
         .output()
         .unwrap();
@@ -303,10 +295,7 @@ fn a_valid_scenario_asking_for_too_much_work_exits_3_naming_it() {
         vec!["sweep", path, "--seeds", "1..3"],
         vec!["check", dir],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_redstring-sim"))
-            .args(&args)
-            .output()
-            .unwrap();
+        let out = bin().args(&args).output().unwrap();
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),

@@ -4,22 +4,11 @@
 //! invariant fails), and `sweep` prints each figure's distribution and each
 //! pass rate.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod support;
+
+use support::{bin, temp_file};
 
 use redstring_sim::scenario::{Scenario, ScenarioError};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_redstring-sim"))
-}
-
-fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("redstring-sim-objectives-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 const SMALL: &str = r#"
 name = "small"

@@ -1,8 +1,10 @@
 //! Sanity before the run: each warning for what a valid scenario most likely
 //! got wrong, with its field and line; the up-front load figure; `--strict`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod support;
+
+use std::path::Path;
+use support::{bin, temp_file};
 
 use redstring_sim::scenario::sanity::{self, LOAD_WARNING};
 use redstring_sim::scenario::{FaultKind, Mode, Oddity, Scenario, Warning};
@@ -199,20 +201,11 @@ fn the_shipped_scenarios_warn_only_where_they_are_odd() {
     );
 }
 
-fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("redstring-sim-sanity-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 #[test]
 fn the_cli_prints_the_load_and_warnings_and_strict_refuses_them() {
     let text = format!("{BASE}\n[[faults]]\nkind = \"burst\"\nat_s = 2\ncalls = 5\ntenant = 2\n")
         .replace("duration_s = 60", "duration_s = 5");
     let path = temp_file("odd.toml", &text);
-    let bin = || Command::new(env!("CARGO_BIN_EXE_redstring-sim"));
 
     let out = bin().args(["run", path.to_str().unwrap()]).output().unwrap();
     let (stdout, stderr) = (

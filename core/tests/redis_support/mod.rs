@@ -156,22 +156,7 @@ impl RedisServer {
     /// Sends one command over a fresh socket (authenticating first if needed)
     /// and returns the raw reply; `None` if the server is not reachable.
     pub fn command(&self, args: &[&str]) -> Option<String> {
-        let mut stream = UnixStream::connect(self.socket()).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        let mut send = |args: &[&str]| -> Option<String> {
-            let mut req = format!("*{}\r\n", args.len());
-            for a in args {
-                req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-            }
-            stream.write_all(req.as_bytes()).ok()?;
-            let mut buf = vec![0u8; 1 << 16];
-            let n = stream.read(&mut buf).ok()?;
-            Some(String::from_utf8_lossy(&buf[..n]).into_owned())
-        };
-        if let Some(p) = &self.password {
-            send(&["AUTH", p])?;
-        }
-        send(args)
+        command_over(&self.socket(), self.password.as_deref(), args)
     }
 
     /// Empties the server.
@@ -230,4 +215,70 @@ pub fn runner(default_cases: u32) -> proptest::test_runner::TestRunner {
         failure_persistence: None,
         ..proptest::test_runner::Config::default()
     })
+}
+
+/// Sends one command to the server listening on the unix `socket`, over a
+/// fresh connection (authenticating with `password` first, if any), and
+/// returns the raw reply; `None` if the server is not reachable.
+pub fn command_over(socket: &std::path::Path, password: Option<&str>, args: &[&str]) -> Option<String> {
+    let mut stream = UnixStream::connect(socket).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let mut send = |args: &[&str]| -> Option<String> {
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        stream.write_all(req.as_bytes()).ok()?;
+        let mut buf = vec![0u8; 1 << 16];
+        let n = stream.read(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    if let Some(p) = password {
+        send(&["AUTH", p])?;
+    }
+    send(args)
+}
+
+/// Races `tasks` acquires of one tenant (42) over `connections` limiters at
+/// `rpm`, each on its own cache from `cache`, spread round-robin; returns
+/// the admitted and limited counts and the limiters (for follow-up reads).
+/// Any other error fails the test.
+pub async fn race_one_tenant(
+    cache: impl Fn() -> redstring::cache::redis::RedisCache,
+    connections: usize,
+    tasks: usize,
+    rpm: u32,
+) -> (
+    u32,
+    u32,
+    Vec<std::sync::Arc<redstring::RateLimiter<redstring::cache::redis::RedisCache>>>,
+) {
+    use std::sync::Arc;
+    let limiters: Vec<_> = (0..connections)
+        .map(|_| {
+            Arc::new(
+                redstring::RateLimiter::builder(rpm)
+                    .cache(Arc::new(cache()))
+                    .observer(Arc::new(redstring::NoopObserver))
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let tenant = redstring::TenantId::from_u128(42);
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            let limiter = limiters[i % limiters.len()].clone();
+            tokio::spawn(async move { limiter.acquire(tenant).await })
+        })
+        .collect();
+    let (mut admitted, mut limited) = (0, 0);
+    for handle in handles {
+        match handle.await.unwrap() {
+            Ok(_) => admitted += 1,
+            Err(redstring::AcquireError::Limited(_)) => limited += 1,
+            Err(other) => panic!("unexpected error: {other:?}"),
+        }
+    }
+    (admitted, limited, limiters)
 }

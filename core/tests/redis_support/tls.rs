@@ -6,9 +6,7 @@
 //! `redis-server` or `openssl` is missing the tests skip loudly, unless
 //! `REDSTRING_REQUIRE_REDIS=1`, when they fail.
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -321,22 +319,7 @@ impl TlsServer {
     /// Sends one command over the administration socket (authenticating first
     /// if needed); `None` if the server is not reachable.
     pub fn command(&self, args: &[&str]) -> Option<String> {
-        let mut stream = UnixStream::connect(self.socket()).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        let mut send = |args: &[&str]| -> Option<String> {
-            let mut req = format!("*{}\r\n", args.len());
-            for a in args {
-                req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-            }
-            stream.write_all(req.as_bytes()).ok()?;
-            let mut buf = vec![0u8; 1 << 16];
-            let n = stream.read(&mut buf).ok()?;
-            Some(String::from_utf8_lossy(&buf[..n]).into_owned())
-        };
-        if let Some(p) = &self.password {
-            send(&["AUTH", p])?;
-        }
-        send(args)
+        super::command_over(&self.socket(), self.password.as_deref(), args)
     }
 
     /// Empties the server.

@@ -152,10 +152,7 @@ impl ServerSpec {
                 let (prompt, output) = Preset::mean_tokens(self);
                 preset.engine.unloaded_latency_s(prompt, output)
             }
-            None => {
-                f64::from(self.prompt_tokens) / self.prefill_tokens_per_s
-                    + f64::from(self.output_tokens) / self.decode_tokens_per_s
-            }
+            None => self.slot_time_s(u64::from(self.prompt_tokens), u64::from(self.output_tokens)),
         }
     }
 
@@ -163,6 +160,12 @@ impl ServerSpec {
     /// or the upper end of the `reload` distribution (see [`Spread::upper`]).
     pub fn longest_reload_s(&self) -> f64 {
         self.reload.as_ref().map_or(self.reload_s, Spread::upper)
+    }
+
+    /// Seconds a generic server's slot takes for `prompt` and `output`
+    /// tokens: prefill plus decode at the spec's speeds.
+    pub fn slot_time_s(&self, prompt: u64, output: u64) -> f64 {
+        prompt as f64 / self.prefill_tokens_per_s + output as f64 / self.decode_tokens_per_s
     }
 
     /// Requests per second it can serve. Generic: its slots over the service
@@ -393,13 +396,16 @@ impl TenantLoad {
         tenant(self.id)
     }
 
-    /// The mean calls per minute a replayed trace starts over a run of
-    /// `duration_s` (zero without one).
-    pub fn replay_calls_per_min(&self, duration_s: f64) -> f64 {
-        match &self.replay {
+    /// The most calls per minute this tenant starts over a run of
+    /// `duration_s`: [`TenantLoad::peak_calls_per_min`] plus a replayed
+    /// trace's requests spread over the run. What the load figure and the
+    /// work budget count.
+    pub fn most_calls_per_min(&self, duration_s: f64) -> f64 {
+        let replayed = match &self.replay {
             Some(r) if duration_s > 0.0 => r.requests.len() as f64 * 60.0 / duration_s,
             _ => 0.0,
-        }
+        };
+        self.peak_calls_per_min() + replayed
     }
 
     /// The most calls per minute this tenant can start: its open-loop rate,

@@ -240,7 +240,7 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
     let fleet = scenario.fleet();
     let h = &scenario.hardening;
     let allowed_per_s = f64::from(h.rpm) / h.window_s;
-    let rate = |t: &super::TenantLoad| (t.peak_calls_per_min() + t.replay_calls_per_min(scenario.duration_s)) / 60.0;
+    let rate = |t: &super::TenantLoad| t.most_calls_per_min(scenario.duration_s) / 60.0;
     // With a shared cache a tenant's allowance is the fleet's: each worker
     // gets the share its arrivals are of the tenant's total. Totals, and the
     // burst calls per tenant, are summed once (fleets and schedules may be

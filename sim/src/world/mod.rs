@@ -148,10 +148,7 @@ impl Budget {
         let arrivals: f64 = fleet
             .iter()
             .flat_map(|m| m.tenants.iter())
-            .map(|t| {
-                t.peak_calls_per_min() / 60.0 * scenario.duration_s
-                    + t.replay.as_ref().map_or(0.0, |r| r.requests.len() as f64)
-            })
+            .map(|t| t.most_calls_per_min(scenario.duration_s) / 60.0 * scenario.duration_s)
             .sum();
         let bursts: f64 = scenario
             .bursts()

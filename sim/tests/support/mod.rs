@@ -2,6 +2,8 @@
 // Each test crate uses only some of these.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use redstring_sim::scenario::{Network, ServerSpec};
@@ -28,4 +30,23 @@ pub fn spec() -> ServerSpec {
         reload_s: 0.0,
         ..ServerSpec::named("gpu")
     }
+}
+
+/// The `redstring-sim` binary, ready for arguments.
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_redstring-sim"))
+}
+
+/// Writes `text` to `name` (which may name subdirectories) in a temporary
+/// directory of this test binary and process, and returns its path.
+pub fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "redstring-sim-{}-{}",
+        env!("CARGO_CRATE_NAME"),
+        std::process::id()
+    ));
+    let path = dir.join(name);
+    std::fs::create_dir_all(path.parent().unwrap_or(&dir)).unwrap();
+    std::fs::write(&path, text).unwrap();
+    path
 }

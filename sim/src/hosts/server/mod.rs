@@ -544,7 +544,7 @@ impl Start {
         let service = tokens.map_or_else(
             || self.service_time(),
             |(prompt, output)| {
-                let s = prompt as f64 / self.spec.prefill_tokens_per_s + output as f64 / self.spec.decode_tokens_per_s;
+                let s = self.spec.slot_time_s(prompt, output);
                 // No longer than validation allows any request to take.
                 let most = crate::scenario::limits::MAX_SERVICE_TIME_S;
                 Duration::try_from_secs_f64(s.min(most)).unwrap_or(Duration::from_secs_f64(most))
