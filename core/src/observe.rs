@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::breaker::{CircuitState, ProbeId};
+use crate::limiter::DecidedBy;
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -118,6 +119,9 @@ pub enum Event {
         remaining: u32,
         /// The instant the hit was stamped with.
         at: Timestamp,
+        /// Which limiter admitted it: the store, or a fallback while the
+        /// store could not be reached.
+        decided_by: DecidedBy,
     },
     /// The limiter refused a slot.
     RateLimitRefused {
@@ -129,6 +133,8 @@ pub enum Event {
         retry_after: Duration,
         /// The instant the decision was made at.
         at: Timestamp,
+        /// Which limiter refused it: the store, or the local fallback.
+        decided_by: DecidedBy,
     },
     /// A store refused a caller's clock as the stamp of a limiter decision and
     /// used a clamped one (the caller was ahead of the store, or more than one
@@ -274,17 +280,19 @@ impl Observer for TracingObserver {
                 limiter,
                 tenant,
                 remaining,
+                decided_by,
                 ..
             } => {
-                tracing::debug!(%limiter, %tenant, remaining, "rate limit slot granted")
+                tracing::debug!(%limiter, %tenant, remaining, ?decided_by, "rate limit slot granted")
             }
             Event::RateLimitRefused {
                 limiter,
                 tenant,
                 retry_after,
+                decided_by,
                 ..
             } => {
-                tracing::debug!(%limiter, %tenant, retry_after = retry_after.as_secs_f64(), "rate limit refused")
+                tracing::debug!(%limiter, %tenant, retry_after = retry_after.as_secs_f64(), ?decided_by, "rate limit refused")
             }
             Event::StampClamped {
                 limiter,

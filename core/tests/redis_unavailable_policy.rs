@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redstring::cache::{HitWindow, LimiterStore, SlotRequest};
+use redstring::limiter::DecidedBy;
 use redstring::limiter::SlotOutcome;
 use redstring::{
     AcquireError, Cache, CacheError, Event, ManualClock, MemoryCache, OnCacheUnavailable, RateLimiter,
@@ -111,6 +112,25 @@ async fn the_default_is_a_local_limit() {
     store.down.store(false, Ordering::SeqCst);
     assert_eq!(limiter.acquire(TENANT).await.unwrap().remaining, 1);
     assert_eq!(fallbacks(&observer).len(), 3);
+    // Each decision names the limiter that made it.
+    assert_eq!(
+        deciders(&observer),
+        [DecidedBy::Local, DecidedBy::Local, DecidedBy::Local, DecidedBy::Store]
+    );
+}
+
+/// Who decided each admission and refusal `observer` saw, in order.
+fn deciders(observer: &RecordingObserver) -> Vec<DecidedBy> {
+    observer
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::RateLimitAdmitted { decided_by, .. } | Event::RateLimitRefused { decided_by, .. } => {
+                Some(*decided_by)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -132,6 +152,7 @@ async fn admit_fails_open() {
         observer.events().last(),
         Some(Event::RateLimitAdmitted { .. })
     ));
+    assert_eq!(deciders(&observer), [DecidedBy::Unlimited; 5]);
 }
 
 #[tokio::test]

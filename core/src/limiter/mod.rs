@@ -73,6 +73,19 @@ pub enum OnCacheUnavailable {
     Refuse,
 }
 
+/// Which limiter made a decision an event reports: the configured store, or
+/// the fallback [`OnCacheUnavailable`] took while that store could not be
+/// reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecidedBy {
+    /// The configured store (the default path).
+    Store,
+    /// The process's private local limiter ([`OnCacheUnavailable::LocalLimit`]).
+    Local,
+    /// Nobody: admitted without a limit ([`OnCacheUnavailable::Admit`]).
+    Unlimited,
+}
+
 impl OnCacheUnavailable {
     /// The name reported in [`Event::CacheUnavailable`]'s `fallback`.
     pub const fn as_str(self) -> &'static str {
@@ -342,7 +355,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             max_ahead: self.max_ahead,
         };
         match self.store.acquire_tenant_slot(&self.prefix, tenant, request).await {
-            Ok(outcome) => self.conclude(tenant, request.now, outcome),
+            Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Store),
             Err(error) if error.is_transient() => {
                 self.observer.on_event(&Event::CacheUnavailable {
                     component: self.prefix.clone(),
@@ -353,7 +366,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 match (self.on_cache_unavailable, &self.local) {
                     (OnCacheUnavailable::LocalLimit, Some(local)) => {
                         match local.acquire_tenant_slot(&self.prefix, tenant, request).await {
-                            Ok(outcome) => self.conclude(tenant, request.now, outcome),
+                            Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
                             Err(_) => Err(AcquireError::Cache(error)),
                         }
                     }
@@ -363,6 +376,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                             tenant,
                             remaining: 0,
                             at: request.now,
+                            decided_by: DecidedBy::Unlimited,
                         });
                         Ok(Admission { remaining: 0 })
                     }
@@ -373,8 +387,15 @@ impl<S: LimiterStore> RateLimiter<S> {
         }
     }
 
-    /// Reports a store's answer and turns it into `acquire`'s.
-    fn conclude(&self, tenant: TenantId, asked: Timestamp, outcome: SlotOutcome) -> Result<Admission, AcquireError> {
+    /// Reports a store's answer (`decided_by` says which store) and turns it
+    /// into `acquire`'s.
+    fn conclude(
+        &self,
+        tenant: TenantId,
+        asked: Timestamp,
+        outcome: SlotOutcome,
+        decided_by: DecidedBy,
+    ) -> Result<Admission, AcquireError> {
         if outcome.clamped() {
             self.observer.on_event(&Event::StampClamped {
                 limiter: self.prefix.clone(),
@@ -390,6 +411,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                     tenant,
                     remaining,
                     at,
+                    decided_by,
                 });
                 Ok(Admission { remaining })
             }
@@ -401,6 +423,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                     tenant,
                     retry_after,
                     at,
+                    decided_by,
                 });
                 Err(AcquireError::Limited(RateLimitExceeded {
                     tenant,

@@ -6,25 +6,17 @@
 //! core's events change — a new event, a field that becomes data instead of
 //! text — this function is the edit, and nothing downstream reads a core
 //! event directly.
-//!
-//! One fact spans two events: the core reports a limiter's fallback
-//! (`CacheUnavailable` from `acquire_slot`) and then, synchronously, the
-//! decision the fallback made. The observer carries the fallback over to that
-//! decision, so the trace says which limiter decided ([`Decider`]).
 
-use std::sync::Mutex;
-
+use redstring::limiter::DecidedBy;
 use redstring::{Event, Observer};
 
 use crate::evidence::trace::{Decider, Kind, Trace};
 
 /// The observer a worker hands its components: redstring's events, into the trace.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct HostObserver {
     host: String,
     trace: Trace,
-    /// The limiter fallback just reported, for the decision that follows it.
-    fallback: Mutex<Decider>,
 }
 
 impl HostObserver {
@@ -33,38 +25,26 @@ impl HostObserver {
         HostObserver {
             host: host.to_owned(),
             trace,
-            fallback: Mutex::new(Decider::Cache),
         }
     }
 }
 
 impl Observer for HostObserver {
     fn on_event(&self, event: &Event) {
-        let mut fallback = self.fallback.lock().unwrap_or_else(|p| p.into_inner());
-        let decider = std::mem::take(&mut *fallback);
-        if let Some(kind) = to_trace(event, decider) {
-            if let Kind::CacheUnavailable {
-                operation: ACQUIRE_SLOT,
-                fallback: taken,
-                ..
-            } = &kind
-            {
-                *fallback = match *taken {
-                    LOCAL_LIMIT => Decider::Local,
-                    ALLOWED => Decider::Unlimited,
-                    _ => Decider::Cache,
-                };
-            }
+        if let Some(kind) = to_trace(event) {
             self.trace.record(&self.host, kind);
         }
     }
 }
 
-/// The core's name for the limiter's atomic step, as its `CacheUnavailable`
-/// event reports it.
-const ACQUIRE_SLOT: &str = "acquire_slot";
-/// The core's name for the limiter's local-limit fallback.
-const LOCAL_LIMIT: &str = "local limit";
+/// The trace's name for the limiter that decided.
+fn decider(d: DecidedBy) -> Decider {
+    match d {
+        DecidedBy::Store => Decider::Cache,
+        DecidedBy::Local => Decider::Local,
+        DecidedBy::Unlimited => Decider::Unlimited,
+    }
+}
 
 /// The core's name for the breaker's atomic step, as its
 /// `CacheUnavailable` event reports it.
@@ -78,10 +58,8 @@ fn micros(d: std::time::Duration) -> u64 {
 
 /// The trace entry for a core event, or `None` for events the trace does not
 /// keep (a call's end is recorded by the worker, which knows its number and
-/// latency; waits and give-ups show in the calls' outcomes). `decider` is who
-/// made a limiter decision this event reports: the fallback the event just
-/// before it announced, if any.
-pub fn to_trace(event: &Event, decider: Decider) -> Option<Kind> {
+/// latency; waits and give-ups show in the calls' outcomes).
+pub fn to_trace(event: &Event) -> Option<Kind> {
     let kind = match event {
         Event::BreakerTransition { breaker, from, to, at } => Kind::Breaker {
             breaker: breaker.to_string(),
@@ -123,23 +101,28 @@ pub fn to_trace(event: &Event, decider: Decider) -> Option<Kind> {
             admitted_call: *operation == BREAKER_STEP && *fallback == ALLOWED,
         },
         Event::RateLimitAdmitted {
-            tenant, remaining, at, ..
+            tenant,
+            remaining,
+            at,
+            decided_by,
+            ..
         } => Kind::Admitted {
             tenant: *tenant,
             remaining: *remaining,
             at_us: at.as_micros(),
-            decided_by: decider,
+            decided_by: decider(*decided_by),
         },
         Event::RateLimitRefused {
             tenant,
             retry_after,
             at,
+            decided_by,
             ..
         } => Kind::Limited {
             tenant: *tenant,
             retry_after_us: micros(*retry_after),
             at_us: at.as_micros(),
-            decided_by: decider,
+            decided_by: decider(*decided_by),
         },
         Event::BreakerFailuresCleared { breaker, at } => Kind::FailuresCleared {
             breaker: breaker.to_string(),
@@ -195,52 +178,6 @@ mod tests {
         redstring::Cache::close(&*cache).await.unwrap();
         breaker.allow_request().await;
         trace.events().iter().map(|e| e.kind.admits_call()).collect()
-    }
-
-    /// What the trace records as deciders when the core reports `events`:
-    /// each limiter decision, and the fallback (if any) announced before it.
-    fn deciders(fallbacks: &[Option<&'static str>]) -> Vec<Decider> {
-        use redstring::{TenantId, Timestamp};
-        let trace = Trace::new();
-        let observer = HostObserver::new("w", trace.clone());
-        for fallback in fallbacks {
-            if let Some(fallback) = fallback {
-                observer.on_event(&Event::CacheUnavailable {
-                    component: "limiter".into(),
-                    operation: "acquire_slot",
-                    fallback,
-                    error: "unreachable".into(),
-                });
-            }
-            observer.on_event(&Event::RateLimitAdmitted {
-                limiter: "limiter".into(),
-                tenant: TenantId::from_u128(1),
-                remaining: 0,
-                at: Timestamp::from_secs(1),
-            });
-        }
-        trace
-            .events()
-            .iter()
-            .filter_map(|e| match e.kind {
-                Kind::Admitted { decided_by, .. } => Some(decided_by),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_limiter_fallback_names_who_decided_the_next_decision_only() {
-        assert_eq!(
-            deciders(&[None, Some("local limit"), None, Some("allowed"), None]),
-            [
-                Decider::Cache,
-                Decider::Local,
-                Decider::Cache,
-                Decider::Unlimited,
-                Decider::Cache
-            ]
-        );
     }
 
     #[tokio::test(flavor = "current_thread")]
