@@ -51,6 +51,10 @@ pub mod cache;
 mod clock;
 mod error;
 pub mod limiter;
+#[cfg(feature = "mutants")]
+pub mod mutants;
+#[cfg(not(feature = "mutants"))]
+mod mutants;
 mod observe;
 pub mod provider;
 mod random;

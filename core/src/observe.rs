@@ -155,8 +155,12 @@ pub enum Event {
         operation: Arc<str>,
         /// Calls made so far, including the one that just failed.
         attempt: u32,
-        /// How long the loop will sleep before the next call.
+        /// How long the loop will sleep before the next call: the larger of
+        /// the schedule's jittered delay and `floor`.
         delay: Duration,
+        /// The shortest wait the failure itself asked for (a server's
+        /// `Retry-After`); zero when it asked for none.
+        floor: Duration,
         /// The failure, as text.
         error: String,
     },
@@ -306,9 +310,10 @@ impl Observer for TracingObserver {
                 operation,
                 attempt,
                 delay,
+                floor,
                 error,
             } => {
-                tracing::debug!(%operation, attempt, delay = delay.as_secs_f64(), %error, "retrying")
+                tracing::debug!(%operation, attempt, delay = delay.as_secs_f64(), floor = floor.as_secs_f64(), %error, "retrying")
             }
             Event::RetryExhausted {
                 operation,

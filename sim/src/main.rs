@@ -75,6 +75,11 @@ enum Command {
         /// Refuse (exit 2) a scenario with any warning.
         #[arg(long)]
         strict: bool,
+        /// Inject this known-bad variant of the hardening (see `mutants`),
+        /// to replay a case that catches it.
+        #[cfg(feature = "mutants")]
+        #[arg(long, value_parser = parse_mutant)]
+        mutant: Option<redstring_sim::search::mutants::Mutant>,
     },
     /// Run one scenario over a range of seeds and list every failing seed.
     Sweep {
@@ -105,6 +110,30 @@ enum Command {
         #[arg(long, default_value = "scenarios/regressions")]
         out: PathBuf,
     },
+    /// Show that the invariants catch every known-bad variant of the
+    /// hardening: hunt each with its targeted scenario and then the fuzzer,
+    /// run the correct hardening on the same budget, and print the table.
+    #[cfg(feature = "mutants")]
+    Mutants {
+        /// Fuzz cases per variant after its targeted scenario passed.
+        #[arg(long, default_value_t = 16)]
+        cases: u32,
+        /// The search's seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The bounds file the fuzzer draws from.
+        #[arg(long, default_value = "scenarios/bounds/default.toml")]
+        bounds: PathBuf,
+        /// The scenarios directory (the targeted scenarios are in its `mutants/`).
+        #[arg(long, default_value = "scenarios")]
+        scenarios: PathBuf,
+        /// Where the cases that caught a variant are written.
+        #[arg(long, default_value = "scenarios/regressions/mutants")]
+        out: PathBuf,
+        /// Only these variants (by name; default all).
+        #[arg(long = "only", value_parser = parse_mutant)]
+        only: Vec<redstring_sim::search::mutants::Mutant>,
+    },
     /// Run every scenario under a directory (subdirectories included, bounds
     /// directories skipped) with its own seed and check its invariants.
     Check {
@@ -126,7 +155,22 @@ fn main() -> ExitCode {
             trace,
             svg,
             strict,
-        } => run(&scenario, seed, Outputs::open(json, trace, svg), strict),
+            #[cfg(feature = "mutants")]
+            mutant,
+        } => {
+            #[cfg(feature = "mutants")]
+            let _injected = redstring::mutants::inject(mutant);
+            run(&scenario, seed, Outputs::open(json, trace, svg), strict)
+        }
+        #[cfg(feature = "mutants")]
+        Command::Mutants {
+            cases,
+            seed,
+            bounds,
+            scenarios,
+            out,
+            only,
+        } => mutants(cases, seed, &bounds, &scenarios, &out, &only),
         Command::Sweep {
             scenario,
             seeds,
@@ -500,5 +544,146 @@ fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> Outcome {
             eprintln!("error: the search stopped: {reason}");
             Err(ExitCode::from(SIM_FAILED))
         }
+    }
+}
+
+#[cfg(feature = "mutants")]
+fn parse_mutant(name: &str) -> Result<redstring_sim::search::mutants::Mutant, String> {
+    use redstring_sim::search::mutants::Mutant;
+    Mutant::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = Mutant::ALL.iter().map(|m| m.name()).collect();
+        format!("no mutant named {name:?}; the catalogue has: {}", names.join(", "))
+    })
+}
+
+/// `mutants`: every variant hunted, the correct hardening on the same
+/// budget, one table. Exit 0 when every variant was caught by the invariant
+/// that names it and the correct hardening passed; 1 otherwise.
+#[cfg(feature = "mutants")]
+fn mutants(
+    cases: u32,
+    seed: u64,
+    bounds: &Path,
+    scenarios: &Path,
+    out: &Path,
+    only: &[redstring_sim::search::mutants::Mutant],
+) -> Outcome {
+    use redstring_sim::search::mutants::{self, CATALOGUE, Stage};
+
+    let bounds = Bounds::load(bounds).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(BAD_SCENARIO)
+    })?;
+    let chosen: Vec<_> = CATALOGUE
+        .iter()
+        .filter(|v| only.is_empty() || only.contains(&v.mutant))
+        .collect();
+    let started = Instant::now();
+    let bar = progress(chosen.len() as u64 + 1, "variants");
+    let mut rows = Vec::new();
+    let mut all_caught = true;
+    for v in &chosen {
+        let targeted = mutants::targeted(scenarios, v).map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(BAD_SCENARIO)
+        })?;
+        bar.set_message(v.mutant.name());
+        let hunt = mutants::hunt(Some(v.mutant), &targeted, &bounds, cases, seed).map_err(|e| {
+            eprintln!("error: {}: {e}", v.mutant);
+            ExitCode::from(SIM_FAILED)
+        })?;
+        bar.inc(1);
+        let caught = hunt.caught_by_name(v.named_by);
+        all_caught &= caught;
+        let written = match (&hunt.stage, &hunt.case) {
+            (Some(Stage::Targeted), _) => format!(
+                "{}",
+                scenarios.join(mutants::SCENARIO_DIR).join(v.scenario).display()
+            ),
+            (Some(Stage::Fuzzed(_)), Some(case)) => match mutants::write_case(out, v.mutant, case) {
+                Ok(p) => p.display().to_string(),
+                Err(e) => return Err(io_failed(out, e)),
+            },
+            _ => "-".into(),
+        };
+        rows.push((v, hunt, caught, written));
+    }
+    // The correct hardening, on the budget of the largest hunt: every
+    // targeted scenario, then the same fuzz cases.
+    bar.set_message("correct hardening");
+    let mut control_failures = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for v in &chosen {
+        if !seen.insert(v.scenario) {
+            continue;
+        }
+        let targeted = mutants::targeted(scenarios, v).map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(BAD_SCENARIO)
+        })?;
+        let hunt = mutants::hunt(None, &targeted, &bounds, 0, seed).map_err(|e| {
+            eprintln!("error: correct hardening: {e}");
+            ExitCode::from(SIM_FAILED)
+        })?;
+        if !hunt.failed.is_empty() {
+            control_failures.push(format!("{}: {}", v.scenario, names(&hunt.failed)));
+        }
+    }
+    if let Some(first) = chosen.first() {
+        let targeted = mutants::targeted(scenarios, first).map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(BAD_SCENARIO)
+        })?;
+        let fuzzed = mutants::hunt(None, &targeted, &bounds, cases, seed).map_err(|e| {
+            eprintln!("error: correct hardening: {e}");
+            ExitCode::from(SIM_FAILED)
+        })?;
+        if !fuzzed.failed.is_empty() {
+            control_failures.push(format!("fuzz case: {}", names(&fuzzed.failed)));
+        }
+    }
+    bar.inc(1);
+    bar.finish_and_clear();
+
+    println!(
+        "mutants: {} variants, {cases} fuzz cases each after its targeted scenario, seed {seed} ({:.1} s)",
+        chosen.len(),
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "{:<24} {:<20} {:<24} {:<10} {:>6} {:>11}  case",
+        "variant", "named by", "caught by", "stage", "sims", "simulated"
+    );
+    for (v, hunt, caught, written) in &rows {
+        let stage = match hunt.stage {
+            Some(Stage::Targeted) => "targeted".to_string(),
+            Some(Stage::Fuzzed(n)) => format!("fuzz #{n}"),
+            None => "NOT CAUGHT".to_string(),
+        };
+        let by = if hunt.failed.is_empty() {
+            "-".to_string()
+        } else {
+            names(&hunt.failed)
+        };
+        println!(
+            "{:<24} {:<20} {:<24} {:<10} {:>6} {:>9.0} s  {written}{}",
+            v.mutant.name(),
+            v.named_by.name(),
+            by,
+            stage,
+            hunt.simulations,
+            hunt.simulated.as_secs_f64(),
+            if *caught { "" } else { "  (not by the invariant that names it)" }
+        );
+    }
+    if control_failures.is_empty() {
+        println!("correct hardening: passed the same budget");
+    } else {
+        println!("correct hardening: FAILED {}", control_failures.join("; "));
+    }
+    if all_caught && control_failures.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Ok(ExitCode::from(INVARIANT_FAILED))
     }
 }

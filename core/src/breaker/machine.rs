@@ -35,6 +35,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::mutants::{self, Mutant};
 use crate::time::Timestamp;
 
 /// The three states of a circuit.
@@ -533,7 +534,10 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
         (BreakerCommand::Allow, Open) => {
             if recovery_due(stored.opened_at(), params, now) {
                 // The transitioning call is itself the first probe.
-                let (leases, id) = first_probe(params, now);
+                let (mut leases, id) = first_probe(params, now);
+                if mutants::active(Mutant::TransitionNotProbe) {
+                    leases.live.clear();
+                }
                 writes.state = Write::Set(HalfOpen);
                 writes.probes = Write::Set(leases);
                 permit = Some(Permit::Probe(id));
@@ -558,12 +562,14 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
                     let held = leases.live.len();
                     leases.live.retain(|l| l.expires > now);
                     expired_probes = u32::try_from(held - leases.live.len()).unwrap_or(u32::MAX);
-                    if leases.live.len() < params.half_open_max_calls as usize {
+                    if leases.live.len() < params.half_open_max_calls as usize
+                        || mutants::active(Mutant::UnlimitedProbes)
+                    {
                         let seq = leases.issued.saturating_add(1);
                         leases.issued = seq;
                         leases.live.push(Lease {
                             seq,
-                            expires: now.saturating_add(params.probe_lease),
+                            expires: lease_end(params, now),
                         });
                         permit = Some(Permit::Probe(ProbeId {
                             episode: leases.episode,
@@ -659,10 +665,19 @@ fn first_probe(params: &BreakerParams, now: Timestamp) -> (ProbeLeases, ProbeId)
         issued: 1,
         live: vec![Lease {
             seq: 1,
-            expires: now.saturating_add(params.probe_lease),
+            expires: lease_end(params, now),
         }],
     };
     (leases, ProbeId { episode: now, seq: 1 })
+}
+
+/// When a probe admitted at `now` stops counting.
+fn lease_end(params: &BreakerParams, now: Timestamp) -> Timestamp {
+    if mutants::active(Mutant::ProbeNeverReports) {
+        // No lease: the probe counts until it reports, if it ever does.
+        return Timestamp::from_micros(MAX_STORED_MICROS);
+    }
+    now.saturating_add(params.probe_lease)
 }
 
 fn open_now(now: Timestamp) -> Writes {

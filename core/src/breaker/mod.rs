@@ -445,6 +445,21 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         } else {
             self.clock.now()
         };
+        #[cfg(feature = "mutants")]
+        let step = if command == BreakerCommand::Allow && crate::mutants::active(crate::mutants::Mutant::ReadThenWriteBreaker)
+        {
+            // Read, decide here, then write: the write is the store's own
+            // step, whose answer this breaker ignores for the one it made.
+            let (snapshot, at) = self.store.breaker_read(&self.keys, now).await?;
+            let local = machine::step(&snapshot, command, &self.params, at);
+            if !local.writes.is_empty() {
+                self.store.breaker_step(&self.keys, command, self.params, now).await?;
+            }
+            local
+        } else {
+            self.store.breaker_step(&self.keys, command, self.params, now).await?
+        };
+        #[cfg(not(feature = "mutants"))]
         let step = self.store.breaker_step(&self.keys, command, self.params, now).await?;
         // A failure is reported before the transition it may cause, an
         // admission after the transition it may have driven (the probe).

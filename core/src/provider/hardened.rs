@@ -246,6 +246,12 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProviderBuilder<P
     }
 }
 
+/// The admission a mutated call holds now (see `mutated_attempt`).
+#[cfg(feature = "mutants")]
+fn latest(permit: &std::sync::Mutex<Permit>) -> Permit {
+    *permit.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// What an outcome tells the breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum BreakerReport {
@@ -305,6 +311,25 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
         }
 
         let mut attempts = 0u32;
+        #[cfg(feature = "mutants")]
+        let (outcome, permit) = {
+            let permit = std::sync::Mutex::new(permit);
+            let outcome = self
+                .retry
+                .run_until(
+                    deadline,
+                    OPERATION,
+                    |e| self.classify(e),
+                    || {
+                        attempts = attempts.saturating_add(1);
+                        let left = deadline.map(|d| d.saturating_duration_since(self.clock.now()));
+                        self.mutated_attempt(request, left, attempts, &permit)
+                    },
+                )
+                .await;
+            (outcome, latest(&permit))
+        };
+        #[cfg(not(feature = "mutants"))]
         let outcome = self
             .retry
             .run_until(
@@ -349,8 +374,50 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
                 (Err(e), report)
             }
         };
+        #[cfg(feature = "mutants")]
+        if crate::mutants::active(crate::mutants::Mutant::ProbeNeverReports)
+            && matches!(permit, Permit::Probe(_))
+            && report == BreakerReport::Failure
+        {
+            // The failed probe is lost: no report, no release.
+            return (result, attempts);
+        }
         self.report_to_breaker(&permit, report).await;
         (result, attempts)
+    }
+
+    /// One attempt with a per-call layer pushed inside the retry loop, when
+    /// that [`Mutant`](crate::mutants::Mutant) is injected: every attempt
+    /// after the first takes its own limiter slot, or reports the attempt
+    /// before it to the breaker and asks the breaker again (`permit` then
+    /// holds the latest admission, which the call's final report names).
+    #[cfg(feature = "mutants")]
+    fn mutated_attempt<'a>(
+        &'a self,
+        request: ExtractRequest<'a>,
+        left: Option<Duration>,
+        attempt: u32,
+        permit: &'a std::sync::Mutex<Permit>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        use crate::mutants::{Mutant, active};
+        Box::pin(async move {
+            if attempt > 1 && active(Mutant::RetryOutsideLimiter) {
+                match self.limiter.acquire(self.tenant).await {
+                    Ok(_) => {}
+                    Err(AcquireError::Limited(refusal)) => return Err(refusal.into()),
+                    Err(AcquireError::Cache(e)) => return Err(ExtractError::LimiterCache(e)),
+                }
+            }
+            if attempt > 1 && active(Mutant::RetryOutsideBreaker) {
+                self.report_to_breaker(&latest(permit), BreakerReport::Failure).await;
+                let next = self.breaker.admit().await;
+                if let Permit::Refused { retry_after, .. } = next {
+                    return Err(CircuitOpen::for_model(self.inner.model(), retry_after).into());
+                }
+                *permit.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
+            }
+            self.inner.extract_answer(request, left).await
+        })
     }
 
     /// Takes the tenant's slot, sleeping off up to `limiter_waits` refusals

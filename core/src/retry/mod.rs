@@ -303,6 +303,7 @@ impl Retry {
                 operation: Arc::from(operation),
                 attempt: attempts,
                 delay,
+                floor,
                 error: error.to_string(),
             });
             self.clock.sleep(delay).await;

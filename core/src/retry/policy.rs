@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::mutants::{self, Mutant};
 use crate::random::RandomSource;
 use crate::time::secs;
 
@@ -243,7 +244,7 @@ impl RetryPolicy {
     /// `get_delay(n)`.
     pub fn delay(&self, n: u32, rng: &dyn RandomSource) -> Duration {
         let base = self.base_delay(n).as_secs_f64();
-        if self.jitter == 0.0 {
+        if self.jitter == 0.0 || mutants::active(Mutant::NoJitter) {
             return self.base_delay(n);
         }
         let spread = base * self.jitter;

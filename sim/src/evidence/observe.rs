@@ -67,9 +67,15 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             to: *to,
             at_us: at.as_micros(),
         },
-        Event::BreakerRejected { breaker, state, .. } => Kind::Rejected {
+        Event::BreakerRejected {
+            breaker,
+            state,
+            retry_after,
+            ..
+        } => Kind::Rejected {
             breaker: breaker.to_string(),
             state: *state,
+            retry_after_us: micros(*retry_after),
         },
         Event::BreakerAllowed {
             breaker,
@@ -140,9 +146,12 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             asked_us: asked.as_micros(),
             used_us: used.as_micros(),
         },
-        Event::RetryScheduled { attempt, delay, .. } => Kind::Retry {
+        Event::RetryScheduled {
+            attempt, delay, floor, ..
+        } => Kind::Retry {
             attempt: *attempt,
             delay_us: micros(*delay),
+            floor_us: micros(*floor),
         },
         Event::RetryExhausted { .. }
         | Event::CallFinished { .. }

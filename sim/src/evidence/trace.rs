@@ -28,9 +28,25 @@ pub struct TraceEvent {
     pub t_us: u64,
     /// The host that recorded it ([`DRIVER`] for the fault schedule).
     pub host: String,
+    /// The worker-local number of the call whose task recorded it (see
+    /// [`within_call`]); `None` outside any call.
+    #[serde(rename = "in_call", skip_serializing_if = "Option::is_none")]
+    pub call: Option<u64>,
     /// What happened.
     #[serde(flatten)]
     pub kind: Kind,
+}
+
+tokio::task_local! {
+    /// The worker-local number of the call the current task is making.
+    static CALL: u64;
+}
+
+/// Runs `work` as call number `call`: every event recorded from within it
+/// (the limiter's and the breaker's decisions, retries, requests) carries
+/// the call's number, so a checker can hold each call to its own layers.
+pub async fn within_call<F: std::future::Future>(call: u64, work: F) -> F::Output {
+    CALL.scope(call, work).await
 }
 
 /// Which limiter made a decision: the configured cache, or the fallback a
@@ -146,6 +162,8 @@ pub enum Kind {
         breaker: String,
         /// The state that refused.
         state: CircuitState,
+        /// How long it said until a probe may be admitted, microseconds.
+        retry_after_us: u64,
     },
     /// A breaker was told a call failed.
     FailureRecorded {
@@ -185,6 +203,10 @@ pub enum Kind {
         attempt: u32,
         /// The wait, microseconds.
         delay_us: u64,
+        /// The shortest wait the failure asked for (a server's
+        /// `Retry-After`), microseconds; written only when there was one.
+        #[serde(skip_serializing_if = "is_zero")]
+        floor_us: u64,
     },
     /// The cache could not be reached; a fallback was applied.
     CacheUnavailable {
@@ -211,6 +233,10 @@ pub enum Kind {
         /// Whether the server was impaired: always `outcome.impaired()`.
         impaired: bool,
     },
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn described<S: Serializer>(fault: &Fault, s: S) -> Result<S::Ok, S::Error> {
@@ -263,9 +289,11 @@ impl Trace {
     /// Appends an event at simulated time `t` (for the driver, outside hosts).
     pub fn record_at(&self, t: std::time::Duration, host: &str, kind: Kind) {
         let t_us = u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
+        let call = CALL.try_with(|c| *c).ok();
         self.events.lock().unwrap_or_else(|p| p.into_inner()).push(TraceEvent {
             t_us,
             host: host.to_owned(),
+            call,
             kind,
         });
     }

@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 
 use crate::evidence::observe::HostObserver;
 use crate::evidence::outcome::CallOutcome;
-use crate::evidence::trace::{Kind, Trace};
+use crate::evidence::trace::{self, Kind, Trace};
 use crate::hosts::clock::{SimClock, sim_elapsed};
 use crate::hosts::server::PORT;
 use crate::hosts::transport::SimTransport;
@@ -222,7 +222,8 @@ impl Calls {
                 let result = provider.extract_value(request).await;
                 (result, ATTEMPTS.with(Cell::get))
             };
-            let (result, attempts) = TOKENS.scope(tokens, ATTEMPTS.scope(Cell::new(0), work)).await;
+            let (result, attempts) =
+                trace::within_call(call, TOKENS.scope(tokens, ATTEMPTS.scope(Cell::new(0), work))).await;
             let latency_ms = u64::try_from((sim_elapsed().saturating_sub(started)).as_millis()).unwrap_or(0);
             let end = Kind::CallEnd {
                 call,

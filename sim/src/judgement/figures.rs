@@ -233,6 +233,7 @@ mod tests {
         TraceEvent {
             t_us,
             host: "w".into(),
+            call: None,
             kind,
         }
     }

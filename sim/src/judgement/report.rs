@@ -317,6 +317,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         TraceEvent {
             t_us: 1,
             host: "w".into(),
+            call: None,
             kind,
         }
     }

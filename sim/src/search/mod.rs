@@ -1,6 +1,9 @@
 //! The search: looking for a scenario that breaks a configuration.
 //!
 //! [`fuzz`] generates whole scenarios within user-given bounds and shrinks a
-//! failing one to a replayable file.
+//! failing one to a replayable file; [`mutants`] hunts each known-bad variant
+//! of the hardening with both, to show the checkers catch it.
 
 pub mod fuzz;
+#[cfg(feature = "mutants")]
+pub mod mutants;

@@ -46,6 +46,18 @@ const TCP_CAPACITY: usize = 1 << 24;
 /// How long a worker waits for the cache host when the scenario does not say.
 const DEFAULT_CACHE_TIMEOUT_MS: u64 = 250;
 
+/// Whose clock the shared cache stamps with: the scenario's choice, unless
+/// the [`CallerStampedTime`](redstring::mutants::Mutant::CallerStampedTime)
+/// mutant is injected on this thread, which makes the cache trust every
+/// worker's clock while the checkers still believe the scenario.
+fn stamping(scenario: &Scenario) -> redstring::TimeSource {
+    #[cfg(feature = "mutants")]
+    if redstring::mutants::injected() == Some(redstring::mutants::Mutant::CallerStampedTime) {
+        return redstring::TimeSource::Caller;
+    }
+    scenario.cache.time_source
+}
+
 /// A finished run: its evidence and the invariants' verdicts on it.
 #[derive(Clone, Debug)]
 pub struct Run {
@@ -268,9 +280,7 @@ impl<'s> World<'s> {
         world.add_servers(seed);
         if scenario.cache.kind == CacheKind::Shared {
             let clock = SimClock::new(scenario.cache.clock);
-            world
-                .sim
-                .host(CACHE_HOST, cache_host(clock.clone(), scenario.cache.time_source));
+            world.sim.host(CACHE_HOST, cache_host(clock.clone(), stamping(scenario)));
             world.clocks.insert(CACHE_HOST.into(), clock);
         }
         world.add_workers(seed, duration);

@@ -25,7 +25,9 @@ use crate::breaker::machine::{
     ProbeLeases, StoredState, Write,
 };
 use crate::error::CacheError;
+use crate::mutants::{self, Mutant};
 use crate::time::Timestamp;
+use crate::CircuitState;
 
 /// The breaker's keys, in the order [`Held`] indexes them.
 #[derive(Clone, Copy)]
@@ -167,8 +169,16 @@ impl<'a> Held<'a> {
             FailuresWrite::Bump(n) => {
                 if let Some(entry) = self.shard_mut(Key::Failures).values.get_mut(&keys.failures) {
                     entry.value = Value::Int(i64::from(n));
+                    if mutants::active(Mutant::FailureTtlRefreshed) {
+                        entry.deadline = deadline(clock_now, Some(params.recovery_timeout));
+                    }
                 }
             }
+            // A closed circuit's success asked to clear the count.
+            FailuresWrite::Delete
+                if step.after == CircuitState::Closed
+                    && step.before == CircuitState::Closed
+                    && mutants::active(Mutant::SuccessKeepsFailures) => {}
             FailuresWrite::Delete => {
                 self.shard_mut(Key::Failures).values.remove(&keys.failures);
             }

@@ -24,7 +24,18 @@ pub(super) fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut live: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
     let (mut episodes, mut most, mut verdict) = (0, 0, Verdict::Held);
     for e in events {
+        // A breaker that says it began an episode the circuit is already in
+        // (it decided on a stale read) begins nothing: its probe joins the
+        // episode in hand.
+        let prior = match &e.kind {
+            Kind::Breaker { breaker, .. } => Some(breakers.state(&ctx.scopes.breaker(e, breaker))),
+            _ => None,
+        };
         match breakers.observe(e) {
+            Some(Change::Moved {
+                to: CircuitState::HalfOpen,
+                ..
+            }) if prior == Some(CircuitState::HalfOpen) => {}
             Some(Change::Moved {
                 scope,
                 to: CircuitState::HalfOpen,
@@ -141,7 +152,11 @@ pub(super) fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
 }
 
 /// Invariant 5: no call is admitted while its breaker is open and not yet due
-/// to probe — per worker, or fleet-wide with a shared cache.
+/// to probe — per worker, or fleet-wide with a shared cache. Where one clock
+/// stamps a scope's decisions, an admission is judged by the state at its
+/// own stamp (a decision reaches the trace a network trip after the store
+/// made it, so trace order can put it after a transition the store made
+/// later); otherwise by the state when it reached the trace.
 pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut breakers = Breakers::new(ctx.scopes);
     let (mut admitted_while_impaired, mut verdict) = (0, Verdict::Held);
@@ -150,7 +165,8 @@ pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     // reached (`on_cache_error = "allow"`): no circuit decided them, so they
     // are outside the claim, and counted.
     let mut unchecked = 0;
-    for e in events {
+    let stamped = ctx.single_clock.then(|| Transitions::of(ctx, events));
+    for (i, e) in events.iter().enumerate() {
         if let Kind::CacheUnavailable {
             admitted_call: true, ..
         } = e.kind
@@ -160,10 +176,15 @@ pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         if let Kind::Allowed {
             breaker,
             state: decided,
+            at_us,
             ..
         } = &e.kind
         {
-            let current = breakers.state(&ctx.scopes.breaker(e, breaker));
+            let scope = ctx.scopes.breaker(e, breaker);
+            let current = match &stamped {
+                Some(t) => t.state_at(&scope, i, *at_us, *decided == CircuitState::Closed),
+                None => breakers.state(&scope),
+            };
             let stale = match decided {
                 CircuitState::Closed => current != CircuitState::Closed,
                 CircuitState::HalfOpen | CircuitState::Open => current == CircuitState::Open,
@@ -189,4 +210,194 @@ pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         ));
     }
     (verdict, figure)
+}
+
+/// Every breaker's transitions by the stamp of the step that made them, per
+/// life of the store (a restarted shared cache starts every breaker closed).
+struct Transitions {
+    /// Per life: the trace index it begins at, and per scope the
+    /// transitions (stamp, state after) in stamp order.
+    lives: Vec<(usize, BTreeMap<String, Vec<(u64, CircuitState)>>)>,
+}
+
+impl Transitions {
+    fn of(ctx: &Ctx, events: &[TraceEvent]) -> Transitions {
+        let mut breakers = Breakers::new(ctx.scopes);
+        let mut lives = vec![(0, BTreeMap::new())];
+        for (i, e) in events.iter().enumerate() {
+            if let Kind::Breaker { breaker, to, at_us, .. } = &e.kind
+                && let Some((_, life)) = lives.last_mut()
+            {
+                life.entry(ctx.scopes.breaker(e, breaker))
+                    .or_insert_with(Vec::new)
+                    .push((*at_us, *to));
+            }
+            if let Some(Change::Forgotten) = breakers.observe(e) {
+                lives.push((i, BTreeMap::new()));
+            }
+        }
+        for (_, life) in &mut lives {
+            for list in life.values_mut() {
+                list.sort_by_key(|(stamp, _)| *stamp);
+            }
+        }
+        Transitions { lives }
+    }
+
+    /// The state of `scope` at `stamp`, in the life trace event `index` is
+    /// in: after every transition stamped before it (`strictly`), or at or
+    /// before it (a probe's own transition shares its stamp).
+    fn state_at(&self, scope: &str, index: usize, stamp: u64, strictly: bool) -> CircuitState {
+        let life = self
+            .lives
+            .iter()
+            .rev()
+            .find(|(begins, _)| *begins <= index)
+            .and_then(|(_, life)| life.get(scope));
+        let Some(list) = life else {
+            return CircuitState::Closed;
+        };
+        let before = list.partition_point(|(t, _)| if strictly { *t < stamp } else { *t <= stamp });
+        before
+            .checked_sub(1)
+            .map_or(CircuitState::Closed, |last| list[last].1)
+    }
+}
+
+/// Invariant 10: nothing wedges a circuit. No refusal says to wait longer
+/// than the state allows: an open circuit at most the recovery timeout, a
+/// half-open one at most one probe lease (the recovery timeout, the
+/// breaker's default) — a probe that never reports stops counting when its
+/// lease ends, so the next caller probes.
+pub(super) fn no_wedged_circuit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
+    let bound = ctx.recovery_us;
+    let (mut refusals, mut longest, mut verdict) = (0u64, 0u64, Verdict::Held);
+    for e in events {
+        if let Kind::Rejected {
+            state, retry_after_us, ..
+        } = &e.kind
+        {
+            refusals += 1;
+            longest = longest.max(*retry_after_us);
+            if *retry_after_us > bound && verdict == Verdict::Held {
+                let what = match state {
+                    CircuitState::HalfOpen => "a half-open refusal waits for a probe lease",
+                    _ => "an open refusal waits for the recovery timeout",
+                };
+                verdict = violated(
+                    e,
+                    format!(
+                        "refused {state:?} for {} ms; {what} of at most {} ms",
+                        retry_after_us / 1000,
+                        bound / 1000
+                    ),
+                );
+            }
+        }
+    }
+    if refusals == 0 {
+        return not_applicable("the breaker refused nothing");
+    }
+    (
+        verdict,
+        format!(
+            "{refusals} refusals; longest wait given: {} ms (at most {} ms)",
+            longest / 1000,
+            bound / 1000
+        ),
+    )
+}
+
+/// Invariant 11: a circuit opens only on `failure_threshold` failures counted
+/// since it last closed or a success cleared the count. Checked per breaker
+/// scope in the order of the deciding clock's stamps, where one clock
+/// decides (per worker, or a shared cache stamping with its own time); a
+/// restarted shared cache forgets every count, so each of its lives is
+/// checked on its own.
+pub(super) fn opens_at_threshold(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
+    if !ctx.single_clock {
+        return not_applicable("a caller-stamped shared cache orders reports by several clocks");
+    }
+    let threshold = ctx.scenario.hardening.failure_threshold;
+    let mut breakers = Breakers::new(ctx.scopes);
+    // Per life of the store: scope → (stamp, step, event index). Ties of
+    // stamps are taken as reset, then failures, then the opening.
+    let mut lives: Vec<BTreeMap<String, Vec<(u64, Step, usize)>>> = Vec::new();
+    let mut life: BTreeMap<String, Vec<(u64, Step, usize)>> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        match &e.kind {
+            Kind::FailureRecorded { breaker, at_us } => {
+                life.entry(ctx.scopes.breaker(e, breaker))
+                    .or_default()
+                    .push((*at_us, Step::Failure, i));
+            }
+            Kind::FailuresCleared { breaker, at_us } => {
+                life.entry(ctx.scopes.breaker(e, breaker))
+                    .or_default()
+                    .push((*at_us, Step::Reset, i));
+            }
+            Kind::Breaker {
+                breaker, from, to, at_us, ..
+            } => {
+                let step = match (from, to) {
+                    (_, CircuitState::Closed) => Some(Step::Reset),
+                    (CircuitState::Closed, CircuitState::Open) => Some(Step::Open),
+                    _ => None,
+                };
+                if let Some(step) = step {
+                    life.entry(ctx.scopes.breaker(e, breaker))
+                        .or_default()
+                        .push((*at_us, step, i));
+                }
+            }
+            _ => {}
+        }
+        if let Some(Change::Forgotten) = breakers.observe(e) {
+            lives.push(std::mem::take(&mut life));
+        }
+    }
+    lives.push(life);
+    let (mut openings, mut fewest, mut verdict) = (0u64, u32::MAX, Verdict::Held);
+    for list in lives.iter_mut().flat_map(|life| life.values_mut()) {
+        list.sort();
+        let mut count = 0u32;
+        for &(_, step, i) in list.iter() {
+            match step {
+                Step::Reset => count = 0,
+                Step::Failure => count = count.saturating_add(1),
+                Step::Open => {
+                    openings += 1;
+                    fewest = fewest.min(count);
+                    if count < threshold && verdict == Verdict::Held {
+                        verdict = violated(
+                            &events[i],
+                            format!(
+                                "opened on {count} failures since the count was last cleared (failure_threshold {threshold})"
+                            ),
+                        );
+                    }
+                    count = 0;
+                }
+            }
+        }
+    }
+    if openings == 0 {
+        return not_applicable("the circuit never opened");
+    }
+    (
+        verdict,
+        format!("openings: {openings}; fewest failures counted at an opening: {fewest} (threshold {threshold})"),
+    )
+}
+
+/// What a report or a transition did to a breaker's failure count, in the
+/// order a tie of stamps is taken in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    /// The count was cleared (a success) or the circuit closed.
+    Reset,
+    /// A failure was counted.
+    Failure,
+    /// The closed circuit opened.
+    Open,
 }

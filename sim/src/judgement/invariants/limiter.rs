@@ -309,7 +309,24 @@ pub(super) fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         let mut true_time: Vec<u64> = limited.iter().map(|e| e.t_us).collect();
         true_time.sort_unstable();
         let true_width = ctx.window_us.saturating_sub(ctx.round_trip_us);
-        true_worst = true_worst.max(max_in_window(true_time.into_iter(), true_width, limit).0);
+        let (in_true_time, first_true_bad) = max_in_window(true_time.iter().copied(), true_width, limit);
+        true_worst = true_worst.max(in_true_time);
+        // A shared cache stamping with its own steady clock decides in what
+        // is, up to its drift, true time: the claim holds there too. More in
+        // true time than the stamps show means the stamps were not the
+        // store's.
+        if let (Verdict::Held, Some(i), Some(drift_us), 0) = (&verdict, first_true_bad, store_drift_us(ctx), fell_back) {
+            let width = true_width.saturating_sub(drift_us);
+            if max_in_window(true_time.iter().copied(), width, limit).1.is_some() {
+                let e = limited.iter().find(|e| e.t_us == true_time[i]).copied().unwrap_or(limited[0]);
+                verdict = violated(
+                    e,
+                    format!(
+                        "{in_true_time} admissions in one window of true time ({claim}), though the store's stamps show at most {max}"
+                    ),
+                );
+            }
+        }
     }
     let tenants: Vec<String> = per_tenant.iter().map(|(t, n)| format!("{}: {n}", short(*t))).collect();
     let mut figure = format!(
@@ -322,6 +339,20 @@ pub(super) fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         ));
     }
     (verdict, figure)
+}
+
+/// When a shared cache stamps every decision with its own clock and that
+/// clock never steps: how far it can drift from true time over one window,
+/// microseconds. `None` when decisions are not all the store's, or its
+/// clock steps.
+fn store_drift_us(ctx: &Ctx) -> Option<u64> {
+    let s = ctx.scenario;
+    let steps = s
+        .faults
+        .iter()
+        .any(|f| matches!(f, Fault::ClockStep { host, .. } if host == CACHE_HOST));
+    (ctx.scopes.shared() && s.cache.time_source == TimeSource::Store && !steps)
+        .then(|| ctx.window_us.saturating_mul(s.cache.clock.drift_ppm.unsigned_abs()) / 1_000_000 + 1)
 }
 
 /// The most instants in any closed window `[t − width, t]`, and the index of

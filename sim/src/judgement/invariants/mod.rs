@@ -15,7 +15,8 @@
 //! fuzzer's claims, the report and [`check_all`] all name invariants by it,
 //! and `Invariant::check` is the one match that maps each to its checker,
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
-//! `breaker` (3–5), `liveness` (6) and `accounting` (7).
+//! `breaker` (3–5, 10–11), `liveness` (6), `accounting` (7) and `calls`
+//! (8–9).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -23,6 +24,7 @@
 
 mod accounting;
 mod breaker;
+mod calls;
 mod limiter;
 mod liveness;
 
@@ -61,11 +63,22 @@ pub enum Invariant {
     /// Every unit of work ends once, classified; requests ≤ (max_retries + 1)
     /// × calls that reached the retry layer.
     Accounting,
+    /// A call takes at most one limiter slot and one breaker admission,
+    /// however many attempts it makes.
+    OncePerCall,
+    /// Retries are spread by the configured jitter.
+    RetryJitter,
+    /// No refusal waits longer than the recovery timeout (open) or one probe
+    /// lease (half-open): nothing wedges a circuit.
+    NoWedgedCircuit,
+    /// A circuit opens only on `failure_threshold` failures counted since it
+    /// last closed or a success cleared the count.
+    OpensAtThreshold,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 7] = [
+    pub const ALL: [Invariant; 11] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -73,6 +86,10 @@ impl Invariant {
         Invariant::NoCallWhileOpen,
         Invariant::Liveness,
         Invariant::Accounting,
+        Invariant::OncePerCall,
+        Invariant::RetryJitter,
+        Invariant::NoWedgedCircuit,
+        Invariant::OpensAtThreshold,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -86,6 +103,10 @@ impl Invariant {
             Invariant::NoCallWhileOpen => 4,
             Invariant::Liveness => 5,
             Invariant::Accounting => 6,
+            Invariant::OncePerCall => 7,
+            Invariant::RetryJitter => 8,
+            Invariant::NoWedgedCircuit => 9,
+            Invariant::OpensAtThreshold => 10,
         }
     }
 
@@ -99,6 +120,10 @@ impl Invariant {
             Invariant::NoCallWhileOpen => "no_call_while_open",
             Invariant::Liveness => "liveness",
             Invariant::Accounting => "accounting",
+            Invariant::OncePerCall => "once_per_call",
+            Invariant::RetryJitter => "retry_jitter",
+            Invariant::NoWedgedCircuit => "no_wedged_circuit",
+            Invariant::OpensAtThreshold => "opens_at_threshold",
         }
     }
 
@@ -112,6 +137,10 @@ impl Invariant {
             Invariant::NoCallWhileOpen => breaker::no_call_while_open(ctx, events),
             Invariant::Liveness => liveness::liveness(ctx, events),
             Invariant::Accounting => accounting::accounting(ctx, events),
+            Invariant::OncePerCall => calls::once_per_call(ctx, events),
+            Invariant::RetryJitter => calls::retry_jitter(ctx, events),
+            Invariant::NoWedgedCircuit => breaker::no_wedged_circuit(ctx, events),
+            Invariant::OpensAtThreshold => breaker::opens_at_threshold(ctx, events),
         }
     }
 }
@@ -270,6 +299,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         TraceEvent {
             t_us: secs_us(t_s),
             host: "w".into(),
+            call: None,
             kind,
         }
     }
@@ -786,6 +816,7 @@ by_ms = -3000
         let up = TraceEvent {
             t_us: secs_us(2.0),
             host: crate::evidence::trace::DRIVER.into(),
+            call: None,
             kind: Kind::Fault {
                 fault: crate::scenario::Fault::CacheUp { at_s: 2.0 },
             },

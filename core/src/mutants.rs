@@ -1,0 +1,242 @@
+//! Known-bad hardening, for proving that the simulator's checkers can fail.
+//!
+//! A checker that never fails proves nothing: every shipped scenario passing
+//! is also what a harness whose invariants could never fail would report.
+//! Each [`Mutant`] injects one defect that a real resilience library shipped
+//! (or that this one had before it was fixed) into the real components — the
+//! limiter, the breaker's state machine and its in-process store, the retry
+//! schedule, the hardened provider — so that `redstring-sim mutants` can show
+//! that some invariant catches it, and which.
+//!
+//! The switch is per thread ([`inject`] returns a guard that turns it off
+//! again), because the simulator runs a whole world on one thread and may run
+//! several worlds at once on others. It exists only with the `mutants` cargo
+//! feature, which nothing in a production build enables; without the feature
+//! every injection site is a constant `false` the compiler removes. Only the
+//! in-process stores honour the store-side defects: the Redis scripts have
+//! none.
+
+#![cfg_attr(not(feature = "mutants"), allow(dead_code))]
+
+/// One known defect of resilience code, injectable into the real components.
+///
+/// Each variant's documentation says what it changes and which real failure
+/// it mirrors; [`Mutant::mirrors`] gives the same as one line with a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(not(feature = "mutants"), allow(dead_code))]
+pub enum Mutant {
+    /// The limiter counts, finds the oldest hit and records as three separate
+    /// cache calls (the spec's original limiter), so racing workers on a
+    /// shared cache all see room and all record.
+    ThreeCallLimiter,
+    /// A refusal is recorded as a hit, so a client retrying on refusals keeps
+    /// its own window full and its wait grows without bound.
+    RefusalsRecorded,
+    /// Every failure refreshes the failure counter's TTL, so under steady load
+    /// failures never decay and sparse failures eventually open the circuit.
+    FailureTtlRefreshed,
+    /// Half-open admits every caller as a probe: no `half_open_max_calls`.
+    UnlimitedProbes,
+    /// The call that moves an open circuit to half-open is not counted as a
+    /// probe, so an episode admits `half_open_max_calls + 1`.
+    TransitionNotProbe,
+    /// The breaker reads the stored state, decides locally, then writes: two
+    /// workers that read the same state both act on it.
+    ReadThenWriteBreaker,
+    /// A shared cache stamps with each worker's own clock, unclamped as far as
+    /// the clamp allows, while the fleet believes the store stamps: a skewed
+    /// fleet over-admits. (Injected by the simulator's world, which builds the
+    /// cache; no core code reads it.)
+    CallerStampedTime,
+    /// Every retry attempt takes its own limiter slot, instead of one slot per
+    /// call.
+    RetryOutsideLimiter,
+    /// Every retry attempt asks the breaker again and reports to it, instead
+    /// of one admission and one report per call.
+    RetryOutsideBreaker,
+    /// A fixed-window counter (one key per clock-aligned window) instead of a
+    /// sliding window: up to twice the limit across a window boundary.
+    FixedWindowLimiter,
+    /// Retry delays ignore the configured jitter: every caller that failed
+    /// together retries together.
+    NoJitter,
+    /// A probe that fails never reports, and probe leases never end: one lost
+    /// probe wedges the circuit half-open for good.
+    ProbeNeverReports,
+    /// A success report never clears a closed circuit's failure count (the
+    /// store ignores the clear the state machine asks for).
+    SuccessKeepsFailures,
+}
+
+impl Mutant {
+    /// Every variant, in catalogue order.
+    pub const ALL: [Mutant; 13] = [
+        Mutant::ThreeCallLimiter,
+        Mutant::RefusalsRecorded,
+        Mutant::FailureTtlRefreshed,
+        Mutant::UnlimitedProbes,
+        Mutant::TransitionNotProbe,
+        Mutant::ReadThenWriteBreaker,
+        Mutant::CallerStampedTime,
+        Mutant::RetryOutsideLimiter,
+        Mutant::RetryOutsideBreaker,
+        Mutant::FixedWindowLimiter,
+        Mutant::NoJitter,
+        Mutant::ProbeNeverReports,
+        Mutant::SuccessKeepsFailures,
+    ];
+
+    /// The name the simulator's command line and reports use.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mutant::ThreeCallLimiter => "three_call_limiter",
+            Mutant::RefusalsRecorded => "refusals_recorded",
+            Mutant::FailureTtlRefreshed => "failure_ttl_refreshed",
+            Mutant::UnlimitedProbes => "unlimited_probes",
+            Mutant::TransitionNotProbe => "transition_not_probe",
+            Mutant::ReadThenWriteBreaker => "read_then_write_breaker",
+            Mutant::CallerStampedTime => "caller_stamped_time",
+            Mutant::RetryOutsideLimiter => "retry_outside_limiter",
+            Mutant::RetryOutsideBreaker => "retry_outside_breaker",
+            Mutant::FixedWindowLimiter => "fixed_window_limiter",
+            Mutant::NoJitter => "no_jitter",
+            Mutant::ProbeNeverReports => "probe_never_reports",
+            Mutant::SuccessKeepsFailures => "success_keeps_failures",
+        }
+    }
+
+    /// The variant named `name` (as [`Mutant::name`] spells it).
+    pub fn parse(name: &str) -> Option<Mutant> {
+        Mutant::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// The real failure this variant mirrors, in one line.
+    pub const fn mirrors(self) -> &'static str {
+        match self {
+            Mutant::ThreeCallLimiter => {
+                "the Python guide's limiter: count, oldest and record as three cache calls (spec, \"Rate limiting\")"
+            }
+            Mutant::RefusalsRecorded => {
+                "limiters that record rejected requests, e.g. redis-cell-style ZADD before the count (a client in a retry loop locks itself out)"
+            }
+            Mutant::FailureTtlRefreshed => {
+                "failure counters kept with INCR + EXPIRE on every failure, so the window slides forever under load"
+            }
+            Mutant::UnlimitedProbes => {
+                "breakers whose half-open state admits every caller (failsafe-rs, recloser: no half-open call limit)"
+            }
+            Mutant::TransitionNotProbe => "the open → half-open caller left out of the probe count (admits max + 1)",
+            Mutant::ReadThenWriteBreaker => {
+                "breaker state on a shared store read, decided, then written (gobreaker-style Redis stores, gateway cooldowns)"
+            }
+            Mutant::CallerStampedTime => {
+                "rate limits stamped by each worker's clock on a shared store (the seed library; a skewed fleet over-admits)"
+            }
+            Mutant::RetryOutsideLimiter => "retry wrapped around the limiter: each attempt spends a tenant slot",
+            Mutant::RetryOutsideBreaker => {
+                "retry wrapped around the breaker: each attempt is admitted and reported (the circuit counts attempts, not calls)"
+            }
+            Mutant::FixedWindowLimiter => "fixed-window counters (INCR per clock minute): twice the limit across a boundary",
+            Mutant::NoJitter => {
+                "exponential backoff without jitter: a synchronised retry wave after an outage (AWS Architecture Blog, \"Exponential Backoff and Jitter\")"
+            }
+            Mutant::ProbeNeverReports => {
+                "a half-open probe lost to a cancelled call, with no lease to expire it: the circuit stays half-open for good"
+            }
+            Mutant::SuccessKeepsFailures => {
+                "a success that does not reset the failure count: failures separated by successes still open the circuit"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Mutant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+#[cfg(feature = "mutants")]
+thread_local! {
+    static ACTIVE: std::cell::Cell<Option<Mutant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Keeps a [`Mutant`] injected on this thread; dropping it restores what was
+/// injected before.
+#[cfg(feature = "mutants")]
+#[derive(Debug)]
+#[must_use = "the mutant is removed when the guard is dropped"]
+pub struct Injected {
+    before: Option<Mutant>,
+}
+
+#[cfg(feature = "mutants")]
+impl Drop for Injected {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| a.set(self.before));
+    }
+}
+
+/// Injects `mutant` (or, with `None`, nothing) into every component on this
+/// thread until the guard is dropped.
+#[cfg(feature = "mutants")]
+pub fn inject(mutant: Option<Mutant>) -> Injected {
+    Injected {
+        before: ACTIVE.with(|a| a.replace(mutant)),
+    }
+}
+
+/// The mutant injected on this thread, if any.
+#[cfg(feature = "mutants")]
+pub fn injected() -> Option<Mutant> {
+    ACTIVE.with(|a| a.get())
+}
+
+/// Whether `mutant` is injected on this thread: always `false` without the
+/// `mutants` feature.
+#[cfg(feature = "mutants")]
+#[inline]
+pub(crate) fn active(mutant: Mutant) -> bool {
+    injected() == Some(mutant)
+}
+
+/// Whether `mutant` is injected on this thread: always `false` without the
+/// `mutants` feature.
+#[cfg(not(feature = "mutants"))]
+#[inline(always)]
+pub(crate) const fn active(_mutant: Mutant) -> bool {
+    false
+}
+
+#[cfg(all(test, feature = "mutants"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_are_distinct() {
+        let mut names: Vec<_> = Mutant::ALL.iter().map(|m| m.name()).collect();
+        for m in Mutant::ALL {
+            assert_eq!(Mutant::parse(m.name()), Some(m));
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Mutant::ALL.len());
+        assert_eq!(Mutant::parse("no_such"), None);
+    }
+
+    #[test]
+    fn a_guard_scopes_the_switch_to_its_thread_and_restores_the_outer_one() {
+        assert_eq!(injected(), None);
+        let outer = inject(Some(Mutant::NoJitter));
+        {
+            let _inner = inject(Some(Mutant::UnlimitedProbes));
+            assert!(active(Mutant::UnlimitedProbes));
+            assert!(!active(Mutant::NoJitter));
+            let other = std::thread::spawn(injected).join().unwrap();
+            assert_eq!(other, None, "another thread sees nothing injected");
+        }
+        assert!(active(Mutant::NoJitter));
+        drop(outer);
+        assert_eq!(injected(), None);
+    }
+}

@@ -1,0 +1,250 @@
+//! Proving the checkers can fail: every known-bad variant of the hardening,
+//! hunted until an invariant catches it.
+//!
+//! A harness whose invariants could never fail would also report every
+//! scenario passing. [`CATALOGUE`] pairs each [`Mutant`] — one real defect of
+//! the field, injected into the real components (see [`redstring::mutants`])
+//! — with the invariant that names its defect and a scenario written to
+//! expose it. [`hunt`] runs that scenario with the mutant injected and, if
+//! nothing fails, the fuzzer, case after case, until some claimed invariant
+//! fails; proptest then shrinks the case to the fewest, shortest faults that
+//! still fail. The correct hardening runs the same budget ([`hunt`] with no
+//! mutant) and must pass it: a catch that the correct code would also
+//! "make" is a false alarm, not a catch.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
+pub use redstring::mutants::Mutant;
+
+use crate::judgement::invariants::Invariant;
+use crate::scenario::Scenario;
+use crate::search::fuzz::{self, Bounds};
+use crate::world::{Run, SimError, simulate};
+
+/// The directory, under the scenarios directory, that holds the scenarios
+/// written to expose each variant (the correct hardening passes them all,
+/// and `check` runs them like any other).
+pub const SCENARIO_DIR: &str = "mutants";
+
+/// One variant of the catalogue: the defect, the invariant that names it,
+/// and the scenario written to expose it.
+#[derive(Clone, Copy, Debug)]
+pub struct Variant {
+    /// The injected defect.
+    pub mutant: Mutant,
+    /// The invariant whose failure names this defect.
+    pub named_by: Invariant,
+    /// The targeted scenario's file name in [`SCENARIO_DIR`].
+    pub scenario: &'static str,
+}
+
+/// Every variant, in [`Mutant::ALL`] order.
+pub const CATALOGUE: [Variant; 13] = [
+    Variant {
+        mutant: Mutant::ThreeCallLimiter,
+        named_by: Invariant::RpmPerWindow,
+        scenario: "limiter-race.toml",
+    },
+    Variant {
+        mutant: Mutant::RefusalsRecorded,
+        named_by: Invariant::RetryAfterMonotone,
+        scenario: "limiter-waits.toml",
+    },
+    Variant {
+        mutant: Mutant::FailureTtlRefreshed,
+        named_by: Invariant::SparseFailures,
+        scenario: "sparse-errors.toml",
+    },
+    Variant {
+        mutant: Mutant::UnlimitedProbes,
+        named_by: Invariant::HalfOpenProbes,
+        scenario: "hung-server.toml",
+    },
+    Variant {
+        mutant: Mutant::TransitionNotProbe,
+        named_by: Invariant::HalfOpenProbes,
+        scenario: "hung-server.toml",
+    },
+    Variant {
+        mutant: Mutant::ReadThenWriteBreaker,
+        named_by: Invariant::HalfOpenProbes,
+        scenario: "hung-server-fleet.toml",
+    },
+    Variant {
+        mutant: Mutant::CallerStampedTime,
+        named_by: Invariant::RpmPerWindow,
+        scenario: "skewed-store.toml",
+    },
+    Variant {
+        mutant: Mutant::RetryOutsideLimiter,
+        named_by: Invariant::OncePerCall,
+        scenario: "retries-under-errors.toml",
+    },
+    Variant {
+        mutant: Mutant::RetryOutsideBreaker,
+        named_by: Invariant::OncePerCall,
+        scenario: "retries-under-errors.toml",
+    },
+    Variant {
+        mutant: Mutant::FixedWindowLimiter,
+        named_by: Invariant::RpmPerWindow,
+        scenario: "window-boundary.toml",
+    },
+    Variant {
+        mutant: Mutant::NoJitter,
+        named_by: Invariant::RetryJitter,
+        scenario: "retries-under-errors.toml",
+    },
+    Variant {
+        mutant: Mutant::ProbeNeverReports,
+        named_by: Invariant::NoWedgedCircuit,
+        scenario: "hung-server.toml",
+    },
+    Variant {
+        mutant: Mutant::SuccessKeepsFailures,
+        named_by: Invariant::OpensAtThreshold,
+        scenario: "interleaved-failures.toml",
+    },
+];
+
+/// The catalogue's entry for `mutant`.
+pub fn variant(mutant: Mutant) -> Variant {
+    CATALOGUE
+        .into_iter()
+        .find(|v| v.mutant == mutant)
+        .unwrap_or(CATALOGUE[0])
+}
+
+/// Runs `scenario` with `seed` with `mutant` (or, with `None`, the correct
+/// hardening) injected into every component of the world.
+pub fn simulate_with(mutant: Option<Mutant>, scenario: &Scenario, seed: u64) -> Result<Run, SimError> {
+    let _injected = redstring::mutants::inject(mutant);
+    simulate(scenario, seed)
+}
+
+/// Where in the hunt a failure was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The variant's targeted scenario.
+    Targeted,
+    /// The fuzzer's case with this number (1-based), before shrinking.
+    Fuzzed(u32),
+}
+
+/// What a hunt found.
+#[derive(Clone, Debug)]
+pub struct Hunt {
+    /// The variant hunted (`None`: the correct hardening).
+    pub mutant: Option<Mutant>,
+    /// The claimed invariants that failed on the case found, in
+    /// [`Invariant::ALL`] order; empty when nothing failed within the budget.
+    pub failed: Vec<Invariant>,
+    /// Where the failing case was found; `None` when nothing failed.
+    pub stage: Option<Stage>,
+    /// Simulations run until the failure was found (or in all), shrinking
+    /// not included.
+    pub simulations: u32,
+    /// Simulated time those simulations covered.
+    pub simulated: Duration,
+    /// The failing case, shrunk when the fuzzer found it.
+    pub case: Option<Scenario>,
+}
+
+impl Hunt {
+    /// Whether the variant was caught by the invariant that names it.
+    pub fn caught_by_name(&self, named_by: Invariant) -> bool {
+        self.failed.contains(&named_by)
+    }
+}
+
+/// Hunts `mutant` (or, with `None`, runs the same budget on the correct
+/// hardening): the targeted scenario first, then up to `cases` fuzz cases
+/// from `bounds` with the search seeded by `seed`.
+pub fn hunt(
+    mutant: Option<Mutant>,
+    targeted: &Scenario,
+    bounds: &Bounds,
+    cases: u32,
+    seed: u64,
+) -> Result<Hunt, String> {
+    let run = simulate_with(mutant, targeted, targeted.seed)
+        .map_err(|e| format!("{}: simulation failed: {e}", targeted.name))?;
+    let mut hunt = Hunt {
+        mutant,
+        failed: run.failed(),
+        stage: None,
+        simulations: 1,
+        simulated: run.simulated,
+        case: None,
+    };
+    if !hunt.failed.is_empty() {
+        hunt.stage = Some(Stage::Targeted);
+        hunt.case = Some(targeted.clone());
+        return Ok(hunt);
+    }
+    if cases == 0 {
+        return Ok(hunt);
+    }
+    let mut runner = TestRunner::new(Config {
+        cases,
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: None,
+        max_shrink_iters: 256,
+        ..Config::default()
+    });
+    let progress = std::cell::Cell::new((0u32, Duration::ZERO, None::<u32>));
+    let result = runner.run(&fuzz::scenarios(bounds), |scenario| {
+        let run = simulate_with(mutant, &scenario, scenario.seed)
+            .map_err(|e| TestCaseError::fail(format!("simulation failed: {e}")))?;
+        let (n, simulated, found) = progress.get();
+        if found.is_none() {
+            let found = (!run.failed().is_empty()).then_some(n + 1);
+            progress.set((n + 1, simulated + run.simulated, found));
+        }
+        match run.failed().as_slice() {
+            [] => Ok(()),
+            failed => Err(TestCaseError::fail(
+                failed.iter().map(|i| i.name()).collect::<Vec<_>>().join(", "),
+            )),
+        }
+    });
+    let (n, simulated, found) = progress.get();
+    hunt.simulations += n;
+    hunt.simulated += simulated;
+    match result {
+        Ok(()) => Ok(hunt),
+        Err(TestError::Fail(_, minimal)) => {
+            let run = simulate_with(mutant, &minimal, minimal.seed)
+                .map_err(|e| format!("the shrunk case failed to simulate: {e}"))?;
+            hunt.failed = run.failed();
+            hunt.stage = found.map(Stage::Fuzzed);
+            hunt.case = Some(minimal);
+            Ok(hunt)
+        }
+        Err(TestError::Abort(reason)) => Err(format!("the search stopped: {reason}")),
+    }
+}
+
+/// Loads the targeted scenario of `variant` from `scenarios_dir`.
+pub fn targeted(scenarios_dir: &Path, variant: &Variant) -> Result<Scenario, String> {
+    let path = scenarios_dir.join(SCENARIO_DIR).join(variant.scenario);
+    Scenario::load(&path).map_err(|e| e.to_string())
+}
+
+/// Writes a hunt's failing case as a scenario `run --mutant` replays, named
+/// after the variant, and returns its path.
+pub fn write_case(dir: &Path, mutant: Mutant, case: &Scenario) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let mut s = case.clone();
+    s.name = format!("caught-{}", mutant.name().replace('_', "-"));
+    s.description = format!(
+        "The smallest case found that catches the {} mutant; replay it with redstring-sim run --mutant {}.",
+        mutant.name(),
+        mutant.name()
+    );
+    let path = dir.join(format!("{}.toml", s.name));
+    std::fs::write(&path, s.to_toml())?;
+    Ok(path)
+}
