@@ -43,10 +43,10 @@ pub enum Mutant {
     /// The breaker reads the stored state, decides locally, then writes: two
     /// workers that read the same state both act on it.
     ReadThenWriteBreaker,
-    /// A shared cache stamps with each worker's own clock, unclamped as far as
-    /// the clamp allows, while the fleet believes the store stamps: a skewed
-    /// fleet over-admits. (Injected by the simulator's world, which builds the
-    /// cache; no core code reads it.)
+    /// A shared cache stamps with each worker's own clock (the caller time
+    /// source, clamp and all) while the fleet believes the store stamps: a
+    /// skewed fleet over-admits. (Injected by the simulator's world, which
+    /// builds the cache; no core code reads it.)
     CallerStampedTime,
     /// Every retry attempt takes its own limiter slot, instead of one slot per
     /// call.
@@ -110,41 +110,48 @@ impl Mutant {
         Mutant::ALL.into_iter().find(|m| m.name() == name)
     }
 
-    /// The real failure this variant mirrors, in one line.
+    /// The real failure this variant mirrors, in one line, with where it
+    /// was reported (`docs/mutants.md` has every source).
     pub const fn mirrors(self) -> &'static str {
         match self {
             Mutant::ThreeCallLimiter => {
-                "the Python guide's limiter: count, oldest and record as three cache calls (spec, \"Rate limiting\")"
+                "sliding-window logs as separate ZCOUNT/ZADD calls: 60 of 60 concurrent requests admitted against 30 (andymai/gridfinity-layout-tool#3022; redis-developer/redis-ratelimiting-js#2)"
             }
             Mutant::RefusalsRecorded => {
-                "limiters that record rejected requests, e.g. redis-cell-style ZADD before the count (a client in a retry loop locks itself out)"
+                "blocked actions still added to the set, so a client retrying faster than the rate stays blocked (peterkhayes/rolling-rate-limiter, README and #9; rcarmo/piclaw#105)"
             }
             Mutant::FailureTtlRefreshed => {
-                "failure counters kept with INCR + EXPIRE on every failure, so the window slides forever under load"
+                "a counter whose expiry every increment resets never decays under steady traffic (OpenSIPS/opensips#160)"
             }
             Mutant::UnlimitedProbes => {
-                "breakers whose half-open state admits every caller (failsafe-rs, recloser: no half-open call limit)"
+                "half-open admits every caller (failsafe-rs v1.3.0 and recloser 1.4.0 `HalfOpen => true`; Polly#216; opossum#119)"
             }
-            Mutant::TransitionNotProbe => "the open → half-open caller left out of the probe count (admits max + 1)",
+            Mutant::TransitionNotProbe => {
+                "the call that moves open to half-open takes no half-open permit (resilience4j/resilience4j#1432)"
+            }
             Mutant::ReadThenWriteBreaker => {
-                "breaker state on a shared store read, decided, then written (gobreaker-style Redis stores, gateway cooldowns)"
+                "a shared breaker state read, computed and written back without atomicity (sony/gobreaker's first DistributedCircuitBreaker, PR #73)"
             }
             Mutant::CallerStampedTime => {
-                "rate limits stamped by each worker's clock on a shared store (the seed library; a skewed fleet over-admits)"
+                "rate-limit scripts fed the caller's time: a node a second behind over-issues tokens (spring-cloud/spring-cloud-gateway#2412, #1688)"
             }
-            Mutant::RetryOutsideLimiter => "retry wrapped around the limiter: each attempt spends a tenant slot",
+            Mutant::RetryOutsideLimiter => {
+                "retry wrapped around the rate limiter, so each attempt takes a permit (resilience4j's default aspect order)"
+            }
             Mutant::RetryOutsideBreaker => {
-                "retry wrapped around the breaker: each attempt is admitted and reported (the circuit counts attempts, not calls)"
+                "retry wrapped around the breaker, so each attempt is admitted and counted (gojek/heimdall#75; Polly's PolicyWrap guidance)"
             }
-            Mutant::FixedWindowLimiter => "fixed-window counters (INCR per clock minute): twice the limit across a boundary",
+            Mutant::FixedWindowLimiter => {
+                "fixed-window counters let through twice the limit across a window boundary (Figma, \"An alternative approach to rate limiting\", 2017)"
+            }
             Mutant::NoJitter => {
-                "exponential backoff without jitter: a synchronised retry wave after an outage (AWS Architecture Blog, \"Exponential Backoff and Jitter\")"
+                "exponential backoff without jitter leaves clusters of synchronised retries (AWS Architecture Blog, \"Exponential Backoff And Jitter\", 2015)"
             }
             Mutant::ProbeNeverReports => {
-                "a half-open probe lost to a cancelled call, with no lease to expire it: the circuit stays half-open for good"
+                "a probe that never completes leaves the circuit half-open for good (alibaba/Sentinel#1638; getnora-io/nora#585)"
             }
             Mutant::SuccessKeepsFailures => {
-                "a success that does not reset the failure count: failures separated by successes still open the circuit"
+                "the failure count reset only in half-open, not by a closed circuit's success (App-vNext/Polly#131)"
             }
         }
     }

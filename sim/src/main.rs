@@ -33,6 +33,7 @@ use redstring_sim::judgement::plots;
 use redstring_sim::judgement::report::Report;
 use redstring_sim::judgement::sweep::SweepSummary;
 use redstring_sim::scenario::{Scenario, Warning, sanity};
+use redstring_sim::search::coverage::Coverage;
 use redstring_sim::search::fuzz::{self, BOUNDS_DIR, Bounds};
 use redstring_sim::world::{Budget, simulate};
 
@@ -133,6 +134,9 @@ enum Command {
         /// Only these variants (by name; default all).
         #[arg(long = "only", value_parser = parse_mutant)]
         only: Vec<redstring_sim::search::mutants::Mutant>,
+        /// Skip the targeted scenarios: measure what the fuzzer alone catches.
+        #[arg(long)]
+        fuzz_only: bool,
     },
     /// Run every scenario under a directory (subdirectories included, bounds
     /// directories skipped) with its own seed and check its invariants.
@@ -170,7 +174,8 @@ fn main() -> ExitCode {
             scenarios,
             out,
             only,
-        } => mutants(cases, seed, &bounds, &scenarios, &out, &only),
+            fuzz_only,
+        } => mutants(MutantsRun { cases, seed, fuzz_only }, &bounds, &scenarios, &out, &only),
         Command::Sweep {
             scenario,
             seeds,
@@ -494,6 +499,7 @@ fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> Outcome {
     });
     let bar = progress(u64::from(cases), "cases");
     let tried: RefCell<BTreeMap<String, u64>> = RefCell::new(BTreeMap::new());
+    let coverage = RefCell::new(Coverage::new());
     let runs = RefCell::new(0u64);
     let started = Instant::now();
     let result = runner.run(&fuzz::scenarios(&bounds), |scenario| {
@@ -506,7 +512,7 @@ fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> Outcome {
         }
         drop(t);
         bar.inc(1);
-        fuzz::check_case(&scenario).map_err(TestCaseError::fail)
+        fuzz::check_case_covered(&scenario, &mut coverage.borrow_mut()).map_err(TestCaseError::fail)
     });
     bar.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
@@ -519,6 +525,10 @@ fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> Outcome {
     for (what, n) in tried.borrow().iter() {
         println!("  {what:<28} {n}");
     }
+    print!(
+        "exercised (every simulation, shrinking included):\n{}",
+        coverage.borrow()
+    );
     match result {
         Ok(()) => {
             println!("no case broke a claimed invariant in {cases} cases");
@@ -556,20 +566,31 @@ fn parse_mutant(name: &str) -> Result<redstring_sim::search::mutants::Mutant, St
     })
 }
 
-/// `mutants`: every variant hunted, the correct hardening on the same
-/// budget, one table. Exit 0 when every variant was caught by the invariant
-/// that names it and the correct hardening passed; 1 otherwise.
+/// The budget of one `mutants` run.
 #[cfg(feature = "mutants")]
-fn mutants(
+#[derive(Clone, Copy)]
+struct MutantsRun {
     cases: u32,
     seed: u64,
+    fuzz_only: bool,
+}
+
+/// `mutants`: every variant hunted, the correct hardening on the same
+/// budget, one table, and what the searches exercised. Exit 0 when every
+/// variant was caught by the invariant that names it and the correct
+/// hardening passed; 1 otherwise.
+#[cfg(feature = "mutants")]
+fn mutants(
+    run: MutantsRun,
     bounds: &Path,
     scenarios: &Path,
     out: &Path,
     only: &[redstring_sim::search::mutants::Mutant],
 ) -> Outcome {
-    use redstring_sim::search::mutants::{self, CATALOGUE, Stage};
+    use redstring_sim::search::mutants::{self, Budget, CATALOGUE, Stage};
 
+    let MutantsRun { cases, seed, fuzz_only } = run;
+    let budget = Budget::new(cases, seed);
     let bounds = Bounds::load(bounds).map_err(|e| {
         eprintln!("error: {e}");
         ExitCode::from(BAD_SCENARIO)
@@ -578,28 +599,34 @@ fn mutants(
         .iter()
         .filter(|v| only.is_empty() || only.contains(&v.mutant))
         .collect();
+    let load = |v: &mutants::Variant| {
+        mutants::targeted(scenarios, v).map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(BAD_SCENARIO)
+        })
+    };
     let started = Instant::now();
     let bar = progress(chosen.len() as u64 + 1, "variants");
+    let mut coverage = Coverage::new();
     let mut rows = Vec::new();
     let mut all_caught = true;
     for v in &chosen {
-        let targeted = mutants::targeted(scenarios, v).map_err(|e| {
-            eprintln!("error: {e}");
-            ExitCode::from(BAD_SCENARIO)
-        })?;
+        let targeted = if fuzz_only { None } else { Some(load(v)?) };
         bar.set_message(v.mutant.name());
-        let hunt = mutants::hunt(Some(v.mutant), &targeted, &bounds, cases, seed).map_err(|e| {
-            eprintln!("error: {}: {e}", v.mutant);
-            ExitCode::from(SIM_FAILED)
-        })?;
+        let hunt =
+            mutants::hunt(Some(v.mutant), targeted.as_ref(), &bounds, budget, Some(&mut coverage)).map_err(|e| {
+                eprintln!("error: {}: {e}", v.mutant);
+                ExitCode::from(SIM_FAILED)
+            })?;
         bar.inc(1);
         let caught = hunt.caught_by_name(v.named_by);
         all_caught &= caught;
         let written = match (&hunt.stage, &hunt.case) {
-            (Some(Stage::Targeted), _) => format!(
-                "{}",
-                scenarios.join(mutants::SCENARIO_DIR).join(v.scenario).display()
-            ),
+            (Some(Stage::Targeted), _) => scenarios
+                .join(mutants::SCENARIO_DIR)
+                .join(v.scenario)
+                .display()
+                .to_string(),
             (Some(Stage::Fuzzed(_)), Some(case)) => match mutants::write_case(out, v.mutant, case) {
                 Ok(p) => p.display().to_string(),
                 Err(e) => return Err(io_failed(out, e)),
@@ -608,50 +635,43 @@ fn mutants(
         };
         rows.push((v, hunt, caught, written));
     }
-    // The correct hardening, on the budget of the largest hunt: every
-    // targeted scenario, then the same fuzz cases.
+    // The correct hardening on the same budget: every targeted scenario,
+    // then the same fuzz cases.
     bar.set_message("correct hardening");
-    let mut control_failures = Vec::new();
+    let mut control = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
-    for v in &chosen {
-        if !seen.insert(v.scenario) {
-            continue;
-        }
-        let targeted = mutants::targeted(scenarios, v).map_err(|e| {
-            eprintln!("error: {e}");
-            ExitCode::from(BAD_SCENARIO)
-        })?;
-        let hunt = mutants::hunt(None, &targeted, &bounds, 0, seed).map_err(|e| {
+    for v in chosen.iter().filter(|v| !fuzz_only && seen.insert(v.scenario)) {
+        let targeted = load(v)?;
+        let hunt = mutants::hunt(None, Some(&targeted), &bounds, Budget::new(0, seed), None).map_err(|e| {
             eprintln!("error: correct hardening: {e}");
             ExitCode::from(SIM_FAILED)
         })?;
         if !hunt.failed.is_empty() {
-            control_failures.push(format!("{}: {}", v.scenario, names(&hunt.failed)));
+            control.push(format!("{}: {}", v.scenario, names(&hunt.failed)));
         }
     }
-    if let Some(first) = chosen.first() {
-        let targeted = mutants::targeted(scenarios, first).map_err(|e| {
-            eprintln!("error: {e}");
-            ExitCode::from(BAD_SCENARIO)
-        })?;
-        let fuzzed = mutants::hunt(None, &targeted, &bounds, cases, seed).map_err(|e| {
-            eprintln!("error: correct hardening: {e}");
-            ExitCode::from(SIM_FAILED)
-        })?;
-        if !fuzzed.failed.is_empty() {
-            control_failures.push(format!("fuzz case: {}", names(&fuzzed.failed)));
-        }
+    let fuzzed = mutants::hunt(None, None, &bounds, budget, None).map_err(|e| {
+        eprintln!("error: correct hardening: {e}");
+        ExitCode::from(SIM_FAILED)
+    })?;
+    if !fuzzed.failed.is_empty() {
+        control.push(format!("fuzz case: {}", names(&fuzzed.failed)));
     }
     bar.inc(1);
     bar.finish_and_clear();
 
     println!(
-        "mutants: {} variants, {cases} fuzz cases each after its targeted scenario, seed {seed} ({:.1} s)",
+        "mutants: {} variants; {} then up to {cases} fuzz cases each, seed {seed} ({:.1} s)",
         chosen.len(),
+        if fuzz_only {
+            "no targeted scenario"
+        } else {
+            "the targeted scenario"
+        },
         started.elapsed().as_secs_f64()
     );
     println!(
-        "{:<24} {:<20} {:<24} {:<10} {:>6} {:>11}  case",
+        "{:<24} {:<20} {:<36} {:<10} {:>5} {:>10}  case",
         "variant", "named by", "caught by", "stage", "sims", "simulated"
     );
     for (v, hunt, caught, written) in &rows {
@@ -666,22 +686,30 @@ fn mutants(
             names(&hunt.failed)
         };
         println!(
-            "{:<24} {:<20} {:<24} {:<10} {:>6} {:>9.0} s  {written}{}",
+            "{:<24} {:<20} {:<36} {:<10} {:>5} {:>8.0} s  {written}{}",
             v.mutant.name(),
             v.named_by.name(),
             by,
             stage,
             hunt.simulations,
             hunt.simulated.as_secs_f64(),
-            if *caught { "" } else { "  (not by the invariant that names it)" }
+            if *caught {
+                ""
+            } else {
+                "  (not by the invariant that names it)"
+            }
         );
     }
-    if control_failures.is_empty() {
-        println!("correct hardening: passed the same budget");
+    if control.is_empty() {
+        println!(
+            "correct hardening: passed the same budget ({} simulations)",
+            fuzzed.simulations + seen.len() as u32
+        );
     } else {
-        println!("correct hardening: FAILED {}", control_failures.join("; "));
+        println!("correct hardening: FAILED {}", control.join("; "));
     }
-    if all_caught && control_failures.is_empty() {
+    print!("exercised by the hunts, until each caught its variant:\n{coverage}");
+    if all_caught && control.is_empty() {
         Ok(ExitCode::SUCCESS)
     } else {
         Ok(ExitCode::from(INVARIANT_FAILED))

@@ -446,7 +446,8 @@ impl<S: BreakerStore> CircuitBreaker<S> {
             self.clock.now()
         };
         #[cfg(feature = "mutants")]
-        let step = if command == BreakerCommand::Allow && crate::mutants::active(crate::mutants::Mutant::ReadThenWriteBreaker)
+        let step = if command == BreakerCommand::Allow
+            && crate::mutants::active(crate::mutants::Mutant::ReadThenWriteBreaker)
         {
             // Read, decide here, then write: the write is the store's own
             // step, whose answer this breaker ignores for the one it made.

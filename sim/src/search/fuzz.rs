@@ -33,6 +33,7 @@ use crate::scenario::{
     Behaviour, CACHE_HOST, CacheKind, CacheLayout, ClockSpec, Expectations, Fault, FaultKind, Hardening, Mode, Network,
     Scenario, ScenarioError, ServerSpec, TenantLoad, WorkerGroup, limits,
 };
+use crate::search::coverage::Coverage;
 use crate::world::simulate;
 
 /// The directory under `scenarios/` that holds bounds files, which are not
@@ -740,10 +741,16 @@ pub fn carries_its_load(s: &Scenario) -> bool {
 /// Runs one case: `Ok` when every claimed invariant held, otherwise the
 /// failed invariants and the report.
 pub fn check_case(scenario: &Scenario) -> Result<(), String> {
+    check_case_covered(scenario, &mut Coverage::new())
+}
+
+/// [`check_case`], tallying what the run exercised into `coverage`.
+pub fn check_case_covered(scenario: &Scenario, coverage: &mut Coverage) -> Result<(), String> {
     scenario
         .validate("fuzz case")
         .map_err(|e| format!("generated an invalid scenario: {e}"))?;
     let run = simulate(scenario, scenario.seed).map_err(|e| format!("simulation failed: {e}"))?;
+    coverage.observe(&run.events);
     let failed = run.failed();
     if failed.is_empty() {
         return Ok(());

@@ -20,6 +20,7 @@ pub use redstring::mutants::Mutant;
 
 use crate::judgement::invariants::Invariant;
 use crate::scenario::Scenario;
+use crate::search::coverage::Coverage;
 use crate::search::fuzz::{self, Bounds};
 use crate::world::{Run, SimError, simulate};
 
@@ -159,30 +160,63 @@ impl Hunt {
     }
 }
 
+/// How much searching one hunt may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Fuzz cases to try after the targeted scenario passed.
+    pub cases: u32,
+    /// The search's seed: the same seed tries the same cases.
+    pub seed: u64,
+    /// The most simulations shrinking a failing case may take.
+    pub shrink: u32,
+}
+
+impl Budget {
+    /// `cases` fuzz cases from `seed`, shrinking a failure for up to 256
+    /// simulations.
+    pub fn new(cases: u32, seed: u64) -> Budget {
+        Budget {
+            cases,
+            seed,
+            shrink: 256,
+        }
+    }
+}
+
 /// Hunts `mutant` (or, with `None`, runs the same budget on the correct
-/// hardening): the targeted scenario first, then up to `cases` fuzz cases
-/// from `bounds` with the search seeded by `seed`.
+/// hardening): the targeted scenario first (unless `None`: the fuzzer
+/// alone), then up to `budget.cases` fuzz cases from `bounds`.
+/// `coverage`, if given, observes every run until the first failure.
 pub fn hunt(
     mutant: Option<Mutant>,
-    targeted: &Scenario,
+    targeted: Option<&Scenario>,
     bounds: &Bounds,
-    cases: u32,
-    seed: u64,
+    budget: Budget,
+    mut coverage: Option<&mut Coverage>,
 ) -> Result<Hunt, String> {
-    let run = simulate_with(mutant, targeted, targeted.seed)
-        .map_err(|e| format!("{}: simulation failed: {e}", targeted.name))?;
+    let Budget { cases, seed, shrink } = budget;
     let mut hunt = Hunt {
         mutant,
-        failed: run.failed(),
+        failed: Vec::new(),
         stage: None,
-        simulations: 1,
-        simulated: run.simulated,
+        simulations: 0,
+        simulated: Duration::ZERO,
         case: None,
     };
-    if !hunt.failed.is_empty() {
-        hunt.stage = Some(Stage::Targeted);
-        hunt.case = Some(targeted.clone());
-        return Ok(hunt);
+    if let Some(targeted) = targeted {
+        let run = simulate_with(mutant, targeted, targeted.seed)
+            .map_err(|e| format!("{}: simulation failed: {e}", targeted.name))?;
+        if let Some(c) = coverage.as_deref_mut() {
+            c.observe(&run.events);
+        }
+        hunt.failed = run.failed();
+        hunt.simulations = 1;
+        hunt.simulated = run.simulated;
+        if !hunt.failed.is_empty() {
+            hunt.stage = Some(Stage::Targeted);
+            hunt.case = Some(targeted.clone());
+            return Ok(hunt);
+        }
     }
     if cases == 0 {
         return Ok(hunt);
@@ -191,15 +225,19 @@ pub fn hunt(
         cases,
         rng_seed: RngSeed::Fixed(seed),
         failure_persistence: None,
-        max_shrink_iters: 256,
+        max_shrink_iters: shrink,
         ..Config::default()
     });
     let progress = std::cell::Cell::new((0u32, Duration::ZERO, None::<u32>));
+    let coverage = std::cell::RefCell::new(coverage);
     let result = runner.run(&fuzz::scenarios(bounds), |scenario| {
         let run = simulate_with(mutant, &scenario, scenario.seed)
             .map_err(|e| TestCaseError::fail(format!("simulation failed: {e}")))?;
         let (n, simulated, found) = progress.get();
         if found.is_none() {
+            if let Some(c) = coverage.borrow_mut().as_deref_mut() {
+                c.observe(&run.events);
+            }
             let found = (!run.failed().is_empty()).then_some(n + 1);
             progress.set((n + 1, simulated + run.simulated, found));
         }

@@ -280,7 +280,9 @@ impl<'s> World<'s> {
         world.add_servers(seed);
         if scenario.cache.kind == CacheKind::Shared {
             let clock = SimClock::new(scenario.cache.clock);
-            world.sim.host(CACHE_HOST, cache_host(clock.clone(), stamping(scenario)));
+            world
+                .sim
+                .host(CACHE_HOST, cache_host(clock.clone(), stamping(scenario)));
             world.clocks.insert(CACHE_HOST.into(), clock);
         }
         world.add_workers(seed, duration);

@@ -20,6 +20,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{Guard, MemoryCache, State, TAGGED, Value, deadline, shard_of};
+use crate::CircuitState;
 use crate::breaker::machine::{
     self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, BreakerView, FailuresWrite,
     ProbeLeases, StoredState, Write,
@@ -27,7 +28,6 @@ use crate::breaker::machine::{
 use crate::error::CacheError;
 use crate::mutants::{self, Mutant};
 use crate::time::Timestamp;
-use crate::CircuitState;
 
 /// The breaker's keys, in the order [`Held`] indexes them.
 #[derive(Clone, Copy)]

@@ -5,12 +5,15 @@
 //! [`Breakers`], and keeps only what its own subject needs.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use redstring::CircuitState;
+use redstring::{CircuitState, TimeSource};
 
+use super::limiter::clock_spread;
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::timeline::{Breakers, Change};
 use crate::evidence::trace::{Kind, TraceEvent};
+use crate::scenario::Fault;
 
 /// Invariant 3: a half-open episode never holds more than
 /// `half_open_max_calls` live probes. A probe is live from its admission until
@@ -152,11 +155,13 @@ pub(super) fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
 }
 
 /// Invariant 5: no call is admitted while its breaker is open and not yet due
-/// to probe — per worker, or fleet-wide with a shared cache. Where one clock
-/// stamps a scope's decisions, an admission is judged by the state at its
-/// own stamp (a decision reaches the trace a network trip after the store
-/// made it, so trace order can put it after a transition the store made
-/// later); otherwise by the state when it reached the trace.
+/// to probe — per worker, or fleet-wide with a shared cache. An admission
+/// is judged by the state when it reached the trace and, where one clock
+/// stamps a scope's decisions, by the state at its own stamp too; it is
+/// stale only if both say so. Either alone can mislead: a decision reaches
+/// the trace a network trip after the store made it, so trace order can put
+/// it after a transition the store made later; and a stamping clock that
+/// steps back puts later decisions at earlier stamps.
 pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut breakers = Breakers::new(ctx.scopes);
     let (mut admitted_while_impaired, mut verdict) = (0, Verdict::Held);
@@ -181,15 +186,18 @@ pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         } = &e.kind
         {
             let scope = ctx.scopes.breaker(e, breaker);
-            let current = match &stamped {
-                Some(t) => t.state_at(&scope, i, *at_us, *decided == CircuitState::Closed),
-                None => breakers.state(&scope),
-            };
-            let stale = match decided {
+            let stale = |current: CircuitState| match decided {
                 CircuitState::Closed => current != CircuitState::Closed,
                 CircuitState::HalfOpen | CircuitState::Open => current == CircuitState::Open,
             };
-            if stale {
+            let current = breakers.state(&scope);
+            // Stale in trace order, and — where stamps order decisions —
+            // by stamp too: each order alone can mislead (a late delivery;
+            // a stamping clock stepped back).
+            let by_stamp = stamped
+                .as_ref()
+                .is_none_or(|t| stale(t.state_at(&scope, i, *at_us, *decided == CircuitState::Closed)));
+            if stale(current) && by_stamp {
                 admitted_while_impaired += 1;
                 if verdict == Verdict::Held {
                     verdict = violated(e, format!("admitted as {decided:?} while the circuit was {current:?}"));
@@ -258,9 +266,7 @@ impl Transitions {
             return CircuitState::Closed;
         };
         let before = list.partition_point(|(t, _)| if strictly { *t < stamp } else { *t <= stamp });
-        before
-            .checked_sub(1)
-            .map_or(CircuitState::Closed, |last| list[last].1)
+        before.checked_sub(1).map_or(CircuitState::Closed, |last| list[last].1)
     }
 }
 
@@ -268,9 +274,27 @@ impl Transitions {
 /// than the state allows: an open circuit at most the recovery timeout, a
 /// half-open one at most one probe lease (the recovery timeout, the
 /// breaker's default) — a probe that never reports stops counting when its
-/// lease ends, so the next caller probes.
+/// lease ends, so the next caller probes. Both are measured on the clock
+/// that stamped the opening or the lease, so the bound grows by what can
+/// stand between that clock and the refusing one: the fleet's clock spread
+/// under a caller-stamped shared cache, and every step back of a clock.
 pub(super) fn no_wedged_circuit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
-    let bound = ctx.recovery_us;
+    let s = ctx.scenario;
+    let spread_us = if ctx.scopes.shared() && s.cache.time_source == TimeSource::Caller {
+        let spread = clock_spread(s, Duration::MAX, Duration::MAX);
+        u64::try_from(spread.as_micros()).unwrap_or(u64::MAX)
+    } else {
+        0
+    };
+    let back_us: u64 = s
+        .faults
+        .iter()
+        .filter_map(|f| match f {
+            Fault::ClockStep { by_ms, .. } if *by_ms < 0 => Some(by_ms.unsigned_abs().saturating_mul(1000)),
+            _ => None,
+        })
+        .fold(0, u64::saturating_add);
+    let bound = ctx.recovery_us.saturating_add(spread_us).saturating_add(back_us);
     let (mut refusals, mut longest, mut verdict) = (0u64, 0u64, Verdict::Held);
     for e in events {
         if let Kind::Rejected {
@@ -310,10 +334,13 @@ pub(super) fn no_wedged_circuit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
 
 /// Invariant 11: a circuit opens only on `failure_threshold` failures counted
 /// since it last closed or a success cleared the count. Checked per breaker
-/// scope in the order of the deciding clock's stamps, where one clock
-/// decides (per worker, or a shared cache stamping with its own time); a
-/// restarted shared cache forgets every count, so each of its lives is
-/// checked on its own.
+/// scope where one clock decides (per worker, or a shared cache stamping
+/// with its own time), counting in trace order and in the order of the
+/// deciding clock's stamps: an opening on too few is one too few in both.
+/// Either order alone can mislead — a shared store's answers reach the
+/// trace after a network trip, and a stamping clock that steps back puts
+/// later decisions at earlier stamps. A restarted shared cache forgets
+/// every count, so each of its lives is checked on its own.
 pub(super) fn opens_at_threshold(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     if !ctx.single_clock {
         return not_applicable("a caller-stamped shared cache orders reports by several clocks");
@@ -337,7 +364,11 @@ pub(super) fn opens_at_threshold(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                     .push((*at_us, Step::Reset, i));
             }
             Kind::Breaker {
-                breaker, from, to, at_us, ..
+                breaker,
+                from,
+                to,
+                at_us,
+                ..
             } => {
                 let step = match (from, to) {
                     (_, CircuitState::Closed) => Some(Step::Reset),
@@ -359,25 +390,21 @@ pub(super) fn opens_at_threshold(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     lives.push(life);
     let (mut openings, mut fewest, mut verdict) = (0u64, u32::MAX, Verdict::Held);
     for list in lives.iter_mut().flat_map(|life| life.values_mut()) {
+        // The count at each opening in trace order, then in stamp order.
+        let by_trace = counts_at_openings(list.iter());
         list.sort();
-        let mut count = 0u32;
-        for &(_, step, i) in list.iter() {
-            match step {
-                Step::Reset => count = 0,
-                Step::Failure => count = count.saturating_add(1),
-                Step::Open => {
-                    openings += 1;
-                    fewest = fewest.min(count);
-                    if count < threshold && verdict == Verdict::Held {
-                        verdict = violated(
-                            &events[i],
-                            format!(
-                                "opened on {count} failures since the count was last cleared (failure_threshold {threshold})"
-                            ),
-                        );
-                    }
-                    count = 0;
-                }
+        let by_stamp = counts_at_openings(list.iter());
+        for (i, in_trace) in by_trace {
+            let count = by_stamp.get(&i).copied().unwrap_or(0).max(in_trace);
+            openings += 1;
+            fewest = fewest.min(count);
+            if count < threshold && verdict == Verdict::Held {
+                verdict = violated(
+                    &events[i],
+                    format!(
+                        "opened on {count} failures since the count was last cleared (failure_threshold {threshold})"
+                    ),
+                );
             }
         }
     }
@@ -390,6 +417,24 @@ pub(super) fn opens_at_threshold(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     )
 }
 
+/// Walks one breaker's steps in the order given and returns, for each
+/// opening (by its trace index), the failures counted since the last reset.
+fn counts_at_openings<'a>(steps: impl Iterator<Item = &'a (u64, Step, usize)>) -> BTreeMap<usize, u32> {
+    let mut out = BTreeMap::new();
+    let mut count = 0u32;
+    for &(_, step, i) in steps {
+        match step {
+            Step::Reset => count = 0,
+            Step::Failure => count = count.saturating_add(1),
+            Step::Open => {
+                out.insert(i, count);
+                count = 0;
+            }
+        }
+    }
+    out
+}
+
 /// What a report or a transition did to a breaker's failure count, in the
 /// order a tie of stamps is taken in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -400,4 +445,212 @@ enum Step {
     Failure,
     /// The closed circuit opened.
     Open,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Ctx;
+    use super::*;
+    use crate::scenario::Scenario;
+
+    const SCENARIO: &str = r#"
+name = "breaker"
+duration_s = 100
+[hardening]
+failure_threshold = 3
+recovery_timeout_s = 5
+half_open_max_calls = 1
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+"#;
+
+    fn scenario(extra: &str) -> Scenario {
+        Scenario::parse("breaker.toml", &format!("{SCENARIO}{extra}")).unwrap()
+    }
+
+    /// An event on host `w` at `t_ms`, stamped `t_ms` too.
+    fn at(t_ms: u64, kind: Kind) -> TraceEvent {
+        TraceEvent {
+            t_us: t_ms * 1000,
+            host: "w".into(),
+            call: None,
+            kind,
+        }
+    }
+
+    fn moved(t_ms: u64, from: CircuitState, to: CircuitState) -> TraceEvent {
+        at(
+            t_ms,
+            Kind::Breaker {
+                breaker: "b".into(),
+                from,
+                to,
+                at_us: t_ms * 1000,
+            },
+        )
+    }
+
+    fn failure(t_ms: u64) -> TraceEvent {
+        at(
+            t_ms,
+            Kind::FailureRecorded {
+                breaker: "b".into(),
+                at_us: t_ms * 1000,
+            },
+        )
+    }
+
+    fn cleared(t_ms: u64) -> TraceEvent {
+        at(
+            t_ms,
+            Kind::FailuresCleared {
+                breaker: "b".into(),
+                at_us: t_ms * 1000,
+            },
+        )
+    }
+
+    fn refused(t_ms: u64, state: CircuitState, wait_ms: u64) -> TraceEvent {
+        at(
+            t_ms,
+            Kind::Rejected {
+                breaker: "b".into(),
+                state,
+                retry_after_us: wait_ms * 1000,
+            },
+        )
+    }
+
+    fn probe(t_ms: u64, seq: u32) -> TraceEvent {
+        at(
+            t_ms,
+            Kind::Allowed {
+                breaker: "b".into(),
+                state: CircuitState::HalfOpen,
+                probe: Some(seq),
+                at_us: t_ms * 1000,
+            },
+        )
+    }
+
+    use CircuitState::{Closed, HalfOpen, Open};
+
+    #[test]
+    fn refusals_within_the_recovery_timeout_hold_and_a_longer_one_is_a_wedge() {
+        let s = scenario("");
+        let fine = [refused(1, Open, 5000), refused(2, HalfOpen, 4999)];
+        assert_eq!(no_wedged_circuit(&Ctx::new(&s), &fine).0, Verdict::Held);
+        let wedged = [refused(1, Open, 5000), refused(9, HalfOpen, 9_000_000)];
+        let (verdict, _) = no_wedged_circuit(&Ctx::new(&s), &wedged);
+        assert!(
+            matches!(&verdict, Verdict::Violated { t_us: 9000, detail, .. } if detail.contains("probe lease")),
+            "{verdict:?}"
+        );
+    }
+
+    #[test]
+    fn a_clock_step_back_widens_the_wedge_bound_by_the_step() {
+        let s = scenario("[[faults]]\nkind = \"clock_step\"\nat_s = 10\nhost = \"w\"\nby_ms = -2000\n");
+        let stepped = [refused(11_000, HalfOpen, 6_900)];
+        assert_eq!(no_wedged_circuit(&Ctx::new(&s), &stepped).0, Verdict::Held);
+        let beyond = [refused(11_000, HalfOpen, 7_001)];
+        assert!(matches!(
+            no_wedged_circuit(&Ctx::new(&s), &beyond).0,
+            Verdict::Violated { .. }
+        ));
+    }
+
+    #[test]
+    fn an_opening_needs_threshold_failures_since_the_last_clear() {
+        let s = scenario("");
+        let honest = [
+            failure(1),
+            cleared(2),
+            failure(3),
+            failure(4),
+            failure(5),
+            moved(5, Closed, Open),
+        ];
+        let (verdict, figure) = opens_at_threshold(&Ctx::new(&s), &honest);
+        assert_eq!(verdict, Verdict::Held, "{figure}");
+        assert!(figure.contains("fewest failures counted at an opening: 3"), "{figure}");
+        let kept = [failure(1), failure(2), cleared(3), failure(4), moved(4, Closed, Open)];
+        let (verdict, _) = opens_at_threshold(&Ctx::new(&s), &kept);
+        assert!(
+            matches!(&verdict, Verdict::Violated { t_us: 4000, detail, .. } if detail.contains("opened on 1 failures")),
+            "{verdict:?}"
+        );
+    }
+
+    #[test]
+    fn reports_are_ordered_by_their_stamps_not_their_arrival() {
+        let s = scenario("");
+        // The clear was decided at 2 ms but reached the trace after the
+        // failures decided at 3–5 ms: by stamp, three failures follow it.
+        let mut late_clear = cleared(2);
+        late_clear.t_us = 6000;
+        let events = [failure(3), failure(4), failure(5), late_clear, moved(5, Closed, Open)];
+        assert_eq!(opens_at_threshold(&Ctx::new(&s), &events).0, Verdict::Held);
+        // The clock stepped back before the third failure: by stamp it
+        // sorts first, but in trace order three failures precede the opening.
+        let stepped = [failure(10), failure(11), failure(9), moved(9, Closed, Open)];
+        assert_eq!(opens_at_threshold(&Ctx::new(&s), &stepped).0, Verdict::Held);
+    }
+
+    #[test]
+    fn a_second_breaker_beginning_the_same_episode_adds_a_probe_to_it() {
+        let s = scenario("");
+        let events = [
+            moved(1, Closed, Open),
+            moved(6000, Open, HalfOpen),
+            probe(6000, 1),
+            // Decided on a stale read: it too says it began the episode.
+            moved(6001, Open, HalfOpen),
+            probe(6001, 1),
+        ];
+        let (verdict, figure) = half_open_probes(&Ctx::new(&s), &events);
+        assert!(
+            matches!(&verdict, Verdict::Violated { detail, .. } if detail.contains("2 live probes")),
+            "{verdict:?} {figure}"
+        );
+    }
+
+    #[test]
+    fn a_stamped_admission_is_judged_by_the_state_at_its_stamp() {
+        let s = scenario("");
+        // Admitted closed at 10 ms; the opening was stamped at 12 ms but
+        // reached the trace first.
+        let mut admitted = at(
+            10,
+            Kind::Allowed {
+                breaker: "b".into(),
+                state: Closed,
+                probe: None,
+                at_us: 10_000,
+            },
+        );
+        admitted.t_us = 15_000;
+        let events = [moved(12, Closed, Open), admitted.clone()];
+        assert_eq!(no_call_while_open(&Ctx::new(&s), &events).0, Verdict::Held);
+        // Stamped after the opening: admitted while open.
+        admitted.kind = Kind::Allowed {
+            breaker: "b".into(),
+            state: Closed,
+            probe: None,
+            at_us: 13_000,
+        };
+        let events = [moved(12, Closed, Open), admitted.clone()];
+        assert!(matches!(
+            no_call_while_open(&Ctx::new(&s), &events).0,
+            Verdict::Violated { .. }
+        ));
+        // In the trace before the opening, though its stamp is later (a
+        // clock stepped back between them): not stale.
+        let events = [admitted, moved(12, Closed, Open)];
+        assert_eq!(no_call_while_open(&Ctx::new(&s), &events).0, Verdict::Held);
+    }
 }

@@ -115,3 +115,157 @@ pub(super) fn retry_jitter(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         format!("{judged} retries on the schedule's delay; {exact} at exactly the unjittered delay"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use redstring::CircuitState;
+
+    use super::super::Ctx;
+    use super::*;
+    use crate::evidence::trace::Decider;
+    use crate::scenario::{Scenario, tenant};
+
+    const SCENARIO: &str = r#"
+name = "calls"
+duration_s = 100
+[hardening]
+rpm = 100
+initial_delay_s = 1
+multiplier = 2
+max_delay_s = 8
+jitter = 0.1
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+"#;
+
+    fn scenario(jitter: f64) -> Scenario {
+        let text = SCENARIO.replace("jitter = 0.1", &format!("jitter = {jitter}"));
+        Scenario::parse("calls.toml", &text).unwrap()
+    }
+
+    fn in_call(call: u64, t_us: u64, kind: Kind) -> TraceEvent {
+        TraceEvent {
+            t_us,
+            host: "w".into(),
+            call: Some(call),
+            kind,
+        }
+    }
+
+    fn slot(call: u64, t_us: u64) -> TraceEvent {
+        in_call(
+            call,
+            t_us,
+            Kind::Admitted {
+                tenant: tenant(1),
+                remaining: 5,
+                at_us: t_us,
+                decided_by: Decider::Cache,
+            },
+        )
+    }
+
+    fn admission(call: u64, t_us: u64) -> TraceEvent {
+        in_call(
+            call,
+            t_us,
+            Kind::Allowed {
+                breaker: "b".into(),
+                state: CircuitState::Closed,
+                probe: None,
+                at_us: t_us,
+            },
+        )
+    }
+
+    fn retry(call: u64, attempt: u32, delay_us: u64, floor_us: u64) -> TraceEvent {
+        in_call(
+            call,
+            0,
+            Kind::Retry {
+                attempt,
+                delay_us,
+                floor_us,
+            },
+        )
+    }
+
+    #[test]
+    fn one_slot_and_one_admission_per_call_holds_across_interleaved_calls() {
+        let s = scenario(0.1);
+        let events = [admission(1, 1), admission(2, 2), slot(2, 3), slot(1, 4)];
+        let (verdict, figure) = once_per_call(&Ctx::new(&s), &events);
+        assert_eq!(verdict, Verdict::Held, "{figure}");
+        assert!(figure.contains("2 calls"), "{figure}");
+    }
+
+    #[test]
+    fn a_second_slot_or_admission_for_one_call_is_a_violation() {
+        let s = scenario(0.1);
+        let (slots, _) = once_per_call(&Ctx::new(&s), &[slot(1, 1), slot(2, 2), slot(1, 3)]);
+        assert!(
+            matches!(&slots, Verdict::Violated { t_us: 3, detail, .. } if detail.contains("call 1 took 2 limiter slots")),
+            "{slots:?}"
+        );
+        let (admissions, _) = once_per_call(&Ctx::new(&s), &[admission(7, 1), admission(7, 2)]);
+        assert!(
+            matches!(&admissions, Verdict::Violated { detail, .. } if detail.contains("2 breaker admissions")),
+            "{admissions:?}"
+        );
+    }
+
+    #[test]
+    fn jittered_retries_hold_and_unjittered_ones_are_caught() {
+        let s = scenario(0.1);
+        // After attempt 1 the base is 1 s; after attempt 2, 2 s.
+        let jittered = [
+            retry(1, 1, 950_123, 0),
+            retry(2, 1, 1_040_001, 0),
+            retry(3, 1, 1_000_000, 0),
+        ];
+        assert_eq!(
+            retry_jitter(&Ctx::new(&s), &jittered).0,
+            Verdict::Held,
+            "one draw on the base is chance"
+        );
+        let synchronised = [
+            retry(1, 2, 2_000_000, 0),
+            retry(2, 2, 2_000_000, 0),
+            retry(3, 2, 2_000_000, 0),
+        ];
+        let (verdict, _) = retry_jitter(&Ctx::new(&s), &synchronised);
+        assert!(
+            matches!(&verdict, Verdict::Violated { detail, .. } if detail.contains("3 of 3 retries after attempt 2")),
+            "{verdict:?}"
+        );
+    }
+
+    #[test]
+    fn a_server_floor_and_zero_jitter_are_not_judged() {
+        let s = scenario(0.1);
+        // Waits the server set (delay = its floor) say nothing about jitter.
+        let floored = [
+            retry(1, 1, 1_000_000, 1_000_000),
+            retry(2, 1, 1_000_000, 1_000_000),
+            retry(3, 1, 1_000_000, 1_000_000),
+        ];
+        assert!(matches!(
+            retry_jitter(&Ctx::new(&s), &floored).0,
+            Verdict::NotApplicable { .. }
+        ));
+        let exact = scenario(0.0);
+        let synchronised = [
+            retry(1, 1, 1_000_000, 0),
+            retry(2, 1, 1_000_000, 0),
+            retry(3, 1, 1_000_000, 0),
+        ];
+        assert!(matches!(
+            retry_jitter(&Ctx::new(&exact), &synchronised).0,
+            Verdict::NotApplicable { .. }
+        ));
+    }
+}

@@ -189,7 +189,7 @@ pub fn wait_growth_bound(
 /// steps, so a worker's extremes are at the start, the end and either side
 /// of its own or the cache host's steps. Each host's steps are summed once
 /// (a schedule may hold thousands), so this is O(steps · log steps).
-fn clock_spread(s: &Scenario, window: Duration, ahead: Duration) -> Duration {
+pub(super) fn clock_spread(s: &Scenario, window: Duration, ahead: Duration) -> Duration {
     // Each host's steps in time order, with the running total after each.
     let mut steps: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
     for f in &s.faults {
@@ -315,10 +315,15 @@ pub(super) fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         // is, up to its drift, true time: the claim holds there too. More in
         // true time than the stamps show means the stamps were not the
         // store's.
-        if let (Verdict::Held, Some(i), Some(drift_us), 0) = (&verdict, first_true_bad, store_drift_us(ctx), fell_back) {
+        if let (Verdict::Held, Some(i), Some(drift_us), 0) = (&verdict, first_true_bad, store_drift_us(ctx), fell_back)
+        {
             let width = true_width.saturating_sub(drift_us);
             if max_in_window(true_time.iter().copied(), width, limit).1.is_some() {
-                let e = limited.iter().find(|e| e.t_us == true_time[i]).copied().unwrap_or(limited[0]);
+                let e = limited
+                    .iter()
+                    .find(|e| e.t_us == true_time[i])
+                    .copied()
+                    .unwrap_or(limited[0]);
                 verdict = violated(
                     e,
                     format!(
