@@ -25,6 +25,7 @@
 //! | `tenants[].calls_per_min` | ..= [`MAX_CALLS_PER_MIN`]; the whole fleet ..= [`MAX_FLEET_CALLS_PER_MIN`] |
 //! | `tenants[].replay` | at most [`replay::MAX_REQUESTS`](super::replay::MAX_REQUESTS) requests inside the run, each ..= [`MAX_TRACE_TOKENS`] tokens either way; `speedup` 0.001 ..= 10⁶ |
 //! | `servers[].prompt_tokens`, `output_tokens`, `hardening.max_tokens` | ..= [`MAX_TRACE_TOKENS`] |
+//! | `tenants[].prompt_tokens`, `output_tokens` (distributions) | mean ..= [`MAX_TRACE_TOKENS`], each draw capped at it; `low` ≤ `high`, `sigma` 0 ..= 3, nothing negative |
 //! | `tenants[].clients` | ..= [`MAX_CLIENTS`], the whole fleet ..= [`MAX_FLEET_CLIENTS`]; with `think_s` ([`MIN_SECONDS`] ..), at most [`MAX_CALLS_PER_MIN`] starts a minute, counted in the fleet's total |
 //! | a `burst` fault's `calls` | ..= [`MAX_BURST_CALLS_PER_WORKER`]; times the workers with its tenant ..= [`MAX_BURST_CALLS`] |
 //! | `faults` | ..= [`MAX_FAULTS`] |

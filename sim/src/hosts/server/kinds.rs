@@ -183,7 +183,9 @@ impl Spread {
         }
     }
 
-    fn check(&self) -> Result<(), String> {
+    /// Checks its parameters: finite, not negative, a range in order, a
+    /// lognormal's sigma at most 3; the error says what was wrong.
+    pub(crate) fn check(&self) -> Result<(), String> {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
         match *self {
             Spread::Fixed { value } if !ok(value) => Err(format!("value must not be negative, got {value}")),
