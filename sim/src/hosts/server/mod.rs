@@ -64,7 +64,11 @@
 //! moment in flight falls below `slots` (or below `collapse_at`, if that is
 //! smaller): requests arriving afterwards are served normally, while the ones
 //! hung earlier stay unanswered. So a server only recovers once its clients
-//! back off — which is what the breaker is for.
+//! back off — which is what the breaker is for. A fleet that does not back
+//! off keeps it collapsed for good: each hung request holds its place until
+//! its client's timeout, so a few workers retrying hung requests (a half-open
+//! probe retrying past its breaker's probe lease, whose verdict is then lost
+//! while fresh probes follow) never let in flight fall below `slots`.
 //!
 //! # Crashes
 //!
