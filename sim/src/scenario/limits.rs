@@ -42,8 +42,8 @@ pub const MIN_SECONDS: f64 = 0.001;
 /// The longest span a seconds field may hold: one year.
 pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
-/// The longest link latency or cache timeout, in ms: one minute. (A
-/// client's closed connections count against its limit for twice this,
+/// The longest link latency or cache timeout, in ms: one minute. (The
+/// connections a client closes count against its limit for twice this,
 /// see [`TIME_WAIT`](crate::hosts::transport::TIME_WAIT).)
 pub const MAX_LATENCY_MS: u64 = 60_000;
 
