@@ -80,6 +80,7 @@ scenario_tests! {
     hosted_quota => "hosted-quota.toml",
     llama_swap_hold => "llama-swap-hold.toml",
     llama_swap_reload => "llama-swap-reload.toml",
+    mixed_tenants_tokens => "mixed-tenants-tokens.toml",
     node_replacement => "node-replacement.toml",
     noisy_tenant => "noisy-tenant.toml",
     ollama_queue_full => "ollama-queue-full.toml",

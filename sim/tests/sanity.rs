@@ -6,8 +6,11 @@ mod support;
 use std::path::Path;
 use support::{bin, temp_file};
 
+use redstring_sim::evidence::outcome::Answer;
+use redstring_sim::evidence::trace::Kind;
 use redstring_sim::scenario::sanity::{self, LOAD_WARNING};
 use redstring_sim::scenario::{FaultKind, Mode, Oddity, Scenario, Warning};
+use redstring_sim::world::simulate;
 
 const BASE: &str = r#"
 name = "sane"
@@ -175,6 +178,60 @@ fn the_load_figure_is_arrivals_as_the_limiters_admit_them_against_capacity() {
     assert_eq!(warnings(&burst), []);
 }
 
+/// A hosted endpoint whose tokens-per-minute bucket is what binds: requests
+/// of the default 400 prompt tokens asking for `max_tokens = 1024`, offered
+/// three times faster than the quota lets through, by a worker that neither
+/// retries nor opens its breaker on the 429s (so every token the bucket
+/// refills is spent).
+const QUOTA: &str = r#"
+name = "quota"
+duration_s = 300
+[hardening]
+rpm = 1000
+max_tokens = 1024
+max_retries = 0
+failure_threshold = 100000
+[[servers]]
+name = "api"
+kind = "openai"
+quota = { rpm = 10000, tpm = 60000 }
+[[workers]]
+name = "worker"
+servers = ["api"]
+tenants = [{ id = 1, calls_per_min = 180 }]
+"#;
+
+#[test]
+fn a_quota_s_capacity_charges_what_its_bucket_charges() {
+    let s = Scenario::parse("quota.toml", QUOTA).unwrap();
+    let capacity = sanity::loads(&s)[0].capacity_per_s;
+    // The bucket charges each request the larger of max_tokens and the
+    // prompt at admission: 1024 tokens, so 60 000 / 60 / 1024 a second.
+    assert!((capacity - 60_000.0 / 60.0 / 1024.0).abs() < 1e-9, "{capacity}");
+    // And that is what the server serves once its first full bucket is
+    // spent: count its answers over the last four minutes.
+    let run = simulate(&s, 1).unwrap();
+    let served = run
+        .events
+        .iter()
+        .filter(|e| e.t_us >= 60_000_000 && e.host == "api")
+        .filter(|e| {
+            matches!(
+                e.kind,
+                Kind::Served {
+                    outcome: Answer::Ok,
+                    ..
+                }
+            )
+        })
+        .count() as f64;
+    let rate = served / 240.0;
+    assert!(
+        (rate - capacity).abs() < 0.05 * capacity,
+        "served {rate:.3}/s against a capacity figure of {capacity:.3}/s"
+    );
+}
+
 #[test]
 fn the_shipped_scenarios_warn_only_where_they_are_odd() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
@@ -188,15 +245,14 @@ fn the_shipped_scenarios_warn_only_where_they_are_odd() {
             }
         }
     }
-    // hosted-quota offers more than its quota on purpose (to draw 429s);
-    // overload-burst's collapse_at = 12 is above its slots + queue = 10: it
-    // never collapses (its report shows queue_full, not collapsed).
+    // hosted-quota and mixed-tenants-tokens offer more than their quota on
+    // purpose (to draw 429s).
     odd.sort();
     assert_eq!(
         odd,
         [
             "hosted-quota.toml: servers[0].name",
-            "overload-burst.toml: servers[0].collapse_at"
+            "mixed-tenants-tokens.toml: servers[0].name"
         ]
     );
 }

@@ -7,21 +7,70 @@
 //! (the world, the evidence, the judgement) sees hosts through their handles
 //! and the trace.
 
-/// The request header a worker replaying an arrival trace sends with each
-/// request's token counts (`"<prompt>,<output>"`); a server honours it in
-/// place of its own token counts. Real servers never see it.
+/// The request header a worker sends with a call's own token counts
+/// (`"<prompt>,<output>"`, either side may be empty): a replayed trace's
+/// request, or a draw from its tenant's `prompt_tokens` / `output_tokens`
+/// distributions. A server honours each count given in place of its own
+/// (fixed or drawn) count. Real servers never see it.
 pub const TOKENS_HEADER: &str = "x-redstring-sim-tokens";
 
 /// The most tokens either count in [`TOKENS_HEADER`] may carry; larger or
 /// unparsable values are ignored, as a header a real server does not know.
 pub const MAX_HEADER_TOKENS: u64 = 10_000_000;
 
-/// The token counts a request carries in [`TOKENS_HEADER`], if any.
+/// The token counts a request carries in [`TOKENS_HEADER`], if it carries
+/// both.
 pub fn tokens_of(value: Option<&str>) -> Option<(u64, u64)> {
+    match token_sides_of(value)? {
+        RequestTokens {
+            prompt: Some(prompt),
+            output: Some(output),
+        } => Some((prompt, output)),
+        _ => None,
+    }
+}
+
+/// The token counts a call asks the server to use, each side optional: a
+/// side left out is the server's own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestTokens {
+    /// Prompt tokens.
+    pub prompt: Option<u64>,
+    /// Output tokens the answer would have without a `max_tokens` cap.
+    pub output: Option<u64>,
+}
+
+impl RequestTokens {
+    /// Whether it sets neither side (nothing to send).
+    pub fn is_empty(&self) -> bool {
+        self.prompt.is_none() && self.output.is_none()
+    }
+
+    /// The [`TOKENS_HEADER`] value for these counts.
+    pub fn header_value(&self) -> String {
+        let side = |n: Option<u64>| n.map_or_else(String::new, |n| n.to_string());
+        format!("{},{}", side(self.prompt), side(self.output))
+    }
+}
+
+/// The counts a [`TOKENS_HEADER`] value carries, either side possibly
+/// absent; `None` when the value is missing, has no comma, carries neither
+/// count, or a side is neither empty nor a count up to [`MAX_HEADER_TOKENS`].
+pub fn token_sides_of(value: Option<&str>) -> Option<RequestTokens> {
     let (prompt, output) = value?.split_once(',')?;
-    let prompt: u64 = prompt.trim().parse().ok()?;
-    let output: u64 = output.trim().parse().ok()?;
-    (prompt <= MAX_HEADER_TOKENS && output <= MAX_HEADER_TOKENS).then_some((prompt, output))
+    let side = |s: &str| -> Option<Option<u64>> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Some(None);
+        }
+        let n: u64 = s.parse().ok()?;
+        (n <= MAX_HEADER_TOKENS).then_some(Some(n))
+    };
+    let tokens = RequestTokens {
+        prompt: side(prompt)?,
+        output: side(output)?,
+    };
+    (!tokens.is_empty()).then_some(tokens)
 }
 
 pub mod cache_host;

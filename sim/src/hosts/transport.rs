@@ -7,30 +7,39 @@
 //! request building, parsing and classification — and everything the hardened
 //! provider stacks on them — run unchanged against the simulated servers.
 //!
-//! Each [`HttpTransport::post`] is one connection: connect, handshake, one
-//! request, the response read up to the request's `body_limit`, close. The
-//! whole exchange is bounded by the request's `timeout` on virtual time, and
-//! giving up drops the connection, so the server sees its client leave.
-//! Failures map to the adapter's kinds: no connection (refused, crashed host)
-//! is [`TransportErrorKind::Connect`]; a connection closed or reset before the
-//! response was complete is [`TransportErrorKind::Reset`]; no complete
-//! response in time is [`TransportErrorKind::Timeout`]; a URL this transport
-//! cannot reach (not `http://`) or an unparsable response is
-//! [`TransportErrorKind::Other`].
+//! Connections are kept alive and reused, as reqwest's pool (hyper-util's
+//! legacy client) does: a request takes the most recently used idle
+//! connection to its host and port, or opens a new one; a connection whose
+//! response was read to the end goes back to the pool; one idle for
+//! [`IDLE_TIMEOUT`] (reqwest's default `pool_idle_timeout`) is closed when
+//! next looked at. A request that finds its idle connection closed before it
+//! was sent (the server went away meanwhile) goes out on another, as
+//! hyper-util retries a request its connection never took. The whole
+//! exchange is bounded by the request's `timeout` on virtual time, and giving
+//! up (or a response over the limit) closes the connection, so the server
+//! sees its client leave. Failures map to the adapter's kinds: no connection
+//! (refused, crashed host) is [`TransportErrorKind::Connect`]; a connection
+//! closed or reset before the response was complete is
+//! [`TransportErrorKind::Reset`]; no complete response in time is
+//! [`TransportErrorKind::Timeout`]; a URL this transport cannot reach (not
+//! `http://`) or an unparsable response is [`TransportErrorKind::Other`].
 //!
 //! A transport holds at most [`MAX_OPEN_CONNECTIONS`] connections, counting
-//! those closed within [`TIME_WAIT`]; a request beyond that fails at once as
+//! those it closed itself within [`TIME_WAIT`] (a connection the server closed
+//! leaves the `TIME_WAIT` on the server's side, and frees its port at once);
+//! a request needing a new connection beyond that fails at once as
 //! [`TransportErrorKind::Connect`], as on a real host out of ports, rather
 //! than exhausting or reusing turmoil's ephemeral ports (which panics the
 //! whole simulation).
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use redstring::provider::wire::failed;
 use redstring::provider::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError, TransportErrorKind};
@@ -44,13 +53,14 @@ use crate::hosts::clock::sim_elapsed;
 ///
 /// Every request attempt is recorded in the trace as [`Kind::Request`] under
 /// the worker's name, with the URL's host as the server, before it connects.
-/// Only usable from inside a turmoil host. Clones share the limit of
-/// [`MAX_OPEN_CONNECTIONS`].
+/// Only usable from inside a turmoil host. Clones share the pool of idle
+/// connections and the limit of [`MAX_OPEN_CONNECTIONS`].
 #[derive(Clone, Debug)]
 pub struct SimTransport {
     host: String,
     trace: Trace,
     open: Arc<ConnectionLimit>,
+    pool: Arc<Mutex<Pool>>,
 }
 
 impl SimTransport {
@@ -60,12 +70,70 @@ impl SimTransport {
             host: host.into(),
             trace,
             open: Arc::default(),
+            pool: Arc::default(),
         }
+    }
+
+    fn pool(&self) -> MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The most recently used idle connection to `authority` that is still
+    /// open and has not idled past [`IDLE_TIMEOUT`]; the others it passes
+    /// over are closed (those the server closed already are just dropped).
+    fn checkout(&self, authority: &str) -> Option<Connection> {
+        let now = sim_elapsed();
+        let mut pool = self.pool();
+        let idle = pool.idle.get_mut(authority)?;
+        while let Some((conn, since)) = idle.pop() {
+            if !conn.sender.is_closed() && now.saturating_sub(since) < IDLE_TIMEOUT {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Puts a connection whose exchange completed back in the pool.
+    fn checkin(&self, authority: &str, conn: Connection) {
+        if conn.sender.is_closed() {
+            return;
+        }
+        self.pool()
+            .idle
+            .entry(authority.to_owned())
+            .or_default()
+            .push((conn, sim_elapsed()));
+    }
+}
+
+/// How long a connection may sit idle in the pool before it is closed:
+/// reqwest's default `pool_idle_timeout`.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Idle connections by `host:port`, least recently used first.
+#[derive(Debug, Default)]
+struct Pool {
+    idle: BTreeMap<String, Vec<(Connection, Duration)>>,
+}
+
+/// One open client connection: its request half, and the task that drives
+/// it and owns its socket and its [`ConnectionPermit`].
+#[derive(Debug)]
+struct Connection {
+    sender: SendRequest<Full<Bytes>>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Connection {
+    /// Closing from this side: the socket goes with the driver, and the port
+    /// stays in `TIME_WAIT` (the permit's drop).
+    fn drop(&mut self) {
+        self.driver.abort();
     }
 }
 
 /// The most connections one transport (or one cache client) holds at once,
-/// counting those closed within the last [`TIME_WAIT`].
+/// counting those it closed within the last [`TIME_WAIT`].
 ///
 /// turmoil gives a host 16,384 ephemeral ports, handed out in turn, and
 /// panics when they run out — or when it hands a port out again while the
@@ -78,10 +146,11 @@ impl SimTransport {
 /// sockets) does.
 pub const MAX_OPEN_CONNECTIONS: usize = 8000;
 
-/// How long a closed connection still counts against
+/// How long a connection a client closed still counts against
 /// [`MAX_OPEN_CONNECTIONS`]: twice the longest one-way latency a scenario may
 /// set ([`MAX_LATENCY_MS`](crate::scenario::limits::MAX_LATENCY_MS)), as TCP's
-/// `TIME_WAIT` is twice a segment's lifetime.
+/// `TIME_WAIT` is twice a segment's lifetime. Only the side that closes
+/// first waits it out.
 pub const TIME_WAIT: Duration = Duration::from_millis(2 * crate::scenario::limits::MAX_LATENCY_MS);
 
 /// One client's connections: open now, and closed within [`TIME_WAIT`].
@@ -111,20 +180,37 @@ impl ConnectionLimit {
             return None;
         }
         state.open += 1;
-        Some(ConnectionPermit(self.clone()))
+        Some(ConnectionPermit {
+            limit: self.clone(),
+            time_wait: true,
+        })
     }
 }
 
 /// One of a client's [`MAX_OPEN_CONNECTIONS`]; dropped with its connection,
-/// it counts for [`TIME_WAIT`] more.
+/// it counts for [`TIME_WAIT`] more — unless the peer closed the connection
+/// first ([`ConnectionPermit::closed_by_peer`]).
 #[derive(Debug)]
-pub struct ConnectionPermit(Arc<ConnectionLimit>);
+pub struct ConnectionPermit {
+    limit: Arc<ConnectionLimit>,
+    time_wait: bool,
+}
+
+impl ConnectionPermit {
+    /// Gives the permit back for a connection the peer closed first: the
+    /// peer's side holds the `TIME_WAIT`, and the port is free at once.
+    pub fn closed_by_peer(mut self) {
+        self.time_wait = false;
+    }
+}
 
 impl Drop for ConnectionPermit {
     fn drop(&mut self) {
-        let mut state = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.limit.state.lock().unwrap_or_else(|p| p.into_inner());
         state.open = state.open.saturating_sub(1);
-        state.closing.push_back(sim_elapsed().saturating_add(TIME_WAIT));
+        if self.time_wait {
+            state.closing.push_back(sim_elapsed().saturating_add(TIME_WAIT));
+        }
     }
 }
 
@@ -181,17 +267,9 @@ impl HttpTransport for SimTransport {
                     server: target.host.clone(),
                 },
             );
-            let Some(_permit) = self.open.take() else {
-                return Err(failed(
-                    TransportErrorKind::Connect,
-                    format!(
-                        "{} has opened {MAX_OPEN_CONNECTIONS} connections within {TIME_WAIT:?}, the most a simulated host holds",
-                        self.host
-                    ),
-                ));
-            };
             let timeout = request.timeout;
-            match tokio::time::timeout(timeout, exchange(&target, request)).await {
+            // Giving up drops the exchange, and the connection with it.
+            match tokio::time::timeout(timeout, self.exchange(&target, request)).await {
                 Ok(result) => result,
                 Err(_) => Err(failed(
                     TransportErrorKind::Timeout,
@@ -202,39 +280,37 @@ impl HttpTransport for SimTransport {
     }
 }
 
-async fn exchange(target: &Target, request: HttpRequest) -> Result<HttpResponse, TransportError> {
-    let stream = TcpStream::connect((target.host.as_str(), target.port))
-        .await
-        .map_err(|e| {
-            failed(
-                TransportErrorKind::Connect,
-                format!("connecting to {}: {e}", target.authority),
-            )
-        })?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
-        .await
-        .map_err(|e| {
-            failed(
-                TransportErrorKind::Connect,
-                format!("handshake with {}: {e}", target.authority),
-            )
-        })?;
-    let mut builder = Request::post(target.path.as_str()).header(hyper::header::HOST, target.authority.as_str());
-    for (name, value) in &request.headers {
-        builder = builder.header(name.as_str(), value.as_str());
-    }
-    let http_request = builder
-        .body(Full::new(Bytes::from(request.body)))
-        .map_err(|e| failed(TransportErrorKind::Other, format!("building the request: {e}")))?;
-    let limit = request.body_limit;
-    let work = async move {
-        let response = sender.send_request(http_request).await.map_err(|e| hyper_failure(&e))?;
+impl SimTransport {
+    /// One request and its response on a pooled or a new connection; the
+    /// connection goes back to the pool only if the response was read to
+    /// its end.
+    async fn exchange(&self, target: &Target, request: HttpRequest) -> Result<HttpResponse, TransportError> {
+        let mut http_request = build(target, &request)?;
+        let (mut conn, response) = loop {
+            let (mut conn, pooled) = match self.checkout(&target.authority) {
+                Some(conn) => (conn, true),
+                None => (self.connect(target).await?, false),
+            };
+            if pooled && conn.sender.ready().await.is_err() {
+                // Closed while it sat idle: try the next one.
+                continue;
+            }
+            match conn.sender.try_send_request(http_request).await {
+                Ok(response) => break (conn, response),
+                Err(mut e) => match e.take_message() {
+                    // Never sent: the connection went away under it.
+                    Some(unsent) if pooled => http_request = unsent,
+                    _ => return Err(hyper_failure(e.error())),
+                },
+            }
+        };
         let status = response.status().as_u16();
         let headers: Vec<(String, String)> = response
             .headers()
             .iter()
             .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
             .collect();
+        let limit = request.body_limit;
         let declared = response
             .headers()
             .get(hyper::header::CONTENT_LENGTH)
@@ -254,19 +330,60 @@ async fn exchange(target: &Target, request: HttpRequest) -> Result<HttpResponse,
                 body.extend_from_slice(&data);
             }
         }
+        // Read to its end: the connection can carry the next request (one
+        // the server closed meanwhile is just dropped).
+        if conn.sender.ready().await.is_ok() {
+            self.checkin(&target.authority, conn);
+        }
         Ok(HttpResponse { status, headers, body })
-    };
-    // The connection is driven here, beside the request, rather than spawned:
-    // when the caller gives up, dropping this future closes the socket.
-    tokio::pin!(conn);
-    tokio::pin!(work);
-    tokio::select! {
-        biased;
-        result = &mut work => result,
-        // The connection ended first (the server closed it, or it failed): the
-        // request side now completes with whatever hyper made of it.
-        _ = &mut conn => work.await,
     }
+
+    /// A new connection to `target`, its driver running on its own task.
+    async fn connect(&self, target: &Target) -> Result<Connection, TransportError> {
+        let Some(permit) = self.open.take() else {
+            return Err(failed(
+                TransportErrorKind::Connect,
+                format!(
+                    "{} holds {MAX_OPEN_CONNECTIONS} connections (open, or closed within {TIME_WAIT:?}), the most a simulated host holds",
+                    self.host
+                ),
+            ));
+        };
+        let stream = TcpStream::connect((target.host.as_str(), target.port))
+            .await
+            .map_err(|e| {
+                failed(
+                    TransportErrorKind::Connect,
+                    format!("connecting to {}: {e}", target.authority),
+                )
+            })?;
+        let (sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+            .await
+            .map_err(|e| {
+                failed(
+                    TransportErrorKind::Connect,
+                    format!("handshake with {}: {e}", target.authority),
+                )
+            })?;
+        let driver = tokio::task::spawn(async move {
+            // Ends by itself only when the server closed or reset the
+            // connection; closing it from this side aborts this task.
+            let _ = conn.await;
+            permit.closed_by_peer();
+        });
+        Ok(Connection { sender, driver })
+    }
+}
+
+/// The hyper request for `request` to `target`.
+fn build(target: &Target, request: &HttpRequest) -> Result<Request<Full<Bytes>>, TransportError> {
+    let mut builder = Request::post(target.path.as_str()).header(hyper::header::HOST, target.authority.as_str());
+    for (name, value) in &request.headers {
+        builder = builder.header(name.as_str(), value.as_str());
+    }
+    builder
+        .body(Full::new(Bytes::from(request.body.clone())))
+        .map_err(|e| failed(TransportErrorKind::Other, format!("building the request: {e}")))
 }
 
 /// A hyper client error as the adapter's kinds: anything that cut the

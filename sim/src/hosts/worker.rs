@@ -10,7 +10,7 @@
 //! number of clients, each waiting for its call to end and thinking before
 //! the next, whose load falls as latency grows.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,10 +29,12 @@ use tokio::task::JoinHandle;
 use crate::evidence::observe::HostObserver;
 use crate::evidence::outcome::CallOutcome;
 use crate::evidence::trace::{self, Kind, Trace};
+use crate::hosts::RequestTokens;
 use crate::hosts::clock::{SimClock, sim_elapsed};
 use crate::hosts::server::PORT;
 use crate::hosts::transport::SimTransport;
-use crate::scenario::{Burst, Hardening, TenantLoad};
+use crate::scenario::limits::MAX_TRACE_TOKENS;
+use crate::scenario::{Burst, Hardening, Spread, TenantLoad};
 use crate::world::seeds;
 
 /// The record every simulated extraction asks for.
@@ -48,21 +50,24 @@ pub struct Extraction {
 tokio::task_local! {
     /// Requests the current call has sent, counted by [`CountingTransport`].
     static ATTEMPTS: Cell<u32>;
-    /// The current call's token counts, when it replays a trace's request.
-    static TOKENS: Option<(u64, u64)>;
+    /// The current call's own token counts: a replayed trace's request's,
+    /// or a draw from its tenant's distributions.
+    static TOKENS: Option<RequestTokens>;
 }
 
 /// Counts each request against the call whose task sends it, and tells the
-/// server a replayed request's token counts.
+/// server the call's own token counts.
 struct CountingTransport(SimTransport);
 
 impl HttpTransport for CountingTransport {
     fn post(&self, mut request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
         let _ = ATTEMPTS.try_with(|n| n.set(n.get() + 1));
-        if let Ok(Some((prompt, output))) = TOKENS.try_with(|t| *t) {
+        if let Ok(Some(tokens)) = TOKENS.try_with(|t| *t)
+            && !tokens.is_empty()
+        {
             request
                 .headers
-                .push((crate::hosts::TOKENS_HEADER.to_owned(), format!("{prompt},{output}")));
+                .push((crate::hosts::TOKENS_HEADER.to_owned(), tokens.header_value()));
         }
         self.0.post(request)
     }
@@ -194,18 +199,24 @@ struct Calls {
 
 impl Calls {
     /// One unit of work for `tenant` through `provider`, on its own task.
-    fn start<S: LimiterStore + BreakerStore>(&self, provider: Provider<S>, tenant: TenantId) {
-        tokio::task::spawn_local(self.call(provider, tenant, None));
+    fn start<S: LimiterStore + BreakerStore>(
+        &self,
+        provider: Provider<S>,
+        tenant: TenantId,
+        tokens: Option<RequestTokens>,
+    ) {
+        tokio::task::spawn_local(self.call(provider, tenant, tokens));
     }
 
     /// One unit of work for `tenant` through `provider`: it arrives now, and
-    /// the future ends when the call does. `tokens` are a replayed request's
-    /// prompt and output tokens, sent to the server with each attempt.
+    /// the future ends when the call does. `tokens` are the call's own prompt
+    /// and output tokens (a replayed request's, or its tenant's draw), sent
+    /// to the server with each attempt.
     fn call<S: LimiterStore + BreakerStore>(
         &self,
         provider: Provider<S>,
         tenant: TenantId,
-        tokens: Option<(u64, u64)>,
+        tokens: Option<RequestTokens>,
     ) -> impl std::future::Future<Output = ()> + 'static {
         let call = self.next.get();
         self.next.set(call + 1);
@@ -237,6 +248,50 @@ impl Calls {
     }
 }
 
+/// A tenant's token-count distributions and the seeded stream they draw
+/// from ([`seeds::tokens`]), shared by every source of the tenant's calls on
+/// this worker.
+struct TokenDraws {
+    prompt: Option<Spread>,
+    output: Option<Spread>,
+    rng: RefCell<ChaCha8Rng>,
+}
+
+impl TokenDraws {
+    /// The draws of the `i`-th tenant of `plan`, or `None` when it sets
+    /// neither distribution (its calls then carry no counts, and the server
+    /// uses its own).
+    fn of(plan: &WorkerPlan, i: usize) -> Option<Rc<Self>> {
+        let t = plan.tenants.get(i)?;
+        if t.prompt_tokens.is_none() && t.output_tokens.is_none() {
+            return None;
+        }
+        Some(Rc::new(TokenDraws {
+            prompt: t.prompt_tokens,
+            output: t.output_tokens,
+            rng: RefCell::new(ChaCha8Rng::seed_from_u64(seeds::tokens(plan.seed, plan.index, i))),
+        }))
+    }
+
+    /// One call's counts: the prompt side drawn first, then the output side,
+    /// each rounded and capped at [`MAX_TRACE_TOKENS`] (what the token header
+    /// carries); `None` without draws.
+    fn draw(draws: Option<&Rc<Self>>) -> Option<RequestTokens> {
+        let d = draws?;
+        let mut rng = d.rng.borrow_mut();
+        let mut side = |dist: Option<Spread>| {
+            dist.map(|dist| {
+                let n = dist.sample(&mut *rng).round();
+                // `sample` is finite and not negative; the cast saturates.
+                (n as u64).min(MAX_TRACE_TOKENS)
+            })
+        };
+        let prompt = side(d.prompt);
+        let output = side(d.output);
+        Some(RequestTokens { prompt, output })
+    }
+}
+
 /// One open-loop Poisson arrival stream per tenant, until `plan.until`.
 fn arrivals<S: LimiterStore + BreakerStore>(
     plan: &WorkerPlan,
@@ -253,6 +308,7 @@ fn arrivals<S: LimiterStore + BreakerStore>(
         };
         let mut rng = ChaCha8Rng::seed_from_u64(seeds::arrivals(plan.seed, plan.index, i));
         let (provider, calls, until, tenant) = (provider.clone(), calls.clone(), plan.until, t.tenant());
+        let draws = TokenDraws::of(plan, i);
         streams.push(tokio::task::spawn_local(async move {
             loop {
                 let gap = Duration::try_from_secs_f64(exp.sample(&mut rng)).unwrap_or(Duration::MAX);
@@ -260,7 +316,7 @@ fn arrivals<S: LimiterStore + BreakerStore>(
                     break;
                 }
                 tokio::time::sleep(gap).await;
-                calls.start(provider.clone(), tenant);
+                calls.start(provider.clone(), tenant, TokenDraws::draw(draws.as_ref()));
             }
         }));
     }
@@ -281,9 +337,13 @@ fn clients<S: LimiterStore + BreakerStore>(
         let Ok(exp) = Exp::new(1.0 / t.think_s) else {
             continue;
         };
+        // One token stream for all of the tenant's clients, drawn in the
+        // order their calls start.
+        let draws = TokenDraws::of(plan, i);
         for client in 0..t.clients {
             let mut rng = ChaCha8Rng::seed_from_u64(seeds::think(plan.seed, plan.index, i, client));
             let (provider, calls, until, tenant) = (provider.clone(), calls.clone(), plan.until, t.tenant());
+            let draws = draws.clone();
             tasks.push(tokio::task::spawn_local(async move {
                 loop {
                     let think = Duration::try_from_secs_f64(exp.sample(&mut rng)).unwrap_or(Duration::MAX);
@@ -293,7 +353,8 @@ fn clients<S: LimiterStore + BreakerStore>(
                     tokio::time::sleep(think).await;
                     // On its own task, so a call in flight when arrivals
                     // stop runs to its end like an open-loop one.
-                    let _ = tokio::task::spawn_local(calls.call(provider.clone(), tenant, None)).await;
+                    let tokens = TokenDraws::draw(draws.as_ref());
+                    let _ = tokio::task::spawn_local(calls.call(provider.clone(), tenant, tokens)).await;
                 }
             }));
         }
@@ -323,7 +384,10 @@ fn replays<S: LimiterStore + BreakerStore>(
         tasks.push(tokio::task::spawn_local(async move {
             for r in requests.iter().take_while(|r| r.at < until) {
                 tokio::time::sleep(r.at.saturating_sub(sim_elapsed())).await;
-                let tokens = Some((r.prompt_tokens, r.output_tokens));
+                let tokens = Some(RequestTokens {
+                    prompt: Some(r.prompt_tokens),
+                    output: Some(r.output_tokens),
+                });
                 tokio::task::spawn_local(calls.call(provider.clone(), tenant, tokens));
             }
         }));
@@ -343,10 +407,11 @@ fn bursts<S: LimiterStore + BreakerStore>(
             continue;
         };
         let (provider, calls, burst, tenant) = (providers[i].clone(), calls.clone(), *burst, plan.tenants[i].tenant());
+        let draws = TokenDraws::of(plan, i);
         tasks.push(tokio::task::spawn_local(async move {
             tokio::time::sleep(burst.at.saturating_sub(sim_elapsed())).await;
             for _ in 0..burst.calls {
-                calls.start(provider.clone(), tenant);
+                calls.start(provider.clone(), tenant, TokenDraws::draw(draws.as_ref()));
             }
         }));
     }

@@ -168,25 +168,56 @@ impl ServerSpec {
         prompt as f64 / self.prefill_tokens_per_s + output as f64 / self.decode_tokens_per_s
     }
 
-    /// Requests per second it can serve. Generic: its slots over the service
-    /// time. Batching kinds: the engine's steady-state capacity estimate
-    /// (`EngineParams::capacity_per_s`) at the mean token counts, which is
-    /// not `slots / service_time_s()`: a batch shares its decode steps. A
-    /// hosted endpoint's quota caps it further.
+    /// Requests per second it can serve at its own mean token counts, each
+    /// request asking for the default `hardening.max_tokens`
+    /// ([`ServerSpec::throughput_with`] for another).
     pub fn throughput(&self) -> f64 {
+        self.throughput_with(super::Hardening::default().max_tokens)
+    }
+
+    /// Requests per second it can serve at its own mean token counts, each
+    /// request asking for at most `max_tokens` output tokens (the
+    /// hardening's `max_tokens`, which every request carries); see
+    /// [`ServerSpec::throughput_at`].
+    pub fn throughput_with(&self, max_tokens: u32) -> f64 {
+        let (prompt, output) = self.mean_tokens();
+        self.throughput_at(prompt, output, max_tokens)
+    }
+
+    /// The prompt and output tokens of a request that carries no counts of
+    /// its own: the fixed counts (generic kind), or the means of the
+    /// `*_tokens_dist` distributions (batching kinds).
+    pub fn mean_tokens(&self) -> (u64, u64) {
+        match Preset::of(self) {
+            Some(_) => Preset::mean_tokens(self),
+            None => (u64::from(self.prompt_tokens), u64::from(self.output_tokens)),
+        }
+    }
+
+    /// Requests per second it can serve when requests have `prompt` and
+    /// `output` tokens (means) and ask for at most `max_tokens` output tokens.
+    /// Generic: its slots over the slot time (a generic server ignores
+    /// `max_tokens`). Batching kinds: the engine's steady-state capacity
+    /// estimate (`EngineParams::capacity_per_s`) with the output capped at
+    /// `max_tokens`, as the server caps it — not `slots / service_time_s()`:
+    /// a batch shares its decode steps. A hosted endpoint's quota caps it
+    /// further: `rpm / 60` requests, and `tpm / 60` tokens charged per
+    /// request as its bucket charges them at admission, the larger of
+    /// `max_tokens` and the prompt.
+    pub fn throughput_at(&self, prompt: u64, output: u64, max_tokens: u32) -> f64 {
+        let max_tokens = u64::from(max_tokens).max(1);
         match Preset::of(self) {
             Some(preset) => {
-                let (prompt, output) = Preset::mean_tokens(self);
-                let capacity = preset.engine.capacity_per_s(prompt, output);
+                let capacity = preset.engine.capacity_per_s(prompt, output.min(max_tokens));
                 match preset.quota {
                     Some(q) => {
-                        let charge = prompt.max(1) as f64;
+                        let charge = max_tokens.max(prompt) as f64;
                         capacity.min(f64::from(q.rpm) / 60.0).min(q.tpm as f64 / 60.0 / charge)
                     }
                     None => capacity,
                 }
             }
-            None => f64::from(self.slots) / self.service_time_s(),
+            None => f64::from(self.slots) / self.slot_time_s(prompt, output),
         }
     }
 }
@@ -330,6 +361,16 @@ pub struct TenantLoad {
     /// token counts), beside any open or closed loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<super::replay::Replay>,
+    /// Prompt tokens of each of this tenant's calls, drawn per call from the
+    /// tenant's own seeded stream and sent to the server with every attempt
+    /// of the call; without it the server uses its own (`prompt_tokens`, or
+    /// a draw of `prompt_tokens_dist`). A replayed request keeps its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<Spread>,
+    /// Output tokens each of this tenant's calls would generate, drawn like
+    /// `prompt_tokens`; the request's `max_tokens` still caps them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<Spread>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -388,6 +429,8 @@ impl TenantLoad {
             clients: 0,
             think_s: defaults::think_s(),
             replay: None,
+            prompt_tokens: None,
+            output_tokens: None,
         }
     }
 

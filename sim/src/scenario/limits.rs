@@ -25,6 +25,7 @@
 //! | `tenants[].calls_per_min` | ..= [`MAX_CALLS_PER_MIN`]; the whole fleet ..= [`MAX_FLEET_CALLS_PER_MIN`] |
 //! | `tenants[].replay` | at most [`replay::MAX_REQUESTS`](super::replay::MAX_REQUESTS) requests inside the run, each ..= [`MAX_TRACE_TOKENS`] tokens either way; `speedup` 0.001 ..= 10⁶ |
 //! | `servers[].prompt_tokens`, `output_tokens`, `hardening.max_tokens` | ..= [`MAX_TRACE_TOKENS`] |
+//! | `tenants[].prompt_tokens`, `output_tokens` (distributions) | mean ..= [`MAX_TRACE_TOKENS`], each draw capped at it; `low` ≤ `high`, `sigma` 0 ..= 3, nothing negative |
 //! | `tenants[].clients` | ..= [`MAX_CLIENTS`], the whole fleet ..= [`MAX_FLEET_CLIENTS`]; with `think_s` ([`MIN_SECONDS`] ..), at most [`MAX_CALLS_PER_MIN`] starts a minute, counted in the fleet's total |
 //! | a `burst` fault's `calls` | ..= [`MAX_BURST_CALLS_PER_WORKER`]; times the workers with its tenant ..= [`MAX_BURST_CALLS`] |
 //! | `faults` | ..= [`MAX_FAULTS`] |
@@ -41,8 +42,8 @@ pub const MIN_SECONDS: f64 = 0.001;
 /// The longest span a seconds field may hold: one year.
 pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
-/// The longest link latency or cache timeout, in ms: one minute. (A
-/// client's closed connections count against its limit for twice this,
+/// The longest link latency or cache timeout, in ms: one minute. (The
+/// connections a client closes count against its limit for twice this,
 /// see [`TIME_WAIT`](crate::hosts::transport::TIME_WAIT).)
 pub const MAX_LATENCY_MS: u64 = 60_000;
 

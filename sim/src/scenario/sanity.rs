@@ -11,8 +11,9 @@
 //!
 //! [`loads`] is the up-front load figure: each server's offered load — the
 //! calls per second its workers' tenants send it, as their limiters let them
-//! through — against the calls per second its slots can serve
-//! ([`ServerSpec::throughput`](super::ServerSpec::throughput)), with the
+//! through — against the calls per second it can serve at the token mix
+//! its tenants send, each request asking for `hardening.max_tokens`
+//! ([`ServerSpec::throughput_at`](super::ServerSpec::throughput_at)), with the
 //! bursts beside it as the seconds of capacity they take. A steady load above
 //! [`LOAD_WARNING`] of capacity is a warning too: queues grow and the outage
 //! under test is hidden behind plain overload. (A burst above capacity is
@@ -194,7 +195,8 @@ pub struct ServerLoad {
     pub offered_per_s: f64,
     /// Calls all bursts fire at it in the run.
     pub burst_calls: u64,
-    /// Calls per second its slots serve ([`ServerSpec::throughput`](super::ServerSpec::throughput)).
+    /// Calls per second it serves at its tenants' token mix
+    /// ([`ServerSpec::throughput_at`](super::ServerSpec::throughput_at)).
     pub capacity_per_s: f64,
 }
 
@@ -261,12 +263,19 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
             let mut arriving = 0.0;
             let mut admitted = 0.0;
             let mut burst_calls: u64 = 0;
+            // The token mix the server sees: each tenant's means (its own
+            // distributions, or the server's counts), weighted by its calls.
+            let (own_prompt, own_output) = spec.mean_tokens();
+            let (mut prompt_sum, mut output_sum) = (0.0, 0.0);
             for m in fleet.iter().filter(|m| m.server == spec.name) {
                 let mut tenants = BTreeSet::new();
                 for t in &m.tenants {
                     // A closed loop's peak: its clients' calls ending at once.
                     let rate = rate(t);
                     arriving += rate;
+                    let mean = |d: Option<super::Spread>, own: u64| d.map_or(own as f64, |d| d.mean());
+                    prompt_sum += rate * mean(t.prompt_tokens, own_prompt);
+                    output_sum += rate * mean(t.output_tokens, own_output);
                     admitted += match scenario.cache.kind {
                         CacheKind::PerWorker => rate.min(allowed_per_s),
                         CacheKind::Shared => {
@@ -284,12 +293,20 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
                     burst_calls = burst_calls.saturating_add(burst_per_tenant.get(&id).copied().unwrap_or(0));
                 }
             }
+            let (prompt, output) = if arriving > 0.0 {
+                (
+                    (prompt_sum / arriving).round() as u64,
+                    (output_sum / arriving).round() as u64,
+                )
+            } else {
+                (own_prompt, own_output)
+            };
             ServerLoad {
                 server: spec.name.clone(),
                 arriving_per_s: arriving,
                 offered_per_s: admitted,
                 burst_calls,
-                capacity_per_s: spec.throughput(),
+                capacity_per_s: spec.throughput_at(prompt, output, h.max_tokens),
             }
         })
         .collect()

@@ -287,6 +287,21 @@ impl Scenario {
                     return Err(e.bad(&field, format!("must not be negative, got {}", t.calls_per_min)));
                 }
                 e.within(&field, t.calls_per_min, 0.0, MAX_CALLS_PER_MIN, " calls/min")?;
+                for (name, dist) in [("prompt_tokens", t.prompt_tokens), ("output_tokens", t.output_tokens)] {
+                    if let Some(d) = dist {
+                        let field = format!("workers[{i}].tenants[{j}].{name}");
+                        d.check().map_err(|m| e.bad(&field, m))?;
+                        if d.mean() > MAX_TRACE_TOKENS as f64 {
+                            return Err(e.bad(
+                                &field,
+                                format!(
+                                    "must have a mean of at most {MAX_TRACE_TOKENS} tokens per request, got {}",
+                                    d.mean()
+                                ),
+                            ));
+                        }
+                    }
+                }
                 if t.clients > 0 {
                     let think = format!("workers[{i}].tenants[{j}].think_s");
                     e.within(&think, t.think_s, MIN_SECONDS, MAX_SECONDS, " s")?;

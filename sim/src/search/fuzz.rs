@@ -734,7 +734,8 @@ pub fn carries_its_load(s: &Scenario) -> bool {
     }
     s.servers.iter().all(|server| {
         let load = offered.get(&server.name).copied().unwrap_or(0.0);
-        load <= 0.8 * server.throughput() && s.hardening.request_timeout_s >= 2.0 * server.service_time_s()
+        load <= 0.8 * server.throughput_with(s.hardening.max_tokens)
+            && s.hardening.request_timeout_s >= 2.0 * server.service_time_s()
     })
 }
 

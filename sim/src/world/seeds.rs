@@ -35,6 +35,17 @@ pub fn retry_jitter(run: u64, worker: u64, tenant: usize) -> u64 {
     mix(run, worker, JITTER_STREAMS + tenant as u64)
 }
 
+/// Stream numbers at and above this one (and below [`THINK_STREAMS`]) are a
+/// worker's token-count streams, one per tenant.
+const TOKEN_STREAMS: u64 = 2_000;
+
+/// The prompt and output token counts drawn for the calls of the `tenant`-th
+/// tenant of fleet member `worker` (tenants with `prompt_tokens` or
+/// `output_tokens` distributions only).
+pub fn tokens(run: u64, worker: u64, tenant: usize) -> u64 {
+    mix(run, worker, TOKEN_STREAMS + tenant as u64)
+}
+
 /// Stream numbers at and above this one are a worker's closed-loop think
 /// times (one per tenant and client); they sit above every other stream.
 const THINK_STREAMS: u64 = 1 << 32;
@@ -66,6 +77,8 @@ mod tests {
             arrivals(1, 0, 1),
             arrivals(1, 1, 0),
             retry_jitter(1, 0, 0),
+            tokens(1, 0, 0),
+            tokens(1, 0, 1),
             think(1, 0, 0, 0),
             think(1, 0, 0, 1),
             think(1, 0, 1, 0),

@@ -46,9 +46,11 @@ pub enum ServerKind {
     /// load included — get `429` with `Retry-After: 1`.
     LlamaSwap,
     /// vLLM: continuous batching of up to `max_seqs` (256) sequences, an
-    /// unbounded waiting queue (or `503` past `max_queue`, vLLM's opt-in
-    /// `--max-num-queued-reqs`), recompute preemption when the KV cache is
-    /// full, and connections refused until the model has loaded.
+    /// unbounded waiting queue (or `503` once `max_queue` requests are
+    /// unfinished, waiting and running together, as vLLM's opt-in
+    /// `--max-num-queued-reqs` counts them in `AsyncLLM.check_admission`),
+    /// recompute preemption when the KV cache is full, and connections
+    /// refused until the model has loaded.
     Vllm,
     /// Ollama: `max_seqs` (`OLLAMA_NUM_PARALLEL`, default 1) in parallel;
     /// the model loads on the first request after `keep_alive_s` (default
@@ -183,7 +185,9 @@ impl Spread {
         }
     }
 
-    fn check(&self) -> Result<(), String> {
+    /// Checks its parameters: finite, not negative, a range in order, a
+    /// lognormal's sigma at most 3; the error says what was wrong.
+    pub(crate) fn check(&self) -> Result<(), String> {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
         match *self {
             Spread::Fixed { value } if !ok(value) => Err(format!("value must not be negative, got {value}")),

@@ -41,7 +41,9 @@
 //!    is `503` `{"error":{"code":503,"message":"server busy","type":"unavailable_error"}}`
 //!    (outcome `queue_full`). Otherwise the request waits (FIFO) for one of
 //!    `slots` slots and holds it for `prompt_tokens / prefill_tokens_per_s +
-//!    output_tokens / decode_tokens_per_s` seconds of virtual time.
+//!    output_tokens / decode_tokens_per_s` seconds of virtual time (each
+//!    count the request carries in [`crate::hosts::TOKENS_HEADER`] — a
+//!    replayed request's, or its tenant's draw — in place of the spec's).
 //! 5. **Answer.** `200` with a `chat.completion` body. `normal` content is a
 //!    JSON object satisfying the request's
 //!    `response_format.json_schema.schema` (see [`content_for_schema`]);
@@ -62,7 +64,11 @@
 //! moment in flight falls below `slots` (or below `collapse_at`, if that is
 //! smaller): requests arriving afterwards are served normally, while the ones
 //! hung earlier stay unanswered. So a server only recovers once its clients
-//! back off — which is what the breaker is for.
+//! back off — which is what the breaker is for. A fleet that does not back
+//! off keeps it collapsed for good: each hung request holds its place until
+//! its client's timeout, so a few workers retrying hung requests (a half-open
+//! probe retrying past its breaker's probe lease, whose verdict is then lost
+//! while fresh probes follow) never let in flight fall below `slots`.
 //!
 //! # Crashes
 //!
@@ -487,7 +493,7 @@ impl Start {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
-        let tokens = crate::hosts::tokens_of(
+        let tokens = crate::hosts::token_sides_of(
             request
                 .headers()
                 .get(crate::hosts::TOKENS_HEADER)
@@ -541,15 +547,22 @@ impl Start {
                 "unavailable_error",
             ));
         };
-        let service = tokens.map_or_else(
-            || self.service_time(),
-            |(prompt, output)| {
-                let s = self.spec.slot_time_s(prompt, output);
-                // No longer than validation allows any request to take.
-                let most = crate::scenario::limits::MAX_SERVICE_TIME_S;
-                Duration::try_from_secs_f64(s.min(most)).unwrap_or(Duration::from_secs_f64(most))
-            },
+        let (prompt, output) = (
+            tokens
+                .and_then(|t| t.prompt)
+                .unwrap_or(u64::from(self.spec.prompt_tokens)),
+            tokens
+                .and_then(|t| t.output)
+                .unwrap_or(u64::from(self.spec.output_tokens)),
         );
+        let service = if tokens.is_some() {
+            let s = self.spec.slot_time_s(prompt, output);
+            // No longer than validation allows any request to take.
+            let most = crate::scenario::limits::MAX_SERVICE_TIME_S;
+            Duration::try_from_secs_f64(s.min(most)).unwrap_or(Duration::from_secs_f64(most))
+        } else {
+            self.service_time()
+        };
         if !guard.served(service).await {
             guard.outcome_recorded = true;
             self.record(Answer::Collapsed);
@@ -558,8 +571,6 @@ impl Start {
         guard.outcome_recorded = true;
         self.record(Answer::of_mode(mode));
         let id = self.next_answer_id();
-        let (prompt, output) =
-            tokens.unwrap_or((u64::from(self.spec.prompt_tokens), u64::from(self.spec.output_tokens)));
         let usage = Usage {
             prompt,
             completion: output,
@@ -632,14 +643,14 @@ impl Start {
         b: Arc<Batching>,
         body: Value,
         key: &str,
-        tokens: Option<(u64, u64)>,
+        tokens: Option<crate::hosts::RequestTokens>,
     ) -> Reply {
         let kind = b.preset.kind;
         if kind == ServerKind::LlamaCpp && self.loading_now() {
             self.record(Answer::Loading);
             return Ok(loading());
         }
-        let (prompt, wanted) = tokens.map_or_else(|| self.draw_tokens(), |(p, o)| (p, o.max(1)));
+        let (prompt, wanted) = self.draw_tokens(tokens.unwrap_or_default());
         let max_tokens = body
             .get("max_tokens")
             .or_else(|| body.get("max_completion_tokens"))
@@ -738,17 +749,19 @@ impl Start {
         }
     }
 
-    /// Prompt tokens and the output length a request would generate, drawn
-    /// from the spec's distributions (or its fixed counts, drawing nothing).
-    fn draw_tokens(&self) -> (u64, u64) {
-        let draw = |dist: Option<kinds::Spread>, fixed: u32| match dist {
-            Some(d) => d
+    /// Prompt tokens and the output length a request would generate: the
+    /// counts the request carries, and for a side it does not carry a draw
+    /// from the spec's distribution (or its fixed count, drawing nothing).
+    fn draw_tokens(&self, given: crate::hosts::RequestTokens) -> (u64, u64) {
+        let draw = |given: Option<u64>, dist: Option<kinds::Spread>, fixed: u32| match (given, dist) {
+            (Some(n), _) => n,
+            (None, Some(d)) => d
                 .sample(&mut self.extra.lock().unwrap_or_else(|p| p.into_inner()).tokens)
                 .round() as u64,
-            None => u64::from(fixed),
+            (None, None) => u64::from(fixed),
         };
-        let prompt = draw(self.spec.prompt_tokens_dist, self.spec.prompt_tokens);
-        let output = draw(self.spec.output_tokens_dist, self.spec.output_tokens);
+        let prompt = draw(given.prompt, self.spec.prompt_tokens_dist, self.spec.prompt_tokens);
+        let output = draw(given.output, self.spec.output_tokens_dist, self.spec.output_tokens);
         (prompt, output.max(1))
     }
 
