@@ -28,6 +28,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
+use redstring_sim::evidence::episodes;
 use redstring_sim::evidence::trace::Trace;
 use redstring_sim::judgement::plots;
 use redstring_sim::judgement::report::Report;
@@ -230,7 +231,9 @@ fn run(path: &Path, seed: Option<u64>, outputs: Result<Outputs, ExitCode>, stric
     Outputs::write(outputs.json, || {
         serde_json::to_string_pretty(&report).unwrap_or_default()
     })?;
-    Outputs::write(outputs.trace, || Trace::to_json_lines(&run.events))?;
+    Outputs::write(outputs.trace, || {
+        Trace::to_json_lines(&episodes::with_ready_marks(&scenario, &run.events))
+    })?;
     Outputs::write(outputs.svg, || plots::render(&scenario, &run.events))?;
     Ok(verdict(report.failed(), report.missed()))
 }

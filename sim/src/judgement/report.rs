@@ -14,7 +14,8 @@ use redstring::CircuitState;
 use serde::Serialize;
 
 use crate::evidence::trace::{DRIVER, Kind, TraceEvent};
-use crate::judgement::figures::Figures;
+use crate::judgement::episode_figures::{EpisodeFigures, Latencies};
+use crate::judgement::figures::{Figures, Recovery};
 use crate::judgement::invariants::{Check, Verdict};
 use crate::judgement::objectives::{self, Judged, ObjectiveVerdict};
 use crate::scenario::Scenario;
@@ -214,6 +215,15 @@ impl Report {
             show(self.time_to_open_s),
             show(self.time_to_recover_s)
         );
+        if !self.figures.episodes.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nfault episodes (from the fault until the server is ready again):"
+            );
+            for ep in &self.figures.episodes {
+                out.push_str(&render_episode(ep));
+            }
+        }
         let _ = writeln!(out, "\ninvariants:");
         for c in &self.checks {
             let (mark, detail) = match &c.verdict {
@@ -274,6 +284,40 @@ impl Report {
         }
         out
     }
+}
+
+/// One fault episode's figures as text, three lines.
+fn render_episode(ep: &EpisodeFigures) -> String {
+    let ready = match (ep.ready_s, ep.ready_basis) {
+        (Some(t), Some(basis)) => format!("ready at {t:.1} s ({})", basis.describe()),
+        _ => "not ready again within the run".to_owned(),
+    };
+    let amp = ep
+        .amplification
+        .map_or("-".to_owned(), |a| format!("{:.2}", round_ms(a)));
+    let open = ep.time_to_open_s.map_or("-".to_owned(), |s| format!("{s:.1} s"));
+    let recovery = match &ep.goodput_recovery {
+        Recovery::Recovered { s } => format!("{s:.0} s after ready"),
+        Recovery::TooLate => "run ends too soon to tell".to_owned(),
+        Recovery::NotRecovered => "not within the run".to_owned(),
+        Recovery::NotReady | Recovery::NoFault => "-".to_owned(),
+    };
+    let lat = |l: &Latencies| match (l.p50_s, l.p95_s, l.p99_s) {
+        (Some(a), Some(b), Some(c)) => format!("{} / {} / {}", round_ms(a), round_ms(b), round_ms(c)),
+        _ => "-".to_owned(),
+    };
+    format!(
+        "  {} {} at {:.1} s, {ready}\n    requests reaching it {}; {amp} requests per arriving call; time to open {open}; goodput back {recovery}\n    calls failed {}, deferred {}; latency p50 / p95 / p99 s before {}, during {}, after {}\n",
+        ep.server,
+        ep.kind,
+        ep.start_s,
+        ep.requests_reached,
+        ep.calls_failed,
+        ep.calls_deferred,
+        lat(&ep.latency_before),
+        lat(&ep.latency_during),
+        lat(&ep.latency_after),
+    )
 }
 
 /// One objective's verdict as text: the verdict, then the figure beside the
