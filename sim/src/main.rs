@@ -31,9 +31,9 @@ use clap::{Parser, Subcommand};
 use redstring_sim::evidence::episodes;
 use redstring_sim::evidence::trace::Trace;
 use redstring_sim::judgement::plots;
-use redstring_sim::judgement::report::Report;
+use redstring_sim::judgement::report::{self, Report};
 use redstring_sim::judgement::sweep::SweepSummary;
-use redstring_sim::scenario::{Scenario, Warning, sanity};
+use redstring_sim::scenario::{CacheKind, Scenario, Warning, sanity};
 use redstring_sim::search::fuzz::{self, BOUNDS_DIR, Bounds};
 use redstring_sim::world::{Budget, simulate};
 
@@ -253,17 +253,14 @@ fn verdict(failed: bool, missed: bool) -> ExitCode {
 fn scenario_header(s: &Scenario, path: &Path, seed: u64) -> String {
     let h = &s.hardening;
     format!(
-        "== {} ({}), seed {seed}\n   {} s simulated, tick {} ms, {} servers, {} workers, cache {:?} stamped by {:?}\n   rpm {} per {} s; breaker threshold {} timeout {} s probes {}; retries {} from {} s ×{} cap {} s jitter {}; timeout {} s\n",
+        "== {} ({}), seed {seed}\n   {} s simulated, tick {} ms, {} servers, {} workers\n   rpm {}; breaker threshold {} timeout {} s probes {}; retries {} from {} s ×{} cap {} s jitter {}; timeout {} s\n",
         s.name,
         path.display(),
         s.duration_s,
         s.tick_ms,
         s.servers.len(),
         s.fleet().len(),
-        s.cache.kind,
-        s.cache.time_source,
-        h.rpm,
-        h.window_s,
+        report::rpm_scope(s),
         h.failure_threshold,
         h.recovery_timeout_s,
         h.half_open_max_calls,
@@ -458,7 +455,10 @@ fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> Outcome {
     let result = runner.run(&fuzz::scenarios(&bounds), |scenario| {
         *runs.borrow_mut() += 1;
         let mut t = tried.borrow_mut();
-        let layout = format!("cache {:?}/{:?}", scenario.cache.kind, scenario.cache.time_source);
+        let layout = match scenario.cache.kind {
+            CacheKind::PerWorker => "cache per worker".to_owned(),
+            CacheKind::Shared => format!("cache shared, {}", report::stamped_by(scenario.cache.time_source)),
+        };
         *t.entry(layout).or_default() += 1;
         for f in &scenario.faults {
             *t.entry(format!("fault {}", f.kind())).or_default() += 1;

@@ -14,3 +14,25 @@ pub mod objectives;
 pub mod plots;
 pub mod report;
 pub mod sweep;
+
+/// A tenant as a report names it: `tenant 7` for a scenario's numbered
+/// tenant (`scenario::tenant(7)`, an id that fits in 64 bits), its UUID
+/// otherwise.
+pub fn tenant_label(t: redstring::TenantId) -> String {
+    match u64::try_from(t.as_uuid().as_u128()) {
+        Ok(n) => format!("tenant {n}"),
+        Err(_) => t.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_tenants_read_as_their_number() {
+        assert_eq!(tenant_label(crate::scenario::tenant(7)), "tenant 7");
+        let big = redstring::TenantId::from_u128(u128::MAX);
+        assert_eq!(tenant_label(big), "ffffffff-ffff-ffff-ffff-ffffffffffff");
+    }
+}
