@@ -255,7 +255,7 @@ impl Report {
                     },
                     format!(" at {:.3} s on {host}: {detail}", *t_us as f64 / 1e6),
                 ),
-                Verdict::NotApplicable { why } => ("n/a", format!(" ({why})")),
+                Verdict::NotApplicable { why } => ("not applicable", format!(" ({why})")),
             };
             let figure = if c.figure.is_empty() {
                 String::new()
