@@ -5,8 +5,10 @@
 //! configuration served its callers, [`episode_figures`] the same per fault
 //! episode, and [`objectives`] judges those figures
 //! against the scenario's targets; [`report`] turns a run and its verdicts
-//! into figures and text; [`sweep`] summarises many seeds; [`plots`] draws the SVG timeline.
+//! into figures and text; [`sweep`] summarises many seeds; [`compare`] sets
+//! variants side by side over the same seeds; [`plots`] draws the SVG timeline.
 
+pub mod compare;
 pub mod episode_figures;
 pub mod figures;
 pub mod invariants;
