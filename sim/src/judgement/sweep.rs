@@ -3,7 +3,7 @@
 //!
 //! One seed's report says what happened once; a configuration is judged by
 //! what happens across many. [`SweepSummary`] gathers the reports of the
-//! seeds that ran and gives, for every figure of [`Figures`](crate::judgement::figures::Figures), its
+//! seeds that ran and gives, for every figure of [`Figures`], its
 //! distribution (min / median / p95 / max), and for every invariant and
 //! objective its pass rate.
 
@@ -94,7 +94,7 @@ pub struct PassRate {
 pub struct SweepSummary {
     /// Seeds whose simulation ran to the end.
     pub seeds: u64,
-    /// Per figure (named as in [`Figures`](crate::judgement::figures::Figures)), its distribution; figures no
+    /// Per figure (named as in [`Figures`]), its distribution; figures no
     /// seed measured are left out.
     pub figures: BTreeMap<&'static str, Distribution>,
     /// Per invariant, in the registry's order.
