@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
-//! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50 [--json F] [--strict]
+//! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50 [--json F] [--strict] [--jobs N]
+//! redstring-sim compare a.toml b.toml --seeds 1..20 [--set key=v1,v2] [--json F] [--strict] [--jobs N]
 //! redstring-sim check [scenarios/] [--strict]
 //! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--out scenarios/regressions]
 //! ```
@@ -28,11 +29,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
+use redstring_sim::evidence::episodes;
 use redstring_sim::evidence::trace::Trace;
-use redstring_sim::judgement::plots;
-use redstring_sim::judgement::report::Report;
+use redstring_sim::judgement::report::{self, Report};
 use redstring_sim::judgement::sweep::SweepSummary;
-use redstring_sim::scenario::{Scenario, Warning, sanity};
+use redstring_sim::judgement::{compare, plots};
+use redstring_sim::scenario::{CacheKind, Scenario, Warning, sanity};
 use redstring_sim::search::coverage::Coverage;
 use redstring_sim::search::fuzz::{self, BOUNDS_DIR, Bounds};
 use redstring_sim::world::{Budget, simulate};
@@ -95,6 +97,35 @@ enum Command {
         /// Refuse (exit 2) a scenario with any warning.
         #[arg(long)]
         strict: bool,
+        /// Simulations run at once (default: every core); the results do
+        /// not depend on it.
+        #[arg(long)]
+        jobs: Option<usize>,
+    },
+    /// Run several scenarios (or one with a field varied by --set) over the
+    /// same seeds and set their figures side by side, marking which
+    /// differences hold across seeds (a paired sign test against the first).
+    Compare {
+        /// The scenario files (one, with --set).
+        #[arg(required = true)]
+        scenarios: Vec<PathBuf>,
+        /// Seeds as `A..B` (B exclusive).
+        #[arg(long, default_value = "1..21")]
+        seeds: String,
+        /// Vary one field of the one scenario: a dotted TOML key and its
+        /// values, e.g. `hardening.failure_threshold=1,3,5`.
+        #[arg(long)]
+        set: Option<String>,
+        /// Write the comparison as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Refuse (exit 2) a scenario with any warning.
+        #[arg(long)]
+        strict: bool,
+        /// Simulations run at once (default: every core); the results do
+        /// not depend on it.
+        #[arg(long)]
+        jobs: Option<usize>,
     },
     /// Search generated scenarios within bounds for one that breaks a claimed
     /// invariant; write the smallest one found as a replayable scenario.
@@ -181,7 +212,16 @@ fn main() -> ExitCode {
             seeds,
             strict,
             json,
-        } => sweep(&scenario, &seeds, json, strict),
+            jobs,
+        } => sweep(&scenario, &seeds, json, strict, jobs),
+        Command::Compare {
+            scenarios,
+            seeds,
+            set,
+            json,
+            strict,
+            jobs,
+        } => compare(&scenarios, &seeds, set.as_deref(), json, strict, jobs),
         Command::Check { dir, strict } => check(&dir, strict),
         Command::Fuzz {
             bounds,
@@ -279,7 +319,9 @@ fn run(path: &Path, seed: Option<u64>, outputs: Result<Outputs, ExitCode>, stric
     Outputs::write(outputs.json, || {
         serde_json::to_string_pretty(&report).unwrap_or_default()
     })?;
-    Outputs::write(outputs.trace, || Trace::to_json_lines(&run.events))?;
+    Outputs::write(outputs.trace, || {
+        Trace::to_json_lines(&episodes::with_ready_marks(&scenario, &run.events))
+    })?;
     Outputs::write(outputs.svg, || plots::render(&scenario, &run.events))?;
     Ok(verdict(report.failed(), report.missed()))
 }
@@ -299,17 +341,14 @@ fn verdict(failed: bool, missed: bool) -> ExitCode {
 fn scenario_header(s: &Scenario, path: &Path, seed: u64) -> String {
     let h = &s.hardening;
     format!(
-        "== {} ({}), seed {seed}\n   {} s simulated, tick {} ms, {} servers, {} workers, cache {:?} stamped by {:?}\n   rpm {} per {} s; breaker threshold {} timeout {} s probes {}; retries {} from {} s ×{} cap {} s jitter {}; timeout {} s\n",
+        "== {} ({}), seed {seed}\n   {} s simulated, tick {} ms, {} servers, {} workers\n   rpm {}; breaker threshold {} timeout {} s probes {}; retries {} from {} s ×{} cap {} s jitter {}; timeout {} s\n",
         s.name,
         path.display(),
         s.duration_s,
         s.tick_ms,
         s.servers.len(),
         s.fleet().len(),
-        s.cache.kind,
-        s.cache.time_source,
-        h.rpm,
-        h.window_s,
+        report::rpm_scope(s),
         h.failure_threshold,
         h.recovery_timeout_s,
         h.half_open_max_calls,
@@ -341,17 +380,77 @@ fn names<T: std::fmt::Display>(items: &[T]) -> String {
     items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-fn sweep(path: &Path, seeds: &str, json: Option<PathBuf>, strict: bool) -> Outcome {
-    let scenario = load(path, strict)?;
-    let json = match json {
-        Some(p) => Some(File::create(&p).map(|f| (p.clone(), f)).map_err(|e| io_failed(&p, e))?),
-        None => None,
-    };
-    print!("{}", loads(&scenario));
-    let Some((from, to)) = parse_range(seeds) else {
+/// Creates `--json`'s file before any simulation runs.
+fn create(json: Option<PathBuf>) -> Result<Option<(PathBuf, File)>, ExitCode> {
+    json.map(|p| File::create(&p).map(|f| (p.clone(), f)).map_err(|e| io_failed(&p, e)))
+        .transpose()
+}
+
+fn seed_range(seeds: &str) -> Result<(u64, u64), ExitCode> {
+    parse_range(seeds).ok_or_else(|| {
         eprintln!("error: --seeds must look like A..B with A < B, got {seeds:?}");
-        return Err(ExitCode::from(BAD_SCENARIO));
+        ExitCode::from(BAD_SCENARIO)
+    })
+}
+
+/// `--jobs`, or every core.
+fn jobs_or_cores(jobs: Option<usize>) -> usize {
+    jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
+/// One seed's outcome: its report, or why its simulation failed.
+type SeedResult = Result<Report, String>;
+
+/// Runs `scenario` over seeds `from..to` on `jobs` threads and returns each
+/// seed's result in seed order, whatever the order they finished in: each
+/// simulation is single-threaded and builds its own world, so the results
+/// are those of a run on one thread.
+fn run_seeds(
+    scenario: &Scenario,
+    shown: &str,
+    (from, to): (u64, u64),
+    jobs: usize,
+    bar: &indicatif::ProgressBar,
+) -> Vec<SeedResult> {
+    let next = std::sync::atomic::AtomicU64::new(from);
+    let results: std::sync::Mutex<Vec<(u64, SeedResult)>> = std::sync::Mutex::new(Vec::new());
+    let work = || {
+        loop {
+            let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if seed >= to {
+                break;
+            }
+            let result = simulate(scenario, seed)
+                .map(|run| Report::new(scenario, shown, &run))
+                .map_err(|e| format!("simulation failed: {e}"));
+            results.lock().unwrap_or_else(|p| p.into_inner()).push((seed, result));
+            bar.inc(1);
+        }
     };
+    let threads = jobs.min(usize::try_from(to - from).unwrap_or(usize::MAX)).max(1);
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            // The main thread's stack size: a world's futures nest deeply.
+            let spawned = std::thread::Builder::new()
+                .stack_size(8 << 20)
+                .spawn_scoped(scope, work);
+            if spawned.is_err() {
+                break;
+            }
+        }
+        work();
+    });
+    let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    results.sort_by_key(|(seed, _)| *seed);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
+fn sweep(path: &Path, seeds: &str, json: Option<PathBuf>, strict: bool, jobs: Option<usize>) -> Outcome {
+    let scenario = load(path, strict)?;
+    let json = create(json)?;
+    print!("{}", loads(&scenario));
+    let (from, to) = seed_range(seeds)?;
     // Every seed asks for the same work: over the budget is one failure, not
     // one per seed.
     Budget::DEFAULT.check(&scenario).map_err(|e| {
@@ -360,15 +459,22 @@ fn sweep(path: &Path, seeds: &str, json: Option<PathBuf>, strict: bool) -> Outco
     })?;
     let bar = progress(to - from, "seeds");
     let shown = path.display().to_string();
+    let results = run_seeds(&scenario, &shown, (from, to), jobs_or_cores(jobs), &bar);
+    bar.finish();
     let mut failing = Vec::new();
     let mut missing = Vec::new();
     let mut reports = Vec::new();
-    for seed in from..to {
-        match simulate(&scenario, seed) {
-            Ok(run) => {
-                let report = Report::new(&scenario, &shown, &run);
-                if !run.failed().is_empty() {
-                    failing.push((seed, names(&run.failed())));
+    for (seed, result) in (from..to).zip(results) {
+        match result {
+            Ok(report) => {
+                let failed: Vec<String> = report
+                    .checks
+                    .iter()
+                    .filter(|c| c.failed())
+                    .map(|c| c.name.to_string())
+                    .collect();
+                if !failed.is_empty() {
+                    failing.push((seed, failed.join(", ")));
                 }
                 let missed: Vec<&str> = report
                     .objectives
@@ -381,12 +487,9 @@ fn sweep(path: &Path, seeds: &str, json: Option<PathBuf>, strict: bool) -> Outco
                 }
                 reports.push(report);
             }
-            Err(e) => failing.push((seed, format!("simulation failed: {e}"))),
+            Err(why) => failing.push((seed, why)),
         }
-        bar.set_message(format!("{} failing", failing.len()));
-        bar.inc(1);
     }
-    bar.finish();
     println!("{} of {} seeds failed", failing.len(), to - from);
     for (seed, why) in &failing {
         println!("  seed {seed}: {why}\n    replay: redstring-sim run {shown} --seed {seed}");
@@ -401,6 +504,94 @@ fn sweep(path: &Path, seeds: &str, json: Option<PathBuf>, strict: bool) -> Outco
     print!("{}", summary.render());
     Outputs::write(json, || serde_json::to_string_pretty(&summary).unwrap_or_default())?;
     Ok(verdict(!failing.is_empty(), !missing.is_empty()))
+}
+
+/// The variants `compare` runs: each file, or the one file once per `--set`
+/// value, each with the name it is shown by.
+fn variants(paths: &[PathBuf], set: Option<&str>, strict: bool) -> Result<Vec<(String, Scenario)>, ExitCode> {
+    let bad = |e: &dyn std::fmt::Display| {
+        eprintln!("error: {e}");
+        ExitCode::from(BAD_SCENARIO)
+    };
+    let Some(set) = set else {
+        return paths
+            .iter()
+            .map(|p| load(p, strict).map(|s| (p.display().to_string(), s)))
+            .collect();
+    };
+    let [path] = paths else {
+        eprintln!("error: --set varies one scenario; {} were given", paths.len());
+        return Err(ExitCode::from(BAD_SCENARIO));
+    };
+    let (key, values) = compare::parse_set(set).map_err(|e| bad(&e))?;
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| bad(&format!("cannot read {file}: {e}")))?;
+    let mut out = Vec::new();
+    for value in values {
+        let varied = compare::set_field(&text, &key, &value).map_err(|e| bad(&e))?;
+        let (scenario, warnings) =
+            Scenario::parse_checked(&file, &varied).map_err(|e| bad(&format!("with --set {key}={value}: {e}")))?;
+        let shown = format!("{file} {key}={value}");
+        if strict && !warnings.is_empty() {
+            for w in warnings {
+                eprintln!("error: {} (--strict)", w.into_error(&shown));
+            }
+            return Err(ExitCode::from(BAD_SCENARIO));
+        }
+        print_warnings(&shown, &warnings);
+        out.push((format!("{key}={value}"), scenario));
+    }
+    Ok(out)
+}
+
+fn compare(
+    paths: &[PathBuf],
+    seeds: &str,
+    set: Option<&str>,
+    json: Option<PathBuf>,
+    strict: bool,
+    jobs: Option<usize>,
+) -> Outcome {
+    let variants = variants(paths, set, strict)?;
+    let json = create(json)?;
+    let (from, to) = seed_range(seeds)?;
+    for (name, scenario) in &variants {
+        Budget::DEFAULT.check(scenario).map_err(|e| {
+            eprintln!("error: {name}: {e}");
+            ExitCode::from(SIM_FAILED)
+        })?;
+    }
+    let jobs = jobs_or_cores(jobs);
+    let bar = progress((to - from).saturating_mul(variants.len() as u64), "runs");
+    let mut runs = Vec::new();
+    let (mut failed, mut missed) = (false, false);
+    for (name, scenario) in &variants {
+        let results = run_seeds(scenario, name, (from, to), jobs, &bar);
+        let mut reports = Vec::new();
+        for (seed, result) in (from..to).zip(results) {
+            match result {
+                Ok(report) => {
+                    failed |= report.failed();
+                    missed |= report.missed();
+                    reports.push(Some(report));
+                }
+                Err(why) => {
+                    bar.println(format!("{name} seed {seed}: {why}"));
+                    failed = true;
+                    reports.push(None);
+                }
+            }
+        }
+        runs.push(compare::Variant {
+            name: name.clone(),
+            reports,
+        });
+    }
+    bar.finish();
+    let comparison = compare::Comparison::new(from, to, &runs);
+    print!("{}", comparison.render());
+    Outputs::write(json, || serde_json::to_string_pretty(&comparison).unwrap_or_default())?;
+    Ok(verdict(failed, missed))
 }
 
 /// Every `*.toml` under `dir`, in subdirectories too (but not in fuzzer
@@ -505,7 +696,10 @@ fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> Outcome {
     let result = runner.run(&fuzz::scenarios(&bounds), |scenario| {
         *runs.borrow_mut() += 1;
         let mut t = tried.borrow_mut();
-        let layout = format!("cache {:?}/{:?}", scenario.cache.kind, scenario.cache.time_source);
+        let layout = match scenario.cache.kind {
+            CacheKind::PerWorker => "cache per worker".to_owned(),
+            CacheKind::Shared => format!("cache shared, {}", report::stamped_by(scenario.cache.time_source)),
+        };
         *t.entry(layout).or_default() += 1;
         for f in &scenario.faults {
             *t.entry(format!("fault {}", f.kind())).or_default() += 1;

@@ -49,8 +49,8 @@ fn a_healthy_run_exits_0_and_prints_its_replay_command() {
 
 #[test]
 fn an_invariant_failure_exits_1() {
-    // A server that crashes and never comes back: no breaker closes again
-    // after the last fault, and liveness fails.
+    // A server that answers 500 from 10 s to the end: no breaker closes
+    // again after the last fault, and liveness fails.
     let crashed = r#"
 name = "crashed"
 duration_s = 400
@@ -64,9 +64,10 @@ name = "w"
 servers = ["gpu"]
 tenants = [{ id = 1, calls_per_min = 30 }]
 [[faults]]
-kind = "crash"
+kind = "behave"
 at_s = 10
 server = "gpu"
+behaviour = { mode = "error" }
 "#;
     let path = temp_file("crashed.toml", crashed);
     let out = bin().arg("run").arg(&path).output().unwrap();
@@ -220,4 +221,151 @@ fn an_unwritable_output_is_an_io_error_before_the_run() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(!text.contains("replay:"), "{flag}: checked before the run: {text}");
     }
+}
+
+#[test]
+fn a_scenario_that_cannot_recover_is_not_applicable_for_liveness_and_exits_0() {
+    // The server crashes and is never restarted: no configuration can bring
+    // the calls back, so liveness says so instead of failing the run.
+    let crashed = r#"
+name = "crashed"
+duration_s = 400
+[hardening]
+rpm = 60
+window_s = 10
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 30 }]
+[[faults]]
+kind = "crash"
+at_s = 10
+server = "gpu"
+"#;
+    let path = temp_file("never-restarted.toml", crashed);
+    let out = bin().arg("run").arg(&path).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains(
+            "liveness               not applicable (the scenario cannot recover: gpu crashed and is never restarted)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("gpu crash at 10.0 s, not ready again within the run"),
+        "{text}"
+    );
+}
+
+/// `SMALL` with a crash and a restart, so that the hardening has something
+/// to do and recovery something to measure.
+fn outage() -> String {
+    format!(
+        "{}[hardening]\nfailure_threshold = 3\nrecovery_timeout_s = 5\n[[faults]]\nkind = \"crash\"\nat_s = 5\nserver = \"gpu\"\n[[faults]]\nkind = \"restart\"\nat_s = 8\nserver = \"gpu\"\n",
+        SMALL.replace("duration_s = 20", "duration_s = 40")
+    )
+}
+
+#[test]
+fn compare_sets_variants_side_by_side_and_writes_json() {
+    let path = temp_file("compare.toml", &outage());
+    let json = path.with_extension("json");
+    let out = bin()
+        .args(["compare", path.to_str().unwrap(), "--seeds", "1..4", "--jobs", "1"])
+        .args([
+            "--set",
+            "hardening.failure_threshold=1,5",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("[1] hardening.failure_threshold=1"), "{text}");
+    assert!(text.contains("[2] hardening.failure_threshold=5"), "{text}");
+    assert!(text.contains("  latency_p50_s "), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["seeds"], serde_json::json!([1, 4]));
+    assert_eq!(v["variants"].as_array().unwrap().len(), 2);
+    assert_eq!(v["variants"][0][1]["seeds"], 3);
+    // Every difference is of the second variant against the first, over at
+    // most the three seeds.
+    for d in v["differences"].as_array().unwrap() {
+        assert_eq!(d["variant"], "hardening.failure_threshold=5");
+        let n = d["higher"].as_u64().unwrap() + d["lower"].as_u64().unwrap() + d["ties"].as_u64().unwrap();
+        assert!(n <= 3, "{d}");
+    }
+}
+
+#[test]
+fn compare_of_two_files_names_each() {
+    let a = temp_file("a.toml", &outage());
+    let b = temp_file(
+        "b.toml",
+        &outage().replace("failure_threshold = 3", "failure_threshold = 1"),
+    );
+    let out = bin()
+        .args(["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--seeds", "1..3"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains(&format!("[1] {}", a.display())), "{text}");
+    assert!(text.contains(&format!("[2] {}", b.display())), "{text}");
+}
+
+#[test]
+fn a_bad_set_is_refused_naming_the_key() {
+    let path = temp_file("set.toml", &outage());
+    let run = |set: &str| {
+        let out = bin()
+            .args(["compare", path.to_str().unwrap(), "--seeds", "1..2", "--set", set])
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run("hardening.failure_treshold=1,2");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--set hardening.failure_treshold=1") && err.contains("failure_treshold"),
+        "{err}"
+    );
+    let (code, err) = run("name.first=1");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--set name.first: \"first\" is not a table"), "{err}");
+    let (code, err) = run("hardening.rpm");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("expected key=value"), "{err}");
+    // A value validation refuses names the field, as for a file.
+    let (code, err) = run("hardening.rpm=0");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("hardening.rpm"), "{err}");
+}
+
+#[test]
+fn jobs_do_not_change_the_results() {
+    let path = temp_file("jobs.toml", &outage());
+    let json = |cmd: &[&str], jobs: &str, name: &str| {
+        let out_file = path.with_file_name(name);
+        let out = bin()
+            .args(cmd)
+            .arg(&path)
+            .args(["--seeds", "1..5", "--jobs", jobs, "--json", out_file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        std::fs::read(out_file).unwrap()
+    };
+    let one = json(&["sweep"], "1", "sweep-1.json");
+    let three = json(&["sweep"], "3", "sweep-3.json");
+    assert!(!one.is_empty());
+    assert_eq!(one, three, "sweep --jobs 3 differs from --jobs 1");
+    let set = ["compare", "--set", "hardening.failure_threshold=1,3"];
+    let one = json(&set, "1", "compare-1.json");
+    let three = json(&set, "3", "compare-3.json");
+    assert_eq!(one, three, "compare --jobs 3 differs from --jobs 1");
 }

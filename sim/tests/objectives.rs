@@ -154,7 +154,7 @@ fn a_missed_objective_exits_5() {
 
 #[test]
 fn a_failed_invariant_wins_over_a_missed_objective() {
-    // A server that crashes and never comes back: liveness fails, and
+    // A server that answers 500 from 10 s to the end: liveness fails, and
     // goodput never recovers either.
     let crashed = r#"
 name = "crashed"
@@ -169,9 +169,10 @@ name = "w"
 servers = ["gpu"]
 tenants = [{ id = 1, calls_per_min = 30 }]
 [[faults]]
-kind = "crash"
+kind = "behave"
 at_s = 10
 server = "gpu"
+behaviour = { mode = "error" }
 [objectives]
 goodput_recovery_s = 60
 "#;

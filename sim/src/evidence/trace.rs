@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use redstring::{CircuitState, TenantId};
 use serde::{Serialize, Serializer};
 
+use crate::evidence::episodes::ReadyBasis;
 use crate::evidence::outcome::{Answer, CallOutcome};
 use crate::hosts::clock::sim_elapsed;
 use crate::scenario::Fault;
@@ -225,6 +226,13 @@ pub enum Kind {
     Request {
         /// The server.
         server: String,
+    },
+    /// A model server is ready to serve again after a fault episode — derived
+    /// from the schedule and the trace ([`crate::evidence::episodes`]), not
+    /// recorded by the server; only in traces written out.
+    Ready {
+        /// How the instant was established.
+        basis: ReadyBasis,
     },
     /// A model server received a request and answered (or did not).
     Served {

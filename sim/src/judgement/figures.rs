@@ -22,8 +22,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::evidence::episodes::episodes;
 use crate::evidence::outcome::CallOutcome;
 use crate::evidence::trace::{Kind, TraceEvent};
+use crate::judgement::episode_figures::{EpisodeFigures, episode_figures};
 use crate::judgement::invariants::heal_time_us;
 use crate::scenario::Scenario;
 
@@ -49,6 +51,9 @@ pub enum Recovery {
     },
     /// No window after the heal reached the threshold.
     NotRecovered,
+    /// (Per episode only.) The server was not ready again within the run,
+    /// so there is no instant to measure recovery from.
+    NotReady,
 }
 
 impl Recovery {
@@ -78,6 +83,9 @@ pub struct Figures {
     pub retry_amplification: Option<f64>,
     /// How goodput came back after the last fault.
     pub goodput_recovery: Recovery,
+    /// The same questions asked of each fault episode of a server, from the
+    /// fault until the server was ready again (see [`episode_figures`]).
+    pub episodes: Vec<EpisodeFigures>,
 }
 
 impl Figures {
@@ -93,6 +101,7 @@ impl Figures {
             impaired_requests: impaired_requests(events),
             retry_amplification: retry_amplification(events),
             goodput_recovery: goodput_recovery(heal_time_us(scenario), events, end_us),
+            episodes: episode_figures(scenario, &episodes(scenario, events), events, end_us),
         }
     }
 }

@@ -2,13 +2,39 @@
 //!
 //! [`invariants`] decides whether the library kept its promises (one registry,
 //! one checker per invariant, grouped by subject); [`figures`] measures how the
-//! configuration served its callers and [`objectives`] judges those figures
+//! configuration served its callers, [`episode_figures`] the same per fault
+//! episode, and [`objectives`] judges those figures
 //! against the scenario's targets; [`report`] turns a run and its verdicts
-//! into figures and text; [`sweep`] summarises many seeds; [`plots`] draws the SVG timeline.
+//! into figures and text; [`sweep`] summarises many seeds; [`compare`] sets
+//! variants side by side over the same seeds; [`plots`] draws the SVG timeline.
 
+pub mod compare;
+pub mod episode_figures;
 pub mod figures;
 pub mod invariants;
 pub mod objectives;
 pub mod plots;
 pub mod report;
 pub mod sweep;
+
+/// A tenant as a report names it: `tenant 7` for a scenario's numbered
+/// tenant (`scenario::tenant(7)`, an id that fits in 64 bits), its UUID
+/// otherwise.
+pub fn tenant_label(t: redstring::TenantId) -> String {
+    match u64::try_from(t.as_uuid().as_u128()) {
+        Ok(n) => format!("tenant {n}"),
+        Err(_) => t.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_tenants_read_as_their_number() {
+        assert_eq!(tenant_label(crate::scenario::tenant(7)), "tenant 7");
+        let big = redstring::TenantId::from_u128(u128::MAX);
+        assert_eq!(tenant_label(big), "ffffffff-ffff-ffff-ffff-ffffffffffff");
+    }
+}

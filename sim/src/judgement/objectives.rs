@@ -89,7 +89,8 @@ pub fn judge(objectives: &Objectives, figures: &Figures) -> Vec<ObjectiveVerdict
             Recovery::TooLate => Judged::NotApplicable {
                 why: format!("the run ends less than {RECOVERY_WINDOW_S} s after the last fault is over"),
             },
-            Recovery::NotRecovered => Judged::Missed {
+            // Only an episode's recovery can lack a ready instant.
+            Recovery::NotRecovered | Recovery::NotReady => Judged::Missed {
                 measured: None,
                 why: Some(format!(
                     "no {RECOVERY_WINDOW_S} s window after the last fault had {RECOVERY_PERCENT} % of offered calls ok"
@@ -150,6 +151,7 @@ mod tests {
             impaired_requests: 7,
             retry_amplification: None,
             goodput_recovery: recovery,
+            episodes: Vec::new(),
         }
     }
 

@@ -1,10 +1,19 @@
 //! The SVG timeline `run --svg` writes: calls, server load and breaker states
 //! over simulated time, one panel each, all drawn by one helper.
+//!
+//! Every panel shades each fault episode (from the fault until the server is
+//! ready again, [`crate::evidence::episodes`]) and marks the ready instant
+//! with a dashed vertical line; the y axis says its unit; the legend sits in
+//! headroom above the data; a spike above ten times the 95th percentile of a
+//! panel's values is clipped at the top (the axis says so) so that it does
+//! not flatten the rest.
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use redstring::CircuitState;
 
+use crate::evidence::episodes::{Episode, episodes};
+use crate::evidence::outcome::CallOutcome;
 use crate::evidence::timeline::{Breakers, Scopes};
 use crate::evidence::trace::{Kind, TraceEvent};
 use crate::scenario::Scenario;
@@ -73,28 +82,66 @@ fn breaker_states(scenario: &Scenario, events: &[TraceEvent], seconds: usize) ->
     (open, half)
 }
 
-/// Draws one panel: `lines` over `[0, end]` seconds, with a legend.
+/// The top of a panel's data range: the largest value, or — when that is a
+/// spike above ten times the 95th percentile — the clip level, with whether
+/// it clipped.
+fn data_top(lines: &[Line]) -> (f64, bool) {
+    let mut values: Vec<f64> = lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)).collect();
+    values.sort_by(f64::total_cmp);
+    let max = values.last().copied().unwrap_or(0.0).max(1.0);
+    let p95 = values
+        .get((values.len() * 95).div_ceil(100).saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0);
+    let clip = (p95 * 10.0).max(1.0);
+    if max > clip { (clip, true) } else { (max, false) }
+}
+
+/// Draws one panel: `lines` over `[0, end]` seconds, with a legend above
+/// the data, the fault episodes shaded and the ready instants marked.
 fn panel(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
     caption: &str,
+    unit: &str,
     end: f64,
     lines: &[Line],
+    episodes: &[Episode],
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let top = lines
-        .iter()
-        .flat_map(|l| l.points.iter().map(|p| p.1))
-        .fold(1.0_f64, f64::max)
-        * 1.1;
+    let (data, clipped) = data_top(lines);
+    // Headroom for the legend, so it never covers the data.
+    let top = data * 1.5;
+    let unit = if clipped {
+        format!("{unit} (clipped at {data:.0})")
+    } else {
+        unit.to_owned()
+    };
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 18))
         .margin(10)
         .x_label_area_size(30)
-        .y_label_area_size(50)
+        .y_label_area_size(60)
         .build_cartesian_2d(0.0..end, 0.0..top)?;
-    chart.configure_mesh().x_desc("simulated seconds").draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("simulated seconds")
+        .y_desc(unit.as_str())
+        .draw()?;
+    let end_us = (end * 1e6) as u64;
+    for ep in episodes {
+        let from = ep.start_us as f64 / 1e6;
+        let to = ep.outage_end_us(end_us) as f64 / 1e6;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(from, 0.0), (to.min(end), top)],
+            BLACK.mix(0.08).filled(),
+        )))?;
+        if let Some(ready) = ep.ready_us {
+            let x = ready as f64 / 1e6;
+            chart.draw_series(DashedLineSeries::new([(x, 0.0), (x, top)], 3, 3, BLACK.mix(0.6).into()))?;
+        }
+    }
     for line in lines {
         let color = line.color;
-        let points = line.points.iter().copied();
+        let points = line.points.iter().map(|&(x, y)| (x, y.min(data)));
         let drawn = if line.dashed {
             chart.draw_series(DashedLineSeries::new(points, 4, 3, color.into()))?
         } else {
@@ -108,26 +155,38 @@ fn panel(
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;
     Ok(())
 }
 
+/// The calls panel's lines: calls ending per second, each call once, by how
+/// it ended — a deferred call is rate-limited, not also failed, and a call
+/// the limiter refused several times counts once.
+fn call_lines(events: &[TraceEvent], seconds: usize) -> [Line; 3] {
+    let ended = |pick: fn(&CallOutcome) -> bool| move |e: &TraceEvent| matches!(&e.kind, Kind::CallEnd { outcome, .. } if pick(outcome));
+    [
+        Line::solid(per_second(events, seconds, ended(|o| o.is_ok())), GREEN, "succeeded"),
+        Line::solid(
+            per_second(events, seconds, ended(|o| !o.is_ok() && *o != CallOutcome::RateLimited)),
+            RED,
+            "failed",
+        ),
+        Line::solid(
+            per_second(events, seconds, ended(|o| *o == CallOutcome::RateLimited)),
+            BLUE,
+            "rate-limited (deferred)",
+        ),
+    ]
+}
+
 fn draw(scenario: &Scenario, events: &[TraceEvent], svg: &mut String) -> Result<(), Box<dyn std::error::Error>> {
     let seconds = scenario.duration_s.ceil() as usize;
     let end = seconds as f64;
-    let ended =
-        |ok: bool| move |e: &TraceEvent| matches!(&e.kind, Kind::CallEnd { outcome, .. } if outcome.is_ok() == ok);
-    let calls = [
-        Line::solid(per_second(events, seconds, ended(true)), GREEN, "succeeded"),
-        Line::solid(per_second(events, seconds, ended(false)), RED, "failed"),
-        Line::solid(
-            per_second(events, seconds, |e| matches!(e.kind, Kind::Limited { .. })),
-            BLUE,
-            "rate-limited",
-        ),
-    ];
+    let calls = call_lines(events, seconds);
+    let episodes = episodes(scenario, events);
     let mut servers = Vec::new();
     for (n, s) in scenario.servers.iter().enumerate() {
         let color = Palette99::pick(n).to_rgba();
@@ -153,17 +212,92 @@ fn draw(scenario: &Scenario, events: &[TraceEvent], svg: &mut String) -> Result<
     let panels = root.split_evenly((3, 1));
     panel(
         &panels[0],
-        &format!("{} — calls per second", scenario.name),
+        &format!(
+            "{} — calls ending per second (shaded: fault until ready)",
+            scenario.name
+        ),
+        "calls / s",
         end,
         &calls,
+        &episodes,
     )?;
     panel(
         &panels[1],
         "requests reaching each server per second (dashed: while impaired)",
+        "requests / s",
         end,
         &servers,
+        &episodes,
     )?;
-    panel(&panels[2], "breakers open / half-open", end, &breakers)?;
+    panel(
+        &panels[2],
+        "breakers open / half-open",
+        "breakers",
+        end,
+        &breakers,
+        &episodes,
+    )?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(values: &[f64]) -> Line {
+        Line::solid(
+            values.iter().enumerate().map(|(i, v)| (i as f64, *v)).collect(),
+            RED,
+            "x",
+        )
+    }
+
+    #[test]
+    fn a_deferred_call_is_drawn_once_as_rate_limited() {
+        let tenant = crate::scenario::tenant(1);
+        let at = |kind| TraceEvent {
+            t_us: 500_000,
+            host: "w".into(),
+            call: None,
+            kind,
+        };
+        let end = |outcome| {
+            at(Kind::CallEnd {
+                call: 1,
+                tenant,
+                outcome,
+                attempts: 0,
+                latency_ms: 1,
+            })
+        };
+        let refused = || {
+            at(Kind::Limited {
+                tenant,
+                retry_after_us: 1,
+                at_us: 1,
+                decided_by: Default::default(),
+            })
+        };
+        // One call refused twice and then deferred; one call that failed.
+        let events = [
+            refused(),
+            refused(),
+            end(CallOutcome::RateLimited),
+            end(CallOutcome::Failed("timeout")),
+        ];
+        let [ok, failed, limited] = call_lines(&events, 1);
+        let at0 = |l: &Line| l.points[0].1;
+        assert_eq!((at0(&ok), at0(&failed), at0(&limited)), (0.0, 1.0, 1.0));
+    }
+
+    #[test]
+    fn a_spike_far_above_the_rest_is_clipped_and_ordinary_data_is_not() {
+        let mut spiky = vec![2.0; 100];
+        spiky[50] = 500.0;
+        assert_eq!(data_top(&[line(&spiky)]), (20.0, true));
+        let ordinary: Vec<f64> = (0..100).map(f64::from).collect();
+        assert_eq!(data_top(&[line(&ordinary)]), (99.0, false));
+        assert_eq!(data_top(&[line(&[])]), (1.0, false));
+    }
 }

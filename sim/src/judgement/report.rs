@@ -11,13 +11,15 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use redstring::CircuitState;
+use redstring::cache::TimeSource;
 use serde::Serialize;
 
 use crate::evidence::trace::{DRIVER, Kind, TraceEvent};
-use crate::judgement::figures::Figures;
+use crate::judgement::episode_figures::{EpisodeFigures, Latencies};
+use crate::judgement::figures::{Figures, Recovery};
 use crate::judgement::invariants::{Check, Verdict};
 use crate::judgement::objectives::{self, Judged, ObjectiveVerdict};
-use crate::scenario::Scenario;
+use crate::scenario::{CacheKind, Scenario};
 use crate::world::Run;
 
 /// What reached one model server.
@@ -29,6 +31,9 @@ pub struct ServerLoad {
     pub while_impaired: u64,
     /// Received, by how they were answered.
     pub by_outcome: BTreeMap<String, u64>,
+    /// Received while impaired, by how they were answered (the part of
+    /// `by_outcome` that makes up `while_impaired`).
+    pub impaired_by_outcome: BTreeMap<String, u64>,
 }
 
 /// Everything a run produced, as figures.
@@ -63,6 +68,10 @@ pub struct Report {
     pub time_to_recover_s: Option<f64>,
     /// Limiter refusals.
     pub rate_limited: u64,
+    /// What `rpm` limits, in plain words: per worker (each worker's
+    /// in-process cache) or fleet-wide (one shared cache), and whose clock
+    /// stamps a shared cache's hits.
+    pub rpm_scope: String,
     /// The checkers' verdicts.
     pub checks: Vec<Check>,
     /// The figures objectives are judged by.
@@ -97,6 +106,7 @@ impl Report {
             time_to_open_s: None,
             time_to_recover_s: None,
             rate_limited: 0,
+            rpm_scope: rpm_scope(scenario),
             checks: run.checks.clone(),
             figures: Figures::new(
                 scenario,
@@ -124,8 +134,11 @@ impl Report {
                 Kind::Served { outcome, .. } => {
                     let load = report.servers.entry(e.host.clone()).or_default();
                     load.received += 1;
-                    load.while_impaired += u64::from(outcome.impaired());
                     *load.by_outcome.entry(outcome.name().to_owned()).or_default() += 1;
+                    if outcome.impaired() {
+                        load.while_impaired += 1;
+                        *load.impaired_by_outcome.entry(outcome.name().to_owned()).or_default() += 1;
+                    }
                 }
                 kind if kind.reaches_retry() => report.admitted_calls += 1,
                 Kind::Breaker { to, .. } => {
@@ -192,18 +205,25 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "requests: {} for {} admitted calls (retry amplification {:.2}×); {} limiter refusals",
-            self.requests, self.admitted_calls, self.retry_amplification, self.rate_limited
+            "requests: {} for {} admitted calls (retry amplification {:.2}×); {} limiter refusals; rpm {}",
+            self.requests, self.admitted_calls, self.retry_amplification, self.rate_limited, self.rpm_scope
         );
         let _ = writeln!(out, "\nservers:");
         for (name, load) in &self.servers {
-            let outcomes: Vec<String> = load.by_outcome.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let impaired: Vec<String> = load
+                .impaired_by_outcome
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            let breakdown = if impaired.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", impaired.join(", "))
+            };
             let _ = writeln!(
                 out,
-                "  {name:<12} received {:<6} while impaired {:<6} ({})",
-                load.received,
-                load.while_impaired,
-                outcomes.join(", ")
+                "  {name:<12} received {:<6} while impaired {}{breakdown}",
+                load.received, load.while_impaired,
             );
         }
         let show = |v: Option<f64>| v.map_or("-".to_owned(), |s| format!("{s:.1} s"));
@@ -214,6 +234,15 @@ impl Report {
             show(self.time_to_open_s),
             show(self.time_to_recover_s)
         );
+        if !self.figures.episodes.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nfault episodes (from the fault until the server is ready again):"
+            );
+            for ep in &self.figures.episodes {
+                out.push_str(&render_episode(ep));
+            }
+        }
         let _ = writeln!(out, "\ninvariants:");
         for c in &self.checks {
             let (mark, detail) = match &c.verdict {
@@ -226,7 +255,7 @@ impl Report {
                     },
                     format!(" at {:.3} s on {host}: {detail}", *t_us as f64 / 1e6),
                 ),
-                Verdict::NotApplicable { why } => ("n/a", format!(" ({why})")),
+                Verdict::NotApplicable { why } => ("not applicable", format!(" ({why})")),
             };
             let figure = if c.figure.is_empty() {
                 String::new()
@@ -274,6 +303,61 @@ impl Report {
         }
         out
     }
+}
+
+/// What `rpm` limits under `scenario`'s cache layout, in plain words.
+pub fn rpm_scope(scenario: &Scenario) -> String {
+    let h = &scenario.hardening;
+    let limit = format!("{} per {} s per tenant", h.rpm, h.window_s);
+    match scenario.cache.kind {
+        CacheKind::PerWorker => format!("{limit}, per worker (each worker's in-process cache)"),
+        CacheKind::Shared => format!(
+            "{limit}, fleet-wide (one shared cache, {})",
+            stamped_by(scenario.cache.time_source)
+        ),
+    }
+}
+
+/// Whose clock stamps a shared cache's hits, in plain words.
+pub fn stamped_by(source: TimeSource) -> &'static str {
+    match source {
+        TimeSource::Store => "stamped by the store",
+        TimeSource::Caller => "stamped by each caller",
+    }
+}
+
+/// One fault episode's figures as text, three lines.
+fn render_episode(ep: &EpisodeFigures) -> String {
+    let ready = match (ep.ready_s, ep.ready_basis) {
+        (Some(t), Some(basis)) => format!("ready at {t:.1} s ({})", basis.describe()),
+        _ => "not ready again within the run".to_owned(),
+    };
+    let amp = ep
+        .amplification
+        .map_or("-".to_owned(), |a| format!("{:.2}", round_ms(a)));
+    let open = ep.time_to_open_s.map_or("-".to_owned(), |s| format!("{s:.1} s"));
+    let recovery = match &ep.goodput_recovery {
+        Recovery::Recovered { s } => format!("{s:.0} s after ready"),
+        Recovery::TooLate => "run ends too soon to tell".to_owned(),
+        Recovery::NotRecovered => "not within the run".to_owned(),
+        Recovery::NotReady | Recovery::NoFault => "-".to_owned(),
+    };
+    let lat = |l: &Latencies| match (l.p50_s, l.p95_s, l.p99_s) {
+        (Some(a), Some(b), Some(c)) => format!("{} / {} / {}", round_ms(a), round_ms(b), round_ms(c)),
+        _ => "-".to_owned(),
+    };
+    format!(
+        "  {} {} at {:.1} s, {ready}\n    requests reaching it {}; {amp} requests per arriving call; time to open {open}; goodput back {recovery}\n    calls failed {}, deferred {}; latency p50 / p95 / p99 s before {}, during {}, after {}\n",
+        ep.server,
+        ep.kind,
+        ep.start_s,
+        ep.requests_reached,
+        ep.calls_failed,
+        ep.calls_deferred,
+        lat(&ep.latency_before),
+        lat(&ep.latency_during),
+        lat(&ep.latency_after),
+    )
 }
 
 /// One objective's verdict as text: the verdict, then the figure beside the
@@ -374,5 +458,44 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         let report = Report::new(&scenario, "synthetic.toml", &run);
         assert_eq!(report.admitted_calls, 2);
         assert_eq!(report.retry_amplification, 1.5);
+    }
+
+    #[test]
+    fn the_report_says_whether_rpm_is_per_worker_or_fleet_wide_in_plain_words() {
+        let mut s = Scenario::parse("synthetic.toml", MINIMAL).unwrap();
+        let per_worker = rpm_scope(&s);
+        assert!(per_worker.contains("per worker"), "{per_worker}");
+        s.cache.kind = CacheKind::Shared;
+        assert!(rpm_scope(&s).contains("fleet-wide (one shared cache, stamped by the store)"));
+        s.cache.time_source = TimeSource::Caller;
+        let caller = rpm_scope(&s);
+        assert!(caller.contains("stamped by each caller"), "{caller}");
+        assert!(!caller.contains("Shared") && !caller.contains("Caller"), "{caller}");
+    }
+
+    #[test]
+    fn the_impaired_breakdown_lists_impaired_answers_only() {
+        use crate::evidence::outcome::Answer;
+        let served = |a| TraceEvent {
+            t_us: 1,
+            host: "gpu".into(),
+            call: None,
+            kind: Kind::served(a),
+        };
+        let events = vec![served(Answer::Ok), served(Answer::Ok), served(Answer::Loading)];
+        let scenario = Scenario::parse("synthetic.toml", MINIMAL).unwrap();
+        let run = Run {
+            seed: 1,
+            simulated: Duration::from_secs(1),
+            checks: check_all(&scenario, &events),
+            events,
+        };
+        let report = Report::new(&scenario, "synthetic.toml", &run);
+        let text = report.render(None);
+        assert!(
+            text.contains("gpu          received 3      while impaired 1 (loading 1)\n"),
+            "{text}"
+        );
+        assert_eq!(report.servers["gpu"].by_outcome.len(), 2);
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! One seed's report says what happened once; a configuration is judged by
 //! what happens across many. [`SweepSummary`] gathers the reports of the
-//! seeds that ran and gives, for every figure of [`Figures`](crate::judgement::figures::Figures), its
+//! seeds that ran and gives, for every figure of [`Figures`], its
 //! distribution (min / median / p95 / max), and for every invariant and
 //! objective its pass rate.
 
@@ -12,7 +12,37 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::judgement::figures::Figures;
 use crate::judgement::report::Report;
+
+/// The summary names of the whole-run figures, in [`named_figures`] order.
+pub const FIGURE_NAMES: [&str; 7] = [
+    "latency_p50_s",
+    "latency_p95_s",
+    "latency_p99_s",
+    "failed_fraction",
+    "impaired_requests",
+    "retry_amplification",
+    "goodput_recovery_s",
+];
+
+/// Every whole-run figure of `f` by its summary name (`None`: not measured).
+pub fn named_figures(f: &Figures) -> [(&'static str, Option<f64>); 7] {
+    let values = [
+        f.latency_p50_s,
+        f.latency_p95_s,
+        f.latency_p99_s,
+        f.failed_fraction,
+        Some(f.impaired_requests as f64),
+        f.retry_amplification,
+        f.goodput_recovery.seconds(),
+    ];
+    let mut i = 0;
+    values.map(|v| {
+        i += 1;
+        (FIGURE_NAMES[i - 1], v)
+    })
+}
 
 /// How one figure spread across the seeds that measured it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -64,7 +94,7 @@ pub struct PassRate {
 pub struct SweepSummary {
     /// Seeds whose simulation ran to the end.
     pub seeds: u64,
-    /// Per figure (named as in [`Figures`](crate::judgement::figures::Figures)), its distribution; figures no
+    /// Per figure (named as in [`Figures`]), its distribution; figures no
     /// seed measured are left out.
     pub figures: BTreeMap<&'static str, Distribution>,
     /// Per invariant, in the registry's order.
@@ -82,17 +112,7 @@ impl SweepSummary {
             ..SweepSummary::default()
         };
         for r in reports {
-            let f = &r.figures;
-            let named = [
-                ("latency_p50_s", f.latency_p50_s),
-                ("latency_p95_s", f.latency_p95_s),
-                ("latency_p99_s", f.latency_p99_s),
-                ("failed_fraction", f.failed_fraction),
-                ("impaired_requests", Some(f.impaired_requests as f64)),
-                ("retry_amplification", f.retry_amplification),
-                ("goodput_recovery_s", f.goodput_recovery.seconds()),
-            ];
-            for (name, v) in named {
+            for (name, v) in named_figures(&r.figures) {
                 if let Some(v) = v {
                     values.entry(name).or_default().push(v);
                 }

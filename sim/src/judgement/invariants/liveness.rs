@@ -1,5 +1,13 @@
 //! Liveness: once the last fault is over, the fleet recovers — every breaker
 //! closes again within a bound, and calls succeed again.
+//!
+//! Only a scenario that can recover is held to it. When the scenario itself
+//! rules recovery out — a server crashed and never restarted, a request
+//! timeout shorter than a server's service time, steady offered load above
+//! a server's capacity — the verdict is *not applicable*, with the reason
+//! ([`unrecoverable`]): the hardening cannot be blamed for it, and a failure
+//! there would hide real ones. A run that ends before the bound is not
+//! applicable too, and says which `duration_s` would be long enough.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +17,8 @@ use super::{Ctx, Finding, Verdict, not_applicable, secs_us, violated};
 use crate::evidence::outcome::CallOutcome;
 use crate::evidence::timeline::{Breakers, FLEET};
 use crate::evidence::trace::{Kind, TraceEvent};
-use crate::scenario::{Fault, Scenario, ServerSpec};
+use crate::scenario::fault::in_order;
+use crate::scenario::{Fault, Scenario, ServerSpec, sanity};
 
 /// When the last fault is over: the latest fault, with a restart's reload,
 /// and a burst's backlog drained by the slowest server.
@@ -40,9 +49,54 @@ pub fn heal_time_us(s: &Scenario) -> Option<u64> {
         .max()
 }
 
+/// Why `s` cannot recover whatever its hardening does, if it cannot: a
+/// server crashed and never restarted, a request timeout below a server's
+/// (unloaded) service time, or steady offered load above a server's capacity
+/// (the figures `redstring-sim` prints before a run, [`sanity::loads`]).
+pub fn unrecoverable(s: &Scenario) -> Option<String> {
+    let mut down: Vec<&str> = Vec::new();
+    for f in in_order(&s.faults) {
+        match f {
+            Fault::Crash { server, .. } if !down.contains(&server.as_str()) => down.push(server),
+            Fault::Restart { server, .. } => down.retain(|d| d != server),
+            _ => {}
+        }
+    }
+    if let Some(server) = down.first() {
+        return Some(format!("{server} crashed and is never restarted"));
+    }
+    let timeout = s.hardening.request_timeout_s;
+    for spec in &s.servers {
+        let service = spec.service_time_s();
+        if timeout < service {
+            return Some(format!(
+                "request_timeout_s {timeout} is below {}'s service time of {service:.3} s, so no call can succeed",
+                spec.name
+            ));
+        }
+    }
+    for load in sanity::loads(s) {
+        if load.utilisation() > 1.0 {
+            return Some(format!(
+                "{} is offered {:.2} calls/s, above its capacity of {:.2} calls/s",
+                load.server, load.offered_per_s, load.capacity_per_s
+            ));
+        }
+    }
+    None
+}
+
+/// The liveness bound and what it is made of.
+struct Bound {
+    /// The instant, microseconds since the start.
+    us: u64,
+    /// How it was reached, in words.
+    parts: String,
+}
+
 /// The instant after which the fleet must have recovered, or why there is
 /// none within the run.
-fn bound_us(ctx: &Ctx, events: &[TraceEvent]) -> Result<u64, String> {
+fn bound_us(ctx: &Ctx, events: &[TraceEvent]) -> Result<Bound, String> {
     let s = ctx.scenario;
     let heal = heal_time_us(s).ok_or("no faults")?;
     let h = &s.hardening;
@@ -69,19 +123,33 @@ fn bound_us(ctx: &Ctx, events: &[TraceEvent]) -> Result<u64, String> {
         lull = lull.max(e.t_us - prev);
     }
     let bound = heal + lull + secs_us(2.0 * one_call + h.recovery_timeout_s + limiter_wait + 1.0);
+    let parts = format!(
+        "the last fault over at {:.1} s + the longest lull in a worker's arrivals {:.1} s + two calls of {one_call:.1} s each + recovery_timeout_s {} + limiter waits {limiter_wait:.1} s + 1 s",
+        heal as f64 / 1e6,
+        lull as f64 / 1e6,
+        h.recovery_timeout_s
+    );
     if bound >= secs_us(s.duration_s) {
         return Err(format!(
-            "the run ends before the liveness bound ({} s)",
-            bound / 1_000_000
+            "the run ends at {} s, before the liveness bound at {:.1} s ({parts}); duration_s = {} would be long enough",
+            s.duration_s,
+            bound as f64 / 1e6,
+            bound / 1_000_000 + 2
         ));
     }
-    Ok(bound)
+    Ok(Bound { us: bound, parts })
 }
 
 /// Invariant 6: once the last fault is over, every breaker closes again
 /// within a bound, and calls succeed again.
 pub(super) fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
-    let bound = match bound_us(ctx, events) {
+    if heal_time_us(ctx.scenario).is_none() {
+        return not_applicable("no faults");
+    }
+    if let Some(why) = unrecoverable(ctx.scenario) {
+        return not_applicable(format!("the scenario cannot recover: {why}"));
+    }
+    let Bound { us: bound, parts } = match bound_us(ctx, events) {
         Ok(bound) => bound,
         Err(why) => return not_applicable(why),
     };
@@ -109,7 +177,7 @@ pub(super) fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         }
     }
     let figure = format!(
-        "bound {} s after the start; {ok_after} of {ended_after} calls not deferred by the limiter ok after it",
+        "bound {} s after the start ({parts}); {ok_after} of {ended_after} calls not deferred by the limiter ok after it",
         bound / 1_000_000
     );
     for (scope, st, since) in breakers.iter() {
@@ -145,4 +213,109 @@ pub(super) fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         return (verdict, figure);
     }
     (Verdict::Held, figure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judgement::invariants::{Invariant, check_all};
+
+    /// A 300 s run: one generic server (4 slots, 2 s a call) and one worker
+    /// sending `cpm` calls a minute, with `extra` appended.
+    fn scenario(cpm: u32, extra: &str) -> Scenario {
+        let text = format!(
+            r#"
+name = "liveness"
+duration_s = 300
+[hardening]
+rpm = 1000
+request_timeout_s = 10
+[[servers]]
+name = "gpu"
+slots = 4
+reload_s = 5
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{{ id = 1, calls_per_min = {cpm} }}]
+{extra}"#
+        );
+        Scenario::parse("liveness.toml", &text).unwrap()
+    }
+
+    const CRASH: &str = "[[faults]]\nkind = \"crash\"\nat_s = 50\nserver = \"gpu\"\n";
+    const RESTART: &str = "[[faults]]\nkind = \"restart\"\nat_s = 80\nserver = \"gpu\"\n";
+
+    fn verdict(s: &Scenario) -> Verdict {
+        let checks = check_all(s, &[]);
+        let c = checks.into_iter().find(|c| c.name == Invariant::Liveness).unwrap();
+        assert!(!c.failed(), "not applicable must not fail the run");
+        c.verdict
+    }
+
+    fn why(s: &Scenario) -> String {
+        match verdict(s) {
+            Verdict::NotApplicable { why } => why,
+            other => panic!("expected not applicable, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_server_crashed_and_never_restarted_cannot_recover() {
+        let s = scenario(6, CRASH);
+        assert_eq!(unrecoverable(&s).as_deref(), Some("gpu crashed and is never restarted"));
+        assert!(why(&s).starts_with("the scenario cannot recover: gpu crashed"));
+        // Restarted: it can.
+        assert_eq!(unrecoverable(&scenario(6, &format!("{CRASH}{RESTART}"))), None);
+    }
+
+    #[test]
+    fn a_request_timeout_below_the_service_time_cannot_recover() {
+        let mut s = scenario(6, &format!("{CRASH}{RESTART}"));
+        s.hardening.request_timeout_s = 0.5;
+        let why = why(&s);
+        assert!(
+            why.contains("request_timeout_s 0.5 is below gpu's service time"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn offered_load_above_capacity_cannot_recover() {
+        // 4 slots of about 2 s serve about 2 calls a second; 600 a minute is 10.
+        let s = scenario(600, &format!("{CRASH}{RESTART}"));
+        let why = why(&s);
+        assert!(
+            why.contains("gpu is offered 10.00 calls/s, above its capacity"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_run_too_short_for_the_bound_names_a_long_enough_duration() {
+        let mut s = scenario(6, &format!("{CRASH}{RESTART}"));
+        s.duration_s = 90.0;
+        let why = why(&s);
+        assert!(
+            why.starts_with("the run ends at 90 s, before the liveness bound at"),
+            "{why}"
+        );
+        let wanted: f64 = why
+            .rsplit_once("duration_s = ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        // That duration is indeed long enough: the bound then lies within the run.
+        s.duration_s = wanted;
+        assert!(!matches!(verdict(&s), Verdict::NotApplicable { .. }));
+    }
+
+    #[test]
+    fn the_figure_explains_the_bound() {
+        let s = scenario(6, &format!("{CRASH}{RESTART}"));
+        let checks = check_all(&s, &[]);
+        let c = checks.iter().find(|c| c.name == Invariant::Liveness).unwrap();
+        assert!(c.figure.contains("the last fault over at 85.0 s"), "{}", c.figure);
+        assert!(c.figure.contains("recovery_timeout_s"), "{}", c.figure);
+    }
 }

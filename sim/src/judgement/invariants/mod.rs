@@ -37,7 +37,7 @@ use crate::evidence::trace::TraceEvent;
 use crate::scenario::Scenario;
 
 pub use limiter::{RpmBound, rpm_bound, wait_growth_bound};
-pub use liveness::heal_time_us;
+pub use liveness::{heal_time_us, unrecoverable};
 
 /// A promise the library makes, checked on every run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

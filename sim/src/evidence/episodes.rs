@@ -1,0 +1,335 @@
+//! Fault episodes: when each model server was impaired by the fault schedule,
+//! and when it was ready to serve again.
+//!
+//! A figure about "the outage" needs the outage's edges. The start is the
+//! fault that impaired the server; the end is not the fault that ends it but
+//! the moment the server can serve again — after a restart, only once its
+//! model has loaded. The server host knows that moment; the trace does not
+//! record it, so it is derived here from the schedule and the trace:
+//!
+//! - a restart of a generic server with a fixed `reload_s` is ready exactly
+//!   `reload_s` later ([`ReadyBasis::Reload`]);
+//! - a restart of a server whose load time is drawn (`reload`) or depends on
+//!   its kind is ready, at the latest, at the first answer it gave after the
+//!   restart that was not impaired ([`ReadyBasis::FirstAnswer`]; an upper
+//!   bound: it may have been ready earlier with nobody asking);
+//! - a heal, or a `behave` back to `normal`, makes it ready at once
+//!   ([`ReadyBasis::Ended`]).
+//!
+//! [`with_ready_marks`] adds a [`Kind::Ready`] event for each episode to a
+//! trace, which is how the written trace and the timeline mark readiness.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use crate::evidence::trace::{Kind, TraceEvent};
+use crate::scenario::fault::in_order;
+use crate::scenario::{Fault, FaultKind, Mode, Scenario, ServerKind};
+
+/// How a server's readiness was established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadyBasis {
+    /// The fault that impaired it ended, and nothing needed reloading.
+    Ended,
+    /// A restart plus the server's fixed `reload_s`: exact.
+    Reload,
+    /// The first answer after the restart that was not impaired: an upper
+    /// bound (its load time is drawn, or its kind loads on demand).
+    FirstAnswer,
+}
+
+impl ReadyBasis {
+    /// The basis in plain words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ReadyBasis::Ended => "the fault ended",
+            ReadyBasis::Reload => "restart + reload_s",
+            ReadyBasis::FirstAnswer => "first good answer after the restart",
+        }
+    }
+}
+
+/// One stretch during which a server was impaired by the fault schedule.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Episode {
+    /// The server.
+    pub server: String,
+    /// The kind of the fault that began it (`crash`, `behave`, `partition`).
+    pub kind: FaultKind,
+    /// When it began, microseconds since the start.
+    pub start_us: u64,
+    /// When the server was ready again, microseconds since the start
+    /// (`None`: not within the run).
+    pub ready_us: Option<u64>,
+    /// How `ready_us` was established (`None` with it).
+    pub basis: Option<ReadyBasis>,
+}
+
+impl Episode {
+    /// The end of the outage: ready, or the end of the run.
+    pub fn outage_end_us(&self, end_us: u64) -> u64 {
+        self.ready_us.unwrap_or(end_us).max(self.start_us)
+    }
+}
+
+fn micros(s: f64) -> u64 {
+    // Validation bounds every `at_s`; a negative or NaN one is taken as 0.
+    let us = (s * 1e6).round();
+    if us.is_finite() && us > 0.0 { us as u64 } else { 0 }
+}
+
+/// What impairs one server right now.
+#[derive(Default)]
+struct Health {
+    crashed: bool,
+    misbehaving: bool,
+    cuts: BTreeSet<(String, String)>,
+    /// The last restart in the current episode.
+    restarted_us: Option<u64>,
+    /// The open episode: its kind and start.
+    open: Option<(FaultKind, u64)>,
+}
+
+impl Health {
+    fn impaired(&self) -> bool {
+        self.crashed || self.misbehaving || !self.cuts.is_empty()
+    }
+}
+
+fn pair(a: &str, b: &str) -> (String, String) {
+    if a <= b {
+        (a.to_owned(), b.to_owned())
+    } else {
+        (b.to_owned(), a.to_owned())
+    }
+}
+
+/// Every fault episode of `scenario`'s servers, by start then server, with
+/// readiness read from `events` where the schedule alone cannot tell.
+pub fn episodes(scenario: &Scenario, events: &[TraceEvent]) -> Vec<Episode> {
+    let mut out = Vec::new();
+    for spec in &scenario.servers {
+        let s = spec.name.as_str();
+        let mut h = Health::default();
+        for f in in_order(&scenario.faults) {
+            let t = micros(f.at_s());
+            let kind = f.kind();
+            match f {
+                Fault::Crash { server, .. } if server == s => h.crashed = true,
+                Fault::Restart { server, .. } if server == s && h.crashed => {
+                    h.crashed = false;
+                    h.restarted_us = Some(t);
+                }
+                Fault::Behave { server, behaviour, .. } if server == s => {
+                    h.misbehaving = behaviour.mode != Mode::Normal && behaviour.probability > 0.0;
+                }
+                Fault::Partition { a, b, .. } if a == s || b == s => {
+                    h.cuts.insert(pair(a, b));
+                }
+                Fault::Heal { a, b, .. } if a == s || b == s => {
+                    h.cuts.remove(&pair(a, b));
+                }
+                _ => continue,
+            }
+            match (h.open, h.impaired()) {
+                (None, true) => {
+                    h.open = Some((kind, t));
+                    h.restarted_us = None;
+                }
+                (Some((began, start)), false) => {
+                    let (ready_us, basis) = match h.restarted_us {
+                        Some(r) => reloaded(spec, r, t, events),
+                        None => (Some(t), Some(ReadyBasis::Ended)),
+                    };
+                    out.push(Episode {
+                        server: s.to_owned(),
+                        kind: began,
+                        start_us: start,
+                        ready_us,
+                        basis,
+                    });
+                    h.open = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some((kind, start)) = h.open {
+            out.push(Episode {
+                server: s.to_owned(),
+                kind,
+                start_us: start,
+                ready_us: None,
+                basis: None,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.start_us.cmp(&b.start_us).then_with(|| a.server.cmp(&b.server)));
+    out
+}
+
+/// When a server restarted at `restart_us` and otherwise healthy from
+/// `healthy_us` was ready.
+fn reloaded(
+    spec: &crate::scenario::ServerSpec,
+    restart_us: u64,
+    healthy_us: u64,
+    events: &[TraceEvent],
+) -> (Option<u64>, Option<ReadyBasis>) {
+    if spec.kind == ServerKind::Generic && spec.reload.is_none() {
+        let ready = restart_us.saturating_add(micros(spec.reload_s)).max(healthy_us);
+        return (Some(ready), Some(ReadyBasis::Reload));
+    }
+    let first = events.iter().find(|e| {
+        e.t_us >= healthy_us && e.host == spec.name && matches!(e.kind, Kind::Served { impaired: false, .. })
+    });
+    match first {
+        Some(e) => (Some(e.t_us), Some(ReadyBasis::FirstAnswer)),
+        None => (None, None),
+    }
+}
+
+/// `events` with a [`Kind::Ready`] event for every episode whose server was
+/// ready within the run, each placed after every event at or before its
+/// instant (the trace stays in time order).
+pub fn with_ready_marks(scenario: &Scenario, events: &[TraceEvent]) -> Vec<TraceEvent> {
+    let mut marks: Vec<TraceEvent> = episodes(scenario, events)
+        .into_iter()
+        .filter_map(|ep| {
+            Some(TraceEvent {
+                t_us: ep.ready_us?,
+                host: ep.server,
+                call: None,
+                kind: Kind::Ready { basis: ep.basis? },
+            })
+        })
+        .collect();
+    marks.sort_by_key(|m| m.t_us);
+    let mut out = Vec::with_capacity(events.len() + marks.len());
+    let mut marks = marks.into_iter().peekable();
+    for e in events {
+        while let Some(m) = marks.next_if(|m| m.t_us < e.t_us) {
+            out.push(m);
+        }
+        out.push(e.clone());
+    }
+    out.extend(marks);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::outcome::Answer;
+
+    const BASE: &str = r#"
+name = "episodes"
+duration_s = 100
+[[servers]]
+name = "gpu"
+reload_s = 15
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 60 }]
+"#;
+
+    fn scenario(extra: &str) -> Scenario {
+        Scenario::parse("episodes.toml", &format!("{BASE}{extra}")).unwrap()
+    }
+
+    fn served(t_s: u64, answer: Answer) -> TraceEvent {
+        TraceEvent {
+            t_us: t_s * 1_000_000,
+            host: "gpu".into(),
+            call: None,
+            kind: Kind::served(answer),
+        }
+    }
+
+    const CRASH_RESTART: &str = r#"
+[[faults]]
+kind = "crash"
+at_s = 10
+server = "gpu"
+[[faults]]
+kind = "restart"
+at_s = 30
+server = "gpu"
+"#;
+
+    #[test]
+    fn a_fixed_reload_makes_the_server_ready_reload_s_after_the_restart() {
+        let eps = episodes(&scenario(CRASH_RESTART), &[]);
+        assert_eq!(
+            eps,
+            [Episode {
+                server: "gpu".into(),
+                kind: FaultKind::Crash,
+                start_us: 10_000_000,
+                ready_us: Some(45_000_000),
+                basis: Some(ReadyBasis::Reload),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_drawn_reload_is_ready_at_the_first_good_answer_after_the_restart() {
+        let mut s = scenario(CRASH_RESTART);
+        s.servers[0].reload = Some(crate::scenario::Spread::Uniform { low: 5.0, high: 40.0 });
+        let events = [
+            served(5, Answer::Ok),
+            served(33, Answer::Loading),
+            served(41, Answer::Ok),
+            served(50, Answer::Ok),
+        ];
+        let eps = episodes(&s, &events);
+        assert_eq!(eps[0].ready_us, Some(41_000_000));
+        assert_eq!(eps[0].basis, Some(ReadyBasis::FirstAnswer));
+        // Never answered well: not ready within the run.
+        assert_eq!(episodes(&s, &events[..2])[0].ready_us, None);
+    }
+
+    #[test]
+    fn a_crash_never_restarted_is_never_ready_and_a_heal_is_ready_at_once() {
+        let crash = "[[faults]]\nkind = \"crash\"\nat_s = 10\nserver = \"gpu\"\n";
+        let eps = episodes(&scenario(crash), &[]);
+        assert_eq!((eps.len(), eps[0].ready_us, eps[0].basis), (1, None, None));
+        let cut = r#"
+[[faults]]
+kind = "partition"
+at_s = 20
+a = "w"
+b = "gpu"
+[[faults]]
+kind = "heal"
+at_s = 25
+a = "gpu"
+b = "w"
+"#;
+        let eps = episodes(&scenario(cut), &[]);
+        assert_eq!(eps.len(), 1);
+        assert_eq!(
+            (eps[0].kind, eps[0].start_us, eps[0].ready_us, eps[0].basis),
+            (
+                FaultKind::Partition,
+                20_000_000,
+                Some(25_000_000),
+                Some(ReadyBasis::Ended)
+            )
+        );
+    }
+
+    #[test]
+    fn ready_marks_are_inserted_in_time_order() {
+        let s = scenario(CRASH_RESTART);
+        let events = [served(5, Answer::Ok), served(45, Answer::Ok), served(50, Answer::Ok)];
+        let marked = with_ready_marks(&s, &events);
+        let kinds: Vec<(u64, bool)> = marked
+            .iter()
+            .map(|e| (e.t_us / 1_000_000, matches!(e.kind, Kind::Ready { .. })))
+            .collect();
+        assert_eq!(kinds, [(5, false), (45, false), (45, true), (50, false)]);
+    }
+}

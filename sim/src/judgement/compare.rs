@@ -1,0 +1,339 @@
+//! Comparing configurations: the same seeds through two or more scenarios,
+//! side by side, and which differences hold across seeds.
+//!
+//! `redstring-sim compare a.toml b.toml --seeds 1..20` runs every scenario
+//! over the same seeds; `--set key=v1,v2,…` makes the variants from one file
+//! by changing one field ([`set_field`]). Each variant's figures are
+//! summarised as a sweep's ([`SweepSummary`]); each later variant is then
+//! compared with the first, figure by figure, with a **paired sign test**
+//! over the seeds both measured ([`SignTest`]): seed by seed, is the figure
+//! higher or lower than the first variant's? Ties are dropped. The difference
+//! *holds across seeds* when the two-sided exact binomial p-value of the
+//! split is below [`SIGNIFICANCE`]. Paired, because one seed gives both
+//! variants the same arrivals and draws, so seed-to-seed noise cancels; a
+//! sign test, because it assumes nothing about the figures' distributions
+//! (latencies and recovery times are skewed and bounded).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::judgement::report::Report;
+use crate::judgement::sweep::{FIGURE_NAMES, SweepSummary, named_figures};
+
+/// The p-value below which a difference is said to hold across seeds.
+pub const SIGNIFICANCE: f64 = 0.05;
+
+/// Why `--set` could not be applied.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SetError {
+    /// The argument is not `key=v1,v2,…`.
+    #[error("--set {0:?}: expected key=value[,value…], e.g. hardening.failure_threshold=1,3,5")]
+    Syntax(String),
+    /// The scenario text is not TOML.
+    #[error("--set {key}: the scenario is not valid TOML: {message}")]
+    Toml {
+        /// The dotted key.
+        key: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A step of the dotted key leads into something that is not a table
+    /// (or, for a number, an array long enough).
+    #[error("--set {key}: {at:?} is not a table or an array index in the scenario")]
+    Path {
+        /// The dotted key.
+        key: String,
+        /// The step that failed.
+        at: String,
+    },
+}
+
+/// `key=v1,v2,…` split into the key and its values.
+pub fn parse_set(arg: &str) -> Result<(String, Vec<String>), SetError> {
+    let (key, values) = arg.split_once('=').ok_or_else(|| SetError::Syntax(arg.to_owned()))?;
+    let key = key.trim();
+    let values: Vec<String> = values.split(',').map(|v| v.trim().to_owned()).collect();
+    if key.is_empty() || values.iter().any(String::is_empty) || key.split('.').any(str::is_empty) {
+        return Err(SetError::Syntax(arg.to_owned()));
+    }
+    Ok((key.to_owned(), values))
+}
+
+/// A value as TOML reads it (`3`, `0.5`, `true`, `"x"`, `{ mode = "error" }`),
+/// or, if it is not TOML, the text as a string.
+fn value_of(text: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {text}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(text.to_owned()))
+}
+
+/// `text` (a scenario file) with the dotted `key` set to `value`, before the
+/// scenario is validated: tables along the key are made if absent, a number
+/// indexes an array (`servers.0.slots`). Validation then judges the value
+/// and names the field as usual.
+pub fn set_field(text: &str, key: &str, value: &str) -> Result<String, SetError> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| SetError::Toml {
+        key: key.to_owned(),
+        message: e.to_string().trim_end().to_owned(),
+    })?;
+    let steps: Vec<&str> = key.split('.').collect();
+    let mut root = toml::Value::Table(table);
+    set_at(&mut root, &steps, value_of(value)).map_err(|at| SetError::Path {
+        key: key.to_owned(),
+        at: at.to_owned(),
+    })?;
+    match root {
+        toml::Value::Table(t) => toml::to_string(&t).map_err(|e| SetError::Toml {
+            key: key.to_owned(),
+            message: e.to_string(),
+        }),
+        _ => Err(SetError::Path {
+            key: key.to_owned(),
+            at: key.to_owned(),
+        }),
+    }
+}
+
+/// Sets `value` at `steps` under `here`; on failure, the step that failed.
+fn set_at<'k>(here: &mut toml::Value, steps: &[&'k str], value: toml::Value) -> Result<(), &'k str> {
+    let Some((step, rest)) = steps.split_first() else {
+        *here = value;
+        return Ok(());
+    };
+    let next = match here {
+        toml::Value::Table(t) => t.entry(step.to_string()).or_insert_with(|| {
+            if rest.is_empty() {
+                toml::Value::Boolean(false)
+            } else {
+                toml::Value::Table(toml::Table::new())
+            }
+        }),
+        toml::Value::Array(a) => step.parse::<usize>().ok().and_then(|i| a.get_mut(i)).ok_or(*step)?,
+        _ => return Err(step),
+    };
+    set_at(next, rest, value)
+}
+
+/// A paired sign test of one figure of one variant against the first.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SignTest {
+    /// The figure (named as in the sweep summary).
+    pub figure: &'static str,
+    /// The variant compared with the first.
+    pub variant: String,
+    /// Seeds where the figure was higher than the first variant's.
+    pub higher: u64,
+    /// Seeds where it was lower.
+    pub lower: u64,
+    /// Seeds where it was equal (left out of the test).
+    pub ties: u64,
+    /// The two-sided exact binomial p-value of `higher` against `lower`.
+    pub p_value: f64,
+    /// Whether the difference holds across seeds (`p_value < SIGNIFICANCE`).
+    pub holds: bool,
+}
+
+/// The two-sided exact sign-test p-value of `a` against `b` (each ½ under
+/// no difference): twice the smaller tail, at most 1; 1 when `a + b = 0`.
+pub fn sign_test_p(a: u64, b: u64) -> f64 {
+    let n = a + b;
+    let k = a.min(b);
+    // Log-space so that ½ⁿ does not underflow for large n.
+    let mut ln_pmf = -(n as f64) * std::f64::consts::LN_2;
+    let mut tail = 0.0;
+    for i in 0..=k {
+        tail += ln_pmf.exp();
+        ln_pmf += ((n - i) as f64).ln() - ((i + 1) as f64).ln();
+    }
+    (2.0 * tail).min(1.0)
+}
+
+/// One variant: its name and its seeds' reports (in seed order, one per
+/// seed that ran; a seed whose simulation failed is `None`).
+pub struct Variant {
+    /// The file, or `key=value` for a `--set` variant.
+    pub name: String,
+    /// Per seed, in seed order.
+    pub reports: Vec<Option<Report>>,
+}
+
+/// The result of a comparison.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Comparison {
+    /// The seeds, `[from, to)`.
+    pub seeds: [u64; 2],
+    /// Per variant, in the order given: its name and its sweep summary.
+    pub variants: Vec<(String, SweepSummary)>,
+    /// Every later variant against the first, figure by figure.
+    pub differences: Vec<SignTest>,
+}
+
+impl Comparison {
+    /// Compares `variants` run over seeds `from..to`.
+    pub fn new(from: u64, to: u64, variants: &[Variant]) -> Comparison {
+        let summaries = variants
+            .iter()
+            .map(|v| {
+                let ran: Vec<Report> = v.reports.iter().flatten().cloned().collect();
+                (v.name.clone(), SweepSummary::new(&ran))
+            })
+            .collect();
+        let per_seed = |v: &Variant| -> Vec<BTreeMap<&'static str, f64>> {
+            v.reports
+                .iter()
+                .map(|r| {
+                    r.as_ref()
+                        .map(|r| {
+                            named_figures(&r.figures)
+                                .into_iter()
+                                .filter_map(|(k, v)| v.map(|v| (k, v)))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })
+                .collect()
+        };
+        let mut differences = Vec::new();
+        if let Some((first, rest)) = variants.split_first() {
+            let base = per_seed(first);
+            for v in rest {
+                let other = per_seed(v);
+                for figure in FIGURE_NAMES {
+                    let (mut higher, mut lower, mut ties) = (0u64, 0u64, 0u64);
+                    for (a, b) in base.iter().zip(&other) {
+                        let (Some(a), Some(b)) = (a.get(figure), b.get(figure)) else {
+                            continue;
+                        };
+                        match b.total_cmp(a) {
+                            std::cmp::Ordering::Greater => higher += 1,
+                            std::cmp::Ordering::Less => lower += 1,
+                            std::cmp::Ordering::Equal => ties += 1,
+                        }
+                    }
+                    if higher + lower + ties == 0 {
+                        continue;
+                    }
+                    let p_value = sign_test_p(higher, lower);
+                    differences.push(SignTest {
+                        figure,
+                        variant: v.name.clone(),
+                        higher,
+                        lower,
+                        ties,
+                        p_value,
+                        holds: p_value < SIGNIFICANCE,
+                    });
+                }
+            }
+        }
+        Comparison {
+            seeds: [from, to],
+            variants: summaries,
+            differences,
+        }
+    }
+
+    /// The side-by-side table, as `compare` prints it.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "\ncompare over seeds {}..{}: median [min – max] per variant; against the first, ▲ higher / ▼ lower in k of n seeds, \"holds\" when a paired sign test gives p < {SIGNIFICANCE}",
+            self.seeds[0], self.seeds[1]
+        );
+        for (i, (name, _)) in self.variants.iter().enumerate() {
+            let _ = writeln!(out, "  [{}] {name}", i + 1);
+        }
+        for figure in FIGURE_NAMES {
+            let _ = write!(out, "  {figure:<22}");
+            for (i, (name, summary)) in self.variants.iter().enumerate() {
+                let cell = summary.figures.get(figure).map_or("-".to_owned(), |d| {
+                    format!("{} [{} – {}]", round(d.median), round(d.min), round(d.max))
+                });
+                let mark = self
+                    .differences
+                    .iter()
+                    .find(|d| d.figure == figure && d.variant == *name)
+                    .map_or(String::new(), |d| {
+                        let n = d.higher + d.lower + d.ties;
+                        let (arrow, k) = if d.higher >= d.lower {
+                            ("▲", d.higher)
+                        } else {
+                            ("▼", d.lower)
+                        };
+                        let holds = if d.holds { " holds" } else { "" };
+                        format!(" {arrow}{k}/{n}{holds}")
+                    });
+                let _ = write!(out, "  [{}] {cell}{mark}", i + 1);
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+fn round(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sign_test_p_values_are_exact_binomial_tails() {
+        // 10 of 10 one way: 2 × ½¹⁰.
+        assert!((sign_test_p(10, 0) - 2.0 / 1024.0).abs() < 1e-12);
+        // 8 of 10: 2 × (1 + 10 + 45) / 1024.
+        assert!((sign_test_p(8, 2) - 2.0 * 56.0 / 1024.0).abs() < 1e-12);
+        assert_eq!(sign_test_p(5, 5), 1.0);
+        assert_eq!(sign_test_p(0, 0), 1.0);
+        // Large n: no NaN from 0 × ∞ or an overflowing binomial coefficient.
+        let p = sign_test_p(2000, 0);
+        assert!((0.0..1e-100).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn set_field_changes_one_field_making_tables_and_indexing_arrays() {
+        let text = "name = \"x\"\n[hardening]\nrpm = 60\n[[servers]]\nname = \"gpu\"\n";
+        let got: toml::Table = toml::from_str(&set_field(text, "hardening.failure_threshold", "3").unwrap()).unwrap();
+        assert_eq!(got["hardening"]["failure_threshold"].as_integer(), Some(3));
+        assert_eq!(got["hardening"]["rpm"].as_integer(), Some(60));
+        let got: toml::Table = toml::from_str(&set_field(text, "cache.kind", "shared").unwrap()).unwrap();
+        assert_eq!(got["cache"]["kind"].as_str(), Some("shared"));
+        let got: toml::Table = toml::from_str(&set_field(text, "servers.0.slots", "8").unwrap()).unwrap();
+        assert_eq!(got["servers"][0]["slots"].as_integer(), Some(8));
+        // Into a string, or past the end of an array: the error names the step.
+        assert_eq!(
+            set_field(text, "name.first", "1"),
+            Err(SetError::Path {
+                key: "name.first".into(),
+                at: "first".into()
+            })
+        );
+        assert_eq!(
+            set_field(text, "servers.3.slots", "1"),
+            Err(SetError::Path {
+                key: "servers.3.slots".into(),
+                at: "3".into()
+            })
+        );
+    }
+
+    #[test]
+    fn set_parses_key_and_values() {
+        assert_eq!(
+            parse_set("hardening.failure_threshold=1,3,5").unwrap(),
+            (
+                "hardening.failure_threshold".to_owned(),
+                vec!["1".into(), "3".into(), "5".into()]
+            )
+        );
+        assert!(matches!(parse_set("no-equals"), Err(SetError::Syntax(_))));
+        assert!(matches!(parse_set("a..b=1"), Err(SetError::Syntax(_))));
+        assert!(matches!(parse_set("a=1,,2"), Err(SetError::Syntax(_))));
+    }
+}
