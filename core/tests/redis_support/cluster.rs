@@ -66,6 +66,10 @@ impl Cluster {
                     ("--tls-cert-file", pki.server_cert()),
                     ("--tls-key-file", pki.server_key()),
                     ("--tls-ca-cert-file", pki.ca()),
+                    // The cluster bus authenticates nodes to each other:
+                    // a node dials out with a client certificate.
+                    ("--tls-client-cert-file", pki.client_cert()),
+                    ("--tls-client-key-file", pki.client_key()),
                 ] {
                     args.push(flag.to_owned());
                     args.push(value.display().to_string());

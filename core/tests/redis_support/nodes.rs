@@ -174,9 +174,12 @@ pub fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
     panic!("timed out waiting until {what}");
 }
 
-/// Runs `redis-cli` with `args`; panics with its output if it fails.
+/// Runs `redis-cli` with `args`; panics with its output if it fails or
+/// takes over a minute.
 pub fn redis_cli(cwd: &Path, args: &[String]) -> String {
-    let out = Command::new("redis-cli")
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg("redis-cli")
         .args(args)
         .current_dir(cwd)
         .stdin(Stdio::null())
