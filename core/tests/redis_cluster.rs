@@ -42,21 +42,21 @@ impl Harness for OnCluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_cache_passes_the_compliance_suite() {
     let Some(cluster) = Cluster::shared() else { return };
-    let _held = cluster.exclusive();
+    let _held = cluster.exclusive().await;
     run_all(&OnCluster(cluster)).await;
 }
 
 #[test]
 fn memory_and_a_cluster_give_identical_answers() {
     let Some(cluster) = Cluster::shared() else { return };
-    let _held = cluster.exclusive();
+    let _held = cluster.exclusive_blocking();
     redis_support::differential::memory_and_redis_agree(|| cluster.cache(), || cluster.flush(), 48);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_tasks_over_five_cluster_connections_admit_exactly_rpm() {
     let Some(cluster) = Cluster::shared() else { return };
-    let _held = cluster.exclusive();
+    let _held = cluster.exclusive().await;
     cluster.flush();
     let (admitted, limited, limiters) = redis_support::race_one_tenant(|| cluster.cache(), 5, 50, 10).await;
     assert_eq!((admitted, limited), (10, 40));
@@ -67,7 +67,7 @@ async fn fifty_tasks_over_five_cluster_connections_admit_exactly_rpm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleet_of_breakers_on_a_cluster_admits_exactly_the_probe_limit() {
     let Some(cluster) = Cluster::shared() else { return };
-    let _held = cluster.exclusive();
+    let _held = cluster.exclusive().await;
     cluster.flush();
     let clock = Arc::new(ManualClock::new(SystemClock.now()));
     let breakers: Vec<_> = (0..4)
@@ -105,7 +105,7 @@ async fn a_fleet_of_breakers_on_a_cluster_admits_exactly_the_probe_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_increments_on_many_slots_all_count() {
     let Some(cluster) = Cluster::shared() else { return };
-    let _held = cluster.exclusive();
+    let _held = cluster.exclusive().await;
     cluster.flush();
     let caches: Vec<Arc<RedisCache>> = (0..4).map(|_| Arc::new(cluster.cache())).collect();
     // Keys on every primary: each counter is raced by 25 tasks.
@@ -130,7 +130,7 @@ async fn racing_increments_on_many_slots_all_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scripts_are_loaded_on_each_primary_that_needs_them() {
     let Some(cluster) = Cluster::shared() else { return };
-    let _held = cluster.exclusive();
+    let _held = cluster.exclusive().await;
     cluster.flush();
     // No node knows a script.
     cluster.command_all(&["SCRIPT", "FLUSH"]);
@@ -155,7 +155,7 @@ async fn scripts_are_loaded_on_each_primary_that_needs_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn breaker_keys_spanning_slots_are_refused_before_sending() {
     let Some(cluster) = Cluster::shared() else { return };
-    let _held = cluster.exclusive();
+    let _held = cluster.exclusive().await;
     cluster.flush();
     let cache = cluster.cache();
     let keys = BreakerKeys {

@@ -10,7 +10,7 @@ use redis_support::cluster::Cluster;
 #[test]
 fn memory_and_a_tls_cluster_give_identical_answers() {
     let Some(cluster) = Cluster::shared_tls() else { return };
-    let _held = cluster.exclusive();
+    let _held = cluster.exclusive_blocking();
     redis_support::differential::memory_and_redis_agree(|| cluster.cache(), || cluster.flush(), 48);
 }
 

@@ -11,7 +11,7 @@ mod redis_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis_support::sentinel::SentinelGroup;
 use redis_support::wait;
@@ -107,6 +107,11 @@ struct Failover {
     recovery: Duration,
 }
 
+/// The real time from `a` to `b`.
+fn between(a: Timestamp, b: Timestamp) -> Duration {
+    Duration::from_micros(b.as_micros().saturating_sub(a.as_micros()))
+}
+
 const RPM: u32 = 20;
 const WORKERS: usize = 5;
 const TASKS: usize = 50;
@@ -149,14 +154,14 @@ async fn failover_under(policy: OnCacheUnavailable) -> Option<Failover> {
                         }
                         Err(other) => panic!("unexpected error: {other:?}"),
                     }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    SystemClock.sleep(Duration::from_millis(10)).await;
                 }
             })
         })
         .collect();
     // The store fills the window, and the replica has every hit.
     while admitted.load(Ordering::SeqCst) < RPM {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        SystemClock.sleep(Duration::from_millis(10)).await;
     }
     wait(Duration::from_millis(200)).await;
     group.sync_replica();
@@ -170,7 +175,7 @@ async fn failover_under(policy: OnCacheUnavailable) -> Option<Failover> {
     }));
     events.clear();
 
-    let killed = Instant::now();
+    let killed = SystemClock.now();
     group.kill_primary();
     let group = Arc::new(group);
     let g = group.clone();
@@ -179,7 +184,7 @@ async fn failover_under(policy: OnCacheUnavailable) -> Option<Failover> {
     })
     .await
     .unwrap();
-    let promoted = Instant::now();
+    let promoted = SystemClock.now();
     // Calls are decided by the store again within 10 s of the promotion.
     let recovered = loop {
         let fresh = observer.take();
@@ -197,13 +202,13 @@ async fn failover_under(policy: OnCacheUnavailable) -> Option<Failover> {
         });
         events.extend(fresh);
         if by_store {
-            break Instant::now();
+            break SystemClock.now();
         }
         assert!(
-            promoted.elapsed() < Duration::from_secs(10),
+            between(promoted, SystemClock.now()) < Duration::from_secs(10),
             "no decision by the store 10 s after the promotion"
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        SystemClock.sleep(Duration::from_millis(10)).await;
     };
     // Let the recovered fleet run a little, then stop it.
     wait(Duration::from_millis(300)).await;
@@ -215,8 +220,8 @@ async fn failover_under(policy: OnCacheUnavailable) -> Option<Failover> {
     let mut run = Failover {
         before,
         unavailable: unavailable.load(Ordering::SeqCst),
-        promotion: promoted - killed,
-        recovery: recovered - promoted,
+        promotion: between(killed, promoted),
+        recovery: between(promoted, recovered),
         ..Failover::default()
     };
     for e in &events {

@@ -5,7 +5,7 @@
 //! [`Cluster::exclusive`] so that one test's `FLUSHALL` never lands in
 //! another's middle.
 
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use redstring::cache::redis::{RedisCache, RedisCacheBuilder};
@@ -17,7 +17,7 @@ pub struct Cluster {
     group: Group,
     #[cfg(feature = "redis-tls")]
     pki: Option<(tempfile::TempDir, super::tls::Pki)>,
-    lock: Mutex<()>,
+    lock: tokio::sync::Mutex<()>,
 }
 
 static PLAIN: LazyLock<Option<Cluster>> = LazyLock::new(|| Cluster::start(false));
@@ -98,15 +98,20 @@ impl Cluster {
             group,
             #[cfg(feature = "redis-tls")]
             pki,
-            lock: Mutex::new(()),
+            lock: tokio::sync::Mutex::new(()),
         })
     }
 
-    /// Holds the cluster for one test; released on drop.
-    pub fn exclusive(&self) -> MutexGuard<'_, ()> {
-        // A test that failed while holding it leaves nothing half-done that
-        // the next test's flush does not clear.
-        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    /// Holds the cluster for one async test; released on drop. (A test that
+    /// failed while holding it leaves nothing the next test's flush does
+    /// not clear.)
+    pub async fn exclusive(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.lock.lock().await
+    }
+
+    /// [`exclusive`](Self::exclusive) for a test outside any runtime.
+    pub fn exclusive_blocking(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.lock.blocking_lock()
     }
 
     /// The nodes' URLs.

@@ -107,12 +107,9 @@ impl Backend {
 
     /// Whether commands are routed by hash slot (a multi-key script must keep
     /// its keys in one slot).
+    #[cfg(feature = "redis-cluster")]
     pub(super) fn is_cluster(&self) -> bool {
-        #[cfg(feature = "redis-cluster")]
-        if let Backend::Cluster(_) = self {
-            return true;
-        }
-        false
+        matches!(self, Backend::Cluster(_))
     }
 }
 

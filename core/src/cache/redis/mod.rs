@@ -169,6 +169,41 @@
 //! resets the connection), within the operation timeout. Only file paths are
 //! kept and printed, never what the files hold.
 //!
+//! # Cluster, Sentinel, failover
+//!
+//! [`build_from_url`](RedisCacheBuilder::build_from_url) talks to one server.
+//! With the `redis-cluster` feature,
+//! [`build_cluster`](RedisCacheBuilder::build_cluster) takes the URLs of
+//! some of a Redis Cluster's nodes and uses the redis crate's async cluster
+//! client: each command goes to the primary serving its keys' slot, `MOVED`
+//! and `ASK` redirects are followed, the slot map is refreshed after a
+//! failover or a resharding, and `TRYAGAIN`, `CLUSTERDOWN` and lost
+//! connections are retried with a short backoff, all within the operation
+//! timeout. Every script keeps its keys in one slot (see the key mapping
+//! above), so the one-round-trip atomicity holds on a cluster; a breaker whose
+//! [`BreakerKeys`] do not share a hash tag is refused with
+//! [`CacheError::Protocol`] before anything is sent. A primary that does not
+//! know a script answers `NOSCRIPT`; the script is then loaded on every
+//! primary and the call retried, once.
+//!
+//! With the `redis-sentinel` feature,
+//! [`build_sentinel`](RedisCacheBuilder::build_sentinel) takes a master name
+//! and the URLs of its Sentinels. The first operation asks the Sentinels for
+//! the primary (checking that it answers `ROLE` as a master); an operation
+//! that finds it unavailable — a lost connection, a timeout, `READONLY` from a
+//! demoted primary, `MASTERDOWN` — makes the next one ask again, so calls
+//! reach the promoted replica once the Sentinels have switched.
+//!
+//! During a failover's gap every operation is [`CacheError::Unavailable`]
+//! (never a panic, never a hang past the operation timeout), so the
+//! components' cache-unavailable policies decide: `core/tests/redis_sentinel.rs`
+//! kills the primary while 50 tasks acquire and checks that only the policy's
+//! fallback admits during the gap (the local limit at most `rpm` per worker,
+//! `Refuse` nothing) and that the store decides again right after the
+//! promotion. Writes the replica had not received when the primary died are
+//! lost with it (Redis replication is asynchronous): the limiter may then
+//! admit those hits again.
+//!
 //! # Ownership
 //!
 //! [`RedisCache::from_url`] owns its connection; [`close`](Cache::close)
@@ -577,8 +612,8 @@ impl RedisCacheBuilder {
             .as_ref()
             .map(|Secret(p)| p.clone())
             .filter(|p| !p.is_empty());
-        let client =
-            SentinelClient::build(infos, master_name, Some(node), SentinelServerType::Master).map_err(|e| {
+        let client = SentinelClient::build(infos, master_name.to_owned(), Some(node), SentinelServerType::Master)
+            .map_err(|e| {
                 ConfigError::new(
                     "sentinels",
                     "a usable Sentinel configuration",
