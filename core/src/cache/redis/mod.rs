@@ -331,7 +331,8 @@ impl RedisCacheBuilder {
 
     /// How many times the background reconnection retries before giving up
     /// until the next operation (default 2). Only for connections this builder
-    /// makes.
+    /// makes to one server or to a Sentinel-found primary; a cluster's client
+    /// retries within the operation timeout instead.
     pub fn reconnect_retries(mut self, n: usize) -> Self {
         self.reconnect_retries = n;
         self
@@ -1578,8 +1579,24 @@ mod tests {
             "-WRONGTYPE Operation against a key holding the wrong kind of value",
             "-ERR Error running script: @user_script:3: attempt to compare nil with number",
             "-NOPERM this user has no permissions to run the 'evalsha' command",
+            // A cluster client follows redirects itself; one reaching the
+            // adapter, or keys spanning slots, is a bug.
+            "-MOVED 3999 127.0.0.1:6381",
+            "-CROSSSLOT Keys in request don't hash to the same slot",
         ] {
             assert_eq!(classify(&server_error(reply)), Class::Protocol, "{reply}");
+        }
+    }
+
+    #[test]
+    fn a_sentinel_without_a_primary_to_name_is_unavailable() {
+        for kind in [
+            ErrorKind::MasterNameNotFoundBySentinel,
+            ErrorKind::NoValidReplicasFoundBySentinel,
+            ErrorKind::ClusterConnectionNotFound,
+        ] {
+            let error = RedisError::from((kind, "no primary now"));
+            assert_eq!(classify(&error), Class::Unavailable(None), "{kind:?}");
         }
     }
 
