@@ -613,7 +613,7 @@ impl RedisCacheBuilder {
             .as_ref()
             .map(|Secret(p)| p.clone())
             .filter(|p| !p.is_empty());
-        let client = SentinelClient::build(infos, master_name.to_owned(), Some(node), SentinelServerType::Master)
+        let client = SentinelClient::build(infos, String::from(master_name), Some(node), SentinelServerType::Master)
             .map_err(|e| {
                 ConfigError::new(
                     "sentinels",
