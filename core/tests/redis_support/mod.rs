@@ -13,6 +13,13 @@ use std::time::Duration;
 
 use redstring::cache::redis::RedisCache;
 
+#[cfg(feature = "redis-cluster")]
+pub mod cluster;
+pub mod differential;
+#[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
+pub mod nodes;
+#[cfg(feature = "redis-sentinel")]
+pub mod sentinel;
 #[cfg(feature = "redis-tls")]
 pub mod tls;
 
@@ -32,6 +39,23 @@ fn redis_available() -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// `true` when `redis-server` is on PATH; otherwise `false` after a loud
+/// message, or a panic when `REDSTRING_REQUIRE_REDIS=1`.
+pub fn available_or_skip() -> bool {
+    if redis_available() {
+        return true;
+    }
+    if std::env::var("REDSTRING_REQUIRE_REDIS").as_deref() == Ok("1") {
+        panic!("REDSTRING_REQUIRE_REDIS=1 but redis-server is not on PATH");
+    }
+    eprintln!();
+    eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+    eprintln!("!!! SKIPPING: redis-server is not on PATH; the Redis adapter is UNTESTED.");
+    eprintln!("!!! Install it (apt-get install redis-server) or set REDSTRING_REQUIRE_REDIS=1.");
+    eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+    false
+}
+
 impl RedisServer {
     /// A fresh server, or `None` (after a loud message) when there is no
     /// `redis-server` and it is not required.
@@ -45,15 +69,7 @@ impl RedisServer {
     }
 
     fn start_with(password: Option<String>) -> Option<Self> {
-        if !redis_available() {
-            if std::env::var("REDSTRING_REQUIRE_REDIS").as_deref() == Ok("1") {
-                panic!("REDSTRING_REQUIRE_REDIS=1 but redis-server is not on PATH");
-            }
-            eprintln!();
-            eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-            eprintln!("!!! SKIPPING: redis-server is not on PATH; the Redis adapter is UNTESTED.");
-            eprintln!("!!! Install it (apt-get install redis-server) or set REDSTRING_REQUIRE_REDIS=1.");
-            eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+        if !available_or_skip() {
             return None;
         }
         let dir = tempfile::tempdir().expect("temp dir");

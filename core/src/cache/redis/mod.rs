@@ -169,6 +169,41 @@
 //! resets the connection), within the operation timeout. Only file paths are
 //! kept and printed, never what the files hold.
 //!
+//! # Cluster, Sentinel, failover
+//!
+//! [`build_from_url`](RedisCacheBuilder::build_from_url) talks to one server.
+//! With the `redis-cluster` feature,
+//! [`build_cluster`](RedisCacheBuilder::build_cluster) takes the URLs of
+//! some of a Redis Cluster's nodes and uses the redis crate's async cluster
+//! client: each command goes to the primary serving its keys' slot, `MOVED`
+//! and `ASK` redirects are followed, the slot map is refreshed after a
+//! failover or a resharding, and `TRYAGAIN`, `CLUSTERDOWN` and lost
+//! connections are retried with a short backoff, all within the operation
+//! timeout. Every script keeps its keys in one slot (see the key mapping
+//! above), so the one-round-trip atomicity holds on a cluster; a breaker whose
+//! [`BreakerKeys`] do not share a hash tag is refused with
+//! [`CacheError::Protocol`] before anything is sent. A primary that does not
+//! know a script answers `NOSCRIPT`; the script is then loaded on every
+//! primary and the call retried, once.
+//!
+//! With the `redis-sentinel` feature,
+//! [`build_sentinel`](RedisCacheBuilder::build_sentinel) takes a master name
+//! and the URLs of its Sentinels. The first operation asks the Sentinels for
+//! the primary (checking that it answers `ROLE` as a master); an operation
+//! that finds it unavailable — a lost connection, a timeout, `READONLY` from a
+//! demoted primary, `MASTERDOWN` — makes the next one ask again, so calls
+//! reach the promoted replica once the Sentinels have switched.
+//!
+//! During a failover's gap every operation is [`CacheError::Unavailable`]
+//! (never a panic, never a hang past the operation timeout), so the
+//! components' cache-unavailable policies decide: `core/tests/redis_sentinel.rs`
+//! kills the primary while 50 tasks acquire and checks that only the policy's
+//! fallback admits during the gap (the local limit at most `rpm` per worker,
+//! `Refuse` nothing) and that the store decides again right after the
+//! promotion. Writes the replica had not received when the primary died are
+//! lost with it (Redis replication is asynchronous): the limiter may then
+//! admit those hits again.
+//!
 //! # Ownership
 //!
 //! [`RedisCache::from_url`] owns its connection; [`close`](Cache::close)
@@ -194,6 +229,7 @@
 //! # }
 //! ```
 
+mod connection;
 mod scripts;
 #[cfg(feature = "redis-tls")]
 mod tls;
@@ -213,6 +249,7 @@ use crate::breaker::machine::{
 use crate::error::{CacheError, ConfigError};
 use crate::limiter::SlotOutcome;
 use crate::time::Timestamp;
+use connection::{Backend, Conn};
 use scripts::SCRIPTS;
 
 /// The redis crate's auto-reconnecting connection, which
@@ -248,6 +285,20 @@ pub struct RedisCacheBuilder {
     time_source: TimeSource,
     #[cfg(feature = "redis-tls")]
     tls: tls::TlsFiles,
+    #[cfg(feature = "redis-sentinel")]
+    sentinel_master_password: Option<Secret>,
+}
+
+/// A password a builder holds: its `Debug` is `***`.
+#[cfg(feature = "redis-sentinel")]
+#[derive(Clone)]
+struct Secret(String);
+
+#[cfg(feature = "redis-sentinel")]
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
 }
 
 impl Default for RedisCacheBuilder {
@@ -259,6 +310,8 @@ impl Default for RedisCacheBuilder {
             time_source: TimeSource::default(),
             #[cfg(feature = "redis-tls")]
             tls: tls::TlsFiles::default(),
+            #[cfg(feature = "redis-sentinel")]
+            sentinel_master_password: None,
         }
     }
 }
@@ -278,7 +331,8 @@ impl RedisCacheBuilder {
 
     /// How many times the background reconnection retries before giving up
     /// until the next operation (default 2). Only for connections this builder
-    /// makes.
+    /// makes to one server or to a Sentinel-found primary; a cluster's client
+    /// retries within the operation timeout instead.
     pub fn reconnect_retries(mut self, n: usize) -> Self {
         self.reconnect_retries = n;
         self
@@ -351,20 +405,240 @@ impl RedisCacheBuilder {
             .password()
             .filter(|p| !p.is_empty())
             .map(str::to_owned);
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(self.reconnect_retries)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(self.connect_timeout);
-        let manager = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| {
+        let manager = ConnectionManager::new_lazy_with_config(client, self.manager_config()).map_err(|e| {
             ConfigError::new(
                 "url",
                 "a usable Redis configuration",
                 scrub(&e.to_string(), secret.as_deref()),
             )
         })?;
-        Ok(RedisCache::assemble(self, manager, true, target, secret))
+        Ok(RedisCache::assemble(
+            self,
+            Backend::Single(manager),
+            true,
+            target,
+            secret,
+        ))
+    }
+
+    /// How this builder's connections to one server are made and remade.
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(self.reconnect_retries)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(self.connect_timeout)
+    }
+
+    /// A cache over a Redis Cluster (feature `redis-cluster`), found through
+    /// any of `nodes` (`redis://[user][:password@]host:port`, and with feature
+    /// `redis-tls` `rediss://…`, using this builder's TLS files). Every node
+    /// must share the scheme and the credentials; unix sockets cannot be used
+    /// (a cluster names its nodes by IP and port). Returns at once: the slot
+    /// map is fetched by the first operation. Must be called from within a
+    /// Tokio runtime.
+    ///
+    /// The redis crate's async cluster client sends each command to the
+    /// primary serving its keys' slot, follows `MOVED` and `ASK` redirects,
+    /// refreshes its slot map after a failover or a resharding, and retries
+    /// `TRYAGAIN`, `CLUSTERDOWN` and lost connections with a short backoff —
+    /// all within this builder's [`operation_timeout`](Self::operation_timeout),
+    /// past which the operation is [`CacheError::Unavailable`]. Every script
+    /// keeps its keys in one slot (see the module docs); a breaker whose keys
+    /// would span slots is refused with [`CacheError::Protocol`] before
+    /// anything is sent. Scripts are sent by hash; a node that does not know
+    /// one answers `NOSCRIPT`, and the script is loaded on every primary and
+    /// the call retried, once.
+    #[cfg(feature = "redis-cluster")]
+    pub fn build_cluster<I>(self, nodes: I) -> Result<RedisCache, ConfigError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        use ::redis::cluster::{ClusterClient, ClusterConfig};
+        let mut infos = Vec::new();
+        for node in nodes {
+            let url = node.as_ref();
+            let info = url
+                .into_connection_info()
+                .map_err(|_| ConfigError::new("nodes", "valid Redis URLs", redact_raw(url)))?;
+            match info.addr() {
+                ConnectionAddr::Unix(_) => {
+                    return Err(ConfigError::new(
+                        "nodes",
+                        "TCP addresses (a cluster names its nodes by IP and port, not unix sockets)",
+                        describe(&info),
+                    ));
+                }
+                ConnectionAddr::TcpTls { insecure: true, .. } => {
+                    return Err(ConfigError::new(
+                        "nodes",
+                        "rediss:// URLs that verify the server (`#insecure` is not supported)",
+                        describe(&info),
+                    ));
+                }
+                ConnectionAddr::TcpTls { .. } if cfg!(not(feature = "redis-tls")) => {
+                    return Err(ConfigError::new("nodes", NO_TLS, describe(&info)));
+                }
+                _ => {}
+            }
+            infos.push(info);
+        }
+        let Some(first) = infos.first() else {
+            return Err(ConfigError::new("nodes", "at least one cluster node URL", "none"));
+        };
+        let target = format!("cluster {}", infos.iter().map(describe).collect::<Vec<_>>().join(","));
+        let secret = first
+            .redis_settings()
+            .password()
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned);
+        let tls = matches!(first.addr(), ConnectionAddr::TcpTls { .. });
+        #[cfg(feature = "redis-tls")]
+        let certificates = if tls {
+            tls::ensure_crypto_provider();
+            Some(self.tls.load()?)
+        } else if !self.tls.is_empty() {
+            return Err(ConfigError::new(
+                "nodes",
+                "rediss:// URLs when a TLS CA file or client certificate is set",
+                &target,
+            ));
+        } else {
+            None
+        };
+        #[cfg(not(feature = "redis-tls"))]
+        let _ = tls;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::new("nodes", "opened from within a Tokio runtime", &target));
+        }
+        let builder = ClusterClient::builder(infos)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.response_timeout)
+            // Retries, reconnections and redirections are bounded by the
+            // operation timeout instead.
+            .overall_response_timeout(None)
+            .min_retry_wait(10)
+            .max_retry_wait(200);
+        #[cfg(feature = "redis-tls")]
+        let builder = match certificates {
+            Some(certificates) if !self.tls.is_empty() => builder.certs(certificates),
+            _ => builder,
+        };
+        let client = builder.build().map_err(|e| {
+            ConfigError::new(
+                "nodes",
+                "cluster nodes sharing one scheme and one set of credentials",
+                format!("{target} ({})", scrub(&e.to_string(), secret.as_deref())),
+            )
+        })?;
+        let config = ClusterConfig::new()
+            .set_connection_timeout(self.connect_timeout)
+            .set_response_timeout(self.response_timeout);
+        let connection = client.get_pending_async_connection_with_config(config);
+        Ok(RedisCache::assemble(
+            self,
+            Backend::Cluster(connection),
+            true,
+            target,
+            secret,
+        ))
+    }
+
+    /// A cache over the primary that the Sentinels at `sentinels`
+    /// (`redis://[user][:password@]host:port`, each a Sentinel, not a data
+    /// node) name for `master_name` (feature `redis-sentinel`). Returns at
+    /// once. The first operation asks the Sentinels, in order, for the
+    /// primary and checks that it answers `ROLE` as a master; an operation
+    /// that then finds the primary unavailable (a lost connection, a timeout,
+    /// `READONLY` from a demoted primary, `MASTERDOWN`, …) is
+    /// [`CacheError::Unavailable`] and makes the next operation ask the
+    /// Sentinels again, so calls follow a failover to the promoted replica.
+    /// The primary's password, if it has one, is
+    /// [`sentinel_master_password`](Self::sentinel_master_password). Sentinels
+    /// over TLS are not supported: a `rediss://` Sentinel URL is a
+    /// [`ConfigError`]. Must be called from within a Tokio runtime.
+    #[cfg(feature = "redis-sentinel")]
+    pub fn build_sentinel<I>(self, master_name: &str, sentinels: I) -> Result<RedisCache, ConfigError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        use ::redis::RedisConnectionInfo;
+        use ::redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+        if master_name.is_empty() {
+            return Err(ConfigError::new(
+                "master_name",
+                "the name the Sentinels monitor",
+                "\"\"",
+            ));
+        }
+        let mut infos = Vec::new();
+        for url in sentinels {
+            let url = url.as_ref();
+            let info = url
+                .into_connection_info()
+                .map_err(|_| ConfigError::new("sentinels", "valid Redis URLs", redact_raw(url)))?;
+            if !matches!(info.addr(), ConnectionAddr::Tcp(..)) {
+                return Err(ConfigError::new(
+                    "sentinels",
+                    "redis://host:port URLs of Sentinels (TLS and unix sockets are not supported)",
+                    describe(&info),
+                ));
+            }
+            infos.push(info);
+        }
+        if infos.is_empty() {
+            return Err(ConfigError::new("sentinels", "at least one Sentinel URL", "none"));
+        }
+        let target = format!(
+            "sentinel master {master_name} via {}",
+            infos.iter().map(describe).collect::<Vec<_>>().join(",")
+        );
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ConfigError::new(
+                "sentinels",
+                "opened from within a Tokio runtime",
+                &target,
+            ));
+        }
+        let mut node = RedisConnectionInfo::default();
+        if let Some(Secret(p)) = &self.sentinel_master_password {
+            node = node.set_password(p);
+        }
+        let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(node);
+        let secret = self
+            .sentinel_master_password
+            .as_ref()
+            .map(|Secret(p)| p.clone())
+            .filter(|p| !p.is_empty());
+        let client = SentinelClient::build(infos, String::from(master_name), Some(node), SentinelServerType::Master)
+            .map_err(|e| {
+                ConfigError::new(
+                    "sentinels",
+                    "a usable Sentinel configuration",
+                    format!("{target} ({})", scrub(&e.to_string(), secret.as_deref())),
+                )
+            })?;
+        let primary = connection::sentinel::SentinelPrimary::new(client, self.manager_config());
+        Ok(RedisCache::assemble(
+            self,
+            Backend::Sentinel(Arc::new(primary)),
+            true,
+            target,
+            secret,
+        ))
+    }
+
+    /// The password of the primary (and replicas) that
+    /// [`build_sentinel`](Self::build_sentinel) connects to, when they
+    /// require one (feature `redis-sentinel`). A Sentinel's own password goes
+    /// in its URL. Never printed.
+    #[cfg(feature = "redis-sentinel")]
+    pub fn sentinel_master_password(mut self, password: impl Into<String>) -> Self {
+        self.sentinel_master_password = Some(Secret(password.into()));
+        self
     }
 
     /// The client for `info`, with this builder's TLS files when it has any.
@@ -412,7 +686,13 @@ impl RedisCacheBuilder {
     /// builder's [`operation_timeout`](Self::operation_timeout) bounds every
     /// operation on top of them.
     pub fn build_with_connection(self, connection: ConnectionManager) -> RedisCache {
-        RedisCache::assemble(self, connection, false, "a caller's connection".to_owned(), None)
+        RedisCache::assemble(
+            self,
+            Backend::Single(connection),
+            false,
+            "a caller's connection".to_owned(),
+            None,
+        )
     }
 }
 
@@ -425,7 +705,7 @@ pub struct RedisCache {
 
 struct Inner {
     /// `None` once closed.
-    connection: Mutex<Option<ConnectionManager>>,
+    connection: Mutex<Option<Backend>>,
     owned: bool,
     config: RedisCacheBuilder,
     /// The server, with any password replaced by `***`.
@@ -466,14 +746,14 @@ impl RedisCache {
 
     fn assemble(
         config: RedisCacheBuilder,
-        manager: ConnectionManager,
+        backend: Backend,
         owned: bool,
         target: String,
         secret: Option<String>,
     ) -> Self {
         RedisCache {
             inner: Arc::new(Inner {
-                connection: Mutex::new(Some(manager)),
+                connection: Mutex::new(Some(backend)),
                 owned,
                 config,
                 target,
@@ -498,12 +778,12 @@ impl RedisCache {
         self.inner.owned
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ConnectionManager>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Backend>> {
         // The guarded value is a handle, never left half-updated.
         self.inner.connection.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn connection(&self) -> Result<ConnectionManager, CacheError> {
+    fn connection(&self) -> Result<Backend, CacheError> {
         self.lock().clone().ok_or(CacheError::Closed)
     }
 
@@ -513,6 +793,24 @@ impl RedisCache {
             TimeSource::Caller => Ok(exact(operation, now.as_micros())?.to_string()),
             TimeSource::Store => Ok(String::new()),
         }
+    }
+
+    /// On a cluster, refuses a script whose keys hash to different slots
+    /// (Redis would answer `CROSSSLOT`, a bug in the keys, not an outage).
+    fn one_slot(&self, operation: &'static str, keys: &BreakerKeys) -> Result<(), CacheError> {
+        #[cfg(feature = "redis-cluster")]
+        if self.connection()?.is_cluster()
+            && let Some((a, b)) = cross_slot(&[&keys.state, &keys.failures, &keys.opened_at, &keys.probes])
+        {
+            return Err(CacheError::Protocol {
+                operation,
+                detail: format!(
+                    "keys {a:?} and {b:?} hash to different cluster slots; one script's keys must share a hash tag such as `{{prefix}}`"
+                ),
+            });
+        }
+        let _ = (operation, keys);
+        Ok(())
     }
 
     /// Reports a hit window a script found holding a foreign value (another
@@ -549,12 +847,18 @@ impl RedisCache {
     /// timeout, with its error mapped onto the port's vocabulary.
     async fn run<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T, CacheError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        let connection = self.connection()?;
+        let backend = self.connection()?;
         let limit = self.inner.config.operation_timeout();
-        let error = match tokio::time::timeout(limit, call(connection)).await {
+        let lease = std::sync::Mutex::new(None);
+        let attempt = async {
+            let (connection, leased) = backend.connection().await?;
+            *lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(leased);
+            call(connection).await
+        };
+        let error = match tokio::time::timeout(limit, attempt).await {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => self.map_error(operation, &error),
             Err(_) => CacheError::Unavailable {
@@ -562,6 +866,11 @@ impl RedisCache {
                 reason: format!("{} did not answer within {limit:?}", self.inner.target),
             },
         };
+        if matches!(error, CacheError::Unavailable { .. })
+            && let Some(leased) = *lease.lock().unwrap_or_else(|p| p.into_inner())
+        {
+            backend.unavailable(leased);
+        }
         tracing::debug!(server = %self.inner.target, operation, %error, "redis operation failed");
         Err(error)
     }
@@ -638,6 +947,8 @@ fn classify(error: &RedisError) -> Class {
             error.kind(),
             ErrorKind::Io
                 | ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::MasterNameNotFoundBySentinel
+                | ErrorKind::NoValidReplicasFoundBySentinel
                 | ErrorKind::Server(
                     ServerErrorKind::BusyLoading
                         | ServerErrorKind::TryAgain
@@ -663,6 +974,17 @@ fn error_codes<'a>(error: &'a RedisError, text: &'a str) -> impl Iterator<Item =
         .split(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
         .filter(|w| w.len() >= 2);
     error.code().into_iter().chain(words)
+}
+
+/// The first two of `keys` that Redis Cluster hashes to different slots.
+#[cfg(feature = "redis-cluster")]
+fn cross_slot<'a>(keys: &[&'a str]) -> Option<(&'a str, &'a str)> {
+    use ::redis::cluster_routing::Slot;
+    let (&first, rest) = keys.split_first()?;
+    let slot = Slot::for_key(first);
+    rest.iter()
+        .find(|k| Slot::for_key(k) != slot)
+        .map(|&other| (first, other))
 }
 
 /// A µs value as a script argument, refusing what a Lua number would round.
@@ -1020,6 +1342,7 @@ impl BreakerStore for RedisCache {
         now: Timestamp,
     ) -> Result<BreakerStep, CacheError> {
         const OP: &str = "breaker_step";
+        self.one_slot(OP, keys)?;
         let now = self.now_arg(OP, now)?;
         let [name, origin, episode, seq] = command_args(command);
         let reply: Vec<Option<String>> = self
@@ -1104,6 +1427,7 @@ impl BreakerStore for RedisCache {
         now: Timestamp,
     ) -> Result<(BreakerSnapshot, Timestamp), CacheError> {
         const OP: &str = "breaker_read";
+        self.one_slot(OP, keys)?;
         let now = self.now_arg(OP, now)?;
         let reply: Vec<Option<String>> = self
             .run(OP, |mut c| async move {
@@ -1159,6 +1483,31 @@ mod tests {
         let e = RedisCache::from_url("rediss://:hunter2@127.0.0.1:6380").unwrap_err();
         assert_eq!((e.field, e.expected), ("url", NO_TLS));
         assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[cfg(feature = "redis-cluster")]
+    #[test]
+    fn every_script_keeps_its_keys_in_one_cluster_slot() {
+        use ::redis::cluster_routing::Slot;
+        // A hit window hashes with its key, whatever the key.
+        for key in [
+            "w",
+            "kg:ratelimit:00000000-0000-0000-0000-000000000001",
+            "{kg:circuit}:state",
+            "a{b",
+            "x{y}z",
+        ] {
+            assert_eq!(Slot::for_key(key), Slot::for_key(window_key(key)), "{key}");
+        }
+        // The breaker's four keys share the `{prefix}` tag.
+        let keys = BreakerKeys::new("kg:circuit:llama");
+        assert_eq!(
+            cross_slot(&[&keys.state, &keys.failures, &keys.opened_at, &keys.probes]),
+            None
+        );
+        // Keys without a common tag are caught (these two differ in slot).
+        assert_eq!(cross_slot(&["a", "b"]), Some(("a", "b")));
+        assert_eq!(cross_slot(&["{t}a", "{t}b", "c"]), Some(("{t}a", "c")));
     }
 
     #[test]
@@ -1230,8 +1579,24 @@ mod tests {
             "-WRONGTYPE Operation against a key holding the wrong kind of value",
             "-ERR Error running script: @user_script:3: attempt to compare nil with number",
             "-NOPERM this user has no permissions to run the 'evalsha' command",
+            // A cluster client follows redirects itself; one reaching the
+            // adapter, or keys spanning slots, is a bug.
+            "-MOVED 3999 127.0.0.1:6381",
+            "-CROSSSLOT Keys in request don't hash to the same slot",
         ] {
             assert_eq!(classify(&server_error(reply)), Class::Protocol, "{reply}");
+        }
+    }
+
+    #[test]
+    fn a_sentinel_without_a_primary_to_name_is_unavailable() {
+        for kind in [
+            ErrorKind::MasterNameNotFoundBySentinel,
+            ErrorKind::NoValidReplicasFoundBySentinel,
+            ErrorKind::ClusterConnectionNotFound,
+        ] {
+            let error = RedisError::from((kind, "no primary now"));
+            assert_eq!(classify(&error), Class::Unavailable(None), "{kind:?}");
         }
     }
 

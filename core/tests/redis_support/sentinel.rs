@@ -1,0 +1,124 @@
+//! A primary, one replica and one Sentinel watching them (quorum 1, the
+//! primary judged down after 500 ms), started by the test that asks for one;
+//! killed when dropped, or by the watchdog when the test binary exits (see
+//! [`super::nodes`]).
+
+use std::time::Duration;
+
+use redstring::cache::redis::{RedisCache, RedisCacheBuilder};
+
+use super::nodes::{Group, wait_until};
+
+/// The name the Sentinel monitors the primary under.
+pub const MASTER_NAME: &str = "redstring";
+
+/// Indexes into the group's nodes.
+const PRIMARY: usize = 0;
+const REPLICA: usize = 1;
+const SENTINEL: usize = 2;
+
+/// A running primary, replica and Sentinel.
+pub struct SentinelGroup {
+    group: Group,
+}
+
+impl SentinelGroup {
+    /// A fresh group, or `None` (after a loud message) when there is no
+    /// `redis-server` and it is not required. Returns once the replica is in
+    /// sync and the Sentinel knows it.
+    pub fn start() -> Option<SentinelGroup> {
+        if !super::available_or_skip() {
+            return None;
+        }
+        let mut group = Group::new();
+        group.spawn("primary", &[], "--port");
+        let primary_port = group.nodes[PRIMARY].port.to_string();
+        group.spawn(
+            "replica",
+            &["--replicaof".to_owned(), "127.0.0.1".to_owned(), primary_port.clone()],
+            "--port",
+        );
+        let config = format!(
+            "sentinel monitor {MASTER_NAME} 127.0.0.1 {primary_port} 1\n\
+             sentinel down-after-milliseconds {MASTER_NAME} 500\n\
+             sentinel failover-timeout {MASTER_NAME} 5000\n"
+        );
+        group.spawn_with_config("sentinel", Some(&config), &["--sentinel".to_owned()], "--port");
+        let sentinel = SentinelGroup { group };
+        wait_until("the replica is in sync", || {
+            sentinel
+                .node(REPLICA)
+                .command(&["INFO", "replication"])
+                .is_some_and(|r| r.contains("master_link_status:up"))
+        });
+        wait_until("the Sentinel knows the replica", || {
+            sentinel
+                .node(SENTINEL)
+                .command(&["SENTINEL", "REPLICAS", MASTER_NAME])
+                .is_some_and(|r| r.contains(&sentinel.node(REPLICA).port.to_string()))
+        });
+        Some(sentinel)
+    }
+
+    fn node(&self, i: usize) -> &super::nodes::Node {
+        &self.group.nodes[i]
+    }
+
+    /// The Sentinel's URL.
+    pub fn sentinel_url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.node(SENTINEL).port)
+    }
+
+    /// A builder with short timeouts, stamping with the caller's clock.
+    pub fn builder(&self) -> RedisCacheBuilder {
+        RedisCache::builder()
+            .time_source(redstring::TimeSource::Caller)
+            .connect_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500))
+    }
+
+    /// A new cache over the primary the Sentinel names.
+    pub fn cache(&self) -> RedisCache {
+        self.builder()
+            .build_sentinel(MASTER_NAME, [self.sentinel_url()])
+            .expect("valid sentinel configuration")
+    }
+
+    /// Empties the primary (the replica follows).
+    pub fn flush(&self) {
+        let reply = self.node(PRIMARY).command(&["FLUSHALL"]).expect("primary reachable");
+        assert!(reply.starts_with("+OK"), "FLUSHALL: {reply}");
+    }
+
+    /// Waits until the replica has every write the primary acknowledged.
+    pub fn sync_replica(&self) {
+        let reply = self
+            .node(PRIMARY)
+            .command(&["WAIT", "1", "5000"])
+            .expect("primary reachable");
+        assert_eq!(reply.trim(), ":1", "WAIT for the replica");
+    }
+
+    /// Kills the primary (SIGKILL), as a crash would.
+    pub fn kill_primary(&mut self) {
+        self.group.nodes[PRIMARY].kill();
+    }
+
+    /// Whether the Sentinel names the replica as the primary now (the
+    /// failover is complete).
+    pub fn replica_promoted(&self) -> bool {
+        let replica = self.node(REPLICA).port.to_string();
+        self.node(SENTINEL)
+            .command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME])
+            .is_some_and(|r| r.contains(&format!("${}\r\n{replica}\r\n", replica.len())))
+            && self
+                .node(REPLICA)
+                .command(&["ROLE"])
+                .is_some_and(|r| r.contains("master"))
+    }
+
+    /// Sends one command to the replica.
+    pub fn replica_command(&self, args: &[&str]) -> Option<String> {
+        self.node(REPLICA).command(args)
+    }
+}
