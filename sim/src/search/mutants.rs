@@ -185,8 +185,9 @@ impl Budget {
 
 /// Hunts `mutant` (or, with `None`, runs the same budget on the correct
 /// hardening): the targeted scenario first (unless `None`: the fuzzer
-/// alone), then up to `budget.cases` fuzz cases from `bounds`.
-/// `coverage`, if given, observes every run until the first failure.
+/// alone), then up to `budget.cases` fuzz cases from `bounds`, until the
+/// invariant that names the mutant fails (for the correct hardening: any).
+/// `coverage`, if given, observes every run until then.
 pub fn hunt(
     mutant: Option<Mutant>,
     targeted: Option<&Scenario>,
@@ -195,6 +196,14 @@ pub fn hunt(
     mut coverage: Option<&mut Coverage>,
 ) -> Result<Hunt, String> {
     let Budget { cases, seed, shrink } = budget;
+    // A mutant is hunted until the invariant that names it fails (another
+    // failing first is reported, but the search goes on); the correct
+    // hardening, until anything fails.
+    let named_by = mutant.map(|m| variant(m).named_by);
+    let catches = |failed: &[Invariant]| match named_by {
+        Some(named) => failed.contains(&named),
+        None => !failed.is_empty(),
+    };
     let mut hunt = Hunt {
         mutant,
         failed: Vec::new(),
@@ -212,7 +221,7 @@ pub fn hunt(
         hunt.failed = run.failed();
         hunt.simulations = 1;
         hunt.simulated = run.simulated;
-        if !hunt.failed.is_empty() {
+        if catches(&hunt.failed) {
             hunt.stage = Some(Stage::Targeted);
             hunt.case = Some(targeted.clone());
             return Ok(hunt);
@@ -238,14 +247,13 @@ pub fn hunt(
             if let Some(c) = coverage.borrow_mut().as_deref_mut() {
                 c.observe(&run.events);
             }
-            let found = (!run.failed().is_empty()).then_some(n + 1);
+            let found = catches(&run.failed()).then_some(n + 1);
             progress.set((n + 1, simulated + run.simulated, found));
         }
-        match run.failed().as_slice() {
-            [] => Ok(()),
-            failed => Err(TestCaseError::fail(
-                failed.iter().map(|i| i.name()).collect::<Vec<_>>().join(", "),
-            )),
+        if catches(&run.failed()) {
+            Err(TestCaseError::fail(names(&run.failed())))
+        } else {
+            Ok(())
         }
     });
     let (n, simulated, found) = progress.get();
@@ -285,4 +293,8 @@ pub fn write_case(dir: &Path, mutant: Mutant, case: &Scenario) -> std::io::Resul
     let path = dir.join(format!("{}.toml", s.name));
     std::fs::write(&path, s.to_toml())?;
     Ok(path)
+}
+
+fn names(failed: &[Invariant]) -> String {
+    failed.iter().map(|i| i.name()).collect::<Vec<_>>().join(", ")
 }
