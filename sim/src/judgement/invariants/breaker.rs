@@ -220,12 +220,15 @@ pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     (verdict, figure)
 }
 
+/// Entries of each breaker scope, in a fixed order.
+type PerScope<T> = BTreeMap<String, Vec<T>>;
+
 /// Every breaker's transitions by the stamp of the step that made them, per
 /// life of the store (a restarted shared cache starts every breaker closed).
 struct Transitions {
     /// Per life: the trace index it begins at, and per scope the
     /// transitions (stamp, state after) in stamp order.
-    lives: Vec<(usize, BTreeMap<String, Vec<(u64, CircuitState)>>)>,
+    lives: Vec<(usize, PerScope<(u64, CircuitState)>)>,
 }
 
 impl Transitions {
@@ -349,8 +352,8 @@ pub(super) fn opens_at_threshold(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut breakers = Breakers::new(ctx.scopes);
     // Per life of the store: scope → (stamp, step, event index). Ties of
     // stamps are taken as reset, then failures, then the opening.
-    let mut lives: Vec<BTreeMap<String, Vec<(u64, Step, usize)>>> = Vec::new();
-    let mut life: BTreeMap<String, Vec<(u64, Step, usize)>> = BTreeMap::new();
+    let mut lives: Vec<PerScope<(u64, Step, usize)>> = Vec::new();
+    let mut life: PerScope<(u64, Step, usize)> = BTreeMap::new();
     for (i, e) in events.iter().enumerate() {
         match &e.kind {
             Kind::FailureRecorded { breaker, at_us } => {
