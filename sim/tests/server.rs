@@ -133,7 +133,7 @@ fn served(trace: &Trace) -> Vec<(String, bool)> {
         .events()
         .into_iter()
         .filter_map(|e| match e.kind {
-            Kind::Served { outcome, impaired } => Some((outcome.name().to_owned(), impaired)),
+            Kind::Served { outcome, impaired, .. } => Some((outcome.name().to_owned(), impaired)),
             _ => None,
         })
         .collect()

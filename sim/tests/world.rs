@@ -45,3 +45,26 @@ fn a_crash_and_a_restart_at_one_instant_are_a_crash_followed_by_a_restart() {
         assert!(ok > 0, "{order}: and the server serves again after its reload");
     }
 }
+
+#[test]
+fn every_request_and_what_served_it_name_the_call() {
+    let s = Scenario::parse("calls.toml", BASE).unwrap();
+    let run = simulate(&s, 1).unwrap();
+    let mut requests = std::collections::BTreeSet::new();
+    for e in &run.events {
+        if let Kind::Request { .. } = e.kind {
+            let call = e.call.expect("a request is sent from within its call");
+            requests.insert(format!("{}/{call}", e.host));
+        }
+    }
+    assert!(requests.len() > 10, "{} calls sent requests", requests.len());
+    let mut served = 0;
+    for e in &run.events {
+        if let Kind::Served { caller, outcome, .. } = &e.kind {
+            let caller = caller.as_ref().unwrap_or_else(|| panic!("{outcome:?} names no call"));
+            assert!(requests.contains(caller), "{caller} served but never requested");
+            served += 1;
+        }
+    }
+    assert!(served > 10);
+}

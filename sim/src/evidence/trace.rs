@@ -43,6 +43,11 @@ tokio::task_local! {
     static CALL: u64;
 }
 
+/// The worker-local number of the call the current task is making, if any.
+pub fn current_call() -> Option<u64> {
+    CALL.try_with(|c| *c).ok()
+}
+
 /// Runs `work` as call number `call`: every event recorded from within it
 /// (the limiter's and the breaker's decisions, retries, requests) carries
 /// the call's number, so a checker can hold each call to its own layers.
@@ -240,6 +245,10 @@ pub enum Kind {
         outcome: Answer,
         /// Whether the server was impaired: always `outcome.impaired()`.
         impaired: bool,
+        /// The call it served, as `worker/call` (the worker's host name and
+        /// its worker-local call number), when the request said.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        caller: Option<String>,
     },
 }
 
@@ -257,6 +266,7 @@ impl Kind {
         Kind::Served {
             outcome,
             impaired: outcome.impaired(),
+            caller: None,
         }
     }
 
@@ -297,7 +307,7 @@ impl Trace {
     /// Appends an event at simulated time `t` (for the driver, outside hosts).
     pub fn record_at(&self, t: std::time::Duration, host: &str, kind: Kind) {
         let t_us = u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
-        let call = CALL.try_with(|c| *c).ok();
+        let call = current_call();
         self.events.lock().unwrap_or_else(|p| p.into_inner()).push(TraceEvent {
             t_us,
             host: host.to_owned(),

@@ -14,6 +14,10 @@
 /// (fixed or drawn) count. Real servers never see it.
 pub const TOKENS_HEADER: &str = "x-redstring-sim-tokens";
 
+/// A simulator-only request header naming the call a request belongs to, as
+/// `worker/call`, so a server's `served` event can say which call it served.
+pub const CALL_HEADER: &str = "x-redstring-sim-call";
+
 /// The most tokens either count in [`TOKENS_HEADER`] may carry; larger or
 /// unparsable values are ignored, as a header a real server does not know.
 pub const MAX_HEADER_TOKENS: u64 = 10_000_000;

@@ -57,7 +57,7 @@ tokio::task_local! {
 
 /// Counts each request against the call whose task sends it, and tells the
 /// server the call's own token counts.
-struct CountingTransport(SimTransport);
+struct CountingTransport(SimTransport, String);
 
 impl HttpTransport for CountingTransport {
     fn post(&self, mut request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
@@ -68,6 +68,11 @@ impl HttpTransport for CountingTransport {
             request
                 .headers
                 .push((crate::hosts::TOKENS_HEADER.to_owned(), tokens.header_value()));
+        }
+        if let Some(call) = trace::current_call() {
+            request
+                .headers
+                .push((crate::hosts::CALL_HEADER.to_owned(), format!("{}/{call}", self.1)));
         }
         self.0.post(request)
     }
@@ -162,7 +167,7 @@ fn providers<S: LimiterStore + BreakerStore>(
             .build()?,
     );
     let policy = h.retry_policy()?;
-    let transport = CountingTransport(SimTransport::new(&plan.name, trace.clone()));
+    let transport = CountingTransport(SimTransport::new(&plan.name, trace.clone()), plan.name.clone());
     let adapter = Arc::new(
         OpenAiCompatible::builder(format!("http://{}:{PORT}/v1", plan.server), plan.model.clone())
             .timeout(secs(h.request_timeout_s))

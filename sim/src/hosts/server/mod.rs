@@ -412,9 +412,15 @@ impl Server {
                     let (stream, _) = accepted?;
                     let start = start.clone();
                     connections.spawn(async move {
-                        let service = hyper::service::service_fn(move |request| {
+                        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                             let start = start.clone();
-                            async move { start.handle(request).await }
+                            let caller = request
+                                .headers()
+                                .get(crate::hosts::CALL_HEADER)
+                                .and_then(|v| v.to_str().ok())
+                                .filter(|v| v.len() <= MAX_CALLER_LEN)
+                                .map(str::to_owned);
+                            CALLER.scope(caller, async move { start.handle(request).await })
                         });
                         // A connection ends in an error whenever a client gives up or a
                         // `drop` closes it; neither is the server's failure.
@@ -475,10 +481,27 @@ impl Drop for Pending {
     }
 }
 
+tokio::task_local! {
+    /// The call the request being handled belongs to, as its
+    /// [`CALL_HEADER`](crate::hosts::CALL_HEADER) names it.
+    static CALLER: Option<String>;
+}
+
+/// The longest caller name a request may carry; a longer one is ignored.
+const MAX_CALLER_LEN: usize = 128;
+
 impl Start {
     fn record(&self, answer: Answer) {
         *self.handle.lock().stats.outcomes.entry(answer).or_default() += 1;
-        self.trace.record(&self.spec.name, Kind::served(answer));
+        let caller = CALLER.try_with(Clone::clone).ok().flatten();
+        self.trace.record(
+            &self.spec.name,
+            Kind::Served {
+                outcome: answer,
+                impaired: answer.impaired(),
+                caller,
+            },
+        );
     }
 
     async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Reply {
