@@ -206,3 +206,28 @@ fn an_unknown_mutant_is_refused_naming_the_catalogue() {
         "{stderr}"
     );
 }
+
+#[test]
+fn every_committed_catch_still_catches_its_mutant_and_only_it() {
+    let dir = scenarios_dir().join("regressions/mutants");
+    let mut replayed = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let stem = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        let name = stem.strip_prefix("caught-").unwrap().replace('-', "_");
+        let mutant = Mutant::parse(&name).unwrap_or_else(|| panic!("{stem} names no mutant"));
+        let case = redstring_sim::scenario::Scenario::load(&path).unwrap();
+        let mutated = mutants::simulate_with(Some(mutant), &case, case.seed).unwrap();
+        let named = mutants::variant(mutant).named_by;
+        assert!(mutated.failed().contains(&named), "{stem}: {:?}", mutated.failed());
+        let correct = redstring_sim::world::simulate(&case, case.seed).unwrap();
+        assert!(
+            correct.failed().is_empty(),
+            "{stem}, correct hardening: {:?}",
+            correct.failed()
+        );
+        replayed.push(mutant);
+    }
+    replayed.sort();
+    assert_eq!(replayed, Mutant::ALL.to_vec(), "one committed catch per variant");
+}

@@ -286,8 +286,15 @@ pub struct Behaviour {
     pub mode: Mode,
     /// Fraction of requests affected; the rest are answered normally.
     pub probability: f64,
-    /// The `Retry-After` a `rate_limit` answer carries.
+    /// The `Retry-After` a `rate_limit` answer carries. Written out only
+    /// when it is not the default, so a generated scenario does not set a
+    /// field its mode ignores.
+    #[serde(skip_serializing_if = "is_default_retry_after")]
     pub retry_after_s: f64,
+}
+
+fn is_default_retry_after(s: &f64) -> bool {
+    *s == Behaviour::default().retry_after_s
 }
 
 impl Default for Behaviour {
