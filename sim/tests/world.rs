@@ -68,3 +68,29 @@ fn every_request_and_what_served_it_name_the_call() {
     }
     assert!(served > 10);
 }
+
+#[test]
+fn a_generic_server_cuts_an_answer_at_the_request_s_max_tokens() {
+    let served = |max_tokens: u32| {
+        let text = format!(
+            "name = \"cut\"\nduration_s = 20\n[hardening]\nmax_tokens = {max_tokens}\nmax_retries = 0\n\
+             [[servers]]\nname = \"gpu\"\noutput_tokens = 100\n\
+             [[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 60 }}]\n"
+        );
+        let s = Scenario::parse("cut.toml", &text).unwrap();
+        let run = simulate(&s, 1).unwrap();
+        let mut outcomes = std::collections::BTreeMap::new();
+        for e in &run.events {
+            if let Kind::Served { outcome, .. } = e.kind {
+                *outcomes.entry(outcome.name()).or_insert(0) += 1;
+            }
+        }
+        outcomes
+    };
+    let cut = served(20);
+    assert!(cut.get("truncated").copied().unwrap_or(0) > 5, "{cut:?}");
+    assert!(!cut.contains_key("ok"), "{cut:?}");
+    let whole = served(256);
+    assert!(whole.get("ok").copied().unwrap_or(0) > 5, "{whole:?}");
+    assert!(!whole.contains_key("truncated"), "{whole:?}");
+}

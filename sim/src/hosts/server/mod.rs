@@ -86,9 +86,10 @@
 //! outcome is known: `ok`, `loading`, `queue_full`, `collapsed`, `not_found`,
 //! `bad_request`, the mode applied (`empty`, `malformed`, `refuse`,
 //! `rate_limit`, `error`, `hang`, `drop`), or `abandoned` for a request whose
-//! client left (or whose server crashed) while it was queued or running. The
-//! batching kinds add `context_exceeded` (llama.cpp's 400), `truncated` (cut
-//! at `max_tokens` or the context), `throttled` (a 429 from llama-swap's
+//! client left (or whose server crashed) while it was queued or running, or
+//! `truncated` for an answer cut at the request's `max_tokens` (or, on the
+//! llama.cpp family, the context). The batching kinds add `context_exceeded`
+//! (llama.cpp's 400), `throttled` (a 429 from llama-swap's
 //! concurrency limit or a quota bucket), `quota_exhausted` and `load_failed`
 //! (llama-swap's health check timed out).
 //! `impaired` is false only for `ok`, `not_found`, `bad_request`, `context_exceeded`
@@ -570,7 +571,7 @@ impl Start {
                 "unavailable_error",
             ));
         };
-        let (prompt, output) = (
+        let (prompt, wanted) = (
             tokens
                 .and_then(|t| t.prompt)
                 .unwrap_or(u64::from(self.spec.prompt_tokens)),
@@ -578,7 +579,14 @@ impl Start {
                 .and_then(|t| t.output)
                 .unwrap_or(u64::from(self.spec.output_tokens)),
         );
-        let service = if tokens.is_some() {
+        // The answer stops at the request's max_tokens, cut off.
+        let max_tokens = body
+            .get("max_tokens")
+            .or_else(|| body.get("max_completion_tokens"))
+            .and_then(Value::as_u64);
+        let (output, cut) = front::output_tokens(wanted, max_tokens, prompt, None);
+        let truncated = cut && mode == Mode::Normal;
+        let service = if tokens.is_some() || cut {
             let s = self.spec.slot_time_s(prompt, output);
             // No longer than validation allows any request to take.
             let most = crate::scenario::limits::MAX_SERVICE_TIME_S;
@@ -592,12 +600,16 @@ impl Start {
             return std::future::pending().await;
         }
         guard.outcome_recorded = true;
-        self.record(Answer::of_mode(mode));
+        self.record(if truncated {
+            Answer::Truncated
+        } else {
+            Answer::of_mode(mode)
+        });
         let id = self.next_answer_id();
         let usage = Usage {
             prompt,
             completion: output,
-            truncated: false,
+            truncated,
         };
         Ok(completion(&self.spec, id, mode, &body, usage))
     }
