@@ -94,3 +94,36 @@ fn a_generic_server_cuts_an_answer_at_the_request_s_max_tokens() {
     assert!(whole.get("ok").copied().unwrap_or(0) > 5, "{whole:?}");
     assert!(!whole.contains_key("truncated"), "{whole:?}");
 }
+
+#[test]
+fn probe_lease_s_reaches_the_breaker() {
+    let longest_half_open_wait = |lease: &str| {
+        let text = format!(
+            "name = \"lease\"\nduration_s = 120\n[hardening]\nfailure_threshold = 2\nrecovery_timeout_s = 3\n\
+             request_timeout_s = 8\nmax_retries = 0\n{lease}\n\
+             [[servers]]\nname = \"gpu\"\nslots = 8\n\
+             [[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 120 }}]\n\
+             [[faults]]\nkind = \"behave\"\nat_s = 5\nserver = \"gpu\"\nbehaviour = {{ mode = \"hang\" }}\n\
+             [[faults]]\nkind = \"behave\"\nat_s = 40\nserver = \"gpu\"\nbehaviour = {{ mode = \"normal\" }}\n"
+        );
+        let s = Scenario::parse("lease.toml", &text).unwrap();
+        let run = simulate(&s, 1).unwrap();
+        assert!(run.failed().is_empty(), "{:?}", run.failed());
+        run.events
+            .iter()
+            .filter_map(|e| match e.kind {
+                Kind::Rejected {
+                    state: redstring::CircuitState::HalfOpen,
+                    retry_after_us,
+                    ..
+                } => Some(retry_after_us),
+                _ => None,
+            })
+            .max()
+            .expect("half-open refusals while the probe hangs")
+    };
+    // A hung probe holds its lease: half-open refusals wait for it to end.
+    assert!(longest_half_open_wait("") <= 3_000_000);
+    let long = longest_half_open_wait("probe_lease_s = 7");
+    assert!(long > 3_000_000 && long <= 7_000_000, "{long}");
+}

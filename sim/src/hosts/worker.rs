@@ -154,18 +154,18 @@ fn providers<S: LimiterStore + BreakerStore>(
             .cache(store.clone())
             .build()?,
     );
-    let breaker = Arc::new(
-        CircuitBreaker::builder()
-            .failure_threshold(h.failure_threshold)
-            .recovery_timeout(secs(h.recovery_timeout_s))
-            .half_open_max_calls(h.half_open_max_calls)
-            .key_prefix(format!("kg:circuit:{}", plan.server))
-            .clock(clock.clone())
-            .observer(observer.clone())
-            .on_cache_error(h.on_cache_error)
-            .cache(store)
-            .build()?,
-    );
+    let mut breaker = CircuitBreaker::builder()
+        .failure_threshold(h.failure_threshold)
+        .recovery_timeout(secs(h.recovery_timeout_s))
+        .half_open_max_calls(h.half_open_max_calls)
+        .key_prefix(format!("kg:circuit:{}", plan.server))
+        .clock(clock.clone())
+        .observer(observer.clone())
+        .on_cache_error(h.on_cache_error);
+    if let Some(lease) = h.probe_lease_s {
+        breaker = breaker.probe_lease(secs(lease));
+    }
+    let breaker = Arc::new(breaker.cache(store).build()?);
     let policy = h.retry_policy()?;
     let transport = CountingTransport(SimTransport::new(&plan.name, trace.clone()), plan.name.clone());
     let adapter = Arc::new(

@@ -17,6 +17,10 @@ pub struct Hardening {
     pub recovery_timeout_s: f64,
     /// Probes per half-open episode.
     pub half_open_max_calls: u32,
+    /// How long a half-open probe counts without reporting (the breaker's
+    /// `probe_lease`); the recovery timeout when unset. A probe whose call
+    /// outlasts it — retries, a slow server — reports too late to decide.
+    pub probe_lease_s: Option<f64>,
     /// Retries after the first attempt.
     pub max_retries: u32,
     /// First backoff.
@@ -51,6 +55,7 @@ impl Default for Hardening {
             failure_threshold: 5,
             recovery_timeout_s: 60.0,
             half_open_max_calls: 1,
+            probe_lease_s: None,
             max_retries: 3,
             initial_delay_s: 1.0,
             max_delay_s: 60.0,

@@ -173,6 +173,9 @@ impl Scenario {
         if let Some(d) = h.deadline_s {
             e.seconds("hardening.deadline_s", d)?;
         }
+        if let Some(lease) = h.probe_lease_s {
+            e.seconds("hardening.probe_lease_s", lease)?;
+        }
         e.at_most(
             "hardening.max_retries",
             u64::from(h.max_retries),

@@ -17,11 +17,11 @@ use crate::scenario::Fault;
 
 /// Invariant 3: a half-open episode never holds more than
 /// `half_open_max_calls` live probes. A probe is live from its admission until
-/// its lease (the recovery timeout, the breaker's default) ends on the clock
-/// that stamped it, it is handed back, or the episode ends.
+/// its lease (`probe_lease_s`, by default the recovery timeout) ends on the
+/// clock that stamped it, it is handed back, or the episode ends.
 pub(super) fn half_open_probes(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let max = ctx.scenario.hardening.half_open_max_calls as usize;
-    let lease = ctx.recovery_us;
+    let lease = ctx.lease_us;
     let mut breakers = Breakers::new(ctx.scopes);
     // The live probes of each breaker's current half-open episode: (seq, stamp).
     let mut live: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
@@ -275,8 +275,8 @@ impl Transitions {
 
 /// Invariant 10: nothing wedges a circuit. No refusal says to wait longer
 /// than the state allows: an open circuit at most the recovery timeout, a
-/// half-open one at most one probe lease (the recovery timeout, the
-/// breaker's default) — a probe that never reports stops counting when its
+/// half-open one at most one probe lease (`probe_lease_s`, by default the
+/// recovery timeout) — a probe that never reports stops counting when its
 /// lease ends, so the next caller probes. Both are measured on the clock
 /// that stamped the opening or the lease, so the bound grows by what can
 /// stand between that clock and the refusing one: the fleet's clock spread
@@ -297,7 +297,9 @@ pub(super) fn no_wedged_circuit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             _ => None,
         })
         .fold(0, u64::saturating_add);
-    let bound = ctx.recovery_us.saturating_add(spread_us).saturating_add(back_us);
+    let extra = spread_us.saturating_add(back_us);
+    let open_bound = ctx.recovery_us.saturating_add(extra);
+    let half_open_bound = ctx.lease_us.saturating_add(extra);
     let (mut refusals, mut longest, mut verdict) = (0u64, 0u64, Verdict::Held);
     for e in events {
         if let Kind::Rejected {
@@ -306,11 +308,11 @@ pub(super) fn no_wedged_circuit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         {
             refusals += 1;
             longest = longest.max(*retry_after_us);
+            let (bound, what) = match state {
+                CircuitState::HalfOpen => (half_open_bound, "a half-open refusal waits for a probe lease"),
+                _ => (open_bound, "an open refusal waits for the recovery timeout"),
+            };
             if *retry_after_us > bound && verdict == Verdict::Held {
-                let what = match state {
-                    CircuitState::HalfOpen => "a half-open refusal waits for a probe lease",
-                    _ => "an open refusal waits for the recovery timeout",
-                };
                 verdict = violated(
                     e,
                     format!(
@@ -328,9 +330,10 @@ pub(super) fn no_wedged_circuit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     (
         verdict,
         format!(
-            "{refusals} refusals; longest wait given: {} ms (at most {} ms)",
+            "{refusals} refusals; longest wait given: {} ms (at most {} ms open, {} ms half-open)",
             longest / 1000,
-            bound / 1000
+            open_bound / 1000,
+            half_open_bound / 1000
         ),
     )
 }
@@ -553,6 +556,19 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             matches!(&verdict, Verdict::Violated { t_us: 9000, detail, .. } if detail.contains("probe lease")),
             "{verdict:?}"
         );
+    }
+
+    #[test]
+    fn a_half_open_refusal_is_bounded_by_the_probe_lease_an_open_one_by_the_recovery_timeout() {
+        let text = SCENARIO.replace("half_open_max_calls = 1", "half_open_max_calls = 1\nprobe_lease_s = 20");
+        let s = Scenario::parse("lease.toml", &text).unwrap();
+        let events = [refused(1, Open, 5000), refused(2, HalfOpen, 19_000)];
+        assert_eq!(no_wedged_circuit(&Ctx::new(&s), &events).0, Verdict::Held);
+        let open_too_long = [refused(1, Open, 6000)];
+        assert!(matches!(
+            no_wedged_circuit(&Ctx::new(&s), &open_too_long).0,
+            Verdict::Violated { .. }
+        ));
     }
 
     #[test]

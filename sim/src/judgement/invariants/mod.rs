@@ -224,6 +224,8 @@ struct Ctx<'a> {
     single_clock: bool,
     window_us: u64,
     recovery_us: u64,
+    /// How long a half-open probe counts without reporting.
+    lease_us: u64,
     /// The longest a request and its reply can spend on the network.
     round_trip_us: u64,
 }
@@ -237,6 +239,12 @@ impl<'a> Ctx<'a> {
             single_clock: !scopes.shared() || scenario.cache.time_source == redstring::TimeSource::Store,
             window_us: secs_us(scenario.hardening.window_s),
             recovery_us: secs_us(scenario.hardening.recovery_timeout_s),
+            lease_us: secs_us(
+                scenario
+                    .hardening
+                    .probe_lease_s
+                    .unwrap_or(scenario.hardening.recovery_timeout_s),
+            ),
             round_trip_us: 2 * (scenario.network.max_latency_ms + scenario.tick_ms) * 1000,
         }
     }
