@@ -11,10 +11,11 @@
 //! The switch is per thread ([`inject`] returns a guard that turns it off
 //! again), because the simulator runs a whole world on one thread and may run
 //! several worlds at once on others. It exists only with the `mutants` cargo
-//! feature, which nothing in a production build enables; without the feature
-//! every injection site is a constant `false` the compiler removes. Only the
-//! in-process stores honour the store-side defects: the Redis scripts have
-//! none.
+//! feature, which nothing in a production build enables (the simulator
+//! turns it on); without the feature every injection site is a constant
+//! `false` the compiler removes, and with it and nothing injected each site
+//! reads a thread-local and behaves as without. Only the in-process stores
+//! honour the store-side defects: the Redis scripts have none.
 
 #![cfg_attr(not(feature = "mutants"), allow(dead_code))]
 

@@ -159,8 +159,9 @@ enum Command {
         /// The scenarios directory (the targeted scenarios are in its `mutants/`).
         #[arg(long, default_value = "scenarios")]
         scenarios: PathBuf,
-        /// Where the cases that caught a variant are written.
-        #[arg(long, default_value = "scenarios/regressions/mutants")]
+        /// Where the cases the fuzzer caught a variant with are written
+        /// (copy one into `scenarios/regressions/mutants/` to keep it).
+        #[arg(long, default_value = "target/mutants")]
         out: PathBuf,
         /// Only these variants (by name; default all).
         #[arg(long = "only", value_parser = parse_mutant)]

@@ -208,7 +208,7 @@ fn an_unknown_mutant_is_refused_naming_the_catalogue() {
 }
 
 #[test]
-fn every_committed_catch_still_catches_its_mutant_and_only_it() {
+fn every_committed_catch_still_catches_its_mutant_and_passes_the_correct_hardening() {
     let dir = scenarios_dir().join("regressions/mutants");
     let mut replayed = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap() {

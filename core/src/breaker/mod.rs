@@ -450,11 +450,17 @@ impl<S: BreakerStore> CircuitBreaker<S> {
             && crate::mutants::active(crate::mutants::Mutant::ReadThenWriteBreaker)
         {
             // Read, decide here, then write: the write is the store's own
-            // step, whose answer this breaker ignores for the one it made.
+            // step, whose refusal this breaker ignores for the admission it
+            // decided on the read. A probe the store did issue keeps the
+            // store's identity, so its report still counts: only the race
+            // is injected.
             let (snapshot, at) = self.store.breaker_read(&self.keys, now).await?;
-            let local = machine::step(&snapshot, command, &self.params, at);
+            let mut local = machine::step(&snapshot, command, &self.params, at);
             if !local.writes.is_empty() {
-                self.store.breaker_step(&self.keys, command, self.params, now).await?;
+                let stored = self.store.breaker_step(&self.keys, command, self.params, now).await?;
+                if let (Some(Permit::Probe(_)), Some(Permit::Probe(id))) = (local.permit, stored.permit) {
+                    local.permit = Some(Permit::Probe(id));
+                }
             }
             local
         } else {

@@ -335,10 +335,6 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// clock is read once and the same instant is used for the count, the
     /// oldest hit and the new hit.
     pub async fn acquire(&self, tenant: TenantId) -> Result<Admission, AcquireError> {
-        #[cfg(feature = "mutants")]
-        if let Some(result) = self.mutated_acquire(tenant).await {
-            return result;
-        }
         let request = SlotRequest {
             // A store that stamps with its own clock ignores ours: skip the read.
             now: if self.store.stamps_with_own_clock() {
@@ -358,7 +354,14 @@ impl<S: LimiterStore> RateLimiter<S> {
                 .saturating_add(Duration::from_micros(1)),
             max_ahead: self.max_ahead,
         };
-        match self.store.acquire_tenant_slot(&self.prefix, tenant, request).await {
+        #[cfg(feature = "mutants")]
+        let decided = match self.mutated_slot(tenant, request).await {
+            Some(decided) => decided,
+            None => self.store.acquire_tenant_slot(&self.prefix, tenant, request).await,
+        };
+        #[cfg(not(feature = "mutants"))]
+        let decided = self.store.acquire_tenant_slot(&self.prefix, tenant, request).await;
+        match decided {
             Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Store),
             Err(error) if error.is_transient() => {
                 self.observer.on_event(&Event::CacheUnavailable {
@@ -391,74 +394,66 @@ impl<S: LimiterStore> RateLimiter<S> {
         }
     }
 
-    /// `acquire` with the limiter's [`Mutant`](crate::mutants::Mutant)
-    /// injected, if one is: `None` when none of them is, and the real path runs.
+    /// The store's step with the limiter's [`Mutant`](crate::mutants::Mutant)
+    /// injected, if one is (`None`: none is, and the real step runs). Only
+    /// the step changes: the answer is reported, and an unavailable store
+    /// falls back, as any other.
     #[cfg(feature = "mutants")]
-    async fn mutated_acquire(&self, tenant: TenantId) -> Option<Result<Admission, AcquireError>> {
+    async fn mutated_slot(&self, tenant: TenantId, request: SlotRequest) -> Option<Result<SlotOutcome, CacheError>> {
         use crate::mutants::{Mutant, injected};
         let mutant = injected()?;
-        if !matches!(
-            mutant,
-            Mutant::ThreeCallLimiter | Mutant::RefusalsRecorded | Mutant::FixedWindowLimiter
-        ) {
-            return None;
-        }
         let key = KeyBuf::tenant(&self.prefix, &tenant);
-        let now = self.clock.now();
-        let ttl = self
-            .window
-            .saturating_mul(2)
-            .saturating_add(self.max_ahead)
-            .saturating_add(Duration::from_micros(1));
-        let request = SlotRequest {
-            now,
-            window: self.window,
-            limit: self.rpm,
-            ttl,
-            max_ahead: self.max_ahead,
-        };
-        let outcome = match mutant {
+        Some(match mutant {
             // The spec's original limiter: count, then the oldest hit, then
-            // record — three calls a racing worker can interleave with.
+            // record — three calls a racing worker can interleave with, all
+            // stamped by this worker's clock, as that limiter stamped them.
             Mutant::ThreeCallLimiter => {
+                let now = self.clock.now();
                 let since = now.saturating_sub(self.window);
-                let step = async {
-                    let used = self.store.count_since(key.as_str(), since).await?;
-                    let oldest = if used < u64::from(self.rpm) {
-                        None
-                    } else {
-                        self.store.oldest_since(key.as_str(), since).await?
-                    };
-                    let outcome = decide(used, oldest, self.rpm, now, self.window);
-                    if matches!(outcome, SlotOutcome::Admitted { .. }) {
-                        self.store.record_hit(key.as_str(), now, ttl).await?;
-                    }
-                    Ok::<_, CacheError>(outcome)
+                let used = match self.store.count_since(key.as_str(), since).await {
+                    Ok(used) => used,
+                    Err(e) => return Some(Err(e)),
                 };
-                step.await
+                let oldest = if used < u64::from(self.rpm) {
+                    None
+                } else {
+                    match self.store.oldest_since(key.as_str(), since).await {
+                        Ok(oldest) => oldest,
+                        Err(e) => return Some(Err(e)),
+                    }
+                };
+                let outcome = decide(used, oldest, self.rpm, now, self.window);
+                if matches!(outcome, SlotOutcome::Admitted { .. })
+                    && let Err(e) = self.store.record_hit(key.as_str(), now, request.ttl).await
+                {
+                    return Some(Err(e));
+                }
+                Ok(outcome)
             }
             // The atomic step, but a refusal is recorded as a hit too.
             Mutant::RefusalsRecorded => match self.store.acquire_tenant_slot(&self.prefix, tenant, request).await {
-                Ok(refused @ SlotOutcome::Refused { at, .. }) => {
-                    self.store.record_hit(key.as_str(), at, ttl).await.map(|()| refused)
-                }
+                Ok(refused @ SlotOutcome::Refused { at, .. }) => self
+                    .store
+                    .record_hit(key.as_str(), at, request.ttl)
+                    .await
+                    .map(|()| refused),
                 other => other,
             },
             // A counter per clock-aligned window: the atomic step, counting
-            // only the hits since the current window began.
-            _ => {
+            // only the hits since the current window began on this worker's
+            // clock.
+            Mutant::FixedWindowLimiter => {
+                let now = self.clock.now();
                 let width = self.window.as_micros().max(1);
                 let into = Duration::from_micros(u64::try_from(u128::from(now.as_micros()) % width).unwrap_or(0));
                 let fixed = SlotRequest {
+                    now,
                     window: into,
                     ..request
                 };
                 self.store.acquire_tenant_slot(&self.prefix, tenant, fixed).await
             }
-        };
-        Some(match outcome {
-            Ok(outcome) => self.conclude(tenant, now, outcome, DecidedBy::Store),
-            Err(error) => Err(AcquireError::Cache(error)),
+            _ => return None,
         })
     }
 

@@ -411,10 +411,11 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
             if attempt > 1 && active(Mutant::RetryOutsideBreaker) {
                 self.report_to_breaker(&latest(permit), BreakerReport::Failure).await;
                 let next = self.breaker.admit().await;
+                // The reported permit is done with: a refusal takes its place.
+                *permit.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
                 if let Permit::Refused { retry_after, .. } = next {
                     return Err(CircuitOpen::for_model(self.inner.model(), retry_after).into());
                 }
-                *permit.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
             }
             self.inner.extract_answer(request, left).await
         })

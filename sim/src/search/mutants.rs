@@ -139,8 +139,9 @@ pub enum Stage {
 pub struct Hunt {
     /// The variant hunted (`None`: the correct hardening).
     pub mutant: Option<Mutant>,
-    /// The claimed invariants that failed on the case found, in
-    /// [`Invariant::ALL`] order; empty when nothing failed within the budget.
+    /// The claimed invariants that failed on the case that caught it, in
+    /// [`Invariant::ALL`] order; empty when nothing caught it within the
+    /// budget.
     pub failed: Vec<Invariant>,
     /// Where the failing case was found; `None` when nothing failed.
     pub stage: Option<Stage>,
@@ -228,6 +229,7 @@ pub fn hunt(
         }
     }
     if cases == 0 {
+        hunt.failed.clear();
         return Ok(hunt);
     }
     let mut runner = TestRunner::new(Config {
@@ -240,8 +242,10 @@ pub fn hunt(
     let progress = std::cell::Cell::new((0u32, Duration::ZERO, None::<u32>));
     let coverage = std::cell::RefCell::new(coverage);
     let result = runner.run(&fuzz::scenarios(bounds), |scenario| {
+        // A case the simulator cannot run is no catch: set it aside (too
+        // many of them end the search with an error).
         let run = simulate_with(mutant, &scenario, scenario.seed)
-            .map_err(|e| TestCaseError::fail(format!("simulation failed: {e}")))?;
+            .map_err(|e| TestCaseError::reject(format!("simulation failed: {e}")))?;
         let (n, simulated, found) = progress.get();
         if found.is_none() {
             if let Some(c) = coverage.borrow_mut().as_deref_mut() {
@@ -260,7 +264,11 @@ pub fn hunt(
     hunt.simulations += n;
     hunt.simulated += simulated;
     match result {
-        Ok(()) => Ok(hunt),
+        Ok(()) => {
+            // Nothing caught: no case to report, and no invariant.
+            hunt.failed.clear();
+            Ok(hunt)
+        }
         Err(TestError::Fail(_, minimal)) => {
             let run = simulate_with(mutant, &minimal, minimal.seed)
                 .map_err(|e| format!("the shrunk case failed to simulate: {e}"))?;

@@ -156,12 +156,13 @@ pub(super) fn sparse_failures(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
 
 /// Invariant 5: no call is admitted while its breaker is open and not yet due
 /// to probe — per worker, or fleet-wide with a shared cache. An admission
-/// is judged by the state when it reached the trace and, where one clock
-/// stamps a scope's decisions, by the state at its own stamp too; it is
-/// stale only if both say so. Either alone can mislead: a decision reaches
-/// the trace a network trip after the store made it, so trace order can put
-/// it after a transition the store made later; and a stamping clock that
-/// steps back puts later decisions at earlier stamps.
+/// is judged by the state when it reached the trace — exact for a
+/// per-worker breaker — and, on a shared cache stamping with its own time,
+/// by the state at its own stamp too: it is stale only if both say so.
+/// Either alone can mislead there: a decision reaches the trace a network
+/// trip after the store made it, so trace order can put it after a
+/// transition the store made later; and a clock that steps back puts later
+/// decisions at earlier stamps.
 pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut breakers = Breakers::new(ctx.scopes);
     let (mut admitted_while_impaired, mut verdict) = (0, Verdict::Held);
@@ -170,7 +171,7 @@ pub(super) fn no_call_while_open(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     // reached (`on_cache_error = "allow"`): no circuit decided them, so they
     // are outside the claim, and counted.
     let mut unchecked = 0;
-    let stamped = ctx.single_clock.then(|| Transitions::of(ctx, events));
+    let stamped = (ctx.single_clock && ctx.scopes.shared()).then(|| Transitions::of(ctx, events));
     for (i, e) in events.iter().enumerate() {
         if let Kind::CacheUnavailable {
             admitted_call: true, ..
@@ -340,25 +341,34 @@ pub(super) fn no_wedged_circuit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
 
 /// Invariant 11: a circuit opens only on `failure_threshold` failures counted
 /// since it last closed or a success cleared the count. Checked per breaker
-/// scope where one clock decides (per worker, or a shared cache stamping
-/// with its own time), counting in trace order and in the order of the
-/// deciding clock's stamps: an opening on too few is one too few in both.
-/// Either order alone can mislead — a shared store's answers reach the
-/// trace after a network trip, and a stamping clock that steps back puts
-/// later decisions at earlier stamps. A restarted shared cache forgets
-/// every count, so each of its lives is checked on its own.
+/// scope where one clock decides. A per-worker breaker's events reach the
+/// trace in the order it decided, so they are counted in trace order. On a
+/// shared cache stamping with its own time an opening on too few must be
+/// one in trace order and in stamp order (a store's answer reaches the
+/// trace a network trip late; a clock stepped back misorders stamps), and a
+/// failure report whose step timed out counts as a failure the store may
+/// have recorded. A restarted shared cache forgets every count, so each of
+/// its lives is checked on its own.
 pub(super) fn opens_at_threshold(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     if !ctx.single_clock {
         return not_applicable("a caller-stamped shared cache orders reports by several clocks");
     }
     let threshold = ctx.scenario.hardening.failure_threshold;
+    let shared = ctx.scopes.shared();
     let mut breakers = Breakers::new(ctx.scopes);
     // Per life of the store: scope → (stamp, step, event index). Ties of
     // stamps are taken as reset, then failures, then the opening.
     let mut lives: Vec<PerScope<(u64, Step, usize)>> = Vec::new();
     let mut life: PerScope<(u64, Step, usize)> = BTreeMap::new();
+    // Failure reports whose step timed out on a shared cache: the store may
+    // have counted them, though the trace has no failure event for them.
+    let mut unsure: Vec<usize> = Vec::new();
     for (i, e) in events.iter().enumerate() {
         match &e.kind {
+            Kind::CacheUnavailable {
+                operation: "record_failure",
+                ..
+            } => unsure.push(i),
             Kind::FailureRecorded { breaker, at_us } => {
                 life.entry(ctx.scopes.breaker(e, breaker))
                     .or_default()
@@ -396,12 +406,21 @@ pub(super) fn opens_at_threshold(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     lives.push(life);
     let (mut openings, mut fewest, mut verdict) = (0u64, u32::MAX, Verdict::Held);
     for list in lives.iter_mut().flat_map(|life| life.values_mut()) {
-        // The count at each opening in trace order, then in stamp order.
+        // The count at each opening in trace order — exact for an
+        // in-process breaker, whose events reach the trace in the order it
+        // decided — and, on a shared cache, in stamp order too.
         let by_trace = counts_at_openings(list.iter());
         list.sort();
         let by_stamp = counts_at_openings(list.iter());
-        for (i, in_trace) in by_trace {
-            let count = by_stamp.get(&i).copied().unwrap_or(0).max(in_trace);
+        for (i, (in_trace, since)) in by_trace {
+            let mut count = in_trace;
+            if shared {
+                let stamped = by_stamp.get(&i).map_or(0, |(n, _)| *n);
+                let timed_out = unsure.iter().filter(|u| (since..i).contains(u)).count();
+                count = count
+                    .max(stamped)
+                    .saturating_add(u32::try_from(timed_out).unwrap_or(u32::MAX));
+            }
             openings += 1;
             fewest = fewest.min(count);
             if count < threshold && verdict == Verdict::Held {
@@ -424,17 +443,18 @@ pub(super) fn opens_at_threshold(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
 }
 
 /// Walks one breaker's steps in the order given and returns, for each
-/// opening (by its trace index), the failures counted since the last reset.
-fn counts_at_openings<'a>(steps: impl Iterator<Item = &'a (u64, Step, usize)>) -> BTreeMap<usize, u32> {
+/// opening (by its trace index), the failures counted since the last reset
+/// and the trace index of that reset (0 if none).
+fn counts_at_openings<'a>(steps: impl Iterator<Item = &'a (u64, Step, usize)>) -> BTreeMap<usize, (u32, usize)> {
     let mut out = BTreeMap::new();
-    let mut count = 0u32;
+    let (mut count, mut since) = (0u32, 0usize);
     for &(_, step, i) in steps {
         match step {
-            Step::Reset => count = 0,
+            Step::Reset => (count, since) = (0, i),
             Step::Failure => count = count.saturating_add(1),
             Step::Open => {
-                out.insert(i, count);
-                count = 0;
+                out.insert(i, (count, since));
+                (count, since) = (0, i);
             }
         }
     }
@@ -605,9 +625,11 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         );
     }
 
+    const SHARED: &str = "[cache]\nkind = \"shared\"\n";
+
     #[test]
     fn reports_are_ordered_by_their_stamps_not_their_arrival() {
-        let s = scenario("");
+        let s = scenario(SHARED);
         // The clear was decided at 2 ms but reached the trace after the
         // failures decided at 3–5 ms: by stamp, three failures follow it.
         let mut late_clear = cleared(2);
@@ -618,6 +640,35 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         // sorts first, but in trace order three failures precede the opening.
         let stepped = [failure(10), failure(11), failure(9), moved(9, Closed, Open)];
         assert_eq!(opens_at_threshold(&Ctx::new(&s), &stepped).0, Verdict::Held);
+        // A failure report that timed out may have been counted by the store.
+        let unsure = at(
+            12,
+            Kind::CacheUnavailable {
+                operation: "record_failure",
+                fallback: "not recorded",
+                admitted_call: false,
+            },
+        );
+        let events = [failure(10), unsure, failure(13), moved(13, Closed, Open)];
+        assert_eq!(opens_at_threshold(&Ctx::new(&s), &events).0, Verdict::Held);
+        let events = [failure(10), failure(13), moved(13, Closed, Open)];
+        assert!(matches!(
+            opens_at_threshold(&Ctx::new(&s), &events).0,
+            Verdict::Violated { .. }
+        ));
+    }
+
+    #[test]
+    fn a_per_worker_breaker_is_counted_in_the_order_it_decided() {
+        let s = scenario("");
+        // In-process: the trace is the decision order, whatever the stamps.
+        let stepped = [failure(10), failure(11), failure(9), moved(9, Closed, Open)];
+        assert_eq!(opens_at_threshold(&Ctx::new(&s), &stepped).0, Verdict::Held);
+        let late_clear = [failure(3), failure(4), failure(5), cleared(2), moved(5, Closed, Open)];
+        assert!(matches!(
+            opens_at_threshold(&Ctx::new(&s), &late_clear).0,
+            Verdict::Violated { .. }
+        ));
     }
 
     #[test]
@@ -640,7 +691,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
 
     #[test]
     fn a_stamped_admission_is_judged_by_the_state_at_its_stamp() {
-        let s = scenario("");
+        let s = scenario(SHARED);
         // Admitted closed at 10 ms; the opening was stamped at 12 ms but
         // reached the trace first.
         let mut admitted = at(
@@ -669,7 +720,15 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         ));
         // In the trace before the opening, though its stamp is later (a
         // clock stepped back between them): not stale.
-        let events = [admitted, moved(12, Closed, Open)];
+        let events = [admitted.clone(), moved(12, Closed, Open)];
         assert_eq!(no_call_while_open(&Ctx::new(&s), &events).0, Verdict::Held);
+        // A per-worker breaker's trace is its decision order: an admission
+        // after the opening is stale, whatever its stamp says.
+        let per_worker = scenario("");
+        let events = [moved(12, Closed, Open), admitted];
+        assert!(matches!(
+            no_call_while_open(&Ctx::new(&per_worker), &events).0,
+            Verdict::Violated { .. }
+        ));
     }
 }

@@ -346,17 +346,18 @@ pub(super) fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     (verdict, figure)
 }
 
-/// When a shared cache stamps every decision with its own clock and that
-/// clock never steps: how far it can drift from true time over one window,
-/// microseconds. `None` when decisions are not all the store's, or its
-/// clock steps.
+/// When a shared cache stamps every decision with its own clock, that clock
+/// never steps, and no fault slows a link to it beyond the network's round
+/// trip: how far its clock can drift from true time over one window,
+/// microseconds. `None` otherwise.
 fn store_drift_us(ctx: &Ctx) -> Option<u64> {
     let s = ctx.scenario;
-    let steps = s
-        .faults
-        .iter()
-        .any(|f| matches!(f, Fault::ClockStep { host, .. } if host == CACHE_HOST));
-    (ctx.scopes.shared() && s.cache.time_source == TimeSource::Store && !steps)
+    let unsteady = s.faults.iter().any(|f| match f {
+        Fault::ClockStep { host, .. } => host == CACHE_HOST,
+        Fault::Latency { a, b, .. } => a == CACHE_HOST || b == CACHE_HOST,
+        _ => false,
+    });
+    (ctx.scopes.shared() && s.cache.time_source == TimeSource::Store && !unsteady)
         .then(|| ctx.window_us.saturating_mul(s.cache.clock.drift_ppm.unsigned_abs()) / 1_000_000 + 1)
 }
 
