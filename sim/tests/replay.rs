@@ -24,6 +24,8 @@ name = "replay"
 duration_s = 60
 [hardening]
 request_timeout_s = 50
+# Above every replayed output, so no answer is cut off.
+max_tokens = 1000
 [[servers]]
 name = "gpu"
 [[workers]]

@@ -20,6 +20,8 @@ name = "tenant-tokens"
 duration_s = 120
 [hardening]
 request_timeout_s = 50
+# Above every output here, so no answer is cut off.
+max_tokens = 1000
 [[servers]]
 name = "gpu"
 [[workers]]
