@@ -11,39 +11,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis_support::cluster::Cluster;
-use redis_support::wait;
+use redis_support::{OnLive, probe_fleet, race_for_probes};
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams};
 use redstring::cache::redis::RedisCache;
 use redstring::cache::{BreakerStore, KeyValue};
-use redstring::testing::{Harness, run_all};
-use redstring::{
-    CacheError, CircuitBreaker, CircuitState, Clock, ManualClock, NoopObserver, SystemClock, TenantId, Timestamp,
-};
-
-struct OnCluster(&'static Cluster);
-
-impl Harness for OnCluster {
-    type Cache = RedisCache;
-
-    async fn cache(&self) -> Arc<RedisCache> {
-        self.0.flush();
-        Arc::new(self.0.cache())
-    }
-
-    async fn advance(&self, d: Duration) {
-        wait(d).await;
-    }
-
-    fn now(&self) -> Timestamp {
-        SystemClock.now()
-    }
-}
+use redstring::testing::run_all;
+use redstring::{CacheError, CircuitState, Clock, ManualClock, SystemClock, TenantId};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_cache_passes_the_compliance_suite() {
     let Some(cluster) = Cluster::shared() else { return };
     let _held = cluster.exclusive().await;
-    run_all(&OnCluster(cluster)).await;
+    run_all(&OnLive(cluster)).await;
 }
 
 #[test]
@@ -70,36 +49,12 @@ async fn a_fleet_of_breakers_on_a_cluster_admits_exactly_the_probe_limit() {
     let _held = cluster.exclusive().await;
     cluster.flush();
     let clock = Arc::new(ManualClock::new(SystemClock.now()));
-    let breakers: Vec<_> = (0..4)
-        .map(|_| {
-            Arc::new(
-                CircuitBreaker::builder()
-                    .failure_threshold(2)
-                    .recovery_timeout(Duration::from_secs(30))
-                    .half_open_max_calls(3)
-                    .cache(Arc::new(cluster.cache()))
-                    .clock(clock.clone())
-                    .observer(Arc::new(NoopObserver))
-                    .build()
-                    .unwrap(),
-            )
-        })
-        .collect();
+    let breakers = probe_fleet(|| cluster.cache(), &clock);
     breakers[0].record_failure().await.unwrap();
     breakers[1].record_failure().await.unwrap();
     assert_eq!(breakers[2].state().await.unwrap(), CircuitState::Open);
     clock.advance(Duration::from_secs(30));
-    let tasks: Vec<_> = (0..40)
-        .map(|i| {
-            let b = breakers[i % breakers.len()].clone();
-            tokio::spawn(async move { b.allow_request().await })
-        })
-        .collect();
-    let mut probes = 0;
-    for task in tasks {
-        probes += usize::from(task.await.unwrap());
-    }
-    assert_eq!(probes, 3);
+    assert_eq!(race_for_probes(&breakers).await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

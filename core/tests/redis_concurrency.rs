@@ -8,9 +8,9 @@ mod redis_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_support::RedisServer;
+use redis_support::{RedisServer, probe_fleet, race_for_probes};
 use redstring::cache::redis::RedisCache;
-use redstring::{CircuitBreaker, CircuitState, Clock, ManualClock, NoopObserver, SystemClock, TenantId};
+use redstring::{CircuitState, Clock, ManualClock, SystemClock, TenantId};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_tasks_over_five_connections_admit_exactly_rpm() {
@@ -27,21 +27,7 @@ async fn fifty_tasks_over_five_connections_admit_exactly_rpm() {
 async fn a_fleet_of_breakers_admits_exactly_the_probe_limit_per_episode() {
     let Some(server) = RedisServer::start() else { return };
     let clock = Arc::new(ManualClock::new(SystemClock.now()));
-    let breakers: Vec<_> = (0..4)
-        .map(|_| {
-            Arc::new(
-                CircuitBreaker::builder()
-                    .failure_threshold(2)
-                    .recovery_timeout(Duration::from_secs(30))
-                    .half_open_max_calls(3)
-                    .cache(Arc::new(server.cache()))
-                    .clock(clock.clone())
-                    .observer(Arc::new(NoopObserver))
-                    .build()
-                    .unwrap(),
-            )
-        })
-        .collect();
+    let breakers = probe_fleet(|| server.cache(), &clock);
     // Two workers each see one failure: together they open the shared circuit.
     breakers[0].record_failure().await.unwrap();
     breakers[1].record_failure().await.unwrap();
@@ -51,19 +37,7 @@ async fn a_fleet_of_breakers_admits_exactly_the_probe_limit_per_episode() {
     }
     for episode in 0..2 {
         clock.advance(Duration::from_secs(30));
-        let tasks: Vec<_> = (0..40)
-            .map(|i| {
-                let b = breakers[i % breakers.len()].clone();
-                tokio::spawn(async move { b.allow_request().await })
-            })
-            .collect();
-        let mut probes = 0;
-        for task in tasks {
-            if task.await.unwrap() {
-                probes += 1;
-            }
-        }
-        assert_eq!(probes, 3, "episode {episode}");
+        assert_eq!(race_for_probes(&breakers).await, 3, "episode {episode}");
         // A failed probe reopens the circuit for everyone.
         breakers[3].record_failure().await.unwrap();
         assert_eq!(breakers[0].state().await.unwrap(), CircuitState::Open);

@@ -14,39 +14,20 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use redis_support::sentinel::SentinelGroup;
-use redis_support::wait;
+use redis_support::{OnLive, wait};
 use redstring::cache::KeyValue;
 use redstring::cache::redis::RedisCache;
 use redstring::limiter::DecidedBy;
-use redstring::testing::{Harness, run_all};
+use redstring::testing::run_all;
 use redstring::{
     AcquireError, CacheError, Clock, Event, OnCacheUnavailable, RateLimiter, RecordingObserver, SystemClock, TenantId,
     Timestamp,
 };
 
-struct OnSentinel(SentinelGroup);
-
-impl Harness for OnSentinel {
-    type Cache = RedisCache;
-
-    async fn cache(&self) -> Arc<RedisCache> {
-        self.0.flush();
-        Arc::new(self.0.cache())
-    }
-
-    async fn advance(&self, d: Duration) {
-        wait(d).await;
-    }
-
-    fn now(&self) -> Timestamp {
-        SystemClock.now()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sentinel_cache_passes_the_compliance_suite() {
     let Some(group) = SentinelGroup::start() else { return };
-    run_all(&OnSentinel(group)).await;
+    run_all(&OnLive(group)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -8,45 +8,23 @@
 
 mod redis_support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis_support::tls::{ClientAuth, TlsServer, pki_only};
-use redis_support::{bounded, wait};
+use redis_support::{OnLive, bounded};
 use redstring::cache::KeyValue;
 use redstring::cache::redis::RedisCache;
-use redstring::testing::{Harness, run_all};
-use redstring::{CacheError, Clock, SystemClock, TenantId, Timestamp};
+use redstring::testing::run_all;
+use redstring::{CacheError, TenantId};
 
 const PASSWORD: &str = "tls-hunter2-secret";
-
-struct Tls {
-    server: TlsServer,
-}
-
-impl Harness for Tls {
-    type Cache = RedisCache;
-
-    async fn cache(&self) -> Arc<RedisCache> {
-        self.server.flush();
-        Arc::new(self.server.cache())
-    }
-
-    async fn advance(&self, d: Duration) {
-        wait(d).await;
-    }
-
-    fn now(&self) -> Timestamp {
-        SystemClock.now()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_cache_over_tls_passes_the_compliance_suite() {
     let Some(server) = TlsServer::start(ClientAuth::Optional, Some(PASSWORD)) else {
         return;
     };
-    run_all(&Tls { server }).await;
+    run_all(&OnLive(server)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

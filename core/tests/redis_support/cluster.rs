@@ -169,3 +169,12 @@ impl Cluster {
             .collect()
     }
 }
+
+impl super::LiveRedis for Cluster {
+    fn cache(&self) -> RedisCache {
+        Cluster::cache(self)
+    }
+    fn flush(&self) {
+        Cluster::flush(self)
+    }
+}

@@ -298,3 +298,92 @@ pub async fn race_one_tenant(
     }
     (admitted, limited, limiters)
 }
+
+/// A running Redis topology the tests talk to: a fresh `RedisCache` on it,
+/// and a way to empty it.
+pub trait LiveRedis: Send + Sync + 'static {
+    /// A new cache connected to it.
+    fn cache(&self) -> RedisCache;
+    /// Removes every key.
+    fn flush(&self);
+}
+
+impl LiveRedis for RedisServer {
+    fn cache(&self) -> RedisCache {
+        RedisServer::cache(self)
+    }
+    fn flush(&self) {
+        RedisServer::flush(self)
+    }
+}
+
+impl<T: LiveRedis> LiveRedis for &'static T {
+    fn cache(&self) -> RedisCache {
+        (**self).cache()
+    }
+    fn flush(&self) {
+        (**self).flush()
+    }
+}
+
+/// The compliance suite's harness over any live topology: each cache starts
+/// from an empty server, and time is real (TTLs are waited out).
+pub struct OnLive<T>(pub T);
+
+impl<T: LiveRedis> redstring::testing::Harness for OnLive<T> {
+    type Cache = RedisCache;
+
+    async fn cache(&self) -> std::sync::Arc<RedisCache> {
+        self.0.flush();
+        std::sync::Arc::new(self.0.cache())
+    }
+
+    async fn advance(&self, d: Duration) {
+        wait(d).await;
+    }
+
+    fn now(&self) -> redstring::Timestamp {
+        use redstring::Clock as _;
+        redstring::SystemClock.now()
+    }
+}
+
+/// Four breakers sharing one circuit through caches `make` builds (the
+/// probe-race fleet): threshold 2, a 30 s recovery, 3 probes per episode,
+/// all on `clock`.
+pub fn probe_fleet(
+    make: impl Fn() -> RedisCache,
+    clock: &std::sync::Arc<redstring::ManualClock>,
+) -> Vec<std::sync::Arc<redstring::CircuitBreaker<RedisCache>>> {
+    (0..4)
+        .map(|_| {
+            std::sync::Arc::new(
+                redstring::CircuitBreaker::builder()
+                    .failure_threshold(2)
+                    .recovery_timeout(Duration::from_secs(30))
+                    .half_open_max_calls(3)
+                    .cache(std::sync::Arc::new(make()))
+                    .clock(clock.clone())
+                    .observer(std::sync::Arc::new(redstring::NoopObserver))
+                    .build()
+                    .expect("a valid breaker"),
+            )
+        })
+        .collect()
+}
+
+/// 40 tasks over `fleet` ask at once whether to call; how many were let
+/// through.
+pub async fn race_for_probes(fleet: &[std::sync::Arc<redstring::CircuitBreaker<RedisCache>>]) -> usize {
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let b = fleet[i % fleet.len()].clone();
+            tokio::spawn(async move { b.allow_request().await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.expect("the task ran"));
+    }
+    admitted
+}

@@ -122,3 +122,12 @@ impl SentinelGroup {
         self.node(REPLICA).command(args)
     }
 }
+
+impl super::LiveRedis for SentinelGroup {
+    fn cache(&self) -> RedisCache {
+        SentinelGroup::cache(self)
+    }
+    fn flush(&self) {
+        SentinelGroup::flush(self)
+    }
+}

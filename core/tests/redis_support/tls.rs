@@ -337,3 +337,12 @@ impl Drop for TlsServer {
         }
     }
 }
+
+impl super::LiveRedis for TlsServer {
+    fn cache(&self) -> RedisCache {
+        TlsServer::cache(self)
+    }
+    fn flush(&self) {
+        TlsServer::flush(self)
+    }
+}
