@@ -498,14 +498,9 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         Scenario::parse("breaker.toml", &format!("{SCENARIO}{extra}")).unwrap()
     }
 
-    /// An event on host `w` at `t_ms`, stamped `t_ms` too.
+    /// An event on host `w` at `t_ms`.
     fn at(t_ms: u64, kind: Kind) -> TraceEvent {
-        TraceEvent {
-            t_us: t_ms * 1000,
-            host: "w".into(),
-            call: None,
-            kind,
-        }
+        super::super::event(t_ms * 1000, "w", None, kind)
     }
 
     fn moved(t_ms: u64, from: CircuitState, to: CircuitState) -> TraceEvent {

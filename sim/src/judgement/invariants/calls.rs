@@ -148,12 +148,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     }
 
     fn in_call(call: u64, t_us: u64, kind: Kind) -> TraceEvent {
-        TraceEvent {
-            t_us,
-            host: "w".into(),
-            call: Some(call),
-            kind,
-        }
+        super::super::event(t_us, "w", Some(call), kind)
     }
 
     fn slot(call: u64, t_us: u64) -> TraceEvent {

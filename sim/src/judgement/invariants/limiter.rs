@@ -480,3 +480,78 @@ pub(super) fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> Finding 
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Ctx, event};
+    use super::*;
+    use crate::scenario::tenant;
+
+    const SHARED: &str = r#"
+name = "true-time"
+duration_s = 60
+[hardening]
+rpm = 10
+window_s = 10
+[cache]
+kind = "shared"
+time_source = "store"
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "a"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+[[workers]]
+name = "b"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+"#;
+
+    /// An admission traced on `host` at `t_ms` and stamped `stamp_ms`.
+    fn admitted(host: &str, t_ms: u64, stamp_ms: u64) -> TraceEvent {
+        event(
+            t_ms * 1000,
+            host,
+            None,
+            Kind::Admitted {
+                tenant: tenant(1),
+                remaining: 0,
+                at_us: stamp_ms * 1000,
+                decided_by: Decider::Cache,
+            },
+        )
+    }
+
+    /// Ten admissions on `a` stamped as they happened, and ten on `b` five
+    /// seconds later stamped fifteen seconds later: the stamps show ten in
+    /// any window, true time twenty in six seconds.
+    fn stamped_elsewhere() -> Vec<TraceEvent> {
+        let mut events: Vec<TraceEvent> = (0..10).map(|i| admitted("a", i * 100, i * 100)).collect();
+        events.extend((0..10).map(|i| admitted("b", 5_000 + i * 100, 20_000 + i * 100)));
+        events
+    }
+
+    #[test]
+    fn a_store_stamped_cache_is_held_to_the_limit_in_true_time_too() {
+        let s = Scenario::parse("true-time.toml", SHARED).unwrap();
+        let (verdict, figure) = rpm_per_window(&Ctx::new(&s), &stamped_elsewhere());
+        assert!(
+            matches!(&verdict, Verdict::Violated { detail, .. }
+                if detail.contains("20 admissions in one window of true time") && detail.contains("at most 10")),
+            "{verdict:?} {figure}"
+        );
+    }
+
+    #[test]
+    fn a_slowed_cache_link_or_a_stepped_store_clock_drops_the_true_time_claim() {
+        for fault in [
+            "[[faults]]\nkind = \"latency\"\nat_s = 1\na = \"b\"\nb = \"cache\"\nms = 500\n",
+            "[[faults]]\nkind = \"clock_step\"\nat_s = 1\nhost = \"cache\"\nby_ms = -100\n",
+        ] {
+            let s = Scenario::parse("true-time.toml", &format!("{SHARED}{fault}")).unwrap();
+            let (verdict, figure) = rpm_per_window(&Ctx::new(&s), &stamped_elsewhere());
+            assert_eq!(verdict, Verdict::Held, "{fault}: {figure}");
+        }
+    }
+}

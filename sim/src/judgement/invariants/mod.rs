@@ -256,6 +256,18 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// A trace event for the checkers' tests: at `t_us` on `host`, recorded
+/// from within call `call` if any.
+#[cfg(test)]
+fn event(t_us: u64, host: &str, call: Option<u64>, kind: crate::evidence::trace::Kind) -> TraceEvent {
+    TraceEvent {
+        t_us,
+        host: host.into(),
+        call,
+        kind,
+    }
+}
+
 fn secs_us(s: f64) -> u64 {
     (s * 1e6).round().max(0.0) as u64
 }
@@ -304,12 +316,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     }
 
     fn ev(t_s: f64, kind: Kind) -> TraceEvent {
-        TraceEvent {
-            t_us: secs_us(t_s),
-            host: "w".into(),
-            call: None,
-            kind,
-        }
+        event(secs_us(t_s), "w", None, kind)
     }
 
     fn admitted(t_s: f64) -> TraceEvent {
@@ -450,33 +457,31 @@ tenants = [{{ id = 1, calls_per_min = 1 }}]
     }
 
     fn admitted_on(host: &str, t_s: f64, decided_by: Decider) -> TraceEvent {
-        TraceEvent {
-            host: host.into(),
-            ..ev(
-                t_s,
-                Kind::Admitted {
-                    tenant: tenant(1),
-                    remaining: 0,
-                    at_us: secs_us(t_s),
-                    decided_by,
-                },
-            )
-        }
+        event(
+            secs_us(t_s),
+            host,
+            None,
+            Kind::Admitted {
+                tenant: tenant(1),
+                remaining: 0,
+                at_us: secs_us(t_s),
+                decided_by,
+            },
+        )
     }
 
     fn limited_on(host: &str, t_s: f64, wait_s: f64, decided_by: Decider) -> TraceEvent {
-        TraceEvent {
-            host: host.into(),
-            ..ev(
-                t_s,
-                Kind::Limited {
-                    tenant: tenant(1),
-                    retry_after_us: secs_us(wait_s),
-                    at_us: secs_us(t_s),
-                    decided_by,
-                },
-            )
-        }
+        event(
+            secs_us(t_s),
+            host,
+            None,
+            Kind::Limited {
+                tenant: tenant(1),
+                retry_after_us: secs_us(wait_s),
+                at_us: secs_us(t_s),
+                decided_by,
+            },
+        )
     }
 
     fn check_of(s: &Scenario, name: Invariant, events: &[TraceEvent]) -> Check {
@@ -821,14 +826,14 @@ by_ms = -3000
         use CircuitState::*;
         let mut s = scenario();
         s.cache.kind = crate::scenario::CacheKind::Shared;
-        let up = TraceEvent {
-            t_us: secs_us(2.0),
-            host: crate::evidence::trace::DRIVER.into(),
-            call: None,
-            kind: Kind::Fault {
+        let up = event(
+            secs_us(2.0),
+            crate::evidence::trace::DRIVER,
+            None,
+            Kind::Fault {
                 fault: crate::scenario::Fault::CacheUp { at_s: 2.0 },
             },
-        };
+        );
         let allowed = ev(
             3.0,
             Kind::Allowed {
