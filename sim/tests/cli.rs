@@ -3,7 +3,7 @@
 
 mod support;
 
-use support::{bin, temp_file};
+use support::{ERRORS_TO_THE_END, ONE_WORKER, bin, temp_file};
 
 const SMALL: &str = r#"
 name = "small"
@@ -51,25 +51,8 @@ fn a_healthy_run_exits_0_and_prints_its_replay_command() {
 fn an_invariant_failure_exits_1() {
     // A server that answers 500 from 10 s to the end: no breaker closes
     // again after the last fault, and liveness fails.
-    let crashed = r#"
-name = "crashed"
-duration_s = 400
-[hardening]
-rpm = 60
-window_s = 10
-[[servers]]
-name = "gpu"
-[[workers]]
-name = "w"
-servers = ["gpu"]
-tenants = [{ id = 1, calls_per_min = 30 }]
-[[faults]]
-kind = "behave"
-at_s = 10
-server = "gpu"
-behaviour = { mode = "error" }
-"#;
-    let path = temp_file("crashed.toml", crashed);
+    let crashed = format!("{ONE_WORKER}{ERRORS_TO_THE_END}");
+    let path = temp_file("crashed.toml", &crashed);
     let out = bin().arg("run").arg(&path).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
@@ -227,24 +210,8 @@ fn an_unwritable_output_is_an_io_error_before_the_run() {
 fn a_scenario_that_cannot_recover_is_not_applicable_for_liveness_and_exits_0() {
     // The server crashes and is never restarted: no configuration can bring
     // the calls back, so liveness says so instead of failing the run.
-    let crashed = r#"
-name = "crashed"
-duration_s = 400
-[hardening]
-rpm = 60
-window_s = 10
-[[servers]]
-name = "gpu"
-[[workers]]
-name = "w"
-servers = ["gpu"]
-tenants = [{ id = 1, calls_per_min = 30 }]
-[[faults]]
-kind = "crash"
-at_s = 10
-server = "gpu"
-"#;
-    let path = temp_file("never-restarted.toml", crashed);
+    let crashed = format!("{ONE_WORKER}[[faults]]\nkind = \"crash\"\nat_s = 10\nserver = \"gpu\"\n");
+    let path = temp_file("never-restarted.toml", &crashed);
     let out = bin().arg("run").arg(&path).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}");

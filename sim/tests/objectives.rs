@@ -6,7 +6,7 @@
 
 mod support;
 
-use support::{bin, temp_file};
+use support::{ERRORS_TO_THE_END, ONE_WORKER, bin, temp_file};
 
 use redstring_sim::scenario::{Scenario, ScenarioError};
 
@@ -156,27 +156,8 @@ fn a_missed_objective_exits_5() {
 fn a_failed_invariant_wins_over_a_missed_objective() {
     // A server that answers 500 from 10 s to the end: liveness fails, and
     // goodput never recovers either.
-    let crashed = r#"
-name = "crashed"
-duration_s = 400
-[hardening]
-rpm = 60
-window_s = 10
-[[servers]]
-name = "gpu"
-[[workers]]
-name = "w"
-servers = ["gpu"]
-tenants = [{ id = 1, calls_per_min = 30 }]
-[[faults]]
-kind = "behave"
-at_s = 10
-server = "gpu"
-behaviour = { mode = "error" }
-[objectives]
-goodput_recovery_s = 60
-"#;
-    let path = temp_file("crashed.toml", crashed);
+    let crashed = format!("{ONE_WORKER}{ERRORS_TO_THE_END}[objectives]\ngoodput_recovery_s = 60\n");
+    let path = temp_file("crashed.toml", &crashed);
     let out = bin().arg("run").arg(&path).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");

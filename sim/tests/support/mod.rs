@@ -50,3 +50,24 @@ pub fn temp_file(name: &str, text: &str) -> PathBuf {
     std::fs::write(&path, text).unwrap();
     path
 }
+
+/// One worker calling one generic server 30 times a minute for 400 s (rpm 60
+/// per 10 s): the start of a scenario that appends its faults.
+pub const ONE_WORKER: &str = r#"
+name = "one-worker"
+duration_s = 400
+[hardening]
+rpm = 60
+window_s = 10
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 30 }]
+"#;
+
+/// The server answers 500 from 10 s to the end: no breaker closes again
+/// after the last fault, so liveness fails.
+pub const ERRORS_TO_THE_END: &str =
+    "[[faults]]\nkind = \"behave\"\nat_s = 10\nserver = \"gpu\"\nbehaviour = { mode = \"error\" }\n";
