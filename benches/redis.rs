@@ -12,10 +12,12 @@
 //!
 //! Without `redis-server` on PATH it says so and measures nothing.
 
+mod support;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
@@ -23,12 +25,7 @@ use redstring::cache::redis::RedisCache;
 use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
 use redstring::limiter::SlotOutcome;
 use redstring::{CircuitBreaker, Clock, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId, Timestamp};
-
-const RPM: u32 = 1_000;
-const WINDOW: Duration = Duration::from_secs(60);
-/// A little more than window / rpm: the window holds about `rpm` hits, the
-/// steady state of a tenant at its limit.
-const STEP: Duration = Duration::from_millis(61);
+use support::{RPM, STEP, WINDOW, acquire_race, request, stamp};
 
 struct Server {
     child: Child,
@@ -121,16 +118,6 @@ async fn three_call_acquire(cache: &RedisCache, key: &str, now: Timestamp, limit
     let _oldest = cache.oldest_since(key, since).await.unwrap();
     cache.record_hit(key, now, WINDOW * 2).await.unwrap();
     true
-}
-
-fn request(now: Timestamp) -> SlotRequest {
-    SlotRequest {
-        now,
-        window: WINDOW,
-        limit: RPM,
-        ttl: WINDOW * 2,
-        max_ahead: Duration::ZERO,
-    }
 }
 
 /// Client commands and in-script commands per operation, over `n` runs of `op`.
@@ -235,7 +222,7 @@ fn bench(c: &mut Criterion) {
         probe_lease: Duration::from_secs(60),
     };
     let t0 = SystemClock.now();
-    let at = move |i: u64| t0.saturating_add(STEP * u32::try_from(i % 1_000_000).unwrap_or(0));
+    let at = move |i: u64| stamp(t0, i);
 
     // Warm the script cache so the counts below are the steady state.
     rt.block_on(async {
@@ -320,26 +307,7 @@ fn bench(c: &mut Criterion) {
     for tasks in [1u64, 8, 32] {
         g.throughput(Throughput::Elements(tasks));
         g.bench_with_input(BenchmarkId::from_parameter(tasks), &tasks, |b, &tasks| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    let handles: Vec<_> = (0..tasks)
-                        .map(|t| {
-                            let cache = cache.clone();
-                            tokio::spawn(async move {
-                                let key = format!("tp-{t}");
-                                for i in 0..iters {
-                                    cache.acquire_slot(&key, request(at(i))).await.unwrap();
-                                }
-                            })
-                        })
-                        .collect();
-                    for h in handles {
-                        h.await.unwrap();
-                    }
-                    start.elapsed()
-                })
-            })
+            b.iter_custom(|iters| acquire_race(&rt, &cache, tasks, iters, t0))
         });
     }
     g.finish();

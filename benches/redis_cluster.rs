@@ -8,20 +8,20 @@
 //! reports is acquires per second. Without `redis-server` and `redis-cli` on
 //! PATH it says so and measures nothing.
 
+mod support;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use redstring::cache::LimiterStore;
 use redstring::cache::redis::RedisCache;
-use redstring::cache::{LimiterStore, SlotRequest};
-use redstring::{Clock, SystemClock, Timestamp};
+use redstring::{Clock, SystemClock};
+use support::{acquire_race, request};
 
 const TASKS: u64 = 32;
-const RPM: u32 = 1_000;
-const WINDOW: Duration = Duration::from_secs(60);
-const STEP: Duration = Duration::from_millis(61);
 
 /// Servers this bench started, killed on drop.
 struct Servers {
@@ -114,16 +114,6 @@ impl Drop for Servers {
     }
 }
 
-fn request(now: Timestamp) -> SlotRequest {
-    SlotRequest {
-        now,
-        window: WINDOW,
-        limit: RPM,
-        ttl: WINDOW * 2,
-        max_ahead: Duration::ZERO,
-    }
-}
-
 fn bench(c: &mut Criterion) {
     let (Some(single), Some(cluster)) = (Servers::start(1, false), Servers::start(3, true)) else {
         eprintln!("!!! redis_cluster bench SKIPPED: could not start redis-server / redis-cli (are they on PATH?)");
@@ -143,7 +133,6 @@ fn bench(c: &mut Criterion) {
         ]
     });
     let t0 = SystemClock.now();
-    let at = move |i: u64| t0.saturating_add(STEP * u32::try_from(i % 1_000_000).unwrap_or(0));
     // Load the scripts (on every primary) and the cluster's slot map.
     rt.block_on(async {
         for (_, cache) in &caches {
@@ -156,26 +145,7 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(TASKS));
     for (name, cache) in &caches {
         g.bench_with_input(BenchmarkId::from_parameter(name), cache, |b, cache| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    let handles: Vec<_> = (0..TASKS)
-                        .map(|t| {
-                            let cache = cache.clone();
-                            tokio::spawn(async move {
-                                let key = format!("tp-{t}");
-                                for i in 0..iters {
-                                    cache.acquire_slot(&key, request(at(i))).await.unwrap();
-                                }
-                            })
-                        })
-                        .collect();
-                    for h in handles {
-                        h.await.unwrap();
-                    }
-                    start.elapsed()
-                })
-            })
+            b.iter_custom(|iters| acquire_race(&rt, cache, TASKS, iters, t0))
         });
     }
     g.finish();
