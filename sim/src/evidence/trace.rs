@@ -263,10 +263,15 @@ fn described<S: Serializer>(fault: &Fault, s: S) -> Result<S::Ok, S::Error> {
 impl Kind {
     /// A server's answer, with whether it was impaired.
     pub fn served(outcome: Answer) -> Kind {
+        Kind::served_for(outcome, None)
+    }
+
+    /// A server's answer to the call `caller` names (`worker/call`).
+    pub fn served_for(outcome: Answer, caller: Option<String>) -> Kind {
         Kind::Served {
             outcome,
             impaired: outcome.impaired(),
-            caller: None,
+            caller,
         }
     }
 

@@ -495,14 +495,7 @@ impl Start {
     fn record(&self, answer: Answer) {
         *self.handle.lock().stats.outcomes.entry(answer).or_default() += 1;
         let caller = CALLER.try_with(Clone::clone).ok().flatten();
-        self.trace.record(
-            &self.spec.name,
-            Kind::Served {
-                outcome: answer,
-                impaired: answer.impaired(),
-                caller,
-            },
-        );
+        self.trace.record(&self.spec.name, Kind::served_for(answer, caller));
     }
 
     async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Reply {
