@@ -149,6 +149,12 @@ fn the_command_prints_the_table_and_passes_the_correct_hardening() {
         "{stdout}"
     );
     assert!(stdout.contains("correct hardening: passed"), "{stdout}");
+    // Two targeted scenarios with no crash in them: the tally says so.
+    assert!(stdout.contains("exercised by the hunts"), "{stdout}");
+    assert!(
+        stdout.contains("NEVER EXERCISED") && stdout.contains("faults: crash"),
+        "{stdout}"
+    );
     let _ = std::fs::remove_dir_all(out);
 }
 
