@@ -74,6 +74,6 @@ pub use limiter::{AcquireError, Admission, OnCacheUnavailable, RateLimitExceeded
 pub use observe::{Event, NoopObserver, Observer, RecordingObserver, TracingObserver};
 pub use provider::{ExtractError, HardenedProvider, LlmProvider, LlmProviderExt, ProviderError};
 pub use random::{RandomSource, SeededRandom};
-pub use retry::{Retry, RetryError, RetryExhausted, RetryPolicy, Retryable};
+pub use retry::{Retry, RetryBudget, RetryDenied, RetryError, RetryExhausted, RetryPolicy, Retryable};
 pub use tenant::TenantId;
 pub use time::Timestamp;

@@ -1,6 +1,6 @@
 //! The observer port: every decision the components make, as structured data.
 //!
-//! Breakers, limiters and retry loops report each transition, refusal, retry
+//! Breakers, limiters, retry loops and retry budgets report each transition, refusal, retry
 //! and outcome as an [`Event`] to an injected [`Observer`], and format nothing
 //! themselves. The default, [`TracingObserver`], forwards to `tracing`; the
 //! simulator builds its traces on the same stream, and a user's metrics can too.
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::breaker::{CircuitState, ProbeId};
 use crate::limiter::DecidedBy;
+use crate::retry::BudgetCommand;
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -164,6 +165,23 @@ pub enum Event {
         /// The failure, as text.
         error: String,
     },
+    /// A retry budget's step: a call's deposit, or a retry asked for.
+    RetryBudgetStep {
+        /// The budget's key.
+        budget: Arc<str>,
+        /// `Deposit` for a call's first attempt, `Withdraw` for a retry.
+        command: BudgetCommand,
+        /// Whether it was granted (a deposit always is; a denied withdrawal
+        /// ends the call with its last error).
+        granted: bool,
+        /// The bucket's balance after the step, in millionths of a retry.
+        balance: u64,
+        /// The instant the step was judged at (the store's clock, or the
+        /// caller's).
+        at: Timestamp,
+        /// Which bucket decided: the store's, or the local fallback's.
+        decided_by: DecidedBy,
+    },
     /// The retry loop gave up.
     RetryExhausted {
         /// The operation that was retried.
@@ -314,6 +332,21 @@ impl Observer for TracingObserver {
                 error,
             } => {
                 tracing::debug!(%operation, attempt, delay = delay.as_secs_f64(), floor = floor.as_secs_f64(), %error, "retrying")
+            }
+            Event::RetryBudgetStep {
+                budget,
+                command,
+                granted,
+                balance,
+                decided_by,
+                ..
+            } => {
+                let retries = *balance as f64 / crate::retry::MICROS_PER_RETRY as f64;
+                if *granted {
+                    tracing::debug!(%budget, command = command.as_str(), balance = retries, ?decided_by, "retry budget step")
+                } else {
+                    tracing::warn!(%budget, balance = retries, ?decided_by, "retry budget denied a retry")
+                }
             }
             Event::RetryExhausted {
                 operation,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use redstring::{AcquireError, CircuitBreaker, CircuitState, ManualClock, RateLimiter, TenantId, Timestamp};
+use redstring::{AcquireError, CircuitBreaker, CircuitState, Clock, ManualClock, RateLimiter, TenantId, Timestamp};
 
 const T: TenantId = TenantId::from_u128(7);
 
@@ -318,5 +318,52 @@ proptest! {
             let start = redstring::Clock::now(&*clock);
             lease_support::run(&store, &keys, lease_support::params(threshold, probes, lease_s), start, &actions).await;
         });
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Over any run of steps, the retries a budget granted are at most
+    /// `max_balance + ratio × deposits + floor × elapsed` (`BudgetParams::bound`),
+    /// whatever the order of deposits and withdrawals and the gaps between them.
+    #[test]
+    fn a_retry_budget_never_grants_more_than_its_bound(
+        ratio in 0.0f64..2.0,
+        floor in 0u32..5,
+        cap in 1u32..20,
+        steps in prop::collection::vec((any::<bool>(), 0u64..3_000_000), 1..200),
+    ) {
+        use redstring::cache::BudgetStore;
+        use redstring::retry::BudgetCommand;
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let budget = redstring::RetryBudget::builder()
+            .ratio(ratio)
+            .min_retries_per_sec(floor)
+            .max_balance(cap)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let params = *budget.params();
+        let rt = runtime();
+        // (instant, deposit?, granted?) per step.
+        let mut log = Vec::new();
+        for (deposit, gap_us) in steps {
+            clock.advance(Duration::from_micros(gap_us));
+            let command = if deposit { BudgetCommand::Deposit } else { BudgetCommand::Withdraw };
+            let step = rt
+                .block_on(budget.cache().budget_step(budget.key(), command, params, clock.now()))
+                .unwrap();
+            log.push((clock.now(), deposit, !deposit && step.granted));
+        }
+        for i in 0..log.len() {
+            let (mut deposits, mut granted) = (0u64, 0u64);
+            for &(at, deposit, grant) in &log[i..] {
+                deposits += u64::from(deposit);
+                granted += u64::from(grant);
+                let bound = params.bound(deposits, at.saturating_duration_since(log[i].0));
+                prop_assert!(granted <= bound, "from step {}: {} granted, bound {}", i, granted, bound);
+            }
+        }
     }
 }

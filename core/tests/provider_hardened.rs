@@ -228,6 +228,44 @@ async fn a_503_storm_exhausts_the_schedule_with_exact_delays() {
 }
 
 #[tokio::test]
+async fn a_retry_budget_bounds_a_storms_retries_across_providers() {
+    // Breaker and limiter wide open, so only the budget decides.
+    let rig = Rig::new(1000, 1000).await;
+    rig.server.otherwise(Reply::status(503, LOADING));
+    let budget = Arc::new(
+        redstring::RetryBudget::builder()
+            .ratio(0.2)
+            .min_retries_per_sec(0)
+            .clock(rig.clock.clone())
+            .observer(rig.observer.clone())
+            .build()
+            .unwrap(),
+    );
+    // Two tenants' providers share one budget, as a fleet's workers would.
+    let providers = [A, B].map(|t| rig.provider(t, 3).retry_budget(budget.clone()).build());
+    for i in 0..20 {
+        let e = providers[i % 2].extract::<Person>("Ann.", None).await.unwrap_err();
+        // Every fifth call has earned one retry; the rest are denied at once.
+        let ExtractError::RetryDenied(d) = &e else {
+            panic!("call {i}: {e:?}")
+        };
+        assert_eq!(d.attempts, if i % 5 == 4 { 2 } else { 1 }, "call {i}");
+        assert!(matches!(e.provider_error(), Some(ProviderError::Unavailable { .. })));
+        assert_eq!(e.kind(), "retry_denied");
+    }
+    // Twenty calls without a budget would have sent 80 requests.
+    assert_eq!(rig.server.count(), 24, "20 first attempts and 4 budgeted retries");
+    let denied = rig
+        .observer
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, Event::RetryBudgetStep { granted: false, .. }))
+        .count();
+    assert_eq!(denied, 20, "every call ended on one denial");
+    assert_eq!(rig.breaker_failures(), 20, "a denied retry reports the failure");
+}
+
+#[tokio::test]
 async fn the_servers_retry_after_is_the_floor_of_the_backoff() {
     let rig = Rig::new(10, 5).await;
     rig.server

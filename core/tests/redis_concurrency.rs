@@ -75,3 +75,45 @@ async fn racing_increments_from_many_connections_all_count() {
     let ms: i64 = pttl.trim_start_matches(':').trim().parse().unwrap();
     assert!(ms > 0 && ms <= 60_000, "the counter got its TTL at creation: {pttl}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fleets_retry_budget_grants_exactly_what_its_first_attempts_earned() {
+    let Some(server) = RedisServer::start() else { return };
+    // Five workers, each with its own connection and its own handle on one
+    // budget; the store's clock stamps, and there is no floor.
+    let budgets: Vec<Arc<redstring::RetryBudget<RedisCache>>> = (0..5)
+        .map(|_| {
+            Arc::new(
+                redstring::RetryBudget::builder()
+                    .ratio(0.25)
+                    .min_retries_per_sec(0)
+                    .max_balance(100)
+                    .key("race:budget")
+                    .cache(Arc::new(server.cache()))
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    // Forty first attempts spread over the fleet earn ten retries.
+    let deposits: Vec<_> = (0..40)
+        .map(|i| {
+            let b = budgets[i % 5].clone();
+            tokio::spawn(async move { b.deposit().await })
+        })
+        .collect();
+    for d in deposits {
+        d.await.unwrap();
+    }
+    let withdrawals: Vec<_> = (0..50)
+        .map(|i| {
+            let b = budgets[i % 5].clone();
+            tokio::spawn(async move { b.try_withdraw().await })
+        })
+        .collect();
+    let mut granted = 0;
+    for w in withdrawals {
+        granted += usize::from(w.await.unwrap());
+    }
+    assert_eq!(granted, 10, "exactly ratio × first attempts, fleet-wide");
+}

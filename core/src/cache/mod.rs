@@ -15,7 +15,10 @@
 //! where the spec read then wrote). The decisions themselves are not the
 //! adapter's: they are the pure functions [`crate::limiter::decide`] and
 //! [`crate::breaker::machine::step`], and an adapter only supplies atomicity —
-//! one critical section in memory, one script on Redis. The compliance suite in
+//! one critical section in memory, one script on Redis. A third,
+//! [`BudgetStore::budget_step`], keeps a fleet's retry budget
+//! ([`crate::retry::RetryBudget`]) the same way, deciding by
+//! [`crate::retry::budget_step`]. The compliance suite in
 //! [`crate::testing`] holds every adapter to the same answers.
 //!
 //! Every method is async and fallible: a shared cache is a network peer.
@@ -36,6 +39,7 @@ use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Breake
 use crate::clock::Clock;
 use crate::error::CacheError;
 use crate::limiter::SlotOutcome;
+use crate::retry::{BudgetCommand, BudgetParams, BudgetStep};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -201,6 +205,25 @@ pub trait BreakerStore: Cache {
         keys: &BreakerKeys,
         now: Timestamp,
     ) -> impl Future<Output = Result<(BreakerSnapshot, Timestamp), CacheError>> + Send;
+}
+
+/// A retry budget's bucket as one atomic step.
+pub trait BudgetStore: Cache {
+    /// Atomically: read the bucket at `key` (a value written by
+    /// [`BudgetState::encode`](crate::retry::BudgetState::encode); absent,
+    /// expired or unreadable reads as empty, and `healed` says a foreign value
+    /// was replaced), apply [`crate::retry::budget_step`] for `command` at
+    /// `now` — the caller's, clamped to at most `params.max_ahead` past the
+    /// store's clock ([`crate::retry::clamp_budget_stamp`]), or the store's
+    /// own per its [`TimeSource`] — write the bucket back with `params.ttl`,
+    /// and return the step.
+    fn budget_step(
+        &self,
+        key: &str,
+        command: BudgetCommand,
+        params: BudgetParams,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<BudgetStep, CacheError>> + Send;
 }
 
 /// Which cache a component uses: one it builds (and owns, and closes), or one

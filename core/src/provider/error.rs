@@ -18,7 +18,7 @@ use std::time::Duration;
 use crate::breaker::CircuitOpen;
 use crate::error::CacheError;
 use crate::limiter::RateLimitExceeded;
-use crate::retry::{RetryExhausted, Retryable};
+use crate::retry::{RetryDenied, RetryExhausted, Retryable};
 use crate::time::secs;
 
 /// How the wire failed, as far as the transport could tell.
@@ -396,6 +396,10 @@ pub enum ExtractError {
     /// The deadline could not cover the next wait.
     #[error(transparent)]
     Deadline(#[from] DeadlineExceeded),
+    /// A transient failure, but the fleet's retry budget denied the retry;
+    /// the last failure is the `source()`.
+    #[error(transparent)]
+    RetryDenied(RetryDenied<Box<ExtractError>>),
     /// The rate limiter could not reach its cache, so no slot was granted.
     #[error("rate limiter could not reach its cache")]
     LimiterCache(#[source] CacheError),
@@ -409,6 +413,7 @@ impl ExtractError {
             ExtractError::Provider(e) => Some(e),
             ExtractError::RetryExhausted(x) => x.last.provider_error(),
             ExtractError::Deadline(d) => d.last.provider_error(),
+            ExtractError::RetryDenied(d) => d.last.provider_error(),
             _ => None,
         }
     }
@@ -444,7 +449,7 @@ impl ExtractError {
 
     /// A short stable name for metrics and events: the provider error's
     /// [`kind`](ProviderError::kind), or `circuit_open`, `rate_limited`,
-    /// `retry_exhausted`, `deadline_exceeded`, `limiter_cache`.
+    /// `retry_exhausted`, `deadline_exceeded`, `retry_denied`, `limiter_cache`.
     pub fn kind(&self) -> &'static str {
         match self {
             ExtractError::Provider(e) => e.kind(),
@@ -452,6 +457,7 @@ impl ExtractError {
             ExtractError::RateLimited(_) => "rate_limited",
             ExtractError::RetryExhausted(_) => "retry_exhausted",
             ExtractError::Deadline(_) => "deadline_exceeded",
+            ExtractError::RetryDenied(_) => "retry_denied",
             ExtractError::LimiterCache(_) => "limiter_cache",
         }
     }

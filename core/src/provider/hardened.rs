@@ -48,12 +48,13 @@ use super::error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError};
 use super::transport::BoxFuture;
 use super::{ExtractRequest, Extracted, LlmProvider};
 use crate::breaker::{CircuitBreaker, CircuitOpen, Permit};
+use crate::cache::BudgetStore;
 use crate::cache::{BreakerStore, LimiterStore, MemoryCache};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::{AcquireError, RateLimiter};
 use crate::observe::{Event, Observer, TracingObserver};
 use crate::random::{RandomSource, SeededRandom};
-use crate::retry::{Retry, RetryError, RetryExhausted, RetryPolicy, Retryable};
+use crate::retry::{Retry, RetryBudget, RetryDenied, RetryError, RetryExhausted, RetryPolicy, Retryable};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -121,6 +122,8 @@ pub struct HardenedProviderBuilder<P, L, B> {
     deadline: Option<Duration>,
     refusals_trip_breaker: bool,
     max_server_delay: Duration,
+    /// Applies the retry budget to the loop, when one was given.
+    budget: Option<Box<dyn FnOnce(Retry) -> Retry + Send>>,
 }
 
 impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B> {
@@ -146,6 +149,7 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
             deadline: None,
             refusals_trip_breaker: false,
             max_server_delay: DEFAULT_MAX_SERVER_DELAY,
+            budget: None,
         }
     }
 }
@@ -218,6 +222,18 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProviderBuilder<P
         self
     }
 
+    /// A retry budget shared with other providers (default: none): each call
+    /// deposits once and asks the budget before each retry, and a denied
+    /// retry ends the call with [`ExtractError::RetryDenied`], its last error
+    /// as `source()`, reported to the breaker as a failure. Give every
+    /// provider calling one model server the same budget (over a shared
+    /// cache, the whole fleet's) to bound the retries a recovering server
+    /// receives.
+    pub fn retry_budget<S: BudgetStore>(mut self, budget: Arc<RetryBudget<S>>) -> Self {
+        self.budget = Some(Box::new(move |retry: Retry| retry.budget(budget)));
+        self
+    }
+
     /// Builds the provider.
     pub fn build(self) -> HardenedProvider<P, L, B> {
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
@@ -225,10 +241,13 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProviderBuilder<P
         let rng = self
             .rng
             .unwrap_or_else(|| Arc::new(SeededRandom::from_os_entropy()) as Arc<dyn RandomSource>);
-        let retry = Retry::new(self.policy)
+        let mut retry = Retry::new(self.policy)
             .clock(clock.clone())
             .rng(rng)
             .observer(observer.clone());
+        if let Some(budget) = self.budget {
+            retry = budget(retry);
+        }
         HardenedProvider {
             inner: self.inner,
             tenant: self.tenant,
@@ -369,6 +388,14 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
                     BreakerReport::Failure,
                 )
             }
+            Err(RetryError::Denied(d)) => (
+                Err(ExtractError::RetryDenied(RetryDenied {
+                    attempts: d.attempts,
+                    operation: d.operation,
+                    last: Box::new(d.last),
+                })),
+                BreakerReport::Failure,
+            ),
             Err(RetryError::Permanent(e)) => {
                 let report = self.permanent_report(&e);
                 (Err(e), report)

@@ -10,7 +10,13 @@
 //! ([`RetryError::Permanent`]). When every attempt fails,
 //! [`RetryError::Exhausted`] carries the calls made and the last error as its
 //! `source()`.
+//!
+//! A policy bounds each call's retries; a [`RetryBudget`] ([`Retry::budget`])
+//! bounds a whole fleet's, as a ratio of first attempts plus a floor, kept
+//! in the shared cache: a retry it denies ends the run with
+//! [`RetryError::Denied`].
 
+mod budget;
 mod policy;
 
 use std::error::Error as StdError;
@@ -19,6 +25,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use budget::{
+    BudgetCommand, BudgetParams, BudgetState, BudgetStep, DEFAULT_KEY as DEFAULT_BUDGET_KEY, DEFAULT_MAX_BALANCE,
+    DEFAULT_MIN_RETRIES_PER_SEC, DEFAULT_RATIO, MAX_MAX_BALANCE, MAX_MIN_RETRIES_PER_SEC, MAX_RATIO, MICROS_PER_RETRY,
+    RetryBudget, RetryBudgetBuilder, clamp_budget_stamp, step as budget_step,
+};
 pub use policy::{
     DEFAULT_INITIAL_DELAY, DEFAULT_JITTER, DEFAULT_MAX_DELAY, DEFAULT_MAX_RETRIES, DEFAULT_MULTIPLIER, MAX_DELAY_LIMIT,
     RetryPolicy, RetryPolicyBuilder,
@@ -111,6 +122,34 @@ impl<E: StdError + 'static> StdError for DeadlineExceeded<E> {
     }
 }
 
+/// A retryable error, but the [`RetryBudget`] denied the retry: the fleet has
+/// retried as much as its budget allows, so the loop stopped.
+#[derive(Debug)]
+pub struct RetryDenied<E> {
+    /// Calls made, including the first.
+    pub attempts: u32,
+    /// The operation's name.
+    pub operation: String,
+    /// The failure of the last attempt.
+    pub last: E,
+}
+
+impl<E> fmt::Display for RetryDenied<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "retry budget denied a retry of {} (after {} attempts)",
+            self.operation, self.attempts
+        )
+    }
+}
+
+impl<E: StdError + 'static> StdError for RetryDenied<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&self.last)
+    }
+}
+
 /// How a retried operation failed.
 #[derive(Debug)]
 pub enum RetryError<E> {
@@ -122,6 +161,8 @@ pub enum RetryError<E> {
     /// A retryable error, but the wait before the next attempt would overrun the
     /// deadline.
     Deadline(DeadlineExceeded<E>),
+    /// A retryable error, but the [`RetryBudget`] denied the retry.
+    Denied(RetryDenied<E>),
 }
 
 impl<E> RetryError<E> {
@@ -131,6 +172,7 @@ impl<E> RetryError<E> {
             RetryError::Permanent(e) => e,
             RetryError::Exhausted(x) => &x.last,
             RetryError::Deadline(d) => &d.last,
+            RetryError::Denied(d) => &d.last,
         }
     }
 
@@ -140,6 +182,7 @@ impl<E> RetryError<E> {
             RetryError::Permanent(e) => e,
             RetryError::Exhausted(x) => x.last,
             RetryError::Deadline(d) => d.last,
+            RetryError::Denied(d) => d.last,
         }
     }
 
@@ -150,6 +193,7 @@ impl<E> RetryError<E> {
             RetryError::Permanent(_) => None,
             RetryError::Exhausted(x) => Some(x.attempts),
             RetryError::Deadline(d) => Some(d.attempts),
+            RetryError::Denied(d) => Some(d.attempts),
         }
     }
 }
@@ -160,6 +204,7 @@ impl<E: fmt::Display> fmt::Display for RetryError<E> {
             RetryError::Permanent(e) => e.fmt(f),
             RetryError::Exhausted(x) => x.fmt(f),
             RetryError::Deadline(d) => d.fmt(f),
+            RetryError::Denied(d) => d.fmt(f),
         }
     }
 }
@@ -170,6 +215,7 @@ impl<E: StdError + 'static> StdError for RetryError<E> {
             RetryError::Permanent(e) => e.source(),
             RetryError::Exhausted(x) => Some(&x.last),
             RetryError::Deadline(d) => Some(&d.last),
+            RetryError::Denied(d) => Some(&d.last),
         }
     }
 }
@@ -182,12 +228,14 @@ pub struct Retry {
     clock: Arc<dyn Clock>,
     rng: Arc<dyn RandomSource>,
     observer: Arc<dyn Observer>,
+    budget: Option<Arc<dyn budget::Gate>>,
 }
 
 impl fmt::Debug for Retry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Retry")
             .field("policy", &self.policy)
+            .field("budgeted", &self.budget.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -200,7 +248,17 @@ impl Retry {
             clock: Arc::new(SystemClock),
             rng: Arc::new(SeededRandom::from_os_entropy()),
             observer: Arc::new(TracingObserver),
+            budget: None,
         }
+    }
+
+    /// Spends retries from a (fleet-wide) [`RetryBudget`]: each run deposits
+    /// once, before its first attempt, and asks the budget before each retry;
+    /// a denied retry ends the run with [`RetryError::Denied`], carrying the
+    /// last error. Without a budget every retry the policy allows is made.
+    pub fn budget<S: crate::cache::BudgetStore>(mut self, budget: Arc<RetryBudget<S>>) -> Self {
+        self.budget = Some(budget);
+        self
     }
 
     /// Sleeps on `clock` instead.
@@ -260,6 +318,9 @@ impl Retry {
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
+        if let Some(budget) = &self.budget {
+            budget.deposit().await;
+        }
         let mut attempts = 0u32;
         loop {
             attempts = attempts.saturating_add(1);
@@ -298,6 +359,15 @@ impl Retry {
                         last: error,
                     }));
                 }
+            }
+            if let Some(budget) = &self.budget
+                && !budget.try_withdraw().await
+            {
+                return Err(RetryError::Denied(RetryDenied {
+                    attempts,
+                    operation: operation.to_owned(),
+                    last: error,
+                }));
             }
             self.observer.on_event(&Event::RetryScheduled {
                 operation: Arc::from(operation),

@@ -17,15 +17,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerStep, Origin, Permit, ProbeId};
-use crate::cache::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest};
+use crate::cache::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest};
 use crate::error::CacheError;
 use crate::limiter::SlotOutcome;
+use crate::retry::{BudgetCommand, BudgetParams, BudgetState, MICROS_PER_RETRY};
 use crate::{CircuitState, Timestamp};
 
 /// How the suite reaches an adapter.
 pub trait Harness: Send + Sync + 'static {
     /// The adapter under test.
-    type Cache: KeyValue + HitWindow + LimiterStore + BreakerStore;
+    type Cache: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore;
 
     /// A fresh, empty, open cache stamping with the caller's time
     /// ([`TimeSource::Caller`](crate::TimeSource::Caller)).
@@ -95,6 +96,12 @@ checks!(
     breaker_read_changes_nothing,
     breaker_probe_leases_expire_and_late_reports_change_nothing,
     breaker_release_frees_exactly_its_own_probe,
+    budget_deposits_earn_retries_and_an_empty_bucket_denies,
+    budget_floor_refills_on_the_callers_clock_up_to_the_cap,
+    budget_clamps_a_caller_far_ahead,
+    budget_a_foreign_value_reads_as_empty_and_is_replaced,
+    budget_an_expired_bucket_restarts_empty,
+    racing_budget_withdrawals_grant_exactly_the_balance,
     close_is_idempotent_and_later_calls_fail_closed,
 );
 
@@ -691,6 +698,132 @@ async fn breaker_release_frees_exactly_its_own_probe<H: Harness>(h: &H) {
     assert_eq!(live, [second.seq], "the other probe's lease is untouched");
     let third = probe(&c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap());
     assert_eq!(third.seq, 3);
+}
+
+fn budget(deposit_retries: f64, refill_per_sec: u32, max_balance: u64, ttl: Duration) -> BudgetParams {
+    BudgetParams {
+        deposit: (deposit_retries * MICROS_PER_RETRY as f64) as u64,
+        refill_per_sec,
+        max_balance: max_balance * MICROS_PER_RETRY,
+        ttl,
+        max_ahead: Duration::from_secs(3600),
+    }
+}
+
+async fn budget_deposits_earn_retries_and_an_empty_bucket_denies<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let p = budget(0.5, 0, 10, secs(60));
+    let now = h.now();
+    let step = |command| c.budget_step("budget", command, p, now);
+    assert!(!step(BudgetCommand::Withdraw).await.unwrap().granted, "an empty bucket");
+    assert!(step(BudgetCommand::Deposit).await.unwrap().granted);
+    assert!(!step(BudgetCommand::Withdraw).await.unwrap().granted, "half a retry");
+    let second = step(BudgetCommand::Deposit).await.unwrap();
+    assert_eq!(second.state.balance, MICROS_PER_RETRY);
+    let taken = step(BudgetCommand::Withdraw).await.unwrap();
+    assert!(taken.granted);
+    assert_eq!(taken.state.balance, 0);
+    assert_eq!(taken.at, now, "a caller-stamped step is judged at the caller's now");
+    let stored = c.get("budget").await.unwrap().expect("the bucket is stored");
+    assert_eq!(BudgetState::decode(&stored), Some(taken.state));
+}
+
+async fn budget_floor_refills_on_the_callers_clock_up_to_the_cap<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let p = budget(0.0, 2, 3, secs(60));
+    let t0 = h.now();
+    let at = |us: u64| t0.saturating_add(Duration::from_micros(us));
+    let withdraw = |t| c.budget_step("floor", BudgetCommand::Withdraw, p, t);
+    assert!(!withdraw(at(0)).await.unwrap().granted);
+    // Two retries a second: one takes 500 000 µs to earn, exactly.
+    assert!(!withdraw(at(499_999)).await.unwrap().granted);
+    assert!(withdraw(at(500_000)).await.unwrap().granted);
+    // Ten seconds later the bucket holds its cap, three.
+    let later = at(10_500_000);
+    for n in 0..3 {
+        assert!(withdraw(later).await.unwrap().granted, "retry {n} of the cap");
+    }
+    assert!(!withdraw(later).await.unwrap().granted, "beyond the cap");
+    // A caller whose clock is behind the bucket's stamp refills nothing.
+    let behind = withdraw(at(1)).await.unwrap();
+    assert!(!behind.granted, "a clock behind the bucket's stamp refills nothing");
+    assert_eq!(behind.state.stamp, later, "and leaves the stamp where it was");
+}
+
+async fn budget_clamps_a_caller_far_ahead<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let p = BudgetParams {
+        max_ahead: Duration::from_secs(1),
+        ..budget(0.0, 1, 1000, secs(60))
+    };
+    let now = h.now();
+    c.budget_step("ahead", BudgetCommand::Deposit, p, now).await.unwrap();
+    let far = now.saturating_add(secs(3600));
+    let step = c.budget_step("ahead", BudgetCommand::Withdraw, p, far).await.unwrap();
+    assert!(
+        step.at < far,
+        "a caller an hour ahead is clamped, judged at {}",
+        step.at
+    );
+    assert!(
+        step.state.balance < 30 * MICROS_PER_RETRY,
+        "an hour ahead refilled only about a second: {}",
+        step.state.balance
+    );
+}
+
+async fn budget_a_foreign_value_reads_as_empty_and_is_replaced<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let p = budget(1.0, 0, 10, secs(60));
+    for foreign in ["999:1:2", "lots", "9007199254740993:1", ""] {
+        c.set("foreign", foreign, None).await.unwrap();
+        let step = c
+            .budget_step("foreign", BudgetCommand::Withdraw, p, h.now())
+            .await
+            .unwrap();
+        assert!(step.healed, "{foreign:?} is no bucket");
+        assert!(!step.granted, "{foreign:?} reads as an empty bucket");
+        let stored = c.get("foreign").await.unwrap().expect("replaced");
+        assert_eq!(BudgetState::decode(&stored), Some(step.state));
+    }
+    let step = c
+        .budget_step("foreign", BudgetCommand::Deposit, p, h.now())
+        .await
+        .unwrap();
+    assert!(!step.healed, "its own bucket is sound");
+}
+
+async fn budget_an_expired_bucket_restarts_empty<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let p = budget(2.0, 0, 10, h.short_ttl());
+    let now = h.now();
+    c.budget_step("ttl", BudgetCommand::Deposit, p, now).await.unwrap();
+    h.advance(h.short_ttl().mul_f64(1.5)).await;
+    assert_eq!(c.get("ttl").await.unwrap(), None, "the bucket lives its TTL");
+    let step = c.budget_step("ttl", BudgetCommand::Withdraw, p, h.now()).await.unwrap();
+    assert!(!step.granted, "an expired bucket is empty");
+}
+
+async fn racing_budget_withdrawals_grant_exactly_the_balance<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let p = budget(1.0, 0, 100, secs(60));
+    let now = h.now();
+    for _ in 0..7 {
+        c.budget_step("race", BudgetCommand::Deposit, p, now).await.unwrap();
+    }
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.budget_step("race", BudgetCommand::Withdraw, p, now).await })
+        })
+        .collect();
+    let mut granted = 0;
+    for task in tasks {
+        if task.await.expect("task panicked").unwrap().granted {
+            granted += 1;
+        }
+    }
+    assert_eq!(granted, 7);
 }
 
 async fn close_is_idempotent_and_later_calls_fail_closed<H: Harness>(h: &H) {

@@ -14,7 +14,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin, ProbeId};
-use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
+use redstring::cache::{BreakerStore, BudgetStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
+use redstring::retry::{BudgetCommand, BudgetParams, MICROS_PER_RETRY};
 use redstring::{CacheError, Clock, ManualClock, MemoryCache, SystemClock, Timestamp};
 
 /// Keys for values and windows; the fourth is also the breaker's state key,
@@ -42,6 +43,10 @@ const VALUES: &[&str] = &[
     "0 1 1:9007199254740992",
     "1 2 3:4 5:6",
     "1 2  3:4",
+    "2500000:1700000000000000",
+    "9007199254740992:1",
+    "9007199254740993:1",
+    "1:2:3",
 ];
 
 /// Who reports, with a probe named by its episode's offset and its number.
@@ -97,6 +102,7 @@ enum Op {
     GetBreakerKey(usize),
     Breaker(Command, u64, BreakerParams),
     BreakerRead(u64),
+    Budget(usize, BudgetCommand, u64, BudgetParams),
 }
 
 /// Instants cluster on a few whole seconds, with same-instant collisions.
@@ -146,7 +152,30 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..4).prop_map(Op::GetBreakerKey),
         4 => (command, instant(), params).prop_map(|(c, now, p)| Op::Breaker(c, now, p)),
         1 => instant().prop_map(Op::BreakerRead),
+        3 => (0usize..3, budget_command(), instant(), budget_params())
+            .prop_map(|(k, c, now, p)| Op::Budget(k, c, now, p)),
     ]
+}
+
+fn budget_command() -> impl Strategy<Value = BudgetCommand> {
+    prop_oneof![Just(BudgetCommand::Deposit), Just(BudgetCommand::Withdraw)]
+}
+
+/// Ratios of a fifth to two, floors of none to a few per second, small caps:
+/// buckets fill, drain and hit their caps within a case.
+fn budget_params() -> impl Strategy<Value = BudgetParams> {
+    (
+        prop_oneof![Just(200_000u64), Just(500_000), Just(2_000_000)],
+        0u32..4,
+        1u64..5,
+    )
+        .prop_map(|(deposit, refill_per_sec, cap)| BudgetParams {
+            deposit,
+            refill_per_sec,
+            max_balance: cap * MICROS_PER_RETRY,
+            ttl: Duration::from_secs(120),
+            max_ahead: UNCLAMPED,
+        })
 }
 
 /// What an operation answered, comparably: the value, or the error's kind
@@ -176,7 +205,7 @@ fn breaker_key(keys: &BreakerKeys, i: usize) -> &str {
 
 async fn apply<C>(c: &C, base: Timestamp, op: &Op) -> String
 where
-    C: KeyValue + HitWindow + LimiterStore + BreakerStore,
+    C: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore,
 {
     let keys = BreakerKeys::new("br");
     let ttl = |on: bool| on.then_some(Duration::from_secs(300));
@@ -209,6 +238,7 @@ where
             outcome(c.breaker_step(&keys, command.at(base), params, at(base, now)).await)
         }
         Op::BreakerRead(now) => outcome(c.breaker_read(&keys, at(base, now)).await),
+        Op::Budget(k, command, now, params) => outcome(c.budget_step(KEYS[k], command, params, at(base, now)).await),
     }
 }
 
@@ -217,7 +247,7 @@ where
 /// each; panics with the first difference.
 pub fn memory_and_redis_agree<C>(make: impl FnOnce() -> C, flush: impl Fn(), default_cases: u32)
 where
-    C: KeyValue + HitWindow + LimiterStore + BreakerStore,
+    C: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore,
 {
     let rt = super::runtime();
     let redis = &rt.block_on(async { make() });

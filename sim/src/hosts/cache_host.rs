@@ -45,8 +45,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
-use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
+use redstring::cache::{BreakerStore, BudgetStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
 use redstring::limiter::SlotOutcome;
+use redstring::retry::{BudgetCommand, BudgetParams, BudgetStep};
 use redstring::{Cache, CacheError, MemoryCache, TimeSource, Timestamp};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -171,6 +172,12 @@ async fn execute(cache: &MemoryCache, request: WireRequest) -> Result<WireReply,
             let (snapshot, at) = cache.breaker_read(&keys, now).await?;
             WireReply::Snapshot { snapshot, at }
         }
+        WireRequest::BudgetStep {
+            key,
+            command,
+            params,
+            now,
+        } => WireReply::Budget(cache.budget_step(&key, command, params, now).await?),
         WireRequest::FlushAll => WireReply::Done,
     })
 }
@@ -408,6 +415,27 @@ impl BreakerStore for RemoteCache {
     }
 }
 
+impl BudgetStore for RemoteCache {
+    async fn budget_step(
+        &self,
+        key: &str,
+        command: BudgetCommand,
+        params: BudgetParams,
+        now: Timestamp,
+    ) -> Result<BudgetStep, CacheError> {
+        let request = WireRequest::BudgetStep {
+            key: key.to_owned(),
+            command,
+            params,
+            now,
+        };
+        match self.call("budget_step", request).await? {
+            WireReply::Budget(step) => Ok(step),
+            other => Err(unexpected("budget_step", &other)),
+        }
+    }
+}
+
 /// One request line: a port operation and its arguments.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -486,6 +514,17 @@ pub enum WireRequest {
         /// The caller's now.
         now: Timestamp,
     },
+    /// `BudgetStore::budget_step`.
+    BudgetStep {
+        /// The bucket's key.
+        key: String,
+        /// Deposit or withdraw.
+        command: BudgetCommand,
+        /// The bucket's numbers.
+        params: BudgetParams,
+        /// The caller's now.
+        now: Timestamp,
+    },
     /// Empty the store (Redis `FLUSHALL`).
     FlushAll,
 }
@@ -508,6 +547,8 @@ pub enum WireReply {
     Slot(SlotOutcome),
     /// A breaker step.
     Step(BreakerStep),
+    /// A retry budget's step.
+    Budget(BudgetStep),
     /// A breaker read.
     Snapshot {
         /// What is stored.

@@ -48,11 +48,12 @@ use std::time::Duration;
 use names::{Name, Prefixes, tenant_key};
 use series::Series;
 
-use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
+use super::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
 use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use crate::clock::{Clock, SystemClock};
 use crate::error::CacheError;
 use crate::limiter::{SlotOutcome, clamp_stamp, decide};
+use crate::retry::{BudgetCommand, BudgetParams, BudgetState, BudgetStep, budget_step, clamp_budget_stamp};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -543,6 +544,39 @@ impl LimiterStore for MemoryCache {
                 self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
             }
         }
+    }
+}
+
+impl BudgetStore for MemoryCache {
+    async fn budget_step(
+        &self,
+        key: &str,
+        command: BudgetCommand,
+        params: BudgetParams,
+        now: Timestamp,
+    ) -> Result<BudgetStep, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let at = match self.shared.time_source {
+            TimeSource::Caller => clamp_budget_stamp(now, clock_now, params.max_ahead),
+            TimeSource::Store => clock_now,
+        };
+        let mut state = self.open(key, clock_now)?;
+        let (stored, healed) = match state.value(key, clock_now).map(|e| &e.value) {
+            None => (None, false),
+            Some(Value::Text(text)) => match BudgetState::decode(text) {
+                Some(bucket) => (Some(bucket), false),
+                None => (None, true),
+            },
+            Some(Value::Int(_)) => (None, true),
+        };
+        let mut step = budget_step(stored, command, &params, at);
+        step.healed = healed;
+        state.put(
+            key,
+            Value::Text(step.state.encode()),
+            deadline(clock_now, Some(params.ttl)),
+        );
+        Ok(step)
     }
 }
 

@@ -241,13 +241,14 @@ use std::time::Duration;
 use ::redis::aio::ConnectionManagerConfig;
 use ::redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
 
-use super::{BreakerStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
+use super::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
 use crate::breaker::machine::{
     self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, CircuitState, FailuresWrite,
     Origin, Permit, ProbeId, Write, Writes,
 };
 use crate::error::{CacheError, ConfigError};
 use crate::limiter::SlotOutcome;
+use crate::retry::{BudgetCommand, BudgetParams, BudgetState, BudgetStep};
 use crate::time::Timestamp;
 use connection::{Backend, Conn};
 use scripts::SCRIPTS;
@@ -1251,6 +1252,55 @@ impl LimiterStore for RedisCache {
             _ => None,
         };
         outcome.ok_or_else(|| unexpected("acquire_slot", &reply))
+    }
+}
+
+impl BudgetStore for RedisCache {
+    async fn budget_step(
+        &self,
+        key: &str,
+        command: BudgetCommand,
+        params: BudgetParams,
+        now: Timestamp,
+    ) -> Result<BudgetStep, CacheError> {
+        let now = self.now_arg("budget_step", now)?;
+        let reply: Vec<i64> = self
+            .run("budget_step", |mut c| async move {
+                SCRIPTS
+                    .budget_step
+                    .key(key)
+                    .arg(&now)
+                    .arg(command.as_str())
+                    .arg(params.deposit)
+                    .arg(params.refill_per_sec)
+                    .arg(params.max_balance)
+                    .arg(ttl_ms(params.ttl))
+                    .arg(duration_us(params.max_ahead))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let step = match *reply.as_slice() {
+            [granted @ (0 | 1), balance, stamp, at, healed @ (0 | 1)] => u64::try_from(balance)
+                .ok()
+                .zip(u64::try_from(stamp).ok())
+                .zip(u64::try_from(at).ok())
+                .map(|((balance, stamp), at)| BudgetStep {
+                    granted: granted == 1,
+                    state: BudgetState {
+                        balance,
+                        stamp: Timestamp::from_micros(stamp),
+                    },
+                    at: Timestamp::from_micros(at),
+                    healed: healed == 1,
+                }),
+            _ => None,
+        };
+        let step = step.ok_or_else(|| unexpected("budget_step", &reply))?;
+        if step.healed {
+            tracing::warn!(server = %self.inner.target, key, "a foreign value at a retry budget was replaced");
+        }
+        Ok(step)
     }
 }
 

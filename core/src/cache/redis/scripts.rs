@@ -20,6 +20,7 @@ pub(super) struct Scripts {
     pub(super) increment: Script,
     pub(super) breaker_step: Script,
     pub(super) breaker_read: Script,
+    pub(super) budget_step: Script,
 }
 
 fn with_common(body: &str) -> Script {
@@ -35,4 +36,5 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     increment: with_common(include_str!("increment.lua")),
     breaker_step: with_common(include_str!("breaker_step.lua")),
     breaker_read: with_common(include_str!("breaker_read.lua")),
+    budget_step: with_common(include_str!("budget_step.lua")),
 });
