@@ -88,6 +88,7 @@ scenario_tests! {
     reasoning_empty => "reasoning-empty.toml",
     reference_fleet => "reference-fleet.toml",
     replayed_trace => "replayed-trace.toml",
+    retry_storm_budget => "retry-storm-budget.toml",
     skew_bypass => "skew-bypass.toml",
     skewed_fleet_caller => "skewed-fleet-caller.toml",
     skewed_fleet_store => "skewed-fleet-store.toml",

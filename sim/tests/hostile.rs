@@ -500,3 +500,24 @@ fn a_fleet_of_a_billion_closed_loop_clients_is_refused() {
         other => panic!("expected a validation error, got {other:?}"),
     }
 }
+
+#[test]
+fn an_absurd_retry_budget_is_refused_by_its_field() {
+    for (field, value) in [
+        ("ratio", "-1.0"),
+        ("ratio", "nan"),
+        ("min_retries_per_sec", "5000"),
+        ("max_balance", "0"),
+    ] {
+        let text = format!(
+            "name = \"b\"\nduration_s = 10\n[hardening.retry_budget]\n{field} = {value}\n[[servers]]\nname = \"gpu\"\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 1 }}]\n"
+        );
+        let e = redstring_sim::scenario::Scenario::parse("b.toml", &text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("hardening.retry_budget.{field}")),
+            "{field} = {value}: {e}"
+        );
+    }
+}

@@ -153,6 +153,21 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             delay_us: micros(*delay),
             floor_us: micros(*floor),
         },
+        Event::RetryBudgetStep {
+            budget,
+            command,
+            granted,
+            balance,
+            at,
+            decided_by,
+        } => Kind::Budget {
+            budget: budget.to_string(),
+            command: command.as_str(),
+            granted: *granted,
+            balance: *balance,
+            at_us: at.as_micros(),
+            decided_by: decider(*decided_by),
+        },
         Event::RetryExhausted { .. }
         | Event::CallFinished { .. }
         | Event::RateLimitWait { .. }

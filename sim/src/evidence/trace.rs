@@ -214,6 +214,21 @@ pub enum Kind {
         #[serde(skip_serializing_if = "is_zero")]
         floor_us: u64,
     },
+    /// A retry budget's step: a call's deposit, or a retry asked for.
+    Budget {
+        /// The budget's key (one per model server).
+        budget: String,
+        /// `deposit` or `withdraw`.
+        command: &'static str,
+        /// Whether it was granted (a deposit always is).
+        granted: bool,
+        /// The bucket after the step, in millionths of a retry.
+        balance: u64,
+        /// The stamp it was judged at, epoch microseconds.
+        at_us: u64,
+        /// Which bucket decided.
+        decided_by: Decider,
+    },
     /// The cache could not be reached; a fallback was applied.
     CacheUnavailable {
         /// The port operation, as the core names it.

@@ -18,7 +18,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp};
-use redstring::cache::{BreakerStore, LimiterStore};
+use redstring::cache::{BreakerStore, BudgetStore, LimiterStore};
 use redstring::provider::{
     BoxFuture, ExtractRequest, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, LlmProvider,
     OpenAiCompatible, OutputSchema, TransportError,
@@ -112,7 +112,7 @@ type Provider<S> = Arc<HardenedProvider<Arc<OpenAiCompatible<CountingTransport>>
 
 /// Runs one worker until `plan.until` over `store` (its own cache, or the
 /// shared cache host's client).
-pub async fn run_worker<S: LimiterStore + BreakerStore>(
+pub async fn run_worker<S: LimiterStore + BreakerStore + BudgetStore>(
     plan: WorkerPlan,
     store: Arc<S>,
     trace: Trace,
@@ -137,7 +137,7 @@ pub async fn run_worker<S: LimiterStore + BreakerStore>(
 
 /// The production stack for each of the worker's tenants: one limiter, one
 /// breaker and one adapter shared by all of them.
-fn providers<S: LimiterStore + BreakerStore>(
+fn providers<S: LimiterStore + BreakerStore + BudgetStore>(
     plan: &WorkerPlan,
     store: Arc<S>,
     trace: &Trace,
@@ -165,7 +165,22 @@ fn providers<S: LimiterStore + BreakerStore>(
     if let Some(lease) = h.probe_lease_s {
         breaker = breaker.probe_lease(secs(lease));
     }
-    let breaker = Arc::new(breaker.cache(store).build()?);
+    let breaker = Arc::new(breaker.cache(store.clone()).build()?);
+    let budget = match h.retry_budget {
+        Some(b) => Some(Arc::new(
+            redstring::RetryBudget::builder()
+                .ratio(b.ratio)
+                .min_retries_per_sec(b.min_retries_per_sec)
+                .max_balance(b.max_balance)
+                .key(format!("kg:retrybudget:{}", plan.server))
+                .on_cache_unavailable(h.on_cache_unavailable)
+                .clock(clock.clone())
+                .observer(observer.clone())
+                .cache(store)
+                .build()?,
+        )),
+        None => None,
+    };
     let policy = h.retry_policy()?;
     let transport = CountingTransport(SimTransport::new(&plan.name, trace.clone()), plan.name.clone());
     let adapter = Arc::new(
@@ -187,6 +202,9 @@ fn providers<S: LimiterStore + BreakerStore>(
         if let Some(d) = h.deadline_s {
             builder = builder.deadline(secs(d));
         }
+        if let Some(budget) = &budget {
+            builder = builder.retry_budget(budget.clone());
+        }
         providers.push(Arc::new(builder.build()));
     }
     Ok(providers)
@@ -204,7 +222,7 @@ struct Calls {
 
 impl Calls {
     /// One unit of work for `tenant` through `provider`, on its own task.
-    fn start<S: LimiterStore + BreakerStore>(
+    fn start<S: LimiterStore + BreakerStore + BudgetStore>(
         &self,
         provider: Provider<S>,
         tenant: TenantId,
@@ -217,7 +235,7 @@ impl Calls {
     /// the future ends when the call does. `tokens` are the call's own prompt
     /// and output tokens (a replayed request's, or its tenant's draw), sent
     /// to the server with each attempt.
-    fn call<S: LimiterStore + BreakerStore>(
+    fn call<S: LimiterStore + BreakerStore + BudgetStore>(
         &self,
         provider: Provider<S>,
         tenant: TenantId,
@@ -298,7 +316,7 @@ impl TokenDraws {
 }
 
 /// One open-loop Poisson arrival stream per tenant, until `plan.until`.
-fn arrivals<S: LimiterStore + BreakerStore>(
+fn arrivals<S: LimiterStore + BreakerStore + BudgetStore>(
     plan: &WorkerPlan,
     providers: &[Provider<S>],
     calls: &Calls,
@@ -332,7 +350,7 @@ fn arrivals<S: LimiterStore + BreakerStore>(
 /// call, waits for it to end, thinks for an exponentially distributed time
 /// (mean `think_s`, its own seeded stream) and sends the next. Clients start
 /// after one think time each, so they do not all send at the first instant.
-fn clients<S: LimiterStore + BreakerStore>(
+fn clients<S: LimiterStore + BreakerStore + BudgetStore>(
     plan: &WorkerPlan,
     providers: &[Provider<S>],
     calls: &Calls,
@@ -369,7 +387,7 @@ fn clients<S: LimiterStore + BreakerStore>(
 
 /// Each tenant's replayed trace: every request at its instant, with its
 /// token counts, until `plan.until`.
-fn replays<S: LimiterStore + BreakerStore>(
+fn replays<S: LimiterStore + BreakerStore + BudgetStore>(
     plan: &WorkerPlan,
     providers: &[Provider<S>],
     calls: &Calls,
@@ -401,7 +419,7 @@ fn replays<S: LimiterStore + BreakerStore>(
 }
 
 /// The fleet's synchronised bursts, each fired at its exact instant.
-fn bursts<S: LimiterStore + BreakerStore>(
+fn bursts<S: LimiterStore + BreakerStore + BudgetStore>(
     plan: &WorkerPlan,
     providers: &[Provider<S>],
     calls: &Calls,

@@ -45,6 +45,32 @@ pub struct Hardening {
     /// What a breaker answers while the shared cache cannot be reached
     /// (`allow` or `refuse`).
     pub on_cache_error: redstring::OnCacheError,
+    /// A retry budget per model server, in each worker's cache — fleet-wide
+    /// with a shared cache, per worker otherwise (default: none).
+    pub retry_budget: Option<RetryBudgetSpec>,
+}
+
+/// `[hardening.retry_budget]`: the numbers of a
+/// [`redstring::RetryBudget`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryBudgetSpec {
+    /// Retries per first attempt.
+    pub ratio: f64,
+    /// Retries per second allowed whatever the traffic.
+    pub min_retries_per_sec: u32,
+    /// The most retries the bucket holds.
+    pub max_balance: u32,
+}
+
+impl Default for RetryBudgetSpec {
+    fn default() -> Self {
+        RetryBudgetSpec {
+            ratio: redstring::retry::DEFAULT_RATIO,
+            min_retries_per_sec: redstring::retry::DEFAULT_MIN_RETRIES_PER_SEC,
+            max_balance: redstring::retry::DEFAULT_MAX_BALANCE,
+        }
+    }
 }
 
 impl Default for Hardening {
@@ -67,6 +93,7 @@ impl Default for Hardening {
             max_tokens: 256,
             on_cache_unavailable: redstring::OnCacheUnavailable::default(),
             on_cache_error: redstring::OnCacheError::default(),
+            retry_budget: None,
         }
     }
 }

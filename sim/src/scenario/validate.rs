@@ -203,6 +203,24 @@ impl Scenario {
         if h.max_delay_s < h.initial_delay_s {
             return Err(e.bad("hardening.max_delay_s", "must be at least initial_delay_s".into()));
         }
+        if let Some(b) = h.retry_budget {
+            // The core's own validation, reported by the field's dotted name.
+            let built = redstring::RetryBudget::builder()
+                .ratio(b.ratio)
+                .min_retries_per_sec(b.min_retries_per_sec)
+                .max_balance(b.max_balance)
+                .build();
+            if let Err(bad) = built {
+                return Err(e.bad(
+                    match bad.field {
+                        "ratio" => "hardening.retry_budget.ratio",
+                        "min_retries_per_sec" => "hardening.retry_budget.min_retries_per_sec",
+                        _ => "hardening.retry_budget.max_balance",
+                    },
+                    format!("must be {}, got {}", bad.expected, bad.value),
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -15,8 +15,8 @@
 //! fuzzer's claims, the report and [`check_all`] all name invariants by it,
 //! and `Invariant::check` is the one match that maps each to its checker,
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
-//! `breaker` (3–5, 10–11), `liveness` (6), `accounting` (7) and `calls`
-//! (8–9).
+//! `breaker` (3–5, 10–11), `liveness` (6), `accounting` (7), `calls`
+//! (8–9) and `budget` (12).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -24,6 +24,7 @@
 
 mod accounting;
 mod breaker;
+mod budget;
 mod calls;
 mod limiter;
 mod liveness;
@@ -74,11 +75,15 @@ pub enum Invariant {
     /// A circuit opens only on `failure_threshold` failures counted since it
     /// last closed or a success cleared the count.
     OpensAtThreshold,
+    /// With a retry budget, no bucket grants more retries over any interval
+    /// than `max_balance + ratio × first attempts + floor × interval`, and no
+    /// call retries without a grant.
+    RetryBudget,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 11] = [
+    pub const ALL: [Invariant; 12] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -90,6 +95,7 @@ impl Invariant {
         Invariant::RetryJitter,
         Invariant::NoWedgedCircuit,
         Invariant::OpensAtThreshold,
+        Invariant::RetryBudget,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -107,6 +113,7 @@ impl Invariant {
             Invariant::RetryJitter => 8,
             Invariant::NoWedgedCircuit => 9,
             Invariant::OpensAtThreshold => 10,
+            Invariant::RetryBudget => 11,
         }
     }
 
@@ -124,6 +131,7 @@ impl Invariant {
             Invariant::RetryJitter => "retry_jitter",
             Invariant::NoWedgedCircuit => "no_wedged_circuit",
             Invariant::OpensAtThreshold => "opens_at_threshold",
+            Invariant::RetryBudget => "retry_budget",
         }
     }
 
@@ -141,6 +149,7 @@ impl Invariant {
             Invariant::RetryJitter => calls::retry_jitter(ctx, events),
             Invariant::NoWedgedCircuit => breaker::no_wedged_circuit(ctx, events),
             Invariant::OpensAtThreshold => breaker::opens_at_threshold(ctx, events),
+            Invariant::RetryBudget => budget::retry_budget(ctx, events),
         }
     }
 }
