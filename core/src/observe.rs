@@ -137,6 +137,52 @@ pub enum Event {
         /// Which limiter refused it: the store, or the local fallback.
         decided_by: DecidedBy,
     },
+    /// The limiter reserved a call's token estimate beside its slot.
+    TokensReserved {
+        /// The limiter's key prefix.
+        limiter: Arc<str>,
+        /// The tenant charged.
+        tenant: TenantId,
+        /// The tokens reserved.
+        estimate: u64,
+        /// Tokens counted in the window before this reservation.
+        used_before: u64,
+        /// The instant the reservation was stamped with.
+        at: Timestamp,
+        /// Which ledger holds it.
+        decided_by: DecidedBy,
+    },
+    /// The limiter refused a call over its tokens per window (alone, or with
+    /// its requests per window).
+    TokensRefused {
+        /// The limiter's key prefix.
+        limiter: Arc<str>,
+        /// The tenant refused.
+        tenant: TenantId,
+        /// The tokens asked for.
+        estimate: u64,
+        /// Tokens counted in the window.
+        used: u64,
+        /// How long until the estimate would fit.
+        retry_after: Duration,
+        /// The instant the decision was made at.
+        at: Timestamp,
+        /// Which ledger refused.
+        decided_by: DecidedBy,
+    },
+    /// A call's token reservation was settled to what the server used.
+    TokensSettled {
+        /// The limiter's key prefix.
+        limiter: Arc<str>,
+        /// The tenant charged.
+        tenant: TenantId,
+        /// The tokens reserved.
+        estimate: u64,
+        /// The tokens used (zero for a released reservation).
+        actual: u64,
+        /// Whether the ledger still held the reservation.
+        found: bool,
+    },
     /// A store refused a caller's clock as the stamp of a limiter decision and
     /// used a clamped one (the caller was ahead of the store, or more than one
     /// window behind it): a sign of clock skew in the fleet.
@@ -315,6 +361,34 @@ impl Observer for TracingObserver {
                 ..
             } => {
                 tracing::debug!(%limiter, %tenant, retry_after = retry_after.as_secs_f64(), ?decided_by, "rate limit refused")
+            }
+            Event::TokensReserved {
+                limiter,
+                tenant,
+                estimate,
+                used_before,
+                ..
+            } => {
+                tracing::debug!(%limiter, %tenant, estimate, used_before, "tokens reserved")
+            }
+            Event::TokensRefused {
+                limiter,
+                tenant,
+                estimate,
+                used,
+                retry_after,
+                ..
+            } => {
+                tracing::debug!(%limiter, %tenant, estimate, used, retry_after = retry_after.as_secs_f64(), "token limit refused")
+            }
+            Event::TokensSettled {
+                limiter,
+                tenant,
+                estimate,
+                actual,
+                found,
+            } => {
+                tracing::debug!(%limiter, %tenant, estimate, actual, found, "tokens settled")
             }
             Event::StampClamped {
                 limiter,

@@ -479,3 +479,114 @@ async fn a_memory_cache_stamps_with_its_own_clock_by_default() {
         }
     );
 }
+
+mod tokens {
+    use redstring::limiter::tokens::RefusedBy;
+    use redstring::limiter::{TokenAcquireError, TokenLimitExceeded};
+
+    use super::*;
+
+    fn token_limiter(clock: &Arc<ManualClock>, lease: Option<Duration>) -> RateLimiter {
+        let mut b = RateLimiter::builder(100).tokens_per_window(1000).clock(clock.clone());
+        if let Some(lease) = lease {
+            b = b.token_lease(lease);
+        }
+        b.build().unwrap()
+    }
+
+    fn tokens_refused(result: Result<redstring::limiter::TokenAdmission, TokenAcquireError>) -> TokenLimitExceeded {
+        match result {
+            Err(TokenAcquireError::Tokens(e)) => e,
+            other => panic!("expected a token refusal, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reservation_settled_below_its_estimate_refunds_the_difference() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let limiter = token_limiter(&clock, None);
+        let first = limiter.acquire_tokens(A, 600).await.unwrap();
+        assert_eq!(first.tokens_left, 400);
+        let refusal = tokens_refused(limiter.acquire_tokens(A, 600).await);
+        assert_eq!((refusal.by, refusal.used, refusal.asked), (RefusedBy::Tokens, 600, 600));
+        assert_eq!(
+            refusal.retry_after,
+            secs(60) + TICK,
+            "the reservation leaves with the window"
+        );
+        assert_eq!(
+            refusal.to_string(),
+            format!("tenant {A} asked for 600 tokens with 600 of 1000 used in 60s; retry in 60.00s")
+        );
+        // The server said it used 150: 850 are free again.
+        assert!(limiter.settle(A, &first.reservation.unwrap(), 150).await.unwrap());
+        let second = limiter.acquire_tokens(A, 600).await.unwrap();
+        assert_eq!(second.tokens_left, 250);
+        // Another tenant's budget is its own.
+        assert_eq!(limiter.acquire_tokens(B, 1000).await.unwrap().tokens_left, 0);
+    }
+
+    #[tokio::test]
+    async fn a_released_reservation_frees_everything_and_a_dropped_one_frees_at_its_lease() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let limiter = token_limiter(&clock, Some(secs(10)));
+        let failed = limiter.acquire_tokens(A, 900).await.unwrap();
+        limiter.release(A, &failed.reservation.unwrap()).await.unwrap();
+        // This one is never settled: its caller went away.
+        limiter.acquire_tokens(A, 900).await.unwrap();
+        let held = tokens_refused(limiter.acquire_tokens(A, 200).await);
+        assert_eq!(
+            held.retry_after,
+            secs(10) + TICK,
+            "until the lease's last microsecond has passed"
+        );
+        clock.advance(held.retry_after);
+        limiter.acquire_tokens(A, 200).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_estimate_over_the_limit_is_refused_for_good_and_requests_still_count() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let limiter = RateLimiter::builder(1)
+            .tokens_per_window(1000)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let huge = tokens_refused(limiter.acquire_tokens(A, 1001).await);
+        assert_eq!(huge.by, RefusedBy::TooLarge);
+        assert_eq!(
+            TokenAcquireError::Tokens(huge.clone()).retry_after(),
+            None,
+            "no wait ends it"
+        );
+        assert!(
+            huge.to_string().ends_with("the estimate alone is over the limit"),
+            "{huge}"
+        );
+        limiter.acquire_tokens(A, 10).await.unwrap();
+        match limiter.acquire_tokens(A, 10).await {
+            Err(TokenAcquireError::Limited(e)) => assert_eq!(e.used, 1),
+            other => panic!("the second call is over rpm 1: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_token_limit_acquire_tokens_is_acquire() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let limiter = limiter(1, &clock);
+        let a = limiter.acquire_tokens(A, u64::MAX).await.unwrap();
+        assert_eq!((a.remaining, a.reservation), (0, None));
+    }
+
+    #[test]
+    fn absurd_token_settings_are_refused_by_name() {
+        let e = |b: redstring::RateLimiterBuilder<MemoryCache>| b.build().unwrap_err().field;
+        assert_eq!(e(RateLimiter::builder(1).tokens_per_window(0)), "tokens_per_window");
+        assert_eq!(
+            e(RateLimiter::builder(1).tokens_per_window((1 << 53) + 1)),
+            "tokens_per_window"
+        );
+        assert_eq!(e(RateLimiter::builder(1).token_lease(Duration::ZERO)), "token_lease");
+        assert_eq!(e(RateLimiter::builder(1).token_lease(secs(61))), "token_lease");
+    }
+}

@@ -367,3 +367,55 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Token budgets: in any window the tokens of the calls admitted (as they
+    /// were finally settled, or their estimates) are at most the limit plus
+    /// the estimation errors of the calls in it that settled above their
+    /// estimate — whatever the order of reservations, refunds and charges.
+    #[test]
+    fn admitted_tokens_never_exceed_the_limit_plus_the_estimation_errors(
+        limit in 100u64..2000,
+        ops in prop::collection::vec(
+            prop_oneof![
+                3 => (0u64..5_000, 1u64..600).prop_map(|(gap, est)| (true, gap, est, 0usize)),
+                2 => (0u64..5_000, 0u64..900, 0usize..8).prop_map(|(gap, actual, back)| (false, gap, actual, back)),
+            ],
+            1..150,
+        ),
+    ) {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let limiter = RateLimiter::builder(10_000).tokens_per_window(limit).clock(clock.clone()).build().unwrap();
+        let window = limiter.window();
+        let rt = runtime();
+        // (at, estimate, settled actual, reservation) per admitted call.
+        let mut admitted: Vec<(Timestamp, u64, Option<u64>, redstring::limiter::Reservation)> = Vec::new();
+        for (acquire, gap_ms, amount, back) in ops {
+            clock.advance(Duration::from_millis(gap_ms));
+            if acquire {
+                if let Ok(a) = rt.block_on(limiter.acquire_tokens(T, amount)) {
+                    admitted.push((clock.now(), amount, None, a.reservation.unwrap()));
+                }
+            } else if let Some(i) = admitted.len().checked_sub(1 + back) {
+                let (_, _, settled, r) = &mut admitted[i];
+                if settled.is_none() && rt.block_on(limiter.settle(T, r, amount)).unwrap() {
+                    *settled = Some(amount);
+                }
+            }
+        }
+        for (i, &(end, ..)) in admitted.iter().enumerate() {
+            let start = end.saturating_sub(window);
+            let (mut total, mut errors) = (0u64, 0u64);
+            for &(at, estimate, settled, _) in &admitted[..=i] {
+                if at >= start {
+                    let used = settled.unwrap_or(estimate);
+                    total += used;
+                    errors += used.saturating_sub(estimate);
+                }
+            }
+            prop_assert!(total <= limit + errors, "window ending {}: {} tokens, limit {} + errors {}", end, total, limit, errors);
+        }
+    }
+}

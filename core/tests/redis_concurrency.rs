@@ -117,3 +117,48 @@ async fn a_fleets_retry_budget_grants_exactly_what_its_first_attempts_earned() {
     }
     assert_eq!(granted, 10, "exactly ratio × first attempts, fleet-wide");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_tasks_over_five_connections_reserve_exactly_the_tokens_per_window() {
+    let Some(server) = RedisServer::start() else { return };
+    let tenant = TenantId::from_u128(77);
+    let limiters: Vec<Arc<redstring::RateLimiter<RedisCache>>> = (0..5)
+        .map(|_| {
+            Arc::new(
+                redstring::RateLimiter::builder(1000)
+                    .tokens_per_window(1000)
+                    .cache(Arc::new(server.cache()))
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let l = limiters[i % 5].clone();
+            tokio::spawn(async move { l.acquire_tokens(tenant, 100).await })
+        })
+        .collect();
+    let mut reservations = Vec::new();
+    for t in tasks {
+        if let Ok(a) = t.await.unwrap() {
+            reservations.push(a.reservation.expect("a token limit reserves"));
+        }
+    }
+    assert_eq!(reservations.len(), 10, "1000 tokens hold exactly ten estimates of 100");
+    // Settling every call at 50 frees room for exactly ten more.
+    for r in &reservations {
+        assert!(limiters[0].settle(tenant, r, 50).await.unwrap());
+    }
+    let more: Vec<_> = (0..50)
+        .map(|i| {
+            let l = limiters[i % 5].clone();
+            tokio::spawn(async move { l.acquire_tokens(tenant, 50).await.is_ok() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in more {
+        admitted += usize::from(t.await.unwrap());
+    }
+    assert_eq!(admitted, 10);
+}

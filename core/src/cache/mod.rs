@@ -39,6 +39,7 @@ use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Breake
 use crate::clock::Clock;
 use crate::error::CacheError;
 use crate::limiter::SlotOutcome;
+use crate::limiter::tokens::{ReservationId, TokenAsk, TokenOutcome};
 use crate::retry::{BudgetCommand, BudgetParams, BudgetStep};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
@@ -182,6 +183,32 @@ pub trait LimiterStore: HitWindow {
             self.acquire_slot(key.as_str(), request).await
         }
     }
+}
+
+/// Tokens per window beside requests per window, in the same atomic step.
+pub trait TokenStore: LimiterStore {
+    /// Atomically: decide the request slot at `key` as
+    /// [`LimiterStore::acquire_slot`] does, and a reservation of `ask.tokens`
+    /// on `key`'s token ledger by [`crate::limiter::tokens::decide_tokens`];
+    /// when both fit, record the hit and the reservation (leased until
+    /// `now + ask.lease`) at the same stamp, otherwise record nothing. The
+    /// ledger keeps reservations `request.ttl` before the store's clock, as
+    /// the hit window keeps hits.
+    fn acquire_with_tokens(
+        &self,
+        key: &str,
+        request: SlotRequest,
+        ask: TokenAsk,
+    ) -> impl Future<Output = Result<TokenOutcome, CacheError>> + Send;
+
+    /// Sets reservation `id` at `key` to the `actual` tokens used and ends
+    /// its lease: `true` when the ledger still held it.
+    fn settle_tokens(
+        &self,
+        key: &str,
+        id: ReservationId,
+        actual: u64,
+    ) -> impl Future<Output = Result<bool, CacheError>> + Send;
 }
 
 /// The breaker's transitions as atomic steps over its four keys.

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::tokens::RefusedBy;
 use crate::error::CacheError;
 use crate::tenant::TenantId;
 use crate::time::secs;
@@ -45,6 +46,57 @@ impl AcquireError {
         match self {
             AcquireError::Limited(e) => Some(e.retry_after),
             AcquireError::Cache(_) => None,
+        }
+    }
+}
+
+/// A tenant is over its tokens per window: "not now", with the wait until the
+/// estimate fits (or never, when the estimate alone is over the limit).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("tenant {tenant} asked for {asked} tokens with {used} of {limit} used in {window_secs}s{}", if *by == RefusedBy::TooLarge { "; the estimate alone is over the limit".to_owned() } else { format!("; retry in {:.2}s", retry_after.as_secs_f64()) }, window_secs = secs(*window))]
+pub struct TokenLimitExceeded {
+    /// The tenant refused.
+    pub tenant: TenantId,
+    /// Which limit refused: tokens, or tokens and requests together (a
+    /// refusal by requests alone is a [`RateLimitExceeded`]), or an estimate
+    /// over the whole limit.
+    pub by: RefusedBy,
+    /// The estimate asked for.
+    pub asked: u64,
+    /// Tokens counted in the window.
+    pub used: u64,
+    /// Tokens allowed per window.
+    pub limit: u64,
+    /// The limiter's window.
+    pub window: Duration,
+    /// How long until every refusing limit would admit this estimate, if
+    /// nothing else is reserved meanwhile (the window for
+    /// [`RefusedBy::TooLarge`], which never fits).
+    pub retry_after: Duration,
+}
+
+/// Why [`RateLimiter::acquire_tokens`](super::RateLimiter::acquire_tokens)
+/// granted nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenAcquireError {
+    /// The tenant is over its requests per window.
+    #[error(transparent)]
+    Limited(#[from] RateLimitExceeded),
+    /// The tenant is over its tokens per window.
+    #[error(transparent)]
+    Tokens(#[from] TokenLimitExceeded),
+    /// The cache could not answer.
+    #[error("rate limiter could not reach its cache")]
+    Cache(#[source] CacheError),
+}
+
+impl TokenAcquireError {
+    /// The wait to honour, when this is a refusal that a wait can end.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            TokenAcquireError::Limited(e) => Some(e.retry_after),
+            TokenAcquireError::Tokens(e) if e.by != RefusedBy::TooLarge => Some(e.retry_after),
+            _ => None,
         }
     }
 }

@@ -17,15 +17,16 @@
 //! closed cache or a protocol error is still an error.
 
 mod error;
+pub mod tokens;
 mod window;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use error::{AcquireError, RateLimitExceeded};
+pub use error::{AcquireError, RateLimitExceeded, TokenAcquireError, TokenLimitExceeded};
 pub use window::{SlotOutcome, clamp_stamp, decide, skew_bound};
 
-use crate::cache::{Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot};
+use crate::cache::{Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TokenStore};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Observer, TracingObserver};
@@ -40,6 +41,10 @@ pub const DEFAULT_KEY_PREFIX: &str = "kg:ratelimit";
 /// as it is, by default (see [`RateLimiterBuilder::max_clock_ahead`]), for
 /// windows of at least this length.
 pub const DEFAULT_MAX_CLOCK_AHEAD: Duration = Duration::from_secs(1);
+
+/// The most tokens per window a limiter accepts: 2⁵³, what a Redis script's
+/// doubles hold exactly.
+pub const MAX_TOKENS_PER_WINDOW: u64 = 1 << 53;
 
 /// The lead a limiter with `window` takes when none is set:
 /// [`DEFAULT_MAX_CLOCK_AHEAD`], or the window if shorter.
@@ -104,6 +109,30 @@ pub struct Admission {
     pub remaining: u32,
 }
 
+/// A granted slot with its token reservation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenAdmission {
+    /// Slots left for this tenant in the window after this one.
+    pub remaining: u32,
+    /// Tokens left in the window after this reservation.
+    pub tokens_left: u64,
+    /// The reservation to [`settle`](RateLimiter::settle) with the tokens the
+    /// call used, or [`release`](RateLimiter::release) when it failed before
+    /// the server used any. `None` when the limiter has no token limit.
+    pub reservation: Option<Reservation>,
+}
+
+/// One call's token reservation: where it was decided, and its id there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// The reservation in its ledger.
+    pub id: tokens::ReservationId,
+    /// The tokens reserved.
+    pub estimate: u64,
+    /// Which ledger holds it: the store's, or the local fallback's.
+    pub decided_by: DecidedBy,
+}
+
 /// A per-tenant sliding-window rate limiter over a [`LimiterStore`].
 ///
 /// ```
@@ -138,6 +167,10 @@ pub struct RateLimiter<S = MemoryCache> {
     observer: Arc<dyn Observer>,
     on_cache_unavailable: OnCacheUnavailable,
     max_ahead: Duration,
+    /// Tokens per window, if limited.
+    tokens: Option<u64>,
+    /// How long an unsettled reservation counts.
+    token_lease: Duration,
     /// The per-process fallback under [`OnCacheUnavailable::LocalLimit`].
     local: Option<MemoryCache>,
 }
@@ -167,6 +200,8 @@ impl RateLimiter<MemoryCache> {
             observer: None,
             on_cache_unavailable: OnCacheUnavailable::default(),
             max_ahead: None,
+            tokens: None,
+            token_lease: None,
         }
     }
 }
@@ -181,6 +216,8 @@ pub struct RateLimiterBuilder<S> {
     observer: Option<Arc<dyn Observer>>,
     on_cache_unavailable: OnCacheUnavailable,
     max_ahead: Option<Duration>,
+    tokens: Option<u64>,
+    token_lease: Option<Duration>,
 }
 
 impl<S: LimiterStore> RateLimiterBuilder<S> {
@@ -211,6 +248,8 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             observer: self.observer,
             on_cache_unavailable: self.on_cache_unavailable,
             max_ahead: self.max_ahead,
+            tokens: self.tokens,
+            token_lease: self.token_lease,
         }
     }
 
@@ -226,6 +265,23 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
     /// [`TimeSource::Caller`]: crate::TimeSource::Caller
     pub fn max_clock_ahead(mut self, d: Duration) -> Self {
         self.max_ahead = Some(d);
+        self
+    }
+
+    /// Tokens allowed per tenant per window, beside `rpm` (default: no token
+    /// limit). [`RateLimiter::acquire_tokens`] reserves each call's estimate
+    /// in the same atomic step as its slot. At most 2⁵³.
+    pub fn tokens_per_window(mut self, limit: u64) -> Self {
+        self.tokens = Some(limit);
+        self
+    }
+
+    /// How long an unsettled token reservation counts (default: the window,
+    /// so a reservation leaves with its slot). A call that neither settles
+    /// nor releases — a dropped future — holds its tokens no longer than
+    /// this. At most the window.
+    pub fn token_lease(mut self, lease: Duration) -> Self {
+        self.token_lease = Some(lease);
         self
     }
 
@@ -281,6 +337,19 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
                 ));
             }
         };
+        if let Some(limit) = self.tokens
+            && !(1..=MAX_TOKENS_PER_WINDOW).contains(&limit)
+        {
+            return Err(ConfigError::new("tokens_per_window", "between 1 and 2^53", limit));
+        }
+        let token_lease = self.token_lease.unwrap_or(self.window);
+        if token_lease.is_zero() || token_lease > self.window {
+            return Err(ConfigError::new(
+                "token_lease",
+                "positive and at most window_seconds",
+                crate::time::secs(token_lease),
+            ));
+        }
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         let (store, owns_store) = self.store.resolve(&clock);
         let local =
@@ -295,6 +364,8 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             observer: self.observer.unwrap_or_else(|| Arc::new(TracingObserver)),
             on_cache_unavailable: self.on_cache_unavailable,
             max_ahead,
+            tokens: self.tokens,
+            token_lease,
             local,
         })
     }
@@ -335,25 +406,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// clock is read once and the same instant is used for the count, the
     /// oldest hit and the new hit.
     pub async fn acquire(&self, tenant: TenantId) -> Result<Admission, AcquireError> {
-        let request = SlotRequest {
-            // A store that stamps with its own clock ignores ours: skip the read.
-            now: if self.store.stamps_with_own_clock() {
-                Timestamp::EPOCH
-            } else {
-                self.clock.now()
-            },
-            window: self.window,
-            limit: self.rpm,
-            // A clamped caller's window reaches at most two windows behind
-            // the store's clock, and its hits sit at most max_ahead ahead:
-            // the series outlives both, by one tick.
-            ttl: self
-                .window
-                .saturating_mul(2)
-                .saturating_add(self.max_ahead)
-                .saturating_add(Duration::from_micros(1)),
-            max_ahead: self.max_ahead,
-        };
+        let request = self.slot_request();
         #[cfg(feature = "mutants")]
         let decided = match self.mutated_slot(tenant, request).await {
             Some(decided) => decided,
@@ -457,6 +510,34 @@ impl<S: LimiterStore> RateLimiter<S> {
         })
     }
 
+    /// Tokens allowed per tenant per window, if limited.
+    pub fn tokens_per_window(&self) -> Option<u64> {
+        self.tokens
+    }
+
+    /// The slot request `acquire` and `acquire_tokens` send.
+    fn slot_request(&self) -> SlotRequest {
+        SlotRequest {
+            // A store that stamps with its own clock ignores ours: skip the read.
+            now: if self.store.stamps_with_own_clock() {
+                Timestamp::EPOCH
+            } else {
+                self.clock.now()
+            },
+            window: self.window,
+            limit: self.rpm,
+            // A clamped caller's window reaches at most two windows behind
+            // the store's clock, and its hits sit at most max_ahead ahead:
+            // the series outlives both, by one tick.
+            ttl: self
+                .window
+                .saturating_mul(2)
+                .saturating_add(self.max_ahead)
+                .saturating_add(Duration::from_micros(1)),
+            max_ahead: self.max_ahead,
+        }
+    }
+
     /// Reports a store's answer (`decided_by` says which store) and turns it
     /// into `acquire`'s.
     fn conclude(
@@ -514,6 +595,215 @@ impl<S: LimiterStore> RateLimiter<S> {
         let since = self.clock.now().saturating_sub(self.window);
         let used = self.store.count_since(key.as_str(), since).await?;
         Ok(u32::try_from(u64::from(self.rpm).saturating_sub(used)).unwrap_or(0))
+    }
+
+    /// Takes a slot for `tenant` and reserves `estimate` tokens (the prompt's
+    /// estimate plus `max_tokens`) in the same atomic step: both or neither.
+    /// Without [`tokens_per_window`](RateLimiterBuilder::tokens_per_window)
+    /// this is [`acquire`](Self::acquire) and reserves nothing.
+    ///
+    /// Settle the reservation with what the server's `usage` says once the
+    /// call ends ([`settle`](Self::settle)), or [`release`](Self::release) it
+    /// when the call failed before the server used anything; a reservation
+    /// neither settled nor released counts until its
+    /// [`token_lease`](RateLimiterBuilder::token_lease) ends.
+    pub async fn acquire_tokens(&self, tenant: TenantId, estimate: u64) -> Result<TokenAdmission, TokenAcquireError>
+    where
+        S: TokenStore,
+    {
+        let Some(limit) = self.tokens else {
+            return match self.acquire(tenant).await {
+                Ok(a) => Ok(TokenAdmission {
+                    remaining: a.remaining,
+                    tokens_left: u64::MAX,
+                    reservation: None,
+                }),
+                Err(AcquireError::Limited(e)) => Err(TokenAcquireError::Limited(e)),
+                Err(AcquireError::Cache(e)) => Err(TokenAcquireError::Cache(e)),
+            };
+        };
+        let request = self.slot_request();
+        let ask = tokens::TokenAsk {
+            tokens: estimate,
+            limit,
+            lease: self.token_lease,
+        };
+        let key = KeyBuf::tenant(&self.prefix, &tenant);
+        match self.store.acquire_with_tokens(key.as_str(), request, ask).await {
+            Ok(outcome) => self.conclude_tokens(tenant, request.now, ask, outcome, DecidedBy::Store),
+            Err(error) if error.is_transient() => {
+                self.observer.on_event(&Event::CacheUnavailable {
+                    component: self.prefix.clone(),
+                    operation: "acquire_with_tokens",
+                    fallback: self.on_cache_unavailable.as_str(),
+                    error: error.to_string(),
+                });
+                match (self.on_cache_unavailable, &self.local) {
+                    (OnCacheUnavailable::LocalLimit, Some(local)) => {
+                        let request = SlotRequest {
+                            now: self.clock.now(),
+                            ..request
+                        };
+                        match local.acquire_with_tokens(key.as_str(), request, ask).await {
+                            Ok(outcome) => self.conclude_tokens(tenant, request.now, ask, outcome, DecidedBy::Local),
+                            Err(_) => Err(TokenAcquireError::Cache(error)),
+                        }
+                    }
+                    (OnCacheUnavailable::Admit, _) => {
+                        self.observer.on_event(&Event::RateLimitAdmitted {
+                            limiter: self.prefix.clone(),
+                            tenant,
+                            remaining: 0,
+                            at: request.now,
+                            decided_by: DecidedBy::Unlimited,
+                        });
+                        Ok(TokenAdmission {
+                            remaining: 0,
+                            tokens_left: 0,
+                            reservation: None,
+                        })
+                    }
+                    _ => Err(TokenAcquireError::Cache(error)),
+                }
+            }
+            Err(error) => Err(TokenAcquireError::Cache(error)),
+        }
+    }
+
+    /// Settles `reservation` to the `actual` tokens the call used (the
+    /// response's `usage`): a refund when it used less than its estimate, a
+    /// charge when more. `Ok(false)` when the ledger no longer holds it (it
+    /// left the window, or the store restarted).
+    pub async fn settle(&self, tenant: TenantId, reservation: &Reservation, actual: u64) -> Result<bool, CacheError>
+    where
+        S: TokenStore,
+    {
+        let key = KeyBuf::tenant(&self.prefix, &tenant);
+        let found = match (reservation.decided_by, &self.local) {
+            (DecidedBy::Local, Some(local)) => local.settle_tokens(key.as_str(), reservation.id, actual).await?,
+            (DecidedBy::Local | DecidedBy::Unlimited, _) => false,
+            (DecidedBy::Store, _) => self.store.settle_tokens(key.as_str(), reservation.id, actual).await?,
+        };
+        self.observer.on_event(&Event::TokensSettled {
+            limiter: self.prefix.clone(),
+            tenant,
+            estimate: reservation.estimate,
+            actual,
+            found,
+        });
+        Ok(found)
+    }
+
+    /// Releases `reservation`: settles it to zero, for a call that failed
+    /// before the server used anything.
+    pub async fn release(&self, tenant: TenantId, reservation: &Reservation) -> Result<bool, CacheError>
+    where
+        S: TokenStore,
+    {
+        self.settle(tenant, reservation, 0).await
+    }
+
+    /// Reports a combined answer and turns it into `acquire_tokens`'.
+    fn conclude_tokens(
+        &self,
+        tenant: TenantId,
+        asked: Timestamp,
+        ask: tokens::TokenAsk,
+        outcome: tokens::TokenOutcome,
+        decided_by: DecidedBy,
+    ) -> Result<TokenAdmission, TokenAcquireError> {
+        use tokens::{RefusedBy, TokenOutcome};
+        let clamped = match outcome {
+            TokenOutcome::Admitted { clamped, .. } | TokenOutcome::Refused { clamped, .. } => clamped,
+        };
+        if clamped {
+            self.observer.on_event(&Event::StampClamped {
+                limiter: self.prefix.clone(),
+                tenant,
+                asked,
+                used: outcome.at(),
+            });
+        }
+        match outcome {
+            TokenOutcome::Admitted {
+                remaining,
+                tokens_used,
+                reservation,
+                ..
+            } => {
+                self.observer.on_event(&Event::RateLimitAdmitted {
+                    limiter: self.prefix.clone(),
+                    tenant,
+                    remaining,
+                    at: reservation.at,
+                    decided_by,
+                });
+                self.observer.on_event(&Event::TokensReserved {
+                    limiter: self.prefix.clone(),
+                    tenant,
+                    estimate: ask.tokens,
+                    used_before: tokens_used,
+                    at: reservation.at,
+                    decided_by,
+                });
+                Ok(TokenAdmission {
+                    remaining,
+                    tokens_left: ask.limit.saturating_sub(tokens_used).saturating_sub(ask.tokens),
+                    reservation: Some(Reservation {
+                        id: reservation,
+                        estimate: ask.tokens,
+                        decided_by,
+                    }),
+                })
+            }
+            TokenOutcome::Refused {
+                by: RefusedBy::Requests,
+                requests_used,
+                retry_after,
+                at,
+                ..
+            } => {
+                self.observer.on_event(&Event::RateLimitRefused {
+                    limiter: self.prefix.clone(),
+                    tenant,
+                    retry_after,
+                    at,
+                    decided_by,
+                });
+                Err(TokenAcquireError::Limited(RateLimitExceeded {
+                    tenant,
+                    used: requests_used,
+                    window: self.window,
+                    retry_after,
+                }))
+            }
+            TokenOutcome::Refused {
+                by,
+                tokens_used,
+                retry_after,
+                at,
+                ..
+            } => {
+                self.observer.on_event(&Event::TokensRefused {
+                    limiter: self.prefix.clone(),
+                    tenant,
+                    estimate: ask.tokens,
+                    used: tokens_used,
+                    retry_after,
+                    at,
+                    decided_by,
+                });
+                Err(TokenAcquireError::Tokens(TokenLimitExceeded {
+                    tenant,
+                    by,
+                    asked: ask.tokens,
+                    used: tokens_used,
+                    limit: ask.limit,
+                    window: self.window,
+                    retry_after,
+                }))
+            }
+        }
     }
 
     /// Releases the cache if the limiter built it; a cache passed in is the

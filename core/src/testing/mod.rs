@@ -17,16 +17,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerStep, Origin, Permit, ProbeId};
-use crate::cache::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest};
+use crate::cache::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TokenStore};
 use crate::error::CacheError;
 use crate::limiter::SlotOutcome;
+use crate::limiter::tokens::{RefusedBy, ReservationId, TokenAsk, TokenOutcome};
 use crate::retry::{BudgetCommand, BudgetParams, BudgetState, MICROS_PER_RETRY};
 use crate::{CircuitState, Timestamp};
 
 /// How the suite reaches an adapter.
 pub trait Harness: Send + Sync + 'static {
     /// The adapter under test.
-    type Cache: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore;
+    type Cache: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore + TokenStore;
 
     /// A fresh, empty, open cache stamping with the caller's time
     /// ([`TimeSource::Caller`](crate::TimeSource::Caller)).
@@ -102,6 +103,12 @@ checks!(
     budget_a_foreign_value_reads_as_empty_and_is_replaced,
     budget_an_expired_bucket_restarts_empty,
     racing_budget_withdrawals_grant_exactly_the_balance,
+    tokens_reserve_to_the_limit_then_refuse_with_the_exact_wait,
+    tokens_settle_refunds_and_charges_and_unknown_reservations_are_reported,
+    tokens_an_unsettled_lease_stops_counting_when_it_ends,
+    tokens_a_refusal_by_either_limit_records_nothing,
+    tokens_an_estimate_over_the_limit_never_fits,
+    racing_token_reservations_admit_exactly_what_fits,
     close_is_idempotent_and_later_calls_fail_closed,
 );
 
@@ -824,6 +831,228 @@ async fn racing_budget_withdrawals_grant_exactly_the_balance<H: Harness>(h: &H) 
         }
     }
     assert_eq!(granted, 7);
+}
+
+fn token_ask(tokens: u64, limit: u64, lease: Duration) -> TokenAsk {
+    TokenAsk { tokens, limit, lease }
+}
+
+fn reservation(outcome: &TokenOutcome) -> ReservationId {
+    match outcome {
+        TokenOutcome::Admitted { reservation, .. } => *reservation,
+        other => panic!("expected an admission, got {other:?}"),
+    }
+}
+
+async fn tokens_reserve_to_the_limit_then_refuse_with_the_exact_wait<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t0 = h.now();
+    // Leases longer than the window: reservations leave with the window.
+    let ask = token_ask(400, 1000, secs(120));
+    let first = c.acquire_with_tokens("tok", request(t0, 10), ask).await.unwrap();
+    assert!(
+        matches!(
+            first,
+            TokenOutcome::Admitted {
+                tokens_used: 0,
+                remaining: 9,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    assert_eq!(reservation(&first), ReservationId { at: t0, seq: 0 });
+    let t1 = t0.saturating_add(secs(10));
+    let second = c.acquire_with_tokens("tok", request(t1, 10), ask).await.unwrap();
+    assert!(
+        matches!(second, TokenOutcome::Admitted { tokens_used: 400, .. }),
+        "{second:?}"
+    );
+    let t2 = t0.saturating_add(secs(20));
+    let third = c.acquire_with_tokens("tok", request(t2, 10), ask).await.unwrap();
+    // 800 of 1000 used: the first reservation must leave the window (60 s
+    // and one µs after it) before 400 more fit.
+    assert_eq!(
+        third,
+        TokenOutcome::Refused {
+            by: RefusedBy::Tokens,
+            requests_used: 2,
+            tokens_used: 800,
+            retry_after: secs(40) + Duration::from_micros(1),
+            at: t2,
+            clamped: false,
+        }
+    );
+    let later = t0.saturating_add(secs(60) + Duration::from_micros(1));
+    let fourth = c.acquire_with_tokens("tok", request(later, 10), ask).await.unwrap();
+    assert!(
+        matches!(fourth, TokenOutcome::Admitted { tokens_used: 400, .. }),
+        "{fourth:?}"
+    );
+}
+
+async fn tokens_settle_refunds_and_charges_and_unknown_reservations_are_reported<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t0 = h.now();
+    let ask = token_ask(600, 1000, secs(60));
+    let first = reservation(&c.acquire_with_tokens("settle", request(t0, 10), ask).await.unwrap());
+    let refused = c.acquire_with_tokens("settle", request(t0, 10), ask).await.unwrap();
+    assert!(
+        matches!(
+            refused,
+            TokenOutcome::Refused {
+                by: RefusedBy::Tokens,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    // A refund: the call used 100, so 600 more fit.
+    assert!(c.settle_tokens("settle", first, 100).await.unwrap());
+    let second = c.acquire_with_tokens("settle", request(t0, 10), ask).await.unwrap();
+    assert_eq!(
+        reservation(&second),
+        ReservationId { at: t0, seq: 1 },
+        "the second at one stamp"
+    );
+    // A charge: the first call turned out to use 500, so nothing more fits.
+    assert!(c.settle_tokens("settle", first, 500).await.unwrap());
+    let small = token_ask(1, 1000, secs(60));
+    let over = c.acquire_with_tokens("settle", request(t0, 10), small).await.unwrap();
+    assert!(
+        matches!(over, TokenOutcome::Refused { tokens_used: 1100, .. }),
+        "settling above the estimate charges it: {over:?}"
+    );
+    let unknown = ReservationId { at: t0, seq: 7 };
+    assert!(!c.settle_tokens("settle", unknown, 1).await.unwrap());
+    assert!(!c.settle_tokens("nobody", first, 1).await.unwrap());
+}
+
+async fn tokens_an_unsettled_lease_stops_counting_when_it_ends<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t0 = h.now();
+    let leased = token_ask(900, 1000, secs(5));
+    c.acquire_with_tokens("lease", request(t0, 10), leased).await.unwrap();
+    let ask = token_ask(400, 1000, secs(5));
+    let early = c
+        .acquire_with_tokens("lease", request(t0.saturating_add(secs(1)), 10), ask)
+        .await
+        .unwrap();
+    assert!(
+        matches!(early, TokenOutcome::Refused { by: RefusedBy::Tokens, retry_after, .. }
+            if retry_after == secs(4) + Duration::from_micros(1)),
+        "the lease ends 5 s after the reservation, inclusive: {early:?}"
+    );
+    let last = c
+        .acquire_with_tokens("lease", request(t0.saturating_add(secs(5)), 10), ask)
+        .await
+        .unwrap();
+    assert!(
+        matches!(last, TokenOutcome::Refused { .. }),
+        "its last µs still counts: {last:?}"
+    );
+    let after = t0.saturating_add(secs(5) + Duration::from_micros(1));
+    let after = c.acquire_with_tokens("lease", request(after, 10), ask).await.unwrap();
+    assert!(
+        matches!(after, TokenOutcome::Admitted { tokens_used: 0, .. }),
+        "{after:?}"
+    );
+}
+
+async fn tokens_a_refusal_by_either_limit_records_nothing<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t0 = h.now();
+    let ask = token_ask(100, 1000, secs(60));
+    c.acquire_with_tokens("either", request(t0, 1), ask).await.unwrap();
+    let by_requests = c.acquire_with_tokens("either", request(t0, 1), ask).await.unwrap();
+    assert!(
+        matches!(
+            by_requests,
+            TokenOutcome::Refused {
+                by: RefusedBy::Requests,
+                requests_used: 1,
+                tokens_used: 100,
+                ..
+            }
+        ),
+        "{by_requests:?}"
+    );
+    let big = token_ask(950, 1000, secs(60));
+    let by_tokens = c.acquire_with_tokens("either", request(t0, 5), big).await.unwrap();
+    assert!(
+        matches!(
+            by_tokens,
+            TokenOutcome::Refused {
+                by: RefusedBy::Tokens,
+                ..
+            }
+        ),
+        "{by_tokens:?}"
+    );
+    let both = c.acquire_with_tokens("either", request(t0, 1), big).await.unwrap();
+    assert!(
+        matches!(
+            both,
+            TokenOutcome::Refused {
+                by: RefusedBy::Both,
+                ..
+            }
+        ),
+        "{both:?}"
+    );
+    assert_eq!(
+        c.count_since("either", t0).await.unwrap(),
+        1,
+        "one hit, from the one admission"
+    );
+    let fits = c
+        .acquire_with_tokens("either", request(t0, 5), token_ask(900, 1000, secs(60)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(fits, TokenOutcome::Admitted { tokens_used: 100, .. }),
+        "no refusal reserved anything: {fits:?}"
+    );
+}
+
+async fn tokens_an_estimate_over_the_limit_never_fits<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let outcome = c
+        .acquire_with_tokens("large", request(h.now(), 10), token_ask(1001, 1000, secs(60)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            TokenOutcome::Refused {
+                by: RefusedBy::TooLarge,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+}
+
+async fn racing_token_reservations_admit_exactly_what_fits<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                c.acquire_with_tokens("race:tokens", request(now, 100), token_ask(100, 1000, secs(60)))
+                    .await
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        if let TokenOutcome::Admitted { .. } = task.await.expect("task panicked").unwrap() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 10, "1000 tokens hold ten reservations of 100");
+    assert_eq!(c.count_since("race:tokens", now).await.unwrap(), 10, "and ten hits");
 }
 
 async fn close_is_idempotent_and_later_calls_fail_closed<H: Harness>(h: &H) {

@@ -14,7 +14,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin, ProbeId};
-use redstring::cache::{BreakerStore, BudgetStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
+use redstring::cache::{BreakerStore, BudgetStore, HitWindow, KeyValue, LimiterStore, SlotRequest, TokenStore};
+use redstring::limiter::tokens::{ReservationId, TokenAsk};
 use redstring::retry::{BudgetCommand, BudgetParams, MICROS_PER_RETRY};
 use redstring::{CacheError, Clock, ManualClock, MemoryCache, SystemClock, Timestamp};
 
@@ -103,6 +104,8 @@ enum Op {
     Breaker(Command, u64, BreakerParams),
     BreakerRead(u64),
     Budget(usize, BudgetCommand, u64, BudgetParams),
+    Tokens(usize, u64, Duration, u32, TokenAsk),
+    Settle(usize, u64, u32, u64),
 }
 
 /// Instants cluster on a few whole seconds, with same-instant collisions.
@@ -154,7 +157,25 @@ fn op() -> impl Strategy<Value = Op> {
         1 => instant().prop_map(Op::BreakerRead),
         3 => (0usize..3, budget_command(), instant(), budget_params())
             .prop_map(|(k, c, now, p)| Op::Budget(k, c, now, p)),
+        4 => (0usize..3, instant(), prop_oneof![Just(30u64), Just(60)], 0u32..5, token_ask())
+            .prop_map(|(k, now, w, limit, ask)| Op::Tokens(k, now, Duration::from_secs(w), limit, ask)),
+        2 => (0usize..3, instant(), 0u32..3, 0u64..600).prop_map(|(k, at, seq, actual)| Op::Settle(k, at, seq, actual)),
     ]
+}
+
+/// Estimates around a limit a few of them fill, with leases shorter and
+/// longer than the windows.
+fn token_ask() -> impl Strategy<Value = TokenAsk> {
+    (
+        prop_oneof![Just(0u64), Just(100), Just(250), Just(400), Just(1200)],
+        prop_oneof![Just(500u64), Just(1000)],
+        prop_oneof![Just(15u64), Just(45), Just(90)],
+    )
+        .prop_map(|(tokens, limit, lease)| TokenAsk {
+            tokens,
+            limit,
+            lease: Duration::from_secs(lease),
+        })
 }
 
 fn budget_command() -> impl Strategy<Value = BudgetCommand> {
@@ -205,7 +226,7 @@ fn breaker_key(keys: &BreakerKeys, i: usize) -> &str {
 
 async fn apply<C>(c: &C, base: Timestamp, op: &Op) -> String
 where
-    C: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore,
+    C: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore + TokenStore,
 {
     let keys = BreakerKeys::new("br");
     let ttl = |on: bool| on.then_some(Duration::from_secs(300));
@@ -239,6 +260,31 @@ where
         }
         Op::BreakerRead(now) => outcome(c.breaker_read(&keys, at(base, now)).await),
         Op::Budget(k, command, now, params) => outcome(c.budget_step(KEYS[k], command, params, at(base, now)).await),
+        Op::Tokens(k, now, window, limit, ask) => outcome(
+            c.acquire_with_tokens(
+                KEYS[k],
+                SlotRequest {
+                    now: at(base, now),
+                    window,
+                    limit,
+                    ttl: window * 2 + UNCLAMPED,
+                    max_ahead: UNCLAMPED,
+                },
+                ask,
+            )
+            .await,
+        ),
+        Op::Settle(k, stamp, seq, actual) => outcome(
+            c.settle_tokens(
+                KEYS[k],
+                ReservationId {
+                    at: at(base, stamp),
+                    seq,
+                },
+                actual,
+            )
+            .await,
+        ),
     }
 }
 
@@ -247,7 +293,7 @@ where
 /// each; panics with the first difference.
 pub fn memory_and_redis_agree<C>(make: impl FnOnce() -> C, flush: impl Fn(), default_cases: u32)
 where
-    C: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore,
+    C: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore + TokenStore,
 {
     let rt = super::runtime();
     let redis = &rt.block_on(async { make() });

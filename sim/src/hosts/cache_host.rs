@@ -45,8 +45,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
-use redstring::cache::{BreakerStore, BudgetStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
+use redstring::cache::{BreakerStore, BudgetStore, HitWindow, KeyValue, LimiterStore, SlotRequest, TokenStore};
 use redstring::limiter::SlotOutcome;
+use redstring::limiter::tokens::{ReservationId, TokenAsk, TokenOutcome};
 use redstring::retry::{BudgetCommand, BudgetParams, BudgetStep};
 use redstring::{Cache, CacheError, MemoryCache, TimeSource, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -178,6 +179,12 @@ async fn execute(cache: &MemoryCache, request: WireRequest) -> Result<WireReply,
             params,
             now,
         } => WireReply::Budget(cache.budget_step(&key, command, params, now).await?),
+        WireRequest::AcquireWithTokens { key, request, ask } => {
+            WireReply::Tokens(cache.acquire_with_tokens(&key, request, ask).await?)
+        }
+        WireRequest::SettleTokens { key, id, actual } => {
+            WireReply::Settled(cache.settle_tokens(&key, id, actual).await?)
+        }
         WireRequest::FlushAll => WireReply::Done,
     })
 }
@@ -415,6 +422,37 @@ impl BreakerStore for RemoteCache {
     }
 }
 
+impl TokenStore for RemoteCache {
+    async fn acquire_with_tokens(
+        &self,
+        key: &str,
+        request: SlotRequest,
+        ask: TokenAsk,
+    ) -> Result<TokenOutcome, CacheError> {
+        let request = WireRequest::AcquireWithTokens {
+            key: key.to_owned(),
+            request,
+            ask,
+        };
+        match self.call("acquire_with_tokens", request).await? {
+            WireReply::Tokens(outcome) => Ok(outcome),
+            other => Err(unexpected("acquire_with_tokens", &other)),
+        }
+    }
+
+    async fn settle_tokens(&self, key: &str, id: ReservationId, actual: u64) -> Result<bool, CacheError> {
+        let request = WireRequest::SettleTokens {
+            key: key.to_owned(),
+            id,
+            actual,
+        };
+        match self.call("settle_tokens", request).await? {
+            WireReply::Settled(found) => Ok(found),
+            other => Err(unexpected("settle_tokens", &other)),
+        }
+    }
+}
+
 impl BudgetStore for RemoteCache {
     async fn budget_step(
         &self,
@@ -525,6 +563,24 @@ pub enum WireRequest {
         /// The caller's now.
         now: Timestamp,
     },
+    /// `TokenStore::acquire_with_tokens`.
+    AcquireWithTokens {
+        /// The key.
+        key: String,
+        /// The slot to decide.
+        request: SlotRequest,
+        /// The tokens to reserve.
+        ask: TokenAsk,
+    },
+    /// `TokenStore::settle_tokens`.
+    SettleTokens {
+        /// The key.
+        key: String,
+        /// The reservation.
+        id: ReservationId,
+        /// The tokens used.
+        actual: u64,
+    },
     /// Empty the store (Redis `FLUSHALL`).
     FlushAll,
 }
@@ -549,6 +605,10 @@ pub enum WireReply {
     Step(BreakerStep),
     /// A retry budget's step.
     Budget(BudgetStep),
+    /// A slot and token decision.
+    Tokens(TokenOutcome),
+    /// Whether a settled reservation was found.
+    Settled(bool),
     /// A breaker read.
     Snapshot {
         /// What is stored.

@@ -48,10 +48,11 @@ use std::time::Duration;
 use names::{Name, Prefixes, tenant_key};
 use series::Series;
 
-use super::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
+use super::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource, TokenStore};
 use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use crate::clock::{Clock, SystemClock};
 use crate::error::CacheError;
+use crate::limiter::tokens::{ReservationId, TokenAsk, TokenEntry, TokenOutcome, combine, decide_tokens, settle_entry};
 use crate::limiter::{SlotOutcome, clamp_stamp, decide};
 use crate::retry::{BudgetCommand, BudgetParams, BudgetState, BudgetStep, budget_step, clamp_budget_stamp};
 use crate::tenant::TenantId;
@@ -138,8 +139,17 @@ struct State {
     windows: Map<Series>,
     /// Limiter tenants' series, by interned prefix and tenant id.
     tenants: HashMap<(u32, u128), Series, rustc_hash::FxBuildHasher>,
+    /// Token ledgers, by key.
+    ledgers: Map<Ledger>,
     ops_since_sweep: usize,
     closed: bool,
+}
+
+/// A key's token reservations, in the order they were made, and the
+/// ledger's deadline.
+struct Ledger {
+    entries: Vec<TokenEntry>,
+    deadline: Timestamp,
 }
 
 struct ValueEntry {
@@ -329,6 +339,7 @@ impl State {
         self.values.retain(|_, e| e.live(now));
         self.windows.retain(|_, s| s.deadline > now);
         self.tenants.retain(|_, s| s.deadline > now);
+        self.ledgers.retain(|_, l| l.deadline > now);
         self.ops_since_sweep = 0;
     }
 
@@ -403,6 +414,7 @@ impl Cache for MemoryCache {
             state.values.clear();
             state.windows.clear();
             state.tenants.clear();
+            state.ledgers.clear();
         }
         Ok(())
     }
@@ -458,6 +470,7 @@ impl KeyValue for MemoryCache {
         let now = self.shared.clock.now();
         let mut state = self.open(key, now)?;
         state.values.remove(key);
+        state.ledgers.remove(key);
         state.remove_series(self.shared.prefixes.name(key));
         Ok(())
     }
@@ -544,6 +557,103 @@ impl LimiterStore for MemoryCache {
                 self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
             }
         }
+    }
+}
+
+impl TokenStore for MemoryCache {
+    async fn acquire_with_tokens(
+        &self,
+        key: &str,
+        request: SlotRequest,
+        ask: TokenAsk,
+    ) -> Result<TokenOutcome, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let (now, clamped) = match self.shared.time_source {
+            TimeSource::Store => (clock_now, false),
+            TimeSource::Caller => clamp_stamp(request.now, clock_now, request.window, request.max_ahead),
+        };
+        let name = self.shared.prefixes.name(key);
+        let mut state = self.open(key, clock_now)?;
+        let since = now.saturating_sub(request.window);
+        let (count, oldest) = match state.series_mut(name, clock_now) {
+            Some(series) => series.window(since),
+            None => (0, None),
+        };
+        let slot = decide(count, oldest, request.limit, now, request.window);
+        // Reservations older than the series' lifetime are pruned, as hits are.
+        let horizon = clock_now.saturating_sub(request.ttl);
+        let entries: &[TokenEntry] = match state.ledgers.get_mut(key) {
+            Some(ledger) if ledger.deadline > clock_now => {
+                ledger.entries.retain(|e| e.id.at >= horizon);
+                &ledger.entries
+            }
+            _ => &[],
+        };
+        let tokens = decide_tokens(entries, &ask, now, request.window);
+        let seq = entries.iter().filter(|e| e.id.at == now).count();
+        let seq = u32::try_from(seq).unwrap_or(u32::MAX);
+        let outcome = combine(count, slot, tokens, now, seq, request.window);
+        if let TokenOutcome::Admitted { reservation, .. } = outcome {
+            state.record(name, now, request.ttl, clock_now);
+            let entry = TokenEntry {
+                id: reservation,
+                tokens: ask.tokens,
+                lease_end: Some(now.saturating_add(ask.lease)),
+            };
+            let deadline = clock_now.saturating_add(request.ttl);
+            match state.ledgers.get_mut(key) {
+                Some(ledger) if ledger.deadline > clock_now => {
+                    ledger.entries.push(entry);
+                    ledger.deadline = ledger.deadline.max(deadline);
+                }
+                _ => {
+                    state.ledgers.insert(
+                        key.to_owned(),
+                        Ledger {
+                            entries: vec![entry],
+                            deadline,
+                        },
+                    );
+                }
+            }
+        }
+        Ok(match outcome {
+            TokenOutcome::Admitted {
+                remaining,
+                tokens_used,
+                reservation,
+                ..
+            } => TokenOutcome::Admitted {
+                remaining,
+                tokens_used,
+                reservation,
+                clamped,
+            },
+            TokenOutcome::Refused {
+                by,
+                requests_used,
+                tokens_used,
+                retry_after,
+                at,
+                ..
+            } => TokenOutcome::Refused {
+                by,
+                requests_used,
+                tokens_used,
+                retry_after,
+                at,
+                clamped,
+            },
+        })
+    }
+
+    async fn settle_tokens(&self, key: &str, id: ReservationId, actual: u64) -> Result<bool, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let mut state = self.open(key, clock_now)?;
+        Ok(match state.ledgers.get_mut(key) {
+            Some(ledger) if ledger.deadline > clock_now => settle_entry(&mut ledger.entries, id, actual),
+            _ => false,
+        })
     }
 }
 

@@ -241,13 +241,14 @@ use std::time::Duration;
 use ::redis::aio::ConnectionManagerConfig;
 use ::redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
 
-use super::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource};
+use super::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource, TokenStore};
 use crate::breaker::machine::{
     self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, CircuitState, FailuresWrite,
     Origin, Permit, ProbeId, Write, Writes,
 };
 use crate::error::{CacheError, ConfigError};
 use crate::limiter::SlotOutcome;
+use crate::limiter::tokens::{RefusedBy, ReservationId, TokenAsk, TokenOutcome};
 use crate::retry::{BudgetCommand, BudgetParams, BudgetState, BudgetStep};
 use crate::time::Timestamp;
 use connection::{Backend, Conn};
@@ -1009,6 +1010,16 @@ fn ttl_ms(d: Duration) -> u64 {
     duration_us(d).div_ceil(1000)
 }
 
+/// The sorted set holding `key`'s token ledger: in the same hash slot as its
+/// hit window, so one script can decide both on a cluster.
+pub fn tokens_key(key: &str) -> String {
+    if has_hash_tag(key) || key.contains('}') {
+        format!("{key}:tokens")
+    } else {
+        format!("{{{key}}}:tokens")
+    }
+}
+
 /// The sorted set holding `key`'s hit window (see the module docs).
 pub fn window_key(key: &str) -> String {
     if has_hash_tag(key) || key.contains('}') {
@@ -1136,10 +1147,12 @@ impl KeyValue for RedisCache {
 
     async fn delete(&self, key: &str) -> Result<(), CacheError> {
         let window = window_key(key);
+        let tokens = tokens_key(key);
         self.run("delete", |mut c| async move {
             ::redis::cmd("DEL")
                 .arg(key)
                 .arg(&window)
+                .arg(&tokens)
                 .query_async::<()>(&mut c)
                 .await
         })
@@ -1252,6 +1265,104 @@ impl LimiterStore for RedisCache {
             _ => None,
         };
         outcome.ok_or_else(|| unexpected("acquire_slot", &reply))
+    }
+}
+
+impl TokenStore for RedisCache {
+    async fn acquire_with_tokens(
+        &self,
+        key: &str,
+        request: SlotRequest,
+        ask: TokenAsk,
+    ) -> Result<TokenOutcome, CacheError> {
+        let window = window_key(key);
+        let ledger = tokens_key(key);
+        let now = self.now_arg("acquire_with_tokens", request.now)?;
+        let tokens = exact("acquire_with_tokens", ask.tokens)?;
+        let limit = exact("acquire_with_tokens", ask.limit)?;
+        let reply: Vec<i64> = self
+            .run("acquire_with_tokens", |mut c| async move {
+                SCRIPTS
+                    .acquire_with_tokens
+                    .key(&window)
+                    .key(&ledger)
+                    .arg(&now)
+                    .arg(duration_us(request.window))
+                    .arg(request.limit)
+                    .arg(duration_us(request.ttl))
+                    .arg(ttl_ms(request.ttl))
+                    .arg(duration_us(request.max_ahead))
+                    .arg(tokens)
+                    .arg(limit)
+                    .arg(duration_us(ask.lease))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let n = |v: i64| u64::try_from(v).ok();
+        let outcome = match *reply.as_slice() {
+            [1, remaining, used, at, seq, clamped @ (0 | 1), healed @ (0 | 1)] => {
+                self.report_healed_window(key, healed == 1);
+                match (u32::try_from(remaining), n(used), n(at), u32::try_from(seq)) {
+                    (Ok(remaining), Some(used), Some(at), Ok(seq)) => Some(TokenOutcome::Admitted {
+                        remaining,
+                        tokens_used: used,
+                        reservation: ReservationId {
+                            at: Timestamp::from_micros(at),
+                            seq,
+                        },
+                        clamped: clamped == 1,
+                    }),
+                    _ => None,
+                }
+            }
+            [0, by, requests, used, wait, at, clamped @ (0 | 1), healed @ (0 | 1)] => {
+                self.report_healed_window(key, healed == 1);
+                let by = match by {
+                    1 => Some(RefusedBy::Requests),
+                    2 => Some(RefusedBy::Tokens),
+                    3 => Some(RefusedBy::Both),
+                    4 => Some(RefusedBy::TooLarge),
+                    _ => None,
+                };
+                match (by, n(requests), n(used), n(wait), n(at)) {
+                    (Some(by), Some(requests), Some(used), Some(wait), Some(at)) => Some(TokenOutcome::Refused {
+                        by,
+                        requests_used: requests,
+                        tokens_used: used,
+                        retry_after: Duration::from_micros(wait),
+                        at: Timestamp::from_micros(at),
+                        clamped: clamped == 1,
+                    }),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        outcome.ok_or_else(|| unexpected("acquire_with_tokens", &reply))
+    }
+
+    async fn settle_tokens(&self, key: &str, id: ReservationId, actual: u64) -> Result<bool, CacheError> {
+        let ledger = tokens_key(key);
+        let at = exact("settle_tokens", id.at.as_micros())?;
+        let actual = exact("settle_tokens", actual)?;
+        let found: i64 = self
+            .run("settle_tokens", |mut c| async move {
+                SCRIPTS
+                    .settle_tokens
+                    .key(&ledger)
+                    .arg(at)
+                    .arg(id.seq)
+                    .arg(actual)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        match found {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(unexpected("settle_tokens", &other)),
+        }
     }
 }
 

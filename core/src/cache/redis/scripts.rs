@@ -21,6 +21,8 @@ pub(super) struct Scripts {
     pub(super) breaker_step: Script,
     pub(super) breaker_read: Script,
     pub(super) budget_step: Script,
+    pub(super) acquire_with_tokens: Script,
+    pub(super) settle_tokens: Script,
 }
 
 fn with_common(body: &str) -> Script {
@@ -37,4 +39,6 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     breaker_step: with_common(include_str!("breaker_step.lua")),
     breaker_read: with_common(include_str!("breaker_read.lua")),
     budget_step: with_common(include_str!("budget_step.lua")),
+    acquire_with_tokens: with_common(include_str!("acquire_with_tokens.lua")),
+    settle_tokens: with_common(include_str!("settle_tokens.lua")),
 });
