@@ -162,3 +162,30 @@ async fn fifty_tasks_over_five_connections_reserve_exactly_the_tokens_per_window
     }
     assert_eq!(admitted, 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fleets_least_loaded_picks_over_five_connections_never_herd() {
+    use redstring::cache::InFlightStore;
+    use redstring::provider::route::PickRequest;
+    let Some(server) = RedisServer::start() else { return };
+    let caches: Vec<Arc<RedisCache>> = (0..5).map(|_| Arc::new(server.cache())).collect();
+    const KEYS: [&str; 2] = ["{router}:gpu-a", "{router}:gpu-b"];
+    let request = |id| PickRequest {
+        now: SystemClock.now(),
+        id,
+        lease: Duration::from_secs(60),
+    };
+    let tasks: Vec<_> = (0..50u64)
+        .map(|id| {
+            let c = caches[usize::try_from(id).unwrap() % 5].clone();
+            tokio::spawn(async move { c.pick_least_loaded(&KEYS, &[1, 1], request(id)).await.unwrap().index })
+        })
+        .collect();
+    let mut on_a = 0;
+    for t in tasks {
+        on_a += usize::from(t.await.unwrap() == 0);
+    }
+    assert_eq!(on_a, 25, "every pick saw the fleet's calls in flight");
+    let last = caches[0].pick_least_loaded(&KEYS, &[1, 1], request(99)).await.unwrap();
+    assert_eq!(last.counts, [25, 25]);
+}

@@ -40,6 +40,7 @@ use crate::clock::Clock;
 use crate::error::CacheError;
 use crate::limiter::SlotOutcome;
 use crate::limiter::tokens::{ReservationId, TokenAsk, TokenOutcome};
+use crate::provider::route::{Pick, PickRequest};
 use crate::retry::{BudgetCommand, BudgetParams, BudgetStep};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
@@ -209,6 +210,29 @@ pub trait TokenStore: LimiterStore {
         id: ReservationId,
         actual: u64,
     ) -> impl Future<Output = Result<bool, CacheError>> + Send;
+}
+
+/// Calls in flight per deployment, for a router's least-loaded pick.
+pub trait InFlightStore: Cache {
+    /// Atomically: drop the leases that ended before `now` (the caller's or
+    /// the store's per its [`TimeSource`]) at each of `keys`, pick by
+    /// [`crate::provider::route::least_loaded`] over their live counts and
+    /// `weights` (one per key), and add a lease named `request.id` at the
+    /// key picked, lasting until `now + request.lease` (inclusive).
+    ///
+    /// On a Redis Cluster the keys must share a hash slot (a `{tag}`).
+    /// No candidate (no keys, every weight zero, or more than
+    /// [`MAX_DEPLOYMENTS`](crate::provider::route::MAX_DEPLOYMENTS)) is a
+    /// [`CacheError::Protocol`] naming the operation: a caller's bug.
+    fn pick_least_loaded(
+        &self,
+        keys: &[&str],
+        weights: &[u32],
+        request: PickRequest,
+    ) -> impl Future<Output = Result<Pick, CacheError>> + Send;
+
+    /// Ends lease `id` at `key`; ending one that already ended is fine.
+    fn end_in_flight(&self, key: &str, id: u64) -> impl Future<Output = Result<(), CacheError>> + Send;
 }
 
 /// The breaker's transitions as atomic steps over its four keys.

@@ -45,6 +45,7 @@ mod hardened;
 mod openai;
 #[cfg(feature = "openai")]
 mod reqwest_transport;
+pub mod route;
 mod schema;
 mod transport;
 pub mod wire;

@@ -17,17 +17,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerStep, Origin, Permit, ProbeId};
-use crate::cache::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TokenStore};
+use crate::cache::{
+    BreakerStore, BudgetStore, Cache, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TokenStore,
+};
 use crate::error::CacheError;
 use crate::limiter::SlotOutcome;
 use crate::limiter::tokens::{RefusedBy, ReservationId, TokenAsk, TokenOutcome};
+use crate::provider::route::PickRequest;
 use crate::retry::{BudgetCommand, BudgetParams, BudgetState, MICROS_PER_RETRY};
 use crate::{CircuitState, Timestamp};
 
 /// How the suite reaches an adapter.
 pub trait Harness: Send + Sync + 'static {
     /// The adapter under test.
-    type Cache: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore + TokenStore;
+    type Cache: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore + TokenStore + InFlightStore;
 
     /// A fresh, empty, open cache stamping with the caller's time
     /// ([`TimeSource::Caller`](crate::TimeSource::Caller)).
@@ -109,6 +112,11 @@ checks!(
     tokens_a_refusal_by_either_limit_records_nothing,
     tokens_an_estimate_over_the_limit_never_fits,
     racing_token_reservations_admit_exactly_what_fits,
+    in_flight_picks_the_least_loaded_and_ties_go_to_the_first,
+    in_flight_picks_by_weight,
+    in_flight_leases_end_when_ended_or_run_out,
+    in_flight_refuses_a_pick_with_no_candidate,
+    racing_in_flight_picks_spread_exactly_evenly,
     close_is_idempotent_and_later_calls_fail_closed,
 );
 
@@ -1053,6 +1061,123 @@ async fn racing_token_reservations_admit_exactly_what_fits<H: Harness>(h: &H) {
     }
     assert_eq!(admitted, 10, "1000 tokens hold ten reservations of 100");
     assert_eq!(c.count_since("race:tokens", now).await.unwrap(), 10, "and ten hits");
+}
+
+const ROUTES: [&str; 3] = ["{route}:a", "{route}:b", "{route}:c"];
+
+fn pick_at(now: Timestamp, id: u64) -> PickRequest {
+    PickRequest {
+        now,
+        id,
+        lease: secs(10),
+    }
+}
+
+async fn in_flight_picks_the_least_loaded_and_ties_go_to_the_first<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let mut picked = Vec::new();
+    for id in 0..5 {
+        let pick = c
+            .pick_least_loaded(&ROUTES, &[1, 1, 1], pick_at(now, id))
+            .await
+            .unwrap();
+        picked.push(pick.index);
+        if id == 4 {
+            assert_eq!(pick.counts, [2, 1, 1], "the counts before the fifth");
+        }
+    }
+    assert_eq!(picked, [0, 1, 2, 0, 1]);
+}
+
+async fn in_flight_picks_by_weight<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let mut picked = Vec::new();
+    for id in 0..5 {
+        picked.push(
+            c.pick_least_loaded(&ROUTES[..2], &[1, 3], pick_at(now, id))
+                .await
+                .unwrap()
+                .index,
+        );
+    }
+    // Calls per unit of weight: b takes three for every one on a.
+    assert_eq!(picked, [0, 1, 1, 1, 0]);
+    let zero = c
+        .pick_least_loaded(&ROUTES[..2], &[0, 1], pick_at(now, 9))
+        .await
+        .unwrap();
+    assert_eq!(zero.index, 1, "a zero weight is never picked, however idle");
+}
+
+async fn in_flight_leases_end_when_ended_or_run_out<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t0 = h.now();
+    let keys = &ROUTES[..2];
+    assert_eq!(
+        c.pick_least_loaded(keys, &[1, 1], pick_at(t0, 1)).await.unwrap().index,
+        0
+    );
+    c.end_in_flight(ROUTES[0], 1).await.unwrap();
+    c.end_in_flight(ROUTES[0], 1).await.unwrap();
+    assert_eq!(
+        c.pick_least_loaded(keys, &[1, 1], pick_at(t0, 2)).await.unwrap().index,
+        0,
+        "ended"
+    );
+    // Lease 2 on a runs out 10 s later, inclusive.
+    let last = t0.saturating_add(secs(10));
+    let at_last = c.pick_least_loaded(keys, &[1, 1], pick_at(last, 3)).await.unwrap();
+    assert_eq!(
+        (at_last.index, at_last.counts),
+        (1, vec![1, 0]),
+        "a lease counts through its end"
+    );
+    let after = last.saturating_add(Duration::from_micros(1));
+    let pick = c.pick_least_loaded(keys, &[1, 1], pick_at(after, 4)).await.unwrap();
+    assert_eq!((pick.index, pick.counts), (0, vec![0, 1]), "then it stops counting");
+}
+
+async fn in_flight_refuses_a_pick_with_no_candidate<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    for (keys, weights) in [
+        (&ROUTES[..0], &[][..]),
+        (&ROUTES[..2], &[0, 0][..]),
+        (&ROUTES[..2], &[1][..]),
+    ] {
+        let e = c.pick_least_loaded(keys, weights, pick_at(now, 1)).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CacheError::Protocol {
+                    operation: "pick_least_loaded",
+                    ..
+                }
+            ),
+            "{keys:?} {weights:?}: {e:?}"
+        );
+    }
+}
+
+async fn racing_in_flight_picks_spread_exactly_evenly<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let tasks: Vec<_> = (0..40)
+        .map(|id| {
+            let c = c.clone();
+            tokio::spawn(async move { c.pick_least_loaded(&ROUTES[..2], &[1, 1], pick_at(now, id)).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task panicked").unwrap();
+    }
+    let last = c
+        .pick_least_loaded(&ROUTES[..2], &[1, 1], pick_at(now, 99))
+        .await
+        .unwrap();
+    assert_eq!(last.counts, [20, 20], "every pick saw every earlier one");
 }
 
 async fn close_is_idempotent_and_later_calls_fail_closed<H: Harness>(h: &H) {

@@ -14,8 +14,11 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin, ProbeId};
-use redstring::cache::{BreakerStore, BudgetStore, HitWindow, KeyValue, LimiterStore, SlotRequest, TokenStore};
+use redstring::cache::{
+    BreakerStore, BudgetStore, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TokenStore,
+};
 use redstring::limiter::tokens::{ReservationId, TokenAsk};
+use redstring::provider::route::PickRequest;
 use redstring::retry::{BudgetCommand, BudgetParams, MICROS_PER_RETRY};
 use redstring::{CacheError, Clock, ManualClock, MemoryCache, SystemClock, Timestamp};
 
@@ -106,7 +109,13 @@ enum Op {
     Budget(usize, BudgetCommand, u64, BudgetParams),
     Tokens(usize, u64, Duration, u32, TokenAsk),
     Settle(usize, u64, u32, u64),
+    Pick(usize, Vec<u32>, u64, u64, u64),
+    EndInFlight(usize, u64),
 }
+
+/// Deployments' keys for the router's picks: tagged alike, so a cluster puts
+/// them in one slot; the first is also a plain value's key.
+const ROUTES: &[&str] = &["{r}:x", "{r}:y", "{r}:z"];
 
 /// Instants cluster on a few whole seconds, with same-instant collisions.
 fn instant() -> impl Strategy<Value = u64> {
@@ -160,6 +169,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0usize..3, instant(), prop_oneof![Just(30u64), Just(60)], 0u32..5, token_ask())
             .prop_map(|(k, now, w, limit, ask)| Op::Tokens(k, now, Duration::from_secs(w), limit, ask)),
         2 => (0usize..3, instant(), 0u32..3, 0u64..600).prop_map(|(k, at, seq, actual)| Op::Settle(k, at, seq, actual)),
+        3 => (1usize..4, prop::collection::vec(0u32..4, 3), instant(), 0u64..6, prop_oneof![Just(5u64), Just(15), Just(40)])
+            .prop_map(|(n, w, now, id, lease)| Op::Pick(n, w, now, id, lease)),
+        1 => (0usize..3, 0u64..6).prop_map(|(k, id)| Op::EndInFlight(k, id)),
     ]
 }
 
@@ -226,7 +238,7 @@ fn breaker_key(keys: &BreakerKeys, i: usize) -> &str {
 
 async fn apply<C>(c: &C, base: Timestamp, op: &Op) -> String
 where
-    C: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore + TokenStore,
+    C: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore + TokenStore + InFlightStore,
 {
     let keys = BreakerKeys::new("br");
     let ttl = |on: bool| on.then_some(Duration::from_secs(300));
@@ -274,6 +286,19 @@ where
             )
             .await,
         ),
+        Op::Pick(n, ref weights, now, id, lease) => outcome(
+            c.pick_least_loaded(
+                &ROUTES[..n],
+                &weights[..n],
+                PickRequest {
+                    now: at(base, now),
+                    id,
+                    lease: Duration::from_secs(lease),
+                },
+            )
+            .await,
+        ),
+        Op::EndInFlight(k, id) => outcome(c.end_in_flight(ROUTES[k], id).await),
         Op::Settle(k, stamp, seq, actual) => outcome(
             c.settle_tokens(
                 KEYS[k],
@@ -293,7 +318,7 @@ where
 /// each; panics with the first difference.
 pub fn memory_and_redis_agree<C>(make: impl FnOnce() -> C, flush: impl Fn(), default_cases: u32)
 where
-    C: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore + TokenStore,
+    C: KeyValue + HitWindow + LimiterStore + BreakerStore + BudgetStore + TokenStore + InFlightStore,
 {
     let rt = super::runtime();
     let redis = &rt.block_on(async { make() });

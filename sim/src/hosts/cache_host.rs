@@ -45,9 +45,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
-use redstring::cache::{BreakerStore, BudgetStore, HitWindow, KeyValue, LimiterStore, SlotRequest, TokenStore};
+use redstring::cache::{
+    BreakerStore, BudgetStore, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TokenStore,
+};
 use redstring::limiter::SlotOutcome;
 use redstring::limiter::tokens::{ReservationId, TokenAsk, TokenOutcome};
+use redstring::provider::route::{Pick, PickRequest};
 use redstring::retry::{BudgetCommand, BudgetParams, BudgetStep};
 use redstring::{Cache, CacheError, MemoryCache, TimeSource, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -184,6 +187,14 @@ async fn execute(cache: &MemoryCache, request: WireRequest) -> Result<WireReply,
         }
         WireRequest::SettleTokens { key, id, actual } => {
             WireReply::Settled(cache.settle_tokens(&key, id, actual).await?)
+        }
+        WireRequest::PickLeastLoaded { keys, weights, request } => {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            WireReply::Picked(cache.pick_least_loaded(&keys, &weights, request).await?)
+        }
+        WireRequest::EndInFlight { key, id } => {
+            cache.end_in_flight(&key, id).await?;
+            WireReply::Done
         }
         WireRequest::FlushAll => WireReply::Done,
     })
@@ -422,6 +433,36 @@ impl BreakerStore for RemoteCache {
     }
 }
 
+impl InFlightStore for RemoteCache {
+    async fn pick_least_loaded(
+        &self,
+        keys: &[&str],
+        weights: &[u32],
+        request: PickRequest,
+    ) -> Result<Pick, CacheError> {
+        let request = WireRequest::PickLeastLoaded {
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+            weights: weights.to_vec(),
+            request,
+        };
+        match self.call("pick_least_loaded", request).await? {
+            WireReply::Picked(pick) => Ok(pick),
+            other => Err(unexpected("pick_least_loaded", &other)),
+        }
+    }
+
+    async fn end_in_flight(&self, key: &str, id: u64) -> Result<(), CacheError> {
+        let request = WireRequest::EndInFlight {
+            key: key.to_owned(),
+            id,
+        };
+        match self.call("end_in_flight", request).await? {
+            WireReply::Done => Ok(()),
+            other => Err(unexpected("end_in_flight", &other)),
+        }
+    }
+}
+
 impl TokenStore for RemoteCache {
     async fn acquire_with_tokens(
         &self,
@@ -581,6 +622,22 @@ pub enum WireRequest {
         /// The tokens used.
         actual: u64,
     },
+    /// `InFlightStore::pick_least_loaded`.
+    PickLeastLoaded {
+        /// The deployments' keys.
+        keys: Vec<String>,
+        /// One weight per key.
+        weights: Vec<u32>,
+        /// The call and its lease.
+        request: PickRequest,
+    },
+    /// `InFlightStore::end_in_flight`.
+    EndInFlight {
+        /// The key.
+        key: String,
+        /// The call's id.
+        id: u64,
+    },
     /// Empty the store (Redis `FLUSHALL`).
     FlushAll,
 }
@@ -609,6 +666,8 @@ pub enum WireReply {
     Tokens(TokenOutcome),
     /// Whether a settled reservation was found.
     Settled(bool),
+    /// A router's pick.
+    Picked(Pick),
     /// A breaker read.
     Snapshot {
         /// What is stored.

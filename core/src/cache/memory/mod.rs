@@ -48,12 +48,16 @@ use std::time::Duration;
 use names::{Name, Prefixes, tenant_key};
 use series::Series;
 
-use super::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource, TokenStore};
+use super::{
+    BreakerStore, BudgetStore, Cache, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TimeSource,
+    TokenStore,
+};
 use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use crate::clock::{Clock, SystemClock};
 use crate::error::CacheError;
 use crate::limiter::tokens::{ReservationId, TokenAsk, TokenEntry, TokenOutcome, combine, decide_tokens, settle_entry};
 use crate::limiter::{SlotOutcome, clamp_stamp, decide};
+use crate::provider::route::{Pick, PickRequest, check_pick, least_loaded};
 use crate::retry::{BudgetCommand, BudgetParams, BudgetState, BudgetStep, budget_step, clamp_budget_stamp};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
@@ -93,6 +97,9 @@ struct Shared {
     closed: AtomicBool,
     /// The limiter prefixes whose tenants' series are named by id.
     prefixes: Prefixes,
+    /// Calls in flight per key, as (id, lease end): a router's picks span
+    /// several keys, so they share one lock of their own.
+    in_flight: Mutex<Map<Vec<(u64, Timestamp)>>>,
 }
 
 /// One shard on a cache line of its own, so two cores working on two shards
@@ -246,6 +253,7 @@ impl MemoryCache {
                 sweep_next: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
                 prefixes: Prefixes::default(),
+                in_flight: Mutex::default(),
             }),
         }
     }
@@ -416,6 +424,7 @@ impl Cache for MemoryCache {
             state.tenants.clear();
             state.ledgers.clear();
         }
+        self.in_flight().clear();
         Ok(())
     }
 
@@ -472,6 +481,8 @@ impl KeyValue for MemoryCache {
         state.values.remove(key);
         state.ledgers.remove(key);
         state.remove_series(self.shared.prefixes.name(key));
+        drop(state);
+        self.in_flight().remove(key);
         Ok(())
     }
 }
@@ -557,6 +568,72 @@ impl LimiterStore for MemoryCache {
                 self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
             }
         }
+    }
+}
+
+impl MemoryCache {
+    /// The calls in flight, locked (a panic elsewhere cannot poison a map
+    /// whose every update is one statement).
+    fn in_flight(&self) -> MutexGuard<'_, Map<Vec<(u64, Timestamp)>>> {
+        self.shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl InFlightStore for MemoryCache {
+    async fn pick_least_loaded(
+        &self,
+        keys: &[&str],
+        weights: &[u32],
+        request: PickRequest,
+    ) -> Result<Pick, CacheError> {
+        check_pick(keys, weights)?;
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(CacheError::Closed);
+        }
+        let clock_now = self.shared.clock.now();
+        let now = self.stamp(request.now, clock_now);
+        let mut map = self.in_flight();
+        let mut counts = Vec::with_capacity(keys.len());
+        for key in keys {
+            let live = match map.get_mut(*key) {
+                Some(leases) => {
+                    leases.retain(|&(_, end)| end >= now);
+                    leases.len()
+                }
+                None => 0,
+            };
+            counts.push(live as u64);
+        }
+        let index = least_loaded(&counts, weights).unwrap_or(0);
+        let lease = (request.id, now.saturating_add(request.lease));
+        match map.get_mut(keys[index]) {
+            Some(leases) => {
+                leases.retain(|&(id, _)| id != request.id);
+                leases.push(lease);
+            }
+            None => {
+                map.insert(keys[index].to_owned(), vec![lease]);
+            }
+        }
+        map.retain(|_, leases| !leases.is_empty());
+        Ok(Pick { index, counts })
+    }
+
+    async fn end_in_flight(&self, key: &str, id: u64) -> Result<(), CacheError> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(CacheError::Closed);
+        }
+        let mut map = self.in_flight();
+        if let Some(leases) = map.get_mut(key) {
+            leases.retain(|&(lease, _)| lease != id);
+            if leases.is_empty() {
+                map.remove(key);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -241,7 +241,10 @@ use std::time::Duration;
 use ::redis::aio::ConnectionManagerConfig;
 use ::redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
 
-use super::{BreakerStore, BudgetStore, Cache, HitWindow, KeyValue, LimiterStore, SlotRequest, TimeSource, TokenStore};
+use super::{
+    BreakerStore, BudgetStore, Cache, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TimeSource,
+    TokenStore,
+};
 use crate::breaker::machine::{
     self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, CircuitState, FailuresWrite,
     Origin, Permit, ProbeId, Write, Writes,
@@ -249,6 +252,7 @@ use crate::breaker::machine::{
 use crate::error::{CacheError, ConfigError};
 use crate::limiter::SlotOutcome;
 use crate::limiter::tokens::{RefusedBy, ReservationId, TokenAsk, TokenOutcome};
+use crate::provider::route::{Pick, PickRequest, check_pick};
 use crate::retry::{BudgetCommand, BudgetParams, BudgetState, BudgetStep};
 use crate::time::Timestamp;
 use connection::{Backend, Conn};
@@ -1010,6 +1014,16 @@ fn ttl_ms(d: Duration) -> u64 {
     duration_us(d).div_ceil(1000)
 }
 
+/// The sorted set holding the calls in flight at `key` (a router's
+/// deployment).
+pub fn in_flight_key(key: &str) -> String {
+    if has_hash_tag(key) || key.contains('}') {
+        format!("{key}:inflight")
+    } else {
+        format!("{{{key}}}:inflight")
+    }
+}
+
 /// The sorted set holding `key`'s token ledger: in the same hash slot as its
 /// hit window, so one script can decide both on a cluster.
 pub fn tokens_key(key: &str) -> String {
@@ -1148,11 +1162,13 @@ impl KeyValue for RedisCache {
     async fn delete(&self, key: &str) -> Result<(), CacheError> {
         let window = window_key(key);
         let tokens = tokens_key(key);
+        let in_flight = in_flight_key(key);
         self.run("delete", |mut c| async move {
             ::redis::cmd("DEL")
                 .arg(key)
                 .arg(&window)
                 .arg(&tokens)
+                .arg(&in_flight)
                 .query_async::<()>(&mut c)
                 .await
         })
@@ -1265,6 +1281,69 @@ impl LimiterStore for RedisCache {
             _ => None,
         };
         outcome.ok_or_else(|| unexpected("acquire_slot", &reply))
+    }
+}
+
+impl InFlightStore for RedisCache {
+    async fn pick_least_loaded(
+        &self,
+        keys: &[&str],
+        weights: &[u32],
+        request: PickRequest,
+    ) -> Result<Pick, CacheError> {
+        check_pick(keys, weights)?;
+        let sets: Vec<String> = keys.iter().map(|k| in_flight_key(k)).collect();
+        #[cfg(feature = "redis-cluster")]
+        if self.connection()?.is_cluster() {
+            let names: Vec<&str> = sets.iter().map(String::as_str).collect();
+            if let Some((a, b)) = cross_slot(&names) {
+                return Err(CacheError::Protocol {
+                    operation: "pick_least_loaded",
+                    detail: format!(
+                        "keys {a:?} and {b:?} hash to different cluster slots; a router's keys must share a hash tag such as `{{prefix}}`"
+                    ),
+                });
+            }
+        }
+        let now = self.now_arg("pick_least_loaded", request.now)?;
+        let reply: Vec<i64> = self
+            .run("pick_least_loaded", |mut c| async move {
+                let mut call = SCRIPTS.pick_least_loaded.prepare_invoke();
+                for set in &sets {
+                    call.key(set);
+                }
+                call.arg(&now)
+                    .arg(request.id)
+                    .arg(duration_us(request.lease))
+                    .arg(ttl_ms(request.lease));
+                for w in weights {
+                    call.arg(*w);
+                }
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        let pick = match reply.split_first() {
+            Some((&index, counts)) if counts.len() == keys.len() => usize::try_from(index)
+                .ok()
+                .filter(|i| *i < keys.len())
+                .zip(
+                    counts
+                        .iter()
+                        .map(|c| u64::try_from(*c).ok())
+                        .collect::<Option<Vec<u64>>>(),
+                )
+                .map(|(index, counts)| Pick { index, counts }),
+            _ => None,
+        };
+        pick.ok_or_else(|| unexpected("pick_least_loaded", &reply))
+    }
+
+    async fn end_in_flight(&self, key: &str, id: u64) -> Result<(), CacheError> {
+        let set = in_flight_key(key);
+        self.run("end_in_flight", |mut c| async move {
+            ::redis::cmd("ZREM").arg(&set).arg(id).query_async::<()>(&mut c).await
+        })
+        .await
     }
 }
 

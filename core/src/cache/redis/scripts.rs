@@ -23,6 +23,7 @@ pub(super) struct Scripts {
     pub(super) budget_step: Script,
     pub(super) acquire_with_tokens: Script,
     pub(super) settle_tokens: Script,
+    pub(super) pick_least_loaded: Script,
 }
 
 fn with_common(body: &str) -> Script {
@@ -41,4 +42,5 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     budget_step: with_common(include_str!("budget_step.lua")),
     acquire_with_tokens: with_common(include_str!("acquire_with_tokens.lua")),
     settle_tokens: with_common(include_str!("settle_tokens.lua")),
+    pick_least_loaded: with_common(include_str!("pick_least_loaded.lua")),
 });
