@@ -751,3 +751,85 @@ async fn the_hardened_answer_carries_the_provenance_of_the_model_that_answered()
     assert_eq!(answer.model, "openai-compatible/served-model");
     assert_eq!(provider.model(), "openai-compatible/qwen3");
 }
+
+/// A rig whose limiter also limits tokens: 1000 per window.
+fn token_rig(server: TestServer) -> (Rig, Arc<RateLimiter>) {
+    let rig = Rig::on(server, 1000, 1000);
+    let limiter = Arc::new(
+        RateLimiter::builder(1000)
+            .tokens_per_window(1000)
+            .clock(rig.clock.clone())
+            .observer(rig.observer.clone())
+            .build()
+            .unwrap(),
+    );
+    (rig, limiter)
+}
+
+#[tokio::test]
+async fn a_token_budget_reserves_the_estimate_and_settles_to_the_servers_usage() {
+    let (rig, limiter) = token_rig(TestServer::start().await);
+    rig.server.otherwise(Reply::completion(ANN));
+    let provider = HardenedProvider::builder(
+        rig.adapter(&rig.server.base_url()),
+        A,
+        limiter.clone(),
+        rig.breaker.clone(),
+    )
+    .clock(rig.clock.clone())
+    .observer(rig.observer.clone())
+    .token_estimate(|_| 600)
+    .build();
+    // Each call reserves 600 of 1000 and settles to the 15 the server used:
+    // without settling, the second call would not fit.
+    for call in 0..5 {
+        let answer = provider.extract_with_model::<Person>("Ann.", None).await.unwrap();
+        assert_eq!(answer.usage.map(|u| u.total()), Some(15), "call {call}");
+    }
+    let settled: Vec<(u64, u64)> = rig
+        .observer
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::TokensSettled { estimate, actual, .. } => Some((estimate, actual)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(settled, [(600, 15); 5]);
+    assert_eq!(
+        limiter.acquire_tokens(A, 925).await.unwrap().tokens_left,
+        0,
+        "5 × 15 used, 925 free"
+    );
+}
+
+#[tokio::test]
+async fn a_call_the_server_refused_releases_its_tokens_and_an_oversized_one_is_refused_unsent() {
+    let (rig, limiter) = token_rig(TestServer::start().await);
+    rig.server.otherwise(Reply::status(503, LOADING));
+    let provider = HardenedProvider::builder(
+        rig.adapter(&rig.server.base_url()),
+        A,
+        limiter.clone(),
+        rig.breaker.clone(),
+    )
+    .retry_policy(RetryPolicy::builder().max_retries(1).jitter(0.0).build().unwrap())
+    .clock(rig.clock.clone())
+    .token_estimate(|r| if r.text.len() > 10 { 5000 } else { 900 })
+    .build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert_eq!(e.kind(), "retry_exhausted");
+    // The 503s generated nothing: the 900 reserved are free again.
+    assert_eq!(limiter.acquire_tokens(A, 1000).await.unwrap().tokens_left, 0);
+    let sent = rig.server.count();
+    let big = provider
+        .extract::<Person>("A much longer text.", None)
+        .await
+        .unwrap_err();
+    let ExtractError::TokenLimited(refusal) = &big else {
+        panic!("{big:?}")
+    };
+    assert_eq!(refusal.by, redstring::limiter::tokens::RefusedBy::TooLarge);
+    assert_eq!(big.retry_after(), None, "no wait makes 5000 fit in 1000");
+    assert_eq!(rig.server.count(), sent, "nothing was sent");
+}

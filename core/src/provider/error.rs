@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use crate::breaker::CircuitOpen;
 use crate::error::CacheError;
-use crate::limiter::RateLimitExceeded;
+use crate::limiter::tokens::RefusedBy;
+use crate::limiter::{RateLimitExceeded, TokenLimitExceeded};
 use crate::retry::{RetryDenied, RetryExhausted, Retryable};
 use crate::time::secs;
 
@@ -295,6 +296,30 @@ impl ProviderError {
         !matches!(self, ProviderError::BlankText | ProviderError::Transport { .. })
     }
 
+    /// Whether the server certainly generated nothing for this call: it was
+    /// never reached (a refused connection), or it refused the request
+    /// before any work (429, 503, a spent quota, a redirect, a 4xx). A token
+    /// budget then releases the call's reservation; after anything else (a
+    /// timeout, a reset, a 5xx, an unusable 200) the server may have spent
+    /// tokens, and the estimate stays charged.
+    pub fn generated_nothing(&self) -> bool {
+        matches!(
+            self,
+            ProviderError::BlankText
+                | ProviderError::RateLimited { .. }
+                | ProviderError::QuotaExhausted { .. }
+                | ProviderError::Unavailable { .. }
+                | ProviderError::Redirected { .. }
+                | ProviderError::Authentication { .. }
+                | ProviderError::UnknownModel { .. }
+                | ProviderError::BadRequest { .. }
+                | ProviderError::Transport {
+                    kind: TransportErrorKind::Connect | TransportErrorKind::Invalid | TransportErrorKind::Redirect,
+                    ..
+                }
+        )
+    }
+
     /// A short stable name for metrics and events (`malformed`, `empty`,
     /// `transport_timeout`).
     pub fn kind(&self) -> &'static str {
@@ -403,6 +428,11 @@ pub enum ExtractError {
     /// The rate limiter could not reach its cache, so no slot was granted.
     #[error("rate limiter could not reach its cache")]
     LimiterCache(#[source] CacheError),
+    /// The tenant is over its tokens per window, still, after the configured
+    /// waits — or the call's estimate alone is over the limit. No call was
+    /// made.
+    #[error(transparent)]
+    TokenLimited(#[from] TokenLimitExceeded),
 }
 
 impl ExtractError {
@@ -442,6 +472,7 @@ impl ExtractError {
         match self {
             ExtractError::CircuitOpen(e) => Some(e.retry_after),
             ExtractError::RateLimited(e) => Some(e.retry_after),
+            ExtractError::TokenLimited(e) if e.by != RefusedBy::TooLarge => Some(e.retry_after),
             ExtractError::Provider(e) => e.retry_after(),
             _ => None,
         }
@@ -449,7 +480,8 @@ impl ExtractError {
 
     /// A short stable name for metrics and events: the provider error's
     /// [`kind`](ProviderError::kind), or `circuit_open`, `rate_limited`,
-    /// `retry_exhausted`, `deadline_exceeded`, `retry_denied`, `limiter_cache`.
+    /// `retry_exhausted`, `deadline_exceeded`, `retry_denied`, `limiter_cache`,
+    /// `token_limited`.
     pub fn kind(&self) -> &'static str {
         match self {
             ExtractError::Provider(e) => e.kind(),
@@ -459,6 +491,7 @@ impl ExtractError {
             ExtractError::Deadline(_) => "deadline_exceeded",
             ExtractError::RetryDenied(_) => "retry_denied",
             ExtractError::LimiterCache(_) => "limiter_cache",
+            ExtractError::TokenLimited(_) => "token_limited",
         }
     }
 }

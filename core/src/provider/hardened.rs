@@ -49,9 +49,9 @@ use super::transport::BoxFuture;
 use super::{ExtractRequest, Extracted, LlmProvider};
 use crate::breaker::{CircuitBreaker, CircuitOpen, Permit};
 use crate::cache::BudgetStore;
-use crate::cache::{BreakerStore, LimiterStore, MemoryCache};
+use crate::cache::{BreakerStore, MemoryCache, TokenStore};
 use crate::clock::{Clock, SystemClock};
-use crate::limiter::{AcquireError, RateLimiter};
+use crate::limiter::{AcquireError, RateLimiter, Reservation, TokenAcquireError};
 use crate::observe::{Event, Observer, TracingObserver};
 use crate::random::{RandomSource, SeededRandom};
 use crate::retry::{Retry, RetryBudget, RetryDenied, RetryError, RetryExhausted, RetryPolicy, Retryable};
@@ -68,6 +68,25 @@ pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(120);
 const OPERATION: &str = "extract";
 
 type Classifier = Arc<dyn Fn(&ExtractError) -> Retryable + Send + Sync>;
+
+/// How many tokens a call may use, for a token budget's reservation.
+type TokenEstimate = Arc<dyn Fn(&ExtractRequest<'_>) -> u64 + Send + Sync>;
+
+/// The output a token budget reserves for a provider that sets no
+/// `max_tokens` (the server's own default then bounds the answer).
+pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 1024;
+
+/// The default estimate of a call's tokens: its prompt — the text, the
+/// system prompt and the schema, at one token per three bytes, rounded up,
+/// plus 32 for the chat template — and its output, `max_tokens` (or
+/// [`DEFAULT_OUTPUT_ESTIMATE`]). Tokenizers spend about four bytes of
+/// English per token, so the prompt is estimated from above.
+pub fn default_token_estimate(request: &ExtractRequest<'_>, max_tokens: Option<u32>) -> u64 {
+    let schema = request.schema.schema().to_string().len();
+    let bytes = request.text.len() + request.system_prompt.map_or(0, str::len) + schema;
+    let prompt = u64::try_from(bytes.div_ceil(3)).unwrap_or(u64::MAX).saturating_add(32);
+    prompt.saturating_add(max_tokens.map_or(DEFAULT_OUTPUT_ESTIMATE, u64::from))
+}
 
 /// An [`LlmProvider`] that survives a flaky model server, for one tenant.
 ///
@@ -89,6 +108,7 @@ pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
     deadline: Option<Duration>,
     refusals_trip_breaker: bool,
     max_server_delay: Duration,
+    token_estimate: Option<TokenEstimate>,
 }
 
 impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {
@@ -124,9 +144,10 @@ pub struct HardenedProviderBuilder<P, L, B> {
     max_server_delay: Duration,
     /// Applies the retry budget to the loop, when one was given.
     budget: Option<Box<dyn FnOnce(Retry) -> Retry + Send>>,
+    token_estimate: Option<TokenEstimate>,
 }
 
-impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B> {
+impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// Starts configuring a hardened `inner` for `tenant`, over a shared
     /// `limiter` and `breaker`.
     pub fn builder(
@@ -150,11 +171,12 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
             refusals_trip_breaker: false,
             max_server_delay: DEFAULT_MAX_SERVER_DELAY,
             budget: None,
+            token_estimate: None,
         }
     }
 }
 
-impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProviderBuilder<P, L, B> {
+impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, L, B> {
     /// The retry schedule (default [`RetryPolicy::default`]: 3 retries, 1 s, ×2, ±10 %).
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.policy = policy;
@@ -234,6 +256,17 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProviderBuilder<P
         self
     }
 
+    /// How many tokens a call may use, reserved when the limiter has a token
+    /// budget ([`tokens_per_window`](crate::RateLimiterBuilder::tokens_per_window);
+    /// default [`default_token_estimate`] with the inner provider's
+    /// `max_tokens`). Estimate from above: a call that uses more than its
+    /// estimate is charged the difference, and that is what the budget's
+    /// bound allows beyond its limit.
+    pub fn token_estimate(mut self, estimate: impl Fn(&ExtractRequest<'_>) -> u64 + Send + Sync + 'static) -> Self {
+        self.token_estimate = Some(Arc::new(estimate));
+        self
+    }
+
     /// Builds the provider.
     pub fn build(self) -> HardenedProvider<P, L, B> {
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
@@ -261,6 +294,7 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProviderBuilder<P
             deadline: self.deadline,
             refusals_trip_breaker: self.refusals_trip_breaker,
             max_server_delay: self.max_server_delay,
+            token_estimate: self.token_estimate,
         }
     }
 }
@@ -280,7 +314,7 @@ enum BreakerReport {
     Release,
 }
 
-impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B> {
+impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// The wrapped provider.
     pub fn inner(&self) -> &P {
         &self.inner
@@ -324,10 +358,13 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
             return (Err(CircuitOpen::for_model(self.inner.model(), retry_after).into()), 0);
         }
 
-        if let Err(e) = self.acquire(deadline).await {
-            self.report_to_breaker(&permit, BreakerReport::Release).await;
-            return (Err(e), 0);
-        }
+        let reservation = match self.acquire(deadline, &request).await {
+            Ok(reservation) => reservation,
+            Err(e) => {
+                self.report_to_breaker(&permit, BreakerReport::Release).await;
+                return (Err(e), 0);
+            }
+        };
 
         let mut attempts = 0u32;
         #[cfg(feature = "mutants")]
@@ -401,6 +438,9 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
                 (Err(e), report)
             }
         };
+        if let Some(reservation) = reservation {
+            self.settle_tokens(&reservation, &result).await;
+        }
         #[cfg(feature = "mutants")]
         if crate::mutants::active(crate::mutants::Mutant::ProbeNeverReports)
             && matches!(permit, Permit::Probe(_))
@@ -448,21 +488,43 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
         })
     }
 
-    /// Takes the tenant's slot, sleeping off up to `limiter_waits` refusals
+    /// Takes the tenant's slot (and, under a token budget, reserves the
+    /// call's estimate with it), sleeping off up to `limiter_waits` refusals
     /// (each for exactly its `retry_after`, after which the slot is free
     /// unless another caller took it first).
-    async fn acquire(&self, deadline: Option<Timestamp>) -> Result<(), ExtractError> {
+    async fn acquire(
+        &self,
+        deadline: Option<Timestamp>,
+        request: &ExtractRequest<'_>,
+    ) -> Result<Option<Reservation>, ExtractError> {
+        let estimate = self.limiter.tokens_per_window().map(|_| match &self.token_estimate {
+            Some(estimate) => estimate(request),
+            None => default_token_estimate(request, self.inner.max_tokens()),
+        });
         let mut waits = 0u32;
         loop {
-            let refusal = match self.limiter.acquire(self.tenant).await {
-                Ok(_) => return Ok(()),
-                Err(AcquireError::Limited(refusal)) => refusal,
-                Err(AcquireError::Cache(e)) => return Err(ExtractError::LimiterCache(e)),
+            let (refusal, wait): (ExtractError, Duration) = match estimate {
+                None => match self.limiter.acquire(self.tenant).await {
+                    Ok(_) => return Ok(None),
+                    Err(AcquireError::Limited(refusal)) => (refusal.clone().into(), refusal.retry_after),
+                    Err(AcquireError::Cache(e)) => return Err(ExtractError::LimiterCache(e)),
+                },
+                Some(estimate) => match self.limiter.acquire_tokens(self.tenant, estimate).await {
+                    Ok(admission) => return Ok(admission.reservation),
+                    Err(TokenAcquireError::Limited(refusal)) => (refusal.clone().into(), refusal.retry_after),
+                    Err(TokenAcquireError::Tokens(refusal)) => {
+                        match TokenAcquireError::Tokens(refusal.clone()).retry_after() {
+                            Some(wait) => (refusal.into(), wait),
+                            // An estimate over the whole limit never fits: no wait helps.
+                            None => return Err(refusal.into()),
+                        }
+                    }
+                    Err(TokenAcquireError::Cache(e)) => return Err(ExtractError::LimiterCache(e)),
+                },
             };
             if waits >= self.limiter_waits {
-                return Err(refusal.into());
+                return Err(refusal);
             }
-            let wait = refusal.retry_after;
             if let Some(deadline) = deadline {
                 let remaining = deadline.saturating_duration_since(self.clock.now());
                 if wait > remaining {
@@ -472,7 +534,7 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
                         attempts: 0,
                         needed: wait,
                         remaining,
-                        last: Box::new(refusal.into()),
+                        last: Box::new(refusal),
                     }));
                 }
             }
@@ -484,6 +546,27 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
                 waits,
             });
             self.clock.sleep(wait).await;
+        }
+    }
+
+    /// Settles the call's token reservation: to the server's `usage` after a
+    /// success (the estimate when it sent none), released when the server
+    /// certainly generated nothing
+    /// ([`ProviderError::generated_nothing`]), and left at the estimate
+    /// otherwise (a timeout or an unusable answer may have spent tokens).
+    async fn settle_tokens(&self, reservation: &Reservation, result: &Result<Extracted<Value>, ExtractError>) {
+        let actual = match result {
+            Ok(answer) => answer.usage.map_or(reservation.estimate, |u| u.total()),
+            Err(e) if e.provider_error().is_none_or(ProviderError::generated_nothing) => 0,
+            Err(_) => reservation.estimate,
+        };
+        if let Err(error) = self.limiter.settle(self.tenant, reservation, actual).await {
+            self.observer.on_event(&Event::CacheUnavailable {
+                component: Arc::from(self.limiter.key_prefix()),
+                operation: "settle_tokens",
+                fallback: "not settled; the reservation counts until its lease ends",
+                error: error.to_string(),
+            });
         }
     }
 
@@ -538,7 +621,7 @@ impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> HardenedProvider<P, L, B>
     }
 }
 
-impl<P: LlmProvider, L: LimiterStore, B: BreakerStore> LlmProvider for HardenedProvider<P, L, B> {
+impl<P: LlmProvider, L: TokenStore, B: BreakerStore> LlmProvider for HardenedProvider<P, L, B> {
     /// The inner provider's identity, read through on every call.
     fn model(&self) -> &str {
         self.inner.model()
@@ -612,6 +695,7 @@ mod tests {
                 .map(|value| Extracted {
                     value,
                     model: "scripted/m".to_owned(),
+                    usage: None,
                 });
             Box::pin(async move { next })
         }
@@ -742,6 +826,7 @@ mod tests {
                     Ok(Extracted {
                         value: Value::from("up"),
                         model: "hangs/m".to_owned(),
+                        usage: None,
                     })
                 })
             }

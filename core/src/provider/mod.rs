@@ -58,7 +58,10 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError, TransportErrorKind};
-pub use hardened::{DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, HardenedProvider, HardenedProviderBuilder};
+pub use hardened::{
+    DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_OUTPUT_ESTIMATE, HardenedProvider,
+    HardenedProviderBuilder, default_token_estimate,
+};
 pub use openai::{
     DEFAULT_API_KEY, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, OpenAiCompatible, OpenAiCompatibleBuilder,
 };
@@ -66,6 +69,22 @@ pub use openai::{
 pub use reqwest_transport::ReqwestTransport;
 pub use schema::{OutputSchema, make_strict};
 pub use transport::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError};
+
+/// What one call used, as the server counted it (the response's `usage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Tokens of the prompt.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub completion_tokens: u64,
+}
+
+impl Usage {
+    /// Both together: what a token budget is charged.
+    pub fn total(&self) -> u64 {
+        self.prompt_tokens.saturating_add(self.completion_tokens)
+    }
+}
 
 /// A value and the model that produced it.
 #[derive(Clone, Debug, PartialEq)]
@@ -77,6 +96,9 @@ pub struct Extracted<T> {
     /// can differ from the one requested (a single-model server ignores the
     /// request's `model`; an alias resolves to a snapshot).
     pub model: String,
+    /// What the call used, when the server said (`usage`); a hardened
+    /// provider settles its token reservation with it.
+    pub usage: Option<Usage>,
 }
 
 /// One extraction, in the object-safe form providers implement.
@@ -110,6 +132,13 @@ pub trait LlmProvider: Send + Sync {
     /// never a name of its own.
     fn model(&self) -> &str;
 
+    /// The most tokens a call asks the model to generate (`max_tokens`), if
+    /// this provider sets one: a token budget reserves it with the prompt's
+    /// estimate. A wrapper returns its inner provider's.
+    fn max_tokens(&self) -> Option<u32> {
+        None
+    }
+
     /// Extracts a JSON value that has passed `request.schema`'s check, with
     /// the model that produced it, or says why not. Blank text is
     /// [`ProviderError::BlankText`], before any network call.
@@ -135,6 +164,9 @@ impl<P: LlmProvider + ?Sized> LlmProvider for std::sync::Arc<P> {
     fn model(&self) -> &str {
         (**self).model()
     }
+    fn max_tokens(&self) -> Option<u32> {
+        (**self).max_tokens()
+    }
     fn extract_answer<'a>(
         &'a self,
         request: ExtractRequest<'a>,
@@ -150,6 +182,9 @@ impl<P: LlmProvider + ?Sized> LlmProvider for std::sync::Arc<P> {
 impl<P: LlmProvider + ?Sized> LlmProvider for Box<P> {
     fn model(&self) -> &str {
         (**self).model()
+    }
+    fn max_tokens(&self) -> Option<u32> {
+        (**self).max_tokens()
     }
     fn extract_answer<'a>(
         &'a self,
@@ -207,6 +242,7 @@ pub trait LlmProviderExt: LlmProvider {
             Ok(Extracted {
                 value,
                 model: answer.model,
+                usage: answer.usage,
             })
         }
     }

@@ -304,6 +304,7 @@ impl<T: HttpTransport> OpenAiCompatible<T> {
         Ok(Extracted {
             value: completed.value,
             model,
+            usage: completed.usage,
         })
     }
 }
@@ -311,6 +312,10 @@ impl<T: HttpTransport> OpenAiCompatible<T> {
 impl<T: HttpTransport> LlmProvider for OpenAiCompatible<T> {
     fn model(&self) -> &str {
         &self.provenance
+    }
+
+    fn max_tokens(&self) -> Option<u32> {
+        self.max_tokens
     }
 
     fn extract_answer<'a>(

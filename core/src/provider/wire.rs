@@ -103,6 +103,10 @@ struct Completion {
     /// so that an odd value never makes a good answer unreadable.
     #[serde(default)]
     model: Option<Value>,
+    /// What the call used, as the server counts it. Any JSON, for the same
+    /// reason.
+    #[serde(default)]
+    usage: Option<Value>,
 }
 
 /// A chat completion read successfully.
@@ -113,6 +117,19 @@ pub struct Completed {
     /// The response's `model` field, when it was a non-empty string (cleaned
     /// like any server text).
     pub model: Option<String>,
+    /// The response's `usage`, when it held both counts as whole numbers.
+    pub usage: Option<super::Usage>,
+}
+
+/// Reads a `usage` object: `prompt_tokens` and `completion_tokens`, both
+/// non-negative integers; anything else is no usage (never an error: a
+/// server's accounting must not make a good answer unreadable).
+fn read_usage(usage: Option<&Value>) -> Option<super::Usage> {
+    let usage = usage?;
+    Some(super::Usage {
+        prompt_tokens: usage.get("prompt_tokens")?.as_u64()?,
+        completion_tokens: usage.get("completion_tokens")?.as_u64()?,
+    })
 }
 
 #[derive(Deserialize)]
@@ -152,6 +169,7 @@ fn parse_completion(body: &[u8], cx: &ResponseContext<'_>) -> Result<Completed, 
         Some(Value::String(m)) if !m.trim().is_empty() => Some(clean(m.trim(), cx.api_key)),
         _ => None,
     };
+    let usage = read_usage(completion.usage.as_ref());
     let Some(choice) = completion.choices.into_iter().next() else {
         return Err(ProviderError::Empty {
             finish_reason: None,
@@ -210,7 +228,7 @@ fn parse_completion(body: &[u8], cx: &ResponseContext<'_>) -> Result<Completed, 
         Err(source) => return Err(malformed(source)),
     };
     cx.schema.check(&value).map_err(malformed)?;
-    Ok(Completed { value, model })
+    Ok(Completed { value, model, usage })
 }
 
 /// A message's `content`: a string, or the text parts of an array of parts;
@@ -750,5 +768,29 @@ mod tests {
         let long = "é".repeat(2000);
         let c = clean(&long, "");
         assert_eq!(c.chars().count(), MAX_MESSAGE_CHARS + 1);
+    }
+
+    #[test]
+    fn usage_is_read_when_both_counts_are_whole_numbers_and_ignored_otherwise() {
+        let usage = |v: Value| read_usage(Some(&v));
+        assert_eq!(
+            usage(json!({"prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42})),
+            Some(super::super::Usage {
+                prompt_tokens: 12,
+                completion_tokens: 30
+            })
+        );
+        for odd in [
+            json!({}),
+            json!({"prompt_tokens": 12}),
+            json!({"prompt_tokens": -1, "completion_tokens": 3}),
+            json!({"prompt_tokens": 1.5, "completion_tokens": 3}),
+            json!({"prompt_tokens": "12", "completion_tokens": 3}),
+            json!(null),
+            json!([1, 2]),
+        ] {
+            assert_eq!(usage(odd.clone()), None, "{odd}");
+        }
+        assert_eq!(read_usage(None), None);
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp};
-use redstring::cache::{BreakerStore, BudgetStore, LimiterStore};
+use redstring::cache::{BreakerStore, BudgetStore, TokenStore};
 use redstring::provider::{
     BoxFuture, ExtractRequest, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, LlmProvider,
     OpenAiCompatible, OutputSchema, TransportError,
@@ -112,7 +112,7 @@ type Provider<S> = Arc<HardenedProvider<Arc<OpenAiCompatible<CountingTransport>>
 
 /// Runs one worker until `plan.until` over `store` (its own cache, or the
 /// shared cache host's client).
-pub async fn run_worker<S: LimiterStore + BreakerStore + BudgetStore>(
+pub async fn run_worker<S: TokenStore + BreakerStore + BudgetStore>(
     plan: WorkerPlan,
     store: Arc<S>,
     trace: Trace,
@@ -137,7 +137,7 @@ pub async fn run_worker<S: LimiterStore + BreakerStore + BudgetStore>(
 
 /// The production stack for each of the worker's tenants: one limiter, one
 /// breaker and one adapter shared by all of them.
-fn providers<S: LimiterStore + BreakerStore + BudgetStore>(
+fn providers<S: TokenStore + BreakerStore + BudgetStore>(
     plan: &WorkerPlan,
     store: Arc<S>,
     trace: &Trace,
@@ -222,7 +222,7 @@ struct Calls {
 
 impl Calls {
     /// One unit of work for `tenant` through `provider`, on its own task.
-    fn start<S: LimiterStore + BreakerStore + BudgetStore>(
+    fn start<S: TokenStore + BreakerStore + BudgetStore>(
         &self,
         provider: Provider<S>,
         tenant: TenantId,
@@ -235,7 +235,7 @@ impl Calls {
     /// the future ends when the call does. `tokens` are the call's own prompt
     /// and output tokens (a replayed request's, or its tenant's draw), sent
     /// to the server with each attempt.
-    fn call<S: LimiterStore + BreakerStore + BudgetStore>(
+    fn call<S: TokenStore + BreakerStore + BudgetStore>(
         &self,
         provider: Provider<S>,
         tenant: TenantId,
@@ -316,7 +316,7 @@ impl TokenDraws {
 }
 
 /// One open-loop Poisson arrival stream per tenant, until `plan.until`.
-fn arrivals<S: LimiterStore + BreakerStore + BudgetStore>(
+fn arrivals<S: TokenStore + BreakerStore + BudgetStore>(
     plan: &WorkerPlan,
     providers: &[Provider<S>],
     calls: &Calls,
@@ -350,7 +350,7 @@ fn arrivals<S: LimiterStore + BreakerStore + BudgetStore>(
 /// call, waits for it to end, thinks for an exponentially distributed time
 /// (mean `think_s`, its own seeded stream) and sends the next. Clients start
 /// after one think time each, so they do not all send at the first instant.
-fn clients<S: LimiterStore + BreakerStore + BudgetStore>(
+fn clients<S: TokenStore + BreakerStore + BudgetStore>(
     plan: &WorkerPlan,
     providers: &[Provider<S>],
     calls: &Calls,
@@ -387,7 +387,7 @@ fn clients<S: LimiterStore + BreakerStore + BudgetStore>(
 
 /// Each tenant's replayed trace: every request at its instant, with its
 /// token counts, until `plan.until`.
-fn replays<S: LimiterStore + BreakerStore + BudgetStore>(
+fn replays<S: TokenStore + BreakerStore + BudgetStore>(
     plan: &WorkerPlan,
     providers: &[Provider<S>],
     calls: &Calls,
@@ -419,7 +419,7 @@ fn replays<S: LimiterStore + BreakerStore + BudgetStore>(
 }
 
 /// The fleet's synchronised bursts, each fired at its exact instant.
-fn bursts<S: LimiterStore + BreakerStore + BudgetStore>(
+fn bursts<S: TokenStore + BreakerStore + BudgetStore>(
     plan: &WorkerPlan,
     providers: &[Provider<S>],
     calls: &Calls,
