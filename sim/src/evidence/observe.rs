@@ -168,6 +168,44 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             at_us: at.as_micros(),
             decided_by: decider(*decided_by),
         },
+        Event::TokensReserved {
+            tenant,
+            estimate,
+            at,
+            decided_by,
+            ..
+        } => Kind::Reserved {
+            tenant: *tenant,
+            estimate: *estimate,
+            at_us: at.as_micros(),
+            decided_by: decider(*decided_by),
+        },
+        Event::TokensRefused {
+            tenant,
+            estimate,
+            used,
+            retry_after,
+            decided_by,
+            ..
+        } => Kind::TokensRefused {
+            tenant: *tenant,
+            estimate: *estimate,
+            used: *used,
+            retry_after_us: micros(*retry_after),
+            decided_by: decider(*decided_by),
+        },
+        Event::TokensSettled {
+            tenant,
+            estimate,
+            actual,
+            found,
+            ..
+        } => Kind::Settled {
+            tenant: *tenant,
+            estimate: *estimate,
+            actual: *actual,
+            found: *found,
+        },
         Event::RetryExhausted { .. }
         | Event::CallFinished { .. }
         | Event::RateLimitWait { .. }

@@ -214,6 +214,41 @@ pub enum Kind {
         #[serde(skip_serializing_if = "is_zero")]
         floor_us: u64,
     },
+    /// The limiter reserved a call's tokens with its slot.
+    Reserved {
+        /// The tenant charged.
+        tenant: TenantId,
+        /// The tokens reserved.
+        estimate: u64,
+        /// The stamp of the reservation (and its slot), epoch microseconds.
+        at_us: u64,
+        /// Which ledger holds it.
+        decided_by: Decider,
+    },
+    /// The limiter refused a call over its tokens per window.
+    TokensRefused {
+        /// The tenant refused.
+        tenant: TenantId,
+        /// The tokens asked for.
+        estimate: u64,
+        /// Tokens counted in the window.
+        used: u64,
+        /// The wait until the estimate fits, microseconds.
+        retry_after_us: u64,
+        /// Which ledger refused.
+        decided_by: Decider,
+    },
+    /// A call's reservation was settled to what the server used.
+    Settled {
+        /// The tenant charged.
+        tenant: TenantId,
+        /// The tokens reserved.
+        estimate: u64,
+        /// The tokens used (zero: released).
+        actual: u64,
+        /// Whether the ledger still held the reservation.
+        found: bool,
+    },
     /// A retry budget's step: a call's deposit, or a retry asked for.
     Budget {
         /// The budget's key (one per model server).

@@ -55,6 +55,17 @@ tokio::task_local! {
     static TOKENS: Option<RequestTokens>;
 }
 
+/// A call's token estimate: its own prompt tokens (a replayed request's, or
+/// its tenant's draw) plus `max_tokens`, as a client that counts its prompt
+/// would reserve; the core's default estimate from the text when the call
+/// has none of its own.
+fn call_estimate(request: &redstring::provider::ExtractRequest<'_>, max_tokens: u32) -> u64 {
+    match TOKENS.try_with(|t| t.and_then(|t| t.prompt)) {
+        Ok(Some(prompt)) => prompt.saturating_add(u64::from(max_tokens)),
+        _ => redstring::provider::default_token_estimate(request, Some(max_tokens)),
+    }
+}
+
 /// Counts each request against the call whose task sends it, and tells the
 /// server the call's own token counts.
 struct CountingTransport(SimTransport, String);
@@ -145,15 +156,15 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore>(
     let h = &plan.hardening;
     let clock: Arc<dyn Clock> = Arc::new(plan.clock.clone());
     let observer = Arc::new(HostObserver::new(&plan.name, trace.clone()));
-    let limiter = Arc::new(
-        RateLimiter::builder(h.rpm)
-            .window(secs(h.window_s))
-            .clock(clock.clone())
-            .observer(observer.clone())
-            .on_cache_unavailable(h.on_cache_unavailable)
-            .cache(store.clone())
-            .build()?,
-    );
+    let mut limiter = RateLimiter::builder(h.rpm)
+        .window(secs(h.window_s))
+        .clock(clock.clone())
+        .observer(observer.clone())
+        .on_cache_unavailable(h.on_cache_unavailable);
+    if let Some(tokens) = h.tokens_per_window {
+        limiter = limiter.tokens_per_window(tokens);
+    }
+    let limiter = Arc::new(limiter.cache(store.clone()).build()?);
     let mut breaker = CircuitBreaker::builder()
         .failure_threshold(h.failure_threshold)
         .recovery_timeout(secs(h.recovery_timeout_s))
@@ -204,6 +215,10 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore>(
         }
         if let Some(budget) = &budget {
             builder = builder.retry_budget(budget.clone());
+        }
+        if h.tokens_per_window.is_some() {
+            let max_tokens = h.max_tokens;
+            builder = builder.token_estimate(move |request| call_estimate(request, max_tokens));
         }
         providers.push(Arc::new(builder.build()));
     }

@@ -48,6 +48,10 @@ pub struct Hardening {
     /// A retry budget per model server, in each worker's cache — fleet-wide
     /// with a shared cache, per worker otherwise (default: none).
     pub retry_budget: Option<RetryBudgetSpec>,
+    /// Tokens per tenant per window beside `rpm` (default: none). Each call
+    /// reserves its prompt tokens plus `max_tokens` with its slot and settles
+    /// to the server's `usage`.
+    pub tokens_per_window: Option<u64>,
 }
 
 /// `[hardening.retry_budget]`: the numbers of a
@@ -94,6 +98,7 @@ impl Default for Hardening {
             on_cache_unavailable: redstring::OnCacheUnavailable::default(),
             on_cache_error: redstring::OnCacheError::default(),
             retry_budget: None,
+            tokens_per_window: None,
         }
     }
 }

@@ -203,6 +203,15 @@ impl Scenario {
         if h.max_delay_s < h.initial_delay_s {
             return Err(e.bad("hardening.max_delay_s", "must be at least initial_delay_s".into()));
         }
+        if let Some(tokens) = h.tokens_per_window {
+            e.positive("hardening.tokens_per_window", tokens as f64)?;
+            e.at_most(
+                "hardening.tokens_per_window",
+                tokens,
+                redstring::limiter::MAX_TOKENS_PER_WINDOW,
+                "tokens per window",
+            )?;
+        }
         if let Some(b) = h.retry_budget {
             // The core's own validation, reported by the field's dotted name.
             let built = redstring::RetryBudget::builder()

@@ -16,7 +16,7 @@
 //! and `Invariant::check` is the one match that maps each to its checker,
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
 //! `breaker` (3–5, 10–11), `liveness` (6), `accounting` (7), `calls`
-//! (8–9) and `budget` (12).
+//! (8–9), `budget` (12) and `tokens` (13).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -28,6 +28,7 @@ mod budget;
 mod calls;
 mod limiter;
 mod liveness;
+mod tokens;
 
 use std::fmt;
 
@@ -79,11 +80,14 @@ pub enum Invariant {
     /// than `max_balance + ratio × first attempts + floor × interval`, and no
     /// call retries without a grant.
     RetryBudget,
+    /// With a token budget, no window of a tenant's ledger charges more than
+    /// `tokens_per_window` plus what its calls used beyond their estimates.
+    TokensPerWindow,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 12] = [
+    pub const ALL: [Invariant; 13] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -96,6 +100,7 @@ impl Invariant {
         Invariant::NoWedgedCircuit,
         Invariant::OpensAtThreshold,
         Invariant::RetryBudget,
+        Invariant::TokensPerWindow,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -114,6 +119,7 @@ impl Invariant {
             Invariant::NoWedgedCircuit => 9,
             Invariant::OpensAtThreshold => 10,
             Invariant::RetryBudget => 11,
+            Invariant::TokensPerWindow => 12,
         }
     }
 
@@ -132,6 +138,7 @@ impl Invariant {
             Invariant::NoWedgedCircuit => "no_wedged_circuit",
             Invariant::OpensAtThreshold => "opens_at_threshold",
             Invariant::RetryBudget => "retry_budget",
+            Invariant::TokensPerWindow => "tokens_per_window",
         }
     }
 
@@ -150,6 +157,7 @@ impl Invariant {
             Invariant::NoWedgedCircuit => breaker::no_wedged_circuit(ctx, events),
             Invariant::OpensAtThreshold => breaker::opens_at_threshold(ctx, events),
             Invariant::RetryBudget => budget::retry_budget(ctx, events),
+            Invariant::TokensPerWindow => tokens::tokens_per_window(ctx, events),
         }
     }
 }
