@@ -57,7 +57,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError, TransportErrorKind};
-pub use hardened::{DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, HardenedProvider, HardenedProviderBuilder};
+pub use hardened::{
+    DEFAULT_COOLDOWN_WAITS, DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, HardenedProvider, HardenedProviderBuilder,
+};
 pub use openai::{
     DEFAULT_API_KEY, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, OpenAiCompatible, OpenAiCompatibleBuilder,
 };
@@ -65,6 +67,7 @@ pub use openai::{
 pub use reqwest_transport::ReqwestTransport;
 pub use schema::{OutputSchema, make_strict};
 pub use transport::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError};
+pub use wire::{QuotaSignal, QuotaSource};
 
 /// A value and the model that produced it.
 #[derive(Clone, Debug, PartialEq)]
@@ -76,6 +79,10 @@ pub struct Extracted<T> {
     /// can differ from the one requested (a single-model server ignores the
     /// request's `model`; an alias resolves to a snapshot).
     pub model: String,
+    /// The quota signal the answer's response carried (`x-ratelimit-*` at
+    /// zero with its reset), if any: a caller sharing the deployment should
+    /// not call it again before `wait` has passed.
+    pub quota: Option<QuotaSignal>,
 }
 
 /// One extraction, in the object-safe form providers implement.
@@ -206,6 +213,7 @@ pub trait LlmProviderExt: LlmProvider {
             Ok(Extracted {
                 value,
                 model: answer.model,
+                quota: answer.quota,
             })
         }
     }

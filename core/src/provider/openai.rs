@@ -304,6 +304,7 @@ impl<T: HttpTransport> OpenAiCompatible<T> {
         Ok(Extracted {
             value: completed.value,
             model,
+            quota: completed.quota,
         })
     }
 }
