@@ -15,8 +15,8 @@
 //! fuzzer's claims, the report and [`check_all`] all name invariants by it,
 //! and `Invariant::check` is the one match that maps each to its checker,
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
-//! `breaker` (3–5, 10–11), `liveness` (6), `accounting` (7) and `calls`
-//! (8–9).
+//! `breaker` (3–5, 10–11), `liveness` (6), `accounting` (7), `calls`
+//! (8–9) and `cooldown` (12).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -25,6 +25,7 @@
 mod accounting;
 mod breaker;
 mod calls;
+mod cooldown;
 mod limiter;
 mod liveness;
 
@@ -74,11 +75,14 @@ pub enum Invariant {
     /// A circuit opens only on `failure_threshold` failures counted since it
     /// last closed or a success cleared the count.
     OpensAtThreshold,
+    /// Nothing is admitted while a quota signal's shared cooldown, recorded
+    /// in the breaker's store, is in force.
+    NoCallInCooldown,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 11] = [
+    pub const ALL: [Invariant; 12] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -90,6 +94,7 @@ impl Invariant {
         Invariant::RetryJitter,
         Invariant::NoWedgedCircuit,
         Invariant::OpensAtThreshold,
+        Invariant::NoCallInCooldown,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -107,6 +112,7 @@ impl Invariant {
             Invariant::RetryJitter => 8,
             Invariant::NoWedgedCircuit => 9,
             Invariant::OpensAtThreshold => 10,
+            Invariant::NoCallInCooldown => 11,
         }
     }
 
@@ -124,6 +130,7 @@ impl Invariant {
             Invariant::RetryJitter => "retry_jitter",
             Invariant::NoWedgedCircuit => "no_wedged_circuit",
             Invariant::OpensAtThreshold => "opens_at_threshold",
+            Invariant::NoCallInCooldown => "no_call_in_cooldown",
         }
     }
 
@@ -141,6 +148,7 @@ impl Invariant {
             Invariant::RetryJitter => calls::retry_jitter(ctx, events),
             Invariant::NoWedgedCircuit => breaker::no_wedged_circuit(ctx, events),
             Invariant::OpensAtThreshold => breaker::opens_at_threshold(ctx, events),
+            Invariant::NoCallInCooldown => cooldown::no_call_in_cooldown(ctx, events),
         }
     }
 }
