@@ -180,7 +180,7 @@ pub trait LimiterStore: HitWindow {
     }
 }
 
-/// The breaker's transitions as atomic steps over its four keys.
+/// The breaker's transitions as atomic steps over its five keys.
 pub trait BreakerStore: Cache {
     /// Atomically: read the breaker's stored keys, apply
     /// [`crate::breaker::machine::step`] for `command` at `now` (the caller's or
