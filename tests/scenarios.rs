@@ -78,6 +78,7 @@ scenario_tests! {
     container_restart_objectives => "container-restart-objectives.toml",
     flaky_network => "flaky-network.toml",
     hosted_quota => "hosted-quota.toml",
+    hosted_quota_cooldown => "hosted-quota-cooldown.toml",
     hosted_quota_tokens => "hosted-quota-tokens.toml",
     llama_swap_hold => "llama-swap-hold.toml",
     llama_swap_reload => "llama-swap-reload.toml",

@@ -65,7 +65,7 @@ pub mod testing;
 mod time;
 
 pub use breaker::{
-    CircuitBreaker, CircuitBreakerBuilder, CircuitOpen, CircuitState, OnCacheError, Origin, Permit, ProbeId,
+    CircuitBreaker, CircuitBreakerBuilder, CircuitOpen, CircuitState, OnCacheError, Origin, Permit, ProbeId, Refusal,
 };
 pub use cache::{Cache, MemoryCache, TimeSource};
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};

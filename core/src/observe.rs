@@ -89,6 +89,32 @@ pub enum Event {
         /// How long until a probe may be admitted (zero when unknown).
         retry_after: Duration,
     },
+    /// A quota signal put the breaker's server into a shared cooldown (or
+    /// extended it): every admission is refused until `until`. Reported only
+    /// when the step wrote it; a shorter signal under a longer cooldown
+    /// changes nothing.
+    BreakerCooldown {
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// The wait the signal asked for.
+        duration: Duration,
+        /// When the cooldown ends, on the clock that decided.
+        until: Timestamp,
+        /// When it was written, on the clock that decided.
+        at: Timestamp,
+    },
+    /// `allow_request` said no because a shared cooldown is in force (the
+    /// server is up but its quota is spent), not because of the circuit.
+    BreakerCooldownRefused {
+        /// The breaker's key prefix.
+        breaker: Arc<str>,
+        /// The circuit's state (any: a cooldown refuses in every state).
+        state: CircuitState,
+        /// How long until the cooldown ends.
+        retry_after: Duration,
+        /// When, on the clock that decided.
+        at: Timestamp,
+    },
     /// A stored breaker state could not be read and was taken as closed.
     BreakerStateUnreadable {
         /// The breaker's key prefix.
@@ -260,6 +286,18 @@ pub enum Event {
         /// Waits so far in this call, this one included.
         waits: u32,
     },
+    /// A hardened provider refused by a shared cooldown sleeps it off before
+    /// asking the breaker again.
+    CooldownWait {
+        /// The provider's provenance.
+        model: Arc<str>,
+        /// The tenant waiting.
+        tenant: TenantId,
+        /// How long it sleeps: exactly the refusal's `retry_after`.
+        wait: Duration,
+        /// Waits so far in this call, this one included.
+        waits: u32,
+    },
     /// A hardened provider stopped because its deadline could not cover the
     /// next wait.
     DeadlineExceeded {
@@ -323,6 +361,22 @@ impl Observer for TracingObserver {
                 retry_after,
             } => {
                 tracing::debug!(%breaker, ?state, retry_after = retry_after.as_secs_f64(), "circuit breaker rejected a call")
+            }
+            Event::BreakerCooldown {
+                breaker,
+                duration,
+                until,
+                at,
+            } => {
+                tracing::info!(%breaker, duration = duration.as_secs_f64(), %until, %at, "shared cooldown after a quota signal")
+            }
+            Event::BreakerCooldownRefused {
+                breaker,
+                state,
+                retry_after,
+                ..
+            } => {
+                tracing::debug!(%breaker, ?state, retry_after = retry_after.as_secs_f64(), "call refused by a shared cooldown")
             }
             Event::BreakerFailuresCleared { breaker, at } => {
                 tracing::debug!(%breaker, %at, "circuit breaker failure count cleared by a success")
@@ -444,6 +498,14 @@ impl Observer for TracingObserver {
                 waits,
             } => {
                 tracing::debug!(%model, %tenant, wait = wait.as_secs_f64(), waits, "waiting for a rate limit slot")
+            }
+            Event::CooldownWait {
+                model,
+                tenant,
+                wait,
+                waits,
+            } => {
+                tracing::debug!(%model, %tenant, wait = wait.as_secs_f64(), waits, "waiting out a shared cooldown")
             }
             Event::DeadlineExceeded {
                 model,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use redstring::cache::KeyValue;
 use redstring::{
     CacheError, CircuitBreaker, CircuitOpen, CircuitState, Clock, Event, ManualClock, MemoryCache, OnCacheError,
-    Permit, ProbeId, RecordingObserver,
+    Permit, ProbeId, RecordingObserver, Refusal,
 };
 
 fn secs(n: u64) -> Duration {
@@ -408,7 +408,8 @@ async fn admission_is_data_and_a_refusal_carries_its_wait_from_the_same_step() {
         r.breaker.admit().await,
         Permit::Refused {
             state: CircuitState::Open,
-            retry_after: secs(40)
+            retry_after: secs(40),
+            reason: Refusal::Circuit,
         }
     );
     assert_eq!(
@@ -429,7 +430,8 @@ async fn admission_is_data_and_a_refusal_carries_its_wait_from_the_same_step() {
         r.breaker.admit().await,
         Permit::Refused {
             state: CircuitState::HalfOpen,
-            retry_after: secs(60)
+            retry_after: secs(60),
+            reason: Refusal::Circuit,
         },
         "refused until the live probe's lease ends"
     );
@@ -560,5 +562,56 @@ fn a_circuit_open_message_says_when_the_next_probe_is_due() {
     assert_eq!(
         CircuitOpen::for_model("qwen3", Duration::ZERO).to_string(),
         "qwen3 is unavailable"
+    );
+}
+
+#[tokio::test]
+async fn a_cooldown_refuses_as_data_and_reports_itself_apart_from_the_circuit() {
+    let r = rig(2, 60, 1);
+    let at = r.clock.now();
+    assert_eq!(
+        r.breaker.cool_down(secs(30)).await.unwrap(),
+        Some(at.saturating_add(secs(30)))
+    );
+    assert_eq!(
+        r.observer.events().last(),
+        Some(&Event::BreakerCooldown {
+            breaker: "kg:circuit".into(),
+            duration: secs(30),
+            until: at.saturating_add(secs(30)),
+            at,
+        })
+    );
+    r.clock.advance(secs(10));
+    assert_eq!(
+        r.breaker.admit().await,
+        Permit::Refused {
+            state: CircuitState::Closed,
+            retry_after: secs(20),
+            reason: Refusal::Cooldown,
+        }
+    );
+    assert_eq!(
+        r.observer.events().last(),
+        Some(&Event::BreakerCooldownRefused {
+            breaker: "kg:circuit".into(),
+            state: CircuitState::Closed,
+            retry_after: secs(20),
+            at: r.clock.now(),
+        }),
+        "a cooldown's refusal, not the circuit's"
+    );
+    assert_eq!(r.breaker.cool_down(secs(5)).await.unwrap(), None, "never shortened");
+    assert_eq!(r.breaker.state().await.unwrap(), CircuitState::Closed);
+    r.clock.advance(secs(20));
+    assert_eq!(r.breaker.admit().await, Permit::Call);
+    let open = CircuitOpen::refused("qwen3", secs(20), Refusal::Cooldown);
+    assert_eq!(
+        open.to_string(),
+        "qwen3 is cooling down after a quota signal; calls resume in 20.00s"
+    );
+    assert_eq!(
+        CircuitOpen::refused("qwen3", secs(2), Refusal::Circuit).reason,
+        Refusal::Circuit
     );
 }

@@ -118,6 +118,7 @@ async fn breaker_keys_spanning_slots_are_refused_before_sending() {
         failures: "br-failures".to_owned(),
         opened_at: "br-opened".to_owned(),
         probes: "br-probes".to_owned(),
+        cooldown_until: "br-cooldown".to_owned(),
     };
     let params = BreakerParams {
         failure_threshold: 1,

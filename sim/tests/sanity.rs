@@ -245,13 +245,14 @@ fn the_shipped_scenarios_warn_only_where_they_are_odd() {
             }
         }
     }
-    // hosted-quota and mixed-tenants-tokens offer more than their quota on
-    // purpose (to draw 429s), and hosted-quota-tokens the same load to show
-    // a token budget holding it.
+    // hosted-quota (and its cooldown variant) and mixed-tenants-tokens offer
+    // more than their quota on purpose (to draw 429s), and hosted-quota-tokens
+    // the same load to show a token budget holding it.
     odd.sort();
     assert_eq!(
         odd,
         [
+            "hosted-quota-cooldown.toml: servers[0].name",
             "hosted-quota-tokens.toml: servers[0].name",
             "hosted-quota.toml: servers[0].name",
             "mixed-tenants-tokens.toml: servers[0].name"

@@ -27,7 +27,18 @@
 //! `record_success()` / `record_failure()`) acts on whatever state is stored,
 //! as the spec's breaker did.
 //!
-//! `Reset` clears every key from any state. An unreadable stored state is taken
+//! **Cooldowns** sit beside the circuit: a server's quota signal (a 429 or
+//! 503 with `Retry-After`, `x-ratelimit-remaining-*: 0` with its reset)
+//! becomes [`BreakerCommand::CoolDown`], which stores `cooldown_until`, a
+//! store-clock instant, as `max(stored, now + duration)` — a cooldown is never
+//! shortened — and touches nothing else. While `now < cooldown_until` every
+//! `Allow` is refused with [`Refusal::Cooldown`] and `retry_after =
+//! cooldown_until − now`, whatever the circuit's state: a closed circuit
+//! admits no call, an open one due for recovery stays open, a half-open one
+//! issues no probe. A cooldown is not a failure of the server: it opens
+//! nothing and counts toward no threshold.
+//!
+//! `Reset` clears every key (the cooldown included) from any state. An unreadable stored state is taken
 //! as closed; a missing `opened_at` means recovery is due; a half-open circuit
 //! with a damaged or missing lease record starts a fresh episode. All of these
 //! fail toward calling the model.
@@ -93,7 +104,7 @@ pub struct BreakerParams {
 /// The keys one breaker's state lives under.
 ///
 /// The spec's `{key_prefix}:{name}` with the prefix wrapped in braces —
-/// `{kg:circuit}:state` — so that on Redis Cluster all four hash to one slot and
+/// `{kg:circuit}:state` — so that on Redis Cluster all five hash to one slot and
 /// a transition can be one script.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -106,6 +117,9 @@ pub struct BreakerKeys {
     pub opened_at: String,
     /// The half-open episode's probe leases ([`ProbeLeases`], encoded).
     pub probes: String,
+    /// The end of a shared cooldown, as decimal epoch microseconds on the
+    /// stamping clock; it expires with the cooldown.
+    pub cooldown_until: String,
 }
 
 impl BreakerKeys {
@@ -117,7 +131,20 @@ impl BreakerKeys {
             failures: k("failures"),
             opened_at: k("opened_at"),
             probes: k("probes"),
+            cooldown_until: k("cooldown_until"),
         }
+    }
+
+    /// All five keys, in the order the stores read them: state, failures,
+    /// opened_at, probes, cooldown_until.
+    pub fn all(&self) -> [&str; 5] {
+        [
+            &self.state,
+            &self.failures,
+            &self.opened_at,
+            &self.probes,
+            &self.cooldown_until,
+        ]
     }
 }
 
@@ -167,6 +194,12 @@ pub struct ProbeLeases {
 
 /// The largest instant a stored record may hold: 2^53 µs.
 const MAX_STORED_MICROS: u64 = 1 << 53;
+
+/// Parses a stored `cooldown_until`: 1 to 16 decimal digits, at most 2^53 µs.
+/// Anything else is damage and reads as no cooldown.
+pub fn decode_cooldown(stored: &str) -> Option<Timestamp> {
+    stored_number(stored).map(Timestamp::from_micros)
+}
 
 fn stored_number(token: &str) -> Option<u64> {
     if token.is_empty() || token.len() > 16 || !token.bytes().all(|b| b.is_ascii_digit()) {
@@ -255,6 +288,8 @@ pub struct BreakerSnapshot {
     pub opened_at: Option<Timestamp>,
     /// The half-open episode's leases; `None` when absent or damaged.
     pub probes: Option<ProbeLeases>,
+    /// When the shared cooldown ends; `None` when absent or damaged.
+    pub cooldown_until: Option<Timestamp>,
 }
 
 impl BreakerSnapshot {
@@ -264,15 +299,24 @@ impl BreakerSnapshot {
         failures: None,
         opened_at: None,
         probes: None,
+        cooldown_until: None,
     };
 
-    /// Decodes the four stored strings, as any adapter reads them.
-    pub fn decode(state: Option<&str>, failures: Option<&str>, opened_at: Option<&str>, probes: Option<&str>) -> Self {
+    /// Decodes the five stored strings (in [`BreakerKeys::all`]'s order), as
+    /// any adapter reads them.
+    pub fn decode(
+        state: Option<&str>,
+        failures: Option<&str>,
+        opened_at: Option<&str>,
+        probes: Option<&str>,
+        cooldown_until: Option<&str>,
+    ) -> Self {
         BreakerSnapshot {
             state: StoredState::read(state),
             failures: failures.and_then(|s| s.parse().ok()),
             opened_at: opened_at.and_then(Timestamp::parse_secs),
             probes: probes.and_then(ProbeLeases::decode),
+            cooldown_until: cooldown_until.and_then(decode_cooldown),
         }
     }
 
@@ -297,7 +341,7 @@ impl BreakerSnapshot {
 ///
 /// [`step`] asks only for what the transition in hand needs — a closed
 /// circuit's `Allow` reads the state and nothing else — so an in-process store
-/// can answer from its maps without reading all four keys. A
+/// can answer from its maps without reading all five keys. A
 /// [`BreakerSnapshot`] is the eager implementation every other store uses.
 pub trait BreakerView {
     /// The state key.
@@ -308,6 +352,8 @@ pub trait BreakerView {
     fn opened_at(&self) -> Option<Timestamp>;
     /// The half-open episode's leases; `None` when absent or damaged.
     fn probes(&self) -> Option<ProbeLeases>;
+    /// When the shared cooldown ends; `None` when absent, expired or damaged.
+    fn cooldown_until(&self) -> Option<Timestamp>;
 }
 
 impl BreakerView for BreakerSnapshot {
@@ -322,6 +368,9 @@ impl BreakerView for BreakerSnapshot {
     }
     fn probes(&self) -> Option<ProbeLeases> {
         self.probes.clone()
+    }
+    fn cooldown_until(&self) -> Option<Timestamp> {
+        self.cooldown_until
     }
 }
 
@@ -350,8 +399,38 @@ pub enum BreakerCommand {
     RecordFailure(Origin),
     /// A probe ended without reaching the model: its lease ends at once.
     Release(ProbeId),
-    /// Force closed and clear everything.
+    /// Force closed and clear everything, the cooldown included.
     Reset,
+    /// A quota signal: refuse every admission until `duration` from the
+    /// step's instant (stored as `cooldown_until`, never shortening a longer
+    /// cooldown already stored). Touches neither the state, the failure
+    /// count nor the probes.
+    CoolDown {
+        /// How long from the step's instant the cooldown lasts.
+        duration: Duration,
+    },
+}
+
+/// Why an admission was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Refusal {
+    /// The circuit refused: open and not yet due, or half-open with every
+    /// probe lease live (the server is believed down).
+    Circuit,
+    /// A shared cooldown is in force: the server said its quota is spent
+    /// (the server is up, but must not be called until the reset).
+    Cooldown,
+}
+
+impl Refusal {
+    /// The spelling events and scripts use: `circuit`, `cooldown`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Circuit => "circuit",
+            Refusal::Cooldown => "cooldown",
+        }
+    }
 }
 
 /// The answer to [`BreakerCommand::Allow`].
@@ -364,11 +443,15 @@ pub enum Permit {
     Probe(ProbeId),
     /// Refused.
     Refused {
-        /// The state that refused (open, or half-open with its probes live).
+        /// The circuit's state when it refused (open, or half-open with its
+        /// probes live; any state for a cooldown).
         state: CircuitState,
-        /// How long until a probe may be admitted: the rest of the recovery
-        /// timeout, or until the earliest live lease ends. Zero when unknown.
+        /// How long until a call may be admitted: the rest of the recovery
+        /// timeout, until the earliest live lease ends, or until the cooldown
+        /// ends. Zero when unknown.
         retry_after: Duration,
+        /// Why: the circuit, or a shared cooldown.
+        reason: Refusal,
     },
 }
 
@@ -426,6 +509,9 @@ pub struct Writes {
     pub opened_at: Write<Timestamp>,
     /// The probe leases.
     pub probes: Write<ProbeLeases>,
+    /// The cooldown's end; a `Set` carries a TTL of `cooldown_until − now`,
+    /// so the key expires with the cooldown.
+    pub cooldown_until: Write<Timestamp>,
 }
 
 impl Writes {
@@ -435,6 +521,7 @@ impl Writes {
         failures: FailuresWrite::Keep,
         opened_at: Write::Keep,
         probes: Write::Keep,
+        cooldown_until: Write::Keep,
     };
 
     /// Whether any key changes.
@@ -522,10 +609,37 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
     let mut writes = Writes::NONE;
     let mut permit = None;
     let mut expired_probes = 0;
+    if command == BreakerCommand::Allow
+        && let Some(until) = stored.cooldown_until().filter(|until| *until > now)
+    {
+        // A cooldown refuses whatever the circuit would say, and changes
+        // nothing: no transition, no probe, no lease pruned.
+        return BreakerStep {
+            before,
+            after: before,
+            at: now,
+            permit: Some(Permit::Refused {
+                state: before,
+                retry_after: until.saturating_duration_since(now),
+                reason: Refusal::Cooldown,
+            }),
+            expired_probes,
+            unreadable,
+            writes,
+        };
+    }
     let after = match (command, before) {
         (BreakerCommand::Reset, _) => {
             writes = clear_all();
+            writes.cooldown_until = Write::Delete;
             Closed
+        }
+        (BreakerCommand::CoolDown { duration }, _) => {
+            let until = cooldown_end(now, duration);
+            if until > now && stored.cooldown_until().is_none_or(|stored| until > stored) {
+                writes.cooldown_until = Write::Set(until);
+            }
+            before
         }
         (BreakerCommand::Allow, Closed) => {
             permit = Some(Permit::Call);
@@ -546,6 +660,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
                 permit = Some(Permit::Refused {
                     state: Open,
                     retry_after: open_wait(stored.opened_at(), params, now),
+                    reason: Refusal::Circuit,
                 });
                 Open
             }
@@ -581,6 +696,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
                         permit = Some(Permit::Refused {
                             state: HalfOpen,
                             retry_after: earliest.map_or(Duration::ZERO, |t| t.saturating_duration_since(now)),
+                            reason: Refusal::Circuit,
                         });
                     }
                 }
@@ -671,6 +787,13 @@ fn first_probe(params: &BreakerParams, now: Timestamp) -> (ProbeLeases, ProbeId)
     (leases, ProbeId { episode: now, seq: 1 })
 }
 
+/// When a cooldown of `duration` written at `now` ends: at most 2^53 µs, the
+/// largest instant a store holds exactly.
+pub fn cooldown_end(now: Timestamp, duration: Duration) -> Timestamp {
+    let end = now.saturating_add(duration);
+    Timestamp::from_micros(end.as_micros().min(MAX_STORED_MICROS))
+}
+
 /// When a probe admitted at `now` stops counting.
 fn lease_end(params: &BreakerParams, now: Timestamp) -> Timestamp {
     if mutants::active(Mutant::ProbeNeverReports) {
@@ -686,15 +809,19 @@ fn open_now(now: Timestamp) -> Writes {
         failures: FailuresWrite::Delete,
         opened_at: Write::Set(now),
         probes: Write::Delete,
+        cooldown_until: Write::Keep,
     }
 }
 
+/// Clears the circuit's four keys; a cooldown is the server's word, not the
+/// circuit's, and outlives a closing (only `Reset` clears it).
 fn clear_all() -> Writes {
     Writes {
         state: Write::Delete,
         failures: FailuresWrite::Delete,
         opened_at: Write::Delete,
         probes: Write::Delete,
+        cooldown_until: Write::Keep,
     }
 }
 
@@ -724,6 +851,11 @@ pub fn apply(snapshot: &BreakerSnapshot, writes: &Writes) -> BreakerSnapshot {
         Write::Keep => {}
         Write::Set(p) => next.probes = Some(p.clone()),
         Write::Delete => next.probes = None,
+    }
+    match writes.cooldown_until {
+        Write::Keep => {}
+        Write::Set(t) => next.cooldown_until = Some(t),
+        Write::Delete => next.cooldown_until = None,
     }
     next
 }
@@ -755,6 +887,7 @@ mod tests {
             failures: None,
             opened_at: Some(t),
             probes: None,
+            cooldown_until: None,
         }
     }
 
@@ -783,7 +916,8 @@ mod tests {
             early.permit,
             Some(Permit::Refused {
                 state: CircuitState::Open,
-                retry_after: secs(1)
+                retry_after: secs(1),
+                reason: Refusal::Circuit,
             })
         );
         assert!(early.writes.is_empty());
@@ -821,7 +955,7 @@ mod tests {
     #[test]
     fn a_large_unreadable_state_is_reported_by_excerpt() {
         let big = "x".repeat(1 << 20);
-        let snap = BreakerSnapshot::decode(Some(&big), None, None, None);
+        let snap = BreakerSnapshot::decode(Some(&big), None, None, None, None);
         let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
         let shown = s.unreadable.expect("reported");
         assert!(shown.len() <= EXCERPT_BYTES + 32, "{} bytes", shown.len());
@@ -835,7 +969,7 @@ mod tests {
 
     #[test]
     fn unreadable_state_is_closed_and_reported() {
-        let snap = BreakerSnapshot::decode(Some("bogus"), None, None, None);
+        let snap = BreakerSnapshot::decode(Some("bogus"), None, None, None, None);
         let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
         assert_eq!(s.permit, Some(Permit::Call));
         assert_eq!(s.before, CircuitState::Closed);
@@ -872,6 +1006,7 @@ mod tests {
         let k = BreakerKeys::new("kg:circuit");
         assert_eq!(k.state, "{kg:circuit}:state");
         assert_eq!(k.probes, "{kg:circuit}:probes");
+        assert_eq!(k.cooldown_until, "{kg:circuit}:cooldown_until");
     }
 
     /// Runs `commands` from an open circuit, returning each step.
@@ -910,7 +1045,8 @@ mod tests {
             steps[1].permit,
             Some(Permit::Refused {
                 state: CircuitState::HalfOpen,
-                retry_after: secs(30)
+                retry_after: secs(30),
+                reason: Refusal::Circuit,
             }),
             "refused until the live lease ends, and says when"
         );
@@ -986,10 +1122,126 @@ mod tests {
 
     #[test]
     fn a_damaged_lease_record_starts_a_fresh_episode() {
-        let snap = BreakerSnapshot::decode(Some("half_open"), None, None, Some("1 2 x"));
+        let snap = BreakerSnapshot::decode(Some("half_open"), None, None, Some("1 2 x"), None);
         assert_eq!(snap.probes, None);
         let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
         assert_eq!(probe_of(&s), ProbeId { episode: T0, seq: 1 });
+    }
+
+    fn cool(d: u64) -> BreakerCommand {
+        BreakerCommand::CoolDown { duration: secs(d) }
+    }
+
+    fn refused_for_cooldown(state: CircuitState, wait: u64) -> Option<Permit> {
+        Some(Permit::Refused {
+            state,
+            retry_after: secs(wait),
+            reason: Refusal::Cooldown,
+        })
+    }
+
+    #[test]
+    fn a_cooldown_refuses_every_admission_until_it_ends_and_touches_nothing_else() {
+        let p = params(2, 60, 1);
+        let wrote = step(&BreakerSnapshot::EMPTY, cool(30), &p, T0);
+        assert_eq!(
+            wrote.writes,
+            Writes {
+                cooldown_until: Write::Set(T0.saturating_add(secs(30))),
+                ..Writes::NONE
+            }
+        );
+        assert_eq!(
+            (wrote.before, wrote.after, wrote.permit),
+            (CircuitState::Closed, CircuitState::Closed, None)
+        );
+        let snap = apply(&BreakerSnapshot::EMPTY, &wrote.writes);
+        let during = step(&snap, BreakerCommand::Allow, &p, T0.saturating_add(secs(10)));
+        assert_eq!(during.permit, refused_for_cooldown(CircuitState::Closed, 20));
+        assert!(during.writes.is_empty());
+        let at_end = step(&snap, BreakerCommand::Allow, &p, T0.saturating_add(secs(30)));
+        assert_eq!(at_end.permit, Some(Permit::Call), "the cooldown ends at its instant");
+        // Reports still count as before: a cooldown is no failure, and a
+        // call's own failure is still one.
+        let failed = step(&snap, FAIL, &p, T0);
+        assert_eq!(failed.writes.failures, FailuresWrite::Create);
+        assert_eq!(failed.writes.cooldown_until, Write::Keep);
+    }
+
+    #[test]
+    fn a_cooldown_is_never_shortened_only_extended() {
+        let p = params(2, 60, 1);
+        let snap = apply(
+            &BreakerSnapshot::EMPTY,
+            &step(&BreakerSnapshot::EMPTY, cool(30), &p, T0).writes,
+        );
+        let shorter = step(&snap, cool(10), &p, T0.saturating_add(secs(5)));
+        assert!(shorter.writes.is_empty(), "15 s left is more than 10 s");
+        let longer = step(&snap, cool(40), &p, T0.saturating_add(secs(5)));
+        assert_eq!(longer.writes.cooldown_until, Write::Set(T0.saturating_add(secs(45))));
+        assert!(
+            step(&snap, cool(0), &p, T0.saturating_add(secs(40))).writes.is_empty(),
+            "a zero wait writes nothing"
+        );
+        let huge = step(
+            &BreakerSnapshot::EMPTY,
+            BreakerCommand::CoolDown {
+                duration: Duration::MAX,
+            },
+            &p,
+            T0,
+        );
+        assert_eq!(
+            huge.writes.cooldown_until,
+            Write::Set(Timestamp::from_micros(MAX_STORED_MICROS))
+        );
+    }
+
+    #[test]
+    fn a_cooldown_holds_an_open_circuit_due_for_recovery_and_a_half_open_one_probes_nothing() {
+        let p = params(1, 60, 1);
+        let mut open = open_at(T0);
+        open.cooldown_until = Some(T0.saturating_add(secs(90)));
+        let due = step(&open, BreakerCommand::Allow, &p, T0.saturating_add(secs(60)));
+        assert_eq!(due.permit, refused_for_cooldown(CircuitState::Open, 30));
+        assert_eq!(due.after, CircuitState::Open, "no transition, no probe");
+        assert!(due.writes.is_empty());
+        let after = step(&open, BreakerCommand::Allow, &p, T0.saturating_add(secs(90)));
+        assert!(matches!(after.permit, Some(Permit::Probe(_))));
+        // Half-open with a free probe slot and an expired lease: still nothing.
+        let mut half = apply(
+            &open_at(T0),
+            &step(&open_at(T0), BreakerCommand::Allow, &p, T0.saturating_add(secs(60))).writes,
+        );
+        half.cooldown_until = Some(T0.saturating_add(secs(200)));
+        let s = step(&half, BreakerCommand::Allow, &p, T0.saturating_add(secs(150)));
+        assert_eq!(s.permit, refused_for_cooldown(CircuitState::HalfOpen, 50));
+        assert_eq!((s.expired_probes, s.writes.is_empty()), (0, true));
+        // A success closes the circuit and leaves the cooldown; Reset clears it.
+        let closed = step(
+            &half,
+            BreakerCommand::RecordSuccess(Origin::Untracked),
+            &p,
+            T0.saturating_add(secs(61)),
+        );
+        assert_eq!(closed.writes.cooldown_until, Write::Keep);
+        assert_eq!(
+            step(&half, BreakerCommand::Reset, &p, T0).writes.cooldown_until,
+            Write::Delete
+        );
+    }
+
+    #[test]
+    fn stored_cooldowns_decode_strictly() {
+        assert_eq!(
+            decode_cooldown("1700000000000000"),
+            Some(Timestamp::from_micros(1_700_000_000_000_000))
+        );
+        for damaged in ["", "x", "-1", "1.5", "99999999999999999", "9007199254740993"] {
+            assert_eq!(decode_cooldown(damaged), None, "{damaged:?}");
+        }
+        let snap = BreakerSnapshot::decode(None, None, None, None, Some("junk"));
+        assert_eq!(snap.cooldown_until, None);
     }
 
     #[test]

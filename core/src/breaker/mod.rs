@@ -19,7 +19,13 @@
 //! that neither reports nor is released within
 //! [`probe_lease`](CircuitBreakerBuilder::probe_lease) stops counting, and the
 //! next caller gets a fresh probe — so a dropped future, a killed worker or a
-//! forgotten permit can never wedge the circuit half-open. The breaker fails toward
+//! forgotten permit can never wedge the circuit half-open.
+//!
+//! [`cool_down`](CircuitBreaker::cool_down) records a server's quota signal
+//! as a shared cooldown in the same store, with one atomic step: until it
+//! ends, every admission — by any worker sharing the cache — is refused with
+//! [`Refusal::Cooldown`] and the wait, with no polling and no extra round
+//! trip. A cooldown is not a failure: it opens nothing. The breaker fails toward
 //! calling the model: an unreadable stored state reads as closed, a missing
 //! open timestamp means recovery is due, and (by default) an unreachable cache
 //! admits the call.
@@ -30,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use machine::{BreakerCommand, BreakerKeys, BreakerParams, MAX_HALF_OPEN_CALLS};
-pub use machine::{CircuitState, Origin, Permit, ProbeId};
+pub use machine::{CircuitState, Origin, Permit, ProbeId, Refusal};
 
 use crate::cache::{BreakerStore, MemoryCache, StoreSlot};
 use crate::clock::{Clock, SystemClock};
@@ -47,7 +53,8 @@ pub const DEFAULT_HALF_OPEN_MAX_CALLS: u32 = 1;
 /// The default key prefix.
 pub const DEFAULT_KEY_PREFIX: &str = "kg:circuit";
 
-/// A refusal because the model server is believed to be down.
+/// A refusal because the model server is believed to be down, or is cooling
+/// down after a quota signal ([`reason`](CircuitOpen::reason) says which).
 ///
 /// The breaker never returns this itself — `allow_request` is a bool — it is
 /// what a wrapper reports to its own caller, with
@@ -62,14 +69,40 @@ pub struct CircuitOpen {
     /// The estimated wait until a probe is admitted; zero means "no idea" or
     /// "probing is due", not "healthy".
     pub retry_after: Duration,
+    /// Why the call was refused: the circuit, or a shared cooldown.
+    pub reason: Refusal,
 }
 
 impl CircuitOpen {
-    /// A refusal with `message` and the wait estimate.
+    /// A refusal by the circuit with `message` and the wait estimate.
     pub fn new(message: impl Into<String>, retry_after: Duration) -> Self {
         CircuitOpen {
             message: message.into(),
             retry_after,
+            reason: Refusal::Circuit,
+        }
+    }
+
+    /// The refusal for `model` after a [`Permit::Refused`] for `reason`:
+    /// [`for_model`](Self::for_model) for the circuit,
+    /// [`cooling_down`](Self::cooling_down) for a cooldown.
+    pub fn refused(model: &str, retry_after: Duration, reason: Refusal) -> Self {
+        match reason {
+            Refusal::Circuit => Self::for_model(model, retry_after),
+            Refusal::Cooldown => Self::cooling_down(model, retry_after),
+        }
+    }
+
+    /// The refusal for `model` while a shared cooldown is in force:
+    /// `"{model} is cooling down after a quota signal; calls resume in {s:.2}s"`.
+    pub fn cooling_down(model: &str, retry_after: Duration) -> Self {
+        CircuitOpen {
+            message: format!(
+                "{model} is cooling down after a quota signal; calls resume in {:.2}s",
+                retry_after.as_secs_f64()
+            ),
+            retry_after,
+            reason: Refusal::Cooldown,
         }
     }
 
@@ -85,7 +118,11 @@ impl CircuitOpen {
                 retry_after.as_secs_f64()
             )
         };
-        CircuitOpen { message, retry_after }
+        CircuitOpen {
+            message,
+            retry_after,
+            reason: Refusal::Circuit,
+        }
     }
 }
 
@@ -334,6 +371,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                     Permit::Refused {
                         state: CircuitState::Open,
                         retry_after: Duration::ZERO,
+                        reason: Refusal::Circuit,
                     }
                 }
             }
@@ -404,8 +442,26 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         }
     }
 
+    /// Records a quota signal: refuses every admission, for every caller
+    /// sharing this breaker's store, until `duration` from the store's
+    /// instant (the caller's under [`TimeSource::Caller`](crate::TimeSource::Caller)).
+    /// One atomic step that stores `max(stored, now + duration)` — a
+    /// cooldown is never shortened — and leaves the state, the failure count
+    /// and the probes alone: a cooldown is no failure. Returns the cooldown's
+    /// end when this call extended it, `None` when a longer one was already
+    /// in force (or `duration` is zero). The caller bounds `duration`
+    /// ([`HardenedProvider`](crate::provider::HardenedProvider) at its
+    /// `max_server_delay`).
+    pub async fn cool_down(&self, duration: Duration) -> Result<Option<Timestamp>, CacheError> {
+        let step = self.run(BreakerCommand::CoolDown { duration }).await?;
+        Ok(match step.writes.cooldown_until {
+            machine::Write::Set(until) => Some(until),
+            machine::Write::Keep | machine::Write::Delete => None,
+        })
+    }
+
     /// Forces the circuit closed and clears the failure count, the open
-    /// timestamp and the probe leases.
+    /// timestamp, the probe leases and any cooldown.
     pub async fn reset(&self) -> Result<(), CacheError> {
         self.run(BreakerCommand::Reset).await.map(drop)
     }
@@ -499,6 +555,16 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                 at: step.at,
             });
         }
+        if let (BreakerCommand::CoolDown { duration }, machine::Write::Set(until)) =
+            (command, step.writes.cooldown_until)
+        {
+            self.observer.on_event(&Event::BreakerCooldown {
+                breaker: self.prefix.clone(),
+                duration,
+                until,
+                at: step.at,
+            });
+        }
         if step.before != step.after {
             self.observer.on_event(&Event::BreakerTransition {
                 breaker: self.prefix.clone(),
@@ -531,10 +597,24 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                 probe: Some(id),
                 at: step.at,
             }),
-            Some(Permit::Refused { state, retry_after }) => self.observer.on_event(&Event::BreakerRejected {
+            Some(Permit::Refused {
+                state,
+                retry_after,
+                reason: Refusal::Circuit,
+            }) => self.observer.on_event(&Event::BreakerRejected {
                 breaker: self.prefix.clone(),
                 state,
                 retry_after,
+            }),
+            Some(Permit::Refused {
+                state,
+                retry_after,
+                reason: Refusal::Cooldown,
+            }) => self.observer.on_event(&Event::BreakerCooldownRefused {
+                breaker: self.prefix.clone(),
+                state,
+                retry_after,
+                at: step.at,
             }),
             None => {}
         }

@@ -235,7 +235,7 @@ pub trait InFlightStore: Cache {
     fn end_in_flight(&self, key: &str, id: u64) -> impl Future<Output = Result<(), CacheError>> + Send;
 }
 
-/// The breaker's transitions as atomic steps over its four keys.
+/// The breaker's transitions as atomic steps over its five keys.
 pub trait BreakerStore: Cache {
     /// Atomically: read the breaker's stored keys, apply
     /// [`crate::breaker::machine::step`] for `command` at `now` (the caller's or

@@ -407,7 +407,10 @@ pub enum ExtractError {
     #[error(transparent)]
     Provider(#[from] ProviderError),
     /// The circuit is open: the model server is believed down, for every
-    /// tenant. No call was made; `retry_after` estimates when a probe is due.
+    /// tenant; or (its [`reason`](CircuitOpen::reason) is
+    /// [`Refusal::Cooldown`](crate::Refusal::Cooldown)) a shared cooldown
+    /// after a quota signal is in force. No call was made; `retry_after`
+    /// estimates when a probe is due, or when the cooldown ends.
     #[error(transparent)]
     CircuitOpen(#[from] CircuitOpen),
     /// The tenant is over its allowance, still, after the configured waits.
@@ -478,13 +481,30 @@ impl ExtractError {
         }
     }
 
+    /// The quota signal a failed attempt carries: a server's 429 or 503
+    /// asking for a non-zero wait (`Retry-After`, or the reset of an
+    /// exhausted `x-ratelimit-*` limit). Only the attempt's own error — a
+    /// hardening layer's outcome is no word from the server.
+    pub fn quota_wait(&self) -> Option<Duration> {
+        match self {
+            ExtractError::Provider(
+                ProviderError::RateLimited { retry_after, .. } | ProviderError::Unavailable { retry_after, .. },
+            ) => retry_after.filter(|d| !d.is_zero()),
+            _ => None,
+        }
+    }
+
     /// A short stable name for metrics and events: the provider error's
-    /// [`kind`](ProviderError::kind), or `circuit_open`, `rate_limited`,
-    /// `retry_exhausted`, `deadline_exceeded`, `retry_denied`, `limiter_cache`,
-    /// `token_limited`.
+    /// [`kind`](ProviderError::kind), or `circuit_open`, `cooldown`,
+    /// `rate_limited`, `retry_exhausted`, `deadline_exceeded`, `retry_denied`,
+    /// `limiter_cache`, `token_limited`.
     pub fn kind(&self) -> &'static str {
         match self {
             ExtractError::Provider(e) => e.kind(),
+            ExtractError::CircuitOpen(CircuitOpen {
+                reason: crate::Refusal::Cooldown,
+                ..
+            }) => "cooldown",
             ExtractError::CircuitOpen(_) => "circuit_open",
             ExtractError::RateLimited(_) => "rate_limited",
             ExtractError::RetryExhausted(_) => "retry_exhausted",

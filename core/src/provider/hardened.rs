@@ -33,6 +33,21 @@
 //! ([`probe_lease`](crate::CircuitBreakerBuilder::probe_lease)) — the circuit
 //! probes again instead of staying half-open for good.
 //!
+//! # Quota signals, shared
+//!
+//! An attempt whose answer carries a quota signal — a 429 or 503 asking for
+//! a wait ([`ExtractError::quota_wait`]), or any response with an exhausted
+//! `x-ratelimit-*` limit ([`Extracted::quota`]) — is followed by one
+//! [`CircuitBreaker::cool_down`] of that wait, bounded by
+//! [`max_server_delay`](HardenedProviderBuilder::max_server_delay): every
+//! worker sharing the breaker's store is refused at admission until it ends,
+//! with no polling. The call itself then goes on as before (its own retry
+//! waits at least the server's delay). A call refused by a cooldown sleeps
+//! it off when the wait fits its deadline and its
+//! [`cooldown_waits`](HardenedProviderBuilder::cooldown_waits) allowance,
+//! and otherwise returns [`CircuitOpen`] with reason
+//! [`Refusal::Cooldown`] (kind `cooldown`) and the wait.
+//!
 //! Every wait (limiter, backoff, the server's `Retry-After`) is slept on the
 //! injected clock and checked against the call's deadline first, so a test on
 //! a [`ManualClock`](crate::ManualClock) never sleeps and a production call
@@ -47,9 +62,8 @@ use serde_json::Value;
 use super::error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError};
 use super::transport::BoxFuture;
 use super::{ExtractRequest, Extracted, LlmProvider};
-use crate::breaker::{CircuitBreaker, CircuitOpen, Permit};
-use crate::cache::BudgetStore;
-use crate::cache::{BreakerStore, MemoryCache, TokenStore};
+use crate::breaker::{CircuitBreaker, CircuitOpen, Permit, Refusal};
+use crate::cache::{BreakerStore, BudgetStore, MemoryCache, TokenStore};
 use crate::clock::{Clock, SystemClock};
 use crate::limiter::{AcquireError, RateLimiter, Reservation, TokenAcquireError};
 use crate::observe::{Event, Observer, TracingObserver};
@@ -60,6 +74,8 @@ use crate::time::Timestamp;
 
 /// How many times a rate-limit refusal is slept off before it is returned.
 pub const DEFAULT_LIMITER_WAITS: u32 = 1;
+/// How many times a shared cooldown's refusal is slept off before it is returned.
+pub const DEFAULT_COOLDOWN_WAITS: u32 = 1;
 /// The longest server-requested wait (`Retry-After`) the default classifier
 /// honours; a longer one ends the call at once (the OpenAI SDKs' rule).
 pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(120);
@@ -105,6 +121,7 @@ pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
     observer: Arc<dyn Observer>,
     classifier: Option<Classifier>,
     limiter_waits: u32,
+    cooldown_waits: u32,
     deadline: Option<Duration>,
     refusals_trip_breaker: bool,
     max_server_delay: Duration,
@@ -120,6 +137,7 @@ impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {
             .field("breaker", &self.breaker)
             .field("retry", &self.retry)
             .field("limiter_waits", &self.limiter_waits)
+            .field("cooldown_waits", &self.cooldown_waits)
             .field("deadline", &self.deadline)
             .field("refusals_trip_breaker", &self.refusals_trip_breaker)
             .field("max_server_delay", &self.max_server_delay)
@@ -139,6 +157,7 @@ pub struct HardenedProviderBuilder<P, L, B> {
     observer: Option<Arc<dyn Observer>>,
     classifier: Option<Classifier>,
     limiter_waits: u32,
+    cooldown_waits: u32,
     deadline: Option<Duration>,
     refusals_trip_breaker: bool,
     max_server_delay: Duration,
@@ -167,6 +186,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             observer: None,
             classifier: None,
             limiter_waits: DEFAULT_LIMITER_WAITS,
+            cooldown_waits: DEFAULT_COOLDOWN_WAITS,
             deadline: None,
             refusals_trip_breaker: false,
             max_server_delay: DEFAULT_MAX_SERVER_DELAY,
@@ -218,6 +238,14 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
         self
     }
 
+    /// How many refusals by a shared cooldown are slept off (each for exactly
+    /// its `retry_after`, when that fits the deadline) before the refusal is
+    /// returned (default [`DEFAULT_COOLDOWN_WAITS`]; `0` returns the first).
+    pub fn cooldown_waits(mut self, n: u32) -> Self {
+        self.cooldown_waits = n;
+        self
+    }
+
     /// A budget for each call, measured on the clock from its start: no wait
     /// may end after it, and each attempt is sent with what it leaves as its
     /// timeout (the inner provider's own timeout still applies when it is
@@ -238,7 +266,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
 
     /// The longest `Retry-After` the default classifier waits for (default
     /// [`DEFAULT_MAX_SERVER_DELAY`]); a server asking for more gets its error
-    /// returned at once.
+    /// returned at once. Also the longest shared cooldown a quota signal
+    /// writes: a longer signal cools the deployment down for this long.
     pub fn max_server_delay(mut self, d: Duration) -> Self {
         self.max_server_delay = d;
         self
@@ -291,6 +320,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
             observer,
             classifier: self.classifier,
             limiter_waits: self.limiter_waits,
+            cooldown_waits: self.cooldown_waits,
             deadline: self.deadline,
             refusals_trip_breaker: self.refusals_trip_breaker,
             max_server_delay: self.max_server_delay,
@@ -353,10 +383,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             (budget, timeout) => budget.or(timeout).map(|t| start.saturating_add(t)),
         };
 
-        let permit = self.breaker.admit().await;
-        if let Permit::Refused { retry_after, .. } = permit {
-            return (Err(CircuitOpen::for_model(self.inner.model(), retry_after).into()), 0);
-        }
+        let permit = match self.admit(deadline).await {
+            Ok(permit) => permit,
+            Err(refused) => return (Err(refused), 0),
+        };
 
         let reservation = match self.acquire(deadline, &request).await {
             Ok(reservation) => reservation,
@@ -396,7 +426,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                     attempts = attempts.saturating_add(1);
                     // The attempt may take no longer than the deadline leaves.
                     let left = deadline.map(|d| d.saturating_duration_since(self.clock.now()));
-                    self.inner.extract_answer(request, left)
+                    self.attempt(request, left)
                 },
             )
             .await;
@@ -480,12 +510,69 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                 let next = self.breaker.admit().await;
                 // The reported permit is done with: a refusal takes its place.
                 *permit.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
-                if let Permit::Refused { retry_after, .. } = next {
-                    return Err(CircuitOpen::for_model(self.inner.model(), retry_after).into());
+                if let Permit::Refused {
+                    retry_after, reason, ..
+                } = next
+                {
+                    return Err(CircuitOpen::refused(self.inner.model(), retry_after, reason).into());
                 }
             }
-            self.inner.extract_answer(request, left).await
+            self.attempt(request, left).await
         })
+    }
+
+    /// The breaker's admission, sleeping off up to `cooldown_waits` refusals
+    /// by a shared cooldown that end within the deadline. A refusal by the
+    /// circuit, or one not slept off, is the call's error.
+    async fn admit(&self, deadline: Option<Timestamp>) -> Result<Permit, ExtractError> {
+        let mut waits = 0u32;
+        loop {
+            let permit = self.breaker.admit().await;
+            let Permit::Refused {
+                retry_after, reason, ..
+            } = permit
+            else {
+                return Ok(permit);
+            };
+            let fits = deadline.is_none_or(|d| retry_after <= d.saturating_duration_since(self.clock.now()));
+            if reason != Refusal::Cooldown || waits >= self.cooldown_waits || !fits || retry_after.is_zero() {
+                return Err(CircuitOpen::refused(self.inner.model(), retry_after, reason).into());
+            }
+            waits += 1;
+            self.observer.on_event(&Event::CooldownWait {
+                model: Arc::from(self.inner.model()),
+                tenant: self.tenant,
+                wait: retry_after,
+                waits,
+            });
+            self.clock.sleep(retry_after).await;
+        }
+    }
+
+    /// One attempt on the inner provider; a quota signal in its answer
+    /// becomes the fleet's cooldown (one breaker step) before the answer is
+    /// handed back.
+    async fn attempt(
+        &self,
+        request: ExtractRequest<'_>,
+        left: Option<Duration>,
+    ) -> Result<Extracted<Value>, ExtractError> {
+        let result = self.inner.extract_answer(request, left).await;
+        let wait = match &result {
+            Ok(answer) => answer.quota.map(|q| q.wait),
+            Err(e) => e.quota_wait(),
+        };
+        if let Some(wait) = wait.filter(|w| !w.is_zero())
+            && let Err(error) = self.breaker.cool_down(wait.min(self.max_server_delay)).await
+        {
+            self.observer.on_event(&Event::CacheUnavailable {
+                component: Arc::from(self.breaker.key_prefix()),
+                operation: "cool_down",
+                fallback: "not recorded",
+                error: error.to_string(),
+            });
+        }
+        result
     }
 
     /// Takes the tenant's slot (and, under a token budget, reserves the
@@ -696,6 +783,7 @@ mod tests {
                     value,
                     model: "scripted/m".to_owned(),
                     usage: None,
+                    quota: None,
                 });
             Box::pin(async move { next })
         }
@@ -827,6 +915,7 @@ mod tests {
                         value: Value::from("up"),
                         model: "hangs/m".to_owned(),
                         usage: None,
+                        quota: None,
                     })
                 })
             }

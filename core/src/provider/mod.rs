@@ -59,7 +59,7 @@ use serde_json::Value;
 
 pub use error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError, TransportErrorKind};
 pub use hardened::{
-    DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_OUTPUT_ESTIMATE, HardenedProvider,
+    DEFAULT_COOLDOWN_WAITS, DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_OUTPUT_ESTIMATE, HardenedProvider,
     HardenedProviderBuilder, default_token_estimate,
 };
 pub use openai::{
@@ -69,6 +69,7 @@ pub use openai::{
 pub use reqwest_transport::ReqwestTransport;
 pub use schema::{OutputSchema, make_strict};
 pub use transport::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError};
+pub use wire::{QuotaSignal, QuotaSource};
 
 /// What one call used, as the server counted it (the response's `usage`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +100,10 @@ pub struct Extracted<T> {
     /// What the call used, when the server said (`usage`); a hardened
     /// provider settles its token reservation with it.
     pub usage: Option<Usage>,
+    /// The quota signal the answer's response carried (`x-ratelimit-*` at
+    /// zero with its reset), if any: a caller sharing the deployment should
+    /// not call it again before `wait` has passed.
+    pub quota: Option<QuotaSignal>,
 }
 
 /// One extraction, in the object-safe form providers implement.
@@ -243,6 +248,7 @@ pub trait LlmProviderExt: LlmProvider {
                 value,
                 model: answer.model,
                 usage: answer.usage,
+                quota: answer.quota,
             })
         }
     }

@@ -305,6 +305,7 @@ impl<T: HttpTransport> OpenAiCompatible<T> {
             value: completed.value,
             model,
             usage: completed.usage,
+            quota: completed.quota,
         })
     }
 }

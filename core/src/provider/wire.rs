@@ -26,6 +26,19 @@
 //! mode) is [`ProviderError::UnknownModel`], like a 404. A 3xx is
 //! [`ProviderError::Redirected`]: the base URL is wrong, and a POST is never
 //! re-sent elsewhere.
+//!
+//! # Quota signals
+//!
+//! A response may say the deployment has no capacity left for a while
+//! ([`QuotaSignal`], read by [`quota_signal`]): a 429 or 503 with
+//! `retry-after-ms` / `retry-after` (the error's `retry_after`), or — on any
+//! response, a success included — `x-ratelimit-remaining-requests` or
+//! `x-ratelimit-remaining-tokens` at `0` with the matching
+//! `x-ratelimit-reset-requests` / `-tokens`, a Go-style duration (`1s`,
+//! `6m0s`, `20ms`, `4m12.172s`; [`parse_reset`]). A 429 or 503 without
+//! `Retry-After` takes the exhausted limit's reset as its `retry_after`, so
+//! the call's own retry waits as long as the fleet's cooldown. Negative,
+//! unparsable and overflowing values are no signal.
 
 use std::time::Duration;
 
@@ -119,6 +132,8 @@ pub struct Completed {
     pub model: Option<String>,
     /// The response's `usage`, when it held both counts as whole numbers.
     pub usage: Option<super::Usage>,
+    /// The quota signal the response's headers carried, if any.
+    pub quota: Option<QuotaSignal>,
 }
 
 /// Reads a `usage` object: `prompt_tokens` and `completion_tokens`, both
@@ -130,6 +145,109 @@ fn read_usage(usage: Option<&Value>) -> Option<super::Usage> {
         prompt_tokens: usage.get("prompt_tokens")?.as_u64()?,
         completion_tokens: usage.get("completion_tokens")?.as_u64()?,
     })
+}
+
+/// A server's word that a deployment has no capacity left for a while: how
+/// long, and which signal said so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QuotaSignal {
+    /// How long from the response until the deployment has capacity again.
+    pub wait: Duration,
+    /// What said so.
+    pub source: QuotaSource,
+}
+
+/// Which header a [`QuotaSignal`] came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuotaSource {
+    /// A 429 or 503 with `retry-after-ms` / `retry-after`.
+    RetryAfter,
+    /// `x-ratelimit-remaining-requests: 0` with `x-ratelimit-reset-requests`.
+    Requests,
+    /// `x-ratelimit-remaining-tokens: 0` with `x-ratelimit-reset-tokens`.
+    Tokens,
+}
+
+/// The quota signal a response carries: for a 429 or 503, its non-zero
+/// `Retry-After` ([`retry_after`]); otherwise, on any response, the longest
+/// reset of a limit whose remaining count is `0` ([`exhausted_limit`]).
+pub fn quota_signal(response: &HttpResponse, now: Timestamp) -> Option<QuotaSignal> {
+    if matches!(response.status, 429 | 503)
+        && let Some(wait) = retry_after(response, now).filter(|d| !d.is_zero())
+    {
+        return Some(QuotaSignal {
+            wait,
+            source: QuotaSource::RetryAfter,
+        });
+    }
+    exhausted_limit(response)
+}
+
+/// The longest reset among the `x-ratelimit-*` limits whose remaining count
+/// is exactly `0` and whose reset parses (and is non-zero); `None` otherwise.
+pub fn exhausted_limit(response: &HttpResponse) -> Option<QuotaSignal> {
+    [("requests", QuotaSource::Requests), ("tokens", QuotaSource::Tokens)]
+        .into_iter()
+        .filter_map(|(limit, source)| {
+            let remaining = response.header(&format!("x-ratelimit-remaining-{limit}"))?;
+            if remaining.trim().parse::<u64>().ok()? != 0 {
+                return None;
+            }
+            let wait = parse_reset(response.header(&format!("x-ratelimit-reset-{limit}"))?)?;
+            (!wait.is_zero()).then_some(QuotaSignal { wait, source })
+        })
+        .max_by_key(|signal| signal.wait)
+}
+
+/// Parses a Go-style duration as OpenAI's `x-ratelimit-reset-*` headers
+/// send it: one or more `<decimal><unit>` parts, units `h`, `m`, `s`, `ms`,
+/// `us` / `µs`, `ns` (`6m0s`, `1.5s`, `20ms`, `23h18m29.144s`), or a bare
+/// `0`. No sign, no spaces; anything else, or a total beyond `u64` seconds,
+/// is `None`.
+pub fn parse_reset(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    if text == "0" {
+        return Some(Duration::ZERO);
+    }
+    if text.is_empty() {
+        return None;
+    }
+    let mut rest = text;
+    let mut total_ns: u128 = 0;
+    while !rest.is_empty() {
+        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let (number, after) = rest.split_at(number_len);
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        let unit_ns: u128 = match unit {
+            "h" => 3_600_000_000_000,
+            "m" => 60_000_000_000,
+            "s" => 1_000_000_000,
+            "ms" => 1_000_000,
+            "us" | "µs" | "μs" => 1_000,
+            "ns" => 1,
+            _ => return None,
+        };
+        let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+        if (whole.is_empty() && frac.is_empty()) || frac.contains('.') || whole.len() > 20 {
+            return None;
+        }
+        let whole: u128 = if whole.is_empty() { 0 } else { whole.parse().ok()? };
+        let mut part = whole.checked_mul(unit_ns)?;
+        // The fraction, to the nanosecond (further digits are dropped).
+        let mut scale = unit_ns;
+        for digit in frac.bytes().take(30) {
+            scale /= 10;
+            part = part.checked_add(u128::from(digit - b'0').checked_mul(scale)?)?;
+        }
+        total_ns = total_ns.checked_add(part)?;
+        rest = next;
+    }
+    let secs = u64::try_from(total_ns / 1_000_000_000).ok()?;
+    let nanos = u32::try_from(total_ns % 1_000_000_000).ok()?;
+    Some(Duration::new(secs, nanos))
 }
 
 #[derive(Deserialize)]
@@ -156,7 +274,9 @@ struct Message {
 /// says produced it, or the error it means.
 pub fn parse_response(response: &HttpResponse, cx: &ResponseContext<'_>) -> Result<Completed, ProviderError> {
     if response.status == 200 {
-        return parse_completion(&response.body, cx);
+        let mut completed = parse_completion(&response.body, cx)?;
+        completed.quota = quota_signal(response, cx.now);
+        return Ok(completed);
     }
     Err(classify_status(response, cx))
 }
@@ -228,7 +348,12 @@ fn parse_completion(body: &[u8], cx: &ResponseContext<'_>) -> Result<Completed, 
         Err(source) => return Err(malformed(source)),
     };
     cx.schema.check(&value).map_err(malformed)?;
-    Ok(Completed { value, model, usage })
+    Ok(Completed {
+        value,
+        model,
+        usage,
+        quota: None,
+    })
 }
 
 /// A message's `content`: a string, or the text parts of an array of parts;
@@ -292,13 +417,13 @@ fn classify_status(response: &HttpResponse, cx: &ResponseContext<'_>) -> Provide
                 ProviderError::QuotaExhausted { message: error.message }
             } else {
                 ProviderError::RateLimited {
-                    retry_after: retry_after(response, cx.now),
+                    retry_after: retry_after(response, cx.now).or_else(|| exhausted_limit(response).map(|q| q.wait)),
                     message: error.message,
                 }
             }
         }
         503 => ProviderError::Unavailable {
-            retry_after: retry_after(response, cx.now),
+            retry_after: retry_after(response, cx.now).or_else(|| exhausted_limit(response).map(|q| q.wait)),
             message: error.message,
         },
         401 | 403 => ProviderError::Authentication {
@@ -652,6 +777,120 @@ mod tests {
         assert_eq!(r(&[("retry-after", "soon")]), None);
         assert_eq!(r(&[("retry-after", "NaN")]), None);
         assert_eq!(r(&[]), None);
+    }
+
+    #[test]
+    fn resets_parse_as_go_durations() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_reset("1s"), Some(ms(1000)));
+        assert_eq!(parse_reset("6m0s"), Some(ms(360_000)));
+        assert_eq!(parse_reset("20ms"), Some(ms(20)));
+        assert_eq!(parse_reset("1.5s"), Some(ms(1500)));
+        assert_eq!(parse_reset("4m12.172s"), Some(ms(252_172)));
+        assert_eq!(parse_reset("23h18m29.144s"), Some(ms(83_909_144)));
+        assert_eq!(parse_reset("250us"), Some(Duration::from_micros(250)));
+        assert_eq!(parse_reset("0"), Some(Duration::ZERO));
+        assert_eq!(parse_reset(".5s"), Some(ms(500)));
+        for bad in [
+            "",
+            "1",
+            "-1s",
+            "1x",
+            "s",
+            "1.2.3s",
+            ".s",
+            "1 s",
+            "99999999999999999999999h",
+            "NaN",
+        ] {
+            assert_eq!(parse_reset(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn quota_signals_come_from_retry_after_or_an_exhausted_limit() {
+        let now = Timestamp::from_secs(1_700_000_000);
+        let q = |status, h: &[(&str, &str)]| quota_signal(&response(status, h, ""), now);
+        let signal = |secs: u64, source| {
+            Some(QuotaSignal {
+                wait: Duration::from_secs(secs),
+                source,
+            })
+        };
+        assert_eq!(q(429, &[("retry-after", "20")]), signal(20, QuotaSource::RetryAfter));
+        assert_eq!(q(503, &[("retry-after", "3")]), signal(3, QuotaSource::RetryAfter));
+        assert_eq!(q(500, &[("retry-after", "3")]), None, "only a 429 or 503's Retry-After");
+        assert_eq!(q(429, &[("retry-after", "0")]), None, "a zero wait is no cooldown");
+        let spent = [
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "1s"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+        ];
+        assert_eq!(q(200, &spent), signal(360, QuotaSource::Tokens), "the longest reset");
+        assert_eq!(q(200, &spent[..2]), signal(1, QuotaSource::Requests));
+        assert_eq!(
+            q(429, &[("retry-after", "2"), spent[2], spent[3]]),
+            signal(2, QuotaSource::RetryAfter),
+            "the server's explicit wait first"
+        );
+        assert_eq!(q(429, &spent[2..]), signal(360, QuotaSource::Tokens));
+        for remaining in ["1", "-1", "x", ""] {
+            let h = [
+                ("x-ratelimit-remaining-requests", remaining),
+                ("x-ratelimit-reset-requests", "1s"),
+            ];
+            assert_eq!(q(200, &h), None, "remaining {remaining:?}");
+        }
+        assert_eq!(
+            q(
+                200,
+                &[
+                    ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-reset-requests", "soon")
+                ]
+            ),
+            None
+        );
+        assert_eq!(
+            q(200, &[("x-ratelimit-remaining-requests", "0")]),
+            None,
+            "no reset, no signal"
+        );
+    }
+
+    #[test]
+    fn a_429_without_retry_after_waits_for_its_exhausted_limit() {
+        let schema = OutputSchema::for_type::<String>();
+        let limited = parse_response(
+            &response(
+                429,
+                &[
+                    ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-reset-requests", "12s"),
+                ],
+                r#"{"error":{"message":"Rate limit reached","code":"rate_limit_exceeded"}}"#,
+            ),
+            &cx(&schema),
+        );
+        assert!(
+            matches!(limited, Err(ProviderError::RateLimited { retry_after: Some(d), .. }) if d == Duration::from_secs(12)),
+            "{limited:?}"
+        );
+        let body = completion(json!({"content": "\"x\""}), "stop");
+        let ok = parse_response(
+            &response(
+                200,
+                &[
+                    ("x-ratelimit-remaining-tokens", "0"),
+                    ("x-ratelimit-reset-tokens", "20ms"),
+                ],
+                &body,
+            ),
+            &cx(&schema),
+        )
+        .unwrap();
+        assert_eq!(ok.quota.map(|q| q.wait), Some(Duration::from_millis(20)));
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! manual clock; the Redis adapter runs the same suite, unchanged, against a
 //! real server. The checks pin the port's documented semantics (TTL on
 //! creation only, inclusive window boundary, same-instant hits, delete
-//! clearing windows, idempotent close) and the atomic operations' exactness
-//! under racing tasks.
+//! clearing windows, idempotent close, a breaker's shared cooldown that is
+//! never shortened and expires with its TTL) and the atomic operations'
+//! exactness under racing tasks.
 //!
 //! Enabled by the `testing` feature. The checks panic on the first violation,
 //! naming the check.
@@ -16,7 +17,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerStep, Origin, Permit, ProbeId};
+use crate::breaker::machine::{
+    BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, Origin, Permit, ProbeId, Refusal, Write,
+};
 use crate::cache::{
     BreakerStore, BudgetStore, Cache, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TokenStore,
 };
@@ -100,6 +103,10 @@ checks!(
     breaker_read_changes_nothing,
     breaker_probe_leases_expire_and_late_reports_change_nothing,
     breaker_release_frees_exactly_its_own_probe,
+    breaker_cooldown_refuses_until_it_ends_and_is_never_shortened,
+    breaker_cooldown_opens_nothing_and_holds_back_the_probe,
+    breaker_cooldown_expires_with_its_ttl,
+    breaker_reset_clears_the_cooldown,
     budget_deposits_earn_retries_and_an_empty_bucket_denies,
     budget_floor_refills_on_the_callers_clock_up_to_the_cap,
     budget_clamps_a_caller_far_ahead,
@@ -664,7 +671,8 @@ async fn breaker_probe_leases_expire_and_late_reports_change_nothing<H: Harness>
         refused.permit,
         Some(Permit::Refused {
             state: CircuitState::HalfOpen,
-            retry_after: secs(3)
+            retry_after: secs(3),
+            reason: Refusal::Circuit,
         }),
         "refused while the lease is live, with when it ends"
     );
@@ -1178,6 +1186,124 @@ async fn racing_in_flight_picks_spread_exactly_evenly<H: Harness>(h: &H) {
         .await
         .unwrap();
     assert_eq!(last.counts, [20, 20], "every pick saw every earlier one");
+}
+
+fn cool_down(d: Duration) -> BreakerCommand {
+    BreakerCommand::CoolDown { duration: d }
+}
+
+fn cooldown_refusal(state: CircuitState, wait: Duration) -> Option<Permit> {
+    Some(Permit::Refused {
+        state,
+        retry_after: wait,
+        reason: Refusal::Cooldown,
+    })
+}
+
+async fn breaker_cooldown_refuses_until_it_ends_and_is_never_shortened<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance-cooldown");
+    let p = params(2, secs(60), 1);
+    let t = h.now();
+    let until = t.saturating_add(secs(30));
+    let wrote = c.breaker_step(&keys, cool_down(secs(30)), p, t).await.unwrap();
+    assert_eq!(wrote.writes.cooldown_until, Write::Set(until));
+    assert_eq!(
+        (wrote.before, wrote.after, wrote.permit),
+        (CircuitState::Closed, CircuitState::Closed, None)
+    );
+    assert_eq!(
+        c.get(&keys.cooldown_until).await.unwrap(),
+        Some(until.as_micros().to_string()),
+        "stored as decimal microseconds"
+    );
+    assert_eq!(c.get(&keys.state).await.unwrap(), None, "the circuit is untouched");
+    let during = c
+        .breaker_step(&keys, BreakerCommand::Allow, p, t.saturating_add(secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(during.permit, cooldown_refusal(CircuitState::Closed, secs(20)));
+    assert!(during.writes.is_empty(), "a refusal records nothing");
+    let shorter = c
+        .breaker_step(&keys, cool_down(secs(5)), p, t.saturating_add(secs(10)))
+        .await
+        .unwrap();
+    assert!(
+        shorter.writes.is_empty(),
+        "a shorter signal never shortens the cooldown"
+    );
+    let (snapshot, _) = c.breaker_read(&keys, t.saturating_add(secs(10))).await.unwrap();
+    assert_eq!(snapshot.cooldown_until, Some(until));
+    let longer = c
+        .breaker_step(&keys, cool_down(secs(40)), p, t.saturating_add(secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(longer.writes.cooldown_until, Write::Set(t.saturating_add(secs(50))));
+    let ended = c
+        .breaker_step(&keys, BreakerCommand::Allow, p, t.saturating_add(secs(50)))
+        .await
+        .unwrap();
+    assert_eq!(ended.permit, Some(Permit::Call), "admitted from the cooldown's end");
+}
+
+async fn breaker_cooldown_opens_nothing_and_holds_back_the_probe<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance-cooldown-open");
+    let p = params(2, secs(10), 1);
+    let t = h.now();
+    // A failure, then a cooldown: still one failure, still closed.
+    c.breaker_step(&keys, FAILURE, p, t).await.unwrap();
+    c.breaker_step(&keys, cool_down(secs(5)), p, t).await.unwrap();
+    assert_eq!(c.get(&keys.failures).await.unwrap().as_deref(), Some("1"));
+    assert_eq!(c.get(&keys.state).await.unwrap(), None);
+    // The call's own failure still counts, and opens at the threshold.
+    let opened = c.breaker_step(&keys, FAILURE, p, t).await.unwrap();
+    assert_eq!(opened.after, CircuitState::Open);
+    c.breaker_step(&keys, cool_down(secs(25)), p, t).await.unwrap();
+    let due = t.saturating_add(secs(10));
+    let held = c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap();
+    assert_eq!(held.permit, cooldown_refusal(CircuitState::Open, secs(15)));
+    assert_eq!(held.after, CircuitState::Open, "no probe while cooling down");
+    let (snapshot, _) = c.breaker_read(&keys, due).await.unwrap();
+    assert_eq!(snapshot.effective_state(), CircuitState::Open);
+    assert_eq!(snapshot.probes, None);
+    let after = c
+        .breaker_step(&keys, BreakerCommand::Allow, p, t.saturating_add(secs(25)))
+        .await
+        .unwrap();
+    assert!(matches!(after.permit, Some(Permit::Probe(_))), "{after:?}");
+}
+
+async fn breaker_cooldown_expires_with_its_ttl<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance-cooldown-ttl");
+    let p = params(2, secs(60), 1);
+    let ttl = h.short_ttl();
+    c.breaker_step(&keys, cool_down(ttl), p, h.now()).await.unwrap();
+    assert!(c.get(&keys.cooldown_until).await.unwrap().is_some());
+    h.advance(ttl.mul_f64(1.5)).await;
+    assert_eq!(
+        c.get(&keys.cooldown_until).await.unwrap(),
+        None,
+        "the key expires with the cooldown"
+    );
+    let s = c.breaker_step(&keys, BreakerCommand::Allow, p, h.now()).await.unwrap();
+    assert_eq!(s.permit, Some(Permit::Call));
+}
+
+async fn breaker_reset_clears_the_cooldown<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance-cooldown-reset");
+    let p = params(2, secs(60), 1);
+    let t = h.now();
+    c.breaker_step(&keys, cool_down(secs(30)), p, t).await.unwrap();
+    c.breaker_step(&keys, BreakerCommand::Reset, p, t).await.unwrap();
+    let (snapshot, _) = c.breaker_read(&keys, t).await.unwrap();
+    assert_eq!(snapshot, BreakerSnapshot::EMPTY);
+    assert_eq!(
+        c.breaker_step(&keys, BreakerCommand::Allow, p, t).await.unwrap().permit,
+        Some(Permit::Call)
+    );
 }
 
 async fn close_is_idempotent_and_later_calls_fail_closed<H: Harness>(h: &H) {

@@ -99,6 +99,7 @@ pub async fn run<S: BreakerStore>(
             Some(Permit::Refused {
                 state: CircuitState::HalfOpen,
                 retry_after,
+                ..
             }) => {
                 assert!(
                     !retry_after.is_zero() && retry_after <= p.probe_lease,

@@ -51,6 +51,7 @@ const VALUES: &[&str] = &[
     "9007199254740992:1",
     "9007199254740993:1",
     "1:2:3",
+    "9007199254740992",
 ];
 
 /// Who reports, with a probe named by its episode's offset and its number.
@@ -69,6 +70,8 @@ enum Command {
     Failure(From),
     Release(u64, u32),
     Reset,
+    /// A cooldown of this many seconds.
+    CoolDown(u64),
 }
 
 impl Command {
@@ -88,6 +91,9 @@ impl Command {
             Command::Failure(from) => BreakerCommand::RecordFailure(origin(from)),
             Command::Release(episode, seq) => BreakerCommand::Release(probe(episode, seq)),
             Command::Reset => BreakerCommand::Reset,
+            Command::CoolDown(secs) => BreakerCommand::CoolDown {
+                duration: Duration::from_secs(secs),
+            },
         }
     }
 }
@@ -143,6 +149,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => from.prop_map(Command::Failure),
         1 => (instant(), 1u32..4).prop_map(|(e, s)| Command::Release(e, s)),
         1 => Just(Command::Reset),
+        2 => prop_oneof![Just(0u64), Just(5), Just(20), Just(40)].prop_map(Command::CoolDown),
     ];
     let params = (1u32..4, prop_oneof![Just(30u64), Just(60), Just(90)], 1u32..4).prop_map(|(t, r, p)| BreakerParams {
         failure_threshold: t,
@@ -160,8 +167,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (key.clone(), instant()).prop_map(|(k, s)| Op::OldestSince(k, s)),
         3 => (key, instant(), prop_oneof![Just(30u64), Just(60)], 0u32..4)
             .prop_map(|(k, now, w, limit)| Op::Acquire(k, now, Duration::from_secs(w), limit)),
-        1 => (0usize..4, value).prop_map(|(k, v)| Op::SetBreakerKey(k, v)),
-        1 => (0usize..4).prop_map(Op::GetBreakerKey),
+        1 => (0usize..5, value).prop_map(|(k, v)| Op::SetBreakerKey(k, v)),
+        1 => (0usize..5).prop_map(Op::GetBreakerKey),
         4 => (command, instant(), params).prop_map(|(c, now, p)| Op::Breaker(c, now, p)),
         1 => instant().prop_map(Op::BreakerRead),
         3 => (0usize..3, budget_command(), instant(), budget_params())
@@ -233,7 +240,7 @@ fn at(base: Timestamp, offset: u64) -> Timestamp {
 }
 
 fn breaker_key(keys: &BreakerKeys, i: usize) -> &str {
-    [&keys.state, &keys.failures, &keys.opened_at, &keys.probes][i]
+    keys.all()[i]
 }
 
 async fn apply<C>(c: &C, base: Timestamp, op: &Op) -> String

@@ -92,6 +92,22 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             breaker: breaker.to_string(),
             seq: probe.seq,
         },
+        Event::BreakerCooldown { breaker, until, at, .. } => Kind::Cooldown {
+            breaker: breaker.to_string(),
+            until_us: until.as_micros(),
+            at_us: at.as_micros(),
+        },
+        Event::BreakerCooldownRefused {
+            breaker,
+            state,
+            retry_after,
+            at,
+        } => Kind::CooldownRefused {
+            breaker: breaker.to_string(),
+            state: *state,
+            retry_after_us: micros(*retry_after),
+            at_us: at.as_micros(),
+        },
         Event::BreakerFailureRecorded { breaker, at } => Kind::FailureRecorded {
             breaker: breaker.to_string(),
             at_us: at.as_micros(),
@@ -209,6 +225,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
         Event::RetryExhausted { .. }
         | Event::CallFinished { .. }
         | Event::RateLimitWait { .. }
+        | Event::CooldownWait { .. }
         | Event::DeadlineExceeded { .. } => return None,
         // `Event` is `#[non_exhaustive]`: an event the core adds later is not
         // traced until it is given a case above.
@@ -240,6 +257,39 @@ mod tests {
         redstring::Cache::close(&*cache).await.unwrap();
         breaker.allow_request().await;
         trace.events().iter().map(|e| e.kind.admits_call()).collect()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_cooldown_and_its_refusal_reach_the_trace_with_their_stamps() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let trace = Trace::new();
+        let breaker = CircuitBreaker::builder()
+            .key_prefix("kg:circuit:api")
+            .clock(clock.clone())
+            .observer(Arc::new(HostObserver::new("w", trace.clone())))
+            .build()
+            .unwrap();
+        let at = redstring::Clock::now(&*clock).as_micros();
+        breaker.cool_down(std::time::Duration::from_secs(3)).await.unwrap();
+        clock.advance(std::time::Duration::from_secs(1));
+        assert!(!breaker.allow_request().await);
+        let kinds: Vec<Kind> = trace.events().into_iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                Kind::Cooldown {
+                    breaker: "kg:circuit:api".into(),
+                    until_us: at + 3_000_000,
+                    at_us: at,
+                },
+                Kind::CooldownRefused {
+                    breaker: "kg:circuit:api".into(),
+                    state: redstring::CircuitState::Closed,
+                    retry_after_us: 2_000_000,
+                    at_us: at + 1_000_000,
+                },
+            ]
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]

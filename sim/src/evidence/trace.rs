@@ -171,6 +171,28 @@ pub enum Kind {
         /// How long it said until a probe may be admitted, microseconds.
         retry_after_us: u64,
     },
+    /// A quota signal put a breaker's server into a shared cooldown, or
+    /// extended it: the store refuses every admission stamped before
+    /// `until_us`.
+    Cooldown {
+        /// The breaker's key prefix.
+        breaker: String,
+        /// When the cooldown ends, on the deciding clock, epoch microseconds.
+        until_us: u64,
+        /// The write's stamp, epoch microseconds.
+        at_us: u64,
+    },
+    /// A breaker refused a call because a shared cooldown was in force.
+    CooldownRefused {
+        /// The breaker's key prefix.
+        breaker: String,
+        /// The circuit's state (a cooldown refuses in any).
+        state: CircuitState,
+        /// How long until the cooldown ends, microseconds.
+        retry_after_us: u64,
+        /// The decision's stamp, epoch microseconds.
+        at_us: u64,
+    },
     /// A breaker was told a call failed.
     FailureRecorded {
         /// The breaker's key prefix.

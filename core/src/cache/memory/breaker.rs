@@ -1,4 +1,4 @@
-//! The breaker's atomic step over the shards its four keys live on.
+//! The breaker's atomic step over the shards its five keys live on.
 //!
 //! The keys [`BreakerKeys::new`] builds begin with a hash tag and so share one
 //! shard: one lock. Hand-made keys may not; then every shard they touch is
@@ -36,6 +36,7 @@ enum Key {
     Failures,
     OpenedAt,
     Probes,
+    CooldownUntil,
 }
 
 impl Key {
@@ -45,6 +46,7 @@ impl Key {
             Key::Failures => &keys.failures,
             Key::OpenedAt => &keys.opened_at,
             Key::Probes => &keys.probes,
+            Key::CooldownUntil => &keys.cooldown_until,
         }
     }
 }
@@ -63,9 +65,7 @@ pub(super) fn unlocked_step(
     let tagged = &cache.shared.shards[TAGGED];
     if tagged.values.load(Ordering::Acquire) != 0
         || cache.shared.closed.load(Ordering::Acquire)
-        || ![&keys.state, &keys.failures, &keys.opened_at, &keys.probes]
-            .iter()
-            .all(|k| k.starts_with('{'))
+        || !keys.all().iter().all(|k| k.starts_with('{'))
     {
         return None;
     }
@@ -78,8 +78,9 @@ pub(super) enum Held<'a> {
     /// The keys share one shard (every key set [`BreakerKeys::new`] builds).
     One(Guard<'a>),
     /// Hand-made keys over several shards: their guards in lock order, and
-    /// which guard each key's shard is (state, failures, opened_at, probes).
-    Many(Vec<Guard<'a>>, [usize; 4]),
+    /// which guard each key's shard is (state, failures, opened_at, probes,
+    /// cooldown_until).
+    Many(Vec<Guard<'a>>, [usize; 5]),
 }
 
 impl<'a> Held<'a> {
@@ -87,18 +88,10 @@ impl<'a> Held<'a> {
     #[inline]
     pub(super) fn lock(cache: &'a MemoryCache, keys: &BreakerKeys, now: Timestamp) -> Result<Self, CacheError> {
         // The keys `BreakerKeys::new` builds all begin with a tag: one shard.
-        if [&keys.state, &keys.failures, &keys.opened_at, &keys.probes]
-            .iter()
-            .all(|k| k.starts_with('{'))
-        {
+        if keys.all().iter().all(|k| k.starts_with('{')) {
             return Ok(Held::One(cache.open_shard(TAGGED, now)?));
         }
-        let shards = [
-            shard_of(&keys.state),
-            shard_of(&keys.failures),
-            shard_of(&keys.opened_at),
-            shard_of(&keys.probes),
-        ];
+        let shards = keys.all().map(shard_of);
         if shards.iter().all(|s| *s == shards[0]) {
             return Ok(Held::One(cache.open_shard(shards[0], now)?));
         }
@@ -201,6 +194,18 @@ impl<'a> Held<'a> {
                 self.shard_mut(Key::Probes).values.remove(&keys.probes);
             }
         }
+        match w.cooldown_until {
+            Write::Keep => {}
+            // It expires with the cooldown, on the cache's clock.
+            Write::Set(until) => self.shard_mut(Key::CooldownUntil).put(
+                &keys.cooldown_until,
+                Value::Text(until.as_micros().to_string()),
+                deadline(clock_now, Some(until.saturating_duration_since(now))),
+            ),
+            Write::Delete => {
+                self.shard_mut(Key::CooldownUntil).values.remove(&keys.cooldown_until);
+            }
+        }
         step
     }
 
@@ -212,6 +217,7 @@ impl<'a> Held<'a> {
             failures: view.failures(),
             opened_at: view.opened_at(),
             probes: view.probes(),
+            cooldown_until: view.cooldown_until(),
         }
     }
 }
@@ -262,6 +268,15 @@ impl BreakerView for LiveKeys<'_, '_> {
         match self.value(Key::Probes)? {
             Value::Text(s) => ProbeLeases::decode(s),
             Value::Int(_) => None,
+        }
+    }
+
+    fn cooldown_until(&self) -> Option<Timestamp> {
+        match self.value(Key::CooldownUntil)? {
+            Value::Text(s) => machine::decode_cooldown(s),
+            Value::Int(n) => u64::try_from(*n)
+                .ok()
+                .and_then(|n| machine::decode_cooldown(&n.to_string())),
         }
     }
 }
@@ -341,8 +356,9 @@ mod tests {
             failures: "f".to_owned(),
             opened_at: "o".to_owned(),
             probes: "p".to_owned(),
+            cooldown_until: "c".to_owned(),
         };
-        let shards = [&keys.state, &keys.failures, &keys.opened_at, &keys.probes].map(|k| shard_of(k));
+        let shards = keys.all().map(shard_of);
         assert!(
             shards.iter().any(|s| *s != shards[0]),
             "the keys span shards: {shards:?}"

@@ -7,11 +7,11 @@
 //!
 //! The keys are split over [`SHARDS`] shards, each behind its own mutex, so
 //! tenants on different shards never wait for each other. A key that begins
-//! with a **hash tag** (`{…}`, as a breaker's four keys `{prefix}:state`, …
+//! with a **hash tag** (`{…}`, as a breaker's five keys `{prefix}:state`, …
 //! do, so that Redis Cluster puts them in one slot) lives on one shard with
 //! every other tagged key; a limiter's `{prefix}:{tenant}` key is placed by
 //! its tenant's id, and every other key by its hash, over the rest. Telling
-//! them apart costs one byte, and a breaker's step finds its four keys
+//! them apart costs one byte, and a breaker's step finds its five keys
 //! together without hashing any of them. (A limiter prefix that begins with
 //! `{` puts all its tenants on the tagged shard: still exact, only not
 //! spread.) A limiter's tenant is looked up by id, never by formatting its

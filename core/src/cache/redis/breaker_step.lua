@@ -1,14 +1,16 @@
--- BreakerStore::breaker_step: read the breaker's four keys, run one transition
+-- BreakerStore::breaker_step: read the breaker's five keys, run one transition
 -- of breaker::machine::step, write what it says, in one atomic step.
--- KEYS: state, failures, opened_at, probes (one hash tag, one slot).
--- ARGV: command ('allow' | 'success' | 'failure' | 'release' | 'reset'),
---       origin ('untracked' | 'call' | 'probe' | ''), probe episode (µs or ''),
---       probe seq (or ''), now (µs, or '' for the server's TIME),
---       failure_threshold, recovery_timeout (µs), recovery_timeout (ms, rounded
---       up), half_open_max_calls, probe_lease (µs).
+-- KEYS: state, failures, opened_at, probes, cooldown_until (one hash tag, one
+--       slot).
+-- ARGV: command ('allow' | 'success' | 'failure' | 'release' | 'reset' |
+--       'cooldown'), origin ('untracked' | 'call' | 'probe' | ''), probe
+--       episode (µs or ''), probe seq (or ''), now (µs, or '' for the server's
+--       TIME), failure_threshold, recovery_timeout (µs), recovery_timeout (ms,
+--       rounded up), half_open_max_calls, probe_lease (µs), cooldown duration
+--       (µs; '0' unless the command is 'cooldown').
 -- Returns strings: before, after, permit ('-' | 'call' | 'probe:<ep>:<seq>' |
--- 'refused:<state>:<retry µs>'), at (µs), expired probes, the four writes (see
--- below), then the four raw values read, so the adapter can re-run
+-- 'refused:<state>:<retry µs>:<reason>'), at (µs), expired probes, the five
+-- writes (see below), then the five raw values read, so the adapter can re-run
 -- machine::step in Rust and refuse to report a decision the two disagree on.
 
 local command = ARGV[1]
@@ -21,6 +23,7 @@ local recovery_us = tonumber(ARGV[7])
 local recovery_ms = tonumber(ARGV[8])
 local max_probes = tonumber(ARGV[9])
 local lease_us = tonumber(ARGV[10])
+local cooldown_us = tonumber(ARGV[11])
 
 -- BreakerSnapshot::decode, field by field. A key a foreign writer gave
 -- another type reads as a marker text that decodes as unreadable, here and
@@ -29,6 +32,7 @@ local raw_state = read_string(KEYS[1])
 local raw_failures = read_string(KEYS[2])
 local raw_opened = read_string(KEYS[3])
 local raw_probes = read_string(KEYS[4])
+local raw_cooldown = read_string(KEYS[5])
 
 -- A u32 as Rust's parser reads it: optional '+', digits, at most 4294967295.
 local function parse_u32(s)
@@ -129,10 +133,12 @@ end
 local failures = parse_u32(raw_failures)
 local opened_at = parse_secs(raw_opened)
 local leases = decode_leases(raw_probes)
+-- machine::decode_cooldown: stored_number, or nil.
+local cooldown_until = stored_number(raw_cooldown)
 
 -- Writes, one per key, as machine::Writes: 'keep', 'delete', or a value
 -- ('create' or a count for the failure counter, an encoded record for probes).
-local w_state, w_failures, w_opened, w_probes = 'keep', 'keep', 'keep', 'keep'
+local w_state, w_failures, w_opened, w_probes, w_cooldown = 'keep', 'keep', 'keep', 'keep', 'keep'
 local function clear_all()
   w_state, w_failures, w_opened, w_probes = 'delete', 'delete', 'delete', 'delete'
 end
@@ -159,9 +165,19 @@ local function decides_episode()
 end
 
 local after, permit, expired = before, '-', 0
-if command == 'reset' then
+if command == 'allow' and cooldown_until and cooldown_until > now then
+  -- A cooldown refuses whatever the circuit would say, and changes nothing.
+  permit = 'refused:' .. before .. ':' .. int(cooldown_until - now) .. ':cooldown'
+elseif command == 'reset' then
   clear_all()
+  w_cooldown = 'delete'
   after = 'closed'
+elseif command == 'cooldown' then
+  -- machine::cooldown_end: at most 2^53 µs; never shortens a stored cooldown.
+  local till = math.min(now + cooldown_us, 9007199254740992)
+  if till > now and (not cooldown_until or till > cooldown_until) then
+    w_cooldown = int(till)
+  end
 elseif command == 'allow' then
   if before == 'closed' then
     permit = 'call'
@@ -176,7 +192,7 @@ elseif command == 'allow' then
       if elapsed < 0 then elapsed = 0 end
       local wait = recovery_us - elapsed
       if wait < 0 then wait = 0 end
-      permit = 'refused:open:' .. int(wait)
+      permit = 'refused:open:' .. int(wait) .. ':circuit'
     end
   else
     if not leases then
@@ -199,7 +215,7 @@ elseif command == 'allow' then
         end
         local wait = 0
         if earliest then wait = earliest - now end
-        permit = 'refused:half_open:' .. int(wait)
+        permit = 'refused:half_open:' .. int(wait) .. ':circuit'
       end
     end
   end
@@ -275,6 +291,14 @@ if w_probes == 'delete' then
 elseif w_probes ~= 'keep' then
   redis.call('SET', KEYS[4], w_probes)
 end
+if w_cooldown == 'delete' then
+  redis.call('DEL', KEYS[5])
+elseif w_cooldown ~= 'keep' then
+  -- It expires with the cooldown (whole milliseconds, rounded up), on the
+  -- server's clock.
+  local ttl_ms = math.floor((tonumber(w_cooldown) - now + 999) / 1000)
+  redis.call('SET', KEYS[5], w_cooldown, 'PX', int(ttl_ms))
+end
 
-return {before, after, permit, int(now), tostring(expired), w_state, w_failures, w_opened, w_probes,
-        raw_state, raw_failures, raw_opened, raw_probes}
+return {before, after, permit, int(now), tostring(expired), w_state, w_failures, w_opened, w_probes, w_cooldown,
+        raw_state, raw_failures, raw_opened, raw_probes, raw_cooldown}

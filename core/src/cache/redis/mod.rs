@@ -24,8 +24,8 @@
 //! | `increment` | `increment.lua` (TTL on creation only, atomic) |
 //! | `record_hit`, `count_since`, `oldest_since` | one script each |
 //! | `acquire_slot` | `acquire_slot.lua`: count, decide, record, `PEXPIRE` |
-//! | `breaker_step` | `breaker_step.lua`: read four keys, decide, write |
-//! | `breaker_read` | `breaker_read.lua`: `MGET` of the four keys (+ `TIME`) |
+//! | `breaker_step` | `breaker_step.lua`: read five keys, decide, write |
+//! | `breaker_read` | `breaker_read.lua`: `MGET` of the five keys (+ `TIME`) |
 //!
 //! The scripts need Redis 6.0 or later (`SET … KEEPTTL`); the tests run
 //! against 7.0.
@@ -53,14 +53,17 @@
 //!
 //! Don't store values at keys of the form `…:hits` that collide with a window.
 //!
-//! Every script touches one limiter tenant's single key, or one breaker's four
-//! keys (which share the `{prefix}` tag), so each script is Cluster-safe.
+//! Every script touches one limiter tenant's single key, or one breaker's five
+//! keys (which share the `{prefix}` tag: `state`, `failures`, `opened_at`,
+//! `probes` and `cooldown_until`), so each script is Cluster-safe.
 //!
 //! Hit members are `"<µs>:<n>"`, where `n` counts the hits already at that exact
 //! instant: two hits at one instant are two members, from any process, with no
 //! client nonce or entropy. Instants are integer microseconds
 //! ([`Timestamp::as_micros`]), exact as sorted-set scores; `opened_at` is
-//! stored in [`Timestamp`]'s `Display` form (`1700000000.250000`). Instants and
+//! stored in [`Timestamp`]'s `Display` form (`1700000000.250000`),
+//! `cooldown_until` as decimal microseconds with a TTL that ends with the
+//! cooldown. Instants and
 //! durations above 2^53 µs (year 2255) are refused rather than rounded. TTLs
 //! are rounded up to whole milliseconds.
 //!
@@ -806,7 +809,7 @@ impl RedisCache {
     fn one_slot(&self, operation: &'static str, keys: &BreakerKeys) -> Result<(), CacheError> {
         #[cfg(feature = "redis-cluster")]
         if self.connection()?.is_cluster()
-            && let Some((a, b)) = cross_slot(&[&keys.state, &keys.failures, &keys.opened_at, &keys.probes])
+            && let Some((a, b)) = cross_slot(&keys.all())
         {
             return Err(CacheError::Protocol {
                 operation,
@@ -835,8 +838,8 @@ impl RedisCache {
     /// Reports breaker keys a foreign writer gave another type than a string
     /// (the scripts read them as [`WRONG_TYPE_MARKER`] text); the state key's
     /// is also reported by the breaker as an unreadable state.
-    fn report_wrong_types(&self, keys: &BreakerKeys, raw: [&Option<String>; 4]) {
-        let names = [&keys.state, &keys.failures, &keys.opened_at, &keys.probes];
+    fn report_wrong_types(&self, keys: &BreakerKeys, raw: [&Option<String>; 5]) {
+        let names = keys.all();
         for (key, value) in names.into_iter().zip(raw) {
             if let Some(value) = value.as_deref().filter(|v| v.starts_with(WRONG_TYPE_MARKER)) {
                 tracing::warn!(
@@ -1505,6 +1508,7 @@ fn command_args(command: BreakerCommand) -> [String; 4] {
     let [name, rest @ ..] = match command {
         BreakerCommand::Allow => ["allow", "", "", ""].map(str::to_owned),
         BreakerCommand::Reset => ["reset", "", "", ""].map(str::to_owned),
+        BreakerCommand::CoolDown { .. } => ["cooldown", "", "", ""].map(str::to_owned),
         BreakerCommand::RecordSuccess(o) => {
             let [a, b, c] = origin(o);
             ["success".to_owned(), a, b, c]
@@ -1536,14 +1540,23 @@ fn permit_as_script(permit: Option<Permit>) -> String {
         None => "-".to_owned(),
         Some(Permit::Call) => "call".to_owned(),
         Some(Permit::Probe(id)) => format!("probe:{}:{}", id.episode.as_micros(), id.seq),
-        Some(Permit::Refused { state, retry_after }) => {
-            format!("refused:{}:{}", state.as_str(), duration_us(retry_after))
+        Some(Permit::Refused {
+            state,
+            retry_after,
+            reason,
+        }) => {
+            format!(
+                "refused:{}:{}:{}",
+                state.as_str(),
+                duration_us(retry_after),
+                reason.as_str()
+            )
         }
     }
 }
 
 /// The script's spelling of the writes, to compare with `machine::step`'s.
-fn writes_as_script(w: &Writes) -> [String; 4] {
+fn writes_as_script(w: &Writes) -> [String; 5] {
     let plain = |w: Write<String>| match w {
         Write::Keep => "keep".to_owned(),
         Write::Delete => "delete".to_owned(),
@@ -1570,7 +1583,20 @@ fn writes_as_script(w: &Writes) -> [String; 4] {
         FailuresWrite::Bump(n) => n.to_string(),
         FailuresWrite::Delete => "delete".to_owned(),
     };
-    [plain(state), failures, plain(opened), plain(probes)]
+    let cooldown = match w.cooldown_until {
+        Write::Keep => Write::Keep,
+        Write::Delete => Write::Delete,
+        Write::Set(t) => Write::Set(t.as_micros().to_string()),
+    };
+    [plain(state), failures, plain(opened), plain(probes), plain(cooldown)]
+}
+
+/// The cooldown a command asks for, in µs (`0` for every other command).
+fn cooldown_arg(command: BreakerCommand) -> u64 {
+    match command {
+        BreakerCommand::CoolDown { duration } => duration_us(duration),
+        _ => 0,
+    }
 }
 
 impl BreakerStore for RedisCache {
@@ -1593,6 +1619,7 @@ impl BreakerStore for RedisCache {
                     .key(&keys.failures)
                     .key(&keys.opened_at)
                     .key(&keys.probes)
+                    .key(&keys.cooldown_until)
                     .arg(&name)
                     .arg(&origin)
                     .arg(&episode)
@@ -1603,6 +1630,7 @@ impl BreakerStore for RedisCache {
                     .arg(ttl_ms(params.recovery_timeout))
                     .arg(params.half_open_max_calls)
                     .arg(duration_us(params.probe_lease))
+                    .arg(cooldown_arg(command))
                     .invoke_async(&mut c)
                     .await
             })
@@ -1617,21 +1645,27 @@ impl BreakerStore for RedisCache {
             Some(w_failures),
             Some(w_opened),
             Some(w_probes),
+            Some(w_cooldown),
             raw_state,
             raw_failures,
             raw_opened,
             raw_probes,
-        ] = <[Option<String>; 13]>::try_from(reply.clone()).map_err(|_| unexpected(OP, &reply))?
+            raw_cooldown,
+        ] = <[Option<String>; 15]>::try_from(reply.clone()).map_err(|_| unexpected(OP, &reply))?
         else {
             return Err(unexpected(OP, &reply));
         };
         let at = micros(OP, &at)?;
-        self.report_wrong_types(keys, [&raw_state, &raw_failures, &raw_opened, &raw_probes]);
+        self.report_wrong_types(
+            keys,
+            [&raw_state, &raw_failures, &raw_opened, &raw_probes, &raw_cooldown],
+        );
         let snapshot = BreakerSnapshot::decode(
             raw_state.as_deref(),
             raw_failures.as_deref(),
             raw_opened.as_deref(),
             raw_probes.as_deref(),
+            raw_cooldown.as_deref(),
         );
         // The script is machine::step in Lua; machine::step stays the
         // definition. Re-run it on what the script read and insist they agree.
@@ -1641,7 +1675,7 @@ impl BreakerStore for RedisCache {
             CircuitState::parse(&after),
             permit,
             expired,
-            [w_state, w_failures, w_opened, w_probes],
+            [w_state, w_failures, w_opened, w_probes, w_cooldown],
         );
         let machine_says = (
             Some(step.before),
@@ -1677,20 +1711,22 @@ impl BreakerStore for RedisCache {
                     .key(&keys.failures)
                     .key(&keys.opened_at)
                     .key(&keys.probes)
+                    .key(&keys.cooldown_until)
                     .arg(&now)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         match reply.as_slice() {
-            [Some(at), state, failures, opened_at, probes] => Ok({
-                self.report_wrong_types(keys, [state, failures, opened_at, probes]);
+            [Some(at), state, failures, opened_at, probes, cooldown] => Ok({
+                self.report_wrong_types(keys, [state, failures, opened_at, probes, cooldown]);
                 (
                     BreakerSnapshot::decode(
                         state.as_deref(),
                         failures.as_deref(),
                         opened_at.as_deref(),
                         probes.as_deref(),
+                        cooldown.as_deref(),
                     ),
                     micros(OP, at)?,
                 )
@@ -1739,12 +1775,9 @@ mod tests {
         ] {
             assert_eq!(Slot::for_key(key), Slot::for_key(window_key(key)), "{key}");
         }
-        // The breaker's four keys share the `{prefix}` tag.
+        // The breaker's five keys share the `{prefix}` tag.
         let keys = BreakerKeys::new("kg:circuit:llama");
-        assert_eq!(
-            cross_slot(&[&keys.state, &keys.failures, &keys.opened_at, &keys.probes]),
-            None
-        );
+        assert_eq!(cross_slot(&keys.all()), None);
         // Keys without a common tag are caught (these two differ in slot).
         assert_eq!(cross_slot(&["a", "b"]), Some(("a", "b")));
         assert_eq!(cross_slot(&["{t}a", "{t}b", "c"]), Some(("{t}a", "c")));
@@ -1862,8 +1895,9 @@ mod tests {
             failures: FailuresWrite::Bump(3),
             opened_at: Write::Set(Timestamp::from_micros(12)),
             probes: Write::Delete,
+            cooldown_until: Write::Set(Timestamp::from_micros(40)),
         };
-        assert_eq!(writes_as_script(&w), ["half_open", "3", "12", "delete"]);
+        assert_eq!(writes_as_script(&w), ["half_open", "3", "12", "delete", "40"]);
         let id = ProbeId {
             episode: Timestamp::from_micros(7),
             seq: 2,
@@ -1874,6 +1908,21 @@ mod tests {
             ["failure", "probe", "7", "2"]
         );
         assert_eq!(command_args(BreakerCommand::Allow), ["allow", "", "", ""]);
-        assert_eq!(writes_as_script(&Writes::NONE), ["keep", "keep", "keep", "keep"]);
+        assert_eq!(
+            writes_as_script(&Writes::NONE),
+            ["keep", "keep", "keep", "keep", "keep"]
+        );
+        let cool = BreakerCommand::CoolDown {
+            duration: Duration::from_millis(1500),
+        };
+        assert_eq!(command_args(cool), ["cooldown", "", "", ""]);
+        assert_eq!(cooldown_arg(cool), 1_500_000);
+        assert_eq!(cooldown_arg(BreakerCommand::Allow), 0);
+        let refused = Permit::Refused {
+            state: CircuitState::Closed,
+            retry_after: Duration::from_micros(5),
+            reason: crate::breaker::Refusal::Cooldown,
+        };
+        assert_eq!(permit_as_script(Some(refused)), "refused:closed:5:cooldown");
     }
 }

@@ -16,7 +16,7 @@
 //! and `Invariant::check` is the one match that maps each to its checker,
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
 //! `breaker` (3–5, 10–11), `liveness` (6), `accounting` (7), `calls`
-//! (8–9), `budget` (12) and `tokens` (13).
+//! (8–9), `cooldown` (12), `budget` (13) and `tokens` (14).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -26,6 +26,7 @@ mod accounting;
 mod breaker;
 mod budget;
 mod calls;
+mod cooldown;
 mod limiter;
 mod liveness;
 mod tokens;
@@ -76,6 +77,9 @@ pub enum Invariant {
     /// A circuit opens only on `failure_threshold` failures counted since it
     /// last closed or a success cleared the count.
     OpensAtThreshold,
+    /// Nothing is admitted while a quota signal's shared cooldown, recorded
+    /// in the breaker's store, is in force.
+    NoCallInCooldown,
     /// With a retry budget, no bucket grants more retries over any interval
     /// than `max_balance + ratio × first attempts + floor × interval`, and no
     /// call retries without a grant.
@@ -87,7 +91,7 @@ pub enum Invariant {
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 13] = [
+    pub const ALL: [Invariant; 14] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -99,6 +103,7 @@ impl Invariant {
         Invariant::RetryJitter,
         Invariant::NoWedgedCircuit,
         Invariant::OpensAtThreshold,
+        Invariant::NoCallInCooldown,
         Invariant::RetryBudget,
         Invariant::TokensPerWindow,
     ];
@@ -118,8 +123,9 @@ impl Invariant {
             Invariant::RetryJitter => 8,
             Invariant::NoWedgedCircuit => 9,
             Invariant::OpensAtThreshold => 10,
-            Invariant::RetryBudget => 11,
-            Invariant::TokensPerWindow => 12,
+            Invariant::NoCallInCooldown => 11,
+            Invariant::RetryBudget => 12,
+            Invariant::TokensPerWindow => 13,
         }
     }
 
@@ -137,6 +143,7 @@ impl Invariant {
             Invariant::RetryJitter => "retry_jitter",
             Invariant::NoWedgedCircuit => "no_wedged_circuit",
             Invariant::OpensAtThreshold => "opens_at_threshold",
+            Invariant::NoCallInCooldown => "no_call_in_cooldown",
             Invariant::RetryBudget => "retry_budget",
             Invariant::TokensPerWindow => "tokens_per_window",
         }
@@ -156,6 +163,7 @@ impl Invariant {
             Invariant::RetryJitter => calls::retry_jitter(ctx, events),
             Invariant::NoWedgedCircuit => breaker::no_wedged_circuit(ctx, events),
             Invariant::OpensAtThreshold => breaker::opens_at_threshold(ctx, events),
+            Invariant::NoCallInCooldown => cooldown::no_call_in_cooldown(ctx, events),
             Invariant::RetryBudget => budget::retry_budget(ctx, events),
             Invariant::TokensPerWindow => tokens::tokens_per_window(ctx, events),
         }

@@ -1,0 +1,210 @@
+//! The shared cooldown's promise: once a quota signal's cooldown is recorded
+//! in a breaker's store, no call to that server is admitted until it ends.
+//!
+//! Kept apart from `breaker.rs`: a cooldown is the server's word about its
+//! quota, not the circuit's state, and is judged on its own records.
+
+use std::collections::BTreeMap;
+
+use super::{Ctx, Finding, Verdict, not_applicable, violated};
+use crate::evidence::timeline::{Breakers, Change};
+use crate::evidence::trace::{Kind, TraceEvent};
+
+/// One cooldown as the trace recorded its write.
+#[derive(Clone, Copy, Debug)]
+struct Written {
+    /// When the write reached the trace, true simulated µs.
+    traced_us: u64,
+    /// The write's stamp.
+    at_us: u64,
+    /// The cooldown's end, on the same clock as the stamp.
+    until_us: u64,
+}
+
+/// Invariant 12: no call is admitted by a breaker whose store holds a
+/// cooldown in force — per worker, or fleet-wide with a shared cache. The
+/// store compares the admission's stamp with the recorded end, so that is
+/// the claim: an admission stamped before `until` of a cooldown written
+/// before it is a violation. Every call reaches a server only through an
+/// admission, so none of its requests reach the server in a cooldown it was
+/// admitted after; retries of a call admitted before the write are that
+/// call's own (the server's delay is their floor) and are not judged.
+///
+/// "Written before" is judged as `no_call_while_open` judges staleness: in
+/// trace order for a worker's own breaker (its events reach the trace in the
+/// order it decided); on a shared cache stamping with its own clock, by
+/// stamp too (a store's answer reaches the trace a network trip late). On a
+/// caller-stamped shared cache the stamps come from several clocks, so
+/// true time decides: the admission must reach the trace more than a round
+/// trip after the write did (its step then ran after the write), and less
+/// than the cooldown's length less a round trip after it (the key, whose
+/// TTL runs on the store's clock, was still there).
+pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
+    let mut breakers = Breakers::new(ctx.scopes);
+    let mut recorded: BTreeMap<String, Vec<Written>> = BTreeMap::new();
+    let (mut written, mut refused, mut admitted_within) = (0u64, 0u64, 0u64);
+    let mut verdict = Verdict::Held;
+    let shared = ctx.scopes.shared();
+    let trip = ctx.round_trip_us;
+    for e in events {
+        match &e.kind {
+            Kind::Cooldown {
+                breaker,
+                until_us,
+                at_us,
+            } => {
+                written += 1;
+                recorded
+                    .entry(ctx.scopes.breaker(e, breaker))
+                    .or_default()
+                    .push(Written {
+                        traced_us: e.t_us,
+                        at_us: *at_us,
+                        until_us: *until_us,
+                    });
+            }
+            Kind::CooldownRefused { .. } => refused += 1,
+            Kind::Allowed { breaker, at_us, .. } => {
+                let in_force = |w: &&Written| {
+                    if *at_us >= w.until_us {
+                        return false;
+                    }
+                    match (shared, ctx.single_clock) {
+                        (false, _) => true,
+                        (true, true) => w.at_us < *at_us,
+                        (true, false) => {
+                            let lasts = w.until_us.saturating_sub(w.at_us);
+                            e.t_us > w.traced_us.saturating_add(trip)
+                                && e.t_us.saturating_add(trip) < w.traced_us.saturating_add(lasts)
+                        }
+                    }
+                };
+                let scope = ctx.scopes.breaker(e, breaker);
+                if let Some(w) = recorded.get(&scope).and_then(|list| list.iter().find(in_force)) {
+                    admitted_within += 1;
+                    if verdict == Verdict::Held {
+                        verdict = violated(
+                            e,
+                            format!(
+                                "admitted at stamp {at_us} µs within the cooldown written at {} µs until {} µs ({} ms left)",
+                                w.at_us,
+                                w.until_us,
+                                (w.until_us - at_us) / 1000
+                            ),
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+        // A restarted shared cache forgets its cooldowns with everything else.
+        if let Some(Change::Forgotten) = breakers.observe(e) {
+            recorded.clear();
+        }
+    }
+    if written == 0 {
+        return not_applicable("no quota signal wrote a cooldown");
+    }
+    (
+        verdict,
+        format!("{written} cooldowns written; {refused} calls refused by one; {admitted_within} admitted within one"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use redstring::CircuitState;
+
+    use super::super::{Invariant, check_all, event};
+    use super::*;
+    use crate::scenario::Scenario;
+
+    const PER_WORKER: &str = r#"
+name = "synthetic"
+duration_s = 100
+[hardening]
+rpm = 100
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+"#;
+
+    fn verdict(scenario: &Scenario, events: &[TraceEvent]) -> Verdict {
+        check_all(scenario, events)
+            .into_iter()
+            .find(|c| c.name == Invariant::NoCallInCooldown)
+            .map(|c| c.verdict)
+            .unwrap()
+    }
+
+    const S: u64 = 1_000_000;
+
+    fn cooldown(t: u64, until: u64) -> TraceEvent {
+        event(
+            t,
+            "w",
+            Some(1),
+            Kind::Cooldown {
+                breaker: "kg:circuit:gpu".into(),
+                until_us: until,
+                at_us: t,
+            },
+        )
+    }
+
+    fn allowed(t: u64, call: u64) -> TraceEvent {
+        event(
+            t,
+            "w",
+            Some(call),
+            Kind::Allowed {
+                breaker: "kg:circuit:gpu".into(),
+                state: CircuitState::Closed,
+                probe: None,
+                at_us: t,
+            },
+        )
+    }
+
+    #[test]
+    fn an_admission_inside_a_recorded_cooldown_is_caught_and_one_after_it_is_not() {
+        let s = Scenario::parse("synthetic.toml", PER_WORKER).unwrap();
+        assert!(matches!(verdict(&s, &[allowed(S, 1)]), Verdict::NotApplicable { .. }));
+        let held = [allowed(S, 1), cooldown(2 * S, 22 * S), allowed(22 * S, 2)];
+        assert_eq!(verdict(&s, &held), Verdict::Held);
+        let broken = [allowed(S, 1), cooldown(2 * S, 22 * S), allowed(10 * S, 2)];
+        match verdict(&s, &broken) {
+            Verdict::Violated { t_us, detail, .. } => {
+                assert_eq!(t_us, 10 * S);
+                assert!(detail.contains("12000 ms left"), "{detail}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn on_a_store_stamped_shared_cache_an_admission_the_store_made_first_is_no_violation() {
+        let text = PER_WORKER.replace("[hardening]", "[cache]\nkind = \"shared\"\n[hardening]");
+        let s = Scenario::parse("synthetic.toml", &text).unwrap();
+        // Traced after the write (a slower reply), stamped before it.
+        let late = event(
+            3 * S,
+            "w",
+            Some(2),
+            Kind::Allowed {
+                breaker: "kg:circuit:gpu".into(),
+                state: CircuitState::Closed,
+                probe: None,
+                at_us: 2 * S - 1,
+            },
+        );
+        assert_eq!(verdict(&s, &[cooldown(2 * S, 22 * S), late]), Verdict::Held);
+        assert!(matches!(
+            verdict(&s, &[cooldown(2 * S, 22 * S), allowed(3 * S, 3)]),
+            Verdict::Violated { .. }
+        ));
+    }
+}
