@@ -4,6 +4,7 @@
 //! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
 //! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50 [--json F] [--strict] [--jobs N]
 //! redstring-sim compare a.toml b.toml --seeds 1..20 [--set key=v1,v2] [--json F] [--strict] [--jobs N]
+//! redstring-sim tune scenario.toml --vary hardening.failure_threshold=1..10 [--vary KEY=SPEC …] [--seeds N] [--seed S] [--budget CASES] [--jobs N] [--json F] [--out F] [--svg F]
 //! redstring-sim check [scenarios/] [--strict]
 //! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--out scenarios/regressions]
 //! ```
@@ -37,6 +38,7 @@ use redstring_sim::judgement::{compare, plots};
 use redstring_sim::scenario::{CacheKind, Scenario, Warning, sanity};
 use redstring_sim::search::coverage::Coverage;
 use redstring_sim::search::fuzz::{self, BOUNDS_DIR, Bounds};
+use redstring_sim::search::tune;
 use redstring_sim::world::{Budget, simulate};
 
 const INVARIANT_FAILED: u8 = 1;
@@ -126,6 +128,45 @@ enum Command {
         /// not depend on it.
         #[arg(long)]
         jobs: Option<usize>,
+    },
+    /// Search the hardening's numbers for the configuration that meets the
+    /// scenario's objectives with the most margin: a grid when small, else a
+    /// seeded Latin hypercube refined by successive halving over seeds;
+    /// prints the Pareto front and the recommended `[hardening]` section.
+    Tune {
+        /// The scenario file (it must set `[objectives]`).
+        scenario: PathBuf,
+        /// A dotted key and its values: `lo..hi` (integers), `lo..hi` with
+        /// decimals (continuous), `lo..hi:step`, or `v1,v2,…`. Repeatable.
+        #[arg(long = "vary", required = true)]
+        vary: Vec<String>,
+        /// Seeds the final candidates run on (`--seed` onwards).
+        #[arg(long, default_value_t = 16)]
+        seeds: u64,
+        /// The design's seed and the first simulation seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Most candidates: the full grid when it has at most this many,
+        /// else this many Latin-hypercube draws.
+        #[arg(long, default_value_t = 32)]
+        budget: u64,
+        /// Simulations run at once (default: every core); the results do
+        /// not depend on it.
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Write the result (every candidate, the front, the
+        /// recommendation) as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write the recommended `[hardening]` section (TOML) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Write an SVG of the Pareto front here.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Refuse (exit 2) a scenario with any warning.
+        #[arg(long)]
+        strict: bool,
     },
     /// Search generated scenarios within bounds for one that breaks a claimed
     /// invariant; write the smallest one found as a replayable scenario.
@@ -223,6 +264,29 @@ fn main() -> ExitCode {
             strict,
             jobs,
         } => compare(&scenarios, &seeds, set.as_deref(), json, strict, jobs),
+        Command::Tune {
+            scenario,
+            vary,
+            seeds,
+            seed,
+            budget,
+            jobs,
+            json,
+            out,
+            svg,
+            strict,
+        } => tune(
+            &scenario,
+            &vary,
+            tune::Settings {
+                seeds,
+                first_seed: seed,
+                budget,
+                jobs: jobs_or_cores(jobs),
+            },
+            [json, out, svg],
+            strict,
+        ),
         Command::Check { dir, strict } => check(&dir, strict),
         Command::Fuzz {
             bounds,
@@ -381,7 +445,7 @@ fn names<T: std::fmt::Display>(items: &[T]) -> String {
     items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-/// Creates `--json`'s file before any simulation runs.
+/// Creates an output file (`--json`, `--out`, `--svg`) before any simulation runs.
 fn create(json: Option<PathBuf>) -> Result<Option<(PathBuf, File)>, ExitCode> {
     json.map(|p| File::create(&p).map(|f| (p.clone(), f)).map_err(|e| io_failed(&p, e)))
         .transpose()
@@ -593,6 +657,61 @@ fn compare(
     print!("{}", comparison.render());
     Outputs::write(json, || serde_json::to_string_pretty(&comparison).unwrap_or_default())?;
     Ok(verdict(failed, missed))
+}
+
+/// The progress bar as a tune's progress.
+struct TuneBar(indicatif::ProgressBar);
+
+impl tune::Progress for TuneBar {
+    fn rung(&self, n: u64) {
+        self.0.inc_length(n);
+    }
+    fn one(&self) {
+        self.0.inc(1);
+    }
+}
+
+/// `tune`: exit 0 when the recommendation meets every objective, 5 when no
+/// candidate does, 1 when a candidate broke an invariant (a bug, printed
+/// with its seed), 2 for a bad scenario or `--vary`.
+fn tune(path: &Path, vary: &[String], settings: tune::Settings, files: [Option<PathBuf>; 3], strict: bool) -> Outcome {
+    let bad = |e: &dyn std::fmt::Display| {
+        eprintln!("error: {e}");
+        ExitCode::from(BAD_SCENARIO)
+    };
+    let scenario = load(path, strict)?;
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| bad(&format!("cannot read {file}: {e}")))?;
+    let dims = vary
+        .iter()
+        .map(|v| tune::Dim::parse(v))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(&e))?;
+    let base = tune::Base {
+        file: &file,
+        text: &text,
+        scenario: &scenario,
+    };
+    tune::precheck(&base, &dims).map_err(|e| bad(&e))?;
+    let [json, out, svg] = files.map(create);
+    let (json, out, svg) = (json?, out?, svg?);
+    print!("{}", loads(&scenario));
+    let bar = progress(0, "simulations");
+    let tuning = tune::tune(&base, &dims, settings, &TuneBar(bar.clone())).map_err(|e| bad(&e))?;
+    bar.finish_and_clear();
+    print!("{}", tuning.render(&dims));
+    Outputs::write(json, || serde_json::to_string_pretty(&tuning).unwrap_or_default())?;
+    Outputs::write(out, || tuning.hardening_toml.clone().unwrap_or_default())?;
+    Outputs::write(svg, || plots::pareto(&tuning))?;
+    let broke = tuning
+        .candidates
+        .iter()
+        .any(|c| c.disqualified.as_ref().is_some_and(|d| d.seed.is_some()));
+    let met = tuning
+        .recommended
+        .and_then(|id| tuning.candidate(id))
+        .is_some_and(|c| c.meets_all);
+    Ok(verdict(broke, !met))
 }
 
 /// Every `*.toml` under `dir`, in subdirectories too (but not in fuzzer
