@@ -3,7 +3,7 @@
 //! ```text
 //! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
 //! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50 [--json F] [--strict] [--jobs N] [--shard i/n]
-//! redstring-sim compare a.toml b.toml --seeds 1..20 [--set key=v1,v2] [--json F] [--strict] [--jobs N] [--shard i/n]
+//! redstring-sim compare a.toml b.toml --seeds 1..20 [--set key=v1,v2] [--json F] [--svg F] [--strict] [--jobs N] [--shard i/n]
 //! redstring-sim tune scenario.toml --vary hardening.failure_threshold=1..10 [--vary KEY=SPEC …] [--seeds N] [--seed S] [--budget CASES] [--jobs N] [--json F] [--out F] [--svg F]
 //! redstring-sim sweep … --shard 1/2 --json a.json; … --shard 2/2 --json b.json; redstring-sim merge a.json b.json [--json F]
 //! redstring-sim check [scenarios/] [--strict]
@@ -126,6 +126,9 @@ enum Command {
         /// Write the comparison as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Write an SVG of the distributions side by side here.
+        #[arg(long)]
+        svg: Option<PathBuf>,
         /// Refuse (exit 2) a scenario with any warning.
         #[arg(long)]
         strict: bool,
@@ -281,10 +284,11 @@ fn main() -> ExitCode {
             seeds,
             set,
             json,
+            svg,
             strict,
             jobs,
             shard,
-        } => compare(&scenarios, &seeds, set.as_deref(), json, strict, jobs, shard),
+        } => compare(&scenarios, &seeds, set.as_deref(), [json, svg], strict, jobs, shard),
         Command::Merge { files, json } => merge(&files, json),
         Command::Tune {
             scenario,
@@ -635,13 +639,14 @@ fn compare(
     paths: &[PathBuf],
     seeds: &str,
     set: Option<&str>,
-    json: Option<PathBuf>,
+    [json, svg]: [Option<PathBuf>; 2],
     strict: bool,
     jobs: Option<usize>,
     shard: Option<shard::Shard>,
 ) -> Outcome {
     let variants = variants(paths, set, strict)?;
     let json = create(json)?;
+    let svg = create(svg)?;
     let (from, to) = seed_range(seeds)?;
     for (name, scenario) in &variants {
         Budget::DEFAULT.check(scenario).map_err(|e| {
@@ -669,6 +674,7 @@ fn compare(
     let comparison = compare::Comparison::new(from, to, shard, &runs);
     print!("{}", comparison.render());
     Outputs::write(json, || serde_json::to_string_pretty(&comparison).unwrap_or_default())?;
+    Outputs::write(svg, || plots::distributions(&comparison))?;
     let merged = shard::Merged::Compare(comparison);
     let (failed, missed) = merged.verdict();
     Ok(verdict(failed, missed))

@@ -86,6 +86,7 @@ fn a_bad_vary_is_refused_naming_it() {
 fn a_small_grid_is_searched_whole_and_the_recommendation_pasted() {
     let path = temp_file("grid.toml", &outage(OBJECTIVES));
     let toml = path.with_file_name("grid-hardening.toml");
+    let svg = path.with_file_name("grid-front.svg");
     let (code, text, err) = tune(
         &path,
         &[
@@ -97,6 +98,8 @@ fn a_small_grid_is_searched_whole_and_the_recommendation_pasted() {
             "3",
             "--out",
             toml.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
         ],
     );
     assert!(code == Some(0) || code == Some(5), "{text}{err}");
@@ -116,6 +119,18 @@ fn a_small_grid_is_searched_whole_and_the_recommendation_pasted() {
     assert!([1, 3].contains(&threshold), "{written}");
     let timeout = table["hardening"]["recovery_timeout_s"].as_float().unwrap();
     assert!([2.0, 4.0].contains(&timeout), "{written}");
+    // The picture: both objectives' axes with units, the front and the
+    // recommendation marked.
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    for label in [
+        "goodput_recovery_s: worst seed, seconds",
+        "impaired_requests_max: worst seed, requests",
+        "Pareto front",
+        "recommended #",
+        "4 candidates over 3 seeds",
+    ] {
+        assert!(svg.contains(label), "{label} not in the SVG");
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The SVG timeline `run --svg` writes: calls, server load and breaker states
-//! over simulated time, one panel each, all drawn by one helper; and the
-//! Pareto front `tune --svg` draws ([`pareto`]).
+//! over simulated time, one panel each, all drawn by one helper; the Pareto
+//! front `tune --svg` draws ([`pareto`]); and the distributions `compare
+//! --svg` sets side by side ([`distributions`]).
 //!
 //! Every panel shades each fault episode (from the fault until the server is
 //! ready again, [`crate::evidence::episodes`]) and marks the ready instant
@@ -242,6 +243,104 @@ fn draw(scenario: &Scenario, events: &[TraceEvent], svg: &mut String) -> Result<
     Ok(())
 }
 
+/// The unit a summary figure is measured in, for an axis.
+fn figure_unit(name: &str) -> &'static str {
+    match name {
+        "failed_fraction" => "fraction of calls",
+        "impaired_requests" => "requests",
+        "retry_amplification" => "requests per admitted call",
+        _ => "seconds",
+    }
+}
+
+/// A comparison's distributions as an SVG document: one panel per figure,
+/// one column per variant: a bar from min to max, a tick at the p95, a dot
+/// at the median; a figure a variant never measured has no column.
+pub fn distributions(comparison: &crate::judgement::compare::Comparison) -> String {
+    let mut svg = String::new();
+    if let Err(e) = draw_distributions(comparison, &mut svg) {
+        return format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\"><text y=\"20\">distributions failed: {e}</text></svg>"
+        );
+    }
+    svg
+}
+
+fn draw_distributions(
+    comparison: &crate::judgement::compare::Comparison,
+    svg: &mut String,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use crate::judgement::sweep::FIGURE_NAMES;
+
+    let n = comparison.variants.len();
+    let rows = FIGURE_NAMES.len().div_ceil(2);
+    let root = SVGBackend::with_string(svg, (1200, 260 * rows as u32 + 60)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let [from, to] = comparison.seeds;
+    let (title, body) = root.split_vertically(60);
+    let names: Vec<String> = comparison
+        .variants
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| format!("[{}] {name}", i + 1))
+        .collect();
+    title.draw(&Text::new(
+        format!(
+            "seeds {from}..{to}: min–max bar, p95 tick, median dot per variant — {}",
+            names.join("   ")
+        ),
+        (10, 10),
+        ("sans-serif", 15),
+    ))?;
+    let panels = body.split_evenly((rows, 2));
+    for (figure, area) in FIGURE_NAMES.iter().zip(panels.iter()) {
+        let dists: Vec<(usize, &crate::judgement::sweep::Distribution)> = comparison
+            .variants
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, s))| s.figures.get(*figure).map(|d| (i + 1, d)))
+            .collect();
+        let top = dists.iter().map(|(_, d)| d.max).fold(0.0, f64::max);
+        let top = if top > 0.0 { top * 1.15 } else { 1.0 };
+        let mut chart = ChartBuilder::on(area)
+            .caption(*figure, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.5..(n as f64 + 0.5), 0.0..top)?;
+        chart
+            .configure_mesh()
+            .x_labels(n + 2)
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-9 && i >= 1.0 {
+                    format!("[{i:.0}]")
+                } else {
+                    String::new()
+                }
+            })
+            .disable_x_mesh()
+            .x_desc("variant")
+            .y_desc(figure_unit(figure))
+            .draw()?;
+        for &(i, d) in &dists {
+            let x = i as f64;
+            let color = Palette99::pick(i - 1).to_rgba();
+            chart.draw_series([Rectangle::new(
+                [(x - 0.12, d.min), (x + 0.12, d.max)],
+                color.mix(0.3).filled(),
+            )])?;
+            chart.draw_series([PathElement::new(
+                vec![(x - 0.2, d.p95), (x + 0.2, d.p95)],
+                color.stroke_width(2),
+            )])?;
+            chart.draw_series([Circle::new((x, d.median), 5, color.filled())])?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
+
 /// The unit an objective's figure is measured in, for an axis.
 fn objective_unit(name: &str) -> &'static str {
     match name {
@@ -439,6 +538,38 @@ mod tests {
         let [ok, failed, limited] = call_lines(&events, 1);
         let at0 = |l: &Line| l.points[0].1;
         assert_eq!((at0(&ok), at0(&failed), at0(&limited)), (0.0, 1.0, 1.0));
+    }
+
+    #[test]
+    fn a_comparison_draws_every_figure_with_its_unit_and_every_variant() {
+        use crate::judgement::compare::{Comparison, Variant};
+        use crate::judgement::sweep::SeedRecord;
+
+        let record = |seed, v: f64| SeedRecord {
+            seed,
+            error: None,
+            figures: [
+                ("latency_p50_s".to_owned(), v),
+                ("failed_fraction".to_owned(), v / 10.0),
+            ]
+            .into(),
+            invariants: Vec::new(),
+            objectives: Vec::new(),
+        };
+        let variant = |name: &str, base: f64| Variant {
+            name: name.into(),
+            records: (1..4).map(|s| record(s, base + s as f64)).collect(),
+        };
+        let c = Comparison::new(1, 4, None, &[variant("a", 0.0), variant("b", 5.0)]);
+        let svg = distributions(&c);
+        assert!(svg.starts_with("<svg"), "{svg}");
+        assert!(svg.contains("[1] a") && svg.contains("[2] b"), "{svg}");
+        for unit in ["seconds", "fraction of calls", "requests per admitted call"] {
+            assert!(svg.contains(unit), "{unit}");
+        }
+        assert!(svg.contains("failed_fraction") && svg.contains("latency_p50_s"));
+        // Two measured figures × two variants: four median dots.
+        assert_eq!(svg.matches("<circle").count(), 4, "{svg}");
     }
 
     #[test]

@@ -381,7 +381,10 @@ mod tests {
         );
         let merged = merge(&[two.clone(), one.clone()]).unwrap();
         assert_eq!(merged, Merged::Sweep(sweep_run(None, &[1, 2, 3, 4])));
-        assert_eq!(merge(std::slice::from_ref(&one)), Err(ShardError::Missing("2/2".into())));
+        assert_eq!(
+            merge(std::slice::from_ref(&one)),
+            Err(ShardError::Missing("2/2".into()))
+        );
         assert!(matches!(
             merge(&[one.clone(), one.clone()]),
             Err(ShardError::Mismatch { why, .. }) if why.contains("given twice")
