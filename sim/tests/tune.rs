@@ -80,6 +80,16 @@ fn a_bad_vary_is_refused_naming_it() {
     let (code, _, err) = tune(&path, &["--vary", "hardening.rpm=5..10", "--vary", "hardening.rpm=1,2"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("varied twice"), "{err}");
+    // Numbers from outside that would exhaust memory or overflow.
+    let (code, _, err) = tune(&path, &["--vary", "hardening.rpm=5..10", "--budget", "1000000000"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--budget 1000000000 is above"), "{err}");
+    let (code, _, err) = tune(
+        &path,
+        &["--vary", "hardening.rpm=5..10", "--seed", "18446744073709551615"],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("runs past the last seed"), "{err}");
 }
 
 #[test]

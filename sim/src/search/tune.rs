@@ -56,6 +56,9 @@ use crate::judgement::sweep::SweepSummary;
 use crate::scenario::Scenario;
 use crate::world::{Budget, simulate};
 
+/// Most candidates a tune may be given (`--budget`): far beyond what a
+/// machine simulates in a day, and a bound on the design's memory.
+pub const MAX_BUDGET: u64 = 100_000;
 /// Seeds every candidate of a drawn design runs on in the first rung.
 pub const FIRST_RUNG_SEEDS: u64 = 2;
 /// Successive halving never keeps fewer candidates than this (or all, if
@@ -103,6 +106,10 @@ pub enum TuneError {
     /// `--seeds` or `--budget` is zero.
     #[error("{0} must be at least 1")]
     Zero(&'static str),
+    /// `--budget` is above [`MAX_BUDGET`], or the seeds run past the last
+    /// 64-bit seed.
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 /// The values one dimension takes.
@@ -770,6 +777,18 @@ pub fn tune(base: &Base<'_>, dims: &[Dim], settings: Settings, progress: &dyn Pr
     }
     if settings.budget == 0 {
         return Err(TuneError::Zero("--budget"));
+    }
+    if settings.budget > MAX_BUDGET {
+        return Err(TuneError::TooLarge(format!(
+            "--budget {} is above the most a tune takes, {MAX_BUDGET}",
+            settings.budget
+        )));
+    }
+    if settings.first_seed.checked_add(settings.seeds).is_none() {
+        return Err(TuneError::TooLarge(format!(
+            "--seed {} with --seeds {} runs past the last seed",
+            settings.first_seed, settings.seeds
+        )));
     }
     let design = design(dims, settings.budget, settings.first_seed);
     let first = settings.first_seed;
