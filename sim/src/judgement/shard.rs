@@ -224,14 +224,20 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
         }
         *slot = true;
     }
-    let missing: Vec<String> = seen
+    let missing: Vec<usize> = seen
         .iter()
         .enumerate()
         .filter(|(_, s)| !**s)
-        .map(|(i, _)| format!("{}/{count}", i + 1))
+        .map(|(i, _)| i + 1)
         .collect();
     if !missing.is_empty() {
-        return Err(ShardError::Missing(missing.join(", ")));
+        // A handful named, the rest counted: a forged count must not make
+        // a message of a million lines.
+        let mut named: Vec<String> = missing.iter().take(8).map(|i| format!("{i}/{count}")).collect();
+        if missing.len() > named.len() {
+            named.push(format!("and {} more", missing.len() - named.len()));
+        }
+        return Err(ShardError::Missing(named.join(", ")));
     }
     let check_seeds = |file: &str, records: &mut Vec<SeedRecord>, from: u64, to: u64| {
         records.sort_by_key(|r| r.seed);
@@ -402,5 +408,16 @@ mod tests {
             Err(ShardError::NotAShard { file, .. }) if file == "x.json"
         ));
         assert_eq!(merge(&[]), Err(ShardError::Nothing));
+        // Many missing: a few named, the rest counted.
+        let lone = (
+            "d.json".to_owned(),
+            sweep_json(Some(Shard { index: 1, count: 20 }), &[1]),
+        );
+        assert_eq!(
+            merge(&[lone]),
+            Err(ShardError::Missing(
+                "2/20, 3/20, 4/20, 5/20, 6/20, 7/20, 8/20, 9/20, and 11 more".into()
+            ))
+        );
     }
 }
