@@ -82,6 +82,7 @@ scenario_tests! {
     hosted_quota_tokens => "hosted-quota-tokens.toml",
     llama_swap_hold => "llama-swap-hold.toml",
     llama_swap_reload => "llama-swap-reload.toml",
+    llama_swap_tune => "llama-swap-tune.toml",
     mixed_tenants_tokens => "mixed-tenants-tokens.toml",
     node_replacement => "node-replacement.toml",
     noisy_tenant => "noisy-tenant.toml",

@@ -2,8 +2,10 @@
 //!
 //! ```text
 //! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
-//! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50 [--json F] [--strict] [--jobs N]
-//! redstring-sim compare a.toml b.toml --seeds 1..20 [--set key=v1,v2] [--json F] [--strict] [--jobs N]
+//! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50 [--json F] [--strict] [--jobs N] [--shard i/n]
+//! redstring-sim compare a.toml b.toml --seeds 1..20 [--set key=v1,v2] [--json F] [--svg F] [--strict] [--jobs N] [--shard i/n]
+//! redstring-sim tune scenario.toml --vary hardening.failure_threshold=1..10 [--vary KEY=SPEC …] [--seeds N] [--seed S] [--budget CASES] [--jobs N] [--json F] [--out F] [--svg F]
+//! redstring-sim sweep … --shard 1/2 --json a.json; … --shard 2/2 --json b.json; redstring-sim merge a.json b.json [--json F]
 //! redstring-sim check [scenarios/] [--strict]
 //! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--out scenarios/regressions]
 //! ```
@@ -32,11 +34,12 @@ use clap::{Parser, Subcommand};
 use redstring_sim::evidence::episodes;
 use redstring_sim::evidence::trace::Trace;
 use redstring_sim::judgement::report::{self, Report};
-use redstring_sim::judgement::sweep::SweepSummary;
-use redstring_sim::judgement::{compare, plots};
+use redstring_sim::judgement::sweep::{SeedRecord, SweepSummary};
+use redstring_sim::judgement::{compare, plots, shard};
 use redstring_sim::scenario::{CacheKind, Scenario, Warning, sanity};
 use redstring_sim::search::coverage::Coverage;
 use redstring_sim::search::fuzz::{self, BOUNDS_DIR, Bounds};
+use redstring_sim::search::tune;
 use redstring_sim::world::{Budget, simulate};
 
 const INVARIANT_FAILED: u8 = 1;
@@ -101,6 +104,10 @@ enum Command {
         /// not depend on it.
         #[arg(long)]
         jobs: Option<usize>,
+        /// Run only shard `i` of `n` of the seeds (every `n`th from the
+        /// `i`th); `merge` joins the shards' `--json`.
+        #[arg(long, value_parser = parse_shard)]
+        shard: Option<shard::Shard>,
     },
     /// Run several scenarios (or one with a field varied by --set) over the
     /// same seeds and set their figures side by side, marking which
@@ -119,6 +126,9 @@ enum Command {
         /// Write the comparison as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Write an SVG of the distributions side by side here.
+        #[arg(long)]
+        svg: Option<PathBuf>,
         /// Refuse (exit 2) a scenario with any warning.
         #[arg(long)]
         strict: bool,
@@ -126,6 +136,59 @@ enum Command {
         /// not depend on it.
         #[arg(long)]
         jobs: Option<usize>,
+        /// Run only shard `i` of `n` of the seeds (every `n`th from the
+        /// `i`th); `merge` joins the shards' `--json`.
+        #[arg(long, value_parser = parse_shard)]
+        shard: Option<shard::Shard>,
+    },
+    /// Join the `--json` of every shard of one sweep or comparison
+    /// (`--shard i/n`) and print the result one machine would have printed.
+    Merge {
+        /// Each shard's `--json` file.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Write the joined JSON here (as the unsharded command would).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Search the hardening's numbers for the configuration that meets the
+    /// scenario's objectives with the most margin: a grid when small, else a
+    /// seeded Latin hypercube refined by successive halving over seeds;
+    /// prints the Pareto front and the recommended `[hardening]` section.
+    Tune {
+        /// The scenario file (it must set `[objectives]`).
+        scenario: PathBuf,
+        /// A dotted key and its values: `lo..hi` (integers), `lo..hi` with
+        /// decimals (continuous), `lo..hi:step`, or `v1,v2,…`. Repeatable.
+        #[arg(long = "vary", required = true)]
+        vary: Vec<String>,
+        /// Seeds the final candidates run on (`--seed` onwards).
+        #[arg(long, default_value_t = 16)]
+        seeds: u64,
+        /// The design's seed and the first simulation seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Most candidates: the full grid when it has at most this many,
+        /// else this many Latin-hypercube draws.
+        #[arg(long, default_value_t = 32)]
+        budget: u64,
+        /// Simulations run at once (default: every core); the results do
+        /// not depend on it.
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Write the result (every candidate, the front, the
+        /// recommendation) as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write the recommended `[hardening]` section (TOML) here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Write an SVG of the Pareto front here.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Refuse (exit 2) a scenario with any warning.
+        #[arg(long)]
+        strict: bool,
     },
     /// Search generated scenarios within bounds for one that breaks a claimed
     /// invariant; write the smallest one found as a replayable scenario.
@@ -214,15 +277,42 @@ fn main() -> ExitCode {
             strict,
             json,
             jobs,
-        } => sweep(&scenario, &seeds, json, strict, jobs),
+            shard,
+        } => sweep(&scenario, &seeds, json, strict, jobs, shard),
         Command::Compare {
             scenarios,
             seeds,
             set,
             json,
+            svg,
             strict,
             jobs,
-        } => compare(&scenarios, &seeds, set.as_deref(), json, strict, jobs),
+            shard,
+        } => compare(&scenarios, &seeds, set.as_deref(), [json, svg], strict, jobs, shard),
+        Command::Merge { files, json } => merge(&files, json),
+        Command::Tune {
+            scenario,
+            vary,
+            seeds,
+            seed,
+            budget,
+            jobs,
+            json,
+            out,
+            svg,
+            strict,
+        } => tune(
+            &scenario,
+            &vary,
+            tune::Settings {
+                seeds,
+                first_seed: seed,
+                budget,
+                jobs: jobs_or_cores(jobs),
+            },
+            [json, out, svg],
+            strict,
+        ),
         Command::Check { dir, strict } => check(&dir, strict),
         Command::Fuzz {
             bounds,
@@ -381,7 +471,7 @@ fn names<T: std::fmt::Display>(items: &[T]) -> String {
     items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-/// Creates `--json`'s file before any simulation runs.
+/// Creates an output file (`--json`, `--out`, `--svg`) before any simulation runs.
 fn create(json: Option<PathBuf>) -> Result<Option<(PathBuf, File)>, ExitCode> {
     json.map(|p| File::create(&p).map(|f| (p.clone(), f)).map_err(|e| io_failed(&p, e)))
         .transpose()
@@ -400,36 +490,32 @@ fn jobs_or_cores(jobs: Option<usize>) -> usize {
         .max(1)
 }
 
-/// One seed's outcome: its report, or why its simulation failed.
-type SeedResult = Result<Report, String>;
-
-/// Runs `scenario` over seeds `from..to` on `jobs` threads and returns each
-/// seed's result in seed order, whatever the order they finished in: each
+/// Runs `scenario` over `seeds` on `jobs` threads and returns each seed's
+/// record in the order given, whatever the order they finished in: each
 /// simulation is single-threaded and builds its own world, so the results
 /// are those of a run on one thread.
 fn run_seeds(
     scenario: &Scenario,
     shown: &str,
-    (from, to): (u64, u64),
+    seeds: &[u64],
     jobs: usize,
     bar: &indicatif::ProgressBar,
-) -> Vec<SeedResult> {
-    let next = std::sync::atomic::AtomicU64::new(from);
-    let results: std::sync::Mutex<Vec<(u64, SeedResult)>> = std::sync::Mutex::new(Vec::new());
+) -> Vec<SeedRecord> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: std::sync::Mutex<Vec<(usize, SeedRecord)>> = std::sync::Mutex::new(Vec::new());
     let work = || {
         loop {
-            let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if seed >= to {
-                break;
-            }
-            let result = simulate(scenario, seed)
-                .map(|run| Report::new(scenario, shown, &run))
-                .map_err(|e| format!("simulation failed: {e}"));
-            results.lock().unwrap_or_else(|p| p.into_inner()).push((seed, result));
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(&seed) = seeds.get(i) else { break };
+            let record = match simulate(scenario, seed) {
+                Ok(run) => SeedRecord::of(&Report::new(scenario, shown, &run)),
+                Err(e) => SeedRecord::failed(seed, format!("simulation failed: {e}")),
+            };
+            results.lock().unwrap_or_else(|p| p.into_inner()).push((i, record));
             bar.inc(1);
         }
     };
-    let threads = jobs.min(usize::try_from(to - from).unwrap_or(usize::MAX)).max(1);
+    let threads = jobs.min(seeds.len()).max(1);
     std::thread::scope(|scope| {
         for _ in 1..threads {
             // The main thread's stack size: a world's futures nest deeply.
@@ -443,14 +529,22 @@ fn run_seeds(
         work();
     });
     let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
-    results.sort_by_key(|(seed, _)| *seed);
+    results.sort_by_key(|(i, _)| *i);
     results.into_iter().map(|(_, r)| r).collect()
 }
 
-fn sweep(path: &Path, seeds: &str, json: Option<PathBuf>, strict: bool, jobs: Option<usize>) -> Outcome {
+fn sweep(
+    path: &Path,
+    seeds: &str,
+    json: Option<PathBuf>,
+    strict: bool,
+    jobs: Option<usize>,
+    shard: Option<shard::Shard>,
+) -> Outcome {
     let scenario = load(path, strict)?;
     let json = create(json)?;
-    print!("{}", loads(&scenario));
+    let preamble = loads(&scenario);
+    print!("{preamble}");
     let (from, to) = seed_range(seeds)?;
     // Every seed asks for the same work: over the budget is one failure, not
     // one per seed.
@@ -458,53 +552,49 @@ fn sweep(path: &Path, seeds: &str, json: Option<PathBuf>, strict: bool, jobs: Op
         eprintln!("error: {e}");
         ExitCode::from(SIM_FAILED)
     })?;
-    let bar = progress(to - from, "seeds");
+    let seeds = shard::seeds_of(shard, from, to);
+    let bar = progress(seeds.len() as u64, "seeds");
     let shown = path.display().to_string();
-    let results = run_seeds(&scenario, &shown, (from, to), jobs_or_cores(jobs), &bar);
+    let records = run_seeds(&scenario, &shown, &seeds, jobs_or_cores(jobs), &bar);
     bar.finish();
-    let mut failing = Vec::new();
-    let mut missing = Vec::new();
-    let mut reports = Vec::new();
-    for (seed, result) in (from..to).zip(results) {
-        match result {
-            Ok(report) => {
-                let failed: Vec<String> = report
-                    .checks
-                    .iter()
-                    .filter(|c| c.failed())
-                    .map(|c| c.name.to_string())
-                    .collect();
-                if !failed.is_empty() {
-                    failing.push((seed, failed.join(", ")));
-                }
-                let missed: Vec<&str> = report
-                    .objectives
-                    .iter()
-                    .filter(|o| o.missed())
-                    .map(|o| o.name)
-                    .collect();
-                if !missed.is_empty() {
-                    missing.push((seed, missed.join(", ")));
-                }
-                reports.push(report);
-            }
-            Err(why) => failing.push((seed, why)),
-        }
+    let run = shard::SweepRun {
+        command: "sweep",
+        scenario: shown,
+        seed_range: [from, to],
+        shard,
+        preamble,
+        summary: SweepSummary::of_records(records),
+    };
+    print!("{}", run.render());
+    Outputs::write(json, || serde_json::to_string_pretty(&run).unwrap_or_default())?;
+    let (failed, missed) = run.verdict();
+    Ok(verdict(failed, missed))
+}
+
+/// `merge`: the shards' JSON joined, printed and written as the unsharded
+/// command would; its exit code too.
+fn merge(files: &[PathBuf], json: Option<PathBuf>) -> Outcome {
+    let json = create(json)?;
+    let mut texts = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).map_err(|e| {
+            eprintln!("error: cannot read {}: {e}", f.display());
+            ExitCode::from(BAD_SCENARIO)
+        })?;
+        texts.push((f.display().to_string(), text));
     }
-    println!("{} of {} seeds failed", failing.len(), to - from);
-    for (seed, why) in &failing {
-        println!("  seed {seed}: {why}\n    replay: redstring-sim run {shown} --seed {seed}");
-    }
-    if !missing.is_empty() {
-        println!("{} of {} seeds missed an objective", missing.len(), to - from);
-        for (seed, which) in &missing {
-            println!("  seed {seed}: missed {which}\n    replay: redstring-sim run {shown} --seed {seed}");
-        }
-    }
-    let summary = SweepSummary::new(&reports);
-    print!("{}", summary.render());
-    Outputs::write(json, || serde_json::to_string_pretty(&summary).unwrap_or_default())?;
-    Ok(verdict(!failing.is_empty(), !missing.is_empty()))
+    let merged = shard::merge(&texts).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(BAD_SCENARIO)
+    })?;
+    print!("{}", merged.render());
+    Outputs::write(json, || merged.to_json())?;
+    let (failed, missed) = merged.verdict();
+    Ok(verdict(failed, missed))
+}
+
+fn parse_shard(text: &str) -> Result<shard::Shard, String> {
+    shard::Shard::parse(text).map_err(|e| e.to_string())
 }
 
 /// The variants `compare` runs: each file, or the one file once per `--set`
@@ -549,12 +639,14 @@ fn compare(
     paths: &[PathBuf],
     seeds: &str,
     set: Option<&str>,
-    json: Option<PathBuf>,
+    [json, svg]: [Option<PathBuf>; 2],
     strict: bool,
     jobs: Option<usize>,
+    shard: Option<shard::Shard>,
 ) -> Outcome {
     let variants = variants(paths, set, strict)?;
     let json = create(json)?;
+    let svg = create(svg)?;
     let (from, to) = seed_range(seeds)?;
     for (name, scenario) in &variants {
         Budget::DEFAULT.check(scenario).map_err(|e| {
@@ -563,36 +655,84 @@ fn compare(
         })?;
     }
     let jobs = jobs_or_cores(jobs);
-    let bar = progress((to - from).saturating_mul(variants.len() as u64), "runs");
+    let seeds = shard::seeds_of(shard, from, to);
+    let bar = progress((seeds.len() as u64).saturating_mul(variants.len() as u64), "runs");
     let mut runs = Vec::new();
-    let (mut failed, mut missed) = (false, false);
     for (name, scenario) in &variants {
-        let results = run_seeds(scenario, name, (from, to), jobs, &bar);
-        let mut reports = Vec::new();
-        for (seed, result) in (from..to).zip(results) {
-            match result {
-                Ok(report) => {
-                    failed |= report.failed();
-                    missed |= report.missed();
-                    reports.push(Some(report));
-                }
-                Err(why) => {
-                    bar.println(format!("{name} seed {seed}: {why}"));
-                    failed = true;
-                    reports.push(None);
-                }
+        let records = run_seeds(scenario, name, &seeds, jobs, &bar);
+        for r in &records {
+            if let Some(why) = &r.error {
+                bar.println(format!("{name} seed {}: {why}", r.seed));
             }
         }
         runs.push(compare::Variant {
             name: name.clone(),
-            reports,
+            records,
         });
     }
     bar.finish();
-    let comparison = compare::Comparison::new(from, to, &runs);
+    let comparison = compare::Comparison::new(from, to, shard, &runs);
     print!("{}", comparison.render());
     Outputs::write(json, || serde_json::to_string_pretty(&comparison).unwrap_or_default())?;
+    Outputs::write(svg, || plots::distributions(&comparison))?;
+    let merged = shard::Merged::Compare(comparison);
+    let (failed, missed) = merged.verdict();
     Ok(verdict(failed, missed))
+}
+
+/// The progress bar as a tune's progress.
+struct TuneBar(indicatif::ProgressBar);
+
+impl tune::Progress for TuneBar {
+    fn rung(&self, n: u64) {
+        self.0.inc_length(n);
+    }
+    fn one(&self) {
+        self.0.inc(1);
+    }
+}
+
+/// `tune`: exit 0 when the recommendation meets every objective, 5 when no
+/// candidate does, 1 when a candidate broke an invariant (a bug, printed
+/// with its seed), 2 for a bad scenario or `--vary`.
+fn tune(path: &Path, vary: &[String], settings: tune::Settings, files: [Option<PathBuf>; 3], strict: bool) -> Outcome {
+    let bad = |e: &dyn std::fmt::Display| {
+        eprintln!("error: {e}");
+        ExitCode::from(BAD_SCENARIO)
+    };
+    let scenario = load(path, strict)?;
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| bad(&format!("cannot read {file}: {e}")))?;
+    let dims = vary
+        .iter()
+        .map(|v| tune::Dim::parse(v))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(&e))?;
+    let base = tune::Base {
+        file: &file,
+        text: &text,
+        scenario: &scenario,
+    };
+    tune::precheck(&base, &dims).map_err(|e| bad(&e))?;
+    let [json, out, svg] = files.map(create);
+    let (json, out, svg) = (json?, out?, svg?);
+    print!("{}", loads(&scenario));
+    let bar = progress(0, "simulations");
+    let tuning = tune::tune(&base, &dims, settings, &TuneBar(bar.clone())).map_err(|e| bad(&e))?;
+    bar.finish_and_clear();
+    print!("{}", tuning.render(&dims));
+    Outputs::write(json, || serde_json::to_string_pretty(&tuning).unwrap_or_default())?;
+    Outputs::write(out, || tuning.hardening_toml.clone().unwrap_or_default())?;
+    Outputs::write(svg, || plots::pareto(&tuning))?;
+    let broke = tuning
+        .candidates
+        .iter()
+        .any(|c| c.disqualified.as_ref().is_some_and(|d| d.seed.is_some()));
+    let met = tuning
+        .recommended
+        .and_then(|id| tuning.candidate(id))
+        .is_some_and(|c| c.meets_all);
+    Ok(verdict(broke, !met))
 }
 
 /// Every `*.toml` under `dir`, in subdirectories too (but not in fuzzer

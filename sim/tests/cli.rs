@@ -240,6 +240,7 @@ fn outage() -> String {
 fn compare_sets_variants_side_by_side_and_writes_json() {
     let path = temp_file("compare.toml", &outage());
     let json = path.with_extension("json");
+    let svg = path.with_extension("svg");
     let out = bin()
         .args(["compare", path.to_str().unwrap(), "--seeds", "1..4", "--jobs", "1"])
         .args([
@@ -247,6 +248,8 @@ fn compare_sets_variants_side_by_side_and_writes_json() {
             "hardening.failure_threshold=1,5",
             "--json",
             json.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
         ])
         .output()
         .unwrap();
@@ -259,6 +262,11 @@ fn compare_sets_variants_side_by_side_and_writes_json() {
     assert_eq!(v["seeds"], serde_json::json!([1, 4]));
     assert_eq!(v["variants"].as_array().unwrap().len(), 2);
     assert_eq!(v["variants"][0][1]["seeds"], 3);
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        svg.contains("[2] hardening.failure_threshold=5") && svg.contains("latency_p99_s"),
+        "{svg}"
+    );
     // Every difference is of the second variant against the first, over at
     // most the three seeds.
     for d in v["differences"].as_array().unwrap() {

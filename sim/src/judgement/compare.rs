@@ -19,8 +19,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::judgement::report::Report;
-use crate::judgement::sweep::{FIGURE_NAMES, SweepSummary, named_figures};
+use crate::judgement::shard::Shard;
+use crate::judgement::sweep::{FIGURE_NAMES, SeedRecord, SweepSummary};
 
 /// The p-value below which a difference is said to hold across seeds.
 pub const SIGNIFICANCE: f64 = 0.05;
@@ -151,20 +151,24 @@ pub fn sign_test_p(a: u64, b: u64) -> f64 {
     (2.0 * tail).min(1.0)
 }
 
-/// One variant: its name and its seeds' reports (in seed order, one per
-/// seed that ran; a seed whose simulation failed is `None`).
+/// One variant: its name and its seeds' records (in seed order, one per
+/// seed, a failed simulation's included).
 pub struct Variant {
     /// The file, or `key=value` for a `--set` variant.
     pub name: String,
     /// Per seed, in seed order.
-    pub reports: Vec<Option<Report>>,
+    pub records: Vec<SeedRecord>,
 }
 
 /// The result of a comparison.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Comparison {
+    /// Always `"compare"`: what `merge` reads this as.
+    pub command: &'static str,
     /// The seeds, `[from, to)`.
     pub seeds: [u64; 2],
+    /// Which shard of the seeds this is (null: all of them).
+    pub shard: Option<Shard>,
     /// Per variant, in the order given: its name and its sweep summary.
     pub variants: Vec<(String, SweepSummary)>,
     /// Every later variant against the first, figure by figure.
@@ -172,30 +176,14 @@ pub struct Comparison {
 }
 
 impl Comparison {
-    /// Compares `variants` run over seeds `from..to`.
-    pub fn new(from: u64, to: u64, variants: &[Variant]) -> Comparison {
+    /// Compares `variants` run over seeds `from..to` (those of `shard`).
+    pub fn new(from: u64, to: u64, shard: Option<Shard>, variants: &[Variant]) -> Comparison {
         let summaries = variants
             .iter()
-            .map(|v| {
-                let ran: Vec<Report> = v.reports.iter().flatten().cloned().collect();
-                (v.name.clone(), SweepSummary::new(&ran))
-            })
+            .map(|v| (v.name.clone(), SweepSummary::of_records(v.records.clone())))
             .collect();
-        let per_seed = |v: &Variant| -> Vec<BTreeMap<&'static str, f64>> {
-            v.reports
-                .iter()
-                .map(|r| {
-                    r.as_ref()
-                        .map(|r| {
-                            named_figures(&r.figures)
-                                .into_iter()
-                                .filter_map(|(k, v)| v.map(|v| (k, v)))
-                                .collect()
-                        })
-                        .unwrap_or_default()
-                })
-                .collect()
-        };
+        let per_seed =
+            |v: &Variant| -> Vec<BTreeMap<String, f64>> { v.records.iter().map(|r| r.figures.clone()).collect() };
         let mut differences = Vec::new();
         if let Some((first, rest)) = variants.split_first() {
             let base = per_seed(first);
@@ -230,7 +218,9 @@ impl Comparison {
             }
         }
         Comparison {
+            command: "compare",
             seeds: [from, to],
+            shard,
             variants: summaries,
             differences,
         }

@@ -6,7 +6,9 @@
 //! episode, and [`objectives`] judges those figures
 //! against the scenario's targets; [`report`] turns a run and its verdicts
 //! into figures and text; [`sweep`] summarises many seeds; [`compare`] sets
-//! variants side by side over the same seeds; [`plots`] draws the SVG timeline.
+//! variants side by side over the same seeds; [`shard`] splits those over
+//! machines and merges them back; [`plots`] draws the SVG timeline and a
+//! tune's Pareto front.
 
 pub mod compare;
 pub mod episode_figures;
@@ -15,6 +17,7 @@ pub mod invariants;
 pub mod objectives;
 pub mod plots;
 pub mod report;
+pub mod shard;
 pub mod sweep;
 
 /// A tenant as a report names it: `tenant 7` for a scenario's numbered

@@ -1,5 +1,7 @@
 //! The SVG timeline `run --svg` writes: calls, server load and breaker states
-//! over simulated time, one panel each, all drawn by one helper.
+//! over simulated time, one panel each, all drawn by one helper; the Pareto
+//! front `tune --svg` draws ([`pareto`]); and the distributions `compare
+//! --svg` sets side by side ([`distributions`]).
 //!
 //! Every panel shades each fault episode (from the fault until the server is
 //! ready again, [`crate::evidence::episodes`]) and marks the ready instant
@@ -241,6 +243,253 @@ fn draw(scenario: &Scenario, events: &[TraceEvent], svg: &mut String) -> Result<
     Ok(())
 }
 
+/// The unit a summary figure is measured in, for an axis.
+fn figure_unit(name: &str) -> &'static str {
+    match name {
+        "failed_fraction" => "fraction of calls",
+        "impaired_requests" => "requests",
+        "retry_amplification" => "requests per admitted call",
+        _ => "seconds",
+    }
+}
+
+/// A comparison's distributions as an SVG document: one panel per figure,
+/// one column per variant: a bar from min to max, a tick at the p95, a dot
+/// at the median; a figure a variant never measured has no column.
+pub fn distributions(comparison: &crate::judgement::compare::Comparison) -> String {
+    let mut svg = String::new();
+    if let Err(e) = draw_distributions(comparison, &mut svg) {
+        return format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\"><text y=\"20\">distributions failed: {e}</text></svg>"
+        );
+    }
+    svg
+}
+
+fn draw_distributions(
+    comparison: &crate::judgement::compare::Comparison,
+    svg: &mut String,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use crate::judgement::sweep::FIGURE_NAMES;
+
+    let n = comparison.variants.len();
+    let rows = FIGURE_NAMES.len().div_ceil(2);
+    let root = SVGBackend::with_string(svg, (1200, 260 * rows as u32 + 60)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let [from, to] = comparison.seeds;
+    let (title, body) = root.split_vertically(60);
+    let names: Vec<String> = comparison
+        .variants
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| format!("[{}] {name}", i + 1))
+        .collect();
+    title.draw(&Text::new(
+        format!(
+            "seeds {from}..{to}: min–max bar, p95 tick, median dot per variant — {}",
+            names.join("   ")
+        ),
+        (10, 10),
+        ("sans-serif", 15),
+    ))?;
+    let panels = body.split_evenly((rows, 2));
+    for (figure, area) in FIGURE_NAMES.iter().zip(panels.iter()) {
+        let dists: Vec<(usize, &crate::judgement::sweep::Distribution)> = comparison
+            .variants
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, s))| s.figures.get(*figure).map(|d| (i + 1, d)))
+            .collect();
+        let top = dists.iter().map(|(_, d)| d.max).fold(0.0, f64::max);
+        let top = if top > 0.0 { top * 1.15 } else { 1.0 };
+        let mut chart = ChartBuilder::on(area)
+            .caption(*figure, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.5..(n as f64 + 0.5), 0.0..top)?;
+        chart
+            .configure_mesh()
+            .x_labels(n + 2)
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-9 && i >= 1.0 {
+                    format!("[{i:.0}]")
+                } else {
+                    String::new()
+                }
+            })
+            .disable_x_mesh()
+            .x_desc("variant")
+            .y_desc(figure_unit(figure))
+            .draw()?;
+        for &(i, d) in &dists {
+            let x = i as f64;
+            let color = Palette99::pick(i - 1).to_rgba();
+            chart.draw_series([Rectangle::new(
+                [(x - 0.12, d.min), (x + 0.12, d.max)],
+                color.mix(0.3).filled(),
+            )])?;
+            chart.draw_series([PathElement::new(
+                vec![(x - 0.2, d.p95), (x + 0.2, d.p95)],
+                color.stroke_width(2),
+            )])?;
+            chart.draw_series([Circle::new((x, d.median), 5, color.filled())])?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// The unit an objective's figure is measured in, for an axis.
+fn objective_unit(name: &str) -> &'static str {
+    match name {
+        "goodput_recovery_s" | "p99_latency_s" => "seconds",
+        "impaired_requests_max" => "requests",
+        "failed_fraction_max" => "fraction of calls",
+        "amplification_max" => "requests per admitted call",
+        _ => "",
+    }
+}
+
+/// The Pareto front of a tune as an SVG document: the first two
+/// objectives' worst-seed figures on the axes (with one objective, the
+/// margin on the y axis), every candidate of the last rung a grey dot, the
+/// front red and joined, the recommendation ringed and named, the targets
+/// dashed. A candidate whose figure was never measured (goodput never came
+/// back) is left out and counted in the caption.
+pub fn pareto(tuning: &crate::search::tune::Tuning) -> String {
+    let mut svg = String::new();
+    if let Err(e) = draw_pareto(tuning, &mut svg) {
+        return format!("<svg xmlns=\"http://www.w3.org/2000/svg\"><text y=\"20\">front failed: {e}</text></svg>");
+    }
+    svg
+}
+
+fn draw_pareto(tuning: &crate::search::tune::Tuning, svg: &mut String) -> Result<(), Box<dyn std::error::Error>> {
+    use crate::search::tune::Worst;
+
+    let last = tuning.rungs.last().map_or(0, |r| r.seeds);
+    let finalists: Vec<_> = tuning
+        .candidates
+        .iter()
+        .filter(|c| c.disqualified.is_none() && c.seeds == last && last > 0)
+        .collect();
+    let Some(first) = finalists.first() else {
+        return Err("no candidate ran every seed".into());
+    };
+    let x_name = first.objectives.first().map_or("", |o| o.name);
+    let y_name = first.objectives.get(1).map_or("margin", |o| o.name);
+    let point = |c: &crate::search::tune::Candidate| -> Option<(f64, f64)> {
+        let value = |i: usize| match c.objectives.get(i)?.worst {
+            Worst::Measured { value } => Some(value),
+            Worst::NotApplicable => Some(0.0),
+            Worst::Never => None,
+        };
+        let y = if c.objectives.len() > 1 { value(1)? } else { c.margin? };
+        Some((value(0)?, y))
+    };
+    let points: Vec<(usize, (f64, f64))> = finalists.iter().filter_map(|c| point(c).map(|p| (c.id, p))).collect();
+    let left_out = finalists.len() - points.len();
+    let targets = (
+        first.objectives.first().map(|o| o.target),
+        first.objectives.get(1).map(|o| o.target),
+    );
+    let span = |values: Vec<f64>| {
+        let lo = values.iter().copied().fold(f64::INFINITY, f64::min).min(0.0);
+        let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let hi = if hi > lo { hi } else { lo + 1.0 };
+        (lo, hi + (hi - lo) * 0.25)
+    };
+    let xs: Vec<f64> = points.iter().map(|p| p.1.0).chain(targets.0).collect();
+    let ys: Vec<f64> = points.iter().map(|p| p.1.1).chain(targets.1).collect();
+    let (x_lo, x_hi) = span(xs);
+    let (y_lo, y_hi) = span(ys);
+    let root = SVGBackend::with_string(svg, (900, 650)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let caption = format!(
+        "{}: {} candidates over {last} seeds, front over all {} objectives{}",
+        tuning.scenario,
+        finalists.len(),
+        first.objectives.len(),
+        if left_out > 0 {
+            format!(" ({left_out} never recovered, not drawn)")
+        } else {
+            String::new()
+        }
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x_lo..x_hi, y_lo..y_hi)?;
+    let unit = |name: &str| {
+        if name == "margin" {
+            "margin (smallest normalised slack)".to_owned()
+        } else {
+            format!("{name}: worst seed, {}", objective_unit(name))
+        }
+    };
+    chart
+        .configure_mesh()
+        .x_desc(unit(x_name))
+        .y_desc(unit(y_name))
+        .draw()?;
+    if let Some(t) = targets.0 {
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(t, y_lo), (t, y_hi)],
+                4,
+                4,
+                BLUE.mix(0.6).into(),
+            ))?
+            .label(format!(
+                "targets ({x_name} ≤ {t}{})",
+                targets.1.map_or(String::new(), |t| format!(", {y_name} ≤ {t}"))
+            ))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.mix(0.6)));
+    }
+    if let Some(t) = targets.1 {
+        chart.draw_series(DashedLineSeries::new(
+            [(x_lo, t), (x_hi, t)],
+            4,
+            4,
+            BLUE.mix(0.6).into(),
+        ))?;
+    }
+    chart
+        .draw_series(points.iter().map(|(_, p)| Circle::new(*p, 4, BLACK.mix(0.35).filled())))?
+        .label("candidate (all seeds)")
+        .legend(|(x, y)| Circle::new((x + 10, y), 4, BLACK.mix(0.35).filled()));
+    let mut front: Vec<(f64, f64)> = points
+        .iter()
+        .filter(|(id, _)| tuning.front.contains(id))
+        .map(|(_, p)| *p)
+        .collect();
+    front.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+    chart.draw_series(LineSeries::new(front.iter().copied(), RED.mix(0.6)))?;
+    chart
+        .draw_series(front.iter().map(|p| Circle::new(*p, 5, RED.filled())))?
+        .label("Pareto front")
+        .legend(|(x, y)| Circle::new((x + 10, y), 5, RED.filled()));
+    if let Some(&(id, p)) = points.iter().find(|(id, _)| Some(*id) == tuning.recommended) {
+        chart
+            .draw_series([Circle::new(p, 10, GREEN.stroke_width(3))])?
+            .label(format!("recommended #{id}"))
+            .legend(|(x, y)| Circle::new((x + 10, y), 6, GREEN.stroke_width(3)));
+        chart.draw_series([Text::new(format!("#{id}"), p, ("sans-serif", 14))])?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,6 +538,38 @@ mod tests {
         let [ok, failed, limited] = call_lines(&events, 1);
         let at0 = |l: &Line| l.points[0].1;
         assert_eq!((at0(&ok), at0(&failed), at0(&limited)), (0.0, 1.0, 1.0));
+    }
+
+    #[test]
+    fn a_comparison_draws_every_figure_with_its_unit_and_every_variant() {
+        use crate::judgement::compare::{Comparison, Variant};
+        use crate::judgement::sweep::SeedRecord;
+
+        let record = |seed, v: f64| SeedRecord {
+            seed,
+            error: None,
+            figures: [
+                ("latency_p50_s".to_owned(), v),
+                ("failed_fraction".to_owned(), v / 10.0),
+            ]
+            .into(),
+            invariants: Vec::new(),
+            objectives: Vec::new(),
+        };
+        let variant = |name: &str, base: f64| Variant {
+            name: name.into(),
+            records: (1..4).map(|s| record(s, base + s as f64)).collect(),
+        };
+        let c = Comparison::new(1, 4, None, &[variant("a", 0.0), variant("b", 5.0)]);
+        let svg = distributions(&c);
+        assert!(svg.starts_with("<svg"), "{svg}");
+        assert!(svg.contains("[1] a") && svg.contains("[2] b"), "{svg}");
+        for unit in ["seconds", "fraction of calls", "requests per admitted call"] {
+            assert!(svg.contains(unit), "{unit}");
+        }
+        assert!(svg.contains("failed_fraction") && svg.contains("latency_p50_s"));
+        // Two measured figures × two variants: four median dots.
+        assert_eq!(svg.matches("<circle").count(), 4, "{svg}");
     }
 
     #[test]

@@ -5,12 +5,14 @@
 //! what happens across many. [`SweepSummary`] gathers the reports of the
 //! seeds that ran and gives, for every figure of [`Figures`], its
 //! distribution (min / median / p95 / max), and for every invariant and
-//! objective its pass rate.
+//! objective its pass rate. The summary is made from one [`SeedRecord`] per
+//! seed, which `--json` carries along, so that the shards of a sweep run on
+//! several machines can be merged into the summary one machine would give.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::judgement::figures::Figures;
 use crate::judgement::report::Report;
@@ -42,6 +44,100 @@ pub fn named_figures(f: &Figures) -> [(&'static str, Option<f64>); 7] {
         i += 1;
         (FIGURE_NAMES[i - 1], v)
     })
+}
+
+/// One invariant's or objective's result on one seed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pass {
+    /// The invariant or objective.
+    pub name: String,
+    /// Whether it passed (an invariant did not fail, an objective was not
+    /// missed).
+    pub passed: bool,
+}
+
+/// What a summary needs of one seed: its figures and which invariants and
+/// objectives passed, or why its simulation failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeedRecord {
+    /// The seed.
+    pub seed: u64,
+    /// Why the simulation failed (nothing else is set then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The whole-run figures it measured, by summary name.
+    #[serde(default)]
+    pub figures: BTreeMap<String, f64>,
+    /// Per invariant, in the registry's order.
+    #[serde(default)]
+    pub invariants: Vec<Pass>,
+    /// Per objective the scenario sets.
+    #[serde(default)]
+    pub objectives: Vec<Pass>,
+}
+
+impl SeedRecord {
+    /// The record of a seed's report.
+    pub fn of(report: &Report) -> SeedRecord {
+        SeedRecord {
+            seed: report.seed,
+            error: None,
+            figures: named_figures(&report.figures)
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v)))
+                .collect(),
+            invariants: report
+                .checks
+                .iter()
+                .map(|c| Pass {
+                    name: c.name.to_string(),
+                    passed: !c.failed(),
+                })
+                .collect(),
+            objectives: report
+                .objectives
+                .iter()
+                .map(|o| Pass {
+                    name: o.name.to_owned(),
+                    passed: !o.missed(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The record of a seed whose simulation failed.
+    pub fn failed(seed: u64, why: String) -> SeedRecord {
+        SeedRecord {
+            seed,
+            error: Some(why),
+            figures: BTreeMap::new(),
+            invariants: Vec::new(),
+            objectives: Vec::new(),
+        }
+    }
+
+    /// The invariants that failed, by name (empty for a failed simulation).
+    pub fn failed_invariants(&self) -> Vec<&str> {
+        self.invariants
+            .iter()
+            .filter(|p| !p.passed)
+            .map(|p| p.name.as_str())
+            .collect()
+    }
+
+    /// The objectives missed, by name.
+    pub fn missed_objectives(&self) -> Vec<&str> {
+        self.objectives
+            .iter()
+            .filter(|p| !p.passed)
+            .map(|p| p.name.as_str())
+            .collect()
+    }
+
+    /// Whether the seed failed: an invariant failed or the simulation did.
+    pub fn is_failure(&self) -> bool {
+        self.error.is_some() || !self.failed_invariants().is_empty()
+    }
 }
 
 /// How one figure spread across the seeds that measured it.
@@ -101,31 +197,35 @@ pub struct SweepSummary {
     pub invariants: Vec<PassRate>,
     /// Per objective the scenario sets, in [`Objectives`](crate::scenario::Objectives) order.
     pub objectives: Vec<PassRate>,
+    /// Per seed, in seed order, failed simulations included: what the
+    /// summary was made from, so that shards can be merged.
+    pub per_seed: Vec<SeedRecord>,
 }
 
 impl SweepSummary {
     /// The summary of `reports`, one per seed that ran.
     pub fn new(reports: &[Report]) -> SweepSummary {
+        SweepSummary::of_records(reports.iter().map(SeedRecord::of).collect())
+    }
+
+    /// The summary of `records`, one per seed in seed order (a failed
+    /// simulation's record counts in no figure or rate).
+    pub fn of_records(records: Vec<SeedRecord>) -> SweepSummary {
         let mut values: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
-        let mut summary = SweepSummary {
-            seeds: reports.len() as u64,
-            ..SweepSummary::default()
-        };
-        for r in reports {
-            for (name, v) in named_figures(&r.figures) {
-                if let Some(v) = v {
-                    values.entry(name).or_default().push(v);
+        let mut summary = SweepSummary::default();
+        for r in records.iter().filter(|r| r.error.is_none()) {
+            summary.seeds += 1;
+            for (name, v) in &r.figures {
+                if let Some(name) = FIGURE_NAMES.iter().find(|n| *n == name) {
+                    values.entry(name).or_default().push(*v);
                 }
             }
-            let passes = r
-                .checks
-                .iter()
-                .map(|c| (c.name.to_string(), !c.failed()))
-                .collect::<Vec<_>>();
+            let passes = r.invariants.iter().map(|p| (p.name.clone(), p.passed)).collect();
             tally(&mut summary.invariants, passes);
-            let passes = r.objectives.iter().map(|o| (o.name.to_owned(), !o.missed())).collect();
+            let passes = r.objectives.iter().map(|p| (p.name.clone(), p.passed)).collect();
             tally(&mut summary.objectives, passes);
         }
+        summary.per_seed = records;
         summary.figures = values
             .into_iter()
             .filter_map(|(k, v)| Distribution::of(v).map(|d| (k, d)))
@@ -164,6 +264,49 @@ impl SweepSummary {
         }
         out
     }
+}
+
+/// A sweep's whole text after the load lines: the failing seeds with their
+/// replay commands, the seeds that missed an objective, then the summary.
+/// `shown` is the scenario as the replay command names it; `total` the
+/// seeds asked for.
+pub fn render_sweep(shown: &str, total: u64, summary: &SweepSummary) -> String {
+    let mut out = String::new();
+    let failing: Vec<(u64, String)> = summary
+        .per_seed
+        .iter()
+        .filter(|r| r.is_failure())
+        .map(|r| {
+            (
+                r.seed,
+                r.error.clone().unwrap_or_else(|| r.failed_invariants().join(", ")),
+            )
+        })
+        .collect();
+    let missing: Vec<(u64, String)> = summary
+        .per_seed
+        .iter()
+        .filter(|r| !r.missed_objectives().is_empty())
+        .map(|r| (r.seed, r.missed_objectives().join(", ")))
+        .collect();
+    let _ = writeln!(out, "{} of {total} seeds failed", failing.len());
+    for (seed, why) in &failing {
+        let _ = writeln!(
+            out,
+            "  seed {seed}: {why}\n    replay: redstring-sim run {shown} --seed {seed}"
+        );
+    }
+    if !missing.is_empty() {
+        let _ = writeln!(out, "{} of {total} seeds missed an objective", missing.len());
+        for (seed, which) in &missing {
+            let _ = writeln!(
+                out,
+                "  seed {seed}: missed {which}\n    replay: redstring-sim run {shown} --seed {seed}"
+            );
+        }
+    }
+    out.push_str(&summary.render());
+    out
 }
 
 /// Adds one seed's pass/fail per name to `rates`, keeping first-seen order.

@@ -4,9 +4,11 @@
 //! failing one to a replayable file; [`mutants`] hunts each known-bad variant
 //! of the hardening with both, to show the checkers catch it; [`coverage`]
 //! says which paths through the hardening a search exercised, and which it
-//! never did.
+//! never did; [`tune`] searches a configuration's numbers for the one that
+//! meets the scenario's objectives with the most margin.
 
 pub mod coverage;
 pub mod fuzz;
 #[cfg(feature = "mutants")]
 pub mod mutants;
+pub mod tune;

@@ -1,0 +1,423 @@
+//! Shards: one sweep or comparison split over several machines, and joined
+//! again into the result one machine would have given.
+//!
+//! `--shard i/n` runs the seeds whose index from the first seed is `i − 1`
+//! modulo `n` ([`Shard::seeds`]); its `--json` carries one [`SeedRecord`] per
+//! seed it ran. `redstring-sim merge` reads every shard's JSON ([`merge`]),
+//! checks they are the `n` shards of one run (same command, scenario or
+//! variants, seeds and `n`; each shard once), puts the records back in seed
+//! order and makes the summary from them as an unsharded run does: the text
+//! and the JSON are byte for byte those of the run on one machine.
+
+use serde::{Deserialize, Serialize};
+
+use crate::judgement::compare::{Comparison, Variant};
+use crate::judgement::sweep::{SeedRecord, SweepSummary, render_sweep};
+
+/// Which of `count` shards this is (`index` from 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    /// From 1 to `count`.
+    pub index: u64,
+    /// How many shards the work is split into.
+    pub count: u64,
+}
+
+/// Why shards cannot be merged, or `--shard` is not `i/n`.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ShardError {
+    /// `--shard` is not `i/n` with `1 ≤ i ≤ n`.
+    #[error("--shard {0:?}: expected i/n with 1 ≤ i ≤ n, e.g. 2/4")]
+    Syntax(String),
+    /// A file is not a shard's `--json`.
+    #[error("{file}: not the --json of a sweep or compare: {why}")]
+    NotAShard {
+        /// The file.
+        file: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// The files are not the shards of one run.
+    #[error("{file}: {why}")]
+    Mismatch {
+        /// The file that does not fit.
+        file: String,
+        /// How.
+        why: String,
+    },
+    /// Some shards are missing.
+    #[error("shards missing: {0} (give every shard's --json)")]
+    Missing(String),
+    /// Nothing to merge.
+    #[error("merge needs at least one shard's --json")]
+    Nothing,
+}
+
+impl Shard {
+    /// Parses `i/n`.
+    pub fn parse(text: &str) -> Result<Shard, ShardError> {
+        let bad = || ShardError::Syntax(text.to_owned());
+        let (i, n) = text.split_once('/').ok_or_else(bad)?;
+        let (index, count) = (
+            i.trim().parse::<u64>().map_err(|_| bad())?,
+            n.trim().parse::<u64>().map_err(|_| bad())?,
+        );
+        if index == 0 || index > count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+
+    /// The seeds of `from..to` this shard runs: every `count`th from the
+    /// `index`th.
+    pub fn seeds(self, from: u64, to: u64) -> Vec<u64> {
+        (from..to)
+            .filter(|s| (s - from) % self.count == self.index - 1)
+            .collect()
+    }
+}
+
+/// The seeds of `from..to` that `shard` runs (all of them without one).
+pub fn seeds_of(shard: Option<Shard>, from: u64, to: u64) -> Vec<u64> {
+    shard.map_or_else(|| (from..to).collect(), |s| s.seeds(from, to))
+}
+
+/// What `sweep --json` writes: the summary with what a merge needs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepRun {
+    /// Always `"sweep"`: what `merge` reads this as.
+    pub command: &'static str,
+    /// The scenario file, as the replay commands name it.
+    pub scenario: String,
+    /// The seeds asked for, `[from, to)`.
+    pub seed_range: [u64; 2],
+    /// Which shard of the seeds this is (null: all of them).
+    pub shard: Option<Shard>,
+    /// The load lines printed before the run.
+    pub preamble: String,
+    /// The summary, its per-seed records included.
+    #[serde(flatten)]
+    pub summary: SweepSummary,
+}
+
+impl SweepRun {
+    /// The text `sweep` prints after the preamble.
+    pub fn render(&self) -> String {
+        let [from, to] = self.seed_range;
+        let total = self.shard.map_or(to - from, |s| s.seeds(from, to).len() as u64);
+        render_sweep(&self.scenario, total, &self.summary)
+    }
+
+    /// Whether a seed failed (an invariant, or its simulation), and whether
+    /// one missed an objective.
+    pub fn verdict(&self) -> (bool, bool) {
+        let recs = &self.summary.per_seed;
+        (
+            recs.iter().any(SeedRecord::is_failure),
+            recs.iter().any(|r| !r.missed_objectives().is_empty()),
+        )
+    }
+}
+
+/// What `merge` gives back: the joined sweep or comparison.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Merged {
+    /// A sweep's shards, joined.
+    Sweep(SweepRun),
+    /// A comparison's shards, joined.
+    Compare(Comparison),
+}
+
+impl Merged {
+    /// The text the unsharded command prints (after its preamble, which a
+    /// sweep carries).
+    pub fn render(&self) -> String {
+        match self {
+            Merged::Sweep(s) => format!("{}{}", s.preamble, s.render()),
+            Merged::Compare(c) => c.render(),
+        }
+    }
+
+    /// The JSON the unsharded command writes.
+    pub fn to_json(&self) -> String {
+        match self {
+            Merged::Sweep(s) => serde_json::to_string_pretty(s),
+            Merged::Compare(c) => serde_json::to_string_pretty(c),
+        }
+        .unwrap_or_default()
+    }
+
+    /// Whether a seed failed, and whether one missed an objective.
+    pub fn verdict(&self) -> (bool, bool) {
+        match self {
+            Merged::Sweep(s) => s.verdict(),
+            Merged::Compare(c) => {
+                let recs = || c.variants.iter().flat_map(|(_, s)| s.per_seed.iter());
+                (
+                    recs().any(SeedRecord::is_failure),
+                    recs().any(|r| !r.missed_objectives().is_empty()),
+                )
+            }
+        }
+    }
+}
+
+/// The fields every shard shares, read from its JSON.
+#[derive(Deserialize)]
+struct Header {
+    command: String,
+    shard: Option<Shard>,
+}
+
+#[derive(Deserialize)]
+struct SweepFile {
+    scenario: String,
+    seed_range: [u64; 2],
+    preamble: String,
+    per_seed: Vec<SeedRecord>,
+}
+
+#[derive(Deserialize)]
+struct VariantSummary {
+    per_seed: Vec<SeedRecord>,
+}
+
+#[derive(Deserialize)]
+struct CompareFile {
+    seeds: [u64; 2],
+    variants: Vec<(String, VariantSummary)>,
+}
+
+/// Joins the shards' JSON (`(file, text)` each) into the unsharded result.
+pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
+    let not = |file: &str, e: serde_json::Error| ShardError::NotAShard {
+        file: file.to_owned(),
+        why: e.to_string(),
+    };
+    let mismatch = |file: &str, why: String| ShardError::Mismatch {
+        file: file.to_owned(),
+        why,
+    };
+    let Some((first_file, first_text)) = files.first() else {
+        return Err(ShardError::Nothing);
+    };
+    let first: Header = serde_json::from_str(first_text).map_err(|e| not(first_file, e))?;
+    let count = first.shard.map_or(1, |s| s.count);
+    let mut seen = vec![false; usize::try_from(count).unwrap_or(usize::MAX).min(1 << 20)];
+    for (file, text) in files {
+        let h: Header = serde_json::from_str(text).map_err(|e| not(file, e))?;
+        if h.command != first.command {
+            return Err(mismatch(
+                file,
+                format!("a {} among {}'s shards", h.command, first.command),
+            ));
+        }
+        let (index, n) = h.shard.map_or((1, 1), |s| (s.index, s.count));
+        if n != count {
+            return Err(mismatch(file, format!("shard of {n}, the first file's of {count}")));
+        }
+        let slot = seen
+            .get_mut(usize::try_from(index - 1).unwrap_or(usize::MAX))
+            .ok_or_else(|| mismatch(file, format!("shard {index} of {n}")))?;
+        if *slot {
+            return Err(mismatch(file, format!("shard {index}/{n} given twice")));
+        }
+        *slot = true;
+    }
+    let missing: Vec<usize> = seen
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !**s)
+        .map(|(i, _)| i + 1)
+        .collect();
+    if !missing.is_empty() {
+        // A handful named, the rest counted: a forged count must not make
+        // a message of a million lines.
+        let mut named: Vec<String> = missing.iter().take(8).map(|i| format!("{i}/{count}")).collect();
+        if missing.len() > named.len() {
+            named.push(format!("and {} more", missing.len() - named.len()));
+        }
+        return Err(ShardError::Missing(named.join(", ")));
+    }
+    let check_seeds = |file: &str, records: &mut Vec<SeedRecord>, from: u64, to: u64| {
+        records.sort_by_key(|r| r.seed);
+        let got: Vec<u64> = records.iter().map(|r| r.seed).collect();
+        if got != (from..to).collect::<Vec<_>>() {
+            return Err(mismatch(
+                file,
+                format!("the shards' seeds are not each of {from}..{to} once"),
+            ));
+        }
+        Ok(())
+    };
+    match first.command.as_str() {
+        "sweep" => {
+            let mut joined: Option<SweepFile> = None;
+            for (file, text) in files {
+                let f: SweepFile = serde_json::from_str(text).map_err(|e| not(file, e))?;
+                match &mut joined {
+                    None => joined = Some(f),
+                    Some(j) => {
+                        if (j.scenario.as_str(), j.seed_range) != (f.scenario.as_str(), f.seed_range) {
+                            return Err(mismatch(
+                                file,
+                                format!(
+                                    "{} seeds {:?}, the first file's {} seeds {:?}",
+                                    f.scenario, f.seed_range, j.scenario, j.seed_range
+                                ),
+                            ));
+                        }
+                        j.per_seed.extend(f.per_seed);
+                    }
+                }
+            }
+            let mut j = joined.ok_or(ShardError::Nothing)?;
+            let [from, to] = j.seed_range;
+            check_seeds(first_file, &mut j.per_seed, from, to)?;
+            Ok(Merged::Sweep(SweepRun {
+                command: "sweep",
+                scenario: j.scenario,
+                seed_range: j.seed_range,
+                shard: None,
+                preamble: j.preamble,
+                summary: SweepSummary::of_records(j.per_seed),
+            }))
+        }
+        "compare" => {
+            let mut joined: Option<CompareFile> = None;
+            for (file, text) in files {
+                let f: CompareFile = serde_json::from_str(text).map_err(|e| not(file, e))?;
+                match &mut joined {
+                    None => joined = Some(f),
+                    Some(j) => {
+                        let names = |c: &CompareFile| c.variants.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+                        if j.seeds != f.seeds || names(j) != names(&f) {
+                            return Err(mismatch(
+                                file,
+                                format!(
+                                    "variants {:?} over seeds {:?}, the first file's {:?} over {:?}",
+                                    names(&f),
+                                    f.seeds,
+                                    names(j),
+                                    j.seeds
+                                ),
+                            ));
+                        }
+                        for ((_, mine), (_, theirs)) in j.variants.iter_mut().zip(f.variants) {
+                            mine.per_seed.extend(theirs.per_seed);
+                        }
+                    }
+                }
+            }
+            let j = joined.ok_or(ShardError::Nothing)?;
+            let [from, to] = j.seeds;
+            let mut variants = Vec::new();
+            for (name, mut v) in j.variants {
+                check_seeds(first_file, &mut v.per_seed, from, to)?;
+                variants.push(Variant {
+                    name,
+                    records: v.per_seed,
+                });
+            }
+            Ok(Merged::Compare(Comparison::new(from, to, None, &variants)))
+        }
+        other => Err(ShardError::NotAShard {
+            file: first_file.clone(),
+            why: format!("command {other:?} cannot be merged (only sweep and compare)"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_the_seeds_by_index_modulo_n() {
+        let s = Shard::parse("2/3").unwrap();
+        assert_eq!(s, Shard { index: 2, count: 3 });
+        assert_eq!(s.seeds(10, 18), [11, 14, 17]);
+        let all: Vec<u64> = {
+            let mut v: Vec<u64> = (1..=3)
+                .flat_map(|i| Shard { index: i, count: 3 }.seeds(10, 18))
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(all, (10..18).collect::<Vec<_>>());
+        for bad in ["0/3", "4/3", "1", "a/b", "1/0"] {
+            assert_eq!(Shard::parse(bad), Err(ShardError::Syntax(bad.into())));
+        }
+    }
+
+    fn sweep_run(shard: Option<Shard>, seeds: &[u64]) -> SweepRun {
+        let records = seeds
+            .iter()
+            .map(|&s| SeedRecord {
+                seed: s,
+                error: None,
+                figures: [("latency_p50_s".to_owned(), s as f64)].into(),
+                invariants: Vec::new(),
+                objectives: Vec::new(),
+            })
+            .collect();
+        SweepRun {
+            command: "sweep",
+            scenario: "s.toml".into(),
+            seed_range: [1, 5],
+            shard,
+            preamble: String::new(),
+            summary: SweepSummary::of_records(records),
+        }
+    }
+
+    fn sweep_json(shard: Option<Shard>, seeds: &[u64]) -> String {
+        serde_json::to_string(&sweep_run(shard, seeds)).unwrap()
+    }
+
+    #[test]
+    fn merging_refuses_a_missing_a_doubled_or_a_foreign_shard() {
+        let one = (
+            "a.json".to_owned(),
+            sweep_json(Some(Shard { index: 1, count: 2 }), &[1, 3]),
+        );
+        let two = (
+            "b.json".to_owned(),
+            sweep_json(Some(Shard { index: 2, count: 2 }), &[2, 4]),
+        );
+        let merged = merge(&[two.clone(), one.clone()]).unwrap();
+        assert_eq!(merged, Merged::Sweep(sweep_run(None, &[1, 2, 3, 4])));
+        assert_eq!(
+            merge(std::slice::from_ref(&one)),
+            Err(ShardError::Missing("2/2".into()))
+        );
+        assert!(matches!(
+            merge(&[one.clone(), one.clone()]),
+            Err(ShardError::Mismatch { why, .. }) if why.contains("given twice")
+        ));
+        let three = (
+            "c.json".to_owned(),
+            sweep_json(Some(Shard { index: 2, count: 3 }), &[2]),
+        );
+        assert!(matches!(
+            merge(&[one.clone(), three]),
+            Err(ShardError::Mismatch { why, .. }) if why.contains("shard of 3")
+        ));
+        assert!(matches!(
+            merge(&[("x.json".into(), "{}".into())]),
+            Err(ShardError::NotAShard { file, .. }) if file == "x.json"
+        ));
+        assert_eq!(merge(&[]), Err(ShardError::Nothing));
+        // Many missing: a few named, the rest counted.
+        let lone = (
+            "d.json".to_owned(),
+            sweep_json(Some(Shard { index: 1, count: 20 }), &[1]),
+        );
+        assert_eq!(
+            merge(&[lone]),
+            Err(ShardError::Missing(
+                "2/20, 3/20, 4/20, 5/20, 6/20, 7/20, 8/20, 9/20, and 11 more".into()
+            ))
+        );
+    }
+}

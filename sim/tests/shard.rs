@@ -1,0 +1,119 @@
+//! `--shard i/n` and `merge`: a sweep or comparison run in shards and merged
+//! prints and writes byte for byte what the run on one machine does.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use support::{bin, temp_file};
+
+/// A generic server that crashes at 5 s and is back at 8 s, with an
+/// objective, so that figures, pass rates and missed objectives all vary
+/// by seed.
+const OUTAGE: &str = r#"
+name = "shard-outage"
+duration_s = 40
+[hardening]
+failure_threshold = 3
+recovery_timeout_s = 5
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 30 }]
+[[faults]]
+kind = "crash"
+at_s = 5
+server = "gpu"
+[[faults]]
+kind = "restart"
+at_s = 8
+server = "gpu"
+[objectives]
+goodput_recovery_s = 4
+"#;
+
+/// Runs the binary; its exit code, stdout and the `--json` it wrote.
+fn run(args: &[&str], json: &Path) -> (Option<i32>, String, Vec<u8>) {
+    let out = bin().args(args).arg("--json").arg(json).output().unwrap();
+    assert!(
+        out.status.code().is_some_and(|c| c == 0 || c == 5),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        std::fs::read(json).unwrap(),
+    )
+}
+
+fn file(dir: &Path, name: &str) -> PathBuf {
+    dir.with_file_name(name)
+}
+
+/// `cmd` whole, then in `n` shards merged: the same exit code, text and JSON.
+fn whole_equals_merged(cmd: &[&str], n: u64, tag: &str) {
+    let path = temp_file(&format!("{tag}.toml"), OUTAGE);
+    let p = path.to_str().unwrap();
+    let mut args: Vec<&str> = cmd.to_vec();
+    args.insert(1, p);
+    let whole = run(&args, &file(&path, &format!("{tag}-whole.json")));
+    let mut shards = Vec::new();
+    for i in 1..=n {
+        let spec = format!("{i}/{n}");
+        let json = file(&path, &format!("{tag}-{i}.json"));
+        let mut a = args.clone();
+        a.extend(["--shard", spec.as_str()]);
+        let (_, text, _) = run(&a, &json);
+        assert_ne!(text, whole.1, "shard {spec} printed the whole result");
+        shards.push(json);
+    }
+    // Given in reverse order: merge puts the seeds back in order.
+    let mut merge: Vec<String> = vec!["merge".into()];
+    merge.extend(shards.iter().rev().map(|p| p.display().to_string()));
+    let merge: Vec<&str> = merge.iter().map(String::as_str).collect();
+    let merged = run(&merge, &file(&path, &format!("{tag}-merged.json")));
+    assert_eq!(merged.0, whole.0, "exit code");
+    assert_eq!(merged.1, whole.1, "the merged text differs from the whole run's");
+    assert!(merged.2 == whole.2, "the merged JSON differs from the whole run's");
+}
+
+#[test]
+fn a_sweep_in_shards_merges_into_the_whole_sweep() {
+    whole_equals_merged(&["sweep", "--seeds", "1..8", "--jobs", "1"], 2, "sweep");
+    whole_equals_merged(&["sweep", "--seeds", "3..8", "--jobs", "2"], 3, "sweep3");
+}
+
+#[test]
+fn a_comparison_in_shards_merges_into_the_whole_comparison() {
+    whole_equals_merged(
+        &[
+            "compare",
+            "--seeds",
+            "1..8",
+            "--set",
+            "hardening.failure_threshold=1,3",
+            "--jobs",
+            "1",
+        ],
+        2,
+        "compare",
+    );
+}
+
+#[test]
+fn merge_refuses_an_incomplete_set_of_shards() {
+    let path = temp_file("partial.toml", OUTAGE);
+    let json = file(&path, "partial-1.json");
+    let p = path.to_str().unwrap();
+    run(&["sweep", p, "--seeds", "1..4", "--shard", "1/2"], &json);
+    let out = bin().arg("merge").arg(&json).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("shards missing: 2/2"), "{err}");
+    let out = bin().args(["sweep", p, "--shard", "3/2"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected i/n"));
+}
