@@ -174,6 +174,7 @@ async fn a_fleets_least_loaded_picks_over_five_connections_never_herd() {
         now: SystemClock.now(),
         id,
         lease: Duration::from_secs(60),
+        max_ahead: Duration::from_secs(1),
     };
     let tasks: Vec<_> = (0..50u64)
         .map(|id| {

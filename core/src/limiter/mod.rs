@@ -622,12 +622,29 @@ impl<S: LimiterStore> RateLimiter<S> {
                 Err(AcquireError::Cache(e)) => Err(TokenAcquireError::Cache(e)),
             };
         };
-        let request = self.slot_request();
         let ask = tokens::TokenAsk {
             tokens: estimate,
             limit,
             lease: self.token_lease,
         };
+        if estimate > limit {
+            // Never fits, whatever the store holds: refused without asking it
+            // (an estimate beyond 2⁵³ is not one a Redis script can take).
+            let request = SlotRequest {
+                now: self.clock.now(),
+                ..self.slot_request()
+            };
+            let refusal = tokens::TokenOutcome::Refused {
+                by: tokens::RefusedBy::TooLarge,
+                requests_used: 0,
+                tokens_used: 0,
+                retry_after: self.window,
+                at: request.now,
+                clamped: false,
+            };
+            return self.conclude_tokens(tenant, request.now, ask, refusal, DecidedBy::Local);
+        }
+        let request = self.slot_request();
         let key = KeyBuf::tenant(&self.prefix, &tenant);
         match self.store.acquire_with_tokens(key.as_str(), request, ask).await {
             Ok(outcome) => self.conclude_tokens(tenant, request.now, ask, outcome, DecidedBy::Store),
@@ -672,12 +689,15 @@ impl<S: LimiterStore> RateLimiter<S> {
 
     /// Settles `reservation` to the `actual` tokens the call used (the
     /// response's `usage`): a refund when it used less than its estimate, a
-    /// charge when more. `Ok(false)` when the ledger no longer holds it (it
-    /// left the window, or the store restarted).
+    /// charge when more (at most [`MAX_TOKENS_PER_WINDOW`]). `Ok(false)`
+    /// when the ledger no longer holds it (it left the window, or the store
+    /// restarted).
     pub async fn settle(&self, tenant: TenantId, reservation: &Reservation, actual: u64) -> Result<bool, CacheError>
     where
         S: TokenStore,
     {
+        // A server's usage is outside input: held to what a window can count.
+        let actual = actual.min(MAX_TOKENS_PER_WINDOW);
         let key = KeyBuf::tenant(&self.prefix, &tenant);
         let found = match (reservation.decided_by, &self.local) {
             (DecidedBy::Local, Some(local)) => local.settle_tokens(key.as_str(), reservation.id, actual).await?,

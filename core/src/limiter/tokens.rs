@@ -25,7 +25,10 @@
 //! `limit + Σ (actual − estimate)⁺` over the calls settled above their
 //! estimate — at most one call's estimation error per call in flight at a
 //! decision. A call whose estimate covers its `max_tokens` and whose prompt
-//! was estimated from above never settles above it.
+//! was estimated from above never settles above it. With a `lease` shorter
+//! than the window, add what reservations that outlived their lease were
+//! later settled to: they stopped counting while still in the window. With
+//! the default lease, the window, that term is zero.
 
 use std::time::Duration;
 
@@ -171,7 +174,7 @@ pub fn decide_tokens<'a>(
     frees.sort_unstable();
     let mut left = used;
     for (at, amount) in frees {
-        left -= amount;
+        left = left.saturating_sub(amount);
         if left.saturating_add(ask.tokens) <= ask.limit {
             return TokenDecision::Refused {
                 used,

@@ -55,6 +55,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -397,6 +398,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         };
 
         let mut attempts = 0u32;
+        let spent = AtomicU32::new(0);
         #[cfg(feature = "mutants")]
         let (outcome, permit) = {
             let permit = std::sync::Mutex::new(permit);
@@ -409,7 +411,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                     || {
                         attempts = attempts.saturating_add(1);
                         let left = deadline.map(|d| d.saturating_duration_since(self.clock.now()));
-                        self.mutated_attempt(request, left, attempts, &permit)
+                        self.mutated_attempt(request, left, attempts, &permit, &spent)
                     },
                 )
                 .await;
@@ -426,7 +428,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                     attempts = attempts.saturating_add(1);
                     // The attempt may take no longer than the deadline leaves.
                     let left = deadline.map(|d| d.saturating_duration_since(self.clock.now()));
-                    self.attempt(request, left)
+                    self.attempt(request, left, &spent)
                 },
             )
             .await;
@@ -469,7 +471,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             }
         };
         if let Some(reservation) = reservation {
-            self.settle_tokens(&reservation, &result).await;
+            self.settle_tokens(&reservation, &result, spent.load(Ordering::Relaxed))
+                .await;
         }
         #[cfg(feature = "mutants")]
         if crate::mutants::active(crate::mutants::Mutant::ProbeNeverReports)
@@ -495,6 +498,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         left: Option<Duration>,
         attempt: u32,
         permit: &'a std::sync::Mutex<Permit>,
+        spent: &'a AtomicU32,
     ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
         use crate::mutants::{Mutant, active};
         Box::pin(async move {
@@ -517,7 +521,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                     return Err(CircuitOpen::refused(self.inner.model(), retry_after, reason).into());
                 }
             }
-            self.attempt(request, left).await
+            self.attempt(request, left, spent).await
         })
     }
 
@@ -556,8 +560,16 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         &self,
         request: ExtractRequest<'_>,
         left: Option<Duration>,
+        spent: &AtomicU32,
     ) -> Result<Extracted<Value>, ExtractError> {
         let result = self.inner.extract_answer(request, left).await;
+        // A failed attempt the server may have generated for still used
+        // tokens a token budget must charge.
+        if let Err(e) = &result
+            && !e.provider_error().is_none_or(ProviderError::generated_nothing)
+        {
+            spent.fetch_add(1, Ordering::Relaxed);
+        }
         let wait = match &result {
             Ok(answer) => answer.quota.map(|q| q.wait),
             Err(e) => e.quota_wait(),
@@ -641,12 +653,23 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// certainly generated nothing
     /// ([`ProviderError::generated_nothing`]), and left at the estimate
     /// otherwise (a timeout or an unusable answer may have spent tokens).
-    async fn settle_tokens(&self, reservation: &Reservation, result: &Result<Extracted<Value>, ExtractError>) {
+    ///
+    /// Each failed attempt the server may have generated for (`spent`, the
+    /// final one included) is charged the estimate besides: one reservation
+    /// covers a call whatever its retries, and a timed-out attempt followed
+    /// by a 503 still spent tokens.
+    async fn settle_tokens(
+        &self,
+        reservation: &Reservation,
+        result: &Result<Extracted<Value>, ExtractError>,
+        spent: u32,
+    ) {
+        let failed = reservation.estimate.saturating_mul(u64::from(spent));
         let actual = match result {
             Ok(answer) => answer.usage.map_or(reservation.estimate, |u| u.total()),
-            Err(e) if e.provider_error().is_none_or(ProviderError::generated_nothing) => 0,
-            Err(_) => reservation.estimate,
-        };
+            Err(_) => 0,
+        }
+        .saturating_add(failed);
         if let Err(error) = self.limiter.settle(self.tenant, reservation, actual).await {
             self.observer.on_event(&Event::CacheUnavailable {
                 component: Arc::from(self.limiter.key_prefix()),
@@ -811,6 +834,49 @@ mod tests {
             .clock(clock.clone())
             .rng(Arc::new(SeededRandom::from_seed(1)))
             .build()
+    }
+
+    #[tokio::test]
+    async fn a_retried_call_is_charged_for_every_attempt_that_may_have_spent_tokens() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let limiter = Arc::new(
+            RateLimiter::builder(100)
+                .tokens_per_window(1000)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let breaker = Arc::new(CircuitBreaker::builder().clock(clock.clone()).build().unwrap());
+        let timeout = || -> Result<Value, ExtractError> {
+            Err(ProviderError::Transport {
+                kind: crate::provider::TransportErrorKind::Timeout,
+                detail: "timed out".into(),
+            }
+            .into())
+        };
+        // A timeout (the server may have generated), then a 503 (it did not).
+        let inner = Scripted::new(vec![timeout(), unavailable(), unavailable(), unavailable()]);
+        let provider = HardenedProvider::builder(inner, TenantId::from_u128(9), limiter.clone(), breaker)
+            .retry_policy(RetryPolicy::builder().max_retries(1).jitter(0.0).build().unwrap())
+            .clock(clock.clone())
+            .rng(Arc::new(SeededRandom::from_seed(1)))
+            .token_estimate(|_| 300)
+            .build();
+        provider.extract::<String>("text", None).await.unwrap_err();
+        let left = limiter
+            .acquire_tokens(TenantId::from_u128(9), 1)
+            .await
+            .unwrap()
+            .tokens_left;
+        assert_eq!(left, 1000 - 300 - 1, "the timed-out attempt's estimate stays charged");
+        // Two 503s generated nothing: the reservation is released.
+        provider.extract::<String>("text", None).await.unwrap_err();
+        let left = limiter
+            .acquire_tokens(TenantId::from_u128(9), 1)
+            .await
+            .unwrap()
+            .tokens_left;
+        assert_eq!(left, 1000 - 300 - 2);
     }
 
     #[tokio::test]

@@ -33,6 +33,11 @@ pub struct PickRequest {
     pub id: u64,
     /// How long the new call's lease lasts unless ended first.
     pub lease: Duration,
+    /// Under [`TimeSource::Caller`](crate::TimeSource::Caller), how far
+    /// ahead of the store's clock a caller's `now` is taken as it is;
+    /// further ahead it is clamped, so one fast clock cannot end everyone
+    /// else's leases early.
+    pub max_ahead: Duration,
 }
 
 /// The answer: which deployment was picked, and the live calls each had.

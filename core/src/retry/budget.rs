@@ -514,7 +514,19 @@ impl<S: BudgetStore> RetryBudget<S> {
                             Err(_) => command == BudgetCommand::Deposit,
                         }
                     }
-                    (OnCacheUnavailable::Admit, _) => true,
+                    (OnCacheUnavailable::Admit, _) => {
+                        // Granted without a bucket: reported, so the retry
+                        // it allows is accounted for.
+                        self.observer.on_event(&Event::RetryBudgetStep {
+                            budget: self.key.clone(),
+                            command,
+                            granted: true,
+                            balance: 0,
+                            at: self.clock.now(),
+                            decided_by: DecidedBy::Unlimited,
+                        });
+                        true
+                    }
                     _ => command == BudgetCommand::Deposit,
                 }
             }

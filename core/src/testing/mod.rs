@@ -123,6 +123,7 @@ checks!(
     in_flight_picks_by_weight,
     in_flight_leases_end_when_ended_or_run_out,
     in_flight_refuses_a_pick_with_no_candidate,
+    in_flight_clamps_a_caller_far_ahead,
     racing_in_flight_picks_spread_exactly_evenly,
     close_is_idempotent_and_later_calls_fail_closed,
 );
@@ -1078,6 +1079,7 @@ fn pick_at(now: Timestamp, id: u64) -> PickRequest {
         now,
         id,
         lease: secs(10),
+        max_ahead: secs(3600),
     }
 }
 
@@ -1145,6 +1147,24 @@ async fn in_flight_leases_end_when_ended_or_run_out<H: Harness>(h: &H) {
     let after = last.saturating_add(Duration::from_micros(1));
     let pick = c.pick_least_loaded(keys, &[1, 1], pick_at(after, 4)).await.unwrap();
     assert_eq!((pick.index, pick.counts), (0, vec![0, 1]), "then it stops counting");
+}
+
+async fn in_flight_clamps_a_caller_far_ahead<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    c.pick_least_loaded(&ROUTES[..2], &[1, 1], pick_at(now, 1))
+        .await
+        .unwrap();
+    let far = PickRequest {
+        max_ahead: secs(1),
+        ..pick_at(now.saturating_add(secs(3600)), 2)
+    };
+    let pick = c.pick_least_loaded(&ROUTES[..2], &[1, 1], far).await.unwrap();
+    assert_eq!(
+        (pick.index, pick.counts),
+        (1, vec![1, 0]),
+        "a clock an hour ahead ends nobody's lease"
+    );
 }
 
 async fn in_flight_refuses_a_pick_with_no_candidate<H: Harness>(h: &H) {

@@ -301,6 +301,7 @@ where
                     now: at(base, now),
                     id,
                     lease: Duration::from_secs(lease),
+                    max_ahead: UNCLAMPED,
                 },
             )
             .await,

@@ -594,7 +594,10 @@ impl InFlightStore for MemoryCache {
             return Err(CacheError::Closed);
         }
         let clock_now = self.shared.clock.now();
-        let now = self.stamp(request.now, clock_now);
+        let now = match self.shared.time_source {
+            TimeSource::Caller => clamp_budget_stamp(request.now, clock_now, request.max_ahead),
+            TimeSource::Store => clock_now,
+        };
         let mut map = self.in_flight();
         let mut counts = Vec::with_capacity(keys.len());
         for key in keys {

@@ -1318,7 +1318,8 @@ impl InFlightStore for RedisCache {
                 call.arg(&now)
                     .arg(request.id)
                     .arg(duration_us(request.lease))
-                    .arg(ttl_ms(request.lease));
+                    .arg(ttl_ms(request.lease))
+                    .arg(duration_us(request.max_ahead));
                 for w in weights {
                     call.arg(*w);
                 }
@@ -1359,6 +1360,17 @@ impl TokenStore for RedisCache {
     ) -> Result<TokenOutcome, CacheError> {
         let window = window_key(key);
         let ledger = tokens_key(key);
+        #[cfg(feature = "redis-cluster")]
+        if self.connection()?.is_cluster()
+            && let Some((a, b)) = cross_slot(&[&window, &ledger])
+        {
+            return Err(CacheError::Protocol {
+                operation: "acquire_with_tokens",
+                detail: format!(
+                    "keys {a:?} and {b:?} hash to different cluster slots; a key with a `}}` must carry a hash tag such as `{{prefix}}`"
+                ),
+            });
+        }
         let now = self.now_arg("acquire_with_tokens", request.now)?;
         let tokens = exact("acquire_with_tokens", ask.tokens)?;
         let limit = exact("acquire_with_tokens", ask.limit)?;

@@ -3,10 +3,19 @@
 -- KEYS: each deployment's in-flight set (sorted set: member = a call's id,
 -- score = its lease's end in µs).
 -- ARGV: now (µs, or '' for the server's TIME), the call's id, its lease
---       (µs), its lease (ms, rounded up), then one weight per key.
+--       (µs), its lease (ms, rounded up), max_ahead (µs), then one weight
+--       per key. A caller's now is clamped to at most max_ahead past the
+--       server's clock, as retry::clamp_budget_stamp clamps it.
 -- Returns {index (0-based), count per key...}. The pick is
 -- provider::route::least_loaded's, line for line.
-local now = now_from(ARGV[1])
+local now = server_now()
+if ARGV[1] ~= '' then
+  local ceiling = now + tonumber(ARGV[5])
+  now = tonumber(ARGV[1])
+  if now > ceiling then
+    now = ceiling
+  end
+end
 local counts = {}
 for i, k in ipairs(KEYS) do
   if not window_readable(k) then
@@ -18,8 +27,8 @@ for i, k in ipairs(KEYS) do
 end
 local best = nil
 for i = 1, #KEYS do
-  local w = tonumber(ARGV[4 + i])
-  if w > 0 and (best == nil or counts[i] * tonumber(ARGV[4 + best]) < counts[best] * w) then
+  local w = tonumber(ARGV[5 + i])
+  if w > 0 and (best == nil or counts[i] * tonumber(ARGV[5 + best]) < counts[best] * w) then
     best = i
   end
 end

@@ -111,10 +111,27 @@ pub(super) fn retry_budget(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         return not_applicable("no call reached the retry budget");
     }
 
-    let unchecked = unchecked_clocks(ctx);
+    // A step whose reply was lost was applied or not: the trace cannot say,
+    // so the cache's buckets are not judged after one.
+    let lost = events
+        .iter()
+        .any(|e| matches!(&e.kind, Kind::CacheUnavailable { operation, .. } if *operation == "budget_step"));
+    let unchecked = unchecked_clocks(ctx).or(lost.then_some("a budget step's reply was lost"));
+    let local_stepped = ctx
+        .scenario
+        .faults
+        .iter()
+        .any(|f| matches!(f, Fault::ClockStep { host, by_ms, .. } if *by_ms < 0 && host != CACHE_HOST));
     let mut worst_excess = i128::MIN;
     for ((scope, decider), steps) in &buckets {
-        if *decider == Decider::Cache && unchecked.is_some() {
+        let skip = match decider {
+            Decider::Cache => unchecked.is_some(),
+            // A worker's local bucket runs on that worker's clock.
+            Decider::Local => local_stepped,
+            // Granted without a bucket: nothing to bound.
+            Decider::Unlimited => true,
+        };
+        if skip {
             continue;
         }
         let _ = scope;
@@ -139,6 +156,9 @@ pub(super) fn retry_budget(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         format!("{deposits} calls deposited, {granted} retries granted, {denied} denied; {retries} retries sent");
     if let Some(why) = unchecked {
         figure.push_str(&format!("; the bound is not checked on the cache's bucket ({why})"));
+    }
+    if local_stepped && buckets.keys().any(|(_, d)| *d == Decider::Local) {
+        figure.push_str("; nor on local fallbacks (a worker's clock steps back)");
     }
     (verdict, figure)
 }
@@ -304,6 +324,37 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             panic!("{verdict:?}")
         };
         assert_eq!(detail, "call 7 retried 1 times with 0 retries granted by the budget");
+    }
+
+    #[test]
+    fn a_retry_granted_without_a_bucket_is_granted_and_a_lost_reply_suspends_the_bound() {
+        // Cut off from the cache under `admit`: the grant is reported.
+        let mut unlimited = step(1.0, 4, "withdraw", true);
+        if let Kind::Budget { decided_by, .. } = &mut unlimited.kind {
+            *decided_by = Decider::Unlimited;
+        }
+        let events = [step(0.0, 4, "deposit", true), unlimited, retry(1.0, 4)];
+        assert_eq!(check(&events).0, Verdict::Held);
+        // Three grants at one instant break cap 2, unless a budget step's
+        // reply was lost (its deposit may have reached the store).
+        let mut events = vec![step(10.0, 0, "deposit", true)];
+        for call in 1..4 {
+            events.push(step(10.0, call, "withdraw", true));
+        }
+        assert!(matches!(check(&events).0, Verdict::Violated { .. }));
+        events.push(event(
+            11_000_000,
+            "w",
+            Some(9),
+            Kind::CacheUnavailable {
+                operation: "budget_step",
+                fallback: "local limit",
+                admitted_call: false,
+            },
+        ));
+        let (verdict, figure) = check(&events);
+        assert_eq!(verdict, Verdict::Held);
+        assert!(figure.contains("a budget step's reply was lost"), "{figure}");
     }
 
     #[test]

@@ -78,6 +78,18 @@ pub(super) fn tokens_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                     excess_total += actual.saturating_sub(charge.estimate);
                 }
             }
+            // A settle whose reply was lost may have refunded the call in the
+            // store: charge it nothing, the least the store can hold.
+            Kind::CacheUnavailable { operation, .. } if *operation == "settle_tokens" => {
+                let Some(call) = e.call else { continue };
+                if let Some((tenant, scope, decider, index)) = open.remove(&(e.host.as_str(), call))
+                    && let Some(charge) = ledgers
+                        .get_mut(&(tenant, scope, decider))
+                        .and_then(|l| l.get_mut(index))
+                {
+                    charge.settled = Some(0);
+                }
+            }
             Kind::TokensRefused { .. } => refused += 1,
             _ => {}
         }
