@@ -146,3 +146,56 @@ fn a_failing_case_shrinks_to_one_fault_and_replays_from_its_file() {
         "the file replays the case exactly"
     );
 }
+
+/// `budgets = true` draws retry and token budgets on some cases (and the
+/// default space never does), the cases round-trip through TOML with them,
+/// and the budgets' invariants hold on what is drawn.
+#[test]
+fn a_space_with_budgets_draws_them_and_their_invariants_hold() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/bounds/budgets.toml");
+    let with = Bounds::load(&path).unwrap();
+    assert!(with.budgets && !bounds().budgets);
+    let drawn = std::cell::Cell::new((0u32, 0u32));
+    let mut runner = TestRunner::new(Config {
+        cases: cases(16),
+        rng_seed: RngSeed::Fixed(seed()),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&fuzz::scenarios(&with), |s| {
+            let (b, t) = drawn.get();
+            drawn.set((
+                b + u32::from(s.hardening.retry_budget.is_some()),
+                t + u32::from(s.hardening.tokens_per_window.is_some()),
+            ));
+            let back =
+                Scenario::parse("generated.toml", &s.to_toml()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            if back != s {
+                return Err(TestCaseError::fail("TOML round trip changed the scenario"));
+            }
+            fuzz::check_case(&s).map_err(TestCaseError::fail)
+        })
+        .unwrap();
+    let (budgets, tokens) = drawn.get();
+    assert!(
+        budgets > 0 && tokens > 0,
+        "drawn: {budgets} retry budgets, {tokens} token budgets"
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        rng_seed: RngSeed::Fixed(seed()),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&fuzz::scenarios(&bounds()), |s| {
+            let none = s.hardening.retry_budget.is_none() && s.hardening.tokens_per_window.is_none();
+            if none {
+                Ok(())
+            } else {
+                Err(TestCaseError::fail("the default space drew a budget"))
+            }
+        })
+        .unwrap();
+}

@@ -28,7 +28,7 @@ pub use deployment::{
 };
 pub use fault::{Fault, FaultKind};
 pub use sanity::{Oddity, ServerLoad, Warning};
-pub use settings::{CacheKind, CacheLayout, ClockSpec, Hardening, Network};
+pub use settings::{CacheKind, CacheLayout, ClockSpec, Hardening, Network, RetryBudgetSpec};
 
 pub(crate) use validate::locate;
 

@@ -31,7 +31,7 @@ use crate::judgement::invariants::Invariant;
 use crate::judgement::report::Report;
 use crate::scenario::{
     Behaviour, CACHE_HOST, CacheKind, CacheLayout, ClockSpec, Expectations, Fault, FaultKind, Hardening, Mode, Network,
-    Scenario, ScenarioError, ServerSpec, TenantLoad, WorkerGroup, limits,
+    RetryBudgetSpec, Scenario, ScenarioError, ServerSpec, TenantLoad, WorkerGroup, limits,
 };
 use crate::search::coverage::Coverage;
 use crate::world::simulate;
@@ -96,6 +96,11 @@ pub struct Bounds {
     pub fault_kinds: Vec<FaultKind>,
     /// Most fault episodes per case (at most [`MAX_FAULTS`]).
     pub max_faults: usize,
+    /// Whether cases may set a retry budget and a token budget (each on
+    /// about half the cases, with their numbers drawn), so the fuzzer
+    /// searches their invariants too. Off by default: the default space,
+    /// and every case it draws for a seed, stay as they were.
+    pub budgets: bool,
 }
 
 /// The most fault episodes a bounds file may ask for per case: proptest
@@ -132,6 +137,7 @@ impl Default for Bounds {
             max_drift_ppm: 500,
             fault_kinds: episode_kinds(),
             max_faults: 4,
+            budgets: false,
         }
     }
 }
@@ -498,6 +504,28 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                         }
                     },
                 );
+            // Drawn only when asked for: `Just` draws nothing, so the default
+            // space's cases are unchanged.
+            let budgets = if b.budgets {
+                (
+                    prop::option::of(
+                        (uniform(0.0, 1.0), 0u32..=3, 1u32..=10).prop_map(|(ratio, floor, cap)| RetryBudgetSpec {
+                            ratio: (ratio * 100.0).round() / 100.0,
+                            min_retries_per_sec: floor,
+                            max_balance: cap,
+                        }),
+                    ),
+                    prop::option::of(500u64..=20_000),
+                )
+                    .boxed()
+            } else {
+                Just((None, None)).boxed()
+            };
+            let hardening = (hardening, budgets).prop_map(|(h, (retry_budget, tokens_per_window))| Hardening {
+                retry_budget,
+                tokens_per_window,
+                ..h
+            });
             let clocks = prop::collection::vec(
                 (
                     -b.max_clock_offset_ms..=b.max_clock_offset_ms,
