@@ -14,6 +14,14 @@
 //! is per attempt; the limiter and the breaker are per call — one slot and at
 //! most one breaker report for one extraction, however many attempts it took.
 //!
+//! Two budgets join them when configured. Under a limiter's
+//! [`tokens_per_window`](crate::RateLimiterBuilder::tokens_per_window) the
+//! slot comes with a reservation of the call's estimated tokens, settled
+//! after the call to the response's `usage` (plus the estimate for each
+//! failed attempt that may have spent tokens; released when none did). With a
+//! [`retry_budget`](HardenedProviderBuilder::retry_budget) every retry is
+//! first asked of the fleet's budget, and a denied one ends the call.
+//!
 //! What the breaker hears, once per call:
 //!
 //! | outcome | report |
