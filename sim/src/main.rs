@@ -501,36 +501,14 @@ fn run_seeds(
     jobs: usize,
     bar: &indicatif::ProgressBar,
 ) -> Vec<SeedRecord> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: std::sync::Mutex<Vec<(usize, SeedRecord)>> = std::sync::Mutex::new(Vec::new());
-    let work = || {
-        loop {
-            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some(&seed) = seeds.get(i) else { break };
-            let record = match simulate(scenario, seed) {
-                Ok(run) => SeedRecord::of(&Report::new(scenario, shown, &run)),
-                Err(e) => SeedRecord::failed(seed, format!("simulation failed: {e}")),
-            };
-            results.lock().unwrap_or_else(|p| p.into_inner()).push((i, record));
-            bar.inc(1);
-        }
-    };
-    let threads = jobs.min(seeds.len()).max(1);
-    std::thread::scope(|scope| {
-        for _ in 1..threads {
-            // The main thread's stack size: a world's futures nest deeply.
-            let spawned = std::thread::Builder::new()
-                .stack_size(8 << 20)
-                .spawn_scoped(scope, work);
-            if spawned.is_err() {
-                break;
-            }
-        }
-        work();
-    });
-    let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
-    results.sort_by_key(|(i, _)| *i);
-    results.into_iter().map(|(_, r)| r).collect()
+    redstring_sim::search::parallel_map(seeds, jobs, |&seed| {
+        let record = match simulate(scenario, seed) {
+            Ok(run) => SeedRecord::of(&Report::new(scenario, shown, &run)),
+            Err(e) => SeedRecord::failed(seed, format!("simulation failed: {e}")),
+        };
+        bar.inc(1);
+        record
+    })
 }
 
 fn sweep(

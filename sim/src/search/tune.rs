@@ -710,36 +710,6 @@ pub struct Tuning {
     pub hardening_toml: Option<String>,
 }
 
-/// Runs `f` on every item on `jobs` threads; the results in item order.
-fn parallel_map<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: std::sync::Mutex<Vec<(usize, R)>> = std::sync::Mutex::new(Vec::with_capacity(items.len()));
-    let work = || {
-        loop {
-            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some(item) = items.get(i) else { break };
-            let r = f(item);
-            results.lock().unwrap_or_else(|p| p.into_inner()).push((i, r));
-        }
-    };
-    let threads = jobs.min(items.len()).max(1);
-    std::thread::scope(|scope| {
-        for _ in 1..threads {
-            // The main thread's stack size: a world's futures nest deeply.
-            let spawned = std::thread::Builder::new()
-                .stack_size(8 << 20)
-                .spawn_scoped(scope, work);
-            if spawned.is_err() {
-                break;
-            }
-        }
-        work();
-    });
-    let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
-    results.sort_by_key(|(i, _)| *i);
-    results.into_iter().map(|(_, r)| r).collect()
-}
-
 /// Reports progress: a rung of `n` simulations starts, one ended.
 pub trait Progress: Sync {
     /// A rung of `n` more simulations starts.
@@ -828,7 +798,7 @@ pub fn tune(base: &Base<'_>, dims: &[Dim], settings: Settings, progress: &dyn Pr
             .flat_map(|&i| (first + results[i].len() as u64..first + seeds).map(move |s| (i, s)))
             .collect();
         progress.rung(work.len() as u64);
-        let ran = parallel_map(&work, settings.jobs, |&(i, seed)| {
+        let ran = super::parallel_map(&work, settings.jobs, |&(i, seed)| {
             let result = scenarios[i].as_ref().map_or_else(
                 || Err("refused".to_owned()),
                 |scenario| {
