@@ -114,6 +114,20 @@ pub(crate) fn secs(d: Duration) -> String {
     format!("{s}")
 }
 
+/// The largest number a stored record may hold: 2^53, what a Redis script's
+/// doubles hold exactly.
+pub(crate) const MAX_STORED: u64 = 1 << 53;
+
+/// Parses one number of a stored record as every adapter writes it: 1 to 16
+/// decimal digits, at most [`MAX_STORED`]. Anything else (a sign, a space, a
+/// foreign writer's value) is `None`, and the record reads as damaged.
+pub(crate) fn stored_number(token: &str) -> Option<u64> {
+    if token.is_empty() || token.len() > 16 || !token.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    token.parse().ok().filter(|n| *n <= MAX_STORED)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

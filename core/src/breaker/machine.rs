@@ -47,7 +47,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::mutants::{self, Mutant};
-use crate::time::Timestamp;
+use crate::time::{Timestamp, stored_number};
 
 /// The three states of a circuit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -193,19 +193,12 @@ pub struct ProbeLeases {
 }
 
 /// The largest instant a stored record may hold: 2^53 µs.
-const MAX_STORED_MICROS: u64 = 1 << 53;
+const MAX_STORED_MICROS: u64 = crate::time::MAX_STORED;
 
 /// Parses a stored `cooldown_until`: 1 to 16 decimal digits, at most 2^53 µs.
 /// Anything else is damage and reads as no cooldown.
 pub fn decode_cooldown(stored: &str) -> Option<Timestamp> {
     stored_number(stored).map(Timestamp::from_micros)
-}
-
-fn stored_number(token: &str) -> Option<u64> {
-    if token.is_empty() || token.len() > 16 || !token.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    token.parse().ok().filter(|n| *n <= MAX_STORED_MICROS)
 }
 
 fn stored_u32(token: &str) -> Option<u32> {

@@ -32,7 +32,7 @@
 
 use std::time::Duration;
 
-use crate::time::Timestamp;
+use crate::time::{Timestamp, stored_number};
 
 /// What a call asks of the token budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,15 +89,10 @@ impl TokenEntry {
     /// Reads a stored form; `None` for anything [`encode`](Self::encode)
     /// would not have written (numbers of at most 2⁵³ only).
     pub fn decode(stored: &str) -> Option<Self> {
-        const MAX: u64 = 1 << 53;
-        let number = |s: &str| {
-            let ok = !s.is_empty() && s.len() <= 16 && s.bytes().all(|b| b.is_ascii_digit());
-            ok.then(|| s.parse::<u64>().ok()).flatten().filter(|n| *n <= MAX)
-        };
         let mut parts = stored.split(':');
-        let at = number(parts.next()?)?;
-        let seq = u32::try_from(number(parts.next()?)?).ok()?;
-        let tokens = number(parts.next()?)?;
+        let at = stored_number(parts.next()?)?;
+        let seq = u32::try_from(stored_number(parts.next()?)?).ok()?;
+        let tokens = stored_number(parts.next()?)?;
         let lease = parts.next()?;
         if parts.next().is_some() {
             return None;
@@ -105,7 +100,7 @@ impl TokenEntry {
         let lease_end = if lease.is_empty() {
             None
         } else {
-            Some(Timestamp::from_micros(number(lease)?))
+            Some(Timestamp::from_micros(stored_number(lease)?))
         };
         Some(TokenEntry {
             id: ReservationId {

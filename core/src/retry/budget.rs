@@ -49,7 +49,7 @@ use crate::error::{CacheError, ConfigError};
 use crate::limiter::{DecidedBy, OnCacheUnavailable};
 use crate::observe::{Event, Observer, TracingObserver};
 use crate::provider::BoxFuture;
-use crate::time::Timestamp;
+use crate::time::{Timestamp, stored_number};
 
 /// Millionths of a retry per retry: the unit a bucket's balance is kept in.
 pub const MICROS_PER_RETRY: u64 = 1_000_000;
@@ -136,15 +136,10 @@ impl BudgetState {
     /// value is treated as an empty bucket, which never grants more than the
     /// real one would.
     pub fn decode(stored: &str) -> Option<Self> {
-        const MAX: u64 = 1 << 53;
-        let number = |s: &str| {
-            let ok = !s.is_empty() && s.len() <= 16 && s.bytes().all(|b| b.is_ascii_digit());
-            ok.then(|| s.parse::<u64>().ok()).flatten().filter(|n| *n <= MAX)
-        };
         let (balance, stamp) = stored.split_once(':')?;
         Some(BudgetState {
-            balance: number(balance)?,
-            stamp: Timestamp::from_micros(number(stamp)?),
+            balance: stored_number(balance)?,
+            stamp: Timestamp::from_micros(stored_number(stamp)?),
         })
     }
 }

@@ -12,20 +12,7 @@ local healed = heal_window(w)
 local store_now = server_now()
 local window = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
-local now, clamped = store_now, 0
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-  local floor = store_now - window
-  if floor < 0 then
-    floor = 0
-  end
-  local ceiling = store_now + tonumber(ARGV[6])
-  if now > ceiling then
-    now, clamped = ceiling, 1
-  elseif now < floor then
-    now, clamped = floor, 1
-  end
-end
+local now, clamped = slot_stamp(ARGV[1], store_now, window, tonumber(ARGV[6]))
 local since = now - window
 if since < 0 then
   since = 0
@@ -40,16 +27,4 @@ end
 if redis.call('PTTL', w) == -1 then
   redis.call('PEXPIRE', w, ARGV[5])
 end
--- The wait The wait runs until the oldest hit in the
--- window has left the inclusive window: (oldest + window) - now plus one
--- microsecond, never less than one microsecond; the full window if there is
--- no oldest hit.
-local first = redis.call('ZRANGEBYSCORE', w, int(since), MAX_SCORE, 'WITHSCORES', 'LIMIT', 0, 1)
-local retry = window
-if first[2] then
-  retry = tonumber(first[2]) + window + 1 - now
-  if retry < 1 then
-    retry = 1
-  end
-end
-return {0, count, retry, now, clamped, healed}
+return {0, count, slot_wait(w, since, now, window), now, clamped, healed}

@@ -22,20 +22,7 @@ local window = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local ttl_us, ttl_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ask, token_limit, lease = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local now, clamped = store_now, 0
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-  local floor = store_now - window
-  if floor < 0 then
-    floor = 0
-  end
-  local ceiling = store_now + tonumber(ARGV[6])
-  if now > ceiling then
-    now, clamped = ceiling, 1
-  elseif now < floor then
-    now, clamped = floor, 1
-  end
-end
+local now, clamped = slot_stamp(ARGV[1], store_now, window, tonumber(ARGV[6]))
 local since = now - window
 if since < 0 then
   since = 0
@@ -44,29 +31,13 @@ end
 -- The slot, as limiter::decide.
 local count = redis.call('ZCOUNT', w, int(since), MAX_SCORE)
 local slot_ok = count < limit
-local slot_wait = 0
+local wait_for_slot = 0
 if not slot_ok then
-  local first = redis.call('ZRANGEBYSCORE', w, int(since), MAX_SCORE, 'WITHSCORES', 'LIMIT', 0, 1)
-  slot_wait = window
-  if first[2] then
-    slot_wait = tonumber(first[2]) + window + 1 - now
-    if slot_wait < 1 then
-      slot_wait = 1
-    end
-  end
+  wait_for_slot = slot_wait(w, since, now, window)
 end
 
 -- The ledger: prune as hits are pruned, then decide_tokens.
 redis.call('ZREMRANGEBYSCORE', l, '-inf', '(' .. int(store_now - ttl_us))
-local function number(s)
-  if not s or #s == 0 or #s > 16 or string.find(s, '^%d+$') == nil then
-    return nil
-  end
-  if #s == 16 and s > '9007199254740992' then
-    return nil
-  end
-  return tonumber(s)
-end
 local tokens_state = 0 -- 0 fits, 1 refused, 2 too large
 local used, token_wait, seq = 0, 0, 0
 if ask > token_limit then
@@ -75,11 +46,11 @@ else
   local frees = {}
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', l, int(since), '+inf')) do
     local a, q, t, e = string.match(member, '^([^:]*):([^:]*):([^:]*):([^:]*)$')
-    local at, tokens = number(a), number(t)
+    local at, tokens = stored_number(a), stored_number(t)
     local lease_end = nil
-    local sound = at ~= nil and number(q) ~= nil and tokens ~= nil
+    local sound = at ~= nil and stored_number(q) ~= nil and tokens ~= nil
     if sound and e ~= '' then
-      lease_end = number(e)
+      lease_end = stored_number(e)
       sound = lease_end ~= nil
     end
     if not sound then
@@ -144,12 +115,12 @@ if tokens_state == 2 then
   return {0, 4, count, 0, window, now, clamped, healed}
 end
 if not slot_ok and tokens_state == 0 then
-  return {0, 1, count, used, slot_wait, now, clamped, healed}
+  return {0, 1, count, used, wait_for_slot, now, clamped, healed}
 end
 if slot_ok then
   return {0, 2, count, used, token_wait, now, clamped, healed}
 end
-local wait = slot_wait
+local wait = wait_for_slot
 if token_wait > wait then
   wait = token_wait
 end

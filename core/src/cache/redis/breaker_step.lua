@@ -69,12 +69,6 @@ end
 -- machine::ProbeLeases::decode: "<episode> <issued> <seq>:<expires> ...",
 -- single spaces, 1 to 16 digits per number, at most 2^53, u32 counts, at most
 -- MAX_HALF_OPEN_CALLS (1000) leases; anything else is nil.
-local function stored_number(s)
-  if not s or #s == 0 or #s > 16 or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740992 then return nil end
-  return n
-end
 local function stored_u32(s)
   local n = stored_number(s)
   if not n or n > 4294967295 then return nil end

@@ -21,22 +21,12 @@ local deposit = tonumber(ARGV[3])
 local rate = tonumber(ARGV[4])
 local cap = tonumber(ARGV[5])
 
--- BudgetState::decode: two decimal numbers of at most 2^53, joined by ':'.
-local function number(s)
-  if not s or #s == 0 or #s > 16 or string.find(s, '^%d+$') == nil then
-    return nil
-  end
-  if #s == 16 and s > '9007199254740992' then
-    return nil
-  end
-  return tonumber(s)
-end
 
 local balance, stamp, healed = 0, now, 0
 local raw = read_string(k)
 if raw then
   local b, s = string.match(raw, '^([^:]*):([^:]*)$')
-  local nb, ns = number(b), number(s)
+  local nb, ns = stored_number(b), stored_number(s)
   if nb and ns then
     balance, stamp = nb, ns
     if balance > cap then

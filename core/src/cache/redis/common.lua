@@ -24,6 +24,20 @@ local function now_from(arg)
   return server_now()
 end
 
+-- One number of a stored record, as time::stored_number reads it: 1 to 16
+-- decimal digits, at most 2^53; nil for anything else. The bound is checked
+-- on the digits: a 16-digit string just above 2^53 would round to it as a
+-- Lua number.
+local function stored_number(s)
+  if not s or #s == 0 or #s > 16 or string.find(s, '^%d+$') == nil then
+    return nil
+  end
+  if #s == 16 and s > '9007199254740992' then
+    return nil
+  end
+  return tonumber(s)
+end
+
 -- The largest score the adapter ever writes (2^53 µs). Anything above it (a
 -- foreign `ZADD key +inf x`) is no hit of ours and would hold a slot forever.
 local MAX_SCORE = '9007199254740992'
@@ -87,3 +101,40 @@ local function record(w, at, ttl_us, ttl_ms, store_now)
   end
 end
 
+-- limiter::clamp_stamp: the instant a slot is decided at — the server's
+-- clock when the caller sent '' (TimeSource::Store), else the caller's,
+-- clamped into [store_now - window, store_now + max_ahead] — and 1 when it
+-- was clamped.
+local function slot_stamp(arg, store_now, window, max_ahead)
+  if arg == '' then
+    return store_now, 0
+  end
+  local now = tonumber(arg)
+  local floor = store_now - window
+  if floor < 0 then
+    floor = 0
+  end
+  local ceiling = store_now + max_ahead
+  if now > ceiling then
+    return ceiling, 1
+  elseif now < floor then
+    return floor, 1
+  end
+  return now, 0
+end
+
+-- limiter::decide's wait for a refused slot: until the oldest hit in the
+-- window has left the inclusive window, (oldest + window) - now plus one
+-- microsecond, never less than one microsecond; the full window if there is
+-- no oldest hit.
+local function slot_wait(w, since, now, window)
+  local first = redis.call('ZRANGEBYSCORE', w, int(since), MAX_SCORE, 'WITHSCORES', 'LIMIT', 0, 1)
+  if not first[2] then
+    return window
+  end
+  local wait = tonumber(first[2]) + window + 1 - now
+  if wait < 1 then
+    wait = 1
+  end
+  return wait
+end
