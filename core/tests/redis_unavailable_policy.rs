@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redstring::cache::{HitWindow, LimiterStore, SlotRequest};
+use redstring::cache::{HitWindow, LimiterStore, SlotRequest, TokenStore};
 use redstring::limiter::DecidedBy;
 use redstring::limiter::SlotOutcome;
+use redstring::limiter::tokens::{ReservationId, TokenAsk, TokenOutcome};
 use redstring::{
     AcquireError, Cache, CacheError, Event, ManualClock, MemoryCache, OnCacheUnavailable, RateLimiter,
     RecordingObserver, TenantId, Timestamp,
@@ -65,6 +66,22 @@ impl LimiterStore for Flaky {
     async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
         self.check("acquire_slot")?;
         self.inner.acquire_slot(key, request).await
+    }
+}
+
+impl TokenStore for Flaky {
+    async fn acquire_with_tokens(
+        &self,
+        key: &str,
+        request: SlotRequest,
+        ask: TokenAsk,
+    ) -> Result<TokenOutcome, CacheError> {
+        self.check("acquire_with_tokens")?;
+        self.inner.acquire_with_tokens(key, request, ask).await
+    }
+    async fn settle_tokens(&self, key: &str, id: ReservationId, actual: u64) -> Result<bool, CacheError> {
+        self.check("settle_tokens")?;
+        self.inner.settle_tokens(key, id, actual).await
     }
 }
 
@@ -177,4 +194,60 @@ async fn only_unavailability_triggers_the_policy() {
         ));
         assert!(fallbacks(&observer).is_empty(), "{policy:?}");
     }
+}
+
+/// A token reservation follows the same policy: decided and settled in the
+/// local store under `local_limit`, admitted without a reservation under
+/// `admit`, refused under `refuse`.
+#[tokio::test]
+async fn token_reservations_follow_the_policy_while_the_cache_is_down() {
+    let token_limiter = |policy| {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let store = Arc::new(Flaky {
+            inner: MemoryCache::new(clock.clone()),
+            down: AtomicBool::new(true),
+            broken: AtomicBool::new(false),
+        });
+        let observer = Arc::new(RecordingObserver::new());
+        let limiter = RateLimiter::builder(10)
+            .tokens_per_window(1000)
+            .on_cache_unavailable(policy)
+            .cache(store.clone())
+            .clock(clock)
+            .observer(observer.clone())
+            .build()
+            .unwrap();
+        (store, limiter, observer)
+    };
+
+    let (store, limiter, observer) = token_limiter(OnCacheUnavailable::LocalLimit);
+    let first = limiter.acquire_tokens(TENANT, 600).await.unwrap();
+    let reservation = first.reservation.expect("reserved locally");
+    assert_eq!(reservation.decided_by, DecidedBy::Local);
+    assert!(matches!(
+        limiter.acquire_tokens(TENANT, 600).await,
+        Err(redstring::limiter::TokenAcquireError::Tokens(_))
+    ));
+    // Settled in the local ledger it was made in, even with the cache back.
+    store.down.store(false, Ordering::SeqCst);
+    assert!(limiter.settle(TENANT, &reservation, 100).await.unwrap());
+    assert_eq!(fallbacks(&observer), ["local limit"; 2]);
+
+    let (_, limiter, observer) = token_limiter(OnCacheUnavailable::Admit);
+    let admitted = limiter.acquire_tokens(TENANT, 5000).await;
+    assert!(
+        matches!(admitted, Err(redstring::limiter::TokenAcquireError::Tokens(_))),
+        "an estimate over the limit is refused before any store is asked"
+    );
+    let admitted = limiter.acquire_tokens(TENANT, 900).await.unwrap();
+    assert_eq!(admitted.reservation, None);
+    assert_eq!(deciders(&observer), [DecidedBy::Unlimited]);
+
+    let (_, limiter, _) = token_limiter(OnCacheUnavailable::Refuse);
+    assert!(matches!(
+        limiter.acquire_tokens(TENANT, 100).await,
+        Err(redstring::limiter::TokenAcquireError::Cache(
+            CacheError::Unavailable { .. }
+        ))
+    ));
 }

@@ -102,6 +102,16 @@ impl OnCacheUnavailable {
     }
 }
 
+/// What a limiter does instead when its store cannot answer.
+enum Fallback<'a> {
+    /// Decide in the process's private store.
+    Local(&'a MemoryCache),
+    /// Admit without a limit.
+    Admit,
+    /// Refuse with the store's error.
+    Refuse,
+}
+
 /// A granted slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Admission {
@@ -416,33 +426,14 @@ impl<S: LimiterStore> RateLimiter<S> {
         let decided = self.store.acquire_tenant_slot(&self.prefix, tenant, request).await;
         match decided {
             Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Store),
-            Err(error) if error.is_transient() => {
-                self.observer.on_event(&Event::CacheUnavailable {
-                    component: self.prefix.clone(),
-                    operation: "acquire_slot",
-                    fallback: self.on_cache_unavailable.as_str(),
-                    error: error.to_string(),
-                });
-                match (self.on_cache_unavailable, &self.local) {
-                    (OnCacheUnavailable::LocalLimit, Some(local)) => {
-                        match local.acquire_tenant_slot(&self.prefix, tenant, request).await {
-                            Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
-                            Err(_) => Err(AcquireError::Cache(error)),
-                        }
-                    }
-                    (OnCacheUnavailable::Admit, _) => {
-                        self.observer.on_event(&Event::RateLimitAdmitted {
-                            limiter: self.prefix.clone(),
-                            tenant,
-                            remaining: 0,
-                            at: request.now,
-                            decided_by: DecidedBy::Unlimited,
-                        });
-                        Ok(Admission { remaining: 0 })
-                    }
-                    _ => Err(AcquireError::Cache(error)),
-                }
-            }
+            Err(error) if error.is_transient() => match self.fall_back("acquire_slot", &error, tenant, request.now) {
+                Fallback::Local(local) => match local.acquire_tenant_slot(&self.prefix, tenant, request).await {
+                    Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
+                    Err(_) => Err(AcquireError::Cache(error)),
+                },
+                Fallback::Admit => Ok(Admission { remaining: 0 }),
+                Fallback::Refuse => Err(AcquireError::Cache(error)),
+            },
             Err(error) => Err(AcquireError::Cache(error)),
         }
     }
@@ -535,6 +526,33 @@ impl<S: LimiterStore> RateLimiter<S> {
                 .saturating_add(self.max_ahead)
                 .saturating_add(Duration::from_micros(1)),
             max_ahead: self.max_ahead,
+        }
+    }
+
+    /// Reports a store that could not answer `operation` and says what the
+    /// [`OnCacheUnavailable`] policy does instead: decide locally, admit
+    /// without a limit (reported as an admission decided by nobody), or
+    /// refuse.
+    fn fall_back(&self, operation: &'static str, error: &CacheError, tenant: TenantId, at: Timestamp) -> Fallback<'_> {
+        self.observer.on_event(&Event::CacheUnavailable {
+            component: self.prefix.clone(),
+            operation,
+            fallback: self.on_cache_unavailable.as_str(),
+            error: error.to_string(),
+        });
+        match (self.on_cache_unavailable, &self.local) {
+            (OnCacheUnavailable::LocalLimit, Some(local)) => Fallback::Local(local),
+            (OnCacheUnavailable::Admit, _) => {
+                self.observer.on_event(&Event::RateLimitAdmitted {
+                    limiter: self.prefix.clone(),
+                    tenant,
+                    remaining: 0,
+                    at,
+                    decided_by: DecidedBy::Unlimited,
+                });
+                Fallback::Admit
+            }
+            _ => Fallback::Refuse,
         }
     }
 
@@ -649,14 +667,8 @@ impl<S: LimiterStore> RateLimiter<S> {
         match self.store.acquire_with_tokens(key.as_str(), request, ask).await {
             Ok(outcome) => self.conclude_tokens(tenant, request.now, ask, outcome, DecidedBy::Store),
             Err(error) if error.is_transient() => {
-                self.observer.on_event(&Event::CacheUnavailable {
-                    component: self.prefix.clone(),
-                    operation: "acquire_with_tokens",
-                    fallback: self.on_cache_unavailable.as_str(),
-                    error: error.to_string(),
-                });
-                match (self.on_cache_unavailable, &self.local) {
-                    (OnCacheUnavailable::LocalLimit, Some(local)) => {
+                match self.fall_back("acquire_with_tokens", &error, tenant, request.now) {
+                    Fallback::Local(local) => {
                         let request = SlotRequest {
                             now: self.clock.now(),
                             ..request
@@ -666,21 +678,12 @@ impl<S: LimiterStore> RateLimiter<S> {
                             Err(_) => Err(TokenAcquireError::Cache(error)),
                         }
                     }
-                    (OnCacheUnavailable::Admit, _) => {
-                        self.observer.on_event(&Event::RateLimitAdmitted {
-                            limiter: self.prefix.clone(),
-                            tenant,
-                            remaining: 0,
-                            at: request.now,
-                            decided_by: DecidedBy::Unlimited,
-                        });
-                        Ok(TokenAdmission {
-                            remaining: 0,
-                            tokens_left: 0,
-                            reservation: None,
-                        })
-                    }
-                    _ => Err(TokenAcquireError::Cache(error)),
+                    Fallback::Admit => Ok(TokenAdmission {
+                        remaining: 0,
+                        tokens_left: 0,
+                        reservation: None,
+                    }),
+                    Fallback::Refuse => Err(TokenAcquireError::Cache(error)),
                 }
             }
             Err(error) => Err(TokenAcquireError::Cache(error)),
