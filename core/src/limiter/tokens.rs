@@ -137,35 +137,30 @@ pub enum TokenDecision {
 
 /// Decides a reservation of `ask` at `now` over `entries`, the tenant's
 /// ledger (any order; entries stamped before `now − window` are ignored).
-pub fn decide_tokens<'a>(
-    entries: impl IntoIterator<Item = &'a TokenEntry>,
-    ask: &TokenAsk,
-    now: Timestamp,
-    window: Duration,
-) -> TokenDecision {
+/// An estimate that fits allocates nothing.
+pub fn decide_tokens(entries: &[TokenEntry], ask: &TokenAsk, now: Timestamp, window: Duration) -> TokenDecision {
     if ask.tokens > ask.limit {
         return TokenDecision::TooLarge;
     }
     let since = now.saturating_sub(window);
-    let mut used = 0u64;
-    // When each counted entry stops counting, and how much it frees then.
-    let mut frees: Vec<(Timestamp, u64)> = Vec::new();
-    for e in entries {
-        let counted = e.counted(now);
-        if e.id.at < since || counted == 0 {
-            continue;
-        }
-        used = used.saturating_add(counted);
-        let last = match e.lease_end {
-            Some(end) => end.min(e.id.at.saturating_add(window)),
-            None => e.id.at.saturating_add(window),
-        };
-        let free_at = last.saturating_add(Duration::from_micros(1));
-        frees.push((free_at, counted));
-    }
+    let counted = |e: &TokenEntry| if e.id.at < since { 0 } else { e.counted(now) };
+    let used = entries.iter().map(counted).fold(0u64, u64::saturating_add);
     if used.saturating_add(ask.tokens) <= ask.limit {
         return TokenDecision::Fits { used };
     }
+    // Refused: when each counted entry stops counting, and how much it frees
+    // then (gathered only now, so an admission allocates nothing).
+    let mut frees: Vec<(Timestamp, u64)> = entries
+        .iter()
+        .filter_map(|e| {
+            let amount = counted(e);
+            let last = match e.lease_end {
+                Some(end) => end.min(e.id.at.saturating_add(window)),
+                None => e.id.at.saturating_add(window),
+            };
+            (amount > 0).then(|| (last.saturating_add(Duration::from_micros(1)), amount))
+        })
+        .collect();
     frees.sort_unstable();
     let mut left = used;
     for (at, amount) in frees {
