@@ -7,9 +7,15 @@
 //! A criterion iteration is one acquire per task, so the throughput criterion
 //! reports is acquires per second. Without `redis-server` and `redis-cli` on
 //! PATH it says so and measures nothing.
+//!
+//! Then, on the same single node in the same run, `redis-benchmark` sends the
+//! very `EVALSHA` an acquire sends (captured with `MONITOR`) from 32 clients
+//! over 32 tenant keys, and the bench prints its requests per second: the
+//! server's own ceiling for that script, beside the library's figure.
 
 mod support;
 
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -149,6 +155,65 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
+    match redis_benchmark(&rt, &caches[0].1, single.ports[0]) {
+        Some(line) => eprintln!("{line}"),
+        None => eprintln!("!!! redis-benchmark row SKIPPED: could not capture the EVALSHA or run redis-benchmark"),
+    }
+}
+
+/// The arguments of the first `EVALSHA` a `MONITOR` line shows.
+fn evalsha_args(line: &str) -> Option<Vec<String>> {
+    let start = line.find("\"EVALSHA\"").or_else(|| line.find("\"evalsha\""))?;
+    let args: Vec<String> = line[start..]
+        .split('"')
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, a)| a.to_owned())
+        .collect();
+    (args.len() >= 3).then_some(args)
+}
+
+/// Captures the `EVALSHA` one acquire sends to the node at `port`, replays
+/// it with `redis-benchmark` from 32 clients over 32 tenant keys, and says
+/// how many requests per second the server answered.
+fn redis_benchmark(rt: &tokio::runtime::Runtime, cache: &Arc<RedisCache>, port: u16) -> Option<String> {
+    let port = port.to_string();
+    let mut monitor = Command::new("redis-cli")
+        .args(["-p", &port, "MONITOR"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut lines = BufReader::new(monitor.stdout.take()?).lines();
+    // MONITOR answers OK once it is listening.
+    lines.next()?.ok()?;
+    rt.block_on(cache.acquire_slot("tp-0", request(SystemClock.now())))
+        .ok()?;
+    let args = lines.find_map(|line| evalsha_args(&line.ok()?));
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    let mut args = args?;
+    // EVALSHA sha numkeys key…: the key becomes one of 32 tenants' keys.
+    args[3] = "tp-__rand_int__".to_owned();
+    let out = Command::new("redis-benchmark")
+        .args(["-p", &port, "-c", "32", "-n", "200000", "-r", "32", "-q"])
+        .args(&args)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rps = text
+        .split(['\r', '\n'])
+        .rfind(|l| l.contains("requests per second"))?
+        .split(':')
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .to_owned();
+    Some(format!(
+        "redis-benchmark, the same script on the same single node (EVALSHA {}… {}): 32 clients, {rps} requests/s",
+        args[1].get(..8).unwrap_or(&args[1]),
+        args[2..].join(" "),
+    ))
 }
 
 criterion_group! {

@@ -11,7 +11,8 @@
 //! valgrind --tool=callgrind target/release/examples/hot_loop hot 10000
 //! ```
 //!
-//! Cases: `acquire`, `breaker`, `hot`, `hot_system`, `tenants`, `governor`,
+//! Cases: `acquire`, `breaker`, `hot`, `hot_system`, `tenants`, `tenants2`
+//! and `hot2` (two threads), `governor`,
 //! `recloser`, `governor_recloser`, `governor_tenants`.
 
 use std::future::Future;
@@ -122,6 +123,35 @@ fn main() {
                     clock.advance(STEP);
                 }
                 ready(l.acquire(tenants[i])).expect("admitted");
+            });
+        }
+        "tenants2" => {
+            // As the bench's threads2/1000_tenants: two threads walking the
+            // tenants from opposite ends, on the production clock.
+            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
+            let l = limiter(system, u32::MAX, Duration::from_millis(1));
+            std::thread::scope(|s| {
+                for thread in 0..2 {
+                    let (l, tenants) = (&l, &tenants);
+                    s.spawn(move || {
+                        repeat(iters, |i| {
+                            let i = i % tenants.len();
+                            let i = if thread == 0 { i } else { tenants.len() - 1 - i };
+                            ready(l.acquire(tenants[i])).expect("admitted");
+                        })
+                    });
+                }
+            });
+        }
+        "hot2" => {
+            // As the bench's threads2/hot_tenant: two threads on one tenant.
+            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
+            let l = limiter(system, u32::MAX, Duration::from_millis(1));
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    let l = &l;
+                    s.spawn(move || repeat(iters, |_| ready(l.acquire(tenant)).map(drop).expect("admitted")));
+                }
             });
         }
         "governor" => {

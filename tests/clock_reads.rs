@@ -2,8 +2,9 @@
 //!
 //! A `MemoryCache` under `TimeSource::Store` ignores the caller's `now`, so the
 //! limiter and the breaker do not read their clock for it: on the production
-//! clock every read is a system call's worth of time. A caller-stamped cache
-//! still gets the caller's reading.
+//! clock every read is a system call's worth of time; a healthy breaker
+//! nobody observes reads none at all. A caller-stamped cache still gets the
+//! caller's reading.
 
 use std::future::Future;
 use std::pin::pin;
@@ -13,7 +14,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use redstring::{
-    CircuitBreaker, Clock, ManualClock, MemoryCache, NoopObserver, RateLimiter, Sleep, TenantId, TimeSource, Timestamp,
+    CircuitBreaker, Clock, ManualClock, MemoryCache, NoopObserver, Observer, RateLimiter, RecordingObserver, Sleep,
+    TenantId, TimeSource, Timestamp,
 };
 
 fn ready<F: Future>(f: F) -> F::Output {
@@ -61,19 +63,36 @@ fn a_store_stamped_decision_reads_the_clock_once() {
         .observer(Arc::new(NoopObserver))
         .build()
         .unwrap();
-    let breaker = CircuitBreaker::builder()
-        .clock(clock.clone())
-        .cache(store)
-        .observer(Arc::new(NoopObserver))
-        .build()
-        .unwrap();
+    let breaker = |observer: Arc<dyn Observer>| {
+        CircuitBreaker::builder()
+            .clock(clock.clone())
+            .cache(store.clone())
+            .observer(observer)
+            .build()
+            .unwrap()
+    };
     let before = clock.reads();
     ready(limiter.acquire(TenantId::from_u128(1))).unwrap();
     assert_eq!(clock.reads() - before, 1, "acquire");
+    let observed = breaker(Arc::new(RecordingObserver::new()));
     let before = clock.reads();
-    assert!(ready(breaker.allow_request()));
-    ready(breaker.record_success()).unwrap();
-    assert_eq!(clock.reads() - before, 2, "allow + record_success");
+    assert!(ready(observed.allow_request()));
+    ready(observed.record_success()).unwrap();
+    assert_eq!(
+        clock.reads() - before,
+        2,
+        "allow + record_success, each stamped for its event"
+    );
+    // Nothing stored and nobody listening: the steps are answered unrun.
+    let quiet = breaker(Arc::new(NoopObserver));
+    let before = clock.reads();
+    assert!(ready(quiet.allow_request()));
+    ready(quiet.record_success()).unwrap();
+    assert_eq!(
+        clock.reads() - before,
+        0,
+        "a healthy, unobserved breaker reads no clock"
+    );
 }
 
 #[test]

@@ -199,3 +199,49 @@ fn a_space_with_budgets_draws_them_and_their_invariants_hold() {
         })
         .unwrap();
 }
+
+/// `routing = true` draws every policy (and none) on some cases, a routed
+/// case's workers list every server, the cases round-trip through TOML, and
+/// every claimed invariant holds on what is drawn; the default space never
+/// routes.
+#[test]
+fn a_space_with_routing_draws_each_policy_and_the_invariants_hold() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/bounds/routing.toml");
+    let with = Bounds::load(&path).unwrap();
+    assert!(with.routing && !bounds().routing);
+    let drawn = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    let mut runner = TestRunner::new(Config {
+        cases: cases(16),
+        rng_seed: RngSeed::Fixed(seed()),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&fuzz::scenarios(&with), |s| {
+            drawn.borrow_mut().insert(s.hardening.routing.map(|r| r.name()));
+            if s.hardening.routing.is_some() && s.workers.iter().any(|w| w.servers.len() != s.servers.len()) {
+                return Err(TestCaseError::fail("a routed worker does not list every server"));
+            }
+            let back =
+                Scenario::parse("generated.toml", &s.to_toml()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            if back != s {
+                return Err(TestCaseError::fail("TOML round trip changed the scenario"));
+            }
+            fuzz::check_case(&s).map_err(TestCaseError::fail)
+        })
+        .unwrap();
+    let drawn = drawn.into_inner();
+    assert!(drawn.len() >= 3, "policies drawn: {drawn:?}");
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        rng_seed: RngSeed::Fixed(seed()),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&fuzz::scenarios(&bounds()), |s| match s.hardening.routing {
+            None => Ok(()),
+            Some(_) => Err(TestCaseError::fail("the default space drew a routing policy")),
+        })
+        .unwrap();
+}

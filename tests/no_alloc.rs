@@ -2,7 +2,8 @@
 //!
 //! A counting global allocator (this test binary only) tallies allocations
 //! while a warmed-up limiter and breaker run allow → acquire → record_success
-//! thousands of times on the default observer, and while one limiter serves a
+//! thousands of times on the default observer and on one that listens, and
+//! while one limiter serves a
 //! thousand tenants (every shard of its `MemoryCache`) at their limits.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use redstring::{CircuitBreaker, ManualClock, RateLimiter, TenantId};
+use redstring::{CircuitBreaker, Event, ManualClock, Observer, RateLimiter, TenantId};
 
 struct Counting;
 
@@ -62,11 +63,34 @@ fn ready<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// An observer that listens to every event and keeps none: the breaker then
+/// runs its step on every call instead of answering a healthy circuit from
+/// the steps it ran once.
+struct Listening;
+
+impl Observer for Listening {
+    fn on_event(&self, event: &Event) {
+        std::hint::black_box(event);
+    }
+}
+
 #[test]
 fn the_success_path_allocates_nothing_per_call() {
+    // On the default observer (no subscriber: nothing listens) and on one
+    // that listens, so both the breaker's quiet answer and its step count.
+    success_path_allocations(None);
+    success_path_allocations(Some(Arc::new(Listening)));
+}
+
+fn success_path_allocations(observer: Option<Arc<dyn Observer>>) {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let limiter = RateLimiter::builder(100).clock(clock.clone()).build().unwrap();
-    let breaker = CircuitBreaker::builder().clock(clock.clone()).build().unwrap();
+    let mut limiter = RateLimiter::builder(100).clock(clock.clone());
+    let mut breaker = CircuitBreaker::builder().clock(clock.clone());
+    if let Some(observer) = observer {
+        limiter = limiter.observer(observer.clone());
+        breaker = breaker.observer(observer);
+    }
+    let (limiter, breaker) = (limiter.build().unwrap(), breaker.build().unwrap());
     let tenant = TenantId::from_u128(1);
     let call = || {
         clock.advance(Duration::from_millis(700));

@@ -95,5 +95,6 @@ scenario_tests! {
     skew_bypass => "skew-bypass.toml",
     skewed_fleet_caller => "skewed-fleet-caller.toml",
     skewed_fleet_store => "skewed-fleet-store.toml",
+    two_deployment_fallback => "two-deployment-fallback.toml",
     vllm_overload => "vllm-overload.toml",
 }

@@ -274,6 +274,20 @@ pub enum Event {
         /// Calls that reached the model server for this one extraction.
         attempts: u32,
     },
+    /// A hardened provider over several deployments sent a call, or its
+    /// retry, to another deployment than the one it chose first.
+    Rerouted {
+        /// The tenant the call was made for.
+        tenant: TenantId,
+        /// The breaker key prefix of the deployment it left.
+        from: Arc<str>,
+        /// The breaker key prefix of the deployment it went to.
+        to: Arc<str>,
+        /// `refused`: the first one's circuit or cooldown refused it;
+        /// `limited`: the first one's own limit refused its first attempt;
+        /// `failed`: its attempt there failed and the retry went on.
+        reason: &'static str,
+    },
     /// A hardened provider is sleeping off a rate-limit refusal before asking
     /// the limiter again.
     RateLimitWait {
@@ -330,11 +344,24 @@ pub enum Event {
 pub trait Observer: Send + Sync + 'static {
     /// Called once per event, in the order the events happened on this task.
     fn on_event(&self, event: &Event);
+
+    /// Whether any event would be used now (default `true`). When `false`,
+    /// the limiter and the breaker build no event for the decision at hand —
+    /// no name cloned, no call made — which is most of what observing costs
+    /// on the hot path. Asked once per decision, so it may change at run
+    /// time (a `tracing` subscriber installed later).
+    fn enabled(&self) -> bool {
+        true
+    }
 }
 
 impl<O: Observer + ?Sized> Observer for Arc<O> {
     fn on_event(&self, event: &Event) {
         (**self).on_event(event)
+    }
+
+    fn enabled(&self) -> bool {
+        (**self).enabled()
     }
 }
 
@@ -344,6 +371,13 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
 pub struct TracingObserver;
 
 impl Observer for TracingObserver {
+    /// Whether a `tracing` subscriber takes any event of this module (the
+    /// least severe level it listens at is at least `ERROR`); without one,
+    /// nothing is built.
+    fn enabled(&self) -> bool {
+        tracing::enabled!(tracing::Level::ERROR)
+    }
+
     fn on_event(&self, event: &Event) {
         match event {
             Event::BreakerTransition { breaker, from, to, at } => {
@@ -483,6 +517,14 @@ impl Observer for TracingObserver {
             } => {
                 tracing::warn!(%operation, attempts, %error, "retries exhausted")
             }
+            Event::Rerouted {
+                tenant,
+                from,
+                to,
+                reason,
+            } => {
+                tracing::debug!(%tenant, %from, %to, reason, "call sent to another deployment")
+            }
             Event::CallFinished {
                 model,
                 tenant,
@@ -529,6 +571,10 @@ pub struct NoopObserver;
 
 impl Observer for NoopObserver {
     fn on_event(&self, _: &Event) {}
+
+    fn enabled(&self) -> bool {
+        false
+    }
 }
 
 /// An observer that keeps every event, for tests and for the simulator's trace.

@@ -419,3 +419,41 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// A healthy breaker with no observer answers admissions and success
+    /// reports from the steps it ran once, at build, over an empty store:
+    /// valid only because over an empty store those steps write nothing and
+    /// answer the same at every instant, for every configuration.
+    #[test]
+    fn quiet_steps_answer_the_same_at_every_instant(
+        failure_threshold in 1u32..1_000,
+        recovery_ms in 1u64..10_000_000,
+        half_open_max_calls in 1u32..=1_000,
+        lease_ms in 1u64..10_000_000,
+        now_us in 0u64..(1u64 << 53),
+    ) {
+        use redstring::breaker::machine::{self, BreakerCommand, BreakerParams, BreakerSnapshot};
+        use redstring::breaker::{Origin, Permit};
+        let params = BreakerParams {
+            failure_threshold,
+            recovery_timeout: Duration::from_millis(recovery_ms),
+            half_open_max_calls,
+            probe_lease: Duration::from_millis(lease_ms),
+        };
+        let now = Timestamp::from_micros(now_us);
+        let allow = machine::step(&BreakerSnapshot::EMPTY, BreakerCommand::Allow, &params, now);
+        let at_epoch = machine::step(&BreakerSnapshot::EMPTY, BreakerCommand::Allow, &params, Timestamp::EPOCH);
+        prop_assert!(allow.writes.is_empty());
+        prop_assert_eq!(allow.permit, Some(Permit::Call));
+        prop_assert_eq!(allow.permit, at_epoch.permit);
+        prop_assert_eq!((allow.before, allow.after), (CircuitState::Closed, CircuitState::Closed));
+        for origin in [Origin::Untracked, Origin::Call] {
+            let success = machine::step(&BreakerSnapshot::EMPTY, BreakerCommand::RecordSuccess(origin), &params, now);
+            prop_assert!(success.writes.is_empty());
+            prop_assert_eq!(success.permit, None);
+        }
+    }
+}

@@ -4,10 +4,11 @@
 //! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
 //! redstring-sim sweep scenarios/llama-swap-reload.toml --seeds 1..50 [--json F] [--strict] [--jobs N] [--shard i/n]
 //! redstring-sim compare a.toml b.toml --seeds 1..20 [--set key=v1,v2] [--json F] [--svg F] [--strict] [--jobs N] [--shard i/n]
-//! redstring-sim tune scenario.toml --vary hardening.failure_threshold=1..10 [--vary KEY=SPEC …] [--seeds N] [--seed S] [--budget CASES] [--jobs N] [--json F] [--out F] [--svg F]
+//! redstring-sim tune scenario.toml --vary hardening.failure_threshold=1..10 [--vary KEY=SPEC …] [--seeds N] [--seed S] [--budget CASES] [--jobs N] [--json F] [--out F] [--svg F] [--shard i/n [--resume STATE]]
 //! redstring-sim sweep … --shard 1/2 --json a.json; … --shard 2/2 --json b.json; redstring-sim merge a.json b.json [--json F]
 //! redstring-sim check [scenarios/] [--strict]
-//! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--out scenarios/regressions]
+//! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--shrink N] [--out scenarios/regressions] [--json F] [--shard i/n]
+//! redstring-sim merge shard-1.json shard-2.json … [--json F] [--out scenarios/regressions]
 //! ```
 //!
 //! Every command goes through [`redstring_sim::world::simulate`]: build the
@@ -22,8 +23,6 @@
 //! output file could not be written, 5 every invariant held but an objective
 //! (`[objectives]`) was missed.
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -36,10 +35,11 @@ use redstring_sim::evidence::trace::Trace;
 use redstring_sim::judgement::report::{self, Report};
 use redstring_sim::judgement::sweep::{SeedRecord, SweepSummary};
 use redstring_sim::judgement::{compare, plots, shard};
-use redstring_sim::scenario::{CacheKind, Scenario, Warning, sanity};
+use redstring_sim::scenario::{Scenario, Warning, sanity};
 use redstring_sim::search::coverage::Coverage;
 use redstring_sim::search::fuzz::{self, BOUNDS_DIR, Bounds};
-use redstring_sim::search::tune;
+use redstring_sim::search::fuzz_run;
+use redstring_sim::search::{tune, tune_shard};
 use redstring_sim::world::{Budget, simulate};
 
 const INVARIANT_FAILED: u8 = 1;
@@ -141,8 +141,9 @@ enum Command {
         #[arg(long, value_parser = parse_shard)]
         shard: Option<shard::Shard>,
     },
-    /// Join the `--json` of every shard of one sweep or comparison
-    /// (`--shard i/n`) and print the result one machine would have printed.
+    /// Join the `--json` of every shard of one sweep, comparison or fuzz
+    /// run (`--shard i/n`) and print the result one machine would have
+    /// printed.
     Merge {
         /// Each shard's `--json` file.
         #[arg(required = true)]
@@ -150,6 +151,9 @@ enum Command {
         /// Write the joined JSON here (as the unsharded command would).
         #[arg(long)]
         json: Option<PathBuf>,
+        /// For a fuzz run: where its failing case is written (as `fuzz --out`).
+        #[arg(long, default_value = "scenarios/regressions")]
+        out: PathBuf,
     },
     /// Search the hardening's numbers for the configuration that meets the
     /// scenario's objectives with the most margin: a grid when small, else a
@@ -189,6 +193,15 @@ enum Command {
         /// Refuse (exit 2) a scenario with any warning.
         #[arg(long)]
         strict: bool,
+        /// Run only shard `i` of `n` of the next rung's simulations and
+        /// write them with every earlier result to `--json`; `merge` joins
+        /// a round's shards into the result, or into the state the next
+        /// round resumes from.
+        #[arg(long, value_parser = parse_shard)]
+        shard: Option<shard::Shard>,
+        /// Continue from this state (what `merge` wrote after a rung).
+        #[arg(long)]
+        resume: Option<PathBuf>,
     },
     /// Search generated scenarios within bounds for one that breaks a claimed
     /// invariant; write the smallest one found as a replayable scenario.
@@ -201,9 +214,25 @@ enum Command {
         /// The search's seed (the same seed tries the same cases).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Most shrinking steps for a failing case.
+        #[arg(long, default_value_t = 512)]
+        shrink: u32,
         /// Where a failing case is written.
         #[arg(long, default_value = "scenarios/regressions")]
         out: PathBuf,
+        /// Write the result, per case, as JSON here (what `merge` joins).
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Simulate only shard `i` of `n` of the cases (every `n`th from
+        /// the `i`th; every case is still drawn); `merge` joins the
+        /// shards' `--json`.
+        #[arg(long, value_parser = parse_shard)]
+        shard: Option<shard::Shard>,
+        /// Inject this known-bad variant of the hardening (see `mutants`):
+        /// a search that must fail.
+        #[cfg(feature = "mutants")]
+        #[arg(long, value_parser = parse_mutant)]
+        mutant: Option<redstring_sim::search::mutants::Mutant>,
     },
     /// Show that the invariants catch every known-bad variant of the
     /// hardening: hunt each with its targeted scenario and then the fuzzer,
@@ -289,7 +318,7 @@ fn main() -> ExitCode {
             jobs,
             shard,
         } => compare(&scenarios, &seeds, set.as_deref(), [json, svg], strict, jobs, shard),
-        Command::Merge { files, json } => merge(&files, json),
+        Command::Merge { files, json, out } => merge(&files, json, &out),
         Command::Tune {
             scenario,
             vary,
@@ -301,6 +330,8 @@ fn main() -> ExitCode {
             out,
             svg,
             strict,
+            shard,
+            resume,
         } => tune(
             &scenario,
             &vary,
@@ -312,14 +343,36 @@ fn main() -> ExitCode {
             },
             [json, out, svg],
             strict,
+            (shard, resume.as_deref()),
         ),
         Command::Check { dir, strict } => check(&dir, strict),
         Command::Fuzz {
             bounds,
             cases,
             seed,
+            shrink,
             out,
-        } => fuzz(&bounds, cases, seed, &out),
+            json,
+            shard,
+            #[cfg(feature = "mutants")]
+            mutant,
+        } => {
+            #[cfg(feature = "mutants")]
+            let _injected = redstring::mutants::inject(mutant);
+            #[cfg(feature = "mutants")]
+            let mutant = mutant.map(|m| m.name().to_owned());
+            #[cfg(not(feature = "mutants"))]
+            let mutant = None;
+            let settings = fuzz_run::Settings {
+                bounds: bounds.display().to_string(),
+                cases,
+                seed,
+                shrink,
+                mutant,
+                shard,
+            };
+            fuzz(&bounds, &settings, &out, json)
+        }
     };
     result.unwrap_or_else(|code| code)
 }
@@ -550,8 +603,9 @@ fn sweep(
 }
 
 /// `merge`: the shards' JSON joined, printed and written as the unsharded
-/// command would; its exit code too.
-fn merge(files: &[PathBuf], json: Option<PathBuf>) -> Outcome {
+/// command would (a fuzz run's failing case written into `out`); its exit
+/// code too.
+fn merge(files: &[PathBuf], json: Option<PathBuf>, out: &Path) -> Outcome {
     let json = create(json)?;
     let mut texts = Vec::new();
     for f in files {
@@ -565,6 +619,20 @@ fn merge(files: &[PathBuf], json: Option<PathBuf>) -> Outcome {
         eprintln!("error: {e}");
         ExitCode::from(BAD_SCENARIO)
     })?;
+    match &merged {
+        shard::Merged::Fuzz(run) => return finish_fuzz(run, out, json),
+        shard::Merged::Tune(tune_shard::Joined::Done { tuning, dims, scenario }) => {
+            print!("{}", loads(scenario));
+            return finish_tune(tuning, dims, [json, None, None]);
+        }
+        shard::Merged::Tune(tune_shard::Joined::Next(_)) if json.is_none() => {
+            eprintln!(
+                "error: the tune has rungs left: give --json STATE to write the state the next round resumes from"
+            );
+            return Err(ExitCode::from(BAD_SCENARIO));
+        }
+        _ => {}
+    }
     print!("{}", merged.render());
     Outputs::write(json, || merged.to_json())?;
     let (failed, missed) = merged.verdict();
@@ -672,8 +740,16 @@ impl tune::Progress for TuneBar {
 
 /// `tune`: exit 0 when the recommendation meets every objective, 5 when no
 /// candidate does, 1 when a candidate broke an invariant (a bug, printed
-/// with its seed), 2 for a bad scenario or `--vary`.
-fn tune(path: &Path, vary: &[String], settings: tune::Settings, files: [Option<PathBuf>; 3], strict: bool) -> Outcome {
+/// with its seed), 2 for a bad scenario, `--vary` or `--resume`. With
+/// `--shard`, one round: exit 0 once its part is written.
+fn tune(
+    path: &Path,
+    vary: &[String],
+    settings: tune::Settings,
+    files: [Option<PathBuf>; 3],
+    strict: bool,
+    (shard, resume): (Option<shard::Shard>, Option<&Path>),
+) -> Outcome {
     let bad = |e: &dyn std::fmt::Display| {
         eprintln!("error: {e}");
         ExitCode::from(BAD_SCENARIO)
@@ -692,25 +768,57 @@ fn tune(path: &Path, vary: &[String], settings: tune::Settings, files: [Option<P
         scenario: &scenario,
     };
     tune::precheck(&base, &dims).map_err(|e| bad(&e))?;
+    if shard.is_some() && files[0].is_none() {
+        return Err(bad(&"tune --shard writes its part to --json: give --json FILE"));
+    }
+    let from = resume
+        .map(|p| {
+            let text = std::fs::read_to_string(p).map_err(|e| bad(&format!("cannot read {}: {e}", p.display())))?;
+            serde_json::from_str::<tune_shard::TunePart>(&text)
+                .map_err(|e| bad(&format!("--resume {}: not a tune state: {e}", p.display())))
+        })
+        .transpose()?;
     let [json, out, svg] = files.map(create);
     let (json, out, svg) = (json?, out?, svg?);
     print!("{}", loads(&scenario));
     let bar = progress(0, "simulations");
-    let tuning = tune::tune(&base, &dims, settings, &TuneBar(bar.clone())).map_err(|e| bad(&e))?;
+    let shown = TuneBar(bar.clone());
+    let tuning = match (shard, &from) {
+        (None, None) => tune::tune(&base, &dims, settings, &shown),
+        (None, Some(from)) => tune_shard::finish(&base, &dims, vary, settings, from, &shown),
+        (Some(shard), from) => match tune_shard::round(&base, &dims, vary, settings, from.as_ref(), shard, &shown) {
+            Ok(tune_shard::Round::Done(tuning)) => Ok(*tuning),
+            Ok(tune_shard::Round::Ran {
+                rung,
+                rungs,
+                ran,
+                of,
+                part,
+            }) => {
+                bar.finish_and_clear();
+                println!(
+                    "tune {file}: rung {rung} of {rungs}, shard {}/{}: ran {ran} of the rung's {of} simulations\nnext: `redstring-sim merge` every shard's --json of this round; it prints the result once every rung is run, else writes the state to resume the next round from (tune … --resume STATE --shard i/n)",
+                    shard.index, shard.count
+                );
+                Outputs::write(json, || serde_json::to_string_pretty(&part).unwrap_or_default())?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            Err(e) => Err(e),
+        },
+    }
+    .map_err(|e| bad(&e))?;
     bar.finish_and_clear();
-    print!("{}", tuning.render(&dims));
-    Outputs::write(json, || serde_json::to_string_pretty(&tuning).unwrap_or_default())?;
+    finish_tune(&tuning, &dims, [json, out, svg])
+}
+
+/// Prints a tune's result (whole, or merged from shards), writes its files
+/// and gives its exit code.
+fn finish_tune(tuning: &tune::Tuning, dims: &[tune::Dim], [json, out, svg]: [Option<(PathBuf, File)>; 3]) -> Outcome {
+    print!("{}", tuning.render(dims));
+    Outputs::write(json, || serde_json::to_string_pretty(tuning).unwrap_or_default())?;
     Outputs::write(out, || tuning.hardening_toml.clone().unwrap_or_default())?;
-    Outputs::write(svg, || plots::pareto(&tuning))?;
-    let broke = tuning
-        .candidates
-        .iter()
-        .any(|c| c.disqualified.as_ref().is_some_and(|d| d.seed.is_some()));
-    let met = tuning
-        .recommended
-        .and_then(|id| tuning.candidate(id))
-        .is_some_and(|c| c.meets_all);
-    Ok(verdict(broke, !met))
+    Outputs::write(svg, || plots::pareto(tuning))?;
+    Ok(verdict(tuning.broke(), !tuning.met()))
 }
 
 /// Every `*.toml` under `dir`, in subdirectories too (but not in fuzzer
@@ -793,80 +901,53 @@ fn check(dir: &Path, strict: bool) -> Outcome {
     Ok(ExitCode::from(worst))
 }
 
-fn fuzz(path: &Path, cases: u32, seed: u64, out: &Path) -> Outcome {
-    use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
-
+fn fuzz(path: &Path, settings: &fuzz_run::Settings, out: &Path, json: Option<PathBuf>) -> Outcome {
     let bounds = Bounds::load(path).map_err(|e| {
         eprintln!("error: {e}");
         ExitCode::from(BAD_SCENARIO)
     })?;
-    let mut runner = TestRunner::new(Config {
-        cases,
-        rng_seed: RngSeed::Fixed(seed),
-        failure_persistence: None,
-        max_shrink_iters: 512,
-        ..Config::default()
-    });
-    let bar = progress(u64::from(cases), "cases");
-    let tried: RefCell<BTreeMap<String, u64>> = RefCell::new(BTreeMap::new());
-    let coverage = RefCell::new(Coverage::new());
-    let runs = RefCell::new(0u64);
+    let json = create(json)?;
+    let bar = progress(u64::from(settings.cases), "cases");
     let started = Instant::now();
-    let result = runner.run(&fuzz::scenarios(&bounds), |scenario| {
-        *runs.borrow_mut() += 1;
-        let mut t = tried.borrow_mut();
-        let layout = match scenario.cache.kind {
-            CacheKind::PerWorker => "cache per worker".to_owned(),
-            CacheKind::Shared => format!("cache shared, {}", report::stamped_by(scenario.cache.time_source)),
-        };
-        *t.entry(layout).or_default() += 1;
-        for f in &scenario.faults {
-            *t.entry(format!("fault {}", f.kind())).or_default() += 1;
-        }
-        drop(t);
-        bar.inc(1);
-        fuzz::check_case_covered(&scenario, &mut coverage.borrow_mut()).map_err(TestCaseError::fail)
-    });
+    let run = fuzz_run::run(&bounds, settings, || bar.inc(1));
     bar.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
-    let runs = *runs.borrow();
-    println!(
-        "fuzz {}: {runs} simulations in {wall:.1} s ({:.0} per minute), seed {seed}",
-        path.display(),
-        runs as f64 / wall.max(1e-9) * 60.0
+    // How fast is the machine's, not the search's: on stderr, so that the
+    // text on stdout is the same on every machine and for merged shards.
+    eprintln!(
+        "fuzz: {} simulations in {wall:.1} s ({:.0} per minute)",
+        run.simulations,
+        run.simulations as f64 / wall.max(1e-9) * 60.0
     );
-    for (what, n) in tried.borrow().iter() {
-        println!("  {what:<28} {n}");
+    finish_fuzz(&run, out, json)
+}
+
+/// Prints a fuzz run (whole, a shard, or merged shards), writes its failing
+/// case into `out` and its `--json`, and gives its exit code: 0 no case
+/// failed, 1 one did, 3 the search stopped.
+fn finish_fuzz(run: &fuzz_run::FuzzRun, out: &Path, json: Option<(PathBuf, File)>) -> Outcome {
+    print!("{}", run.render());
+    match &run.outcome {
+        fuzz_run::FuzzOutcome::Failed { regression, .. } => match fuzz::write(out, regression) {
+            Ok(written) => println!(
+                "smallest failing case: {}\nreplay: redstring-sim run {}",
+                written.display(),
+                written.display()
+            ),
+            Err(e) => eprintln!(
+                "error: cannot write the failing case to {}: {e}\n{}",
+                out.display(),
+                regression.toml
+            ),
+        },
+        fuzz_run::FuzzOutcome::Aborted { reason, .. } => eprintln!("error: the search stopped: {reason}"),
+        fuzz_run::FuzzOutcome::Passed => {}
     }
-    print!(
-        "exercised (every simulation, shrinking included):\n{}",
-        coverage.borrow()
-    );
-    match result {
-        Ok(()) => {
-            println!("no case broke a claimed invariant in {cases} cases");
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(TestError::Fail(reason, minimal)) => {
-            println!("FAILED: {reason}");
-            match fuzz::write_regression(out, &minimal) {
-                Ok(written) => println!(
-                    "smallest failing case: {}\nreplay: redstring-sim run {}",
-                    written.display(),
-                    written.display()
-                ),
-                Err(e) => eprintln!(
-                    "error: cannot write the failing case to {}: {e}\n{}",
-                    out.display(),
-                    minimal.to_toml()
-                ),
-            }
-            Ok(ExitCode::from(INVARIANT_FAILED))
-        }
-        Err(TestError::Abort(reason)) => {
-            eprintln!("error: the search stopped: {reason}");
-            Err(ExitCode::from(SIM_FAILED))
-        }
+    Outputs::write(json, || serde_json::to_string_pretty(run).unwrap_or_default())?;
+    match run.outcome {
+        fuzz_run::FuzzOutcome::Passed => Ok(ExitCode::SUCCESS),
+        fuzz_run::FuzzOutcome::Failed { .. } => Ok(ExitCode::from(INVARIANT_FAILED)),
+        fuzz_run::FuzzOutcome::Aborted { .. } => Err(ExitCode::from(SIM_FAILED)),
     }
 }
 

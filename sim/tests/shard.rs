@@ -77,6 +77,8 @@ fn whole_equals_merged(cmd: &[&str], n: u64, tag: &str) {
     let merged = run(&merge, &file(&path, &format!("{tag}-merged.json")));
     assert_eq!(merged.0, whole.0, "exit code");
     assert_eq!(merged.1, whole.1, "the merged text differs from the whole run's");
+    // The equality covers the crash's episode figures too.
+    assert!(whole.1.contains("episode #1 gpu crash at 5.0 s"), "{}", whole.1);
     assert!(merged.2 == whole.2, "the merged JSON differs from the whole run's");
 }
 

@@ -149,6 +149,38 @@ pub struct CircuitBreaker<S = MemoryCache> {
     on_cache_error: OnCacheError,
     clock: Arc<dyn Clock>,
     observer: Arc<dyn Observer>,
+    quiet: Quiet,
+}
+
+/// What [`machine::step`] answers over an empty store for the commands a
+/// healthy breaker runs on every call, computed once when the breaker is
+/// built: over an empty store neither answer depends on the instant (the
+/// property test `quiet_steps_answer_the_same_at_every_instant` pins it).
+/// When the store says nothing is stored at the breaker's keys
+/// ([`BreakerStore::breaker_quiet`]) and no observer listens, these are the
+/// step's answers with no step run, no clock read and no event built.
+#[derive(Clone, Copy, Debug)]
+struct Quiet {
+    /// An admission's permit, when the step over an empty store writes nothing.
+    allow: Option<Permit>,
+    /// Whether a closed call's success report over an empty store writes nothing.
+    success: bool,
+}
+
+impl Quiet {
+    fn of(params: &BreakerParams) -> Self {
+        let empty = machine::BreakerSnapshot::EMPTY;
+        let allow = machine::step(&empty, BreakerCommand::Allow, params, Timestamp::EPOCH);
+        let success = [Origin::Untracked, Origin::Call].into_iter().all(|origin| {
+            machine::step(&empty, BreakerCommand::RecordSuccess(origin), params, Timestamp::EPOCH)
+                .writes
+                .is_empty()
+        });
+        Quiet {
+            allow: allow.writes.is_empty().then(|| allow.permit.unwrap_or(Permit::Call)),
+            success,
+        }
+    }
 }
 
 impl<S> std::fmt::Debug for CircuitBreaker<S> {
@@ -304,15 +336,17 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
         }
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         let (store, owns_store) = self.store.resolve(&clock);
+        let params = BreakerParams {
+            failure_threshold: self.failure_threshold,
+            recovery_timeout: self.recovery_timeout,
+            half_open_max_calls: self.half_open_max_calls,
+            probe_lease,
+        };
         Ok(CircuitBreaker {
             store,
             owns_store,
-            params: BreakerParams {
-                failure_threshold: self.failure_threshold,
-                recovery_timeout: self.recovery_timeout,
-                half_open_max_calls: self.half_open_max_calls,
-                probe_lease,
-            },
+            quiet: Quiet::of(&params),
+            params,
             keys: BreakerKeys::new(&self.prefix),
             prefix: Arc::from(self.prefix),
             on_cache_error: self.on_cache_error,
@@ -355,6 +389,11 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// [`record_failure_for`](Self::record_failure_for), or hand it back with
     /// [`release`](Self::release) if it never reached the model.
     pub async fn admit(&self) -> Permit {
+        if let Some(permit) = self.quiet.allow
+            && self.is_quiet()
+        {
+            return permit;
+        }
         match self.run(BreakerCommand::Allow).await {
             Ok(step) => step.permit.unwrap_or(Permit::Call),
             Err(error) => {
@@ -395,6 +434,9 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// count. The spec's form; a caller holding a [`Permit`] should use
     /// [`record_success_for`](Self::record_success_for).
     pub async fn record_success(&self) -> Result<(), CacheError> {
+        if self.quiet.success && self.is_quiet() {
+            return Ok(());
+        }
         self.run(BreakerCommand::RecordSuccess(Origin::Untracked))
             .await
             .map(drop)
@@ -415,6 +457,9 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// circuit's call clears the failure count while the circuit is closed. A
     /// refusal has nothing to report.
     pub async fn record_success_for(&self, permit: &Permit) -> Result<(), CacheError> {
+        if *permit == Permit::Call && self.quiet.success && self.is_quiet() {
+            return Ok(());
+        }
         match permit.origin() {
             Some(origin) => self.run(BreakerCommand::RecordSuccess(origin)).await.map(drop),
             None => Ok(()),
@@ -494,6 +539,15 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         }
     }
 
+    /// Whether a step may be answered from [`Quiet`]: nothing is stored at
+    /// the keys (as the store can tell without a lock or a round trip), no
+    /// observer wants the step's events, and no known-bad variant is
+    /// injected.
+    #[inline]
+    fn is_quiet(&self) -> bool {
+        crate::mutants::injected_none() && !self.observer.enabled() && self.store.breaker_quiet(&self.keys)
+    }
+
     async fn run(&self, command: BreakerCommand) -> Result<machine::BreakerStep, CacheError> {
         // A store that stamps with its own clock ignores ours: skip the read.
         let now = if self.store.stamps_with_own_clock() {
@@ -524,9 +578,17 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         };
         #[cfg(not(feature = "mutants"))]
         let step = self.store.breaker_step(&self.keys, command, self.params, now).await?;
-        // A failure is reported before the transition it may cause, an
-        // admission after the transition it may have driven (the probe).
-        // A failure that changes nothing (a late report) is not recorded.
+        if self.observer.enabled() {
+            self.report(command, &step);
+        }
+        Ok(step)
+    }
+
+    /// Tells the observer what one step did. A failure is reported before
+    /// the transition it may cause, an admission after the transition it
+    /// may have driven (the probe). A failure that changes nothing (a late
+    /// report) is not recorded.
+    fn report(&self, command: BreakerCommand, step: &machine::BreakerStep) {
         if matches!(command, BreakerCommand::RecordFailure(_)) && !step.writes.is_empty() {
             self.observer.on_event(&Event::BreakerFailureRecorded {
                 breaker: self.prefix.clone(),
@@ -618,7 +680,6 @@ impl<S: BreakerStore> CircuitBreaker<S> {
             }),
             None => {}
         }
-        Ok(step)
     }
 
     fn report_unreadable(&self, state: &machine::StoredState) {

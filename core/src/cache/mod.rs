@@ -256,6 +256,17 @@ pub trait BreakerStore: Cache {
         keys: &BreakerKeys,
         now: Timestamp,
     ) -> impl Future<Output = Result<(BreakerSnapshot, Timestamp), CacheError>> + Send;
+
+    /// Whether nothing at all is stored at `keys` now, when the store can
+    /// tell without a lock or a round trip (default `false`: it cannot).
+    /// A `true` must be exact in the order of the store's steps: a step
+    /// over `keys` taken instead would have read the empty snapshot, so a
+    /// breaker may answer a step that writes nothing over an empty store
+    /// without running it.
+    fn breaker_quiet(&self, keys: &BreakerKeys) -> bool {
+        let _ = keys;
+        false
+    }
 }
 
 /// A retry budget's bucket as one atomic step.

@@ -529,12 +529,21 @@ impl<S: LimiterStore> RateLimiter<S> {
         }
     }
 
+    /// Tells the observer `event`, built only when it is
+    /// [`enabled`](Observer::enabled).
+    #[inline]
+    fn emit(&self, event: impl FnOnce() -> Event) {
+        if self.observer.enabled() {
+            self.observer.on_event(&event());
+        }
+    }
+
     /// Reports a store that could not answer `operation` and says what the
     /// [`OnCacheUnavailable`] policy does instead: decide locally, admit
     /// without a limit (reported as an admission decided by nobody), or
     /// refuse.
     fn fall_back(&self, operation: &'static str, error: &CacheError, tenant: TenantId, at: Timestamp) -> Fallback<'_> {
-        self.observer.on_event(&Event::CacheUnavailable {
+        self.emit(|| Event::CacheUnavailable {
             component: self.prefix.clone(),
             operation,
             fallback: self.on_cache_unavailable.as_str(),
@@ -543,7 +552,7 @@ impl<S: LimiterStore> RateLimiter<S> {
         match (self.on_cache_unavailable, &self.local) {
             (OnCacheUnavailable::LocalLimit, Some(local)) => Fallback::Local(local),
             (OnCacheUnavailable::Admit, _) => {
-                self.observer.on_event(&Event::RateLimitAdmitted {
+                self.emit(|| Event::RateLimitAdmitted {
                     limiter: self.prefix.clone(),
                     tenant,
                     remaining: 0,
@@ -566,7 +575,7 @@ impl<S: LimiterStore> RateLimiter<S> {
         decided_by: DecidedBy,
     ) -> Result<Admission, AcquireError> {
         if outcome.clamped() {
-            self.observer.on_event(&Event::StampClamped {
+            self.emit(|| Event::StampClamped {
                 limiter: self.prefix.clone(),
                 tenant,
                 asked,
@@ -575,7 +584,7 @@ impl<S: LimiterStore> RateLimiter<S> {
         }
         match outcome {
             SlotOutcome::Admitted { remaining, at, .. } => {
-                self.observer.on_event(&Event::RateLimitAdmitted {
+                self.emit(|| Event::RateLimitAdmitted {
                     limiter: self.prefix.clone(),
                     tenant,
                     remaining,
@@ -587,7 +596,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             SlotOutcome::Refused {
                 used, retry_after, at, ..
             } => {
-                self.observer.on_event(&Event::RateLimitRefused {
+                self.emit(|| Event::RateLimitRefused {
                     limiter: self.prefix.clone(),
                     tenant,
                     retry_after,
@@ -707,7 +716,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             (DecidedBy::Local | DecidedBy::Unlimited, _) => false,
             (DecidedBy::Store, _) => self.store.settle_tokens(key.as_str(), reservation.id, actual).await?,
         };
-        self.observer.on_event(&Event::TokensSettled {
+        self.emit(|| Event::TokensSettled {
             limiter: self.prefix.clone(),
             tenant,
             estimate: reservation.estimate,
@@ -740,7 +749,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             TokenOutcome::Admitted { clamped, .. } | TokenOutcome::Refused { clamped, .. } => clamped,
         };
         if clamped {
-            self.observer.on_event(&Event::StampClamped {
+            self.emit(|| Event::StampClamped {
                 limiter: self.prefix.clone(),
                 tenant,
                 asked,
@@ -754,14 +763,14 @@ impl<S: LimiterStore> RateLimiter<S> {
                 reservation,
                 ..
             } => {
-                self.observer.on_event(&Event::RateLimitAdmitted {
+                self.emit(|| Event::RateLimitAdmitted {
                     limiter: self.prefix.clone(),
                     tenant,
                     remaining,
                     at: reservation.at,
                     decided_by,
                 });
-                self.observer.on_event(&Event::TokensReserved {
+                self.emit(|| Event::TokensReserved {
                     limiter: self.prefix.clone(),
                     tenant,
                     estimate: ask.tokens,
@@ -786,7 +795,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 at,
                 ..
             } => {
-                self.observer.on_event(&Event::RateLimitRefused {
+                self.emit(|| Event::RateLimitRefused {
                     limiter: self.prefix.clone(),
                     tenant,
                     retry_after,
@@ -807,7 +816,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 at,
                 ..
             } => {
-                self.observer.on_event(&Event::TokensRefused {
+                self.emit(|| Event::TokensRefused {
                     limiter: self.prefix.clone(),
                     tenant,
                     estimate: ask.tokens,

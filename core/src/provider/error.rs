@@ -436,6 +436,41 @@ pub enum ExtractError {
     /// made.
     #[error(transparent)]
     TokenLimited(#[from] TokenLimitExceeded),
+    /// Every deployment a call could go to was over its own limit
+    /// ([`Deployment::limit`](super::Deployment::limit): requests or tokens
+    /// per window, shared by every tenant), still, after the configured
+    /// waits. That attempt made no call.
+    #[error(transparent)]
+    DeploymentLimited(#[from] DeploymentLimited),
+}
+
+/// A deployment's own limit refused an attempt: no call was made to it.
+///
+/// The message names the model and the limit: `deployment gpt-4o-mini
+/// (limit "azure-east") is over its tokens per window; retry in 4.20s`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("deployment {model} (limit {limit:?}) is over its {}{}", by_words(*by), retry_after.map_or_else(|| "; the estimate alone is over it".to_owned(), |d| format!("; retry in {:.2}s", d.as_secs_f64())))]
+pub struct DeploymentLimited {
+    /// The model of the deployment refused.
+    pub model: String,
+    /// Its limit's key prefix (deployments sharing one limit share this).
+    pub limit: String,
+    /// Which of its limits refused.
+    pub by: RefusedBy,
+    /// How long until it would admit this attempt, if nothing else takes
+    /// its room meanwhile; `None` when the attempt's estimate alone is over
+    /// its tokens per window.
+    pub retry_after: Option<Duration>,
+}
+
+/// A refusal's limit in words.
+fn by_words(by: RefusedBy) -> &'static str {
+    match by {
+        RefusedBy::Requests => "requests per window",
+        RefusedBy::Tokens => "tokens per window",
+        RefusedBy::Both => "requests and tokens per window",
+        RefusedBy::TooLarge => "tokens per window",
+    }
 }
 
 impl ExtractError {
@@ -476,6 +511,7 @@ impl ExtractError {
             ExtractError::CircuitOpen(e) => Some(e.retry_after),
             ExtractError::RateLimited(e) => Some(e.retry_after),
             ExtractError::TokenLimited(e) if e.by != RefusedBy::TooLarge => Some(e.retry_after),
+            ExtractError::DeploymentLimited(e) => e.retry_after,
             ExtractError::Provider(e) => e.retry_after(),
             _ => None,
         }
@@ -497,7 +533,7 @@ impl ExtractError {
     /// A short stable name for metrics and events: the provider error's
     /// [`kind`](ProviderError::kind), or `circuit_open`, `cooldown`,
     /// `rate_limited`, `retry_exhausted`, `deadline_exceeded`, `retry_denied`,
-    /// `limiter_cache`, `token_limited`.
+    /// `limiter_cache`, `token_limited`, `deployment_limited`.
     pub fn kind(&self) -> &'static str {
         match self {
             ExtractError::Provider(e) => e.kind(),
@@ -512,6 +548,7 @@ impl ExtractError {
             ExtractError::RetryDenied(_) => "retry_denied",
             ExtractError::LimiterCache(_) => "limiter_cache",
             ExtractError::TokenLimited(_) => "token_limited",
+            ExtractError::DeploymentLimited(_) => "deployment_limited",
         }
     }
 }

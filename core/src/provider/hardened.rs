@@ -31,7 +31,7 @@
 //! | a transient failure the classifier refused to retry (a `Retry-After` over the cap) | `record_failure` |
 //! | the server answered unusably: malformed, empty, truncated, 4xx, a redirect, llama.cpp's unusable-output 500, oversized body | `record_success` — the server is up |
 //! | a refusal | `record_success`, or `record_failure` with [`refusals_trip_breaker`](HardenedProviderBuilder::refusals_trip_breaker) |
-//! | no call made after admission (limiter refusal, an inner wrapper's refusal) | `release` — a half-open probe's lease ends at once, so the next caller probes |
+//! | no call made after admission (limiter refusal, every deployment's own limit refusing, an inner wrapper's refusal) | `release` — a half-open probe's lease ends at once, so the next caller probes |
 //!
 //! Every report names the [`Permit`] the call was admitted with, so a probe
 //! reports exactly its own lease and a late report changes nothing. The call
@@ -56,6 +56,45 @@
 //! and otherwise returns [`CircuitOpen`] with reason
 //! [`Refusal::Cooldown`] (kind `cooldown`) and the wait.
 //!
+//! # Several deployments
+//!
+//! Built [`over`](HardenedProvider::over) several [`Deployment`]s (or with
+//! [`fallback`](HardenedProviderBuilder::fallback)), the provider routes each
+//! call: it orders the deployments by its policy (the order given,
+//! [`weighted`](HardenedProviderBuilder::weighted), or
+//! [`least_loaded`](HardenedProviderBuilder::least_loaded) fleet-wide),
+//! admits the call at the first whose breaker admits it — a refusal is data
+//! from that one admission, remembered until its wait passes so later calls
+//! ask that deployment last — and sends each retry after a transient
+//! failure to the next deployment that admits it, cycling back when every
+//! other refuses. A fallover is a retry: the schedule's backoff, the
+//! deadline and the retry budget bound it (as Envoy's retry policy picks
+//! another host for a retry, with its backoff). A wait one deployment's
+//! server asked for (`Retry-After`) does not hold back a retry that goes to
+//! another; a failure about the request (malformed, a 400) does not fall
+//! over, while one about the deployment (its quota exhausted, its key
+//! refused, the model unknown there, an inner wrapper's refusal) does.
+//!
+//! Per call, each admission a breaker gave it is answered by exactly one
+//! report (what the call's last attempt there said, or a release when none
+//! was sent), and the limiter charges one slot;
+//! under a token budget the reservation covers the largest `max_tokens`
+//! among the deployments. A deployment's own
+//! [`limit`](Deployment::limit) is per attempt: each attempt there takes a
+//! slot (and reserves its estimate, settled after the attempt); a
+//! deployment whose limit refuses is skipped like one whose circuit
+//! refuses, and when every limit refuses the soonest wait is slept off
+//! within [`limiter_waits`](HardenedProviderBuilder::limiter_waits) and the
+//! deadline, then the call ends with [`ExtractError::DeploymentLimited`]. When every deployment
+//! refuses and the soonest to admit again is a shared cooldown, it is slept
+//! off as with one deployment; a cooldown on one deployment of several is
+//! skipped, not waited for.
+//!
+//! Provenance stays the answer's: [`Extracted::model`] names the model of
+//! the deployment that produced it. [`LlmProvider::model`] is the primary's
+//! configured identity; a pipeline recording provenance from a router reads
+//! the answer's.
+//!
 //! Every wait (limiter, backoff, the server's `Retry-After`) is slept on the
 //! injected clock and checked against the call's deadline first, so a test on
 //! a [`ManualClock`](crate::ManualClock) never sleeps and a production call
@@ -68,12 +107,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError};
+use super::error::{DeadlineExceeded, DeadlineWait, DeploymentLimited, ExtractError, ProviderError};
+use super::route::{
+    Deployment, IN_FLIGHT_PREFIX, InFlight, PickRequest, Policy, call_order, live_weights, weighted_pick,
+};
 use super::transport::BoxFuture;
 use super::{ExtractRequest, Extracted, LlmProvider};
 use crate::breaker::{CircuitBreaker, CircuitOpen, Permit, Refusal};
-use crate::cache::{BreakerStore, BudgetStore, MemoryCache, TokenStore};
+use crate::cache::{BreakerStore, BudgetStore, InFlightStore, MemoryCache, TokenStore};
 use crate::clock::{Clock, SystemClock};
+use crate::limiter::tokens::RefusedBy;
 use crate::limiter::{AcquireError, RateLimiter, Reservation, TokenAcquireError};
 use crate::observe::{Event, Observer, TracingObserver};
 use crate::random::{RandomSource, SeededRandom};
@@ -113,6 +156,18 @@ pub fn default_token_estimate(request: &ExtractRequest<'_>, max_tokens: Option<u
     prompt.saturating_add(max_tokens.map_or(DEFAULT_OUTPUT_ESTIMATE, u64::from))
 }
 
+/// Whether a failed attempt may have spent tokens: the server may have
+/// generated for it ([`ProviderError::generated_nothing`] is not sure it
+/// did not).
+fn may_have_spent(error: &ExtractError) -> bool {
+    !error.provider_error().is_none_or(ProviderError::generated_nothing)
+}
+
+/// The tokens an answer used: its `usage`, or the estimate when it sent none.
+fn answer_tokens(estimate: u64, answer: &Extracted<Value>) -> u64 {
+    answer.usage.map_or(estimate, |u| u.total())
+}
+
 /// An [`LlmProvider`] that survives a flaky model server, for one tenant.
 ///
 /// Build one per tenant around a shared limiter and breaker: the limiter keys
@@ -121,11 +176,22 @@ pub fn default_token_estimate(request: &ExtractRequest<'_>, max_tokens: Option<u
 /// tenant's circuit. Give the limiter, the breaker and this provider the same
 /// clock.
 pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
-    inner: P,
+    /// Where calls may go, never empty; the first is the primary.
+    deployments: Vec<Deployment<P, B>>,
+    policy: Policy,
+    /// The least-loaded policy's key per deployment (empty otherwise).
+    in_flight_keys: Vec<String>,
+    /// For each deployment, the first deployment with the same breaker: a
+    /// call holds one admission per breaker, however many deployments
+    /// share it.
+    holders: Vec<usize>,
+    /// Whether any deployment has its own limit.
+    limited: bool,
     tenant: TenantId,
     limiter: Arc<RateLimiter<L>>,
-    breaker: Arc<CircuitBreaker<B>>,
     retry: Retry,
+    /// Routing draws (weighted picks, in-flight lease ids).
+    rng: Arc<dyn RandomSource>,
     clock: Arc<dyn Clock>,
     observer: Arc<dyn Observer>,
     classifier: Option<Classifier>,
@@ -140,10 +206,10 @@ pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
 impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HardenedProvider")
-            .field("inner", &self.inner)
+            .field("deployments", &self.deployments)
+            .field("policy", &self.policy)
             .field("tenant", &self.tenant)
             .field("limiter", &self.limiter)
-            .field("breaker", &self.breaker)
             .field("retry", &self.retry)
             .field("limiter_waits", &self.limiter_waits)
             .field("cooldown_waits", &self.cooldown_waits)
@@ -156,10 +222,10 @@ impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {
 
 /// Configures a [`HardenedProvider`]; unset options take the defaults.
 pub struct HardenedProviderBuilder<P, L, B> {
-    inner: P,
+    deployments: Vec<Deployment<P, B>>,
+    routing: Policy,
     tenant: TenantId,
     limiter: Arc<RateLimiter<L>>,
-    breaker: Arc<CircuitBreaker<B>>,
     policy: RetryPolicy,
     clock: Option<Arc<dyn Clock>>,
     rng: Option<Arc<dyn RandomSource>>,
@@ -184,11 +250,23 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         limiter: Arc<RateLimiter<L>>,
         breaker: Arc<CircuitBreaker<B>>,
     ) -> HardenedProviderBuilder<P, L, B> {
+        Self::over(Deployment::new(inner, breaker), tenant, limiter)
+    }
+
+    /// Starts configuring a provider for `tenant` over deployments, `first`
+    /// the primary; add the others with
+    /// [`fallback`](HardenedProviderBuilder::fallback) or
+    /// [`deployment`](HardenedProviderBuilder::deployment).
+    pub fn over(
+        first: Deployment<P, B>,
+        tenant: TenantId,
+        limiter: Arc<RateLimiter<L>>,
+    ) -> HardenedProviderBuilder<P, L, B> {
         HardenedProviderBuilder {
-            inner,
+            deployments: vec![first],
+            routing: Policy::Ordered,
             tenant,
             limiter,
-            breaker,
             policy: RetryPolicy::default(),
             clock: None,
             rng: None,
@@ -206,6 +284,27 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
 }
 
 impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, L, B> {
+    /// Adds a deployment a call may go to, after those already given.
+    pub fn deployment(mut self, deployment: Deployment<P, B>) -> Self {
+        self.deployments.push(deployment);
+        self
+    }
+
+    /// Adds `inner` behind its own `breaker` at weight 1: where a call goes
+    /// when the deployments before it refuse, and where a retry goes after
+    /// a transient failure.
+    pub fn fallback(self, inner: P, breaker: Arc<CircuitBreaker<B>>) -> Self {
+        self.deployment(Deployment::new(inner, breaker))
+    }
+
+    /// Routes each call first to a deployment drawn by weight (from the
+    /// [`rng`](Self::rng)), the others following in order (default: the
+    /// order given).
+    pub fn weighted(mut self) -> Self {
+        self.routing = Policy::Weighted;
+        self
+    }
+
     /// The retry schedule (default [`RetryPolicy::default`]: 3 retries, 1 s, ×2, ±10 %).
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.policy = policy;
@@ -305,7 +404,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
         self
     }
 
-    /// Builds the provider.
+    /// Builds the provider. More than
+    /// [`MAX_DEPLOYMENTS`](super::route::MAX_DEPLOYMENTS) deployments
+    /// under least-loaded routing are counted in order instead: the
+    /// store's pick weighs at most that many.
     pub fn build(self) -> HardenedProvider<P, L, B> {
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         let observer = self.observer.unwrap_or_else(|| Arc::new(TracingObserver));
@@ -314,17 +416,41 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
             .unwrap_or_else(|| Arc::new(SeededRandom::from_os_entropy()) as Arc<dyn RandomSource>);
         let mut retry = Retry::new(self.policy)
             .clock(clock.clone())
-            .rng(rng)
+            .rng(rng.clone())
             .observer(observer.clone());
         if let Some(budget) = self.budget {
             retry = budget(retry);
         }
+        let routing = match self.routing {
+            Policy::LeastLoaded { .. } if self.deployments.len() > super::route::MAX_DEPLOYMENTS => Policy::Ordered,
+            routing => routing,
+        };
+        let in_flight_keys = match routing {
+            Policy::LeastLoaded { .. } => self
+                .deployments
+                .iter()
+                .map(|d| format!("{IN_FLIGHT_PREFIX}:{}", d.breaker.key_prefix()))
+                .collect(),
+            Policy::Ordered | Policy::Weighted => Vec::new(),
+        };
+        let holders = (0..self.deployments.len())
+            .map(|i| {
+                let prefix = self.deployments[i].breaker.key_prefix();
+                (0..i)
+                    .find(|&j| self.deployments[j].breaker.key_prefix() == prefix)
+                    .unwrap_or(i)
+            })
+            .collect();
         HardenedProvider {
-            inner: self.inner,
+            limited: self.deployments.iter().any(|d| d.limit.is_some()),
+            deployments: self.deployments,
+            policy: routing,
+            in_flight_keys,
+            holders,
             tenant: self.tenant,
             limiter: self.limiter,
-            breaker: self.breaker,
             retry,
+            rng,
             clock,
             observer,
             classifier: self.classifier,
@@ -338,10 +464,49 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
     }
 }
 
-/// The admission a mutated call holds now (see `mutated_attempt`).
-#[cfg(feature = "mutants")]
-fn latest(permit: &std::sync::Mutex<Permit>) -> Permit {
-    *permit.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+impl<P: LlmProvider, L: TokenStore, B: BreakerStore + InFlightStore> HardenedProviderBuilder<P, L, B> {
+    /// Routes each call first to the deployment with the fewest calls in
+    /// flight per weight, counted for the whole fleet in the first
+    /// deployment's breaker store (one atomic pick that also leases the
+    /// call; see [`route`](super::route)); the others follow in order. A
+    /// call counts until it ends, or for `lease` if its future is dropped.
+    pub fn least_loaded(mut self, lease: Duration) -> Self {
+        let store: Arc<dyn InFlight> = self.deployments[0].breaker.cache().clone();
+        self.routing = Policy::LeastLoaded { store, lease };
+        self
+    }
+}
+
+/// One call's route: the deployments in the order it tries them, the
+/// admissions it holds, where its attempts go now, and its in-flight lease.
+struct CallRoute {
+    /// Deployment indices, in the order this call tries them.
+    order: Vec<usize>,
+    /// The position in `order` of the deployment attempts go to.
+    at: usize,
+    /// The admission held from each breaker, by the index of the first
+    /// deployment behind it (`holders`).
+    held: Vec<Option<Permit>>,
+    /// What each breaker hears for the call, from the last attempt at a
+    /// deployment behind it (same index as `held`).
+    reports: Vec<Option<BreakerReport>>,
+    /// The least-loaded lease: the deployment it counts at, and its id.
+    lease: Option<(usize, u64)>,
+    /// Refusals by deployments' own limits slept off so far.
+    limit_waits: u32,
+}
+
+impl CallRoute {
+    /// The deployment attempts go to.
+    fn current(&self) -> usize {
+        self.order[self.at]
+    }
+}
+
+/// Locks a call's route (a poisoned lock still holds a consistent route:
+/// no code panics while holding it).
+fn lock(route: &std::sync::Mutex<CallRoute>) -> std::sync::MutexGuard<'_, CallRoute> {
+    route.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What an outcome tells the breaker.
@@ -354,9 +519,14 @@ enum BreakerReport {
 }
 
 impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
-    /// The wrapped provider.
+    /// The wrapped provider (the primary's, with several deployments).
     pub fn inner(&self) -> &P {
-        &self.inner
+        &self.deployments[0].inner
+    }
+
+    /// Every deployment, the primary first.
+    pub fn deployments(&self) -> &[Deployment<P, B>] {
+        &self.deployments
     }
 
     /// The tenant every call is charged to.
@@ -375,16 +545,65 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         }
     }
 
-    /// The whole call, returning the outcome and the attempts that reached the
-    /// inner provider.
+    /// The retry loop's verdict over several deployments: a retry goes to
+    /// another deployment, so a wait one deployment's server asked for
+    /// (`Retry-After`, also one over the cap) does not hold it back, and a
+    /// failure that is about the deployment rather than the request — its
+    /// account's quota exhausted, its key refused, the model unknown there,
+    /// an inner wrapper's refusal — is retried there (under the default
+    /// classifier), whenever another deployment is not known to refuse.
+    fn classify_routed(&self, error: &ExtractError, route: &std::sync::Mutex<CallRoute>) -> Retryable {
+        let verdict = self.classify(error);
+        if self.deployments.len() == 1 {
+            return verdict;
+        }
+        let defaults = self.classifier.is_none();
+        let server_wait =
+            matches!(verdict, Retryable::After(_)) || (defaults && matches!(error.retryable(), Retryable::After(_)));
+        let this_deployment = defaults
+            && (matches!(error, ExtractError::CircuitOpen(_))
+                || matches!(
+                    error.provider_error(),
+                    Some(
+                        ProviderError::QuotaExhausted { .. }
+                            | ProviderError::Authentication { .. }
+                            | ProviderError::UnknownModel { .. }
+                    )
+                ));
+        if !server_wait && !this_deployment {
+            return verdict;
+        }
+        let now = self.clock.now();
+        let here = self.holders[lock(route).current()];
+        let elsewhere =
+            (0..self.deployments.len()).any(|j| self.holders[j] != here && !self.deployments[j].known_to_refuse(now));
+        if elsewhere { Retryable::Yes } else { verdict }
+    }
+
+    /// How many tokens an attempt at deployment `i` may use: the
+    /// configured estimate, or the default by its `max_tokens`.
+    fn estimate_at(&self, request: &ExtractRequest<'_>, i: usize) -> u64 {
+        match &self.token_estimate {
+            Some(estimate) => estimate(request),
+            None => default_token_estimate(request, self.deployments[i].inner.max_tokens()),
+        }
+    }
+
+    /// The model of deployment `i`, for events.
+    fn model_of(&self, i: usize) -> Arc<str> {
+        Arc::from(self.deployments[i].inner.model())
+    }
+
+    /// The whole call, returning the outcome, the attempts that reached an
+    /// inner provider, and the deployment the last one went to.
     /// `timeout`, a caller's bound on the whole call, tightens the deadline.
     async fn run(
         &self,
         request: ExtractRequest<'_>,
         timeout: Option<Duration>,
-    ) -> (Result<Extracted<Value>, ExtractError>, u32) {
+    ) -> (Result<Extracted<Value>, ExtractError>, u32, usize) {
         if request.is_blank() {
-            return (Err(ProviderError::BlankText.into()), 0);
+            return (Err(ProviderError::BlankText.into()), 0, 0);
         }
         let start = self.clock.now();
         let deadline = match (self.deadline, timeout) {
@@ -392,54 +611,80 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             (budget, timeout) => budget.or(timeout).map(|t| start.saturating_add(t)),
         };
 
-        let permit = match self.admit(deadline).await {
-            Ok(permit) => permit,
-            Err(refused) => return (Err(refused), 0),
-        };
+        let mut route = self.plan().await;
+        if let Err(refused) = self.admit(deadline, &mut route).await {
+            self.end_lease(route.lease.take()).await;
+            return (Err(refused), 0, route.current());
+        }
 
-        let reservation = match self.acquire(deadline, &request).await {
+        let reservation = match self.acquire(deadline, &request, route.current()).await {
             Ok(reservation) => reservation,
             Err(e) => {
-                self.report_to_breaker(&permit, BreakerReport::Release).await;
-                return (Err(e), 0);
+                self.report_all(&mut route, BreakerReport::Release).await;
+                return (Err(e), 0, route.current());
             }
         };
 
         let mut attempts = 0u32;
         let spent = AtomicU32::new(0);
-        #[cfg(feature = "mutants")]
-        let (outcome, permit) = {
-            let permit = std::sync::Mutex::new(permit);
-            let outcome = self
-                .retry
-                .run_until(
-                    deadline,
-                    OPERATION,
-                    |e| self.classify(e),
-                    || {
-                        attempts = attempts.saturating_add(1);
-                        let left = deadline.map(|d| d.saturating_duration_since(self.clock.now()));
-                        self.mutated_attempt(request, left, attempts, &permit, &spent)
-                    },
-                )
-                .await;
-            (outcome, latest(&permit))
-        };
-        #[cfg(not(feature = "mutants"))]
+        let sent = AtomicU32::new(0);
+        let route = std::sync::Mutex::new(route);
         let outcome = self
             .retry
             .run_until(
                 deadline,
                 OPERATION,
-                |e| self.classify(e),
+                |e| self.classify_routed(e, &route),
                 || {
                     attempts = attempts.saturating_add(1);
-                    // The attempt may take no longer than the deadline leaves.
-                    let left = deadline.map(|d| d.saturating_duration_since(self.clock.now()));
-                    self.attempt(request, left, &spent)
+                    let attempt = attempts;
+                    let route = &route;
+                    let spent = &spent;
+                    let sent = &sent;
+                    async move {
+                        let reservation = match self.place(route, &request, deadline, attempt > 1).await {
+                            Ok(reservation) => reservation,
+                            Err(limited) => {
+                                // Not sent: the breaker hears nothing of it, unless nothing was sent there at all.
+                                let here = self.holders[lock(route).current()];
+                                lock(route).reports[here].get_or_insert(BreakerReport::Release);
+                                return Err(limited);
+                            }
+                        };
+                        let at = lock(route).current();
+                        #[cfg(feature = "mutants")]
+                        if let Some(refused) = self.mutated_layers(route, attempt).await {
+                            self.settle_limit(at, reservation, 0).await;
+                            return Err(refused);
+                        }
+                        // The attempt may take no longer than the deadline leaves.
+                        let left = deadline.map(|d| d.saturating_duration_since(self.clock.now()));
+                        sent.fetch_add(1, Ordering::Relaxed);
+                        let result = self.attempt(at, request, left, spent).await;
+                        if let Some(reservation) = reservation {
+                            let actual = match &result {
+                                Ok(answer) => answer_tokens(reservation.estimate, answer),
+                                Err(e) if may_have_spent(e) => reservation.estimate,
+                                Err(_) => 0,
+                            };
+                            self.settle_limit(at, Some(reservation), actual).await;
+                        }
+                        if self.deployments.len() > 1 || self.limited {
+                            let report = match &result {
+                                Ok(_) => BreakerReport::Success,
+                                Err(e) => match self.classify(e) {
+                                    Retryable::No => self.permanent_report(e),
+                                    Retryable::Yes | Retryable::After(_) => BreakerReport::Failure,
+                                },
+                            };
+                            lock(route).reports[self.holders[at]] = Some(report);
+                        }
+                        result
+                    }
                 },
             )
             .await;
+        let mut route = route.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
 
         let (result, report) = match outcome {
             Ok(value) => (Ok(value), BreakerReport::Success),
@@ -453,7 +698,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                 BreakerReport::Failure,
             ),
             Err(RetryError::Deadline(d)) => {
-                self.report_deadline(DeadlineWait::Retry, d.needed, d.remaining);
+                self.report_deadline(route.current(), DeadlineWait::Retry, d.needed, d.remaining);
                 (
                     Err(ExtractError::Deadline(DeadlineExceeded {
                         waiting_for: DeadlineWait::Retry,
@@ -482,77 +727,125 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             self.settle_tokens(&reservation, &result, spent.load(Ordering::Relaxed))
                 .await;
         }
-        #[cfg(feature = "mutants")]
-        if crate::mutants::active(crate::mutants::Mutant::ProbeNeverReports)
-            && matches!(permit, Permit::Probe(_))
-            && report == BreakerReport::Failure
-        {
-            // The failed probe is lost: no report, no release.
-            return (result, attempts);
+        self.report_all(&mut route, report).await;
+        (result, sent.load(Ordering::Relaxed), route.current())
+    }
+
+    /// The call's route before its admission: every deployment, the first
+    /// chosen by the policy (the least-loaded pick also leases the call
+    /// there), the rest in order, those known to refuse last.
+    async fn plan(&self) -> CallRoute {
+        let n = self.deployments.len();
+        let mut route = CallRoute {
+            order: vec![0],
+            at: 0,
+            held: vec![None; n],
+            reports: vec![None; n],
+            lease: None,
+            limit_waits: 0,
+        };
+        if n == 1 && !matches!(self.policy, Policy::LeastLoaded { .. }) {
+            return route;
         }
-        self.report_to_breaker(&permit, report).await;
-        (result, attempts)
-    }
-
-    /// One attempt with a per-call layer pushed inside the retry loop, when
-    /// that [`Mutant`](crate::mutants::Mutant) is injected: every attempt
-    /// after the first takes its own limiter slot, or reports the attempt
-    /// before it to the breaker and asks the breaker again (`permit` then
-    /// holds the latest admission, which the call's final report names).
-    #[cfg(feature = "mutants")]
-    fn mutated_attempt<'a>(
-        &'a self,
-        request: ExtractRequest<'a>,
-        left: Option<Duration>,
-        attempt: u32,
-        permit: &'a std::sync::Mutex<Permit>,
-        spent: &'a AtomicU32,
-    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
-        use crate::mutants::{Mutant, active};
-        Box::pin(async move {
-            if attempt > 1 && active(Mutant::RetryOutsideLimiter) {
-                match self.limiter.acquire(self.tenant).await {
-                    Ok(_) => {}
-                    Err(AcquireError::Limited(refusal)) => return Err(refusal.into()),
-                    Err(AcquireError::Cache(e)) => return Err(ExtractError::LimiterCache(e)),
+        let now = self.clock.now();
+        let first = match &self.policy {
+            Policy::Ordered => None,
+            Policy::Weighted => weighted_pick(&live_weights(&self.deployments, now), self.rng.next_u64()),
+            Policy::LeastLoaded { store, lease } => {
+                let weights = live_weights(&self.deployments, now);
+                let keys: Vec<&str> = self.in_flight_keys.iter().map(String::as_str).collect();
+                let id = self.rng.next_u64();
+                let request = PickRequest {
+                    now,
+                    id,
+                    lease: *lease,
+                    max_ahead: crate::limiter::DEFAULT_MAX_CLOCK_AHEAD,
+                };
+                if weights.iter().all(|w| *w == 0) {
+                    None
+                } else {
+                    let picked = store.pick(&keys, &weights, request).await.and_then(|pick| {
+                        if pick.index < n {
+                            Ok(pick.index)
+                        } else {
+                            Err(crate::error::CacheError::Protocol {
+                                operation: "pick_least_loaded",
+                                detail: format!("picked deployment {} of {n}", pick.index),
+                            })
+                        }
+                    });
+                    match picked {
+                        Ok(index) => {
+                            route.lease = Some((index, id));
+                            Some(index)
+                        }
+                        Err(error) => {
+                            self.observer.on_event(&Event::CacheUnavailable {
+                                component: Arc::from(IN_FLIGHT_PREFIX),
+                                operation: "pick_least_loaded",
+                                fallback: "routed in order",
+                                error: error.to_string(),
+                            });
+                            None
+                        }
+                    }
                 }
             }
-            if attempt > 1 && active(Mutant::RetryOutsideBreaker) {
-                self.report_to_breaker(&latest(permit), BreakerReport::Failure).await;
-                let next = self.breaker.admit().await;
-                // The reported permit is done with: a refusal takes its place.
-                *permit.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
-                if let Permit::Refused {
-                    retry_after, reason, ..
-                } = next
-                {
-                    return Err(CircuitOpen::refused(self.inner.model(), retry_after, reason).into());
-                }
-            }
-            self.attempt(request, left, spent).await
-        })
+        };
+        route.order = call_order(&self.deployments, now, first);
+        route
     }
 
-    /// The breaker's admission, sleeping off up to `cooldown_waits` refusals
-    /// by a shared cooldown that end within the deadline. A refusal by the
-    /// circuit, or one not slept off, is the call's error.
-    async fn admit(&self, deadline: Option<Timestamp>) -> Result<Permit, ExtractError> {
+    /// The first admission of the call: each deployment in the route's
+    /// order until one admits (a refusal is remembered, and costs nothing
+    /// more than the admission that said it). When all refuse and the
+    /// soonest to admit again is a shared cooldown, up to `cooldown_waits`
+    /// of them are slept off within the deadline; otherwise that refusal is
+    /// the call's error.
+    async fn admit(&self, deadline: Option<Timestamp>, route: &mut CallRoute) -> Result<(), ExtractError> {
         let mut waits = 0u32;
         loop {
-            let permit = self.breaker.admit().await;
-            let Permit::Refused {
-                retry_after, reason, ..
-            } = permit
-            else {
-                return Ok(permit);
+            // The refusal that ends soonest (an unknown, zero wait last), the first on a tie.
+            let mut soonest: Option<(usize, Duration, Refusal)> = None;
+            for at in 0..route.order.len() {
+                let i = route.order[at];
+                let deployment = &self.deployments[i];
+                let permit = deployment.breaker.admit().await;
+                let Permit::Refused {
+                    state,
+                    retry_after,
+                    reason,
+                } = permit
+                else {
+                    self.hear(i, None);
+                    route.at = at;
+                    route.held[self.holders[i]] = Some(permit);
+                    if at > 0 {
+                        self.rerouted(route.order[0], i, "refused");
+                        route.lease = self.follow_lease(route.lease.take(), i).await;
+                    }
+                    return Ok(());
+                };
+                self.hear_refusal(i, state, reason, retry_after);
+                let sooner = |(_, wait, _): (usize, Duration, Refusal)| {
+                    !retry_after.is_zero() && (wait.is_zero() || retry_after < wait)
+                };
+                if soonest.is_none_or(sooner) {
+                    soonest = Some((i, retry_after, reason));
+                }
+            }
+            let Some((i, retry_after, reason)) = soonest else {
+                return Err(CircuitOpen::new("no deployment to call", Duration::ZERO).into());
             };
             let fits = deadline.is_none_or(|d| retry_after <= d.saturating_duration_since(self.clock.now()));
             if reason != Refusal::Cooldown || waits >= self.cooldown_waits || !fits || retry_after.is_zero() {
-                return Err(CircuitOpen::refused(self.inner.model(), retry_after, reason).into());
+                // The call ends with this refusal: its events name this deployment.
+                route.at = route.order.iter().position(|&j| j == i).unwrap_or(0);
+                return Err(CircuitOpen::refused(self.deployments[i].inner.model(), retry_after, reason).into());
             }
             waits += 1;
             self.observer.on_event(&Event::CooldownWait {
-                model: Arc::from(self.inner.model()),
+                model: self.model_of(i),
                 tenant: self.tenant,
                 wait: retry_after,
                 waits,
@@ -561,20 +854,359 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         }
     }
 
-    /// One attempt on the inner provider; a quota signal in its answer
-    /// becomes the fleet's cooldown (one breaker step) before the answer is
-    /// handed back.
+    /// Before each attempt: where it goes, and its reservation at that
+    /// deployment's own limit. The first attempt goes where the call was
+    /// admitted and a retry to the next deployment in the call's order,
+    /// cycling back to where it was when every other refuses; a deployment
+    /// is taken only when its breaker admits the call (or already has) and
+    /// its own limit admits the attempt. A limit's refusal is remembered,
+    /// an admission taken only to be refused by the limit is handed back —
+    /// as is the call's admission where it leaves or waits without having
+    /// sent anything there, so a probe is never held idle — and the next
+    /// deployment is asked. When every limit asked refuses, the soonest
+    /// wait is slept off, up to `limiter_waits` times per call and within
+    /// the deadline; then the attempt ends unsent with that refusal.
+    async fn place(
+        &self,
+        route: &std::sync::Mutex<CallRoute>,
+        request: &ExtractRequest<'_>,
+        deadline: Option<Timestamp>,
+        retry: bool,
+    ) -> Result<Option<Reservation>, ExtractError> {
+        let (from, start, n) = {
+            let r = lock(route);
+            (r.current(), r.at, r.order.len())
+        };
+        if !self.limited && (!retry || n == 1) {
+            return Ok(None);
+        }
+        // A retry asks the others first and its own deployment last.
+        let steps = if retry { 1..n + 1 } else { 0..n };
+        loop {
+            // The limit refusal that ends soonest (no wait last), the first
+            // on a tie; and, should no limit have been asked, a breaker's.
+            let mut soonest: Option<(usize, ExtractError, Option<Duration>)> = None;
+            let mut circuit: Option<ExtractError> = None;
+            for step in steps.clone() {
+                let (at, i, held) = {
+                    let r = lock(route);
+                    let at = (start + step) % n;
+                    let i = r.order[at];
+                    (at, i, r.held[self.holders[i]].is_some())
+                };
+                let mut admitted_now = None;
+                if !held {
+                    let permit = self.deployments[i].breaker.admit().await;
+                    if let Permit::Refused {
+                        state,
+                        retry_after,
+                        reason,
+                    } = permit
+                    {
+                        self.hear_refusal(i, state, reason, retry_after);
+                        circuit.get_or_insert_with(|| {
+                            CircuitOpen::refused(self.deployments[i].inner.model(), retry_after, reason).into()
+                        });
+                        continue;
+                    }
+                    self.hear(i, None);
+                    lock(route).held[self.holders[i]] = Some(permit);
+                    admitted_now = Some(permit);
+                }
+                match self.take_limit(i, request).await {
+                    Ok(reservation) => {
+                        if i != from {
+                            if self.holders[i] != self.holders[from] {
+                                self.hand_back_unused(route, from).await;
+                            }
+                            let lease = {
+                                let mut r = lock(route);
+                                r.at = at;
+                                r.lease.take()
+                            };
+                            self.rerouted(from, i, if retry { "failed" } else { "limited" });
+                            let lease = self.follow_lease(lease, i).await;
+                            lock(route).lease = lease;
+                        }
+                        return Ok(reservation);
+                    }
+                    Err((error, wait)) => {
+                        if wait.is_some() {
+                            self.hear(i, wait);
+                        }
+                        if let Some(permit) = admitted_now {
+                            lock(route).held[self.holders[i]] = None;
+                            self.report_to_breaker(&self.deployments[i].breaker, &permit, BreakerReport::Release)
+                                .await;
+                        }
+                        let sooner = |(_, _, known): &(usize, ExtractError, Option<Duration>)| match (wait, known) {
+                            (Some(w), Some(k)) => w < *k,
+                            (Some(_), None) => true,
+                            (None, _) => false,
+                        };
+                        if soonest.as_ref().is_none_or(sooner) {
+                            soonest = Some((i, error, wait));
+                        }
+                    }
+                }
+            }
+            let Some((i, error, wait)) = soonest else {
+                // Every breaker refused, the call's own too (its admission
+                // was handed back while it waited).
+                return Err(circuit.unwrap_or_else(|| CircuitOpen::new("no deployment to call", Duration::ZERO).into()));
+            };
+            let fits = |w: Duration| deadline.is_none_or(|d| w <= d.saturating_duration_since(self.clock.now()));
+            let waits = lock(route).limit_waits;
+            match wait {
+                Some(wait) if waits < self.limiter_waits && !wait.is_zero() && fits(wait) => {
+                    lock(route).limit_waits = waits + 1;
+                    self.hand_back_unused(route, from).await;
+                    self.observer.on_event(&Event::RateLimitWait {
+                        model: self.model_of(i),
+                        tenant: self.tenant,
+                        wait,
+                        waits: waits + 1,
+                    });
+                    self.clock.sleep(wait).await;
+                }
+                _ => return Err(error),
+            }
+        }
+    }
+
+    /// Hands back the call's admission at deployment `i` when no attempt
+    /// was sent there (its breaker has nothing to hear), so a probe is not
+    /// held while the call is elsewhere or asleep.
+    async fn hand_back_unused(&self, route: &std::sync::Mutex<CallRoute>, i: usize) {
+        let h = self.holders[i];
+        let permit = {
+            let mut r = lock(route);
+            if matches!(r.reports[h], Some(BreakerReport::Success | BreakerReport::Failure)) {
+                return;
+            }
+            r.held[h].take()
+        };
+        if let Some(permit) = permit {
+            self.report_to_breaker(&self.deployments[i].breaker, &permit, BreakerReport::Release)
+                .await;
+        }
+    }
+
+    /// Takes deployment `i`'s own limit for one attempt (nothing without
+    /// one): its reservation, or the refusal as the attempt's error with the
+    /// wait until it would admit (none when no wait can help).
+    async fn take_limit(
+        &self,
+        i: usize,
+        request: &ExtractRequest<'_>,
+    ) -> Result<Option<Reservation>, (ExtractError, Option<Duration>)> {
+        let Some(limit) = &self.deployments[i].limit else {
+            return Ok(None);
+        };
+        let estimate = if limit.counts_tokens() {
+            self.estimate_at(request, i)
+        } else {
+            0
+        };
+        let refused = |by: RefusedBy, retry_after: Option<Duration>| {
+            let error = DeploymentLimited {
+                model: self.deployments[i].inner.model().to_owned(),
+                limit: limit.name().to_owned(),
+                by,
+                retry_after,
+            };
+            (error.into(), retry_after)
+        };
+        match limit.take(estimate).await {
+            Ok(reservation) => Ok(reservation),
+            Err(TokenAcquireError::Limited(refusal)) => Err(refused(RefusedBy::Requests, Some(refusal.retry_after))),
+            Err(TokenAcquireError::Tokens(refusal)) => {
+                let wait = (refusal.by != RefusedBy::TooLarge).then_some(refusal.retry_after);
+                Err(refused(refusal.by, wait))
+            }
+            Err(TokenAcquireError::Cache(e)) => Err((ExtractError::LimiterCache(e), None)),
+        }
+    }
+
+    /// Settles an attempt's reservation at deployment `i`'s own limit to
+    /// the `actual` tokens it used.
+    async fn settle_limit(&self, i: usize, reservation: Option<Reservation>, actual: u64) {
+        let (Some(limit), Some(reservation)) = (&self.deployments[i].limit, reservation) else {
+            return;
+        };
+        if let Err(error) = limit.settle(&reservation, actual).await {
+            self.unsettled(limit.name(), &error);
+        }
+    }
+
+    /// Reports a settlement the store at `component` could not record.
+    fn unsettled(&self, component: &str, error: &crate::error::CacheError) {
+        self.observer.on_event(&Event::CacheUnavailable {
+            component: Arc::from(component),
+            operation: "settle_tokens",
+            fallback: "not settled; the reservation counts until its lease ends",
+            error: error.to_string(),
+        });
+    }
+
+    /// Moves a call's least-loaded `lease` to deployment `to`, so the
+    /// fleet's counts follow where the call really is; the lease it holds
+    /// then.
+    async fn follow_lease(&self, held: Option<(usize, u64)>, to: usize) -> Option<(usize, u64)> {
+        let Policy::LeastLoaded { store, lease } = &self.policy else {
+            return None;
+        };
+        if held.is_some_and(|(at, _)| at == to) {
+            return held;
+        }
+        self.end_lease(held).await;
+        let key = self.in_flight_keys[to].as_str();
+        let id = self.rng.next_u64();
+        let request = PickRequest {
+            now: self.clock.now(),
+            id,
+            lease: *lease,
+            max_ahead: crate::limiter::DEFAULT_MAX_CLOCK_AHEAD,
+        };
+        match store.pick(&[key], &[1], request).await {
+            Ok(_) => Some((to, id)),
+            Err(error) => {
+                self.observer.on_event(&Event::CacheUnavailable {
+                    component: Arc::from(IN_FLIGHT_PREFIX),
+                    operation: "pick_least_loaded",
+                    fallback: "not counted",
+                    error: error.to_string(),
+                });
+                None
+            }
+        }
+    }
+
+    /// Ends a call's least-loaded lease, if it holds one.
+    async fn end_lease(&self, lease: Option<(usize, u64)>) {
+        let (Policy::LeastLoaded { store, .. }, Some((at, id))) = (&self.policy, lease) else {
+            return;
+        };
+        if let Err(error) = store.end(&self.in_flight_keys[at], id).await {
+            self.observer.on_event(&Event::CacheUnavailable {
+                component: Arc::from(IN_FLIGHT_PREFIX),
+                operation: "end_in_flight",
+                fallback: "the lease counts until it runs out",
+                error: error.to_string(),
+            });
+        }
+    }
+
+    /// Reports the call to every breaker that admitted it, once each: the
+    /// one the call ended at hears `last`; one it left hears what its last
+    /// attempt there said (a failure, or what a permanent answer tells the
+    /// breaker). Then its lease ends.
+    async fn report_all(&self, route: &mut CallRoute, last: BreakerReport) {
+        let current = self.holders[route.current()];
+        for (i, permit) in route.held.iter().enumerate() {
+            let Some(permit) = permit else { continue };
+            let report = match route.reports[i] {
+                Some(heard) => heard,
+                None if i == current => last,
+                None => BreakerReport::Release,
+            };
+            #[cfg(feature = "mutants")]
+            if crate::mutants::active(crate::mutants::Mutant::ProbeNeverReports)
+                && matches!(permit, Permit::Probe(_))
+                && report == BreakerReport::Failure
+            {
+                // The failed probe is lost: no report, no release.
+                continue;
+            }
+            self.report_to_breaker(&self.deployments[i].breaker, permit, report)
+                .await;
+        }
+        self.end_lease(route.lease.take()).await;
+    }
+
+    /// Remembers what deployment `i`'s admission said (see
+    /// [`Deployment::heard`]); with one deployment there is nothing to order.
+    fn hear(&self, i: usize, refused_for: Option<Duration>) {
+        if self.deployments.len() > 1 {
+            self.deployments[i].heard(self.clock.now(), refused_for);
+        }
+    }
+
+    /// Remembers a refusal by deployment `i`'s breaker: one by an open
+    /// circuit or a cooldown, whose wait is when it may admit again. A
+    /// half-open circuit's wait is only until a live probe's lease ends —
+    /// the probe may close it at any moment — so it is not remembered.
+    fn hear_refusal(&self, i: usize, state: crate::breaker::CircuitState, reason: Refusal, wait: Duration) {
+        if reason == Refusal::Cooldown || state == crate::breaker::CircuitState::Open {
+            self.hear(i, Some(wait));
+        }
+    }
+
+    /// Tells the observer a call moved from deployment `from` to `to`.
+    fn rerouted(&self, from: usize, to: usize, reason: &'static str) {
+        self.observer.on_event(&Event::Rerouted {
+            tenant: self.tenant,
+            from: Arc::from(self.deployments[from].breaker.key_prefix()),
+            to: Arc::from(self.deployments[to].breaker.key_prefix()),
+            reason,
+        });
+    }
+
+    /// The per-call layers pushed inside the retry loop, when that
+    /// [`Mutant`](crate::mutants::Mutant) is injected: every attempt after
+    /// the first takes its own limiter slot, or reports the attempt before
+    /// it to the breaker and asks the breaker again (the route then holds
+    /// the latest admission, which the call's final report names). A
+    /// refusal is the attempt's error.
+    #[cfg(feature = "mutants")]
+    async fn mutated_layers(&self, route: &std::sync::Mutex<CallRoute>, attempt: u32) -> Option<ExtractError> {
+        use crate::mutants::{Mutant, active};
+        if attempt > 1 && active(Mutant::RetryOutsideLimiter) {
+            match self.limiter.acquire(self.tenant).await {
+                Ok(_) => {}
+                Err(AcquireError::Limited(refusal)) => return Some(refusal.into()),
+                Err(AcquireError::Cache(e)) => return Some(ExtractError::LimiterCache(e)),
+            }
+        }
+        if attempt > 1 && active(Mutant::RetryOutsideBreaker) {
+            let (i, held) = {
+                let r = lock(route);
+                let i = r.current();
+                (i, r.held[self.holders[i]])
+            };
+            let breaker = &self.deployments[i].breaker;
+            if let Some(permit) = held {
+                self.report_to_breaker(breaker, &permit, BreakerReport::Failure).await;
+            }
+            let next = breaker.admit().await;
+            // The reported permit is done with: a refusal takes its place.
+            lock(route).held[self.holders[i]] = Some(next);
+            if let Permit::Refused {
+                retry_after, reason, ..
+            } = next
+            {
+                return Some(CircuitOpen::refused(self.deployments[i].inner.model(), retry_after, reason).into());
+            }
+        }
+        None
+    }
+
+    /// One attempt on deployment `at`; a quota signal in its answer becomes
+    /// that deployment's fleet-wide cooldown (one breaker step) before the
+    /// answer is handed back.
     async fn attempt(
         &self,
+        at: usize,
         request: ExtractRequest<'_>,
         left: Option<Duration>,
         spent: &AtomicU32,
     ) -> Result<Extracted<Value>, ExtractError> {
-        let result = self.inner.extract_answer(request, left).await;
+        let deployment = &self.deployments[at];
+        let result = deployment.inner.extract_answer(request, left).await;
         // A failed attempt the server may have generated for still used
         // tokens a token budget must charge.
         if let Err(e) = &result
-            && !e.provider_error().is_none_or(ProviderError::generated_nothing)
+            && may_have_spent(e)
         {
             spent.fetch_add(1, Ordering::Relaxed);
         }
@@ -582,11 +1214,16 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             Ok(answer) => answer.quota.map(|q| q.wait),
             Err(e) => e.quota_wait(),
         };
-        if let Some(wait) = wait.filter(|w| !w.is_zero())
-            && let Err(error) = self.breaker.cool_down(wait.min(self.max_server_delay)).await
+        let wait = wait.filter(|w| !w.is_zero());
+        if let Some(wait) = wait {
+            // The cooldown just written refuses this deployment until then.
+            self.hear(at, Some(wait.min(self.max_server_delay)));
+        }
+        if let Some(wait) = wait
+            && let Err(error) = deployment.breaker.cool_down(wait.min(self.max_server_delay)).await
         {
             self.observer.on_event(&Event::CacheUnavailable {
-                component: Arc::from(self.breaker.key_prefix()),
+                component: Arc::from(deployment.breaker.key_prefix()),
                 operation: "cool_down",
                 fallback: "not recorded",
                 error: error.to_string(),
@@ -596,17 +1233,22 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     }
 
     /// Takes the tenant's slot (and, under a token budget, reserves the
-    /// call's estimate with it), sleeping off up to `limiter_waits` refusals
-    /// (each for exactly its `retry_after`, after which the slot is free
-    /// unless another caller took it first).
+    /// call's estimate with it, by deployment `at`'s `max_tokens`), sleeping
+    /// off up to `limiter_waits` refusals (each for exactly its
+    /// `retry_after`, after which the slot is free unless another caller
+    /// took it first).
     async fn acquire(
         &self,
         deadline: Option<Timestamp>,
         request: &ExtractRequest<'_>,
+        at: usize,
     ) -> Result<Option<Reservation>, ExtractError> {
-        let estimate = self.limiter.tokens_per_window().map(|_| match &self.token_estimate {
-            Some(estimate) => estimate(request),
-            None => default_token_estimate(request, self.inner.max_tokens()),
+        // A call may end at any deployment: reserve for the largest answer.
+        let estimate = self.limiter.tokens_per_window().map(|_| {
+            (0..self.deployments.len())
+                .map(|i| self.estimate_at(request, i))
+                .max()
+                .unwrap_or(0)
         });
         let mut waits = 0u32;
         loop {
@@ -635,7 +1277,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             if let Some(deadline) = deadline {
                 let remaining = deadline.saturating_duration_since(self.clock.now());
                 if wait > remaining {
-                    self.report_deadline(DeadlineWait::RateLimit, wait, remaining);
+                    self.report_deadline(at, DeadlineWait::RateLimit, wait, remaining);
                     return Err(ExtractError::Deadline(DeadlineExceeded {
                         waiting_for: DeadlineWait::RateLimit,
                         attempts: 0,
@@ -647,7 +1289,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             }
             waits += 1;
             self.observer.on_event(&Event::RateLimitWait {
-                model: Arc::from(self.inner.model()),
+                model: self.model_of(at),
                 tenant: self.tenant,
                 wait,
                 waits,
@@ -674,17 +1316,12 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     ) {
         let failed = reservation.estimate.saturating_mul(u64::from(spent));
         let actual = match result {
-            Ok(answer) => answer.usage.map_or(reservation.estimate, |u| u.total()),
+            Ok(answer) => answer_tokens(reservation.estimate, answer),
             Err(_) => 0,
         }
         .saturating_add(failed);
         if let Err(error) = self.limiter.settle(self.tenant, reservation, actual).await {
-            self.observer.on_event(&Event::CacheUnavailable {
-                component: Arc::from(self.limiter.key_prefix()),
-                operation: "settle_tokens",
-                fallback: "not settled; the reservation counts until its lease ends",
-                error: error.to_string(),
-            });
+            self.unsettled(self.limiter.key_prefix(), &error);
         }
     }
 
@@ -707,17 +1344,17 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         }
     }
 
-    /// Tells the breaker how the call `permit` admitted went — exactly that
+    /// Tells `breaker` how the call `permit` admitted went — exactly that
     /// permit, in one step, with no read of the state first.
-    async fn report_to_breaker(&self, permit: &Permit, report: BreakerReport) {
+    async fn report_to_breaker(&self, breaker: &CircuitBreaker<B>, permit: &Permit, report: BreakerReport) {
         let (operation, result) = match report {
-            BreakerReport::Success => ("record_success", self.breaker.record_success_for(permit).await),
-            BreakerReport::Failure => ("record_failure", self.breaker.record_failure_for(permit).await),
-            BreakerReport::Release => ("release", self.breaker.release(permit).await),
+            BreakerReport::Success => ("record_success", breaker.record_success_for(permit).await),
+            BreakerReport::Failure => ("record_failure", breaker.record_failure_for(permit).await),
+            BreakerReport::Release => ("release", breaker.release(permit).await),
         };
         if let Err(error) = result {
             self.observer.on_event(&Event::CacheUnavailable {
-                component: Arc::from(self.breaker.key_prefix()),
+                component: Arc::from(breaker.key_prefix()),
                 operation,
                 fallback: "not recorded",
                 error: error.to_string(),
@@ -725,9 +1362,9 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         }
     }
 
-    fn report_deadline(&self, waiting_for: DeadlineWait, needed: Duration, remaining: Duration) {
+    fn report_deadline(&self, at: usize, waiting_for: DeadlineWait, needed: Duration, remaining: Duration) {
         self.observer.on_event(&Event::DeadlineExceeded {
-            model: Arc::from(self.inner.model()),
+            model: self.model_of(at),
             tenant: self.tenant,
             waiting_for: match waiting_for {
                 DeadlineWait::RateLimit => "rate_limit",
@@ -740,22 +1377,31 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
 }
 
 impl<P: LlmProvider, L: TokenStore, B: BreakerStore> LlmProvider for HardenedProvider<P, L, B> {
-    /// The inner provider's identity, read through on every call.
+    /// The primary deployment's identity, read through on every call. With
+    /// several deployments an answer may come from another: its
+    /// [`Extracted::model`] (from [`extract_answer`](LlmProvider::extract_answer)
+    /// or [`extract_with_model`](super::LlmProviderExt::extract_with_model))
+    /// always names the model that produced it — record that, not this.
     fn model(&self) -> &str {
-        self.inner.model()
+        self.deployments[0].inner.model()
     }
 
-    /// The inner provider's answer, provenance included; `timeout` bounds the
-    /// whole call like a deadline.
+    /// The primary deployment's `max_tokens`.
+    fn max_tokens(&self) -> Option<u32> {
+        self.deployments[0].inner.max_tokens()
+    }
+
+    /// The answering deployment's answer, provenance included; `timeout`
+    /// bounds the whole call like a deadline.
     fn extract_answer<'a>(
         &'a self,
         request: ExtractRequest<'a>,
         timeout: Option<Duration>,
     ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
         Box::pin(async move {
-            let (result, attempts) = self.run(request, timeout).await;
+            let (result, attempts, at) = self.run(request, timeout).await;
             self.observer.on_event(&Event::CallFinished {
-                model: Arc::from(self.inner.model()),
+                model: self.model_of(at),
                 tenant: self.tenant,
                 outcome: match &result {
                     Ok(_) => "ok",
@@ -887,6 +1533,129 @@ mod tests {
         assert_eq!(left, 1000 - 300 - 2);
     }
 
+    /// Answers at once, naming its own model, counting calls; hangs instead
+    /// while `hang` is set.
+    struct Named {
+        model: &'static str,
+        calls: AtomicU32,
+        hang: std::sync::atomic::AtomicBool,
+    }
+
+    impl Named {
+        fn new(model: &'static str) -> Arc<Named> {
+            Arc::new(Named {
+                model,
+                calls: AtomicU32::new(0),
+                hang: std::sync::atomic::AtomicBool::new(false),
+            })
+        }
+    }
+
+    impl LlmProvider for Named {
+        fn model(&self) -> &str {
+            self.model
+        }
+        fn extract_answer<'a>(
+            &'a self,
+            _: ExtractRequest<'a>,
+            _: Option<Duration>,
+        ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.hang.load(Ordering::SeqCst) {
+                return Box::pin(std::future::pending());
+            }
+            let model = self.model.to_owned();
+            Box::pin(async move {
+                Ok(Extracted {
+                    value: Value::from("v"),
+                    model,
+                    usage: None,
+                    quota: None,
+                })
+            })
+        }
+    }
+
+    fn breaker_named(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str) -> Arc<CircuitBreaker> {
+        Arc::new(
+            CircuitBreaker::builder()
+                .key_prefix(format!("kg:circuit:{name}"))
+                .clock(clock.clone())
+                .cache(cache.clone())
+                .build()
+                .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn weighted_routing_shares_first_choices_by_weight() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let cache = Arc::new(MemoryCache::new(clock.clone()));
+        let (a, b) = (Named::new("a"), Named::new("b"));
+        let limiter = Arc::new(RateLimiter::builder(100_000).clock(clock.clone()).build().unwrap());
+        let p = HardenedProvider::over(
+            Deployment::new(a.clone(), breaker_named(&clock, &cache, "a")).weight(3),
+            TenantId::from_u128(9),
+            limiter,
+        )
+        .deployment(Deployment::new(b.clone(), breaker_named(&clock, &cache, "b")).weight(1))
+        .weighted()
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(11)))
+        .build();
+        for _ in 0..4000 {
+            p.extract::<String>("t", None).await.unwrap();
+        }
+        let (a, b) = (a.calls.load(Ordering::SeqCst), b.calls.load(Ordering::SeqCst));
+        assert_eq!(a + b, 4000);
+        // 3:1 of 4000 is 3000 ± 27 (one standard deviation); allow 4.
+        assert!(
+            (2890..=3110).contains(&a),
+            "{a} first choices of the weight-3 deployment"
+        );
+    }
+
+    #[tokio::test]
+    async fn least_loaded_routing_sends_a_call_where_fewest_are_in_flight_and_ends_its_lease() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let cache = Arc::new(MemoryCache::new(clock.clone()));
+        let (a, b) = (Named::new("a"), Named::new("b"));
+        let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+        let build = || {
+            HardenedProvider::builder(
+                a.clone(),
+                TenantId::from_u128(9),
+                limiter.clone(),
+                breaker_named(&clock, &cache, "a"),
+            )
+            .fallback(b.clone(), breaker_named(&clock, &cache, "b"))
+            .least_loaded(Duration::from_secs(60))
+            .clock(clock.clone())
+            .rng(Arc::new(SeededRandom::from_seed(5)))
+            .build()
+        };
+        // Two providers (two workers) over one store: the count is the fleet's.
+        let (p1, p2) = (build(), build());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+
+        a.hang.store(true, Ordering::SeqCst);
+        let mut held = Box::pin(p1.extract_with_model::<String>("t", None));
+        assert!(held.as_mut().poll(&mut cx).is_pending(), "one call in flight at a");
+        let answer = p2.extract_with_model::<String>("t", None).await.unwrap();
+        assert_eq!(answer.model, "b", "the other worker's call goes to the idle deployment");
+
+        // A call that ends stops counting: ties go to the first again.
+        let answer = p2.extract_with_model::<String>("t", None).await.unwrap();
+        assert_eq!(answer.model, "b", "still one in flight at a");
+        drop(held);
+        clock.advance(Duration::from_secs(61));
+        a.hang.store(false, Ordering::SeqCst);
+        let answer = p2.extract_with_model::<String>("t", None).await.unwrap();
+        assert_eq!(answer.model, "a", "the dropped call's lease ran out");
+        let answer = p1.extract_with_model::<String>("t", None).await.unwrap();
+        assert_eq!(answer.model, "a", "the finished call's lease was ended");
+    }
+
     #[tokio::test]
     async fn wrappers_nest_and_the_outer_one_never_retries_the_inner_ones_verdicts() {
         let clock = Arc::new(ManualClock::at_fixed_epoch());
@@ -917,16 +1686,16 @@ mod tests {
         );
         let e = p.extract::<String>("t", None).await.unwrap_err();
         assert_eq!(e.kind(), "retry_exhausted");
-        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::Open);
+        assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::Open);
 
         clock.advance(Duration::from_secs(60));
         let e = p.extract::<String>("t", None).await.unwrap_err();
         assert_eq!(e.kind(), "circuit_open", "the inner wrapper's refusal, passed on");
-        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::HalfOpen);
+        assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::HalfOpen);
 
         // Not wedged: the probe was released, so the very next call probes.
         assert_eq!(p.extract::<String>("t", None).await.unwrap(), "up");
-        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::Closed);
+        assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::Closed);
     }
 
     #[tokio::test]
@@ -962,7 +1731,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(v, Value::from("done"));
-        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::Closed);
+        assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::Closed);
         assert_eq!(p.limiter.remaining(p.tenant()).await.unwrap(), 99);
     }
 
@@ -1009,14 +1778,14 @@ mod tests {
             &clock,
             1,
         );
-        p.breaker.record_failure().await.unwrap();
+        p.deployments[0].breaker.record_failure().await.unwrap();
         clock.advance(Duration::from_secs(60));
 
         let mut hung = Box::pin(p.extract::<String>("t", None));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         assert!(hung.as_mut().poll(&mut cx).is_pending(), "the probe is in flight");
         drop(hung);
-        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::HalfOpen);
+        assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::HalfOpen);
 
         let e = p.extract::<String>("t", None).await.unwrap_err();
         assert_eq!(e.kind(), "circuit_open");
@@ -1032,6 +1801,6 @@ mod tests {
             "up",
             "a fresh probe after the lease"
         );
-        assert_eq!(p.breaker.state().await.unwrap(), CircuitState::Closed);
+        assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::Closed);
     }
 }

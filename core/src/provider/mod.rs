@@ -57,7 +57,7 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-pub use error::{DeadlineExceeded, DeadlineWait, ExtractError, ProviderError, TransportErrorKind};
+pub use error::{DeadlineExceeded, DeadlineWait, DeploymentLimited, ExtractError, ProviderError, TransportErrorKind};
 pub use hardened::{
     DEFAULT_COOLDOWN_WAITS, DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, DEFAULT_OUTPUT_ESTIMATE, HardenedProvider,
     HardenedProviderBuilder, default_token_estimate,
@@ -67,6 +67,7 @@ pub use openai::{
 };
 #[cfg(feature = "openai")]
 pub use reqwest_transport::ReqwestTransport;
+pub use route::{DEPLOYMENT_LIMIT_TENANT, Deployment};
 pub use schema::{OutputSchema, make_strict};
 pub use transport::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError};
 pub use wire::{QuotaSignal, QuotaSource};

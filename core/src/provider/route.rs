@@ -1,4 +1,14 @@
-//! Routing across deployments: the least-loaded pick, fleet-wide.
+//! Routing across deployments: where a hardened provider sends each call,
+//! and the least-loaded pick, fleet-wide.
+//!
+//! A [`HardenedProvider`](crate::provider::HardenedProvider) over several
+//! [`Deployment`]s — each a provider with its own circuit breaker and a
+//! weight — orders them per call by its policy (in the order given, the
+//! first drawn by weight, or the least loaded), calls the first whose
+//! circuit admits it, and moves a retry to the next one that admits. A
+//! refusal is data from the admission itself, so skipping a deployment costs
+//! no extra round trip, and the wait it carries is remembered: a deployment
+//! known to refuse is tried last until that wait has passed.
 //!
 //! A router that sends each call to the deployment with the fewest calls in
 //! flight balances load only if it sees every worker's calls. Counting them
@@ -6,23 +16,291 @@
 //! then picking is a read-then-write a racing fleet turns into a herd (every
 //! worker reads the same counts and picks the same deployment). Here the
 //! count, the pick and the new lease are one atomic step in the store
-//! ([`InFlightStore::pick_least_loaded`](crate::cache::InFlightStore::pick_least_loaded)),
+//! ([`InFlightStore::pick_least_loaded`]),
 //! deciding by [`least_loaded`], the one definition every adapter runs.
 //!
 //! Each call in flight is a **lease** at its deployment's key, ended by
-//! [`InFlightStore::end_in_flight`](crate::cache::InFlightStore::end_in_flight)
+//! [`InFlightStore::end_in_flight`]
 //! when the call ends; a call whose future is dropped stops counting when its
 //! lease runs out, so a crashed worker cannot make a deployment look busy for
 //! good.
+//!
+//! A deployment may also have its **own limit** ([`Deployment::limit`]): a
+//! [`RateLimiter`] whose requests and tokens per window every tenant's
+//! attempts there share, as a hosted deployment's quota is shared (Azure
+//! OpenAI sets tokens and requests per minute per deployment). Each attempt
+//! takes a slot there, and under a token budget reserves its estimate in
+//! the same atomic step, settled after the attempt to the answer's `usage`;
+//! a deployment whose limit refuses is skipped like one whose circuit does.
 
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::breaker::CircuitBreaker;
+use crate::cache::{InFlightStore, MemoryCache, TokenStore};
+use crate::error::CacheError;
+use crate::limiter::{RateLimiter, Reservation, TokenAcquireError};
+use crate::provider::BoxFuture;
+use crate::tenant::TenantId;
 use crate::time::Timestamp;
+
+/// The prefix of the in-flight keys a least-loaded provider counts calls
+/// at, one per deployment (`{redstring:in_flight}:kg:circuit:a`). The hash
+/// tag keeps them in one slot, as a Redis Cluster's atomic pick needs.
+pub const IN_FLIGHT_PREFIX: &str = "{redstring:in_flight}";
+
+/// The tenant a deployment's own limit keys its window by: the nil UUID,
+/// under the limit's own key prefix, so every tenant's attempts share it.
+pub const DEPLOYMENT_LIMIT_TENANT: TenantId = TenantId::from_u128(0);
+
+/// One place a hardened provider may send a call: a provider, the circuit
+/// breaker that guards it (its own key prefix: two deployments sharing a
+/// breaker are one deployment to the circuit), its weight, and optionally
+/// its own limit.
+pub struct Deployment<P, B = MemoryCache> {
+    pub(crate) inner: P,
+    pub(crate) breaker: Arc<CircuitBreaker<B>>,
+    pub(crate) weight: u32,
+    pub(crate) limit: Option<Arc<dyn Limit>>,
+    /// Until when (µs on the provider's clock) this deployment's last
+    /// admission said it refuses; zero when it admitted. Only a hint: a
+    /// deployment known to refuse is tried last, never skipped.
+    refused_until: AtomicU64,
+}
+
+impl<P: fmt::Debug, B> fmt::Debug for Deployment<P, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deployment")
+            .field("inner", &self.inner)
+            .field("breaker", &self.breaker)
+            .field("weight", &self.weight)
+            .field("limit", &self.limit.as_ref().map(|l| l.name()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P, B> Deployment<P, B> {
+    /// `inner` behind `breaker`, at weight 1.
+    pub fn new(inner: P, breaker: Arc<CircuitBreaker<B>>) -> Self {
+        Deployment {
+            inner,
+            breaker,
+            weight: 1,
+            limit: None,
+            refused_until: AtomicU64::new(0),
+        }
+    }
+
+    /// The deployment's own limit, shared by every tenant (default: none):
+    /// each attempt sent here takes one of `limiter`'s requests per window,
+    /// keyed by [`DEPLOYMENT_LIMIT_TENANT`] under its key prefix, and — when
+    /// it has [`tokens_per_window`](crate::RateLimiterBuilder::tokens_per_window)
+    /// — reserves the attempt's token estimate in the same atomic step,
+    /// settled after the attempt to the answer's `usage` (released when the
+    /// server certainly generated nothing, kept at the estimate when it may
+    /// have). An attempt the limit refuses goes to the next deployment that
+    /// admits it, and is never sent here. Give each deployment its own key
+    /// prefix; deployments given the same limiter share one limit. Over a
+    /// shared cache the limit is the fleet's.
+    pub fn limit<S: TokenStore + 'static>(mut self, limiter: Arc<RateLimiter<S>>) -> Self {
+        self.limit = Some(limiter);
+        self
+    }
+
+    /// Its share of calls under weighted and least-loaded routing (default
+    /// 1). Weight 0 is never chosen first, only fallen over to.
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// The provider.
+    pub fn inner(&self) -> &P {
+        &self.inner
+    }
+
+    /// The breaker guarding it.
+    pub fn breaker(&self) -> &Arc<CircuitBreaker<B>> {
+        &self.breaker
+    }
+
+    /// Whether its last admission refused until after `now`.
+    pub(crate) fn known_to_refuse(&self, now: Timestamp) -> bool {
+        self.refused_until.load(Ordering::Relaxed) > now.as_micros()
+    }
+
+    /// Remembers what an admission at `now` said: refused for `wait` (a
+    /// zero wait says nothing), or admitted.
+    pub(crate) fn heard(&self, now: Timestamp, refused_for: Option<Duration>) {
+        match refused_for {
+            Some(wait) if !wait.is_zero() => {
+                self.refused_until
+                    .store(now.saturating_add(wait).as_micros(), Ordering::Relaxed);
+            }
+            Some(_) => {}
+            None => self.refused_until.store(0, Ordering::Relaxed),
+        }
+    }
+}
+
+/// How a hardened provider chooses the deployment a call tries first; the
+/// rest follow in the order they were given (those known to refuse last).
+pub(crate) enum Policy {
+    /// The first in the order given: fallback.
+    Ordered,
+    /// Drawn by weight from the provider's random source.
+    Weighted,
+    /// The fewest calls in flight per weight, fleet-wide, in one atomic
+    /// step of the store.
+    LeastLoaded {
+        /// Where the calls in flight are counted.
+        store: Arc<dyn InFlight>,
+        /// How long a call counts unless it ends first.
+        lease: Duration,
+    },
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::Ordered => f.write_str("Ordered"),
+            Policy::Weighted => f.write_str("Weighted"),
+            Policy::LeastLoaded { lease, .. } => f.debug_struct("LeastLoaded").field("lease", lease).finish(),
+        }
+    }
+}
+
+/// A deployment's own limit behind a trait object, so a deployment's type
+/// does not name the store it counts in.
+pub(crate) trait Limit: Send + Sync {
+    /// Its key prefix, naming it in errors and events.
+    fn name(&self) -> &str;
+
+    /// Whether it limits tokens, so attempts need an estimate.
+    fn counts_tokens(&self) -> bool;
+
+    /// Takes one attempt's slot, and reserves `estimate` tokens with it
+    /// when it limits tokens.
+    fn take(&self, estimate: u64) -> BoxFuture<'_, Result<Option<Reservation>, TokenAcquireError>>;
+
+    /// Settles an attempt's reservation to what it used.
+    fn settle<'a>(&'a self, reservation: &'a Reservation, actual: u64) -> BoxFuture<'a, Result<bool, CacheError>>;
+}
+
+impl<S: TokenStore + 'static> Limit for RateLimiter<S> {
+    fn name(&self) -> &str {
+        self.key_prefix()
+    }
+
+    fn counts_tokens(&self) -> bool {
+        self.tokens_per_window().is_some()
+    }
+
+    fn take(&self, estimate: u64) -> BoxFuture<'_, Result<Option<Reservation>, TokenAcquireError>> {
+        Box::pin(async move {
+            if self.counts_tokens() {
+                self.acquire_tokens(DEPLOYMENT_LIMIT_TENANT, estimate)
+                    .await
+                    .map(|admission| admission.reservation)
+            } else {
+                match self.acquire(DEPLOYMENT_LIMIT_TENANT).await {
+                    Ok(_) => Ok(None),
+                    Err(crate::limiter::AcquireError::Limited(refusal)) => Err(TokenAcquireError::Limited(refusal)),
+                    Err(crate::limiter::AcquireError::Cache(e)) => Err(TokenAcquireError::Cache(e)),
+                }
+            }
+        })
+    }
+
+    fn settle<'a>(&'a self, reservation: &'a Reservation, actual: u64) -> BoxFuture<'a, Result<bool, CacheError>> {
+        Box::pin(RateLimiter::settle(self, DEPLOYMENT_LIMIT_TENANT, reservation, actual))
+    }
+}
+
+/// An [`InFlightStore`] behind a trait object, so a provider's type does not
+/// name the store its routing counts calls in.
+pub(crate) trait InFlight: Send + Sync {
+    /// [`InFlightStore::pick_least_loaded`].
+    fn pick<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+        weights: &'a [u32],
+        request: PickRequest,
+    ) -> BoxFuture<'a, Result<Pick, CacheError>>;
+
+    /// [`InFlightStore::end_in_flight`].
+    fn end<'a>(&'a self, key: &'a str, id: u64) -> BoxFuture<'a, Result<(), CacheError>>;
+}
+
+impl<S: InFlightStore> InFlight for S {
+    fn pick<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+        weights: &'a [u32],
+        request: PickRequest,
+    ) -> BoxFuture<'a, Result<Pick, CacheError>> {
+        Box::pin(self.pick_least_loaded(keys, weights, request))
+    }
+
+    fn end<'a>(&'a self, key: &'a str, id: u64) -> BoxFuture<'a, Result<(), CacheError>> {
+        Box::pin(self.end_in_flight(key, id))
+    }
+}
+
+/// The deployments in the order a call tries them, at `now`: those not
+/// known to refuse first, then those known to, each in the order given,
+/// with the deployment at `first` (when chosen) moved to the front.
+pub(crate) fn call_order<P, B>(deployments: &[Deployment<P, B>], now: Timestamp, first: Option<usize>) -> Vec<usize> {
+    let refusing = |i: &usize| deployments[*i].known_to_refuse(now);
+    let mut order: Vec<usize> = (0..deployments.len()).filter(|i| !refusing(i)).collect();
+    order.extend((0..deployments.len()).filter(refusing));
+    if let Some(first) = first
+        && let Some(at) = order.iter().position(|&i| i == first)
+    {
+        order[..=at].rotate_right(1);
+    }
+    order
+}
+
+/// The weights a policy chooses by at `now`: each deployment's own, and 0
+/// for those known to refuse — unless every deployment is known to refuse,
+/// when all weigh their own. (Live deployments all of weight 0 leave no
+/// choice: the call then goes in order, the live ones first.)
+pub(crate) fn live_weights<P, B>(deployments: &[Deployment<P, B>], now: Timestamp) -> Vec<u32> {
+    if deployments.iter().all(|d| d.known_to_refuse(now)) {
+        return deployments.iter().map(|d| d.weight).collect();
+    }
+    deployments
+        .iter()
+        .map(|d| if d.known_to_refuse(now) { 0 } else { d.weight })
+        .collect()
+}
+
+/// A draw by weight: `draw` (uniform over `u64`) scaled onto the weights'
+/// sum, the deployment whose share it lands in. `None` when every weight is 0.
+pub(crate) fn weighted_pick(weights: &[u32], draw: u64) -> Option<usize> {
+    let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
+    if total == 0 {
+        return None;
+    }
+    // Lemire's multiply-shift: exact for any total below 2^64.
+    let mut point = ((u128::from(draw) * u128::from(total)) >> 64) as u64;
+    for (i, w) in weights.iter().enumerate() {
+        let w = u64::from(*w);
+        if point < w {
+            return Some(i);
+        }
+        point -= w;
+    }
+    None
+}
 
 /// The most deployments one pick weighs.
 pub const MAX_DEPLOYMENTS: usize = 64;
 
-/// What [`InFlightStore::pick_least_loaded`](crate::cache::InFlightStore::pick_least_loaded)
+/// What [`InFlightStore::pick_least_loaded`]
 /// is asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -107,5 +385,43 @@ mod tests {
         assert_eq!(least_loaded(&[0, 0], &[0, 3]), Some(1), "a zero weight is never picked");
         assert_eq!(least_loaded(&[0], &[0]), None);
         assert_eq!(least_loaded(&[], &[]), None);
+    }
+
+    #[test]
+    fn a_weighted_draw_lands_in_each_share_exactly() {
+        let weights = [3, 0, 1];
+        // The draw scaled onto 0..4: [0, 3) is the first, [3, 4) the third.
+        let at = |point: u64| weighted_pick(&weights, point.saturating_mul(u64::MAX / 4) + point);
+        assert_eq!(at(0), Some(0));
+        assert_eq!(at(2), Some(0));
+        assert_eq!(at(3), Some(2), "a zero weight takes no share");
+        assert_eq!(weighted_pick(&weights, u64::MAX), Some(2));
+        assert_eq!(weighted_pick(&[0, 0], 7), None);
+        assert_eq!(weighted_pick(&[u32::MAX; 64], u64::MAX), Some(63), "no overflow");
+    }
+
+    #[test]
+    fn deployments_known_to_refuse_go_last_and_the_chosen_one_first() {
+        let breaker = Arc::new(CircuitBreaker::builder().build().unwrap());
+        let deployments: Vec<Deployment<(), MemoryCache>> =
+            (0..4).map(|_| Deployment::new((), breaker.clone())).collect();
+        let now = Timestamp::from_secs(100);
+        assert_eq!(call_order(&deployments, now, None), [0, 1, 2, 3]);
+        deployments[1].heard(now, Some(Duration::from_secs(5)));
+        assert_eq!(call_order(&deployments, now, None), [0, 2, 3, 1]);
+        assert_eq!(call_order(&deployments, now, Some(3)), [3, 0, 2, 1]);
+        assert_eq!(live_weights(&deployments, now), [1, 0, 1, 1]);
+        // The hint ends with the refusal's wait, or with an admission.
+        assert_eq!(call_order(&deployments, Timestamp::from_secs(105), None), [0, 1, 2, 3]);
+        deployments[1].heard(now, None);
+        assert_eq!(call_order(&deployments, now, None), [0, 1, 2, 3]);
+        // A refusal with no estimate says nothing.
+        deployments[2].heard(now, Some(Duration::ZERO));
+        assert_eq!(call_order(&deployments, now, None), [0, 1, 2, 3]);
+        // When every one refuses, the weights are their own.
+        for d in &deployments {
+            d.heard(now, Some(Duration::from_secs(1)));
+        }
+        assert_eq!(live_weights(&deployments, now), [1, 1, 1, 1]);
     }
 }

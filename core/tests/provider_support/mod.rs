@@ -64,6 +64,21 @@ impl Reply {
         Reply::status(200, body.to_string())
     }
 
+    /// A 200 chat completion of `{"name":"Ann"}` whose `model` field names
+    /// `model` and whose `usage` totals `total` tokens.
+    pub fn answered_by(model: &str, total: u64) -> Self {
+        let body = json!({
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": r#"{"name":"Ann"}"#},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": total / 2, "completion_tokens": total - total / 2, "total_tokens": total}
+        });
+        Reply::status(200, body.to_string())
+    }
+
     /// A 200 chat completion with `content` and `finish_reason: stop`.
     pub fn completion(content: &str) -> Self {
         Reply::completion_message(json!({"role": "assistant", "content": content}), "stop")

@@ -227,6 +227,8 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
         | Event::RateLimitWait { .. }
         | Event::CooldownWait { .. }
         | Event::DeadlineExceeded { .. } => return None,
+        // Where a routed call went shows in its requests, each naming its server.
+        Event::Rerouted { .. } => return None,
         // `Event` is `#[non_exhaustive]`: an event the core adds later is not
         // traced until it is given a case above.
         _ => return None,

@@ -18,9 +18,9 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp};
-use redstring::cache::{BreakerStore, BudgetStore, TokenStore};
+use redstring::cache::{BreakerStore, BudgetStore, InFlightStore, TokenStore};
 use redstring::provider::{
-    BoxFuture, ExtractRequest, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, LlmProvider,
+    BoxFuture, Deployment, ExtractRequest, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, LlmProvider,
     OpenAiCompatible, OutputSchema, TransportError,
 };
 use redstring::{CircuitBreaker, Clock, RateLimiter, SeededRandom, TenantId};
@@ -34,7 +34,7 @@ use crate::hosts::clock::{SimClock, sim_elapsed};
 use crate::hosts::server::PORT;
 use crate::hosts::transport::SimTransport;
 use crate::scenario::limits::MAX_TRACE_TOKENS;
-use crate::scenario::{Burst, Hardening, Spread, TenantLoad};
+use crate::scenario::{Burst, Hardening, Routing, Spread, TenantLoad};
 use crate::world::seeds;
 
 /// The record every simulated extraction asks for.
@@ -96,10 +96,8 @@ pub struct WorkerPlan {
     pub name: String,
     /// Index in the fleet (seeds its arrival streams).
     pub index: u64,
-    /// The model server it calls.
-    pub server: String,
-    /// The model id that server serves.
-    pub model: String,
+    /// The model servers it calls, the primary first: one, unless it routes.
+    pub deployments: Vec<Target>,
     /// Its tenants.
     pub tenants: Vec<TenantLoad>,
     /// Its clock (shared with the driver, which may step it).
@@ -114,6 +112,34 @@ pub struct WorkerPlan {
     pub bursts: Vec<Burst>,
 }
 
+/// One model server a worker may call.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// Its host name.
+    pub server: String,
+    /// The model id it serves.
+    pub model: String,
+    /// Its weight under routing: its slots.
+    pub weight: u32,
+}
+
+/// The key prefix of the breaker guarding `server`, on every worker.
+pub fn breaker_prefix(server: &str) -> String {
+    format!("kg:circuit:{server}")
+}
+
+/// The longest a call can last without a deadline: every limiter wait a
+/// whole window, every attempt timing out and every backoff at its cap
+/// (jitter included) — how long a least-loaded lease counts a call whose
+/// future was dropped.
+fn longest_call_s(h: &Hardening) -> f64 {
+    let attempts = f64::from(h.max_retries) + 1.0;
+    let call = f64::from(h.limiter_waits) * h.window_s
+        + attempts * h.request_timeout_s
+        + f64::from(h.max_retries) * h.max_delay_s * (1.0 + h.jitter);
+    h.deadline_s.map_or(call, |d| d.min(call))
+}
+
 fn secs(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
 }
@@ -121,9 +147,12 @@ fn secs(s: f64) -> Duration {
 /// One tenant's hardened provider over this worker's stores `S`.
 type Provider<S> = Arc<HardenedProvider<Arc<OpenAiCompatible<CountingTransport>>, S, S>>;
 
+/// One server's adapter and breaker, shared by the worker's tenants.
+type Shared<S> = (Arc<OpenAiCompatible<CountingTransport>>, Arc<CircuitBreaker<S>>);
+
 /// Runs one worker until `plan.until` over `store` (its own cache, or the
 /// shared cache host's client).
-pub async fn run_worker<S: TokenStore + BreakerStore + BudgetStore>(
+pub async fn run_worker<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
     plan: WorkerPlan,
     store: Arc<S>,
     trace: Trace,
@@ -148,7 +177,7 @@ pub async fn run_worker<S: TokenStore + BreakerStore + BudgetStore>(
 
 /// The production stack for each of the worker's tenants: one limiter, one
 /// breaker and one adapter shared by all of them.
-fn providers<S: TokenStore + BreakerStore + BudgetStore>(
+fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
     plan: &WorkerPlan,
     store: Arc<S>,
     trace: &Trace,
@@ -165,46 +194,46 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore>(
         limiter = limiter.tokens_per_window(tokens);
     }
     let limiter = Arc::new(limiter.cache(store.clone()).build()?);
-    let mut breaker = CircuitBreaker::builder()
-        .failure_threshold(h.failure_threshold)
-        .recovery_timeout(secs(h.recovery_timeout_s))
-        .half_open_max_calls(h.half_open_max_calls)
-        .key_prefix(format!("kg:circuit:{}", plan.server))
-        .clock(clock.clone())
-        .observer(observer.clone())
-        .on_cache_error(h.on_cache_error);
-    if let Some(lease) = h.probe_lease_s {
-        breaker = breaker.probe_lease(secs(lease));
-    }
-    let breaker = Arc::new(breaker.cache(store.clone()).build()?);
+    let Some(primary) = plan.deployments.first().map(|d| d.server.as_str()) else {
+        return Err("a worker with no server to call".into());
+    };
     let budget = match h.retry_budget {
         Some(b) => Some(Arc::new(
             redstring::RetryBudget::builder()
                 .ratio(b.ratio)
                 .min_retries_per_sec(b.min_retries_per_sec)
                 .max_balance(b.max_balance)
-                .key(format!("kg:retrybudget:{}", plan.server))
+                .key(format!("kg:retrybudget:{primary}"))
                 .on_cache_unavailable(h.on_cache_unavailable)
                 .clock(clock.clone())
                 .observer(observer.clone())
-                .cache(store)
+                .cache(store.clone())
                 .build()?,
         )),
         None => None,
     };
     let policy = h.retry_policy()?;
-    let transport = CountingTransport(SimTransport::new(&plan.name, trace.clone()), plan.name.clone());
-    let adapter = Arc::new(
-        OpenAiCompatible::builder(format!("http://{}:{PORT}/v1", plan.server), plan.model.clone())
-            .timeout(secs(h.request_timeout_s))
-            .max_tokens(h.max_tokens)
-            .clock(clock.clone())
-            .build_with(transport)?,
-    );
+    let mut deployments: Vec<Shared<S>> = Vec::new();
+    for target in &plan.deployments {
+        deployments.push(deployment(plan, target, &store, &clock, &observer, trace)?);
+    }
     let mut providers = Vec::new();
     for (i, t) in plan.tenants.iter().enumerate() {
         let jitter = SeededRandom::from_seed(seeds::retry_jitter(plan.seed, plan.index, i));
-        let mut builder = HardenedProvider::builder(adapter.clone(), t.tenant(), limiter.clone(), breaker.clone())
+        let mut builder = HardenedProvider::over(
+            route_to(&deployments[0], &plan.deployments[0]),
+            t.tenant(),
+            limiter.clone(),
+        );
+        for (d, target) in deployments.iter().zip(&plan.deployments).skip(1) {
+            builder = builder.deployment(route_to(d, target));
+        }
+        builder = match h.routing {
+            None | Some(Routing::Ordered) => builder,
+            Some(Routing::Weighted) => builder.weighted(),
+            Some(Routing::LeastLoaded) => builder.least_loaded(secs(longest_call_s(h))),
+        };
+        builder = builder
             .retry_policy(policy)
             .clock(clock.clone())
             .rng(Arc::new(jitter))
@@ -223,6 +252,47 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore>(
         providers.push(Arc::new(builder.build()));
     }
     Ok(providers)
+}
+
+/// `target`'s adapter and its breaker (`kg:circuit:{server}`) over `store`.
+fn deployment<S: BreakerStore>(
+    plan: &WorkerPlan,
+    target: &Target,
+    store: &Arc<S>,
+    clock: &Arc<dyn Clock>,
+    observer: &Arc<HostObserver>,
+    trace: &Trace,
+) -> Result<Shared<S>, Box<dyn std::error::Error>> {
+    let h = &plan.hardening;
+    let mut breaker = CircuitBreaker::builder()
+        .failure_threshold(h.failure_threshold)
+        .recovery_timeout(secs(h.recovery_timeout_s))
+        .half_open_max_calls(h.half_open_max_calls)
+        .key_prefix(breaker_prefix(&target.server))
+        .clock(clock.clone())
+        .observer(observer.clone())
+        .on_cache_error(h.on_cache_error);
+    if let Some(lease) = h.probe_lease_s {
+        breaker = breaker.probe_lease(secs(lease));
+    }
+    let breaker = Arc::new(breaker.cache(store.clone()).build()?);
+    let transport = CountingTransport(SimTransport::new(&plan.name, trace.clone()), plan.name.clone());
+    let adapter = Arc::new(
+        OpenAiCompatible::builder(format!("http://{}:{PORT}/v1", target.server), target.model.clone())
+            .timeout(secs(h.request_timeout_s))
+            .max_tokens(h.max_tokens)
+            .clock(clock.clone())
+            .build_with(transport)?,
+    );
+    Ok((adapter, breaker))
+}
+
+/// A tenant's handle on a shared adapter and breaker, at `target`'s weight.
+fn route_to<S>(
+    (adapter, breaker): &Shared<S>,
+    target: &Target,
+) -> Deployment<Arc<OpenAiCompatible<CountingTransport>>, S> {
+    Deployment::new(adapter.clone(), breaker.clone()).weight(target.weight)
 }
 
 /// Starts units of work and records their arrival and end.

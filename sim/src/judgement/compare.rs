@@ -7,20 +7,21 @@
 //! summarised as a sweep's ([`SweepSummary`]); each later variant is then
 //! compared with the first, figure by figure, with a **paired sign test**
 //! over the seeds both measured ([`SignTest`]): seed by seed, is the figure
-//! higher or lower than the first variant's? Ties are dropped. The difference
+//! higher or lower than the first variant's? Ties are dropped. Each fault
+//! episode's figures are compared the same way, between the episodes of
+//! the same name. The difference
 //! *holds across seeds* when the two-sided exact binomial p-value of the
 //! split is below [`SIGNIFICANCE`]. Paired, because one seed gives both
 //! variants the same arrivals and draws, so seed-to-seed noise cancels; a
 //! sign test, because it assumes nothing about the figures' distributions
 //! (latencies and recovery times are skewed and bounded).
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
 use crate::judgement::shard::Shard;
-use crate::judgement::sweep::{FIGURE_NAMES, SeedRecord, SweepSummary};
+use crate::judgement::sweep::{Distribution, EPISODE_FIGURE_NAMES, FIGURE_NAMES, SeedRecord, SweepSummary};
 
 /// The p-value below which a difference is said to hold across seeds.
 pub const SIGNIFICANCE: f64 = 0.05;
@@ -122,6 +123,10 @@ fn set_at<'k>(here: &mut toml::Value, steps: &[&'k str], value: toml::Value) -> 
 pub struct SignTest {
     /// The figure (named as in the sweep summary).
     pub figure: &'static str,
+    /// The fault episode the figure is of (its name as the sweep summary
+    /// gives it); absent for a whole-run figure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub episode: Option<String>,
     /// The variant compared with the first.
     pub variant: String,
     /// Seeds where the figure was higher than the first variant's.
@@ -134,6 +139,52 @@ pub struct SignTest {
     pub p_value: f64,
     /// Whether the difference holds across seeds (`p_value < SIGNIFICANCE`).
     pub holds: bool,
+}
+
+impl SignTest {
+    /// The sign test of `pairs` (the first variant's figure, the other's,
+    /// per seed both measured); `None` when there is no pair.
+    fn of(
+        figure: &'static str,
+        episode: Option<&str>,
+        variant: &str,
+        pairs: impl Iterator<Item = (f64, f64)>,
+    ) -> Option<SignTest> {
+        let (mut higher, mut lower, mut ties) = (0u64, 0u64, 0u64);
+        for (a, b) in pairs {
+            match b.total_cmp(&a) {
+                std::cmp::Ordering::Greater => higher += 1,
+                std::cmp::Ordering::Less => lower += 1,
+                std::cmp::Ordering::Equal => ties += 1,
+            }
+        }
+        if higher + lower + ties == 0 {
+            return None;
+        }
+        let p_value = sign_test_p(higher, lower);
+        Some(SignTest {
+            figure,
+            episode: episode.map(str::to_owned),
+            variant: variant.to_owned(),
+            higher,
+            lower,
+            ties,
+            p_value,
+            holds: p_value < SIGNIFICANCE,
+        })
+    }
+
+    /// The mark the table shows: `▲k/n` or `▼k/n`, then ` holds` when it does.
+    fn mark(&self) -> String {
+        let n = self.higher + self.lower + self.ties;
+        let (arrow, k) = if self.higher >= self.lower {
+            ("▲", self.higher)
+        } else {
+            ("▼", self.lower)
+        };
+        let holds = if self.holds { " holds" } else { "" };
+        format!(" {arrow}{k}/{n}{holds}")
+    }
 }
 
 /// The two-sided exact sign-test p-value of `a` against `b` (each ½ under
@@ -177,43 +228,36 @@ pub struct Comparison {
 
 impl Comparison {
     /// Compares `variants` run over seeds `from..to` (those of `shard`).
+    ///
+    /// A whole-run figure is paired seed by seed; a fault episode's figure
+    /// is paired seed by seed between the episodes of the same name
+    /// ([`episode_name`](crate::judgement::sweep::episode_name)), over the
+    /// seeds where both variants had that episode and measured the figure.
     pub fn new(from: u64, to: u64, shard: Option<Shard>, variants: &[Variant]) -> Comparison {
-        let summaries = variants
+        let summaries: Vec<(String, SweepSummary)> = variants
             .iter()
             .map(|v| (v.name.clone(), SweepSummary::of_records(v.records.clone())))
             .collect();
-        let per_seed =
-            |v: &Variant| -> Vec<BTreeMap<String, f64>> { v.records.iter().map(|r| r.figures.clone()).collect() };
         let mut differences = Vec::new();
         if let Some((first, rest)) = variants.split_first() {
-            let base = per_seed(first);
+            let episodes = episode_names(&summaries);
             for v in rest {
-                let other = per_seed(v);
+                let seeds = || first.records.iter().zip(&v.records);
                 for figure in FIGURE_NAMES {
-                    let (mut higher, mut lower, mut ties) = (0u64, 0u64, 0u64);
-                    for (a, b) in base.iter().zip(&other) {
-                        let (Some(a), Some(b)) = (a.get(figure), b.get(figure)) else {
-                            continue;
-                        };
-                        match b.total_cmp(a) {
-                            std::cmp::Ordering::Greater => higher += 1,
-                            std::cmp::Ordering::Less => lower += 1,
-                            std::cmp::Ordering::Equal => ties += 1,
-                        }
+                    let pairs = seeds().filter_map(|(a, b)| Some((*a.figures.get(figure)?, *b.figures.get(figure)?)));
+                    differences.extend(SignTest::of(figure, None, &v.name, pairs));
+                }
+                for (_, episode) in &episodes {
+                    let of = |r: &SeedRecord, figure: &str| {
+                        r.episodes
+                            .iter()
+                            .find(|e| e.episode == *episode)
+                            .and_then(|e| e.figures.get(figure).copied())
+                    };
+                    for figure in EPISODE_FIGURE_NAMES {
+                        let pairs = seeds().filter_map(|(a, b)| Some((of(a, figure)?, of(b, figure)?)));
+                        differences.extend(SignTest::of(figure, Some(episode), &v.name, pairs));
                     }
-                    if higher + lower + ties == 0 {
-                        continue;
-                    }
-                    let p_value = sign_test_p(higher, lower);
-                    differences.push(SignTest {
-                        figure,
-                        variant: v.name.clone(),
-                        higher,
-                        lower,
-                        ties,
-                        p_value,
-                        holds: p_value < SIGNIFICANCE,
-                    });
                 }
             }
         }
@@ -226,7 +270,8 @@ impl Comparison {
         }
     }
 
-    /// The side-by-side table, as `compare` prints it.
+    /// The side-by-side table, as `compare` prints it: the whole-run
+    /// figures, then each fault episode's.
     pub fn render(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
@@ -238,31 +283,69 @@ impl Comparison {
             let _ = writeln!(out, "  [{}] {name}", i + 1);
         }
         for figure in FIGURE_NAMES {
-            let _ = write!(out, "  {figure:<22}");
-            for (i, (name, summary)) in self.variants.iter().enumerate() {
-                let cell = summary.figures.get(figure).map_or("-".to_owned(), |d| {
-                    format!("{} [{} – {}]", round(d.median), round(d.min), round(d.max))
-                });
-                let mark = self
-                    .differences
+            self.row(&mut out, figure, None, |s| s.figures.get(figure));
+        }
+        for (_, episode) in episode_names(&self.variants) {
+            let _ = write!(out, "  episode {episode}:");
+            for (i, (_, summary)) in self.variants.iter().enumerate() {
+                let seeds = summary
+                    .episodes
                     .iter()
-                    .find(|d| d.figure == figure && d.variant == *name)
-                    .map_or(String::new(), |d| {
-                        let n = d.higher + d.lower + d.ties;
-                        let (arrow, k) = if d.higher >= d.lower {
-                            ("▲", d.higher)
-                        } else {
-                            ("▼", d.lower)
-                        };
-                        let holds = if d.holds { " holds" } else { "" };
-                        format!(" {arrow}{k}/{n}{holds}")
-                    });
-                let _ = write!(out, "  [{}] {cell}{mark}", i + 1);
+                    .find(|e| e.episode == episode)
+                    .map_or(0, |e| e.seeds);
+                let _ = write!(out, "  [{}] {seeds} of {} seeds", i + 1, summary.seeds);
             }
             out.push('\n');
+            for figure in EPISODE_FIGURE_NAMES {
+                self.row(&mut out, figure, Some(&episode), |s| {
+                    s.episodes
+                        .iter()
+                        .find(|e| e.episode == episode)
+                        .and_then(|e| e.figures.get(figure))
+                });
+            }
         }
         out
     }
+
+    /// One figure's row: each variant's cell and its mark against the
+    /// first. A row no variant measured is left out for an episode's figure.
+    fn row<'s>(
+        &'s self,
+        out: &mut String,
+        figure: &str,
+        episode: Option<&str>,
+        get: impl Fn(&'s SweepSummary) -> Option<&'s Distribution>,
+    ) {
+        if episode.is_some() && self.variants.iter().all(|(_, s)| get(s).is_none()) {
+            return;
+        }
+        let indent = if episode.is_some() { "    " } else { "  " };
+        let width = if episode.is_some() { 20 } else { 22 };
+        let _ = write!(out, "{indent}{figure:<width$}");
+        for (i, (name, summary)) in self.variants.iter().enumerate() {
+            let cell = get(summary).map_or("-".to_owned(), |d| {
+                format!("{} [{} – {}]", round(d.median), round(d.min), round(d.max))
+            });
+            let mark = self
+                .differences
+                .iter()
+                .find(|d| d.figure == figure && d.episode.as_deref() == episode && d.variant == *name)
+                .map_or(String::new(), SignTest::mark);
+            let _ = write!(out, "  [{}] {cell}{mark}", i + 1);
+        }
+        out.push('\n');
+    }
+}
+
+/// Every fault episode any variant had, as `(index, name)`, ordered by
+/// index then name.
+fn episode_names(variants: &[(String, SweepSummary)]) -> Vec<(u64, String)> {
+    let names: std::collections::BTreeSet<(u64, String)> = variants
+        .iter()
+        .flat_map(|(_, s)| s.episodes.iter().map(|e| (e.index, e.episode.clone())))
+        .collect();
+    names.into_iter().collect()
 }
 
 fn round(v: f64) -> f64 {
@@ -284,6 +367,50 @@ mod tests {
         // Large n: no NaN from 0 × ∞ or an overflowing binomial coefficient.
         let p = sign_test_p(2000, 0);
         assert!((0.0..1e-100).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn episode_figures_are_paired_by_episode_name_over_the_seeds_that_had_it() {
+        use crate::judgement::sweep::EpisodeRecord;
+        // Seed s: episode #1 with `requests_reached` = base + s, except
+        // that variant b's seed 3 lacks the episode.
+        let record = |seed: u64, reached: Option<f64>| SeedRecord {
+            seed,
+            episodes: reached
+                .map(|v| EpisodeRecord {
+                    index: 1,
+                    episode: "#1 gpu crash at 5.0 s".into(),
+                    figures: [("requests_reached".to_owned(), v)].into(),
+                })
+                .into_iter()
+                .collect(),
+            ..SeedRecord::default()
+        };
+        let a = Variant {
+            name: "a".into(),
+            records: (1..9).map(|s| record(s, Some(s as f64))).collect(),
+        };
+        let b = Variant {
+            name: "b".into(),
+            records: (1..9).map(|s| record(s, (s != 3).then_some(s as f64 + 1.0))).collect(),
+        };
+        let c = Comparison::new(1, 9, None, &[a, b]);
+        let d: Vec<&SignTest> = c.differences.iter().filter(|d| d.episode.is_some()).collect();
+        assert_eq!(d.len(), 1, "{d:?}");
+        // Seven seeds had the episode in both, each one higher in b.
+        assert_eq!(
+            (d[0].figure, d[0].episode.as_deref(), d[0].higher, d[0].lower, d[0].ties),
+            ("requests_reached", Some("#1 gpu crash at 5.0 s"), 7, 0, 0)
+        );
+        assert!(d[0].holds);
+        let text = c.render();
+        assert!(
+            text.contains("  episode #1 gpu crash at 5.0 s:  [1] 8 of 8 seeds  [2] 7 of 8 seeds\n    requests_reached      [1] 4 [1 – 8]  [2] 6 [2 – 9] ▲7/7 holds\n"),
+            "{text}"
+        );
+        // In JSON the difference names its episode.
+        let json = serde_json::to_value(d[0]).unwrap();
+        assert_eq!(json["episode"], "#1 gpu crash at 5.0 s");
     }
 
     #[test]

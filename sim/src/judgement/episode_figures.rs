@@ -29,6 +29,7 @@ use serde::Serialize;
 use crate::evidence::episodes::{Episode, ReadyBasis};
 use crate::evidence::outcome::CallOutcome;
 use crate::evidence::trace::{Kind, TraceEvent};
+use crate::hosts::worker::breaker_prefix;
 use crate::judgement::figures::{Recovery, goodput_recovery, percentile_ms};
 use crate::scenario::{FaultKind, Scenario};
 
@@ -150,7 +151,7 @@ pub fn episode_figures(
         .map(|ep| {
             let workers: BTreeSet<&str> = fleet
                 .iter()
-                .filter(|m| m.server == ep.server)
+                .filter(|m| m.servers.contains(&ep.server))
                 .map(|m| m.name.as_str())
                 .collect();
             // The same server's neighbouring episodes bound before and after.
@@ -190,8 +191,14 @@ fn figures_of(
             Kind::Served { .. } if e.host == ep.server && during(e.t_us) => requests_reached += 1,
             Kind::Request { server } if *server == ep.server && during(e.t_us) => requests_sent += 1,
             Kind::Breaker {
-                to: CircuitState::Open, ..
-            } if opened.is_none() && workers.contains(e.host.as_str()) && during(e.t_us) => {
+                breaker,
+                to: CircuitState::Open,
+                ..
+            } if opened.is_none()
+                && *breaker == breaker_prefix(&ep.server)
+                && workers.contains(e.host.as_str())
+                && during(e.t_us) =>
+            {
                 opened = Some(e.t_us - start);
             }
             _ => {}

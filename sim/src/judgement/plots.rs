@@ -378,8 +378,8 @@ fn draw_pareto(tuning: &crate::search::tune::Tuning, svg: &mut String) -> Result
     let Some(first) = finalists.first() else {
         return Err("no candidate ran every seed".into());
     };
-    let x_name = first.objectives.first().map_or("", |o| o.name);
-    let y_name = first.objectives.get(1).map_or("margin", |o| o.name);
+    let x_name = first.objectives.first().map_or("", |o| o.name.as_str());
+    let y_name = first.objectives.get(1).map_or("margin", |o| o.name.as_str());
     let point = |c: &crate::search::tune::Candidate| -> Option<(f64, f64)> {
         let value = |i: usize| match c.objectives.get(i)?.worst {
             Worst::Measured { value } => Some(value),
@@ -553,8 +553,7 @@ mod tests {
                 ("failed_fraction".to_owned(), v / 10.0),
             ]
             .into(),
-            invariants: Vec::new(),
-            objectives: Vec::new(),
+            ..SeedRecord::default()
         };
         let variant = |name: &str, base: f64| Variant {
             name: name.into(),

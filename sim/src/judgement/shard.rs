@@ -1,5 +1,5 @@
-//! Shards: one sweep or comparison split over several machines, and joined
-//! again into the result one machine would have given.
+//! Shards: one sweep, comparison, fuzz run or tune split over several
+//! machines, and joined again into the result one machine would have given.
 //!
 //! `--shard i/n` runs the seeds whose index from the first seed is `i − 1`
 //! modulo `n` ([`Shard::seeds`]); its `--json` carries one [`SeedRecord`] per
@@ -7,12 +7,17 @@
 //! checks they are the `n` shards of one run (same command, scenario or
 //! variants, seeds and `n`; each shard once), puts the records back in seed
 //! order and makes the summary from them as an unsharded run does: the text
-//! and the JSON are byte for byte those of the run on one machine.
+//! and the JSON are byte for byte those of the run on one machine. A fuzz
+//! run's shards split its cases the same way; how they are joined is
+//! [`crate::search::fuzz_run`]'s. A tune's shards split each rung's
+//! simulations, a merge after every rung ([`crate::search::tune_shard`]).
 
 use serde::{Deserialize, Serialize};
 
 use crate::judgement::compare::{Comparison, Variant};
 use crate::judgement::sweep::{SeedRecord, SweepSummary, render_sweep};
+use crate::search::fuzz_run::{FuzzOutcome, FuzzRun};
+use crate::search::tune_shard::Joined;
 
 /// Which of `count` shards this is (`index` from 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,7 +35,7 @@ pub enum ShardError {
     #[error("--shard {0:?}: expected i/n with 1 ≤ i ≤ n, e.g. 2/4")]
     Syntax(String),
     /// A file is not a shard's `--json`.
-    #[error("{file}: not the --json of a sweep or compare: {why}")]
+    #[error("{file}: not the --json of a sweep, compare, fuzz or tune shard: {why}")]
     NotAShard {
         /// The file.
         file: String,
@@ -68,12 +73,16 @@ impl Shard {
         Ok(Shard { index, count })
     }
 
+    /// Whether the item `offset` places from the first (a seed, a fuzz
+    /// case) is this shard's: every `count`th from the `index`th.
+    pub fn owns(self, offset: u64) -> bool {
+        offset % self.count == self.index - 1
+    }
+
     /// The seeds of `from..to` this shard runs: every `count`th from the
     /// `index`th.
     pub fn seeds(self, from: u64, to: u64) -> Vec<u64> {
-        (from..to)
-            .filter(|s| (s - from) % self.count == self.index - 1)
-            .collect()
+        (from..to).filter(|s| self.owns(s - from)).collect()
     }
 }
 
@@ -119,13 +128,19 @@ impl SweepRun {
     }
 }
 
-/// What `merge` gives back: the joined sweep or comparison.
+/// What `merge` gives back: the joined sweep, comparison or fuzz run.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Merged {
     /// A sweep's shards, joined.
     Sweep(SweepRun),
     /// A comparison's shards, joined.
     Compare(Comparison),
+    /// A fuzz run's shards, joined (its failing case is still to be
+    /// written, as `fuzz` writes it).
+    Fuzz(FuzzRun),
+    /// One round of a tune's shards, joined: its result, or the state for
+    /// the next round.
+    Tune(Joined),
 }
 
 impl Merged {
@@ -135,6 +150,12 @@ impl Merged {
         match self {
             Merged::Sweep(s) => format!("{}{}", s.preamble, s.render()),
             Merged::Compare(c) => c.render(),
+            Merged::Fuzz(f) => f.render(),
+            Merged::Tune(Joined::Done { tuning, dims, .. }) => tuning.render(dims),
+            Merged::Tune(Joined::Next(state)) => format!(
+                "tune {}: rung {} is next; run it on each machine with --resume and this state, then merge again\n",
+                state.scenario, state.rung
+            ),
         }
     }
 
@@ -143,13 +164,20 @@ impl Merged {
         match self {
             Merged::Sweep(s) => serde_json::to_string_pretty(s),
             Merged::Compare(c) => serde_json::to_string_pretty(c),
+            Merged::Fuzz(f) => serde_json::to_string_pretty(f),
+            Merged::Tune(Joined::Done { tuning, .. }) => serde_json::to_string_pretty(tuning),
+            Merged::Tune(Joined::Next(state)) => serde_json::to_string_pretty(state),
         }
         .unwrap_or_default()
     }
 
-    /// Whether a seed failed, and whether one missed an objective.
+    /// Whether a seed failed (a fuzz case broke an invariant), and whether
+    /// one missed an objective.
     pub fn verdict(&self) -> (bool, bool) {
         match self {
+            Merged::Fuzz(f) => (matches!(f.outcome, FuzzOutcome::Failed { .. }), false),
+            Merged::Tune(Joined::Done { tuning, .. }) => (tuning.broke(), !tuning.met()),
+            Merged::Tune(Joined::Next(_)) => (false, false),
             Merged::Sweep(s) => s.verdict(),
             Merged::Compare(c) => {
                 let recs = || c.variants.iter().flat_map(|(_, s)| s.per_seed.iter());
@@ -321,9 +349,11 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
             }
             Ok(Merged::Compare(Comparison::new(from, to, None, &variants)))
         }
+        "fuzz" => crate::search::fuzz_run::merge(files).map(Merged::Fuzz),
+        "tune" => crate::search::tune_shard::merge(files).map(Merged::Tune),
         other => Err(ShardError::NotAShard {
             file: first_file.clone(),
-            why: format!("command {other:?} cannot be merged (only sweep and compare)"),
+            why: format!("command {other:?} cannot be merged (only sweep, compare, fuzz and tune)"),
         }),
     }
 }
@@ -331,6 +361,7 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::judgement::sweep::EpisodeRecord;
 
     #[test]
     fn shards_split_the_seeds_by_index_modulo_n() {
@@ -351,14 +382,26 @@ mod tests {
     }
 
     fn sweep_run(shard: Option<Shard>, seeds: &[u64]) -> SweepRun {
+        // Seed 2 lacks the second episode, so that a merge must count it
+        // as a summary of the whole does.
         let records = seeds
             .iter()
             .map(|&s| SeedRecord {
                 seed: s,
                 error: None,
                 figures: [("latency_p50_s".to_owned(), s as f64)].into(),
-                invariants: Vec::new(),
-                objectives: Vec::new(),
+                episodes: (1..=if s == 2 { 1 } else { 2 })
+                    .map(|i| EpisodeRecord {
+                        index: i,
+                        episode: format!("#{i} gpu crash at {}.0 s", i * 10),
+                        figures: [
+                            ("requests_reached".to_owned(), (s * i) as f64),
+                            ("latency_during_p99_s".to_owned(), s as f64 / 3.0),
+                        ]
+                        .into(),
+                    })
+                    .collect(),
+                ..SeedRecord::default()
             })
             .collect();
         SweepRun {
@@ -386,7 +429,14 @@ mod tests {
             sweep_json(Some(Shard { index: 2, count: 2 }), &[2, 4]),
         );
         let merged = merge(&[two.clone(), one.clone()]).unwrap();
-        assert_eq!(merged, Merged::Sweep(sweep_run(None, &[1, 2, 3, 4])));
+        let whole = sweep_run(None, &[1, 2, 3, 4]);
+        assert_eq!(merged, Merged::Sweep(whole.clone()));
+        // Byte for byte, episode figures (a third of a seed, an episode one
+        // seed lacks) included.
+        assert_eq!(merged.to_json(), serde_json::to_string_pretty(&whole).unwrap());
+        assert_eq!(merged.render(), format!("{}{}", whole.preamble, whole.render()));
+        assert_eq!(whole.summary.episodes[1].seeds, 3);
+        assert!(merged.to_json().contains("\"latency_during_p99_s\""));
         assert_eq!(
             merge(std::slice::from_ref(&one)),
             Err(ShardError::Missing("2/2".into()))

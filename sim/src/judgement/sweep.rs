@@ -3,9 +3,10 @@
 //!
 //! One seed's report says what happened once; a configuration is judged by
 //! what happens across many. [`SweepSummary`] gathers the reports of the
-//! seeds that ran and gives, for every figure of [`Figures`], its
-//! distribution (min / median / p95 / max), and for every invariant and
-//! objective its pass rate. The summary is made from one [`SeedRecord`] per
+//! seeds that ran and gives, for every figure of [`Figures`] and every
+//! figure of every fault episode ([`EpisodeFigures`]), its distribution
+//! (min / median / p95 / max), and for every invariant and objective its
+//! pass rate. The summary is made from one [`SeedRecord`] per
 //! seed, which `--json` carries along, so that the shards of a sweep run on
 //! several machines can be merged into the summary one machine would give.
 
@@ -14,6 +15,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::judgement::episode_figures::{EpisodeFigures, Latencies};
 use crate::judgement::figures::Figures;
 use crate::judgement::report::Report;
 
@@ -46,6 +48,91 @@ pub fn named_figures(f: &Figures) -> [(&'static str, Option<f64>); 7] {
     })
 }
 
+/// The summary names of the per-episode figures, in
+/// [`named_episode_figures`] order.
+pub const EPISODE_FIGURE_NAMES: [&str; 15] = [
+    "requests_reached",
+    "amplification",
+    "time_to_open_s",
+    "goodput_recovery_s",
+    "calls_failed",
+    "calls_deferred",
+    "latency_before_p50_s",
+    "latency_before_p95_s",
+    "latency_before_p99_s",
+    "latency_during_p50_s",
+    "latency_during_p95_s",
+    "latency_during_p99_s",
+    "latency_after_p50_s",
+    "latency_after_p95_s",
+    "latency_after_p99_s",
+];
+
+/// Every figure of one fault episode by its summary name (`None`: not
+/// measured).
+pub fn named_episode_figures(ep: &EpisodeFigures) -> [(&'static str, Option<f64>); 15] {
+    let lat = |l: &Latencies| [l.p50_s, l.p95_s, l.p99_s];
+    let [b50, b95, b99] = lat(&ep.latency_before);
+    let [d50, d95, d99] = lat(&ep.latency_during);
+    let [a50, a95, a99] = lat(&ep.latency_after);
+    let values = [
+        Some(ep.requests_reached as f64),
+        ep.amplification,
+        ep.time_to_open_s,
+        ep.goodput_recovery.seconds(),
+        Some(ep.calls_failed as f64),
+        Some(ep.calls_deferred as f64),
+        b50,
+        b95,
+        b99,
+        d50,
+        d95,
+        d99,
+        a50,
+        a95,
+        a99,
+    ];
+    let mut i = 0;
+    values.map(|v| {
+        i += 1;
+        (EPISODE_FIGURE_NAMES[i - 1], v)
+    })
+}
+
+/// The stable name of the `index`th (from 1) fault episode of a run, as the
+/// single-run report names it: `#1 gpu crash at 10.0 s`. Seeds of one
+/// scenario share their fault schedule, so the same name is the same
+/// episode on every seed.
+pub fn episode_name(index: usize, ep: &EpisodeFigures) -> String {
+    format!("#{index} {} {} at {:.1} s", ep.server, ep.kind, ep.start_s)
+}
+
+/// One fault episode's figures on one seed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeRecord {
+    /// Its place among the run's episodes (from 1, by start then server).
+    pub index: u64,
+    /// Its name ([`episode_name`]): what seeds and variants are joined by.
+    pub episode: String,
+    /// The figures it measured, by summary name ([`EPISODE_FIGURE_NAMES`]).
+    #[serde(default)]
+    pub figures: BTreeMap<String, f64>,
+}
+
+impl EpisodeRecord {
+    /// The record of the `index`th (from 1) episode of a run.
+    pub fn of(index: usize, ep: &EpisodeFigures) -> EpisodeRecord {
+        EpisodeRecord {
+            index: index as u64,
+            episode: episode_name(index, ep),
+            figures: named_episode_figures(ep)
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v)))
+                .collect(),
+        }
+    }
+}
+
 /// One invariant's or objective's result on one seed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Pass {
@@ -58,7 +145,7 @@ pub struct Pass {
 
 /// What a summary needs of one seed: its figures and which invariants and
 /// objectives passed, or why its simulation failed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SeedRecord {
     /// The seed.
     pub seed: u64,
@@ -74,6 +161,10 @@ pub struct SeedRecord {
     /// Per objective the scenario sets.
     #[serde(default)]
     pub objectives: Vec<Pass>,
+    /// Per fault episode, in the run's order, its figures (absent from
+    /// files written before episodes were recorded: read as none).
+    #[serde(default)]
+    pub episodes: Vec<EpisodeRecord>,
 }
 
 impl SeedRecord {
@@ -102,6 +193,13 @@ impl SeedRecord {
                     passed: !o.missed(),
                 })
                 .collect(),
+            episodes: report
+                .figures
+                .episodes
+                .iter()
+                .enumerate()
+                .map(|(i, ep)| EpisodeRecord::of(i + 1, ep))
+                .collect(),
         }
     }
 
@@ -110,9 +208,7 @@ impl SeedRecord {
         SeedRecord {
             seed,
             error: Some(why),
-            figures: BTreeMap::new(),
-            invariants: Vec::new(),
-            objectives: Vec::new(),
+            ..SeedRecord::default()
         }
     }
 
@@ -185,6 +281,51 @@ pub struct PassRate {
     pub seeds: u64,
 }
 
+/// How one fault episode's figures spread across the seeds that had it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct EpisodeSummary {
+    /// Its place among the run's episodes (from 1).
+    pub index: u64,
+    /// Its name ([`episode_name`]).
+    pub episode: String,
+    /// Seeds that ran and had this episode (every seed that ran, unless
+    /// the fault schedule differed between seeds).
+    pub seeds: u64,
+    /// Per figure ([`EPISODE_FIGURE_NAMES`]), its distribution over the
+    /// seeds that measured it; figures no seed measured are left out.
+    pub figures: BTreeMap<&'static str, Distribution>,
+}
+
+/// The per-episode distributions of `records` (failed simulations left
+/// out), ordered by episode index then name.
+fn episode_summaries(records: &[SeedRecord]) -> Vec<EpisodeSummary> {
+    type Values = BTreeMap<&'static str, Vec<f64>>;
+    let mut by_episode: BTreeMap<(u64, &str), (u64, Values)> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.error.is_none()) {
+        for ep in &r.episodes {
+            let (seeds, values) = by_episode.entry((ep.index, ep.episode.as_str())).or_default();
+            *seeds += 1;
+            for (name, v) in &ep.figures {
+                if let Some(name) = EPISODE_FIGURE_NAMES.iter().find(|n| *n == name) {
+                    values.entry(name).or_default().push(*v);
+                }
+            }
+        }
+    }
+    by_episode
+        .into_iter()
+        .map(|((index, episode), (seeds, values))| EpisodeSummary {
+            index,
+            episode: episode.to_owned(),
+            seeds,
+            figures: values
+                .into_iter()
+                .filter_map(|(k, v)| Distribution::of(v).map(|d| (k, d)))
+                .collect(),
+        })
+        .collect()
+}
+
 /// The summary of a sweep.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct SweepSummary {
@@ -197,6 +338,8 @@ pub struct SweepSummary {
     pub invariants: Vec<PassRate>,
     /// Per objective the scenario sets, in [`Objectives`](crate::scenario::Objectives) order.
     pub objectives: Vec<PassRate>,
+    /// Per fault episode, its figures' distributions, by episode index.
+    pub episodes: Vec<EpisodeSummary>,
     /// Per seed, in seed order, failed simulations included: what the
     /// summary was made from, so that shards can be merged.
     pub per_seed: Vec<SeedRecord>,
@@ -225,6 +368,7 @@ impl SweepSummary {
             let passes = r.objectives.iter().map(|p| (p.name.clone(), p.passed)).collect();
             tally(&mut summary.objectives, passes);
         }
+        summary.episodes = episode_summaries(&records);
         summary.per_seed = records;
         summary.figures = values
             .into_iter()
@@ -255,6 +399,32 @@ impl SweepSummary {
                 round(d.p95),
                 round(d.max)
             );
+        }
+        for ep in &self.episodes {
+            let partial = if ep.seeds < self.seeds {
+                format!("  ({} of {} seeds had it)", ep.seeds, self.seeds)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(out, "episode {}{partial}:", ep.episode);
+            let figures = EPISODE_FIGURE_NAMES
+                .iter()
+                .filter_map(|name| ep.figures.get(name).map(|d| (name, d)));
+            for (name, d) in figures {
+                let partial = if d.seeds < ep.seeds {
+                    format!("  ({} of {} seeds)", d.seeds, ep.seeds)
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(
+                    out,
+                    "  {name:<22} {} / {} / {} / {}{partial}",
+                    round(d.min),
+                    round(d.median),
+                    round(d.p95),
+                    round(d.max)
+                );
+            }
         }
         let _ = writeln!(out, "pass rate:");
         for (what, rates) in [("invariant", &self.invariants), ("objective", &self.objectives)] {
@@ -343,6 +513,97 @@ mod tests {
         let one = Distribution::of(vec![3.5]).unwrap();
         assert_eq!((one.min, one.median, one.p95, one.max), (3.5, 3.5, 3.5, 3.5));
         assert_eq!(Distribution::of(Vec::new()), None);
+    }
+
+    /// A seed's record with episode `#1 gpu crash at 10.0 s` (if `first`)
+    /// and `#2 gpu crash at 40.0 s`, each with `requests_reached = reached`
+    /// and, on the second, a recovery time only when `recovered` is set.
+    fn record(seed: u64, reached: f64, first: bool, recovered: Option<f64>) -> SeedRecord {
+        let ep = |index: u64, at: &str, figures: Vec<(&str, f64)>| EpisodeRecord {
+            index,
+            episode: format!("#{index} gpu crash at {at} s"),
+            figures: figures.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        };
+        let mut second = vec![("requests_reached", reached * 10.0)];
+        second.extend(recovered.map(|s| ("goodput_recovery_s", s)));
+        let mut episodes = Vec::new();
+        if first {
+            episodes.push(ep(1, "10.0", vec![("requests_reached", reached)]));
+        }
+        episodes.push(ep(2, "40.0", second));
+        SeedRecord {
+            seed,
+            episodes,
+            ..SeedRecord::default()
+        }
+    }
+
+    #[test]
+    fn each_episode_figure_is_distributed_over_the_seeds() {
+        let s = SweepSummary::of_records(vec![
+            record(1, 3.0, true, Some(2.0)),
+            record(2, 1.0, true, Some(6.0)),
+            record(3, 2.0, true, None),
+        ]);
+        let names: Vec<(u64, &str, u64)> = s
+            .episodes
+            .iter()
+            .map(|e| (e.index, e.episode.as_str(), e.seeds))
+            .collect();
+        assert_eq!(
+            names,
+            [(1, "#1 gpu crash at 10.0 s", 3), (2, "#2 gpu crash at 40.0 s", 3)]
+        );
+        let d = &s.episodes[0].figures["requests_reached"];
+        assert_eq!((d.seeds, d.min, d.median, d.p95, d.max), (3, 1.0, 2.0, 3.0, 3.0));
+        assert_eq!(s.episodes[1].figures["requests_reached"].max, 30.0);
+        // Recovered on two seeds of three: over those two, and said so.
+        let r = &s.episodes[1].figures["goodput_recovery_s"];
+        assert_eq!((r.seeds, r.min, r.max), (2, 2.0, 6.0));
+        let text = s.render();
+        assert!(
+            text.contains("episode #2 gpu crash at 40.0 s:\n  requests_reached       10 / 20 / 30 / 30\n  goodput_recovery_s     2 / 2 / 6 / 6  (2 of 3 seeds)\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_episode_missing_on_a_seed_is_distributed_over_the_seeds_that_had_it() {
+        let mut failed = SeedRecord::failed(4, "boom".into());
+        // A failed simulation's record counts nowhere, whatever it carries.
+        failed.episodes = record(4, 100.0, true, None).episodes;
+        let s = SweepSummary::of_records(vec![
+            record(1, 3.0, true, None),
+            record(2, 1.0, false, None),
+            record(3, 2.0, true, None),
+            failed,
+        ]);
+        assert_eq!(s.seeds, 3);
+        let first = &s.episodes[0];
+        assert_eq!((first.index, first.seeds), (1, 2));
+        let d = &first.figures["requests_reached"];
+        assert_eq!((d.seeds, d.min, d.max), (2, 2.0, 3.0));
+        assert_eq!(s.episodes[1].seeds, 3);
+        let text = s.render();
+        assert!(
+            text.contains(
+                "episode #1 gpu crash at 10.0 s  (2 of 3 seeds had it):\n  requests_reached       2 / 2 / 3 / 3\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("episode #2 gpu crash at 40.0 s:\n"), "{text}");
+    }
+
+    #[test]
+    fn a_record_written_before_episodes_were_recorded_still_reads() {
+        let old = r#"{"seed": 7, "figures": {"latency_p50_s": 0.5}, "invariants": [], "objectives": []}"#;
+        let r: SeedRecord = serde_json::from_str(old).unwrap();
+        assert_eq!((r.seed, r.episodes.len()), (7, 0));
+        assert_eq!(r.figures["latency_p50_s"], 0.5);
+        // And a new one reads back to itself.
+        let new = record(1, 3.0, true, Some(2.0));
+        let back: SeedRecord = serde_json::from_str(&serde_json::to_string(&new).unwrap()).unwrap();
+        assert_eq!(back, new);
     }
 
     #[test]

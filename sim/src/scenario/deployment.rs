@@ -316,7 +316,8 @@ pub struct WorkerGroup {
     /// How many.
     #[serde(default = "defaults::count")]
     pub count: u32,
-    /// The servers it calls; worker `i` uses `servers[i % len]`.
+    /// The servers it calls: worker `i` uses `servers[i % len]`, or under
+    /// `hardening.routing` every one, in this order.
     pub servers: Vec<String>,
     /// Its tenants and their load.
     pub tenants: Vec<TenantLoad>,
@@ -332,8 +333,11 @@ pub struct FleetMember {
     pub name: String,
     /// Its place in the whole fleet, from 0 (seeds its random streams).
     pub index: u64,
-    /// The model server it calls.
+    /// The model server it calls first (the primary, when it routes).
     pub server: String,
+    /// Every server it may call, the primary first: `[server]` unless
+    /// `hardening.routing` is set.
+    pub servers: Vec<String>,
     /// Its tenants and their load.
     pub tenants: Vec<TenantLoad>,
     /// Its clock.

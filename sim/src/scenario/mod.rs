@@ -28,7 +28,7 @@ pub use deployment::{
 };
 pub use fault::{Fault, FaultKind};
 pub use sanity::{Oddity, ServerLoad, Warning};
-pub use settings::{CacheKind, CacheLayout, ClockSpec, Hardening, Network, RetryBudgetSpec};
+pub use settings::{CacheKind, CacheLayout, ClockSpec, Hardening, Network, RetryBudgetSpec, Routing};
 
 pub(crate) use validate::locate;
 
@@ -260,7 +260,8 @@ impl Scenario {
     }
 
     /// Every worker of the fleet, groups expanded, in order: worker `i` of a
-    /// group calls the group's `servers[i % len]`.
+    /// group calls the group's `servers[i % len]`, or, under
+    /// `hardening.routing`, all of them in order.
     pub fn fleet(&self) -> Vec<FleetMember> {
         let mut fleet = Vec::new();
         for group in &self.workers {
@@ -274,16 +275,41 @@ impl Scenario {
                     0 => String::new(),
                     n => group.servers[i as usize % n].clone(),
                 };
+                let servers = match self.hardening.routing {
+                    Some(_) => group.servers.clone(),
+                    None if server.is_empty() => Vec::new(),
+                    None => vec![server.clone()],
+                };
+                let server = servers.first().cloned().unwrap_or(server);
                 fleet.push(FleetMember {
                     name,
                     index: fleet.len() as u64,
                     server,
+                    servers,
                     tenants: group.tenants.clone(),
                     clock: group.clock,
                 });
             }
         }
         fleet
+    }
+
+    /// The share of `member`'s calls that go first to `server` while every
+    /// server is healthy: all of them to its one server, or under ordered
+    /// routing to its primary; under weighted and least-loaded routing each
+    /// server's `slots` over the slots of all it routes over.
+    pub fn share(&self, member: &FleetMember, server: &str) -> f64 {
+        if !member.servers.iter().any(|s| s == server) {
+            return 0.0;
+        }
+        match self.hardening.routing {
+            None | Some(Routing::Ordered) => f64::from(u8::from(member.server == server)),
+            Some(Routing::Weighted | Routing::LeastLoaded) => {
+                let slots = |name: &str| self.server(name).map_or(0.0, |s| f64::from(s.slots));
+                let total: f64 = member.servers.iter().map(|s| slots(s)).sum();
+                if total > 0.0 { slots(server) / total } else { 0.0 }
+            }
+        }
     }
 
     /// The server called `name`.

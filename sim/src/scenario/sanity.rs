@@ -267,26 +267,32 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
             // distributions, or the server's counts), weighted by its calls.
             let (own_prompt, own_output) = spec.mean_tokens();
             let (mut prompt_sum, mut output_sum) = (0.0, 0.0);
-            for m in fleet.iter().filter(|m| m.server == spec.name) {
+            for m in &fleet {
+                let share = scenario.share(m, &spec.name);
+                if share == 0.0 {
+                    continue;
+                }
                 let mut tenants = BTreeSet::new();
                 for t in &m.tenants {
                     // A closed loop's peak: its clients' calls ending at once.
                     let rate = rate(t);
-                    arriving += rate;
+                    arriving += rate * share;
                     let mean = |d: Option<super::Spread>, own: u64| d.map_or(own as f64, |d| d.mean());
-                    prompt_sum += rate * mean(t.prompt_tokens, own_prompt);
-                    output_sum += rate * mean(t.output_tokens, own_output);
-                    admitted += match scenario.cache.kind {
-                        CacheKind::PerWorker => rate.min(allowed_per_s),
-                        CacheKind::Shared => {
-                            let total = tenant_total.get(&t.id).copied().unwrap_or(0.0);
-                            if total > allowed_per_s {
-                                rate * allowed_per_s / total
-                            } else {
-                                rate
+                    prompt_sum += rate * share * mean(t.prompt_tokens, own_prompt);
+                    output_sum += rate * share * mean(t.output_tokens, own_output);
+                    // The limiter admits per worker; the server gets its share.
+                    admitted += share
+                        * match scenario.cache.kind {
+                            CacheKind::PerWorker => rate.min(allowed_per_s),
+                            CacheKind::Shared => {
+                                let total = tenant_total.get(&t.id).copied().unwrap_or(0.0);
+                                if total > allowed_per_s {
+                                    rate * allowed_per_s / total
+                                } else {
+                                    rate
+                                }
                             }
-                        }
-                    };
+                        };
                     tenants.insert(t.id);
                 }
                 for id in tenants {

@@ -52,6 +52,36 @@ pub struct Hardening {
     /// reserves its prompt tokens plus `max_tokens` with its slot and settles
     /// to the server's `usage`.
     pub tokens_per_window: Option<u64>,
+    /// How each worker routes over its group's servers (default: none —
+    /// worker `i` of a group calls only its `servers[i % len]`). With a
+    /// policy every worker's provider holds every server of its group, in
+    /// the order listed, each behind its own breaker.
+    pub routing: Option<Routing>,
+}
+
+/// `hardening.routing`: the policy a worker's provider picks a call's first
+/// server by (see `redstring::provider::route`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    /// The first server listed whose circuit admits the call: fallback.
+    Ordered,
+    /// A server drawn by weight: each server's `slots`, its capacity.
+    Weighted,
+    /// The server with the fewest calls in flight per slot, counted in the
+    /// worker's cache (the fleet's, when shared).
+    LeastLoaded,
+}
+
+impl Routing {
+    /// Its name in a scenario file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Routing::Ordered => "ordered",
+            Routing::Weighted => "weighted",
+            Routing::LeastLoaded => "least_loaded",
+        }
+    }
 }
 
 /// `[hardening.retry_budget]`: the numbers of a
@@ -99,6 +129,7 @@ impl Default for Hardening {
             on_cache_error: redstring::OnCacheError::default(),
             retry_budget: None,
             tokens_per_window: None,
+            routing: None,
         }
     }
 }

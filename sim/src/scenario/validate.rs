@@ -311,6 +311,24 @@ impl Scenario {
             if let Some(s) = w.servers.iter().find(|s| self.server(s).is_none()) {
                 return Err(e.bad(&at("servers"), format!("no server named {s:?}")));
             }
+            if let Some(routing) = self.hardening.routing {
+                // Each listed server is a deployment with its own breaker.
+                e.at_most(
+                    &at("servers"),
+                    w.servers.len() as u64,
+                    redstring::provider::route::MAX_DEPLOYMENTS as u64,
+                    "servers a routed worker calls",
+                )?;
+                if let Some((k, s)) = w.servers.iter().enumerate().find(|(k, s)| w.servers[..*k].contains(s)) {
+                    return Err(e.bad(
+                        &format!("workers[{i}].servers[{k}]"),
+                        format!(
+                            "{s:?} is listed twice; under hardening.routing = {:?} each server is one deployment",
+                            routing.name()
+                        ),
+                    ));
+                }
+            }
             for (j, t) in w.tenants.iter().enumerate() {
                 let field = format!("workers[{i}].tenants[{j}].calls_per_min");
                 if !(t.calls_per_min.is_finite() && t.calls_per_min >= 0.0) {

@@ -33,6 +33,13 @@ pub enum Area {
 }
 
 impl Area {
+    /// The area named `name` (as [`Area::name`] gives it).
+    fn parse(name: &str) -> Option<Area> {
+        [Area::Breaker, Area::Limiter, Area::Retry, Area::Fault]
+            .into_iter()
+            .find(|a| a.name() == name)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Area::Breaker => "breaker",
@@ -115,6 +122,35 @@ impl Coverage {
     /// How often `path` in `area` was reached.
     pub fn hits(&self, area: Area, path: &str) -> u64 {
         self.hits.get(&(area, path.to_owned())).copied().unwrap_or(0)
+    }
+
+    /// Every path reached, as `area: path` → how often: what a fuzz run's
+    /// `--json` carries per case, so that shards' tallies can be added up.
+    pub fn tally(&self) -> BTreeMap<String, u64> {
+        self.hits
+            .iter()
+            .map(|((area, path), n)| (format!("{}: {path}", area.name()), *n))
+            .collect()
+    }
+
+    /// Adds `runs` runs whose paths were reached as `tally` says (as
+    /// [`Coverage::tally`] gives it); an entry that names no area is an
+    /// error naming it, and nothing is added then.
+    pub fn add_tally(&mut self, runs: u64, tally: &BTreeMap<String, u64>) -> Result<(), String> {
+        let mut parsed = Vec::with_capacity(tally.len());
+        for (key, n) in tally {
+            let area = key
+                .split_once(": ")
+                .and_then(|(area, path)| Some((Area::parse(area)?, path)))
+                .ok_or_else(|| format!("{key:?} is not `area: path` with a known area"))?;
+            parsed.push((area, *n));
+        }
+        self.runs = self.runs.saturating_add(runs);
+        for ((area, path), n) in parsed {
+            let hits = self.hits.entry((area, path.to_owned())).or_default();
+            *hits = hits.saturating_add(n);
+        }
+        Ok(())
     }
 
     /// The expected paths no run reached, as `area: path`.
@@ -251,5 +287,30 @@ mod tests {
         assert!(!never.iter().any(|p| p.contains("closed → open")), "{never:?}");
         assert!(!never.iter().any(|p| p == "faults: crash"), "{never:?}");
         assert!(c.to_string().contains("NEVER EXERCISED"));
+    }
+
+    #[test]
+    fn tallies_add_up_to_the_coverage_of_every_run() {
+        let open = ev(Kind::Breaker {
+            breaker: "b".into(),
+            from: CircuitState::Closed,
+            to: CircuitState::Open,
+            at_us: 0,
+        });
+        let mut whole = Coverage::new();
+        whole.observe(std::slice::from_ref(&open));
+        whole.observe(&[open.clone(), open.clone()]);
+        let (mut a, mut b) = (Coverage::new(), Coverage::new());
+        a.observe(std::slice::from_ref(&open));
+        b.observe(&[open.clone(), open]);
+        let mut joined = Coverage::new();
+        joined.add_tally(a.runs(), &a.tally()).unwrap();
+        joined.add_tally(b.runs(), &b.tally()).unwrap();
+        assert_eq!(joined.to_string(), whole.to_string());
+        assert_eq!(joined.tally(), [("breaker: closed → open".to_owned(), 3)].into());
+        // An unknown area is refused, and nothing is added.
+        let bad = [("engine: warp".to_owned(), 1), ("breaker: closed → open".to_owned(), 1)].into();
+        assert!(joined.add_tally(5, &bad).unwrap_err().contains("engine: warp"));
+        assert_eq!(joined.runs(), 2);
     }
 }

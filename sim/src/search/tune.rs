@@ -47,12 +47,13 @@ use std::fmt::Write as _;
 use rand::Rng as _;
 use rand::SeedableRng as _;
 use rand::seq::SliceRandom as _;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::judgement::compare::{SetError, set_field};
 use crate::judgement::objectives::{Judged, ObjectiveVerdict};
 use crate::judgement::report::Report;
-use crate::judgement::sweep::SweepSummary;
+use crate::judgement::shard::Shard;
+use crate::judgement::sweep::{SeedRecord, SweepSummary};
 use crate::scenario::Scenario;
 use crate::world::{Budget, simulate};
 
@@ -103,6 +104,9 @@ pub enum TuneError {
         /// The set or validation error.
         why: String,
     },
+    /// `--resume` was given the state of another tune.
+    #[error("--resume: the state is of another tune: {0}")]
+    Resume(String),
     /// `--seeds` or `--budget` is zero.
     #[error("{0} must be at least 1")]
     Zero(&'static str),
@@ -443,7 +447,7 @@ pub struct Settings {
 }
 
 /// An objective's worst figure across the seeds a candidate ran.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum Worst {
     /// The largest measured figure.
@@ -473,7 +477,7 @@ impl Worst {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ObjectiveFigure {
     /// The objective, as the scenario names it.
-    pub name: &'static str,
+    pub name: String,
     /// Its target.
     pub target: f64,
     /// The worst seed's figure.
@@ -574,13 +578,23 @@ impl Candidate {
     }
 }
 
-/// Judges one objective from each seed's verdict on it.
-fn objective_figure(verdicts: &[&ObjectiveVerdict]) -> Option<ObjectiveFigure> {
-    let first = verdicts.first()?;
-    let (mut worst, mut passed) = (Worst::NotApplicable, 0u64);
-    for v in verdicts {
-        passed += u64::from(!v.missed());
-        let here = match v.judged {
+/// One objective's verdict on one seed, as judging needs it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeedObjective {
+    /// The objective, as the scenario names it.
+    pub name: String,
+    /// Its target.
+    pub target: f64,
+    /// Whether it was not missed on this seed.
+    pub passed: bool,
+    /// This seed's figure, as [`Worst`] orders it (a single seed's worst).
+    pub figure: Worst,
+}
+
+impl SeedObjective {
+    /// The verdict `v` as judging needs it.
+    pub fn of(v: &ObjectiveVerdict) -> SeedObjective {
+        let figure = match v.judged {
             Judged::Met { measured }
             | Judged::Missed {
                 measured: Some(measured),
@@ -589,8 +603,60 @@ fn objective_figure(verdicts: &[&ObjectiveVerdict]) -> Option<ObjectiveFigure> {
             Judged::Missed { measured: None, .. } => Worst::Never,
             Judged::NotApplicable { .. } => Worst::NotApplicable,
         };
-        if here.key() > worst.key() {
-            worst = here;
+        SeedObjective {
+            name: v.name.to_owned(),
+            target: v.target,
+            passed: !v.missed(),
+            figure,
+        }
+    }
+}
+
+/// What judging needs of one candidate's simulation on one seed: kept per
+/// (candidate, seed) so that the simulations of a rung can run on several
+/// machines and be joined ([`crate::search::tune_shard`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeedResult {
+    /// The candidate's id (from 1).
+    pub candidate: usize,
+    /// The seed.
+    pub seed: u64,
+    /// Its record, as `sweep` keeps it (`error` set: the simulation
+    /// failed, and nothing else is).
+    pub record: SeedRecord,
+    /// Per objective the scenario sets, its verdict.
+    #[serde(default)]
+    pub objectives: Vec<SeedObjective>,
+}
+
+impl SeedResult {
+    /// The result of candidate `candidate`'s simulation on `seed`.
+    pub fn of(candidate: usize, seed: u64, result: &Result<Report, String>) -> SeedResult {
+        match result {
+            Ok(report) => SeedResult {
+                candidate,
+                seed,
+                record: SeedRecord::of(report),
+                objectives: report.objectives.iter().map(SeedObjective::of).collect(),
+            },
+            Err(why) => SeedResult {
+                candidate,
+                seed,
+                record: SeedRecord::failed(seed, why.clone()),
+                objectives: Vec::new(),
+            },
+        }
+    }
+}
+
+/// Judges one objective from each seed's verdict on it.
+fn objective_figure(verdicts: &[&SeedObjective]) -> Option<ObjectiveFigure> {
+    let first = verdicts.first()?;
+    let (mut worst, mut passed) = (Worst::NotApplicable, 0u64);
+    for v in verdicts {
+        passed += u64::from(v.passed);
+        if v.figure.key() > worst.key() {
+            worst = v.figure;
         }
     }
     let scale = if first.target > 0.0 { first.target } else { 1.0 };
@@ -599,7 +665,7 @@ fn objective_figure(verdicts: &[&ObjectiveVerdict]) -> Option<ObjectiveFigure> {
         Worst::Never | Worst::NotApplicable => None,
     };
     Some(ObjectiveFigure {
-        name: first.name,
+        name: first.name.clone(),
         target: first.target,
         worst,
         passed,
@@ -610,43 +676,42 @@ fn objective_figure(verdicts: &[&ObjectiveVerdict]) -> Option<ObjectiveFigure> {
 
 /// The candidate `id` with `values`, judged on `reports` (one per seed, in
 /// seed order; an `Err` is a simulation that failed).
+#[cfg(test)]
 fn judge(id: usize, dims: &[Dim], values: &[String], reports: &[(u64, Result<Report, String>)]) -> Candidate {
+    let results: Vec<SeedResult> = reports.iter().map(|(seed, r)| SeedResult::of(id, *seed, r)).collect();
+    judge_results(id, dims, values, &results.iter().collect::<Vec<_>>())
+}
+
+/// The candidate `id` with `values`, judged on `results` (one per seed, in
+/// seed order).
+fn judge_results(id: usize, dims: &[Dim], values: &[String], results: &[&SeedResult]) -> Candidate {
     let mut disqualified = None;
-    let mut ran = Vec::new();
-    for (seed, r) in reports {
-        match r {
-            Ok(report) => {
-                let failed: Vec<String> = report
-                    .checks
-                    .iter()
-                    .filter(|c| c.failed())
-                    .map(|c| c.name.to_string())
-                    .collect();
-                if !failed.is_empty() && disqualified.is_none() {
-                    disqualified = Some(Disqualified {
-                        seed: Some(*seed),
-                        why: format!("invariant failed: {}", failed.join(", ")),
-                    });
+    let mut ran: Vec<&SeedResult> = Vec::new();
+    for r in results {
+        if disqualified.is_none() {
+            let why = match &r.record.error {
+                Some(why) => Some(why.clone()),
+                None => {
+                    let failed = r.record.failed_invariants();
+                    (!failed.is_empty()).then(|| format!("invariant failed: {}", failed.join(", ")))
                 }
-                ran.push(report.clone());
-            }
-            Err(why) => {
-                if disqualified.is_none() {
-                    disqualified = Some(Disqualified {
-                        seed: Some(*seed),
-                        why: why.clone(),
-                    });
-                }
-            }
+            };
+            disqualified = why.map(|why| Disqualified {
+                seed: Some(r.seed),
+                why,
+            });
+        }
+        if r.record.error.is_none() {
+            ran.push(r);
         }
     }
-    let names: Vec<&'static str> = ran
+    let names: Vec<&str> = ran
         .first()
-        .map_or(Vec::new(), |r| r.objectives.iter().map(|o| o.name).collect());
+        .map_or(Vec::new(), |r| r.objectives.iter().map(|o| o.name.as_str()).collect());
     let objectives: Vec<ObjectiveFigure> = names
         .iter()
         .filter_map(|name| {
-            let verdicts: Vec<&ObjectiveVerdict> = ran
+            let verdicts: Vec<&SeedObjective> = ran
                 .iter()
                 .filter_map(|r| r.objectives.iter().find(|o| o.name == *name))
                 .collect();
@@ -663,8 +728,8 @@ fn judge(id: usize, dims: &[Dim], values: &[String], reports: &[(u64, Result<Rep
     Candidate {
         id,
         values: dims.iter().map(|d| d.key.clone()).zip(values.iter().cloned()).collect(),
-        seeds: reports.len() as u64,
-        summary: SweepSummary::new(&ran),
+        seeds: results.len() as u64,
+        summary: SweepSummary::of_records(ran.iter().map(|r| r.record.clone()).collect()),
         meets_all: disqualified.is_none() && objectives.iter().all(ObjectiveFigure::met),
         objectives,
         margin,
@@ -740,8 +805,17 @@ fn rung_seeds(seeds: u64, grid: bool) -> Vec<u64> {
     out
 }
 
-/// Searches `dims` over `base` (see the module docs). Call [`precheck`] first.
-pub fn tune(base: &Base<'_>, dims: &[Dim], settings: Settings, progress: &dyn Progress) -> Result<Tuning, TuneError> {
+/// The fixed part of a tune: its design and each candidate's scenario (or
+/// why it was refused).
+pub(crate) struct Plan {
+    design: Design,
+    scenarios: Vec<Option<Scenario>>,
+    refusals: Vec<Option<String>>,
+    schedule: Vec<u64>,
+}
+
+/// Checks `settings` and makes the design and its scenarios.
+pub(crate) fn plan(base: &Base<'_>, dims: &[Dim], settings: Settings) -> Result<Plan, TuneError> {
     if settings.seeds == 0 {
         return Err(TuneError::Zero("--seeds"));
     }
@@ -761,15 +835,64 @@ pub fn tune(base: &Base<'_>, dims: &[Dim], settings: Settings, progress: &dyn Pr
         )));
     }
     let design = design(dims, settings.budget, settings.first_seed);
+    let (mut scenarios, mut refusals) = (Vec::new(), Vec::new());
+    for values in &design.candidates {
+        match base.scenario_with(dims, values) {
+            Ok(s) => {
+                scenarios.push(Some(s));
+                refusals.push(None);
+            }
+            Err(why) => {
+                scenarios.push(None);
+                refusals.push(Some(why));
+            }
+        }
+    }
+    let schedule = rung_seeds(settings.seeds, design.kind == DesignKind::Grid);
+    Ok(Plan {
+        design,
+        scenarios,
+        refusals,
+        schedule,
+    })
+}
+
+/// Where a tune stands, given the (candidate, seed) results known so far.
+#[derive(Debug)]
+pub enum Step {
+    /// Every rung's results are known: the result.
+    Done(Box<Tuning>),
+    /// Rung `rung` (from 1, of `rungs`) needs `work`: (candidate id, seed)
+    /// pairs, in the order one machine runs them.
+    Pending {
+        /// The rung (from 1).
+        rung: usize,
+        /// How many rungs the schedule has.
+        rungs: usize,
+        /// Its simulations, in order: (candidate id, seed).
+        work: Vec<(usize, u64)>,
+    },
+}
+
+/// Replays the halving over the results in `known` (by candidate id and
+/// seed) until a rung lacks one. The result depends on `known` alone, so a
+/// tune run on one machine and one whose rungs ran in shards and were
+/// merged give the same.
+pub(crate) fn step(
+    base: &Base<'_>,
+    dims: &[Dim],
+    settings: Settings,
+    plan: &Plan,
+    known: &BTreeMap<(usize, u64), SeedResult>,
+) -> Step {
     let first = settings.first_seed;
-    let mut candidates: Vec<Candidate> = Vec::new();
-    // Per candidate: its scenario (or why it was refused) and its seeds' reports so far.
-    let mut scenarios = Vec::new();
-    let mut results: Vec<Vec<(u64, Result<Report, String>)>> = Vec::new();
-    for (i, values) in design.candidates.iter().enumerate() {
-        let s = base.scenario_with(dims, values);
-        if let Err(why) = &s {
-            candidates.push(Candidate {
+    let design = &plan.design;
+    let mut candidates: Vec<Candidate> = design
+        .candidates
+        .iter()
+        .enumerate()
+        .map(|(i, values)| match &plan.refusals[i] {
+            Some(why) => Candidate {
                 id: i + 1,
                 values: dims.iter().map(|d| d.key.clone()).zip(values.iter().cloned()).collect(),
                 seeds: 0,
@@ -781,47 +904,37 @@ pub fn tune(base: &Base<'_>, dims: &[Dim], settings: Settings, progress: &dyn Pr
                     seed: None,
                     why: format!("refused: {why}"),
                 }),
-            });
-        } else {
-            candidates.push(judge(i + 1, dims, values, &[]));
-        }
-        scenarios.push(s.ok());
-        results.push(Vec::new());
-    }
-    let mut alive: Vec<usize> = (0..candidates.len()).filter(|&i| scenarios[i].is_some()).collect();
+            },
+            None => judge_results(i + 1, dims, values, &[]),
+        })
+        .collect();
+    // Per candidate: how many of its seeds (from `first`) are judged.
+    let mut judged = vec![0u64; candidates.len()];
+    let mut alive: Vec<usize> = (0..candidates.len()).filter(|&i| plan.scenarios[i].is_some()).collect();
     let mut rungs = Vec::new();
-    let schedule = rung_seeds(settings.seeds, design.kind == DesignKind::Grid);
-    let shown = base.file;
-    for (r, &seeds) in schedule.iter().enumerate() {
+    for (r, &seeds) in plan.schedule.iter().enumerate() {
         let work: Vec<(usize, u64)> = alive
             .iter()
-            .flat_map(|&i| (first + results[i].len() as u64..first + seeds).map(move |s| (i, s)))
+            .flat_map(|&i| (first + judged[i]..first + seeds).map(move |s| (i + 1, s)))
             .collect();
-        progress.rung(work.len() as u64);
-        let ran = super::parallel_map(&work, settings.jobs, |&(i, seed)| {
-            let result = scenarios[i].as_ref().map_or_else(
-                || Err("refused".to_owned()),
-                |scenario| {
-                    simulate(scenario, seed)
-                        .map(|run| Report::new(scenario, shown, &run))
-                        .map_err(|e| format!("simulation failed: {e}"))
-                },
-            );
-            progress.one();
-            result
-        });
-        for (&(i, seed), result) in work.iter().zip(ran) {
-            results[i].push((seed, result));
+        if work.iter().any(|key| !known.contains_key(key)) {
+            return Step::Pending {
+                rung: r + 1,
+                rungs: plan.schedule.len(),
+                work,
+            };
         }
         for &i in &alive {
-            candidates[i] = judge(i + 1, dims, &design.candidates[i], &results[i]);
+            judged[i] = seeds;
+            let results: Vec<&SeedResult> = (first..first + seeds).filter_map(|s| known.get(&(i + 1, s))).collect();
+            candidates[i] = judge_results(i + 1, dims, &design.candidates[i], &results);
         }
         let evaluated = alive.len();
         let before = alive.len();
         alive.retain(|&i| candidates[i].disqualified.is_none());
         let disqualified = before - alive.len();
         alive.sort_by(|&a, &b| Candidate::rank(&candidates[a], &candidates[b]));
-        if r + 1 < schedule.len() {
+        if r + 1 < plan.schedule.len() {
             let keep = alive.len().div_ceil(2).max(MIN_KEPT.min(alive.len()));
             alive.truncate(keep);
         }
@@ -843,7 +956,7 @@ pub fn tune(base: &Base<'_>, dims: &[Dim], settings: Settings, progress: &dyn Pr
         .collect();
     let recommended = alive.first().map(|&i| i + 1);
     let hardening_toml = recommended.and_then(|id| hardening_section(base, dims, &design.candidates[id - 1]));
-    Ok(Tuning {
+    Step::Done(Box::new(Tuning {
         scenario: base.file.to_owned(),
         keys: dims.iter().map(|d| d.key.clone()).collect(),
         design: design.kind,
@@ -854,7 +967,58 @@ pub fn tune(base: &Base<'_>, dims: &[Dim], settings: Settings, progress: &dyn Pr
         front,
         recommended,
         hardening_toml,
-    })
+    }))
+}
+
+/// Runs the simulations of `work` (in order) that `shard` owns (all of
+/// them without one) and are not yet `known`, on `settings.jobs` threads,
+/// adding their results to `known`; how many it ran.
+pub(crate) fn run_work(
+    base: &Base<'_>,
+    settings: Settings,
+    plan: &Plan,
+    work: &[(usize, u64)],
+    shard: Option<Shard>,
+    known: &mut BTreeMap<(usize, u64), SeedResult>,
+    progress: &dyn Progress,
+) -> usize {
+    let mine: Vec<(usize, u64)> = work
+        .iter()
+        .enumerate()
+        .filter(|(p, key)| shard.is_none_or(|s| s.owns(*p as u64)) && !known.contains_key(*key))
+        .map(|(_, key)| *key)
+        .collect();
+    progress.rung(mine.len() as u64);
+    let ran = super::parallel_map(&mine, settings.jobs, |&(id, seed)| {
+        let result = plan.scenarios[id - 1].as_ref().map_or_else(
+            || Err("refused".to_owned()),
+            |scenario| {
+                simulate(scenario, seed)
+                    .map(|run| Report::new(scenario, base.file, &run))
+                    .map_err(|e| format!("simulation failed: {e}"))
+            },
+        );
+        progress.one();
+        SeedResult::of(id, seed, &result)
+    });
+    for r in ran {
+        known.insert((r.candidate, r.seed), r);
+    }
+    mine.len()
+}
+
+/// Searches `dims` over `base` (see the module docs). Call [`precheck`] first.
+pub fn tune(base: &Base<'_>, dims: &[Dim], settings: Settings, progress: &dyn Progress) -> Result<Tuning, TuneError> {
+    let plan = plan(base, dims, settings)?;
+    let mut known = BTreeMap::new();
+    loop {
+        match step(base, dims, settings, &plan, &known) {
+            Step::Done(tuning) => return Ok(*tuning),
+            Step::Pending { work, .. } => {
+                run_work(base, settings, &plan, &work, None, &mut known, progress);
+            }
+        }
+    }
 }
 
 /// The scenario's `[hardening]` table with `values` set, as TOML; keys
@@ -893,6 +1057,21 @@ fn margin_text(m: Option<f64>) -> String {
 }
 
 impl Tuning {
+    /// Whether a candidate broke an invariant (or its simulation failed):
+    /// a bug, `tune`'s exit code 1.
+    pub fn broke(&self) -> bool {
+        self.candidates
+            .iter()
+            .any(|c| c.disqualified.as_ref().is_some_and(|d| d.seed.is_some()))
+    }
+
+    /// Whether the recommendation meets every objective (else exit 5).
+    pub fn met(&self) -> bool {
+        self.recommended
+            .and_then(|id| self.candidate(id))
+            .is_some_and(|c| c.meets_all)
+    }
+
     /// The candidate with `id`.
     pub fn candidate(&self, id: usize) -> Option<&Candidate> {
         self.candidates.get(id.checked_sub(1)?)
@@ -947,10 +1126,10 @@ impl Tuning {
         let Some(last) = self.rungs.last() else {
             return out;
         };
-        let names: Vec<&'static str> = self
+        let names: Vec<&str> = self
             .recommended
             .and_then(|id| self.candidate(id))
-            .map_or(Vec::new(), |c| c.objectives.iter().map(|o| o.name).collect());
+            .map_or(Vec::new(), |c| c.objectives.iter().map(|o| o.name.as_str()).collect());
         let targets: Vec<String> = self
             .recommended
             .and_then(|id| self.candidate(id))
@@ -1010,7 +1189,7 @@ impl Tuning {
                     .iter()
                     .filter(|o| o.worst != Worst::NotApplicable)
                     .min_by(|a, b| slack_key(a.slack).total_cmp(&slack_key(b.slack)))
-                    .map_or("-", |o| o.name);
+                    .map_or("-", |o| o.name.as_str());
                 if c.meets_all {
                     let _ = writeln!(
                         out,
@@ -1144,7 +1323,7 @@ mod tests {
     fn figure(name: &'static str, target: f64, worst: Worst, passed: u64) -> ObjectiveFigure {
         let scale = if target > 0.0 { target } else { 1.0 };
         ObjectiveFigure {
-            name,
+            name: name.to_owned(),
             target,
             worst,
             passed,
@@ -1160,6 +1339,10 @@ mod tests {
         ObjectiveVerdict { name, target, judged }
     }
 
+    fn seed_objectives(v: &[ObjectiveVerdict]) -> Vec<SeedObjective> {
+        v.iter().map(SeedObjective::of).collect()
+    }
+
     #[test]
     fn an_objective_is_judged_by_its_worst_seed_and_not_applicable_seeds_do_not_count() {
         let v = [
@@ -1167,7 +1350,7 @@ mod tests {
             verdict("p99_latency_s", 10.0, Judged::NotApplicable { why: "x".into() }),
             verdict("p99_latency_s", 10.0, Judged::Met { measured: 8.0 }),
         ];
-        let f = objective_figure(&v.iter().collect::<Vec<_>>()).unwrap();
+        let f = objective_figure(&seed_objectives(&v).iter().collect::<Vec<_>>()).unwrap();
         assert_eq!(f.worst, Worst::Measured { value: 8.0 });
         assert_eq!((f.passed, f.seeds, f.met()), (3, 3, true));
         assert!((f.slack.unwrap() - 0.2).abs() < 1e-12);
@@ -1182,7 +1365,7 @@ mod tests {
                 },
             ),
         ];
-        let f = objective_figure(&never.iter().collect::<Vec<_>>()).unwrap();
+        let f = objective_figure(&seed_objectives(&never).iter().collect::<Vec<_>>()).unwrap();
         assert_eq!((f.worst, f.slack, f.met()), (Worst::Never, None, false));
         // A target of 0 divides by 1.
         let zero = [verdict(
@@ -1194,7 +1377,9 @@ mod tests {
             },
         )];
         assert_eq!(
-            objective_figure(&zero.iter().collect::<Vec<_>>()).unwrap().slack,
+            objective_figure(&seed_objectives(&zero).iter().collect::<Vec<_>>())
+                .unwrap()
+                .slack,
             Some(-3.0)
         );
     }

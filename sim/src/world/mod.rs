@@ -29,7 +29,7 @@ use crate::evidence::trace::{DRIVER, Kind, Trace, TraceEvent};
 use crate::hosts::cache_host::{RemoteCache, cache_host};
 use crate::hosts::clock::{EPOCH, SimClock};
 use crate::hosts::server::{ServerHandle, server_host};
-use crate::hosts::worker::{WorkerPlan, run_worker};
+use crate::hosts::worker::{Target, WorkerPlan, run_worker};
 use crate::judgement::invariants::{Check, Invariant, check_all};
 use crate::scenario::{CACHE_HOST, CacheKind, Fault, Network, Scenario, fault};
 
@@ -310,11 +310,22 @@ impl<'s> World<'s> {
         for member in s.fleet() {
             let clock = SimClock::new(member.clock);
             self.clocks.insert(member.name.clone(), clock.clone());
+            let deployments = member
+                .servers
+                .iter()
+                .map(|name| {
+                    let spec = s.server(name);
+                    Target {
+                        server: name.clone(),
+                        model: spec.map(|x| x.model.clone()).unwrap_or_default(),
+                        weight: spec.map_or(1, |x| x.slots),
+                    }
+                })
+                .collect();
             let plan = WorkerPlan {
-                model: s.server(&member.server).map(|x| x.model.clone()).unwrap_or_default(),
+                deployments,
                 name: member.name,
                 index: member.index,
-                server: member.server,
                 tenants: member.tenants,
                 clock: clock.clone(),
                 hardening: s.hardening.clone(),

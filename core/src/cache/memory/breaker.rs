@@ -16,6 +16,11 @@
 //! the shard's value count is published before every unlock, so a step that
 //! reads zero is ordered before any write that has not yet finished, and a
 //! step that would write goes through the lock as always.
+//!
+//! The same test, [`quiet`], is the store's
+//! [`breaker_quiet`](crate::cache::BreakerStore::breaker_quiet): a breaker
+//! with no observer listening then answers an admission or a success report
+//! from the step it ran once over an empty store, without running it again.
 
 use std::sync::atomic::Ordering;
 
@@ -62,15 +67,21 @@ pub(super) fn unlocked_step(
     params: &BreakerParams,
     now: Timestamp,
 ) -> Option<BreakerStep> {
-    let tagged = &cache.shared.shards[TAGGED];
-    if tagged.values.load(Ordering::Acquire) != 0
-        || cache.shared.closed.load(Ordering::Acquire)
-        || !keys.all().iter().all(|k| k.starts_with('{'))
-    {
+    if !quiet(cache, keys) {
         return None;
     }
     let step = machine::step(&BreakerSnapshot::EMPTY, command, params, now);
     step.writes.is_empty().then_some(step)
+}
+
+/// Whether `keys` read as [`BreakerSnapshot::EMPTY`] now, known without the
+/// lock: they share the tagged shard, which held no value at all as its
+/// lock was last released, and the cache is open.
+#[inline]
+pub(super) fn quiet(cache: &MemoryCache, keys: &BreakerKeys) -> bool {
+    cache.shared.shards[TAGGED].values.load(Ordering::Acquire) == 0
+        && !cache.shared.closed.load(Ordering::Acquire)
+        && keys.all().iter().all(|k| k.starts_with('{'))
 }
 
 /// The locked shards of one breaker's keys.

@@ -42,7 +42,7 @@ use std::collections::HashMap;
 use std::hash::Hasher as _;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use names::{Name, Prefixes, tenant_key};
@@ -107,7 +107,7 @@ struct Shared {
 #[repr(align(128))]
 #[derive(Default)]
 struct Shard {
-    state: Mutex<State>,
+    state: parking_lot::Mutex<State>,
     /// How many values the shard held when its lock was last released:
     /// written before every unlock ([`Guard`]), so a reader that sees zero
     /// may take the shard as holding no value at that instant.
@@ -116,7 +116,7 @@ struct Shard {
 
 /// A shard's lock, which publishes the shard's value count as it is released.
 struct Guard<'a> {
-    locked: MutexGuard<'a, State>,
+    locked: parking_lot::MutexGuard<'a, State>,
     published: &'a AtomicUsize,
 }
 
@@ -195,10 +195,11 @@ impl Default for MemoryCache {
 }
 
 fn lock(shard: &Shard) -> Guard<'_> {
-    // A panic while holding the lock cannot leave the maps half-updated in a
-    // way later operations misread, so a poisoned lock is still usable.
+    // `parking_lot`'s lock spins briefly before it parks (a shard's critical
+    // section is short) and has no poisoning: a panic while holding it cannot
+    // leave the maps half-updated in a way later operations misread.
     Guard {
-        locked: shard.state.lock().unwrap_or_else(|p| p.into_inner()),
+        locked: shard.state.lock(),
         published: &shard.values,
     }
 }
@@ -312,10 +313,8 @@ impl MemoryCache {
             return;
         }
         let shard = &self.shared.shards[next];
-        let locked = match shard.state.try_lock() {
-            Ok(guard) => guard,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return,
+        let Some(locked) = shard.state.try_lock() else {
+            return;
         };
         let mut other = Guard {
             locked,
@@ -785,6 +784,11 @@ impl BreakerStore for MemoryCache {
         }
         let mut held = breaker::Held::lock(self, keys, clock_now)?;
         Ok(held.step(keys, command, &params, now, clock_now))
+    }
+
+    #[inline]
+    fn breaker_quiet(&self, keys: &BreakerKeys) -> bool {
+        breaker::quiet(self, keys)
     }
 
     async fn breaker_read(

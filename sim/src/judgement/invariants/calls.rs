@@ -10,28 +10,47 @@ use std::collections::BTreeMap;
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::trace::{Kind, TraceEvent};
 
-/// Invariant 8: a call takes at most one limiter slot and at most one breaker
-/// admission, however many attempts it makes — retry sits inside both.
+/// Invariant 8: a call takes at most one limiter slot and at most one
+/// admission from each breaker, however many attempts it makes — retry sits
+/// inside both. A call routed over several servers is admitted once by each
+/// server's breaker it goes to, and a retry back to one it already holds an
+/// admission from takes no second one.
 pub(super) fn once_per_call(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
-    // (host, call) → (slots, admissions)
-    let mut per_call: BTreeMap<(&str, u64), (u32, u32)> = BTreeMap::new();
+    // (host, call) → slots, and (host, call, breaker) → admissions
+    let mut per_call: BTreeMap<(&str, u64), u32> = BTreeMap::new();
+    let mut per_breaker: BTreeMap<(&str, u64, &str), u32> = BTreeMap::new();
     let (mut most_slots, mut most_admissions, mut verdict) = (0, 0, Verdict::Held);
     for e in events {
         let Some(call) = e.call else { continue };
-        let entry = per_call.entry((e.host.as_str(), call)).or_default();
-        match &e.kind {
-            Kind::Admitted { .. } => entry.0 += 1,
-            Kind::Allowed { .. } => entry.1 += 1,
+        let key = (e.host.as_str(), call);
+        let slots = per_call.entry(key).or_default();
+        let (slots, admissions) = match &e.kind {
+            Kind::Admitted { .. } => {
+                *slots += 1;
+                (*slots, 0)
+            }
+            Kind::Allowed { breaker, .. } => {
+                let admissions = per_breaker.entry((key.0, call, breaker.as_str())).or_default();
+                *admissions += 1;
+                (0, *admissions)
+            }
             _ => continue,
-        }
-        let (slots, admissions) = *entry;
+        };
         most_slots = most_slots.max(slots);
         most_admissions = most_admissions.max(admissions);
-        if (slots > 1 || admissions > 1) && verdict == Verdict::Held {
-            verdict = violated(
-                e,
-                format!("call {call} took {slots} limiter slots and {admissions} breaker admissions"),
-            );
+        if verdict == Verdict::Held {
+            if slots > 1 {
+                verdict = violated(e, format!("call {call} took {slots} limiter slots"));
+            } else if admissions > 1 {
+                let breaker = match &e.kind {
+                    Kind::Allowed { breaker, .. } => breaker.as_str(),
+                    _ => "",
+                };
+                verdict = violated(
+                    e,
+                    format!("call {call} took {admissions} breaker admissions from {breaker}"),
+                );
+            }
         }
     }
     if per_call.is_empty() {
@@ -165,11 +184,15 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     }
 
     fn admission(call: u64, t_us: u64) -> TraceEvent {
+        admission_from(call, t_us, "b")
+    }
+
+    fn admission_from(call: u64, t_us: u64, breaker: &str) -> TraceEvent {
         in_call(
             call,
             t_us,
             Kind::Allowed {
-                breaker: "b".into(),
+                breaker: breaker.into(),
                 state: CircuitState::Closed,
                 probe: None,
                 at_us: t_us,
@@ -207,6 +230,8 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             "{slots:?}"
         );
         let (admissions, _) = once_per_call(&Ctx::new(&s), &[admission(7, 1), admission(7, 2)]);
+        let (routed, _) = once_per_call(&Ctx::new(&s), &[admission(7, 1), admission_from(7, 2, "kg:circuit:b")]);
+        assert_eq!(routed, Verdict::Held, "one admission from each of two breakers");
         assert!(
             matches!(&admissions, Verdict::Violated { detail, .. } if detail.contains("2 breaker admissions")),
             "{admissions:?}"

@@ -1,5 +1,8 @@
 //! Liveness: once the last fault is over, the fleet recovers — every breaker
-//! closes again within a bound, and calls succeed again.
+//! closes again within a bound, and calls succeed again. Under
+//! `hardening.routing` a breaker is held to it only if it refused a call
+//! after the bound: a spare that no call asks again (the recovered primary
+//! takes them all) keeps the state its last call left it in, and harms no one.
 //!
 //! Only a scenario that can recover is held to it. When the scenario itself
 //! rules recovery out — a server crashed and never restarted, a request
@@ -156,8 +159,17 @@ pub(super) fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut breakers = Breakers::new(ctx.scopes);
     let (mut ok_after, mut ended_after) = (0u64, 0u64);
     let mut open_after_bound: Option<&TraceEvent> = None;
+    // Under routing, breakers that refused a call after the bound: one no
+    // call asked (the primary took every call) may stay as it was.
+    let routed = ctx.scenario.hardening.routing.is_some();
+    let mut asked_after = std::collections::BTreeSet::new();
     for e in events {
         breakers.observe(e);
+        if let Kind::Rejected { breaker, .. } = &e.kind
+            && e.t_us >= bound
+        {
+            asked_after.insert(ctx.scopes.breaker(e, breaker));
+        }
         if let Kind::CallEnd { outcome, .. } = &e.kind
             && e.t_us >= bound
         {
@@ -181,6 +193,9 @@ pub(super) fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         bound / 1_000_000
     );
     for (scope, st, since) in breakers.iter() {
+        if routed && !asked_after.contains(scope) {
+            continue;
+        }
         let detail = if st != CircuitState::Closed {
             format!(
                 "breaker of {scope} still {st:?} at the end (since {} s)",

@@ -1,0 +1,97 @@
+//! An observer that wants no events is never called: the limiter and the
+//! breaker build no event for it and decide exactly as they do for one that
+//! records everything. `TracingObserver` wants events only while a
+//! `tracing` subscriber listens.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use redstring::{
+    CircuitBreaker, CircuitState, Event, ManualClock, Observer, RateLimiter, RecordingObserver, TenantId,
+    TracingObserver,
+};
+
+/// Counts the events it is handed, and says it wants none.
+#[derive(Default)]
+struct Deaf(AtomicUsize);
+
+impl Observer for Deaf {
+    fn on_event(&self, _: &Event) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn enabled(&self) -> bool {
+        false
+    }
+}
+
+/// Admissions and refusals by a limiter of 2 a minute and a breaker of
+/// threshold 1, as `(admitted by the limiter, state after each step)`.
+async fn decisions(observer: Arc<dyn Observer>) -> (Vec<bool>, Vec<CircuitState>) {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let limiter = RateLimiter::builder(2)
+        .clock(clock.clone())
+        .observer(observer.clone())
+        .build()
+        .unwrap();
+    let breaker = CircuitBreaker::builder()
+        .failure_threshold(1)
+        .recovery_timeout(Duration::from_secs(5))
+        .clock(clock.clone())
+        .observer(observer)
+        .build()
+        .unwrap();
+    let mut admitted = Vec::new();
+    for _ in 0..3 {
+        admitted.push(limiter.acquire(TenantId::from_u128(1)).await.is_ok());
+    }
+    let mut states = Vec::new();
+    assert!(breaker.allow_request().await);
+    breaker.record_failure().await.unwrap();
+    states.push(breaker.state().await.unwrap());
+    assert!(!breaker.allow_request().await);
+    clock.advance(Duration::from_secs(5));
+    assert!(breaker.allow_request().await);
+    breaker.record_success().await.unwrap();
+    states.push(breaker.state().await.unwrap());
+    (admitted, states)
+}
+
+#[tokio::test]
+async fn an_observer_that_wants_nothing_is_never_called_and_changes_no_decision() {
+    let deaf = Arc::new(Deaf::default());
+    let recording = Arc::new(RecordingObserver::new());
+    let quiet = decisions(deaf.clone()).await;
+    let heard = decisions(recording.clone()).await;
+    assert_eq!(quiet, heard);
+    assert_eq!(
+        quiet,
+        (vec![true, true, false], vec![CircuitState::Open, CircuitState::Closed])
+    );
+    assert_eq!(deaf.0.load(Ordering::SeqCst), 0, "no event built or handed over");
+    assert!(recording.events().len() >= 8, "the same decisions, each an event");
+}
+
+/// A subscriber that takes everything and keeps nothing.
+struct Listening;
+
+impl tracing::Subscriber for Listening {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn the_tracing_observer_wants_events_only_while_a_subscriber_listens() {
+    assert!(!TracingObserver.enabled(), "no subscriber: nothing to build events for");
+    tracing::subscriber::with_default(Listening, || assert!(TracingObserver.enabled()));
+}

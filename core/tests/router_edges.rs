@@ -1,0 +1,349 @@
+//! `HardenedProvider` over several deployments at its edges, on a manual
+//! clock with scripted deployments: a server's wait that belongs to one
+//! deployment, a fallover to a deployment with a larger answer, two
+//! deployments sharing a breaker, every deployment refusing, a half-open
+//! refusal, and failures that are about one deployment rather than the
+//! request.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use redstring::provider::{
+    BoxFuture, Deployment, ExtractError, ExtractRequest, Extracted, HardenedProvider, LlmProvider, LlmProviderExt,
+    ProviderError, TransportErrorKind,
+};
+use redstring::{
+    CircuitBreaker, CircuitState, ManualClock, MemoryCache, RateLimiter, RetryPolicy, SeededRandom, TenantId,
+};
+use serde_json::Value;
+
+const T: TenantId = TenantId::from_u128(1);
+
+/// Answers from a queue (then `"v"`), naming `model`, counting calls.
+struct Scripted {
+    model: &'static str,
+    max_tokens: Option<u32>,
+    answers: Mutex<VecDeque<Result<(), ExtractError>>>,
+    calls: AtomicU32,
+}
+
+impl Scripted {
+    fn new(model: &'static str, answers: Vec<Result<(), ExtractError>>) -> Arc<Self> {
+        Self::with_max_tokens(model, None, answers)
+    }
+    fn with_max_tokens(
+        model: &'static str,
+        max_tokens: Option<u32>,
+        answers: Vec<Result<(), ExtractError>>,
+    ) -> Arc<Self> {
+        Arc::new(Scripted {
+            model,
+            max_tokens,
+            answers: Mutex::new(answers.into()),
+            calls: AtomicU32::new(0),
+        })
+    }
+    fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl LlmProvider for Scripted {
+    fn model(&self) -> &str {
+        self.model
+    }
+    fn max_tokens(&self) -> Option<u32> {
+        self.max_tokens
+    }
+    fn extract_answer<'a>(
+        &'a self,
+        _: ExtractRequest<'a>,
+        _: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let next = self.answers.lock().unwrap().pop_front().unwrap_or(Ok(()));
+        let model = self.model.to_owned();
+        Box::pin(async move {
+            next.map(|()| Extracted {
+                value: Value::from("v"),
+                model,
+                usage: None,
+                quota: None,
+            })
+        })
+    }
+}
+
+fn rate_limited(after: Duration) -> Result<(), ExtractError> {
+    Err(ProviderError::RateLimited {
+        retry_after: Some(after),
+        message: "slow down".into(),
+    }
+    .into())
+}
+
+fn unavailable() -> Result<(), ExtractError> {
+    Err(ProviderError::Unavailable {
+        retry_after: None,
+        message: "Loading model".into(),
+    }
+    .into())
+}
+
+fn timed_out() -> Result<(), ExtractError> {
+    Err(ProviderError::Transport {
+        kind: TransportErrorKind::Timeout,
+        detail: "timed out".into(),
+    }
+    .into())
+}
+
+fn breaker(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str, threshold: u32) -> Arc<CircuitBreaker> {
+    Arc::new(
+        CircuitBreaker::builder()
+            .key_prefix(format!("kg:circuit:{name}"))
+            .failure_threshold(threshold)
+            .clock(clock.clone())
+            .cache(cache.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
+fn policy(max_retries: u32) -> RetryPolicy {
+    RetryPolicy::builder()
+        .max_retries(max_retries)
+        .jitter(0.0)
+        .build()
+        .unwrap()
+}
+
+/// A 429 from the primary asks *the primary* to be left alone for 30 s; the
+/// fallback is healthy. The retry that falls over to the fallback must not
+/// wait out the primary's Retry-After (nor be refused by the deadline for it).
+#[tokio::test]
+async fn a_primarys_retry_after_does_not_hold_or_forbid_the_fallover() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (a, b) = (
+        Scripted::new("a", vec![rate_limited(Duration::from_secs(30))]),
+        Scripted::new("b", vec![]),
+    );
+    let p = HardenedProvider::over(Deployment::new(a.clone(), breaker(&clock, &cache, "a", 5)), T, limiter)
+        .deployment(Deployment::new(b.clone(), breaker(&clock, &cache, "b", 5)))
+        .retry_policy(policy(2))
+        .deadline(Duration::from_secs(10))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    let answer = p.extract_with_model::<String>("t", None).await;
+    assert_eq!(b.calls(), 1, "the fallback was never tried: {answer:?}");
+    assert_eq!(answer.unwrap().model, "b");
+    assert!(
+        clock.sleeps().iter().all(|s| *s < Duration::from_secs(30)),
+        "slept the primary's Retry-After before calling the fallback: {:?}",
+        clock.sleeps()
+    );
+}
+
+/// The same with a Retry-After over `max_server_delay`: the classifier makes
+/// it permanent, so the call ends with the primary's 429 and never falls over.
+#[tokio::test]
+async fn a_primarys_long_retry_after_does_not_end_the_call_before_the_fallback() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (a, b) = (
+        Scripted::new("a", vec![rate_limited(Duration::from_secs(600))]),
+        Scripted::new("b", vec![]),
+    );
+    let p = HardenedProvider::over(Deployment::new(a.clone(), breaker(&clock, &cache, "a", 5)), T, limiter)
+        .deployment(Deployment::new(b.clone(), breaker(&clock, &cache, "b", 5)))
+        .retry_policy(policy(2))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    let answer = p.extract_with_model::<String>("t", None).await;
+    assert_eq!(b.calls(), 1, "the fallback was never tried: {answer:?}");
+    assert_eq!(answer.unwrap().model, "b");
+}
+
+/// The token reservation is sized by the first admitted deployment's
+/// `max_tokens`; a retry that falls over to a deployment with a larger
+/// `max_tokens` and times out there (it may have generated up to that) is
+/// charged only the primary's estimate.
+#[tokio::test]
+async fn a_fallover_to_a_bigger_max_tokens_is_charged_by_that_deployments_estimate() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(
+        RateLimiter::builder(100)
+            .tokens_per_window(100_000)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let a = Scripted::with_max_tokens("a", Some(10), vec![unavailable()]);
+    let b = Scripted::with_max_tokens("b", Some(50_000), vec![timed_out()]);
+    let p = HardenedProvider::over(
+        Deployment::new(a.clone(), breaker(&clock, &cache, "a", 5)),
+        T,
+        limiter.clone(),
+    )
+    .deployment(Deployment::new(b.clone(), breaker(&clock, &cache, "b", 5)))
+    .retry_policy(policy(1))
+    .clock(clock.clone())
+    .rng(Arc::new(SeededRandom::from_seed(1)))
+    .build();
+    p.extract::<String>("t", None).await.unwrap_err();
+    assert_eq!((a.calls(), b.calls()), (1, 1));
+    let left = limiter.acquire_tokens(T, 1).await.unwrap().tokens_left;
+    let charged = 100_000 - 1 - left;
+    assert!(
+        charged >= 50_000,
+        "the timed-out attempt at b (max_tokens 50000) was charged {charged} tokens"
+    );
+}
+
+/// `Deployment`'s docs allow two deployments to share one breaker ("one
+/// deployment to the circuit"). A call that fails at one and falls over to
+/// the other is admitted twice by that breaker and reports two failures for
+/// one call: threshold 2 opens on a single call.
+#[tokio::test]
+async fn two_deployments_sharing_a_breaker_hear_one_report_per_call() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let shared = breaker(&clock, &cache, "gpu", 2);
+    let (a, b) = (
+        Scripted::new("a", vec![unavailable()]),
+        Scripted::new("b", vec![unavailable()]),
+    );
+    let p = HardenedProvider::over(Deployment::new(a.clone(), shared.clone()), T, limiter)
+        .deployment(Deployment::new(b.clone(), shared.clone()))
+        .retry_policy(policy(1))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    p.extract::<String>("t", None).await.unwrap_err();
+    assert_eq!((a.calls(), b.calls()), (1, 1));
+    assert_eq!(
+        shared.state().await.unwrap(),
+        CircuitState::Closed,
+        "one failed call opened a threshold-2 circuit"
+    );
+}
+
+/// Every deployment refuses; the error names the one that admits soonest
+/// (b), but the call's `CallFinished` event names a (the first in order), a
+/// model that neither refused last nor was called.
+#[tokio::test]
+async fn when_every_deployment_refuses_the_finished_event_names_the_refusal_returned() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let observer = Arc::new(redstring::RecordingObserver::new());
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (ba, bb) = (breaker(&clock, &cache, "a", 1), breaker(&clock, &cache, "b", 1));
+    bb.record_failure().await.unwrap();
+    clock.advance(Duration::from_secs(10));
+    ba.record_failure().await.unwrap();
+    let p = HardenedProvider::over(Deployment::new(Scripted::new("a", vec![]), ba), T, limiter)
+        .deployment(Deployment::new(Scripted::new("b", vec![]), bb))
+        .clock(clock.clone())
+        .observer(observer.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    let e = p.extract::<String>("t", None).await.unwrap_err();
+    assert!(e.to_string().starts_with("b is unavailable"), "{e}");
+    let finished: Vec<String> = observer
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            redstring::Event::CallFinished { model, .. } => Some(model.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished, ["b"]);
+}
+
+/// Another worker holds a's half-open probe when this provider asks: the
+/// refusal's wait is the probe's whole lease (30 s), remembered as "a refuses
+/// until then". The probe succeeds at once and a closes, yet every later call
+/// of this provider goes to the spare first for the rest of the lease: the
+/// recovered primary is starved by a stale hint.
+#[tokio::test]
+async fn a_half_open_refusal_does_not_keep_a_recovered_primary_last_for_a_whole_probe_lease() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (ba, bb) = (breaker(&clock, &cache, "a", 1), breaker(&clock, &cache, "b", 1));
+    ba.record_failure().await.unwrap();
+    clock.advance(Duration::from_secs(61));
+    let (a, b) = (Scripted::new("a", vec![]), Scripted::new("b", vec![]));
+    let p = HardenedProvider::over(Deployment::new(a.clone(), ba.clone()), T, limiter)
+        .deployment(Deployment::new(b.clone(), bb))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    // Another worker's probe.
+    let probe = ba.admit().await;
+    assert!(matches!(probe, redstring::breaker::Permit::Probe(_)), "{probe:?}");
+    assert_eq!(p.extract_with_model::<String>("t", None).await.unwrap().model, "b");
+    ba.record_success_for(&probe).await.unwrap();
+    assert_eq!(ba.state().await.unwrap(), CircuitState::Closed);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        p.extract_with_model::<String>("t", None).await.unwrap().model,
+        "a",
+        "the closed primary is asked first again"
+    );
+}
+
+fn quota_exhausted() -> Result<(), ExtractError> {
+    Err(ProviderError::QuotaExhausted {
+        message: "You exceeded your current quota".into(),
+    }
+    .into())
+}
+
+/// An account out of credit, a refused key, a model the deployment does not
+/// serve: the next deployment may well answer, so the call falls over; a
+/// malformed request would fail everywhere, so it does not.
+#[tokio::test]
+async fn a_failure_about_the_deployment_falls_over_and_one_about_the_request_does_not() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let a = Scripted::new("a", vec![quota_exhausted()]);
+    let b = Scripted::new("b", vec![]);
+    let p = HardenedProvider::builder(a.clone(), T, limiter.clone(), breaker(&clock, &cache, "a", 1))
+        .fallback(b.clone(), breaker(&clock, &cache, "b", 1))
+        .retry_policy(policy(1))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    let answer = p.extract_with_model::<String>("t", None).await.unwrap();
+    assert_eq!(answer.model, "b");
+    assert_eq!((a.calls(), b.calls()), (1, 1));
+    let bad_request = || -> Result<(), ExtractError> {
+        Err(ProviderError::BadRequest {
+            status: 400,
+            message: "bad".into(),
+        }
+        .into())
+    };
+    let a = Scripted::new("a", vec![bad_request()]);
+    let b = Scripted::new("b", vec![]);
+    let p = HardenedProvider::builder(a.clone(), T, limiter, breaker(&clock, &cache, "a2", 1))
+        .fallback(b.clone(), breaker(&clock, &cache, "b2", 1))
+        .retry_policy(policy(1))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    assert_eq!(p.extract::<String>("t", None).await.unwrap_err().kind(), "bad_request");
+    assert_eq!((a.calls(), b.calls()), (1, 0));
+}
