@@ -11,7 +11,8 @@
 //! valgrind --tool=callgrind target/release/examples/hot_loop hot 10000
 //! ```
 //!
-//! Cases: `acquire`, `breaker`, `hot`, `hot_system`, `tenants`, `tenants2`
+//! Cases: `acquire`, `breaker`, `hot`, `hot_now` (the synchronous twins),
+//! `hot_system`, `tenants`, `tenants2`
 //! and `hot2` (two threads), `governor`,
 //! `recloser`, `governor_recloser`, `governor_tenants`.
 
@@ -100,6 +101,17 @@ fn main() {
                 assert!(ready(b.allow_request()));
                 ready(l.acquire(tenant)).expect("admitted");
                 ready(b.record_success()).expect("recorded");
+            });
+        }
+        "hot_now" => {
+            // The synchronous twins: the same decisions, no futures.
+            let (l, b) = (limiter(clock.clone(), RPM, WINDOW), breaker(clock.clone()));
+            repeat(iters, |_| {
+                clock.advance(STEP);
+                let permit = b.admit_now();
+                assert!(permit.is_admitted());
+                l.acquire_now(tenant).expect("admitted");
+                b.record_success_now(&permit).expect("recorded");
             });
         }
         "hot_system" => {

@@ -2,7 +2,8 @@
 //!
 //! A counting global allocator (this test binary only) tallies allocations
 //! while a warmed-up limiter and breaker run allow → acquire → record_success
-//! thousands of times on the default observer and on one that listens, and
+//! thousands of times on the default observer and on one that listens —
+//! through the async operations and through their synchronous twins — and
 //! while one limiter serves a
 //! thousand tenants (every shard of its `MemoryCache`) at their limits.
 
@@ -78,11 +79,14 @@ impl Observer for Listening {
 fn the_success_path_allocates_nothing_per_call() {
     // On the default observer (no subscriber: nothing listens) and on one
     // that listens, so both the breaker's quiet answer and its step count.
-    success_path_allocations(None);
-    success_path_allocations(Some(Arc::new(Listening)));
+    // Through the async operations and through their synchronous twins.
+    for immediate in [false, true] {
+        success_path_allocations(None, immediate);
+        success_path_allocations(Some(Arc::new(Listening)), immediate);
+    }
 }
 
-fn success_path_allocations(observer: Option<Arc<dyn Observer>>) {
+fn success_path_allocations(observer: Option<Arc<dyn Observer>>, immediate: bool) {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let mut limiter = RateLimiter::builder(100).clock(clock.clone());
     let mut breaker = CircuitBreaker::builder().clock(clock.clone());
@@ -94,9 +98,16 @@ fn success_path_allocations(observer: Option<Arc<dyn Observer>>) {
     let tenant = TenantId::from_u128(1);
     let call = || {
         clock.advance(Duration::from_millis(700));
-        assert!(ready(breaker.allow_request()));
-        ready(limiter.acquire(tenant)).unwrap();
-        ready(breaker.record_success()).unwrap();
+        if immediate {
+            let permit = breaker.admit_now();
+            assert!(permit.is_admitted());
+            limiter.acquire_now(tenant).unwrap();
+            breaker.record_success_now(&permit).unwrap();
+        } else {
+            assert!(ready(breaker.allow_request()));
+            ready(limiter.acquire(tenant)).unwrap();
+            ready(breaker.record_success()).unwrap();
+        }
     };
     // Warm up: the tenant's key and its hit series reach their steady size
     // (two windows of hits at one call per 0.7 s).
@@ -108,7 +119,10 @@ fn success_path_allocations(observer: Option<Arc<dyn Observer>>) {
         call();
     }
     let per_call = (allocations() - before) as f64 / 10_000.0;
-    assert_eq!(per_call, 0.0, "allocations per call on the success path");
+    assert_eq!(
+        per_call, 0.0,
+        "allocations per call on the success path (synchronous twins: {immediate})"
+    );
 }
 
 #[test]

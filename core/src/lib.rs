@@ -67,7 +67,7 @@ mod time;
 pub use breaker::{
     CircuitBreaker, CircuitBreakerBuilder, CircuitOpen, CircuitState, OnCacheError, Origin, Permit, ProbeId, Refusal,
 };
-pub use cache::{Cache, MemoryCache, TimeSource};
+pub use cache::{Cache, ImmediateStore, MemoryCache, TimeSource};
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use error::{CacheError, ConfigError};
 pub use limiter::{AcquireError, Admission, OnCacheUnavailable, RateLimitExceeded, RateLimiter, RateLimiterBuilder};

@@ -457,3 +457,162 @@ proptest! {
         }
     }
 }
+
+/// One operation of a caller on the in-process hot path.
+#[derive(Clone, Copy, Debug)]
+enum Hot {
+    /// Move the clock on.
+    Advance(Duration),
+    /// Ask the breaker for a permit.
+    Admit,
+    /// Ask the limiter for a slot for one of three tenants.
+    Acquire(u8),
+    /// Report the oldest outstanding permit's call as a success.
+    Succeed,
+    /// Report it as a failure.
+    Fail,
+    /// Hand it back unused.
+    Release,
+}
+
+fn hot_ops() -> impl Strategy<Value = Vec<Hot>> {
+    prop::collection::vec(
+        prop_oneof![
+            3 => (0u64..20_000).prop_map(|ms| Hot::Advance(Duration::from_millis(ms))),
+            3 => Just(Hot::Admit),
+            3 => (0u8..3).prop_map(Hot::Acquire),
+            2 => Just(Hot::Succeed),
+            2 => Just(Hot::Fail),
+            1 => Just(Hot::Release),
+        ],
+        1..200,
+    )
+}
+
+/// A limiter and a breaker on their own clock and store, as a caller builds them.
+struct HotWorld {
+    clock: Arc<ManualClock>,
+    limiter: RateLimiter,
+    breaker: CircuitBreaker,
+    observer: Option<Arc<redstring::RecordingObserver>>,
+    permits: std::collections::VecDeque<redstring::breaker::Permit>,
+}
+
+impl HotWorld {
+    fn new(rpm: u32, threshold: u32, recovery: Duration, probes: u32, observed: bool) -> Self {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let observer = observed.then(|| Arc::new(redstring::RecordingObserver::new()));
+        let mut limiter = RateLimiter::builder(rpm)
+            .window(Duration::from_secs(60))
+            .clock(clock.clone());
+        let mut breaker = CircuitBreaker::builder()
+            .failure_threshold(threshold)
+            .recovery_timeout(recovery)
+            .half_open_max_calls(probes)
+            .clock(clock.clone());
+        match &observer {
+            Some(observer) => {
+                limiter = limiter.observer(observer.clone());
+                breaker = breaker.observer(observer.clone());
+            }
+            None => {
+                limiter = limiter.observer(Arc::new(redstring::NoopObserver));
+                breaker = breaker.observer(Arc::new(redstring::NoopObserver));
+            }
+        }
+        HotWorld {
+            clock,
+            limiter: limiter.build().unwrap(),
+            breaker: breaker.build().unwrap(),
+            observer,
+            permits: Default::default(),
+        }
+    }
+
+    /// Runs `op` through the async operations (polled once: over
+    /// `MemoryCache` they never suspend) or through their synchronous twins,
+    /// and says what it answered.
+    fn run(&mut self, op: Hot, immediate: bool) -> String {
+        fn ready<F: std::future::Future>(f: F) -> F::Output {
+            let mut f = std::pin::pin!(f);
+            match f
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+            {
+                std::task::Poll::Ready(v) => v,
+                std::task::Poll::Pending => panic!("MemoryCache operations never suspend"),
+            }
+        }
+        match op {
+            Hot::Advance(d) => {
+                self.clock.advance(d);
+                String::new()
+            }
+            Hot::Admit => {
+                let permit = if immediate {
+                    self.breaker.admit_now()
+                } else {
+                    ready(self.breaker.admit())
+                };
+                if permit.is_admitted() {
+                    self.permits.push_back(permit);
+                }
+                format!("{permit:?}")
+            }
+            Hot::Acquire(tenant) => {
+                let tenant = TenantId::from_u128(u128::from(tenant));
+                let answer = if immediate {
+                    self.limiter.acquire_now(tenant)
+                } else {
+                    ready(self.limiter.acquire(tenant))
+                };
+                format!("{answer:?}")
+            }
+            Hot::Succeed | Hot::Fail | Hot::Release => {
+                let Some(permit) = self.permits.pop_front() else {
+                    return String::new();
+                };
+                let answer = match (op, immediate) {
+                    (Hot::Succeed, true) => self.breaker.record_success_now(&permit),
+                    (Hot::Succeed, false) => ready(self.breaker.record_success_for(&permit)),
+                    (Hot::Fail, true) => self.breaker.record_failure_now(&permit),
+                    (Hot::Fail, false) => ready(self.breaker.record_failure_for(&permit)),
+                    (_, true) => self.breaker.release_now(&permit),
+                    (_, false) => ready(self.breaker.release(&permit)),
+                };
+                format!("{answer:?}")
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The synchronous twins over `MemoryCache` (`acquire_now`, `admit_now`,
+    /// `record_success_now`, `record_failure_now`, `release_now`) answer
+    /// every call exactly as the async operations do, and report the same
+    /// events, whatever the sequence: one decision, two ways to ask for it.
+    #[test]
+    fn the_synchronous_twins_decide_as_the_async_operations_do(
+        rpm in 1u32..8,
+        threshold in 1u32..5,
+        recovery_s in 1u64..60,
+        probes in 1u32..4,
+        observed in any::<bool>(),
+        ops in hot_ops(),
+    ) {
+        let recovery = Duration::from_secs(recovery_s);
+        let mut awaited = HotWorld::new(rpm, threshold, recovery, probes, observed);
+        let mut immediate = HotWorld::new(rpm, threshold, recovery, probes, observed);
+        for (i, op) in ops.iter().enumerate() {
+            let a = awaited.run(*op, false);
+            let b = immediate.run(*op, true);
+            prop_assert_eq!(&a, &b, "operation {} ({:?})", i, op);
+        }
+        if let (Some(a), Some(b)) = (&awaited.observer, &immediate.observer) {
+            prop_assert_eq!(a.events(), b.events());
+        }
+        prop_assert_eq!(awaited.breaker.admit_now(), immediate.breaker.admit_now());
+    }
+}

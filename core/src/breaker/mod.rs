@@ -38,7 +38,7 @@ use std::time::Duration;
 use machine::{BreakerCommand, BreakerKeys, BreakerParams, MAX_HALF_OPEN_CALLS};
 pub use machine::{CircuitState, Origin, Permit, ProbeId, Refusal};
 
-use crate::cache::{BreakerStore, MemoryCache, StoreSlot};
+use crate::cache::{BreakerStore, ImmediateStore, MemoryCache, StoreSlot};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Observer, TracingObserver};
@@ -389,12 +389,85 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// [`record_failure_for`](Self::record_failure_for), or hand it back with
     /// [`release`](Self::release) if it never reached the model.
     pub async fn admit(&self) -> Permit {
-        if let Some(permit) = self.quiet.allow
-            && self.is_quiet()
-        {
+        if let Some(permit) = self.quiet_admission() {
             return permit;
         }
-        match self.run(BreakerCommand::Allow).await {
+        self.admission(self.run(BreakerCommand::Allow).await)
+    }
+
+    /// [`admit`](Self::admit) over a store that answers at once: the same
+    /// permit and events, with no future to build or poll — the in-process
+    /// hot path. Report the call with
+    /// [`record_success_now`](Self::record_success_now) /
+    /// [`record_failure_now`](Self::record_failure_now), or hand it back with
+    /// [`release_now`](Self::release_now).
+    ///
+    /// The simulator's catalogue of known-bad variants is injected into the
+    /// async operations only.
+    pub fn admit_now(&self) -> Permit
+    where
+        S: ImmediateStore,
+    {
+        if let Some(permit) = self.quiet_admission() {
+            return permit;
+        }
+        self.admission(self.run_now(BreakerCommand::Allow))
+    }
+
+    /// [`record_success_for`](Self::record_success_for) over a store that
+    /// answers at once.
+    pub fn record_success_now(&self, permit: &Permit) -> Result<(), CacheError>
+    where
+        S: ImmediateStore,
+    {
+        if self.quiet_success(permit) {
+            return Ok(());
+        }
+        match permit.origin() {
+            Some(origin) => self.run_now(BreakerCommand::RecordSuccess(origin)).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// [`record_failure_for`](Self::record_failure_for) over a store that
+    /// answers at once.
+    pub fn record_failure_now(&self, permit: &Permit) -> Result<(), CacheError>
+    where
+        S: ImmediateStore,
+    {
+        match permit.origin() {
+            Some(origin) => self.run_now(BreakerCommand::RecordFailure(origin)).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// [`release`](Self::release) over a store that answers at once.
+    pub fn release_now(&self, permit: &Permit) -> Result<(), CacheError>
+    where
+        S: ImmediateStore,
+    {
+        match *permit {
+            Permit::Probe(id) => self.run_now(BreakerCommand::Release(id)).map(drop),
+            Permit::Call | Permit::Refused { .. } => Ok(()),
+        }
+    }
+
+    /// The admission answered without a step, when [`Quiet`] may answer it.
+    #[inline]
+    fn quiet_admission(&self) -> Option<Permit> {
+        self.quiet.allow.filter(|_| self.is_quiet())
+    }
+
+    /// Whether `permit`'s success report may be answered without a step.
+    #[inline]
+    fn quiet_success(&self, permit: &Permit) -> bool {
+        *permit == Permit::Call && self.quiet.success && self.is_quiet()
+    }
+
+    /// The permit an admission's step gives, or — when the store could not
+    /// take the step — the one [`OnCacheError`] gives, reported.
+    fn admission(&self, stepped: Result<machine::BreakerStep, CacheError>) -> Permit {
+        match stepped {
             Ok(step) => step.permit.unwrap_or(Permit::Call),
             Err(error) => {
                 let allowed = self.on_cache_error == OnCacheError::Allow;
@@ -457,7 +530,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// circuit's call clears the failure count while the circuit is closed. A
     /// refusal has nothing to report.
     pub async fn record_success_for(&self, permit: &Permit) -> Result<(), CacheError> {
-        if *permit == Permit::Call && self.quiet.success && self.is_quiet() {
+        if self.quiet_success(permit) {
             return Ok(());
         }
         match permit.origin() {
@@ -548,13 +621,33 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         crate::mutants::injected_none() && !self.observer.enabled() && self.store.breaker_quiet(&self.keys)
     }
 
-    async fn run(&self, command: BreakerCommand) -> Result<machine::BreakerStep, CacheError> {
-        // A store that stamps with its own clock ignores ours: skip the read.
-        let now = if self.store.stamps_with_own_clock() {
+    /// The `now` a step is asked at: a store that stamps with its own clock
+    /// ignores ours, so the read is skipped.
+    #[inline]
+    fn step_instant(&self) -> Timestamp {
+        if self.store.stamps_with_own_clock() {
             Timestamp::EPOCH
         } else {
             self.clock.now()
-        };
+        }
+    }
+
+    /// One step over a store that answers at once, reported as [`run`](Self::run) reports.
+    fn run_now(&self, command: BreakerCommand) -> Result<machine::BreakerStep, CacheError>
+    where
+        S: ImmediateStore,
+    {
+        let step = self
+            .store
+            .breaker_step_now(&self.keys, command, self.params, self.step_instant())?;
+        if self.observer.enabled() {
+            self.report(command, &step);
+        }
+        Ok(step)
+    }
+
+    async fn run(&self, command: BreakerCommand) -> Result<machine::BreakerStep, CacheError> {
+        let now = self.step_instant();
         #[cfg(feature = "mutants")]
         let step = if command == BreakerCommand::Allow
             && crate::mutants::active(crate::mutants::Mutant::ReadThenWriteBreaker)

@@ -26,7 +26,9 @@ use std::time::Duration;
 pub use error::{AcquireError, RateLimitExceeded, TokenAcquireError, TokenLimitExceeded};
 pub use window::{SlotOutcome, clamp_stamp, decide, skew_bound};
 
-use crate::cache::{Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TokenStore};
+use crate::cache::{
+    Cache, ImmediateStore, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TokenStore,
+};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Observer, TracingObserver};
@@ -424,10 +426,37 @@ impl<S: LimiterStore> RateLimiter<S> {
         };
         #[cfg(not(feature = "mutants"))]
         let decided = self.store.acquire_tenant_slot(&self.prefix, tenant, request).await;
+        self.answer(tenant, request, decided)
+    }
+
+    /// [`acquire`](Self::acquire) over a store that answers at once: the
+    /// same decision, events and fallback, returned directly, with no future
+    /// to build or poll — the in-process hot path.
+    ///
+    /// The simulator's catalogue of known-bad variants is injected into
+    /// [`acquire`](Self::acquire) only.
+    pub fn acquire_now(&self, tenant: TenantId) -> Result<Admission, AcquireError>
+    where
+        S: ImmediateStore,
+    {
+        let request = self.slot_request();
+        let decided = self.store.acquire_tenant_slot_now(&self.prefix, tenant, request);
+        self.answer(tenant, request, decided)
+    }
+
+    /// `acquire`'s answer to what the store decided: reported, and — when
+    /// the store could not answer — the [`OnCacheUnavailable`] fallback's
+    /// instead (the local limiter is in-process and answers at once).
+    fn answer(
+        &self,
+        tenant: TenantId,
+        request: SlotRequest,
+        decided: Result<SlotOutcome, CacheError>,
+    ) -> Result<Admission, AcquireError> {
         match decided {
             Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Store),
             Err(error) if error.is_transient() => match self.fall_back("acquire_slot", &error, tenant, request.now) {
-                Fallback::Local(local) => match local.acquire_tenant_slot(&self.prefix, tenant, request).await {
+                Fallback::Local(local) => match local.acquire_tenant_slot_now(&self.prefix, tenant, request) {
                     Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
                     Err(_) => Err(AcquireError::Cache(error)),
                 },

@@ -49,8 +49,8 @@ use names::{Name, Prefixes, tenant_key};
 use series::Series;
 
 use super::{
-    BreakerStore, BudgetStore, Cache, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TimeSource,
-    TokenStore,
+    BreakerStore, BudgetStore, Cache, HitWindow, ImmediateStore, InFlightStore, KeyValue, LimiterStore, SlotRequest,
+    TimeSource, TokenStore,
 };
 use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use crate::clock::{Clock, SystemClock};
@@ -555,6 +555,19 @@ impl LimiterStore for MemoryCache {
         tenant: TenantId,
         request: SlotRequest,
     ) -> Result<SlotOutcome, CacheError> {
+        self.acquire_tenant_slot_now(prefix, tenant, request)
+    }
+}
+
+impl ImmediateStore for MemoryCache {
+    /// By the tenant's id: no key is formatted, checked or hashed. The key
+    /// `{prefix}:{tenant}` names the same series.
+    fn acquire_tenant_slot_now(
+        &self,
+        prefix: &str,
+        tenant: TenantId,
+        request: SlotRequest,
+    ) -> Result<SlotOutcome, CacheError> {
         let bits = tenant.as_uuid().as_u128();
         match self.shared.prefixes.id(prefix) {
             Some(id) if !prefix.starts_with('{') => {
@@ -567,6 +580,22 @@ impl LimiterStore for MemoryCache {
                 self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
             }
         }
+    }
+
+    fn breaker_step_now(
+        &self,
+        keys: &BreakerKeys,
+        command: BreakerCommand,
+        params: BreakerParams,
+        now: Timestamp,
+    ) -> Result<BreakerStep, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let now = self.stamp(now, clock_now);
+        if let Some(step) = breaker::unlocked_step(self, keys, command, &params, now) {
+            return Ok(step);
+        }
+        let mut held = breaker::Held::lock(self, keys, clock_now)?;
+        Ok(held.step(keys, command, &params, now, clock_now))
     }
 }
 
@@ -777,13 +806,7 @@ impl BreakerStore for MemoryCache {
         params: BreakerParams,
         now: Timestamp,
     ) -> Result<BreakerStep, CacheError> {
-        let clock_now = self.shared.clock.now();
-        let now = self.stamp(now, clock_now);
-        if let Some(step) = breaker::unlocked_step(self, keys, command, &params, now) {
-            return Ok(step);
-        }
-        let mut held = breaker::Held::lock(self, keys, clock_now)?;
-        Ok(held.step(keys, command, &params, now, clock_now))
+        self.breaker_step_now(keys, command, params, now)
     }
 
     #[inline]
