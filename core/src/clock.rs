@@ -40,16 +40,61 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 }
 
 /// The production clock: the operating system's wall time and tokio's timer.
+///
+/// A read of the OS wall clock costs a `clock_gettime` (tens of
+/// nanoseconds on a virtual machine — as much as a whole limiter decision),
+/// so `now` reads it only to anchor: each thread pairs one OS reading with
+/// the CPU's timestamp counter (through `quanta`, which calibrates the
+/// counter against the OS's monotonic clock and falls back to that clock
+/// where the counter is not invariant) and, for the next
+/// [`SYSTEM_CLOCK_ANCHOR`], answers the anchor plus the counter's elapsed
+/// time. The reading is the OS wall time to within the counter's
+/// calibration error over that interval (well under a microsecond); a step
+/// of the OS clock (NTP, an operator) is followed at the next anchor, as
+/// any wall clock's jump is. Like every wall clock it may move backwards
+/// slightly at an anchor; nothing in this crate needs it not to.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemClock;
 
+/// How long a thread's [`SystemClock`] reading follows the CPU's counter
+/// before it reads the OS wall clock again.
+pub const SYSTEM_CLOCK_ANCHOR: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// This thread's last OS wall-clock reading, in µs since the Unix epoch,
+    /// and the counter's reading just before it.
+    static ANCHOR: std::cell::Cell<Option<(u64, quanta::Instant)>> = const { std::cell::Cell::new(None) };
+}
+
+/// The OS wall clock, in µs since the Unix epoch (0 before it).
+#[allow(clippy::disallowed_methods)] // allowed: the production clock is the one reader of OS time.
+fn os_wall_micros() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    duration_micros(since)
+}
+
 impl Clock for SystemClock {
-    #[allow(clippy::disallowed_methods)] // allowed: the production clock is the one reader of OS time.
+    #[allow(clippy::disallowed_methods)] // allowed: the production clock is the one reader of the CPU's counter.
     fn now(&self) -> Timestamp {
-        let since = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
-        Timestamp::from_micros(duration_micros(since))
+        let counter = quanta::Instant::now();
+        let anchored = |anchor: Option<(u64, quanta::Instant)>| {
+            let (wall, at) = anchor?;
+            let elapsed = counter.checked_duration_since(at)?;
+            (elapsed < SYSTEM_CLOCK_ANCHOR).then(|| wall.saturating_add(duration_micros(elapsed)))
+        };
+        let micros = ANCHOR
+            .try_with(|cell| {
+                anchored(cell.get()).unwrap_or_else(|| {
+                    let wall = os_wall_micros();
+                    cell.set(Some((wall, counter)));
+                    wall
+                })
+            })
+            // A thread being torn down has no anchor left: ask the OS.
+            .unwrap_or_else(|_| os_wall_micros());
+        Timestamp::from_micros(micros)
     }
 
     #[allow(clippy::disallowed_methods)] // allowed: the production clock owns real sleeping.
@@ -177,5 +222,37 @@ mod tests {
     #[test]
     fn system_clock_reads_a_recent_wall_time() {
         assert!(SystemClock.now() > Timestamp::from_secs(1_700_000_000));
+    }
+
+    /// Between anchors the counter stands in for the OS clock: every
+    /// reading, on several threads and across several anchors, lies between
+    /// the OS readings taken just before and just after it (to within the
+    /// counter's calibration, allowed a millisecond here), and a thread's
+    /// readings between anchors never go backwards.
+    #[test]
+    fn system_clock_follows_the_os_wall_clock_across_anchors() {
+        let slack = 1_000;
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(move || {
+                    let start = os_wall_micros();
+                    let mut last = 0;
+                    let mut reads = 0u64;
+                    while os_wall_micros() < start + 3 * duration_micros(SYSTEM_CLOCK_ANCHOR) {
+                        let before = os_wall_micros();
+                        let read = SystemClock.now().as_micros();
+                        let after = os_wall_micros();
+                        assert!(
+                            before.saturating_sub(slack) <= read && read <= after + slack,
+                            "{before} <= {read} <= {after}"
+                        );
+                        assert!(read + slack >= last, "went back from {last} to {read}");
+                        last = read;
+                        reads += 1;
+                    }
+                    assert!(reads > 10, "{reads} reads in three anchors");
+                });
+            }
+        });
     }
 }

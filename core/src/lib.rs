@@ -68,7 +68,7 @@ pub use breaker::{
     CircuitBreaker, CircuitBreakerBuilder, CircuitOpen, CircuitState, OnCacheError, Origin, Permit, ProbeId, Refusal,
 };
 pub use cache::{Cache, ImmediateStore, MemoryCache, TimeSource};
-pub use clock::{Clock, ManualClock, Sleep, SystemClock};
+pub use clock::{Clock, ManualClock, SYSTEM_CLOCK_ANCHOR, Sleep, SystemClock};
 pub use error::{CacheError, ConfigError};
 pub use limiter::{AcquireError, Admission, OnCacheUnavailable, RateLimitExceeded, RateLimiter, RateLimiterBuilder};
 pub use observe::{Event, NoopObserver, Observer, RecordingObserver, TracingObserver};
