@@ -12,7 +12,7 @@
 //! ```
 //!
 //! Cases: `acquire`, `breaker`, `hot`, `hot_now` (the synchronous twins),
-//! `hot_system`, `tenants`, `tenants2`
+//! `hot_system`, `hot_system_now`, `tenants`, `tenants2`
 //! and `hot2` (two threads), `governor`,
 //! `recloser`, `governor_recloser`, `governor_tenants`.
 
@@ -125,6 +125,20 @@ fn main() {
                 assert!(ready(b.allow_request()));
                 ready(l.acquire(tenant)).expect("admitted");
                 ready(b.record_success()).expect("recorded");
+            });
+        }
+        "hot_system_now" => {
+            // The synchronous twins on the production clock, as the bench.
+            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
+            let (l, b) = (
+                limiter(system.clone(), u32::MAX, Duration::from_millis(1)),
+                breaker(system),
+            );
+            repeat(iters, |_| {
+                let permit = b.admit_now();
+                assert!(permit.is_admitted());
+                l.acquire_now(tenant).expect("admitted");
+                b.record_success_now(&permit).expect("recorded");
             });
         }
         "tenants" => {
