@@ -12,7 +12,7 @@
 //! ```
 //!
 //! Cases: `acquire`, `breaker`, `hot`, `hot_now` (the synchronous twins),
-//! `hot_system`, `hot_system_now`, `tenants`, `tenants2`
+//! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants2`
 //! and `hot2` (two threads), `governor`,
 //! `recloser`, `governor_recloser`, `governor_tenants`.
 
@@ -149,6 +149,16 @@ fn main() {
                     clock.advance(STEP);
                 }
                 ready(l.acquire(tenants[i])).expect("admitted");
+            });
+        }
+        "tenants_now" => {
+            let l = limiter(clock.clone(), RPM, WINDOW);
+            repeat(iters, |i| {
+                let i = i % tenants.len();
+                if i == 0 {
+                    clock.advance(STEP);
+                }
+                l.acquire_now(tenants[i]).expect("admitted");
             });
         }
         "tenants2" => {
