@@ -1,9 +1,10 @@
 //! One clock read per decision over a store that stamps with its own clock.
 //!
 //! A `MemoryCache` under `TimeSource::Store` ignores the caller's `now`, so the
-//! limiter and the breaker do not read their clock for it: on the production
-//! clock every read is a system call's worth of time; a healthy breaker
-//! nobody observes reads none at all. A caller-stamped cache still gets the
+//! limiter and the breaker do not read their clock for it: even a reading of
+//! the production clock's counter is a few nanoseconds, and a reading of the
+//! OS clock (at an anchor, or where the counter is not used) a system call's
+//! worth; a healthy breaker nobody observes reads none at all. A caller-stamped cache still gets the
 //! caller's reading.
 
 use std::future::Future;

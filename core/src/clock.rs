@@ -42,17 +42,26 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 /// The production clock: the operating system's wall time and tokio's timer.
 ///
 /// A read of the OS wall clock costs a `clock_gettime` (tens of
-/// nanoseconds on a virtual machine — as much as a whole limiter decision),
-/// so `now` reads it only to anchor: each thread pairs one OS reading with
-/// the CPU's timestamp counter (through `quanta`, which calibrates the
-/// counter against the OS's monotonic clock and falls back to that clock
-/// where the counter is not invariant) and, for the next
+/// nanoseconds on a virtual machine — as much as a whole limiter decision).
+/// Where the kernel itself keeps time by the CPU's timestamp counter (Linux
+/// with clocksource `tsc`), `now` reads the OS clock only to anchor: each
+/// thread pairs one OS reading with the counter (through `quanta`, which
+/// calibrates it against the OS's monotonic clock) and, for the next
 /// [`SYSTEM_CLOCK_ANCHOR`], answers the anchor plus the counter's elapsed
-/// time. The reading is the OS wall time to within the counter's
-/// calibration error over that interval (well under a microsecond); a step
-/// of the OS clock (NTP, an operator) is followed at the next anchor, as
-/// any wall clock's jump is. Like every wall clock it may move backwards
-/// slightly at an anchor; nothing in this crate needs it not to.
+/// time. Everywhere else every reading asks the OS.
+///
+/// Between anchors the reading is the OS wall time to within the counter's
+/// rate error over that interval — microseconds, tens at worst while NTP
+/// slews the OS clock — and a step of the OS clock (NTP, an operator) is
+/// followed at the next anchor, as any wall clock's jump is. Each thread
+/// anchors on its own, so two threads' readings may differ by as much, and a
+/// reading may move backwards slightly at an anchor or when a task moves to
+/// another thread; like every wall clock's jumps, nothing in this crate
+/// needs it not to.
+///
+/// The counter is calibrated once per process, by the first reading
+/// (typically milliseconds, up to 200 ms): [`SystemClock::calibrate`] pays
+/// that up front, and the builders that default to this clock call it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemClock;
 
@@ -62,8 +71,33 @@ pub const SYSTEM_CLOCK_ANCHOR: Duration = Duration::from_millis(100);
 
 thread_local! {
     /// This thread's last OS wall-clock reading, in µs since the Unix epoch,
-    /// and the counter's reading just before it.
+    /// and the counter's reading just after it (so a reading between anchors
+    /// lags the OS clock by the gap, never leads it). No destructor: usable
+    /// while the thread is torn down.
     static ANCHOR: std::cell::Cell<Option<(u64, quanta::Instant)>> = const { std::cell::Cell::new(None) };
+}
+
+/// The process's calibrated counter, if the kernel keeps time by it.
+fn counter() -> Option<&'static quanta::Clock> {
+    static COUNTER: std::sync::OnceLock<Option<quanta::Clock>> = std::sync::OnceLock::new();
+    COUNTER
+        .get_or_init(|| kernel_keeps_time_by_the_counter().then(quanta::Clock::new))
+        .as_ref()
+}
+
+/// Whether the kernel's own clocksource is the CPU's timestamp counter: then
+/// the counter is synchronised across cores and steady, as the kernel checks
+/// before it trusts it. Anywhere this cannot be read, no.
+fn kernel_keeps_time_by_the_counter() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .is_ok_and(|source| source.trim() == "tsc")
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
 }
 
 /// The OS wall clock, in µs since the Unix epoch (0 before it).
@@ -75,25 +109,32 @@ fn os_wall_micros() -> u64 {
     duration_micros(since)
 }
 
+impl SystemClock {
+    /// Calibrates the CPU's counter now (once per process; later calls
+    /// return at once) instead of at the first reading.
+    pub fn calibrate() {
+        let _ = counter();
+    }
+}
+
 impl Clock for SystemClock {
     #[allow(clippy::disallowed_methods)] // allowed: the production clock is the one reader of the CPU's counter.
     fn now(&self) -> Timestamp {
-        let counter = quanta::Instant::now();
-        let anchored = |anchor: Option<(u64, quanta::Instant)>| {
-            let (wall, at) = anchor?;
-            let elapsed = counter.checked_duration_since(at)?;
-            (elapsed < SYSTEM_CLOCK_ANCHOR).then(|| wall.saturating_add(duration_micros(elapsed)))
+        let Some(counter) = counter() else {
+            return Timestamp::from_micros(os_wall_micros());
         };
-        let micros = ANCHOR
-            .try_with(|cell| {
-                anchored(cell.get()).unwrap_or_else(|| {
-                    let wall = os_wall_micros();
-                    cell.set(Some((wall, counter)));
-                    wall
-                })
+        let at = counter.now();
+        let micros = ANCHOR.with(|cell| {
+            let anchored = cell.get().and_then(|(wall, anchored_at)| {
+                let elapsed = at.checked_duration_since(anchored_at)?;
+                (elapsed < SYSTEM_CLOCK_ANCHOR).then(|| wall.saturating_add(duration_micros(elapsed)))
+            });
+            anchored.unwrap_or_else(|| {
+                let wall = os_wall_micros();
+                cell.set(Some((wall, counter.now())));
+                wall
             })
-            // A thread being torn down has no anchor left: ask the OS.
-            .unwrap_or_else(|_| os_wall_micros());
+        });
         Timestamp::from_micros(micros)
     }
 
@@ -226,9 +267,9 @@ mod tests {
 
     /// Between anchors the counter stands in for the OS clock: every
     /// reading, on several threads and across several anchors, lies between
-    /// the OS readings taken just before and just after it (to within the
-    /// counter's calibration, allowed a millisecond here), and a thread's
-    /// readings between anchors never go backwards.
+    /// the OS readings taken just before and just after it, to within the
+    /// counter's rate error (allowed a millisecond here), and a thread's
+    /// readings go backwards by no more than that.
     #[test]
     fn system_clock_follows_the_os_wall_clock_across_anchors() {
         let slack = 1_000;

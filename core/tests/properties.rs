@@ -616,3 +616,60 @@ proptest! {
         prop_assert_eq!(awaited.breaker.admit_now(), immediate.breaker.admit_now());
     }
 }
+
+/// Over a cache that can no longer answer (closed), the twins fall back
+/// exactly as the async operations do: the limiter's error, and the
+/// breaker's [`OnCacheError`](redstring::OnCacheError) permit and its
+/// `CacheUnavailable` event, under each policy.
+#[test]
+fn the_synchronous_twins_fall_back_as_the_async_operations_do() {
+    use redstring::breaker::Permit;
+    use redstring::{OnCacheError, RecordingObserver};
+    fn ready<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        match f
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+        {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("MemoryCache operations never suspend"),
+        }
+    }
+    for policy in [OnCacheError::Allow, OnCacheError::Refuse] {
+        let observer = Arc::new(RecordingObserver::new());
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let limiter = RateLimiter::builder(5)
+            .clock(clock.clone())
+            .observer(observer.clone())
+            .build()
+            .unwrap();
+        let breaker = CircuitBreaker::builder()
+            .clock(clock.clone())
+            .on_cache_error(policy)
+            .observer(observer.clone())
+            .build()
+            .unwrap();
+        ready(limiter.close()).unwrap();
+        ready(breaker.close()).unwrap();
+        observer.take();
+        let awaited = (format!("{:?}", ready(limiter.acquire(T))), ready(breaker.admit()));
+        let awaited_events = observer.take();
+        let immediate = (format!("{:?}", limiter.acquire_now(T)), breaker.admit_now());
+        let immediate_events = observer.take();
+        assert_eq!(awaited, immediate, "{policy:?}");
+        assert_eq!(awaited_events, immediate_events, "{policy:?}");
+        assert!(awaited.0.contains("Closed"), "{}", awaited.0);
+        assert_eq!(
+            awaited.1 == Permit::Call,
+            policy == OnCacheError::Allow,
+            "{:?}",
+            awaited.1
+        );
+        assert!(
+            awaited_events
+                .iter()
+                .any(|e| matches!(e, redstring::Event::CacheUnavailable { .. })),
+            "{awaited_events:?}"
+        );
+    }
+}

@@ -334,7 +334,10 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
         if self.prefix.is_empty() {
             return Err(ConfigError::new("key_prefix", "non-empty", "\"\""));
         }
-        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        let clock = self.clock.unwrap_or_else(|| {
+            SystemClock::calibrate();
+            Arc::new(SystemClock)
+        });
         let (store, owns_store) = self.store.resolve(&clock);
         let params = BreakerParams {
             failure_threshold: self.failure_threshold,
@@ -402,8 +405,9 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// [`record_failure_now`](Self::record_failure_now), or hand it back with
     /// [`release_now`](Self::release_now).
     ///
-    /// The simulator's catalogue of known-bad variants is injected into the
-    /// async operations only.
+    /// Of the simulator's known-bad variants, the ones inside the step
+    /// (`machine::step`, `MemoryCache`'s writes) reach the twins too; the
+    /// read-then-write breaker is injected into [`admit`](Self::admit) only.
     pub fn admit_now(&self) -> Permit
     where
         S: ImmediateStore,

@@ -280,6 +280,10 @@ pub trait BreakerStore: Cache {
 /// or polled. The async operations stay the port every store implements;
 /// this is an extra capability, and a store that talks to a network peer
 /// cannot have it.
+///
+/// The contract: each `*_now` method answers exactly as its async
+/// counterpart would at the same point in the store's order of steps — it
+/// is the same step, not a cheaper approximation.
 pub trait ImmediateStore: LimiterStore + BreakerStore {
     /// [`LimiterStore::acquire_tenant_slot`], answered at once.
     fn acquire_tenant_slot_now(

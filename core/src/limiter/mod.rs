@@ -362,7 +362,10 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
                 crate::time::secs(token_lease),
             ));
         }
-        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        let clock = self.clock.unwrap_or_else(|| {
+            SystemClock::calibrate();
+            Arc::new(SystemClock)
+        });
         let (store, owns_store) = self.store.resolve(&clock);
         let local =
             (self.on_cache_unavailable == OnCacheUnavailable::LocalLimit).then(|| MemoryCache::new(clock.clone()));
@@ -433,7 +436,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// same decision, events and fallback, returned directly, with no future
     /// to build or poll — the in-process hot path.
     ///
-    /// The simulator's catalogue of known-bad variants is injected into
+    /// The simulator's known-bad limiters are injected into
     /// [`acquire`](Self::acquire) only.
     pub fn acquire_now(&self, tenant: TenantId) -> Result<Admission, AcquireError>
     where

@@ -574,7 +574,7 @@ impl ImmediateStore for MemoryCache {
                 self.acquire_named(shard_of_tenant(bits), Name::Tenant(id, bits), request)
             }
             _ => {
-                // Not across an await: the future stays small.
+                // A prefix that cannot be interned: by the key's string form.
                 let key = super::KeyBuf::tenant(prefix, &tenant);
                 let key = key.as_str();
                 self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
