@@ -16,7 +16,7 @@ use redstring::provider::{
     ProviderError, TransportErrorKind,
 };
 use redstring::{
-    CircuitBreaker, CircuitState, ManualClock, MemoryCache, RateLimiter, RetryPolicy, SeededRandom, TenantId,
+    CircuitBreaker, CircuitState, Clock, ManualClock, MemoryCache, RateLimiter, RetryPolicy, SeededRandom, TenantId,
 };
 use serde_json::Value;
 
@@ -150,8 +150,8 @@ async fn a_primarys_retry_after_does_not_hold_or_forbid_the_fallover() {
     );
 }
 
-/// The same with a Retry-After over `max_server_delay`: the classifier makes
-/// it permanent, so the call ends with the primary's 429 and never falls over.
+/// The same with a Retry-After over `max_server_delay`, which one deployment
+/// would take as permanent: the call still falls over to the fallback.
 #[tokio::test]
 async fn a_primarys_long_retry_after_does_not_end_the_call_before_the_fallback() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
@@ -172,10 +172,9 @@ async fn a_primarys_long_retry_after_does_not_end_the_call_before_the_fallback()
     assert_eq!(answer.unwrap().model, "b");
 }
 
-/// The token reservation is sized by the first admitted deployment's
-/// `max_tokens`; a retry that falls over to a deployment with a larger
-/// `max_tokens` and times out there (it may have generated up to that) is
-/// charged only the primary's estimate.
+/// A retry that falls over to a deployment with a larger `max_tokens` and
+/// times out there (it may have generated up to that) is charged that
+/// deployment's estimate, not the primary's smaller one.
 #[tokio::test]
 async fn a_fallover_to_a_bigger_max_tokens_is_charged_by_that_deployments_estimate() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
@@ -209,10 +208,9 @@ async fn a_fallover_to_a_bigger_max_tokens_is_charged_by_that_deployments_estima
     );
 }
 
-/// `Deployment`'s docs allow two deployments to share one breaker ("one
-/// deployment to the circuit"). A call that fails at one and falls over to
-/// the other is admitted twice by that breaker and reports two failures for
-/// one call: threshold 2 opens on a single call.
+/// Two deployments may share one breaker. A call that fails at one and falls
+/// over to the other is admitted once by that breaker and reports one
+/// failure: a threshold-2 circuit stays closed after a single call.
 #[tokio::test]
 async fn two_deployments_sharing_a_breaker_hear_one_report_per_call() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
@@ -239,8 +237,8 @@ async fn two_deployments_sharing_a_breaker_hear_one_report_per_call() {
 }
 
 /// Every deployment refuses; the error names the one that admits soonest
-/// (b), but the call's `CallFinished` event names a (the first in order), a
-/// model that neither refused last nor was called.
+/// (b), and so does the call's `CallFinished` event — not a, the first in
+/// order, which was never called.
 #[tokio::test]
 async fn when_every_deployment_refuses_the_finished_event_names_the_refusal_returned() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
@@ -271,10 +269,9 @@ async fn when_every_deployment_refuses_the_finished_event_names_the_refusal_retu
 }
 
 /// Another worker holds a's half-open probe when this provider asks: the
-/// refusal's wait is the probe's whole lease (30 s), remembered as "a refuses
-/// until then". The probe succeeds at once and a closes, yet every later call
-/// of this provider goes to the spare first for the rest of the lease: the
-/// recovered primary is starved by a stale hint.
+/// refusal's wait is the probe's whole lease, which is not remembered as "a
+/// refuses until then" — the probe may close the circuit at any moment. It
+/// succeeds at once, and the next call goes to the recovered primary first.
 #[tokio::test]
 async fn a_half_open_refusal_does_not_keep_a_recovered_primary_last_for_a_whole_probe_lease() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
@@ -346,4 +343,182 @@ async fn a_failure_about_the_deployment_falls_over_and_one_about_the_request_doe
         .build();
     assert_eq!(p.extract::<String>("t", None).await.unwrap_err().kind(), "bad_request");
     assert_eq!((a.calls(), b.calls()), (1, 0));
+}
+
+/// a answers 429 with `Retry-After: 30`; the retry goes to b, whose circuit
+/// is open (this provider has not heard so yet), so it comes back to a. It
+/// must honour the wait a's server asked for — as the one-deployment retry
+/// does — and not call a again inside the cooldown it just wrote.
+#[tokio::test]
+async fn a_retry_that_comes_back_to_a_cooling_deployment_waits_out_its_retry_after() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let observer = Arc::new(redstring::RecordingObserver::new());
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (ba, bb) = (breaker(&clock, &cache, "a", 5), breaker(&clock, &cache, "b", 1));
+    bb.record_failure().await.unwrap();
+    let (a, b) = (
+        Scripted::new("a", vec![rate_limited(Duration::from_secs(30))]),
+        Scripted::new("b", vec![]),
+    );
+    let p = HardenedProvider::over(Deployment::new(a.clone(), ba), T, limiter)
+        .deployment(Deployment::new(b.clone(), bb))
+        .retry_policy(policy(2))
+        .clock(clock.clone())
+        .observer(observer.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    let start = clock.now();
+    let answer = p.extract_with_model::<String>("t", None).await.unwrap();
+    assert_eq!((answer.model.as_str(), a.calls(), b.calls()), ("a", 2, 0));
+    let elapsed = clock.now().saturating_duration_since(start);
+    assert!(
+        elapsed >= Duration::from_secs(30),
+        "a was called again {elapsed:?} after its 429 asked for 30 s"
+    );
+    let waited: Vec<Duration> = observer
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            redstring::Event::CooldownWait { wait, .. } => Some(wait),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(waited.len(), 1, "the wait is reported: {waited:?}");
+}
+
+/// The same when the call's deadline cannot cover a's wait: a is not called
+/// again at all, and the call ends within its deadline.
+#[tokio::test]
+async fn a_retry_that_comes_back_to_a_cooling_deployment_past_its_deadline_does_not_call_it() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (ba, bb) = (breaker(&clock, &cache, "a", 5), breaker(&clock, &cache, "b", 1));
+    bb.record_failure().await.unwrap();
+    let (a, b) = (
+        Scripted::new("a", vec![rate_limited(Duration::from_secs(30))]),
+        Scripted::new("b", vec![]),
+    );
+    let p = HardenedProvider::over(Deployment::new(a.clone(), ba), T, limiter)
+        .deployment(Deployment::new(b.clone(), bb))
+        .retry_policy(policy(2))
+        .deadline(Duration::from_secs(10))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    let start = clock.now();
+    let e = p.extract::<String>("t", None).await.unwrap_err();
+    assert_eq!((a.calls(), b.calls()), (1, 0), "{e}");
+    assert!(clock.now().saturating_duration_since(start) <= Duration::from_secs(10));
+}
+
+/// a's account is out of credit: every call there fails for a reason about
+/// a, not the request, and its server answered (its circuit never opens).
+/// Later calls of this provider ask b first instead of paying a's failed
+/// round trip (and, with no retries, failing) every time — until a's
+/// recovery timeout has passed, when a is asked first again.
+#[tokio::test]
+async fn a_deployment_failing_for_its_own_reasons_is_asked_last_until_its_recovery_timeout() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let a = Scripted::new("a", vec![quota_exhausted(), quota_exhausted(), quota_exhausted()]);
+    let b = Scripted::new("b", vec![]);
+    let p = HardenedProvider::builder(a.clone(), T, limiter, breaker(&clock, &cache, "a", 1))
+        .fallback(b.clone(), breaker(&clock, &cache, "b", 1))
+        .retry_policy(policy(0))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    p.extract::<String>("t", None).await.unwrap_err();
+    assert_eq!((a.calls(), b.calls()), (1, 0));
+    for _ in 0..3 {
+        assert_eq!(p.extract_with_model::<String>("t", None).await.unwrap().model, "b");
+    }
+    assert_eq!((a.calls(), b.calls()), (1, 3), "a was asked first again");
+    clock.advance(redstring::breaker::DEFAULT_RECOVERY_TIMEOUT + Duration::from_secs(1));
+    p.extract::<String>("t", None).await.unwrap_err();
+    assert_eq!(a.calls(), 2, "a is asked first again after its recovery timeout");
+}
+
+/// Answers after `delay` on the manual clock; the first deployment's first
+/// call also makes a call through `then` (another worker) while it is in
+/// flight, and keeps the model that answered it.
+struct Slow {
+    model: &'static str,
+    clock: Arc<ManualClock>,
+    delay: Duration,
+    then: Option<HardenedProvider<Arc<Scripted>>>,
+    seen: Mutex<Option<String>>,
+}
+
+impl LlmProvider for Slow {
+    fn model(&self) -> &str {
+        self.model
+    }
+    fn extract_answer<'a>(
+        &'a self,
+        _: ExtractRequest<'a>,
+        _: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        Box::pin(async move {
+            self.clock.sleep(self.delay).await;
+            if let Some(other) = &self.then {
+                let model = other.extract_with_model::<String>("t", None).await.unwrap().model;
+                *self.seen.lock().unwrap() = Some(model);
+            }
+            Ok(Extracted {
+                value: Value::from("v"),
+                model: self.model.to_owned(),
+                usage: None,
+                quota: None,
+            })
+        })
+    }
+}
+
+/// A least-loaded call with a 60 s deadline takes 30 s at a, longer than the
+/// 10 s lease: while it is in flight, another worker's pick must still count
+/// it and choose b. (A lease shorter than the call let it lapse mid-call.)
+#[tokio::test]
+async fn a_least_loaded_call_counts_until_it_ends_within_its_deadline_whatever_the_lease() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (ba, bb) = (breaker(&clock, &cache, "a", 5), breaker(&clock, &cache, "b", 5));
+    let other = HardenedProvider::over(
+        Deployment::new(Scripted::new("a", vec![]), ba.clone()),
+        T,
+        limiter.clone(),
+    )
+    .deployment(Deployment::new(Scripted::new("b", vec![]), bb.clone()))
+    .least_loaded(Duration::from_secs(10))
+    .deadline(Duration::from_secs(60))
+    .clock(clock.clone())
+    .rng(Arc::new(SeededRandom::from_seed(2)))
+    .build();
+    let slow = |model, then| {
+        Arc::new(Slow {
+            model,
+            clock: clock.clone(),
+            delay: Duration::from_secs(30),
+            then,
+            seen: Mutex::new(None),
+        })
+    };
+    let (a, b) = (slow("a", Some(other)), slow("b", None));
+    let p = HardenedProvider::over(Deployment::new(a.clone(), ba), T, limiter)
+        .deployment(Deployment::new(b, bb))
+        .least_loaded(Duration::from_secs(10))
+        .deadline(Duration::from_secs(60))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    assert_eq!(p.extract_with_model::<String>("t", None).await.unwrap().model, "a");
+    assert_eq!(
+        a.seen.lock().unwrap().as_deref(),
+        Some("b"),
+        "the call in flight at a for 30 s was no longer counted"
+    );
 }

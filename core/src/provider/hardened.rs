@@ -71,9 +71,14 @@
 //! deadline and the retry budget bound it (as Envoy's retry policy picks
 //! another host for a retry, with its backoff). A wait one deployment's
 //! server asked for (`Retry-After`) does not hold back a retry that goes to
-//! another; a failure about the request (malformed, a 400) does not fall
-//! over, while one about the deployment (its quota exhausted, its key
-//! refused, the model unknown there, an inner wrapper's refusal) does.
+//! another, but a retry that comes back there (every other refused) sleeps
+//! it off first, within the deadline and `max_server_delay`, as a retry at
+//! one deployment would. A failure about the request (malformed, a 400)
+//! does not fall over, while one about the deployment (its quota exhausted,
+//! its key refused, the model unknown there, an inner wrapper's refusal)
+//! does — and, since its server answered and its circuit will not open,
+//! later calls of this provider ask that deployment last for one
+//! `recovery_timeout` of its breaker.
 //!
 //! Per call, each admission a breaker gave it is answered by exactly one
 //! report (what the call's last attempt there said, or a release when none
@@ -472,7 +477,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore + InFlightStore> HardenedPro
     /// flight per weight, counted for the whole fleet in the first
     /// deployment's breaker store (one atomic pick that also leases the
     /// call; see [`route`](super::route)); the others follow in order. A
-    /// call counts until it ends, or for `lease` if its future is dropped.
+    /// call counts until it ends. Its lease — how long it counts if its
+    /// future is dropped — is `lease`, or until the call's deadline when
+    /// that is later; with no deadline, choose a `lease` longer than the
+    /// slowest call, or a call still running stops counting when it ends.
     pub fn least_loaded(mut self, lease: Duration) -> Self {
         let store: Arc<dyn InFlight> = self.deployments[0].breaker.cache().clone();
         self.routing = Policy::LeastLoaded { store, lease };
@@ -497,6 +505,12 @@ struct CallRoute {
     lease: Option<(usize, u64)>,
     /// Refusals by deployments' own limits slept off so far.
     limit_waits: u32,
+    /// The wait the last attempt's server asked for (`Retry-After`): the
+    /// deployment it was sent to and until when. A retry that comes back
+    /// there sleeps it off first, as a retry at one deployment would.
+    asked: Option<(usize, Timestamp)>,
+    /// Such waits slept off so far.
+    asked_waits: u32,
 }
 
 impl CallRoute {
@@ -510,6 +524,15 @@ impl CallRoute {
 /// no code panics while holding it).
 fn lock(route: &std::sync::Mutex<CallRoute>) -> std::sync::MutexGuard<'_, CallRoute> {
     route.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Why a retry's placement holds back from a deployment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hold {
+    /// Its own limit refused the attempt.
+    Limit,
+    /// Its server asked the call's last attempt to wait (`Retry-After`).
+    Asked,
 }
 
 /// What an outcome tells the breaker.
@@ -560,10 +583,35 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         if self.deployments.len() == 1 {
             return verdict;
         }
-        let defaults = self.classifier.is_none();
-        let server_wait =
-            matches!(verdict, Retryable::After(_)) || (defaults && matches!(error.retryable(), Retryable::After(_)));
-        let this_deployment = defaults
+        if self.server_wait(error).is_none() && !self.about_deployment(error) {
+            return verdict;
+        }
+        let now = self.clock.now();
+        let here = self.holders[lock(route).current()];
+        let elsewhere =
+            (0..self.deployments.len()).any(|j| self.holders[j] != here && !self.deployments[j].known_to_refuse(now));
+        if elsewhere { Retryable::Yes } else { verdict }
+    }
+
+    /// The wait a failure's server asked for (`Retry-After`), as the retry
+    /// loop would honour it at one deployment: the classifier's, or under
+    /// the default classifier also one over `max_server_delay`.
+    fn server_wait(&self, error: &ExtractError) -> Option<Duration> {
+        match self.classify(error) {
+            Retryable::After(wait) => Some(wait),
+            _ if self.classifier.is_none() => match error.retryable() {
+                Retryable::After(wait) => Some(wait),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Whether a failure is about the deployment rather than the request
+    /// (under the default classifier): its account's quota exhausted, its
+    /// key refused, the model unknown there, an inner wrapper's refusal.
+    fn about_deployment(&self, error: &ExtractError) -> bool {
+        self.classifier.is_none()
             && (matches!(error, ExtractError::CircuitOpen(_))
                 || matches!(
                     error.provider_error(),
@@ -572,15 +620,17 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                             | ProviderError::Authentication { .. }
                             | ProviderError::UnknownModel { .. }
                     )
-                ));
-        if !server_wait && !this_deployment {
-            return verdict;
+                ))
+    }
+
+    /// How long a least-loaded lease lasts: the configured `lease`, or
+    /// until the call's deadline when that is later — a call cannot run
+    /// past its deadline, so it counts for as long as it can be in flight.
+    fn lease_for(&self, lease: Duration, deadline: Option<Timestamp>) -> Duration {
+        match deadline {
+            Some(d) => lease.max(d.saturating_duration_since(self.clock.now())),
+            None => lease,
         }
-        let now = self.clock.now();
-        let here = self.holders[lock(route).current()];
-        let elsewhere =
-            (0..self.deployments.len()).any(|j| self.holders[j] != here && !self.deployments[j].known_to_refuse(now));
-        if elsewhere { Retryable::Yes } else { verdict }
     }
 
     /// How many tokens an attempt at deployment `i` may use: the
@@ -614,7 +664,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             (budget, timeout) => budget.or(timeout).map(|t| start.saturating_add(t)),
         };
 
-        let mut route = self.plan().await;
+        let mut route = self.plan(deadline).await;
         if let Err(refused) = self.admit(deadline, &mut route).await {
             self.end_lease(route.lease.take()).await;
             return (Err(refused), 0, route.current());
@@ -671,6 +721,9 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                                 Err(_) => 0,
                             };
                             self.settle_limit(at, Some(reservation), actual).await;
+                        }
+                        if self.deployments.len() > 1 {
+                            self.heed(route, at, &result);
                         }
                         if self.deployments.len() > 1 || self.limited {
                             let report = match &result {
@@ -737,7 +790,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// The call's route before its admission: every deployment, the first
     /// chosen by the policy (the least-loaded pick also leases the call
     /// there), the rest in order, those known to refuse last.
-    async fn plan(&self) -> CallRoute {
+    async fn plan(&self, deadline: Option<Timestamp>) -> CallRoute {
         let n = self.deployments.len();
         let mut route = CallRoute {
             order: vec![0],
@@ -746,6 +799,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             reports: vec![None; n],
             lease: None,
             limit_waits: 0,
+            asked: None,
+            asked_waits: 0,
         };
         if n == 1 && !matches!(self.policy, Policy::LeastLoaded { .. }) {
             return route;
@@ -761,7 +816,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                 let request = PickRequest {
                     now,
                     id,
-                    lease: *lease,
+                    lease: self.lease_for(*lease, deadline),
                     max_ahead: crate::limiter::DEFAULT_MAX_CLOCK_AHEAD,
                 };
                 if weights.iter().all(|w| *w == 0) {
@@ -825,7 +880,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                     route.held[self.holders[i]] = Some(permit);
                     if at > 0 {
                         self.rerouted(route.order[0], i, "refused");
-                        route.lease = self.follow_lease(route.lease.take(), i).await;
+                        route.lease = self.follow_lease(route.lease.take(), i, deadline).await;
                     }
                     return Ok(());
                 };
@@ -886,9 +941,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         // A retry asks the others first and its own deployment last.
         let steps = if retry { 1..n + 1 } else { 0..n };
         loop {
-            // The limit refusal that ends soonest (no wait last), the first
-            // on a tie; and, should no limit have been asked, a breaker's.
-            let mut soonest: Option<(usize, ExtractError, Option<Duration>)> = None;
+            // The refusal that ends soonest (no wait last), the first on a
+            // tie — a limit's, or the wait a server asked the last attempt
+            // for — and, should neither have been met, a breaker's.
+            let mut soonest: Option<(usize, ExtractError, Option<Duration>, Hold)> = None;
             let mut circuit: Option<ExtractError> = None;
             for step in steps.clone() {
                 let (at, i, held) = {
@@ -897,6 +953,18 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                     let i = r.order[at];
                     (at, i, r.held[self.holders[i]].is_some())
                 };
+                if let Some(wait) = self.asked_wait(route, i) {
+                    // Its server asked to be left alone for `wait`: it is
+                    // not called before then.
+                    if soonest
+                        .as_ref()
+                        .is_none_or(|(_, _, known, _)| known.is_none_or(|k| wait < k))
+                    {
+                        let refusal = CircuitOpen::refused(self.deployments[i].inner.model(), wait, Refusal::Cooldown);
+                        soonest = Some((i, refusal.into(), Some(wait), Hold::Asked));
+                    }
+                    continue;
+                }
                 let mut admitted_now = None;
                 if !held {
                     let permit = self.deployments[i].breaker.admit().await;
@@ -928,7 +996,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                                 r.lease.take()
                             };
                             self.rerouted(from, i, if retry { "failed" } else { "limited" });
-                            let lease = self.follow_lease(lease, i).await;
+                            let lease = self.follow_lease(lease, i, deadline).await;
                             lock(route).lease = lease;
                         }
                         return Ok(reservation);
@@ -942,26 +1010,42 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                             self.report_to_breaker(&self.deployments[i].breaker, &permit, BreakerReport::Release)
                                 .await;
                         }
-                        let sooner = |(_, _, known): &(usize, ExtractError, Option<Duration>)| match (wait, known) {
-                            (Some(w), Some(k)) => w < *k,
-                            (Some(_), None) => true,
-                            (None, _) => false,
-                        };
+                        let sooner =
+                            |(_, _, known, _): &(usize, ExtractError, Option<Duration>, Hold)| match (wait, known) {
+                                (Some(w), Some(k)) => w < *k,
+                                (Some(_), None) => true,
+                                (None, _) => false,
+                            };
                         if soonest.as_ref().is_none_or(sooner) {
-                            soonest = Some((i, error, wait));
+                            soonest = Some((i, error, wait, Hold::Limit));
                         }
                     }
                 }
             }
-            let Some((i, error, wait)) = soonest else {
+            let Some((i, error, wait, hold)) = soonest else {
                 // Every breaker refused, the call's own too (its admission
                 // was handed back while it waited).
                 return Err(circuit.unwrap_or_else(|| CircuitOpen::new("no deployment to call", Duration::ZERO).into()));
             };
             let fits = |w: Duration| deadline.is_none_or(|d| w <= d.saturating_duration_since(self.clock.now()));
-            let waits = lock(route).limit_waits;
-            match wait {
-                Some(wait) if waits < self.limiter_waits && !wait.is_zero() && fits(wait) => {
+            let (waits, asked_waits) = {
+                let r = lock(route);
+                (r.limit_waits, r.asked_waits)
+            };
+            match (wait, hold) {
+                // As the retry at one deployment would: a wait over
+                // `max_server_delay` or past the deadline is not slept.
+                (Some(wait), Hold::Asked) if wait <= self.max_server_delay && fits(wait) => {
+                    lock(route).asked_waits = asked_waits + 1;
+                    self.observer.on_event(&Event::CooldownWait {
+                        model: self.model_of(i),
+                        tenant: self.tenant,
+                        wait,
+                        waits: asked_waits + 1,
+                    });
+                    self.clock.sleep(wait).await;
+                }
+                (Some(wait), Hold::Limit) if waits < self.limiter_waits && !wait.is_zero() && fits(wait) => {
                     lock(route).limit_waits = waits + 1;
                     self.hand_back_unused(route, from).await;
                     self.observer.on_event(&Event::RateLimitWait {
@@ -975,6 +1059,31 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                 _ => return Err(error),
             }
         }
+    }
+
+    /// What an attempt at deployment `at` tells later routing: the wait its
+    /// server asked for, which a retry coming back there sleeps off first;
+    /// and a failure about the deployment itself (its quota, its key, its
+    /// model), after which later calls ask it last for one recovery timeout
+    /// of its breaker — its server answered, so its circuit never opens,
+    /// and every call would otherwise pay its failed round trip first.
+    fn heed(&self, route: &std::sync::Mutex<CallRoute>, at: usize, result: &Result<Extracted<Value>, ExtractError>) {
+        let error = result.as_ref().err();
+        let asked = error
+            .and_then(|e| self.server_wait(e))
+            .map(|wait| (at, self.clock.now().saturating_add(wait)));
+        lock(route).asked = asked;
+        if error.is_some_and(|e| self.about_deployment(e)) {
+            self.hear(at, Some(self.deployments[at].breaker.params().recovery_timeout));
+        }
+    }
+
+    /// The rest of the wait deployment `i`'s server asked the call's last
+    /// attempt for, if that attempt went there and the wait has not passed.
+    fn asked_wait(&self, route: &std::sync::Mutex<CallRoute>, i: usize) -> Option<Duration> {
+        let (at, until) = lock(route).asked?;
+        let left = until.saturating_duration_since(self.clock.now());
+        (at == i && !left.is_zero()).then_some(left)
     }
 
     /// Hands back the call's admission at deployment `i` when no attempt
@@ -1055,7 +1164,12 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// Moves a call's least-loaded `lease` to deployment `to`, so the
     /// fleet's counts follow where the call really is; the lease it holds
     /// then.
-    async fn follow_lease(&self, held: Option<(usize, u64)>, to: usize) -> Option<(usize, u64)> {
+    async fn follow_lease(
+        &self,
+        held: Option<(usize, u64)>,
+        to: usize,
+        deadline: Option<Timestamp>,
+    ) -> Option<(usize, u64)> {
         let Policy::LeastLoaded { store, lease } = &self.policy else {
             return None;
         };
@@ -1068,7 +1182,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         let request = PickRequest {
             now: self.clock.now(),
             id,
-            lease: *lease,
+            lease: self.lease_for(*lease, deadline),
             max_ahead: crate::limiter::DEFAULT_MAX_CLOCK_AHEAD,
         };
         match store.pick(&[key], &[1], request).await {
