@@ -290,7 +290,7 @@ pub trait ImmediateStore: LimiterStore + BreakerStore {
         &self,
         prefix: &str,
         tenant: TenantId,
-        request: SlotRequest,
+        request: &SlotRequest,
     ) -> Result<SlotOutcome, CacheError>;
 
     /// [`BreakerStore::breaker_step`], answered at once.

@@ -185,6 +185,25 @@ pub struct RateLimiter<S = MemoryCache> {
     token_lease: Duration,
     /// The per-process fallback under [`OnCacheUnavailable::LocalLimit`].
     local: Option<MemoryCache>,
+    /// Every store request's fields but `now`, computed once
+    /// ([`slot_template`]).
+    slot: SlotRequest,
+}
+
+/// A limiter's store request but for its `now`. A clamped caller's window
+/// reaches at most two windows behind the store's clock, and its hits sit
+/// at most `max_ahead` ahead: the series outlives both, by one tick.
+fn slot_template(rpm: u32, window: Duration, max_ahead: Duration) -> SlotRequest {
+    SlotRequest {
+        now: Timestamp::EPOCH,
+        window,
+        limit: rpm,
+        ttl: window
+            .saturating_mul(2)
+            .saturating_add(max_ahead)
+            .saturating_add(Duration::from_micros(1)),
+        max_ahead,
+    }
 }
 
 impl<S> std::fmt::Debug for RateLimiter<S> {
@@ -382,6 +401,7 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             tokens: self.tokens,
             token_lease,
             local,
+            slot: slot_template(self.rpm, self.window, max_ahead),
         })
     }
 }
@@ -429,7 +449,7 @@ impl<S: LimiterStore> RateLimiter<S> {
         };
         #[cfg(not(feature = "mutants"))]
         let decided = self.store.acquire_tenant_slot(&self.prefix, tenant, request).await;
-        self.answer(tenant, request, decided)
+        self.answer(tenant, &request, decided)
     }
 
     /// [`acquire`](Self::acquire) over a store that answers at once: the
@@ -443,8 +463,8 @@ impl<S: LimiterStore> RateLimiter<S> {
         S: ImmediateStore,
     {
         let request = self.slot_request();
-        let decided = self.store.acquire_tenant_slot_now(&self.prefix, tenant, request);
-        self.answer(tenant, request, decided)
+        let decided = self.store.acquire_tenant_slot_now(&self.prefix, tenant, &request);
+        self.answer(tenant, &request, decided)
     }
 
     /// `acquire`'s answer to what the store decided: reported, and — when
@@ -453,7 +473,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     fn answer(
         &self,
         tenant: TenantId,
-        request: SlotRequest,
+        request: &SlotRequest,
         decided: Result<SlotOutcome, CacheError>,
     ) -> Result<Admission, AcquireError> {
         match decided {
@@ -547,17 +567,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             } else {
                 self.clock.now()
             },
-            window: self.window,
-            limit: self.rpm,
-            // A clamped caller's window reaches at most two windows behind
-            // the store's clock, and its hits sit at most max_ahead ahead:
-            // the series outlives both, by one tick.
-            ttl: self
-                .window
-                .saturating_mul(2)
-                .saturating_add(self.max_ahead)
-                .saturating_add(Duration::from_micros(1)),
-            max_ahead: self.max_ahead,
+            ..self.slot
         }
     }
 

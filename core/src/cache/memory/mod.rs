@@ -513,7 +513,7 @@ impl HitWindow for MemoryCache {
 
 impl MemoryCache {
     /// The atomic slot decision for the series named `name` on `shard`.
-    fn acquire_named(&self, shard: usize, name: Name<'_>, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
+    fn acquire_named(&self, shard: usize, name: Name<'_>, request: &SlotRequest) -> Result<SlotOutcome, CacheError> {
         let clock_now = self.shared.clock.now();
         let (now, clamped) = match self.shared.time_source {
             TimeSource::Store => (clock_now, false),
@@ -544,7 +544,7 @@ impl MemoryCache {
 
 impl LimiterStore for MemoryCache {
     async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
-        self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
+        self.acquire_named(shard_of(key), self.shared.prefixes.name(key), &request)
     }
 
     /// By the tenant's id: no key is formatted, checked or hashed. The key
@@ -555,7 +555,7 @@ impl LimiterStore for MemoryCache {
         tenant: TenantId,
         request: SlotRequest,
     ) -> Result<SlotOutcome, CacheError> {
-        self.acquire_tenant_slot_now(prefix, tenant, request)
+        self.acquire_tenant_slot_now(prefix, tenant, &request)
     }
 }
 
@@ -566,7 +566,7 @@ impl ImmediateStore for MemoryCache {
         &self,
         prefix: &str,
         tenant: TenantId,
-        request: SlotRequest,
+        request: &SlotRequest,
     ) -> Result<SlotOutcome, CacheError> {
         let bits = tenant.as_uuid().as_u128();
         match self.shared.prefixes.id(prefix) {
