@@ -69,12 +69,15 @@ pub struct SystemClock;
 /// before it reads the OS wall clock again.
 pub const SYSTEM_CLOCK_ANCHOR: Duration = Duration::from_millis(100);
 
+/// [`SYSTEM_CLOCK_ANCHOR`] in nanoseconds.
+const ANCHOR_NANOS: u64 = SYSTEM_CLOCK_ANCHOR.as_nanos() as u64;
+
 thread_local! {
     /// This thread's last OS wall-clock reading, in µs since the Unix epoch,
-    /// and the counter's reading just after it (so a reading between anchors
-    /// lags the OS clock by the gap, never leads it). No destructor: usable
-    /// while the thread is torn down.
-    static ANCHOR: std::cell::Cell<Option<(u64, quanta::Instant)>> = const { std::cell::Cell::new(None) };
+    /// and the counter's raw reading just after it (so a reading between
+    /// anchors lags the OS clock by the gap, never leads it). No destructor:
+    /// usable while the thread is torn down.
+    static ANCHOR: std::cell::Cell<Option<(u64, u64)>> = const { std::cell::Cell::new(None) };
 }
 
 /// The process's calibrated counter, if the kernel keeps time by it.
@@ -123,15 +126,18 @@ impl Clock for SystemClock {
         let Some(counter) = counter() else {
             return Timestamp::from_micros(os_wall_micros());
         };
-        let at = counter.now();
+        // Raw counter readings, scaled only as a difference (a multiply and
+        // a shift): no `Duration` is built on the way.
+        let at = counter.raw();
         let micros = ANCHOR.with(|cell| {
             let anchored = cell.get().and_then(|(wall, anchored_at)| {
-                let elapsed = at.checked_duration_since(anchored_at)?;
-                (elapsed < SYSTEM_CLOCK_ANCHOR).then(|| wall.saturating_add(duration_micros(elapsed)))
+                // A counter behind its anchor (another core's, unsynchronised) re-anchors.
+                let elapsed = (at >= anchored_at).then(|| counter.delta_as_nanos(anchored_at, at))?;
+                (elapsed < ANCHOR_NANOS).then(|| wall.saturating_add(elapsed / 1_000))
             });
             anchored.unwrap_or_else(|| {
                 let wall = os_wall_micros();
-                cell.set(Some((wall, counter.now())));
+                cell.set(Some((wall, counter.raw())));
                 wall
             })
         });
