@@ -522,3 +522,103 @@ async fn a_least_loaded_call_counts_until_it_ends_within_its_deadline_whatever_t
         "the call in flight at a for 30 s was no longer counted"
     );
 }
+
+/// a answers 429 with `Retry-After: 30`; the retry goes to b, which times
+/// out; the next retry must not cycle back to a inside the wait a's server
+/// asked for — the attempt at b in between does not erase it.
+#[tokio::test]
+async fn an_asked_wait_outlives_an_attempt_elsewhere() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (a, b) = (
+        Scripted::new("a", vec![rate_limited(Duration::from_secs(30))]),
+        Scripted::new("b", vec![timed_out()]),
+    );
+    let p = HardenedProvider::over(Deployment::new(a.clone(), breaker(&clock, &cache, "a", 5)), T, limiter)
+        .deployment(Deployment::new(b.clone(), breaker(&clock, &cache, "b", 5)))
+        .retry_policy(policy(2))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    let start = clock.now();
+    let answer = p.extract_with_model::<String>("t", None).await.unwrap();
+    let elapsed = clock.now().saturating_duration_since(start);
+    assert!(
+        a.calls() == 1 || elapsed >= Duration::from_secs(30),
+        "a was called again {elapsed:?} after its 429 asked for 30 s ({} calls, answer from {})",
+        a.calls(),
+        answer.model
+    );
+    assert_eq!((answer.model.as_str(), a.calls(), b.calls()), ("b", 1, 2));
+}
+
+/// a and a2 share one breaker (one server behind two deployments). a
+/// answers 429 with `Retry-After: 30`; b's circuit is open. The retry must
+/// not go to a2 inside the wait the server behind that breaker asked for.
+#[tokio::test]
+async fn an_asked_wait_holds_every_deployment_behind_that_breaker() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let shared = breaker(&clock, &cache, "gpu", 5);
+    let bb = breaker(&clock, &cache, "b", 1);
+    bb.record_failure().await.unwrap();
+    let (a, a2, b) = (
+        Scripted::new("a", vec![rate_limited(Duration::from_secs(30))]),
+        Scripted::new("a2", vec![]),
+        Scripted::new("b", vec![]),
+    );
+    let p = HardenedProvider::over(Deployment::new(a.clone(), shared.clone()), T, limiter)
+        .deployment(Deployment::new(a2.clone(), shared))
+        .deployment(Deployment::new(b.clone(), bb))
+        .retry_policy(policy(2))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    let start = clock.now();
+    let answer = p.extract_with_model::<String>("t", None).await.unwrap();
+    let elapsed = clock.now().saturating_duration_since(start);
+    assert_eq!(b.calls(), 0);
+    assert!(
+        elapsed >= Duration::from_secs(30),
+        "{} was called {elapsed:?} after the shared server's 429 asked for 30 s",
+        answer.model
+    );
+}
+
+/// A call that sleeps off a shared cooldown at its admission and then a
+/// wait its server asked for reports the two `CooldownWait`s as its first
+/// and second: the count is the call's, not each step's.
+#[tokio::test]
+async fn cooldown_waits_are_counted_across_the_call() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let observer = Arc::new(redstring::RecordingObserver::new());
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (ba, bb) = (breaker(&clock, &cache, "a", 5), breaker(&clock, &cache, "b", 1));
+    bb.record_failure().await.unwrap();
+    clock.advance(Duration::from_secs(61));
+    // Another worker holds b's half-open probe; a is cooling down for 5 s.
+    let probe = bb.admit().await;
+    assert!(matches!(probe, redstring::breaker::Permit::Probe(_)), "{probe:?}");
+    ba.cool_down(Duration::from_secs(5)).await.unwrap();
+    let a = Scripted::new("a", vec![rate_limited(Duration::from_secs(30))]);
+    let p = HardenedProvider::over(Deployment::new(a.clone(), ba), T, limiter)
+        .deployment(Deployment::new(Scripted::new("b", vec![]), bb))
+        .retry_policy(policy(2))
+        .clock(clock.clone())
+        .observer(observer.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    assert_eq!(p.extract_with_model::<String>("t", None).await.unwrap().model, "a");
+    let waits: Vec<u32> = observer
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            redstring::Event::CooldownWait { waits, .. } => Some(waits),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(waits, [1, 2]);
+}

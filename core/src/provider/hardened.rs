@@ -72,8 +72,8 @@
 //! another host for a retry, with its backoff). A wait one deployment's
 //! server asked for (`Retry-After`) does not hold back a retry that goes to
 //! another, but a retry that comes back there (every other refused) sleeps
-//! it off first, within the deadline and `max_server_delay`, as a retry at
-//! one deployment would. A failure about the request (malformed, a 400)
+//! it off first when it fits the deadline and `max_server_delay`, as a
+//! retry at one deployment would, and otherwise is not sent there. A failure about the request (malformed, a 400)
 //! does not fall over, while one about the deployment (its quota exhausted,
 //! its key refused, the model unknown there, an inner wrapper's refusal)
 //! does — and, since its server answered and its circuit will not open,
@@ -93,7 +93,9 @@
 //! deadline, then the call ends with [`ExtractError::DeploymentLimited`]. When every deployment
 //! refuses and the soonest to admit again is a shared cooldown, it is slept
 //! off as with one deployment; a cooldown on one deployment of several is
-//! skipped, not waited for.
+//! skipped, not waited for — unless a retry comes back to that deployment
+//! because every other refuses, when it waits out what the server asked
+//! (above).
 //!
 //! Provenance stays the answer's: [`Extracted::model`] names the model of
 //! the deployment that produced it. [`LlmProvider::model`] is the primary's
@@ -480,7 +482,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore + InFlightStore> HardenedPro
     /// call counts until it ends. Its lease — how long it counts if its
     /// future is dropped — is `lease`, or until the call's deadline when
     /// that is later; with no deadline, choose a `lease` longer than the
-    /// slowest call, or a call still running stops counting when it ends.
+    /// slowest call, or a call still running stops counting when its lease
+    /// ends.
     pub fn least_loaded(mut self, lease: Duration) -> Self {
         let store: Arc<dyn InFlight> = self.deployments[0].breaker.cache().clone();
         self.routing = Policy::LeastLoaded { store, lease };
@@ -505,12 +508,13 @@ struct CallRoute {
     lease: Option<(usize, u64)>,
     /// Refusals by deployments' own limits slept off so far.
     limit_waits: u32,
-    /// The wait the last attempt's server asked for (`Retry-After`): the
-    /// deployment it was sent to and until when. A retry that comes back
-    /// there sleeps it off first, as a retry at one deployment would.
-    asked: Option<(usize, Timestamp)>,
-    /// Such waits slept off so far.
-    asked_waits: u32,
+    /// Until when each breaker's server asked this call to wait
+    /// (`Retry-After`), from the last attempt at a deployment behind it
+    /// (same index as `held`): a retry that comes back there sleeps it off
+    /// first, as a retry at one deployment would.
+    asked: Vec<Option<Timestamp>>,
+    /// Shared cooldowns and asked waits slept off so far in this call.
+    cooldown_waits: u32,
 }
 
 impl CallRoute {
@@ -799,8 +803,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             reports: vec![None; n],
             lease: None,
             limit_waits: 0,
-            asked: None,
-            asked_waits: 0,
+            asked: vec![None; n],
+            cooldown_waits: 0,
         };
         if n == 1 && !matches!(self.policy, Policy::LeastLoaded { .. }) {
             return route;
@@ -861,7 +865,6 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// of them are slept off within the deadline; otherwise that refusal is
     /// the call's error.
     async fn admit(&self, deadline: Option<Timestamp>, route: &mut CallRoute) -> Result<(), ExtractError> {
-        let mut waits = 0u32;
         loop {
             // The refusal that ends soonest (an unknown, zero wait last), the first on a tie.
             let mut soonest: Option<(usize, Duration, Refusal)> = None;
@@ -896,17 +899,19 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                 return Err(CircuitOpen::new("no deployment to call", Duration::ZERO).into());
             };
             let fits = deadline.is_none_or(|d| retry_after <= d.saturating_duration_since(self.clock.now()));
+            // The call's first admission: every cooldown wait so far was slept here.
+            let waits = route.cooldown_waits;
             if reason != Refusal::Cooldown || waits >= self.cooldown_waits || !fits || retry_after.is_zero() {
                 // The call ends with this refusal: its events name this deployment.
                 route.at = route.order.iter().position(|&j| j == i).unwrap_or(0);
                 return Err(CircuitOpen::refused(self.deployments[i].inner.model(), retry_after, reason).into());
             }
-            waits += 1;
+            route.cooldown_waits = waits + 1;
             self.observer.on_event(&Event::CooldownWait {
                 model: self.model_of(i),
                 tenant: self.tenant,
                 wait: retry_after,
-                waits,
+                waits: waits + 1,
             });
             self.clock.sleep(retry_after).await;
         }
@@ -921,9 +926,13 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// an admission taken only to be refused by the limit is handed back —
     /// as is the call's admission where it leaves or waits without having
     /// sent anything there, so a probe is never held idle — and the next
-    /// deployment is asked. When every limit asked refuses, the soonest
-    /// wait is slept off, up to `limiter_waits` times per call and within
-    /// the deadline; then the attempt ends unsent with that refusal.
+    /// deployment is asked. A deployment whose server asked this call to
+    /// wait (`Retry-After`, at it or at another deployment behind its
+    /// breaker) is not called before the wait ends. When every deployment
+    /// asked refuses or waits, the soonest wait is slept off — a limit's up
+    /// to `limiter_waits` times per call, a server's when it is within
+    /// `max_server_delay` — within the deadline; otherwise the attempt ends
+    /// unsent with that refusal (a server's wait as a cooldown refusal).
     async fn place(
         &self,
         route: &std::sync::Mutex<CallRoute>,
@@ -1028,20 +1037,20 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                 return Err(circuit.unwrap_or_else(|| CircuitOpen::new("no deployment to call", Duration::ZERO).into()));
             };
             let fits = |w: Duration| deadline.is_none_or(|d| w <= d.saturating_duration_since(self.clock.now()));
-            let (waits, asked_waits) = {
+            let (waits, cooldown_waits) = {
                 let r = lock(route);
-                (r.limit_waits, r.asked_waits)
+                (r.limit_waits, r.cooldown_waits)
             };
             match (wait, hold) {
                 // As the retry at one deployment would: a wait over
                 // `max_server_delay` or past the deadline is not slept.
                 (Some(wait), Hold::Asked) if wait <= self.max_server_delay && fits(wait) => {
-                    lock(route).asked_waits = asked_waits + 1;
+                    lock(route).cooldown_waits = cooldown_waits + 1;
                     self.observer.on_event(&Event::CooldownWait {
                         model: self.model_of(i),
                         tenant: self.tenant,
                         wait,
-                        waits: asked_waits + 1,
+                        waits: cooldown_waits + 1,
                     });
                     self.clock.sleep(wait).await;
                 }
@@ -1071,19 +1080,19 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         let error = result.as_ref().err();
         let asked = error
             .and_then(|e| self.server_wait(e))
-            .map(|wait| (at, self.clock.now().saturating_add(wait)));
-        lock(route).asked = asked;
+            .map(|wait| self.clock.now().saturating_add(wait));
+        lock(route).asked[self.holders[at]] = asked;
         if error.is_some_and(|e| self.about_deployment(e)) {
             self.hear(at, Some(self.deployments[at].breaker.params().recovery_timeout));
         }
     }
 
-    /// The rest of the wait deployment `i`'s server asked the call's last
-    /// attempt for, if that attempt went there and the wait has not passed.
+    /// The rest of the wait the server behind deployment `i`'s breaker
+    /// asked the call's last attempt there for, if it has not passed.
     fn asked_wait(&self, route: &std::sync::Mutex<CallRoute>, i: usize) -> Option<Duration> {
-        let (at, until) = lock(route).asked?;
+        let until = lock(route).asked[self.holders[i]]?;
         let left = until.saturating_duration_since(self.clock.now());
-        (at == i && !left.is_zero()).then_some(left)
+        (!left.is_zero()).then_some(left)
     }
 
     /// Hands back the call's admission at deployment `i` when no attempt
