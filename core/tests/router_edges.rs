@@ -410,6 +410,7 @@ async fn a_retry_that_comes_back_to_a_cooling_deployment_past_its_deadline_does_
     let start = clock.now();
     let e = p.extract::<String>("t", None).await.unwrap_err();
     assert_eq!((a.calls(), b.calls()), (1, 0), "{e}");
+    assert_eq!(e.kind(), "deadline_exceeded", "{e}");
     assert!(clock.now().saturating_duration_since(start) <= Duration::from_secs(10));
 }
 
@@ -621,4 +622,39 @@ async fn cooldown_waits_are_counted_across_the_call() {
         })
         .collect();
     assert_eq!(waits, [1, 2]);
+}
+
+/// a's 429 asks for 600 s, over `max_server_delay`; b's circuit is half-open
+/// with another worker's probe (never remembered as refusing). A retry has
+/// nowhere to go: b refuses and a's wait is too long to honour. The call
+/// ends then, as one deployment's would on such a 429 — not after spending
+/// every remaining retry (and the fleet's retry budget) on placements that
+/// send nothing.
+#[tokio::test]
+async fn a_retry_with_nowhere_to_go_but_an_unhonourable_wait_ends_the_call() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (ba, bb) = (breaker(&clock, &cache, "a", 5), breaker(&clock, &cache, "b", 1));
+    bb.record_failure().await.unwrap();
+    clock.advance(Duration::from_secs(61));
+    let probe = bb.admit().await;
+    assert!(matches!(probe, redstring::breaker::Permit::Probe(_)), "{probe:?}");
+    let a = Scripted::new("a", vec![rate_limited(Duration::from_secs(600))]);
+    let b = Scripted::new("b", vec![]);
+    let p = HardenedProvider::over(Deployment::new(a.clone(), ba), T, limiter)
+        .deployment(Deployment::new(b.clone(), bb))
+        .retry_policy(policy(4))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build();
+    let e = p.extract::<String>("t", None).await.unwrap_err();
+    assert_eq!((a.calls(), b.calls()), (1, 0));
+    assert_eq!(e.kind(), "cooldown", "{e}");
+    assert_eq!(
+        clock.sleeps().len(),
+        1,
+        "backed off again for nothing: {:?} ({e})",
+        clock.sleeps()
+    );
 }

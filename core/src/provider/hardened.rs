@@ -73,7 +73,9 @@
 //! server asked for (`Retry-After`) does not hold back a retry that goes to
 //! another, but a retry that comes back there (every other refused) sleeps
 //! it off first when it fits the deadline and `max_server_delay`, as a
-//! retry at one deployment would, and otherwise is not sent there. A failure about the request (malformed, a 400)
+//! retry at one deployment would; otherwise the call ends as it would at
+//! one deployment (a cooldown refusal for a wait over the cap, a deadline
+//! error for one past the deadline). A failure about the request (malformed, a 400)
 //! does not fall over, while one about the deployment (its quota exhausted,
 //! its key refused, the model unknown there, an inner wrapper's refusal)
 //! does — and, since its server answered and its circuit will not open,
@@ -515,6 +517,10 @@ struct CallRoute {
     asked: Vec<Option<Timestamp>>,
     /// Shared cooldowns and asked waits slept off so far in this call.
     cooldown_waits: u32,
+    /// Set when a retry found nowhere to go but a deployment whose asked
+    /// wait it could not sleep (over `max_server_delay`, or past the
+    /// deadline): that wait, for the retry loop's verdict.
+    stuck: Option<Duration>,
 }
 
 impl CallRoute {
@@ -586,6 +592,16 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         let verdict = self.classify(error);
         if self.deployments.len() == 1 {
             return verdict;
+        }
+        if let Some(wait) = lock(route).stuck.take() {
+            // Nowhere to go but a server's wait: the verdict one deployment
+            // gets on it (over the cap, final; else a wait the deadline
+            // then refuses), not another placement that sends nothing.
+            return if wait > self.max_server_delay {
+                Retryable::No
+            } else {
+                Retryable::After(wait)
+            };
         }
         if self.server_wait(error).is_none() && !self.about_deployment(error) {
             return verdict;
@@ -805,6 +821,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             limit_waits: 0,
             asked: vec![None; n],
             cooldown_waits: 0,
+            stuck: None,
         };
         if n == 1 && !matches!(self.policy, Policy::LeastLoaded { .. }) {
             return route;
@@ -932,7 +949,9 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// asked refuses or waits, the soonest wait is slept off — a limit's up
     /// to `limiter_waits` times per call, a server's when it is within
     /// `max_server_delay` — within the deadline; otherwise the attempt ends
-    /// unsent with that refusal (a server's wait as a cooldown refusal).
+    /// unsent with that refusal (a server's wait as a cooldown refusal, and
+    /// the retry loop then gets one deployment's verdict on that wait:
+    /// [`CallRoute::stuck`]).
     async fn place(
         &self,
         route: &std::sync::Mutex<CallRoute>,
@@ -1065,7 +1084,12 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                     });
                     self.clock.sleep(wait).await;
                 }
-                _ => return Err(error),
+                (wait, hold) => {
+                    if hold == Hold::Asked {
+                        lock(route).stuck = wait;
+                    }
+                    return Err(error);
+                }
             }
         }
     }
