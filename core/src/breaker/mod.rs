@@ -334,10 +334,7 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
         if self.prefix.is_empty() {
             return Err(ConfigError::new("key_prefix", "non-empty", "\"\""));
         }
-        let clock = self.clock.unwrap_or_else(|| {
-            SystemClock::calibrate();
-            Arc::new(SystemClock)
-        });
+        let clock = self.clock.unwrap_or_else(SystemClock::calibrated);
         let (store, owns_store) = self.store.resolve(&clock);
         let params = BreakerParams {
             failure_threshold: self.failure_threshold,
@@ -427,10 +424,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         if self.quiet_success(permit) {
             return Ok(());
         }
-        match permit.origin() {
-            Some(origin) => self.run_now(BreakerCommand::RecordSuccess(origin)).map(drop),
-            None => Ok(()),
-        }
+        self.run_now_for(permit.origin().map(BreakerCommand::RecordSuccess))
     }
 
     /// [`record_failure_for`](Self::record_failure_for) over a store that
@@ -439,10 +433,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     where
         S: ImmediateStore,
     {
-        match permit.origin() {
-            Some(origin) => self.run_now(BreakerCommand::RecordFailure(origin)).map(drop),
-            None => Ok(()),
-        }
+        self.run_now_for(permit.origin().map(BreakerCommand::RecordFailure))
     }
 
     /// [`release`](Self::release) over a store that answers at once.
@@ -450,10 +441,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     where
         S: ImmediateStore,
     {
-        match *permit {
-            Permit::Probe(id) => self.run_now(BreakerCommand::Release(id)).map(drop),
-            Permit::Call | Permit::Refused { .. } => Ok(()),
-        }
+        self.run_now_for(release_command(permit))
     }
 
     /// The admission answered without a step, when [`Quiet`] may answer it.
@@ -537,20 +525,14 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         if self.quiet_success(permit) {
             return Ok(());
         }
-        match permit.origin() {
-            Some(origin) => self.run(BreakerCommand::RecordSuccess(origin)).await.map(drop),
-            None => Ok(()),
-        }
+        self.run_for(permit.origin().map(BreakerCommand::RecordSuccess)).await
     }
 
     /// Reports that the call `permit` admitted failed. A probe whose lease is
     /// live reopens the circuit; a late probe changes nothing; a closed
     /// circuit's call is counted while the circuit is closed.
     pub async fn record_failure_for(&self, permit: &Permit) -> Result<(), CacheError> {
-        match permit.origin() {
-            Some(origin) => self.run(BreakerCommand::RecordFailure(origin)).await.map(drop),
-            None => Ok(()),
-        }
+        self.run_for(permit.origin().map(BreakerCommand::RecordFailure)).await
     }
 
     /// Hands back a permit whose call never reached the model (the limiter
@@ -558,10 +540,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// next caller probes instead. Exactly this probe — never another
     /// caller's. A call permit or a refusal needs nothing.
     pub async fn release(&self, permit: &Permit) -> Result<(), CacheError> {
-        match *permit {
-            Permit::Probe(id) => self.run(BreakerCommand::Release(id)).await.map(drop),
-            Permit::Call | Permit::Refused { .. } => Ok(()),
-        }
+        self.run_for(release_command(permit)).await
     }
 
     /// Records a quota signal: refuses every admission, for every caller
@@ -633,6 +612,26 @@ impl<S: BreakerStore> CircuitBreaker<S> {
             Timestamp::EPOCH
         } else {
             self.clock.now()
+        }
+    }
+
+    /// A report's step, when the permit has one to report (see
+    /// [`Permit::origin`] and [`release_command`]).
+    async fn run_for(&self, command: Option<BreakerCommand>) -> Result<(), CacheError> {
+        match command {
+            Some(command) => self.run(command).await.map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// [`run_for`](Self::run_for) over a store that answers at once.
+    fn run_now_for(&self, command: Option<BreakerCommand>) -> Result<(), CacheError>
+    where
+        S: ImmediateStore,
+    {
+        match command {
+            Some(command) => self.run_now(command).map(drop),
+            None => Ok(()),
         }
     }
 
@@ -786,5 +785,14 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                 stored: stored.clone(),
             });
         }
+    }
+}
+
+/// The step that hands `permit` back: a probe's lease ends; a call permit
+/// or a refusal holds nothing.
+fn release_command(permit: &Permit) -> Option<BreakerCommand> {
+    match *permit {
+        Permit::Probe(id) => Some(BreakerCommand::Release(id)),
+        Permit::Call | Permit::Refused { .. } => None,
     }
 }

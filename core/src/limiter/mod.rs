@@ -172,13 +172,10 @@ pub struct Reservation {
 pub struct RateLimiter<S = MemoryCache> {
     store: Arc<S>,
     owns_store: bool,
-    rpm: u32,
-    window: Duration,
     prefix: Arc<str>,
     clock: Arc<dyn Clock>,
     observer: Arc<dyn Observer>,
     on_cache_unavailable: OnCacheUnavailable,
-    max_ahead: Duration,
     /// Tokens per window, if limited.
     tokens: Option<u64>,
     /// How long an unsettled reservation counts.
@@ -186,7 +183,8 @@ pub struct RateLimiter<S = MemoryCache> {
     /// The per-process fallback under [`OnCacheUnavailable::LocalLimit`].
     local: Option<MemoryCache>,
     /// Every store request's fields but `now`, computed once
-    /// ([`slot_template`]).
+    /// ([`slot_template`]): the limit (`rpm`), the window, the series' TTL
+    /// and the clock allowance (`max_ahead`) are read from here.
     slot: SlotRequest,
 }
 
@@ -209,8 +207,8 @@ fn slot_template(rpm: u32, window: Duration, max_ahead: Duration) -> SlotRequest
 impl<S> std::fmt::Debug for RateLimiter<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("rpm", &self.rpm)
-            .field("window", &self.window)
+            .field("rpm", &self.slot.limit)
+            .field("window", &self.slot.window)
             .field("key_prefix", &self.prefix)
             .field("owns_cache", &self.owns_store)
             .field("on_cache_unavailable", &self.on_cache_unavailable)
@@ -381,23 +379,17 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
                 crate::time::secs(token_lease),
             ));
         }
-        let clock = self.clock.unwrap_or_else(|| {
-            SystemClock::calibrate();
-            Arc::new(SystemClock)
-        });
+        let clock = self.clock.unwrap_or_else(SystemClock::calibrated);
         let (store, owns_store) = self.store.resolve(&clock);
         let local =
             (self.on_cache_unavailable == OnCacheUnavailable::LocalLimit).then(|| MemoryCache::new(clock.clone()));
         Ok(RateLimiter {
             store,
             owns_store,
-            rpm: self.rpm,
-            window: self.window,
             prefix: Arc::from(self.prefix),
             clock,
             observer: self.observer.unwrap_or_else(|| Arc::new(TracingObserver)),
             on_cache_unavailable: self.on_cache_unavailable,
-            max_ahead,
             tokens: self.tokens,
             token_lease,
             local,
@@ -409,12 +401,12 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
 impl<S: LimiterStore> RateLimiter<S> {
     /// Calls allowed per tenant per window.
     pub fn rpm(&self) -> u32 {
-        self.rpm
+        self.slot.limit
     }
 
     /// The window width.
     pub fn window(&self) -> Duration {
-        self.window
+        self.slot.window
     }
 
     /// The key prefix.
@@ -425,7 +417,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// How far ahead of a caller-stamped store's clock this limiter's clock is
     /// taken as it is (see [`RateLimiterBuilder::max_clock_ahead`]).
     pub fn max_clock_ahead(&self) -> Duration {
-        self.max_ahead
+        self.slot.max_ahead
     }
 
     /// The cache the limiter keeps its hits in.
@@ -505,12 +497,12 @@ impl<S: LimiterStore> RateLimiter<S> {
             // stamped by this worker's clock, as that limiter stamped them.
             Mutant::ThreeCallLimiter => {
                 let now = self.clock.now();
-                let since = now.saturating_sub(self.window);
+                let since = now.saturating_sub(self.slot.window);
                 let used = match self.store.count_since(key.as_str(), since).await {
                     Ok(used) => used,
                     Err(e) => return Some(Err(e)),
                 };
-                let oldest = if used < u64::from(self.rpm) {
+                let oldest = if used < u64::from(self.slot.limit) {
                     None
                 } else {
                     match self.store.oldest_since(key.as_str(), since).await {
@@ -518,7 +510,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                         Err(e) => return Some(Err(e)),
                     }
                 };
-                let outcome = decide(used, oldest, self.rpm, now, self.window);
+                let outcome = decide(used, oldest, self.slot.limit, now, self.slot.window);
                 if matches!(outcome, SlotOutcome::Admitted { .. })
                     && let Err(e) = self.store.record_hit(key.as_str(), now, request.ttl).await
                 {
@@ -540,7 +532,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             // clock.
             Mutant::FixedWindowLimiter => {
                 let now = self.clock.now();
-                let width = self.window.as_micros().max(1);
+                let width = self.slot.window.as_micros().max(1);
                 let into = Duration::from_micros(u64::try_from(u128::from(now.as_micros()) % width).unwrap_or(0));
                 let fixed = SlotRequest {
                     now,
@@ -648,7 +640,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 Err(AcquireError::Limited(RateLimitExceeded {
                     tenant,
                     used,
-                    window: self.window,
+                    window: self.slot.window,
                     retry_after,
                 }))
             }
@@ -661,9 +653,9 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// [`acquire`](Self::acquire) grants.
     pub async fn remaining(&self, tenant: TenantId) -> Result<u32, CacheError> {
         let key = KeyBuf::tenant(&self.prefix, &tenant);
-        let since = self.clock.now().saturating_sub(self.window);
+        let since = self.clock.now().saturating_sub(self.slot.window);
         let used = self.store.count_since(key.as_str(), since).await?;
-        Ok(u32::try_from(u64::from(self.rpm).saturating_sub(used)).unwrap_or(0))
+        Ok(u32::try_from(u64::from(self.slot.limit).saturating_sub(used)).unwrap_or(0))
     }
 
     /// Takes a slot for `tenant` and reserves `estimate` tokens (the prompt's
@@ -707,7 +699,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 by: tokens::RefusedBy::TooLarge,
                 requests_used: 0,
                 tokens_used: 0,
-                retry_after: self.window,
+                retry_after: self.slot.window,
                 at: request.now,
                 clamped: false,
             };
@@ -847,7 +839,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 Err(TokenAcquireError::Limited(RateLimitExceeded {
                     tenant,
                     used: requests_used,
-                    window: self.window,
+                    window: self.slot.window,
                     retry_after,
                 }))
             }
@@ -873,7 +865,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                     asked: ask.tokens,
                     used: tokens_used,
                     limit: ask.limit,
-                    window: self.window,
+                    window: self.slot.window,
                     retry_after,
                 }))
             }

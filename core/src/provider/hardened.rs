@@ -418,10 +418,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
     /// under least-loaded routing are counted in order instead: the
     /// store's pick weighs at most that many.
     pub fn build(self) -> HardenedProvider<P, L, B> {
-        let clock = self.clock.unwrap_or_else(|| {
-            SystemClock::calibrate();
-            Arc::new(SystemClock)
-        });
+        let clock = self.clock.unwrap_or_else(SystemClock::calibrated);
         let observer = self.observer.unwrap_or_else(|| Arc::new(TracingObserver));
         let rng = self
             .rng
