@@ -489,6 +489,18 @@ fn hot_ops() -> impl Strategy<Value = Vec<Hot>> {
     )
 }
 
+/// Polls `f` once: over `MemoryCache` the async operations never suspend.
+fn ready<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    match f
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => panic!("MemoryCache operations never suspend"),
+    }
+}
+
 /// A limiter and a breaker on their own clock and store, as a caller builds them.
 struct HotWorld {
     clock: Arc<ManualClock>,
@@ -533,16 +545,6 @@ impl HotWorld {
     /// `MemoryCache` they never suspend) or through their synchronous twins,
     /// and says what it answered.
     fn run(&mut self, op: Hot, immediate: bool) -> String {
-        fn ready<F: std::future::Future>(f: F) -> F::Output {
-            let mut f = std::pin::pin!(f);
-            match f
-                .as_mut()
-                .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
-            {
-                std::task::Poll::Ready(v) => v,
-                std::task::Poll::Pending => panic!("MemoryCache operations never suspend"),
-            }
-        }
         match op {
             Hot::Advance(d) => {
                 self.clock.advance(d);
@@ -625,16 +627,6 @@ proptest! {
 fn the_synchronous_twins_fall_back_as_the_async_operations_do() {
     use redstring::breaker::Permit;
     use redstring::{OnCacheError, RecordingObserver};
-    fn ready<F: std::future::Future>(f: F) -> F::Output {
-        let mut f = std::pin::pin!(f);
-        match f
-            .as_mut()
-            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
-        {
-            std::task::Poll::Ready(v) => v,
-            std::task::Poll::Pending => panic!("MemoryCache operations never suspend"),
-        }
-    }
     for policy in [OnCacheError::Allow, OnCacheError::Refuse] {
         let observer = Arc::new(RecordingObserver::new());
         let clock = Arc::new(ManualClock::at_fixed_epoch());

@@ -65,15 +65,18 @@ impl LlmProvider for Scripted {
     ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let next = self.answers.lock().unwrap().pop_front().unwrap_or(Ok(()));
-        let model = self.model.to_owned();
-        Box::pin(async move {
-            next.map(|()| Extracted {
-                value: Value::from("v"),
-                model,
-                usage: None,
-                quota: None,
-            })
-        })
+        let model = self.model;
+        Box::pin(async move { next.map(|()| answered_by(model)) })
+    }
+}
+
+/// The answer `"v"`, produced by `model`.
+fn answered_by(model: &str) -> Extracted<Value> {
+    Extracted {
+        value: Value::from("v"),
+        model: model.to_owned(),
+        usage: None,
+        quota: None,
     }
 }
 
@@ -113,6 +116,15 @@ fn breaker(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str, thres
     )
 }
 
+/// A manual clock, the breakers' cache on it, and a tenant limiter no test
+/// here reaches.
+fn setup() -> (Arc<ManualClock>, Arc<MemoryCache>, Arc<RateLimiter>) {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    (clock, cache, limiter)
+}
+
 fn policy(max_retries: u32) -> RetryPolicy {
     RetryPolicy::builder()
         .max_retries(max_retries)
@@ -126,9 +138,7 @@ fn policy(max_retries: u32) -> RetryPolicy {
 /// wait out the primary's Retry-After (nor be refused by the deadline for it).
 #[tokio::test]
 async fn a_primarys_retry_after_does_not_hold_or_forbid_the_fallover() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let (a, b) = (
         Scripted::new("a", vec![rate_limited(Duration::from_secs(30))]),
         Scripted::new("b", vec![]),
@@ -154,9 +164,7 @@ async fn a_primarys_retry_after_does_not_hold_or_forbid_the_fallover() {
 /// would take as permanent: the call still falls over to the fallback.
 #[tokio::test]
 async fn a_primarys_long_retry_after_does_not_end_the_call_before_the_fallback() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let (a, b) = (
         Scripted::new("a", vec![rate_limited(Duration::from_secs(600))]),
         Scripted::new("b", vec![]),
@@ -213,9 +221,7 @@ async fn a_fallover_to_a_bigger_max_tokens_is_charged_by_that_deployments_estima
 /// failure: a threshold-2 circuit stays closed after a single call.
 #[tokio::test]
 async fn two_deployments_sharing_a_breaker_hear_one_report_per_call() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let shared = breaker(&clock, &cache, "gpu", 2);
     let (a, b) = (
         Scripted::new("a", vec![unavailable()]),
@@ -241,10 +247,8 @@ async fn two_deployments_sharing_a_breaker_hear_one_report_per_call() {
 /// order, which was never called.
 #[tokio::test]
 async fn when_every_deployment_refuses_the_finished_event_names_the_refusal_returned() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let (clock, cache, limiter) = setup();
     let observer = Arc::new(redstring::RecordingObserver::new());
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
     let (ba, bb) = (breaker(&clock, &cache, "a", 1), breaker(&clock, &cache, "b", 1));
     bb.record_failure().await.unwrap();
     clock.advance(Duration::from_secs(10));
@@ -274,9 +278,7 @@ async fn when_every_deployment_refuses_the_finished_event_names_the_refusal_retu
 /// succeeds at once, and the next call goes to the recovered primary first.
 #[tokio::test]
 async fn a_half_open_refusal_does_not_keep_a_recovered_primary_last_for_a_whole_probe_lease() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let (ba, bb) = (breaker(&clock, &cache, "a", 1), breaker(&clock, &cache, "b", 1));
     ba.record_failure().await.unwrap();
     clock.advance(Duration::from_secs(61));
@@ -312,9 +314,7 @@ fn quota_exhausted() -> Result<(), ExtractError> {
 /// malformed request would fail everywhere, so it does not.
 #[tokio::test]
 async fn a_failure_about_the_deployment_falls_over_and_one_about_the_request_does_not() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let a = Scripted::new("a", vec![quota_exhausted()]);
     let b = Scripted::new("b", vec![]);
     let p = HardenedProvider::builder(a.clone(), T, limiter.clone(), breaker(&clock, &cache, "a", 1))
@@ -351,10 +351,8 @@ async fn a_failure_about_the_deployment_falls_over_and_one_about_the_request_doe
 /// does — and not call a again inside the cooldown it just wrote.
 #[tokio::test]
 async fn a_retry_that_comes_back_to_a_cooling_deployment_waits_out_its_retry_after() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let (clock, cache, limiter) = setup();
     let observer = Arc::new(redstring::RecordingObserver::new());
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
     let (ba, bb) = (breaker(&clock, &cache, "a", 5), breaker(&clock, &cache, "b", 1));
     bb.record_failure().await.unwrap();
     let (a, b) = (
@@ -391,9 +389,7 @@ async fn a_retry_that_comes_back_to_a_cooling_deployment_waits_out_its_retry_aft
 /// again at all, and the call ends within its deadline.
 #[tokio::test]
 async fn a_retry_that_comes_back_to_a_cooling_deployment_past_its_deadline_does_not_call_it() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let (ba, bb) = (breaker(&clock, &cache, "a", 5), breaker(&clock, &cache, "b", 1));
     bb.record_failure().await.unwrap();
     let (a, b) = (
@@ -421,9 +417,7 @@ async fn a_retry_that_comes_back_to_a_cooling_deployment_past_its_deadline_does_
 /// recovery timeout has passed, when a is asked first again.
 #[tokio::test]
 async fn a_deployment_failing_for_its_own_reasons_is_asked_last_until_its_recovery_timeout() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let a = Scripted::new("a", vec![quota_exhausted(), quota_exhausted(), quota_exhausted()]);
     let b = Scripted::new("b", vec![]);
     let p = HardenedProvider::builder(a.clone(), T, limiter, breaker(&clock, &cache, "a", 1))
@@ -469,12 +463,7 @@ impl LlmProvider for Slow {
                 let model = other.extract_with_model::<String>("t", None).await.unwrap().model;
                 *self.seen.lock().unwrap() = Some(model);
             }
-            Ok(Extracted {
-                value: Value::from("v"),
-                model: self.model.to_owned(),
-                usage: None,
-                quota: None,
-            })
+            Ok(answered_by(self.model))
         })
     }
 }
@@ -484,9 +473,7 @@ impl LlmProvider for Slow {
 /// it and choose b. (A lease shorter than the call let it lapse mid-call.)
 #[tokio::test]
 async fn a_least_loaded_call_counts_until_it_ends_within_its_deadline_whatever_the_lease() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let (ba, bb) = (breaker(&clock, &cache, "a", 5), breaker(&clock, &cache, "b", 5));
     let other = HardenedProvider::over(
         Deployment::new(Scripted::new("a", vec![]), ba.clone()),
@@ -529,9 +516,7 @@ async fn a_least_loaded_call_counts_until_it_ends_within_its_deadline_whatever_t
 /// asked for — the attempt at b in between does not erase it.
 #[tokio::test]
 async fn an_asked_wait_outlives_an_attempt_elsewhere() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let (a, b) = (
         Scripted::new("a", vec![rate_limited(Duration::from_secs(30))]),
         Scripted::new("b", vec![timed_out()]),
@@ -559,9 +544,7 @@ async fn an_asked_wait_outlives_an_attempt_elsewhere() {
 /// not go to a2 inside the wait the server behind that breaker asked for.
 #[tokio::test]
 async fn an_asked_wait_holds_every_deployment_behind_that_breaker() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let shared = breaker(&clock, &cache, "gpu", 5);
     let bb = breaker(&clock, &cache, "b", 1);
     bb.record_failure().await.unwrap();
@@ -593,10 +576,8 @@ async fn an_asked_wait_holds_every_deployment_behind_that_breaker() {
 /// and second: the count is the call's, not each step's.
 #[tokio::test]
 async fn cooldown_waits_are_counted_across_the_call() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let (clock, cache, limiter) = setup();
     let observer = Arc::new(redstring::RecordingObserver::new());
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
     let (ba, bb) = (breaker(&clock, &cache, "a", 5), breaker(&clock, &cache, "b", 1));
     bb.record_failure().await.unwrap();
     clock.advance(Duration::from_secs(61));
@@ -632,9 +613,7 @@ async fn cooldown_waits_are_counted_across_the_call() {
 /// send nothing.
 #[tokio::test]
 async fn a_retry_with_nowhere_to_go_but_an_unhonourable_wait_ends_the_call() {
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let (clock, cache, limiter) = setup();
     let (ba, bb) = (breaker(&clock, &cache, "a", 5), breaker(&clock, &cache, "b", 1));
     bb.record_failure().await.unwrap();
     clock.advance(Duration::from_secs(61));
