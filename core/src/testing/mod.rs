@@ -87,6 +87,7 @@ checks!(
     hits_out_of_order_are_counted_by_instant,
     a_window_expires_ttl_after_its_last_hit,
     hits_older_than_ttl_before_the_caches_clock_are_discarded,
+    a_first_hit_older_than_ttl_is_never_held,
     a_far_future_hit_prunes_nobody_elses,
     acquire_slot_clamps_a_caller_far_ahead_and_keeps_everyones_hits,
     acquire_slot_admits_to_the_limit_then_refuses_with_the_exact_wait,
@@ -316,6 +317,17 @@ async fn hits_older_than_ttl_before_the_caches_clock_are_discarded<H: Harness>(h
         c.count_since("w", t.saturating_sub(secs(60))).await.unwrap(),
         1,
         "a hit more than ttl older than the cache's clock is gone, one within it kept"
+    );
+}
+
+async fn a_first_hit_older_than_ttl_is_never_held<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    c.record_hit("w", t.saturating_sub(secs(11)), secs(10)).await.unwrap();
+    assert_eq!(
+        c.count_since("w", t.saturating_sub(secs(60))).await.unwrap(),
+        0,
+        "a series' first hit is pruned as every later one is"
     );
 }
 

@@ -29,10 +29,17 @@ pub(super) struct Series {
 }
 
 impl Series {
-    /// A series holding one hit at `at`, living `ttl` from `now`.
+    /// A series holding one hit at `at`, living `ttl` from `now` — or none,
+    /// when `at` is already more than `ttl` before `now` (pruned on arrival,
+    /// as [`push`](Series::push) prunes every later hit).
     pub(super) fn first(at: Timestamp, ttl: Duration, now: Timestamp) -> Series {
+        let hits = if at >= now.saturating_sub(ttl) {
+            VecDeque::from([at])
+        } else {
+            VecDeque::new()
+        };
         Series {
-            hits: VecDeque::from([at]),
+            hits,
             deadline: now.saturating_add(ttl),
             cursor: 0,
         }
