@@ -570,10 +570,8 @@ impl ImmediateStore for MemoryCache {
     ) -> Result<SlotOutcome, CacheError> {
         let bits = tenant.as_uuid().as_u128();
         match self.shared.prefixes.id(prefix) {
-            Some(id) if !prefix.starts_with('{') => {
-                self.acquire_named(shard_of_tenant(bits), Name::Tenant(id, bits), request)
-            }
-            _ => {
+            Some(id) => self.acquire_named(shard_of_tenant(bits), Name::Tenant(id, bits), request),
+            None => {
                 // A prefix that cannot be interned: by the key's string form.
                 let key = super::KeyBuf::tenant(prefix, &tenant);
                 let key = key.as_str();

@@ -44,14 +44,19 @@ impl Default for Prefixes {
 
 impl Prefixes {
     /// `prefix`'s id, interning it if there is room; `None` once the table is
-    /// full (or for a prefix no limiter accepts), and then for good.
+    /// full, for a prefix no limiter accepts, and for one that begins with a
+    /// hash tag (`{`: its keys live on the tagged shard, by their text).
+    #[inline]
     pub(super) fn id(&self, prefix: &str) -> Option<u32> {
-        if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
+        if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN || prefix.starts_with('{') {
             return None;
         }
-        if let Some(id) = self.find(prefix) {
-            return Some(id);
-        }
+        self.find(prefix).or_else(|| self.intern(prefix))
+    }
+
+    /// Adds `prefix`, unless another thread just did or the table is full.
+    #[cold]
+    fn intern(&self, prefix: &str) -> Option<u32> {
         let _adding = self.adding.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(id) = self.find(prefix) {
             return Some(id);
@@ -61,10 +66,12 @@ impl Prefixes {
         u32::try_from(free).ok()
     }
 
+    /// `prefix`'s id, if it is interned.
+    #[inline]
     fn find(&self, prefix: &str) -> Option<u32> {
         for (id, slot) in self.slots.iter().enumerate() {
             match slot.get() {
-                Some(known) if **known == *prefix => return u32::try_from(id).ok(),
+                Some(known) if same(known.as_bytes(), prefix.as_bytes()) => return u32::try_from(id).ok(),
                 Some(_) => {}
                 // Filled in order: nothing after an empty slot.
                 None => return None,
@@ -80,6 +87,27 @@ impl Prefixes {
             Some((id, tenant)) => Name::Tenant(id, tenant),
             None => Name::Text(key),
         }
+    }
+}
+
+/// Whether two prefixes are the same bytes. Every `acquire` asks this of
+/// its limiter's prefix: a prefix of 8 to 16 bytes (`kg:ratelimit`) is two
+/// overlapping word compares here, where `==` calls `memcmp`.
+#[inline]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    match (
+        a.first_chunk::<8>(),
+        b.first_chunk::<8>(),
+        a.last_chunk::<8>(),
+        b.last_chunk::<8>(),
+    ) {
+        (Some(a_head), Some(b_head), Some(a_tail), Some(b_tail)) if a.len() <= 16 => {
+            a_head == b_head && a_tail == b_tail
+        }
+        _ => a == b,
     }
 }
 
@@ -157,5 +185,27 @@ mod tests {
         assert_eq!(prefixes.id("b"), Some(1));
         let key = format!("one too many:{}", TenantId::from_u128(3));
         assert_eq!(prefixes.name(&key), Name::Text(&key));
+    }
+
+    #[test]
+    fn prefixes_are_the_same_exactly_when_their_bytes_are() {
+        let base: Vec<u8> = (0..40u8).map(|n| b'a' + n % 26).collect();
+        for len in 0..=base.len() {
+            let a = &base[..len];
+            assert!(same(a, a), "{len}");
+            for at in 0..len {
+                let mut b = a.to_vec();
+                b[at] ^= 1;
+                assert!(!same(a, &b), "{len} bytes, differing at {at}");
+            }
+            assert!(!same(a, &base[..len.saturating_sub(1)]) || len == 0);
+        }
+    }
+
+    #[test]
+    fn a_tagged_prefix_is_never_interned() {
+        let prefixes = Prefixes::default();
+        assert_eq!(prefixes.id("{kg}"), None);
+        assert_eq!(prefixes.id("kg"), Some(0));
     }
 }
