@@ -112,6 +112,16 @@ fn os_wall_micros() -> u64 {
     duration_micros(since)
 }
 
+/// Reads the OS wall clock and makes it this thread's anchor, with the
+/// counter's reading just after it.
+#[cold]
+#[allow(clippy::disallowed_methods)] // allowed: the production clock is the one reader of the CPU's counter.
+fn reanchor(counter: &quanta::Clock) -> Timestamp {
+    let wall = os_wall_micros();
+    ANCHOR.set(Some((wall, counter.raw())));
+    Timestamp::from_micros(wall)
+}
+
 impl SystemClock {
     /// Calibrates the CPU's counter now (once per process; later calls
     /// return at once) instead of at the first reading.
@@ -135,19 +145,16 @@ impl Clock for SystemClock {
         // Raw counter readings, scaled only as a difference (a multiply and
         // a shift): no `Duration` is built on the way.
         let at = counter.raw();
-        let micros = ANCHOR.with(|cell| {
-            let anchored = cell.get().and_then(|(wall, anchored_at)| {
-                // A counter behind its anchor (another core's, unsynchronised) re-anchors.
-                let elapsed = (at >= anchored_at).then(|| counter.delta_as_nanos(anchored_at, at))?;
-                (elapsed < ANCHOR_NANOS).then(|| wall.saturating_add(elapsed / 1_000))
-            });
-            anchored.unwrap_or_else(|| {
-                let wall = os_wall_micros();
-                cell.set(Some((wall, counter.raw())));
-                wall
-            })
-        });
-        Timestamp::from_micros(micros)
+        if let Some((wall, anchored_at)) = ANCHOR.get() {
+            // A counter behind its anchor (another core's, unsynchronised) re-anchors.
+            if at >= anchored_at {
+                let elapsed = counter.delta_as_nanos(anchored_at, at);
+                if elapsed < ANCHOR_NANOS {
+                    return Timestamp::from_micros(wall.saturating_add(elapsed / 1_000));
+                }
+            }
+        }
+        reanchor(counter)
     }
 
     #[allow(clippy::disallowed_methods)] // allowed: the production clock owns real sleeping.
