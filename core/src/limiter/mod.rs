@@ -454,9 +454,17 @@ impl<S: LimiterStore> RateLimiter<S> {
     where
         S: ImmediateStore,
     {
-        let request = self.slot_request();
-        let decided = self.store.acquire_tenant_slot_now(&self.prefix, tenant, &request);
-        self.answer(tenant, &request, decided)
+        // A store that stamps with its own clock takes the template as it is
+        // (its `now` is the epoch, which such a store ignores): no copy.
+        let stamped;
+        let request = if self.store.stamps_with_own_clock() {
+            &self.slot
+        } else {
+            stamped = self.slot_request();
+            &stamped
+        };
+        let decided = self.store.acquire_tenant_slot_now(&self.prefix, tenant, request);
+        self.answer(tenant, request, decided)
     }
 
     /// `acquire`'s answer to what the store decided: reported, and — when
