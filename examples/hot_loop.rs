@@ -14,7 +14,8 @@
 //! Cases: `acquire`, `breaker`, `hot`, `hot_now` (the synchronous twins),
 //! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants2`
 //! and `hot2` (two threads), `governor`,
-//! `recloser`, `governor_recloser`, `governor_tenants`.
+//! `recloser`, `governor_recloser`, `governor_tenants`, and governor's
+//! two-thread sides `governor_hot2` and `governor_tenants2`.
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -187,6 +188,32 @@ fn main() {
                 for _ in 0..2 {
                     let l = &l;
                     s.spawn(move || repeat(iters, |_| ready(l.acquire(tenant)).map(drop).expect("admitted")));
+                }
+            });
+        }
+        "governor_hot2" => {
+            // threads2/hot_tenant's governor side.
+            let g = governor();
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    let g = &g;
+                    s.spawn(move || repeat(iters, |_| g.check_key(&tenant).expect("admitted")));
+                }
+            });
+        }
+        "governor_tenants2" => {
+            // threads2/1000_tenants' governor side.
+            let g = governor();
+            std::thread::scope(|s| {
+                for thread in 0..2 {
+                    let (g, tenants) = (&g, &tenants);
+                    s.spawn(move || {
+                        repeat(iters, |i| {
+                            let i = i % tenants.len();
+                            let i = if thread == 0 { i } else { tenants.len() - 1 - i };
+                            g.check_key(&tenants[i]).expect("admitted")
+                        })
+                    });
                 }
             });
         }
