@@ -301,10 +301,16 @@ mod tests {
     /// One step of the property test: a push, a read, or an expiry.
     #[derive(Clone, Debug)]
     enum Step {
+        /// A hit stamped anywhere, on a clock anywhere.
         Push {
             at: u64,
             now: u64,
             ttl: u64,
+        },
+        /// The test's clock moves on by `by` and a hit is stamped then: the
+        /// steady state, in order.
+        Tick {
+            by: u64,
         },
         /// At `since`, or `since` before the clock.
         Read {
@@ -319,7 +325,7 @@ mod tests {
         prop_oneof![
             6 => (0u64..60, 0u64..60, 1u64..30).prop_map(|(at, now, ttl)| Step::Push { at, now, ttl }),
             // Mostly in order: the clock moves on and hits are stamped now.
-            6 => (0u64..3).prop_map(|d| Step::Push { at: d, now: d, ttl: 20 }),
+            6 => (0u64..3).prop_map(|by| Step::Tick { by }),
             6 => (0u64..70, any::<bool>()).prop_map(|(since, relative)| Step::Read { since, relative }),
             1 => Just(Step::Clear),
         ]
@@ -339,34 +345,35 @@ mod tests {
             // In-order steps are relative to a clock that moves forward.
             let mut clock = 0u64;
             for step in steps {
-                match step {
-                    Step::Push { at, now, ttl } => {
-                        let (at, now) = if at == now && ttl == 20 {
-                            clock += at;
-                            (clock, clock)
-                        } else {
-                            (at, now)
-                        };
-                        let (at, ttl, now) = (t(at), Duration::from_secs(ttl), t(now));
-                        match lazy.as_mut() {
-                            Some(series) => series.push(at, ttl, now),
-                            None => lazy = Some(Series::first(at, ttl, now)),
-                        }
-                        eager.push(at, ttl, now);
-                        most = most.max(eager.hits.len());
+                let pushed = match step {
+                    Step::Push { at, now, ttl } => Some((at, now, ttl)),
+                    Step::Tick { by } => {
+                        clock += by;
+                        Some((clock, clock, 20))
                     }
                     Step::Read { since, relative } => {
                         let since = if relative { clock.saturating_sub(since) } else { since };
                         if let Some(series) = lazy.as_mut() {
                             proptest::prop_assert_eq!(series.window(t(since)), eager.window(t(since)));
                         }
+                        None
                     }
                     Step::Clear => {
                         if let Some(series) = lazy.as_mut() {
                             series.clear();
                         }
                         eager.hits.clear();
+                        None
                     }
+                };
+                if let Some((at, now, ttl)) = pushed {
+                    let (at, ttl, now) = (t(at), Duration::from_secs(ttl), t(now));
+                    match lazy.as_mut() {
+                        Some(series) => series.push(at, ttl, now),
+                        None => lazy = Some(Series::first(at, ttl, now)),
+                    }
+                    eager.push(at, ttl, now);
+                    most = most.max(eager.hits.len());
                 }
                 if let Some(series) = lazy.as_mut() {
                     proptest::prop_assert_eq!(series.len(), eager.hits.len());
