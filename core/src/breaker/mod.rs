@@ -405,18 +405,30 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// Of the simulator's known-bad variants, the ones inside the step
     /// (`machine::step`, `MemoryCache`'s writes) reach the twins too; the
     /// read-then-write breaker is injected into [`admit`](Self::admit) only.
+    #[inline]
     pub fn admit_now(&self) -> Permit
     where
         S: ImmediateStore,
     {
-        if let Some(permit) = self.quiet_admission() {
-            return permit;
+        match self.quiet_admission() {
+            Some(permit) => permit,
+            None => self.admit_now_stepped(),
         }
+    }
+
+    /// [`admit_now`](Self::admit_now) by its step: out of line, so that the
+    /// quiet answer inlines into the caller.
+    #[inline(never)]
+    fn admit_now_stepped(&self) -> Permit
+    where
+        S: ImmediateStore,
+    {
         self.admission(self.run_now(BreakerCommand::Allow))
     }
 
     /// [`record_success_for`](Self::record_success_for) over a store that
     /// answers at once.
+    #[inline]
     pub fn record_success_now(&self, permit: &Permit) -> Result<(), CacheError>
     where
         S: ImmediateStore,
@@ -424,6 +436,16 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         if self.quiet_success(permit) {
             return Ok(());
         }
+        self.record_success_now_stepped(permit)
+    }
+
+    /// [`record_success_now`](Self::record_success_now) by its step, out of
+    /// line as [`admit_now_stepped`](Self::admit_now_stepped) is.
+    #[inline(never)]
+    fn record_success_now_stepped(&self, permit: &Permit) -> Result<(), CacheError>
+    where
+        S: ImmediateStore,
+    {
         self.run_now_for(permit.origin().map(BreakerCommand::RecordSuccess))
     }
 
