@@ -30,9 +30,10 @@
 //! shard is swept in bulk once its operations since its last sweep exceed
 //! [`SWEEP_SLACK`] plus its live keys; every such sweep also sweeps the next
 //! shard in turn, so a shard nobody touches is swept too. Memory therefore
-//! stays bounded by live tenants × their hits (a limiter's tenant holds at most
-//! the hits of one series lifetime, about `2 × rpm`; see
-//! [`RateLimiter`](crate::RateLimiter)), and idle tenants go away.
+//! stays bounded by live tenants × their hits (a limiter's tenant holds the
+//! hits of one series lifetime, about `2 × rpm` — see
+//! [`RateLimiter`](crate::RateLimiter) — and pruned ones only while its
+//! buffer has room for them), and idle tenants go away.
 
 mod breaker;
 mod names;
@@ -273,14 +274,16 @@ impl MemoryCache {
         (values, windows)
     }
 
-    /// Total hits held across every window (bounded by live tenants × rpm × 2).
+    /// Total hits held in memory across every window — pruned hits a buffer
+    /// still has room for included — bounded by live tenants × their hits:
+    /// per series, at most twice the most hits it has held unpruned at once.
     pub fn stored_hits(&self) -> usize {
         self.shared
             .shards
             .iter()
             .map(|shard| {
                 let state = lock(shard);
-                let hits = |series: &Series| series.len();
+                let hits = |series: &Series| series.held();
                 state.windows.values().map(hits).sum::<usize>() + state.tenants.values().map(hits).sum::<usize>()
             })
             .sum()

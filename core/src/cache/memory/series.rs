@@ -60,8 +60,16 @@ impl Series {
         }
     }
 
-    /// Hits held (not pruned).
-    pub(super) fn len(&self) -> usize {
+    /// Hits in the buffer, pruned ones not yet dropped included: what the
+    /// series spends memory on (at most twice the most hits it has held
+    /// unpruned at once).
+    pub(super) fn held(&self) -> usize {
+        self.hits.len()
+    }
+
+    /// Hits held and not pruned.
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.hits.len() - self.hits.partition_point(|h| *h < self.floor)
     }
 
