@@ -454,15 +454,8 @@ impl<S: LimiterStore> RateLimiter<S> {
     where
         S: ImmediateStore,
     {
-        // A store that stamps with its own clock takes the template as it is
-        // (its `now` is the epoch, which such a store ignores): no copy.
-        let stamped;
-        let request = if self.store.stamps_with_own_clock() {
-            &self.slot
-        } else {
-            stamped = self.slot_request();
-            &stamped
-        };
+        let stamped = self.stamped_request();
+        let request = stamped.as_ref().unwrap_or(&self.slot);
         let decided = self.store.acquire_tenant_slot_now(&self.prefix, tenant, request);
         self.answer(tenant, request, decided)
     }
@@ -560,15 +553,17 @@ impl<S: LimiterStore> RateLimiter<S> {
 
     /// The slot request `acquire` and `acquire_tokens` send.
     fn slot_request(&self) -> SlotRequest {
-        SlotRequest {
-            // A store that stamps with its own clock ignores ours: skip the read.
-            now: if self.store.stamps_with_own_clock() {
-                Timestamp::EPOCH
-            } else {
-                self.clock.now()
-            },
+        self.stamped_request().unwrap_or(self.slot)
+    }
+
+    /// The template stamped with our clock — or `None` for a store that
+    /// stamps with its own and ignores ours: then the template, whose `now`
+    /// is the epoch, is the request as it is (no clock read, no copy).
+    fn stamped_request(&self) -> Option<SlotRequest> {
+        (!self.store.stamps_with_own_clock()).then(|| SlotRequest {
+            now: self.clock.now(),
             ..self.slot
-        }
+        })
     }
 
     /// Tells the observer `event`, built only when it is

@@ -46,18 +46,15 @@ impl Series {
     /// when `at` is already more than `ttl` before `now` (pruned on arrival,
     /// as [`push`](Series::push) prunes every later hit).
     pub(super) fn first(at: Timestamp, ttl: Duration, now: Timestamp) -> Series {
-        let floor = now.saturating_sub(ttl);
-        let hits = if at >= floor {
-            VecDeque::from([at])
-        } else {
-            VecDeque::new()
-        };
-        Series {
-            hits,
-            deadline: now.saturating_add(ttl),
-            floor,
+        let mut series = Series {
+            hits: VecDeque::new(),
+            // Past at `now`: the push gives the series its life.
+            deadline: now,
+            floor: Timestamp::EPOCH,
             cursor: 0,
-        }
+        };
+        series.push(at, ttl, now);
+        series
     }
 
     /// Hits in the buffer, pruned ones not yet dropped included: what the
