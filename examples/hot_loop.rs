@@ -73,6 +73,23 @@ fn repeat(iters: usize, mut f: impl FnMut(usize)) {
     }
 }
 
+/// Runs `f(thread, i)` as [`repeat`] does on each of two threads at once.
+fn on_two_threads(iters: usize, f: impl Fn(usize, usize) + Sync) {
+    std::thread::scope(|s| {
+        for thread in 0..2 {
+            let f = &f;
+            s.spawn(move || repeat(iters, |i| f(thread, i)));
+        }
+    });
+}
+
+/// The tenant thread `thread` takes at step `i`: the two threads walk the
+/// tenants from opposite ends, as the bench's `threads2/1000_tenants` does.
+fn walked(tenants: &[TenantId], thread: usize, i: usize) -> TenantId {
+    let i = i % tenants.len();
+    tenants[if thread == 0 { i } else { tenants.len() - 1 - i }]
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let case = args.next().unwrap_or_else(|| "hot".to_owned());
@@ -163,58 +180,31 @@ fn main() {
             });
         }
         "tenants2" => {
-            // As the bench's threads2/1000_tenants: two threads walking the
-            // tenants from opposite ends, on the production clock.
+            // As the bench's threads2/1000_tenants, on the production clock.
             let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
             let l = limiter(system, u32::MAX, Duration::from_millis(1));
-            std::thread::scope(|s| {
-                for thread in 0..2 {
-                    let (l, tenants) = (&l, &tenants);
-                    s.spawn(move || {
-                        repeat(iters, |i| {
-                            let i = i % tenants.len();
-                            let i = if thread == 0 { i } else { tenants.len() - 1 - i };
-                            ready(l.acquire(tenants[i])).expect("admitted");
-                        })
-                    });
-                }
+            on_two_threads(iters, |thread, i| {
+                ready(l.acquire(walked(&tenants, thread, i))).expect("admitted");
             });
         }
         "hot2" => {
             // As the bench's threads2/hot_tenant: two threads on one tenant.
             let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
             let l = limiter(system, u32::MAX, Duration::from_millis(1));
-            std::thread::scope(|s| {
-                for _ in 0..2 {
-                    let l = &l;
-                    s.spawn(move || repeat(iters, |_| ready(l.acquire(tenant)).map(drop).expect("admitted")));
-                }
+            on_two_threads(iters, |_, _| {
+                ready(l.acquire(tenant)).expect("admitted");
             });
         }
         "governor_hot2" => {
             // threads2/hot_tenant's governor side.
             let g = governor();
-            std::thread::scope(|s| {
-                for _ in 0..2 {
-                    let g = &g;
-                    s.spawn(move || repeat(iters, |_| g.check_key(&tenant).expect("admitted")));
-                }
-            });
+            on_two_threads(iters, |_, _| g.check_key(&tenant).expect("admitted"));
         }
         "governor_tenants2" => {
             // threads2/1000_tenants' governor side.
             let g = governor();
-            std::thread::scope(|s| {
-                for thread in 0..2 {
-                    let (g, tenants) = (&g, &tenants);
-                    s.spawn(move || {
-                        repeat(iters, |i| {
-                            let i = i % tenants.len();
-                            let i = if thread == 0 { i } else { tenants.len() - 1 - i };
-                            g.check_key(&tenants[i]).expect("admitted")
-                        })
-                    });
-                }
+            on_two_threads(iters, |thread, i| {
+                g.check_key(&walked(&tenants, thread, i)).expect("admitted")
             });
         }
         "governor" => {
