@@ -281,9 +281,13 @@ async fn a_busy_tenant_keeps_at_most_two_windows_of_hits() {
         let _ = l.acquire(A).await;
         clock.advance(Duration::from_millis(500));
     }
-    // Two windows of hits (10 each, and one more at the lifetime's edge),
-    // and pruned ones only while the buffer has room: at most twice that,
-    // where every hit admitted over the run (90) is held if none leaves.
+    // Two windows of hits (10 each, and one more at the lifetime's edge)...
+    let key = format!("kg:ratelimit:{A}");
+    let live = l.cache().count_since(&key, Timestamp::EPOCH).await.unwrap();
+    assert!(live <= 20 + 1, "{live} hits unpruned");
+    // ...and pruned ones only while the buffer has room: at most twice that
+    // in memory, where every hit admitted over the run (90) is held if none
+    // leaves.
     assert!(
         l.cache().stored_hits() <= 2 * (20 + 1),
         "{} hits held",
