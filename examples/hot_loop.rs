@@ -187,6 +187,27 @@ fn main() {
                 ready(l.acquire(walked(&tenants, thread, i))).expect("admitted");
             });
         }
+        "tenants2_now" => {
+            // As the bench's threads2/1000_tenants through the twin.
+            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
+            let l = limiter(system, u32::MAX, Duration::from_millis(1));
+            on_two_threads(iters, |thread, i| {
+                l.acquire_now(walked(&tenants, thread, i)).expect("admitted");
+            });
+        }
+        "tenants1_now" => {
+            // tenants2_now on one thread: what contention costs the pair.
+            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
+            let l = limiter(system, u32::MAX, Duration::from_millis(1));
+            repeat(iters, |i| {
+                l.acquire_now(walked(&tenants, 0, i)).expect("admitted");
+            });
+        }
+        "governor_tenants1" => {
+            // governor_tenants2 on one thread.
+            let g = governor();
+            repeat(iters, |i| g.check_key(&walked(&tenants, 0, i)).expect("admitted"));
+        }
         "hot2" => {
             // As the bench's threads2/hot_tenant: two threads on one tenant.
             let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);

@@ -21,6 +21,9 @@ impl Timestamp {
     /// The Unix epoch itself.
     pub const EPOCH: Timestamp = Timestamp(0);
 
+    /// The latest instant representable, where saturating arithmetic stops.
+    pub const MAX: Timestamp = Timestamp(u64::MAX);
+
     /// An instant `micros` microseconds after the epoch.
     pub const fn from_micros(micros: u64) -> Self {
         Timestamp(micros)

@@ -171,10 +171,13 @@ impl<'a> Held<'a> {
                 deadline(clock_now, Some(params.recovery_timeout)),
             ),
             FailuresWrite::Bump(n) => {
-                if let Some(entry) = self.shard_mut(Key::Failures).values.get_mut(&keys.failures) {
+                let shard = self.shard_mut(Key::Failures);
+                if let Some(entry) = shard.values.get_mut(&keys.failures) {
                     entry.value = Value::Int(i64::from(n));
                     if mutants::active(Mutant::FailureTtlRefreshed) {
-                        entry.deadline = deadline(clock_now, Some(params.recovery_timeout));
+                        let refreshed = clock_now.saturating_add(params.recovery_timeout);
+                        entry.deadline = Some(refreshed);
+                        shard.expires(refreshed);
                     }
                 }
             }

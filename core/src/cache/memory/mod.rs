@@ -29,7 +29,10 @@
 //! time and TTL time agree. Expired entries are dropped when touched, and a
 //! shard is swept in bulk once its operations since its last sweep exceed
 //! [`SWEEP_SLACK`] plus its live keys; every such sweep also sweeps the next
-//! shard in turn, so a shard nobody touches is swept too. Memory therefore
+//! shard in turn, so a shard nobody touches is swept too. A shard keeps a
+//! bound below every deadline it holds, so a sweep due before anything can
+//! have expired (busy tenants keep extending theirs) skips its walk over the
+//! entries. Memory therefore
 //! stays bounded by live tenants × their hits (a limiter's tenant holds the
 //! hits of one series lifetime, about `2 × rpm` — see
 //! [`RateLimiter`](crate::RateLimiter) — and pruned ones only while its
@@ -149,6 +152,11 @@ struct State {
     tenants: HashMap<(u32, u128), Series, rustc_hash::FxBuildHasher>,
     /// Token ledgers, by key.
     ledgers: Map<Ledger>,
+    /// No entry expires before this instant: a sweep due earlier would find
+    /// nothing to drop, and skips its walk. Lowered by every write that sets
+    /// a deadline below it (a deadline that is only extended cannot break
+    /// it), recomputed by every walk.
+    earliest: Timestamp,
     ops_since_sweep: usize,
     closed: bool,
 }
@@ -345,12 +353,43 @@ fn deadline(now: Timestamp, ttl: Option<Duration>) -> Option<Timestamp> {
 }
 
 impl State {
+    /// Drops every expired entry — unless none can have expired yet, as
+    /// `earliest` tells without reading an entry: a shard of busy tenants
+    /// keeps extending their deadlines and rarely has anything to drop.
     fn sweep(&mut self, now: Timestamp) {
-        self.values.retain(|_, e| e.live(now));
-        self.windows.retain(|_, s| s.deadline > now);
-        self.tenants.retain(|_, s| s.deadline > now);
-        self.ledgers.retain(|_, l| l.deadline > now);
         self.ops_since_sweep = 0;
+        if now < self.earliest {
+            debug_assert!(self.nothing_expired(now), "a deadline was set below `earliest`");
+            return;
+        }
+        let mut earliest = Timestamp::MAX;
+        let mut keep = |deadline: Timestamp| {
+            let live = deadline > now;
+            if live {
+                earliest = earliest.min(deadline);
+            }
+            live
+        };
+        self.values.retain(|_, e| e.deadline.is_none_or(&mut keep));
+        self.windows.retain(|_, s| keep(s.deadline));
+        self.tenants.retain(|_, s| keep(s.deadline));
+        self.ledgers.retain(|_, l| keep(l.deadline));
+        self.earliest = earliest;
+    }
+
+    /// Notes an entry now expiring at `deadline`, keeping `earliest` a
+    /// bound below every deadline.
+    fn expires(&mut self, deadline: Timestamp) {
+        self.earliest = self.earliest.min(deadline);
+    }
+
+    /// Whether no entry has expired at `now` (what `earliest` promises;
+    /// checked in debug builds).
+    fn nothing_expired(&self, now: Timestamp) -> bool {
+        self.values.values().all(|e| e.live(now))
+            && self.windows.values().all(|s| s.deadline > now)
+            && self.tenants.values().all(|s| s.deadline > now)
+            && self.ledgers.values().all(|l| l.deadline > now)
     }
 
     fn value(&mut self, key: &str, now: Timestamp) -> Option<&mut ValueEntry> {
@@ -361,6 +400,9 @@ impl State {
     }
 
     fn put(&mut self, key: &str, value: Value, deadline: Option<Timestamp>) {
+        if let Some(deadline) = deadline {
+            self.expires(deadline);
+        }
         match self.values.get_mut(key) {
             Some(entry) => {
                 entry.value = value;
@@ -386,6 +428,7 @@ impl State {
 
     /// Stores a new series under `name`.
     fn insert_series(&mut self, name: Name<'_>, series: Series) {
+        self.expires(series.deadline);
         match name {
             Name::Tenant(prefix, tenant) => {
                 self.tenants.insert((prefix, tenant), series);
@@ -710,6 +753,7 @@ impl TokenStore for MemoryCache {
                 lease_end: Some(now.saturating_add(ask.lease)),
             };
             let deadline = clock_now.saturating_add(request.ttl);
+            state.expires(deadline);
             match state.ledgers.get_mut(key) {
                 Some(ledger) if ledger.deadline > clock_now => {
                     ledger.entries.push(entry);
@@ -886,6 +930,63 @@ mod tests {
                 SlotOutcome::Admitted { remaining: 1, .. }
             ));
         }
+    }
+
+    /// Entries the shards physically hold, expired ones not yet swept included.
+    fn entries_held(cache: &MemoryCache) -> usize {
+        cache
+            .shared
+            .shards
+            .iter()
+            .map(|shard| {
+                let state = lock(shard);
+                state.values.len() + state.windows.len() + state.tenants.len() + state.ledgers.len()
+            })
+            .sum()
+    }
+
+    /// Enough operations that every shard's sweep comes due (each sweep also
+    /// visits the next shard in turn).
+    fn churn(cache: &MemoryCache) {
+        for n in 0..SHARDS * (SWEEP_SLACK + 8) * 2 {
+            ready(cache.get(&format!("churn:{n}"))).unwrap();
+        }
+    }
+
+    #[test]
+    fn an_entry_written_with_a_shorter_life_than_every_other_is_still_swept() {
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let long = Some(Duration::from_secs(1_000));
+        let short = Duration::from_secs(1);
+        ready(cache.set("stays", "1", long)).unwrap();
+        // Every sweep now finds its shard's first deadline 1 000 s away.
+        churn(&cache);
+        assert_eq!(entries_held(&cache), 1);
+        // Each write below sets a deadline earlier than any a shard held.
+        ready(cache.set("shortened", "1", long)).unwrap();
+        ready(cache.set("shortened", "2", Some(short))).unwrap();
+        ready(cache.increment("counted", Some(short))).unwrap();
+        ready(cache.record_hit("window", clock.now(), short)).unwrap();
+        let request = SlotRequest {
+            now: clock.now(),
+            window: short,
+            limit: 5,
+            ttl: short,
+            max_ahead: Duration::ZERO,
+        };
+        ready(cache.acquire_tenant_slot("kg:ratelimit", TenantId::from_u128(7), request)).unwrap();
+        let ask = TokenAsk {
+            tokens: 1,
+            limit: 10,
+            lease: short,
+        };
+        ready(cache.acquire_with_tokens("ledger", request, ask)).unwrap();
+        // "ledger" holds a series and a ledger.
+        assert_eq!(entries_held(&cache), 1 + 6);
+        clock.advance(Duration::from_secs(2));
+        churn(&cache);
+        assert_eq!(entries_held(&cache), 1, "what expired was swept, the rest kept");
     }
 
     #[test]
