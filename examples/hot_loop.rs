@@ -12,10 +12,12 @@
 //! ```
 //!
 //! Cases: `acquire`, `breaker`, `hot`, `hot_now` (the synchronous twins),
-//! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants2`
-//! and `hot2` (two threads), `governor`,
-//! `recloser`, `governor_recloser`, `governor_tenants`, and governor's
-//! two-thread sides `governor_hot2` and `governor_tenants2`.
+//! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants1_now`
+//! (1 000 tenants on `SystemClock`, as `tenants2_now` on one thread),
+//! `tenants2`, `tenants2_now` and `hot2` (two threads), `governor`,
+//! `recloser`, `governor_recloser`, `governor_tenants`,
+//! `governor_tenants1`, and governor's two-thread sides `governor_hot2`
+//! and `governor_tenants2`.
 
 use std::future::Future;
 use std::num::NonZeroU32;

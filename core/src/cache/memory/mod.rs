@@ -40,7 +40,9 @@
 
 mod breaker;
 mod names;
+mod ring;
 mod series;
+mod tenants;
 
 use std::collections::HashMap;
 use std::hash::Hasher as _;
@@ -51,6 +53,7 @@ use std::time::Duration;
 
 use names::{Name, Prefixes, tenant_key};
 use series::Series;
+use tenants::Tenants;
 
 use super::{
     BreakerStore, BudgetStore, Cache, HitWindow, ImmediateStore, InFlightStore, KeyValue, LimiterStore, SlotRequest,
@@ -149,7 +152,7 @@ struct State {
     values: Map<ValueEntry>,
     windows: Map<Series>,
     /// Limiter tenants' series, by interned prefix and tenant id.
-    tenants: HashMap<(u32, u128), Series, rustc_hash::FxBuildHasher>,
+    tenants: Tenants,
     /// Token ledgers, by key.
     ledgers: Map<Ledger>,
     /// No entry expires before this instant: a sweep due earlier would find
@@ -277,7 +280,7 @@ impl MemoryCache {
             let state = lock(shard);
             values += state.values.values().filter(|e| e.live(now)).count();
             windows += state.windows.values().filter(|s| s.deadline > now).count();
-            windows += state.tenants.values().filter(|s| s.deadline > now).count();
+            windows += state.tenants.iter().filter(|s| s.deadline > now).count();
         }
         (values, windows)
     }
@@ -292,7 +295,7 @@ impl MemoryCache {
             .map(|shard| {
                 let state = lock(shard);
                 let hits = |series: &Series| series.held();
-                state.windows.values().map(hits).sum::<usize>() + state.tenants.values().map(hits).sum::<usize>()
+                state.windows.values().map(hits).sum::<usize>() + state.tenants.iter().map(hits).sum::<usize>()
             })
             .sum()
     }
@@ -348,6 +351,20 @@ impl ValueEntry {
     }
 }
 
+/// The error for a hit the series named `name` has no room for: it already
+/// holds as many as one series can (`ring.rs`).
+#[cold]
+fn full(name: Name<'_>) -> CacheError {
+    let named = match name {
+        Name::Tenant(_, tenant) => format!("tenant {}", TenantId::from_u128(tenant)),
+        Name::Text(key) => key.to_owned(),
+    };
+    CacheError::Unavailable {
+        operation: "record a hit",
+        reason: format!("the hit series of {named} already holds as many hits as one series can"),
+    }
+}
+
 fn deadline(now: Timestamp, ttl: Option<Duration>) -> Option<Timestamp> {
     ttl.map(|ttl| now.saturating_add(ttl))
 }
@@ -372,7 +389,7 @@ impl State {
         };
         self.values.retain(|_, e| e.deadline.is_none_or(&mut keep));
         self.windows.retain(|_, s| keep(s.deadline));
-        self.tenants.retain(|_, s| keep(s.deadline));
+        self.tenants.retain(|s| keep(s.deadline));
         self.ledgers.retain(|_, l| keep(l.deadline));
         self.earliest = earliest;
     }
@@ -388,7 +405,7 @@ impl State {
     fn nothing_expired(&self, now: Timestamp) -> bool {
         self.values.values().all(|e| e.live(now))
             && self.windows.values().all(|s| s.deadline > now)
-            && self.tenants.values().all(|s| s.deadline > now)
+            && self.tenants.iter().all(|s| s.deadline > now)
             && self.ledgers.values().all(|l| l.deadline > now)
     }
 
@@ -417,7 +434,7 @@ impl State {
     /// The live series named `name`, emptied first if it expired — one lookup.
     fn series_mut(&mut self, name: Name<'_>, now: Timestamp) -> Option<&mut Series> {
         let series = match name {
-            Name::Tenant(prefix, tenant) => self.tenants.get_mut(&(prefix, tenant))?,
+            Name::Tenant(prefix, tenant) => self.tenants.get_mut(prefix, tenant)?,
             Name::Text(key) => self.windows.get_mut(key)?,
         };
         if series.deadline <= now {
@@ -431,7 +448,7 @@ impl State {
         self.expires(series.deadline);
         match name {
             Name::Tenant(prefix, tenant) => {
-                self.tenants.insert((prefix, tenant), series);
+                self.tenants.insert(prefix, tenant, series);
             }
             Name::Text(key) => {
                 self.windows.insert(key.to_owned(), series);
@@ -442,7 +459,7 @@ impl State {
     fn remove_series(&mut self, name: Name<'_>) {
         match name {
             Name::Tenant(prefix, tenant) => {
-                self.tenants.remove(&(prefix, tenant));
+                self.tenants.remove(prefix, tenant);
             }
             Name::Text(key) => {
                 self.windows.remove(key);
@@ -450,10 +467,14 @@ impl State {
         }
     }
 
-    fn record(&mut self, name: Name<'_>, at: Timestamp, ttl: Duration, now: Timestamp) {
+    fn record(&mut self, name: Name<'_>, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), CacheError> {
         match self.series_mut(name, now) {
-            Some(series) => series.push(at, ttl, now),
-            None => self.insert_series(name, Series::first(at, ttl, now)),
+            Some(series) => series.push(at, ttl, now).map_err(|_| full(name)),
+            None => {
+                let series = Series::first(at, ttl, now).map_err(|_| full(name))?;
+                self.insert_series(name, series);
+                Ok(())
+            }
         }
     }
 }
@@ -536,8 +557,7 @@ impl HitWindow for MemoryCache {
     async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
         let now = self.shared.clock.now();
         let mut state = self.open(key, now)?;
-        state.record(self.shared.prefixes.name(key), at, ttl, now);
-        Ok(())
+        state.record(self.shared.prefixes.name(key), at, ttl, now)
     }
 
     async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
@@ -572,14 +592,15 @@ impl MemoryCache {
                 let (count, oldest) = series.window(since);
                 let outcome = decide(count, oldest, request.limit, now, request.window);
                 if let SlotOutcome::Admitted { .. } = outcome {
-                    series.push(now, request.ttl, clock_now);
+                    series.push(now, request.ttl, clock_now).map_err(|_| full(name))?;
                 }
                 outcome
             }
             None => {
                 let outcome = decide(0, None, request.limit, now, request.window);
                 if let SlotOutcome::Admitted { .. } = outcome {
-                    state.insert_series(name, Series::first(now, request.ttl, clock_now));
+                    let series = Series::first(now, request.ttl, clock_now).map_err(|_| full(name))?;
+                    state.insert_series(name, series);
                 }
                 outcome
             }
@@ -746,7 +767,7 @@ impl TokenStore for MemoryCache {
         let seq = u32::try_from(seq).unwrap_or(u32::MAX);
         let outcome = combine(count, slot, tokens, now, seq, request.window);
         if let TokenOutcome::Admitted { reservation, .. } = outcome {
-            state.record(name, now, request.ttl, clock_now);
+            state.record(name, now, request.ttl, clock_now)?;
             let entry = TokenEntry {
                 id: reservation,
                 tokens: ask.tokens,

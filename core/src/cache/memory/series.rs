@@ -1,4 +1,4 @@
-//! One key's hit series: a ring buffer of instants, ascending, with a cursor
+//! One key's hit series: a buffer of instants, ascending, with a cursor
 //! where the last window began.
 //!
 //! A limiter at its steady state asks for `[now − window, now]` with `now`
@@ -12,17 +12,22 @@
 //! Pruning is lazy. Each push sets the **floor** (`ttl` before `now`, on the
 //! store's clock) and every read treats the hits below it as gone; they leave
 //! the buffer when it is full, or when the floor moves back, so that none
-//! reappears. Over many tenants a tenant's buffer is out of cache between its
-//! calls, and pruning on every push read its front — a third line touched per
-//! decision, beside the window's start and the back (BENCHMARKS.md). The
-//! buffer grows to the most hits the series has held at once and is reused
-//! after that — no allocation per hit. The answers are those of a sorted list
-//! pruned on every push, as the Redis scripts keep it; the property test
-//! below holds the two together.
+//! reappears. Over many tenants a tenant's buffer is out of cache between
+//! its calls, and pruning on every push read its front — a third line
+//! touched per decision, beside the window's start and the back
+//! (BENCHMARKS.md).
+//!
+//! The buffer is a ring (`ring.rs`): dropping pruned hits never moves the
+//! rest, and its small header lets a tenant's id and its series' header
+//! share one cache line (`tenants.rs`). It grows to the most hits the series
+//! has held at once (to a power of two) and is reused after that — no
+//! allocation per hit. The answers are those of a sorted list pruned on
+//! every push, as the Redis scripts keep it; the property test below holds
+//! the two together.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::ring::{Full, Ring};
 use crate::time::Timestamp;
 
 /// Hits a lookup walks forward from the cursor before it binary-searches.
@@ -31,30 +36,32 @@ const WALK: usize = 8;
 /// A key's hit instants and the series' deadline.
 pub(super) struct Series {
     /// Hit instants, ascending.
-    hits: VecDeque<Timestamp>,
+    hits: Ring,
     /// When the series expires on the cache's clock.
     pub(super) deadline: Timestamp,
     /// Hits before this instant are pruned, whether or not they are still
     /// held; they are the buffer's front.
     floor: Timestamp,
-    /// Index of the first hit at or after the last `since` looked up: a hint.
-    cursor: usize,
+    /// Index of the first hit at or after the last `since` looked up: a
+    /// hint, saturated at `u32::MAX` (a series holding more hits than that
+    /// searches past it).
+    cursor: u32,
 }
 
 impl Series {
     /// A series holding one hit at `at`, living `ttl` from `now` — or none,
     /// when `at` is already more than `ttl` before `now` (pruned on arrival,
     /// as [`push`](Series::push) prunes every later hit).
-    pub(super) fn first(at: Timestamp, ttl: Duration, now: Timestamp) -> Series {
+    pub(super) fn first(at: Timestamp, ttl: Duration, now: Timestamp) -> Result<Series, Full> {
         let mut series = Series {
-            hits: VecDeque::new(),
+            hits: Ring::new(),
             // Past at `now`: the push gives the series its life.
             deadline: now,
             floor: Timestamp::EPOCH,
             cursor: 0,
         };
-        series.push(at, ttl, now);
-        series
+        series.push(at, ttl, now)?;
+        Ok(series)
     }
 
     /// Hits in the buffer, pruned ones not yet dropped included: what the
@@ -67,7 +74,7 @@ impl Series {
     /// Hits held and not pruned.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.hits.len() - self.hits.partition_point(|h| *h < self.floor)
+        self.hits.len() - self.hits.partition_point(|h| h < self.floor)
     }
 
     /// Forgets every hit (the series expired), keeping the buffer.
@@ -81,24 +88,24 @@ impl Series {
     fn start(&mut self, since: Timestamp) -> usize {
         let since = since.max(self.floor);
         let len = self.hits.len();
-        let hint = self.cursor.min(len);
-        let found = if hint > 0 && self.hits[hint - 1] >= since {
+        let hint = (self.cursor as usize).min(len);
+        let found = if hint > 0 && self.hits.at(hint - 1) >= since {
             // The window moved back: the start is before the cursor.
             self.search(0, hint - 1, since)
         } else {
             // The start is at or after the cursor: walk, then search.
             let mut i = hint;
             let stop = len.min(hint + WALK);
-            while i < stop && self.hits[i] < since {
+            while i < stop && self.hits.at(i) < since {
                 i += 1;
             }
-            if i == stop && i < len && self.hits[i] < since {
+            if i == stop && i < len && self.hits.at(i) < since {
                 self.search(i, len, since)
             } else {
                 i
             }
         };
-        self.cursor = found;
+        self.cursor = u32::try_from(found).unwrap_or(u32::MAX);
         found
     }
 
@@ -108,7 +115,7 @@ impl Series {
     fn search(&self, mut lo: usize, mut hi: usize, since: Timestamp) -> usize {
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if self.hits[mid] < since {
+            if self.hits.at(mid) < since {
                 lo = mid + 1;
             } else {
                 hi = mid;
@@ -125,20 +132,23 @@ impl Series {
     /// The earliest hit at or after `since`.
     pub(super) fn oldest_since(&mut self, since: Timestamp) -> Option<Timestamp> {
         let start = self.start(since);
-        self.hits.get(start).copied()
+        self.hits.get(start)
     }
 
     /// How many hits are at or after `since`, and the earliest of them.
     pub(super) fn window(&mut self, since: Timestamp) -> (u64, Option<Timestamp>) {
         let start = self.start(since);
-        ((self.hits.len() - start) as u64, self.hits.get(start).copied())
+        ((self.hits.len() - start) as u64, self.hits.get(start))
     }
 
     /// Adds a hit at `at`, extends the series' life to `ttl` from `now`, and
     /// prunes hits more than `ttl` older than `now` — the store's clock, never
     /// the newest stamp, so one caller's far-future stamp cannot prune
-    /// everyone else's hits.
-    pub(super) fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) {
+    /// everyone else's hits. [`Full`] when the hit would be one more than a
+    /// buffer holds (`ring.rs`): then the hit is not held and the series'
+    /// life not extended (the pruning stands, as the Redis scripts prune
+    /// before they add).
+    pub(super) fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), Full> {
         let floor = now.saturating_sub(ttl);
         if floor < self.floor {
             // The clock moved back: what the old floor pruned stays pruned.
@@ -150,13 +160,13 @@ impl Series {
                 // Full: make room from what is pruned before growing.
                 self.drop_below(floor);
             }
-            if self.hits.back().is_none_or(|last| *last <= at) {
-                self.hits.push_back(at);
+            if self.hits.last().is_none_or(|last| last <= at) {
+                self.hits.push(at)?;
             } else {
-                let pos = self.hits.partition_point(|h| *h <= at);
-                self.hits.insert(pos, at);
-                if pos < self.cursor {
-                    self.cursor += 1;
+                let pos = self.hits.partition_point(|h| h <= at);
+                self.hits.insert(pos, at)?;
+                if pos < self.cursor as usize {
+                    self.cursor = self.cursor.saturating_add(1);
                 }
             }
         }
@@ -166,15 +176,16 @@ impl Series {
         } else {
             self.deadline.max(deadline)
         };
+        Ok(())
     }
 
     /// Removes the buffer's hits before `floor`: walking from the front, over
     /// lines in order, where a binary search over a buffer out of cache would
     /// miss on every probe.
     fn drop_below(&mut self, floor: Timestamp) {
-        let gone = self.hits.iter().take_while(|h| **h < floor).count();
-        self.hits.drain(..gone);
-        self.cursor = self.cursor.saturating_sub(gone);
+        let gone = self.hits.iter().take_while(|h| *h < floor).count();
+        self.hits.drop_front(gone);
+        self.cursor = self.cursor.saturating_sub(u32::try_from(gone).unwrap_or(u32::MAX));
     }
 }
 
@@ -189,9 +200,9 @@ mod tests {
     }
 
     fn series(hits: &[u64]) -> Series {
-        let mut s = Series::first(t(hits[0]), TTL, t(0));
+        let mut s = Series::first(t(hits[0]), TTL, t(0)).unwrap();
         for &h in &hits[1..] {
-            s.push(t(h), TTL, t(0));
+            s.push(t(h), TTL, t(0)).unwrap();
         }
         s
     }
@@ -200,14 +211,14 @@ mod tests {
     fn held(s: &Series) -> Vec<u64> {
         s.hits
             .iter()
-            .filter(|h| **h >= s.floor)
+            .filter(|h| *h >= s.floor)
             .map(|h| h.as_micros() / 1_000_000)
             .collect()
     }
 
     /// The answer a plain scan gives.
     fn scan(s: &Series, since: Timestamp) -> usize {
-        s.hits.iter().take_while(|h| **h < since.max(s.floor)).count()
+        s.hits.iter().take_while(|h| *h < since.max(s.floor)).count()
     }
 
     #[test]
@@ -226,9 +237,9 @@ mod tests {
         let mut s = series(&[10, 20, 30, 40, 50]);
         assert_eq!(s.start(t(45)), 4);
         // An out-of-order hit before the cursor, then a prune of two hits.
-        s.push(t(15), TTL, t(0));
+        s.push(t(15), TTL, t(0)).unwrap();
         assert_eq!(s.count_since(t(45)), 1);
-        s.push(t(60), Duration::from_secs(45), t(70));
+        s.push(t(60), Duration::from_secs(45), t(70)).unwrap();
         assert_eq!(held(&s), [30, 40, 50, 60]);
         assert_eq!(s.len(), 4);
         for since in [0, 30, 31, 50, 61, 35] {
@@ -248,20 +259,20 @@ mod tests {
 
     #[test]
     fn a_first_hit_already_past_its_life_is_not_held() {
-        let s = Series::first(t(10), Duration::from_secs(5), t(100));
+        let s = Series::first(t(10), Duration::from_secs(5), t(100)).unwrap();
         assert_eq!(s.len(), 0);
     }
 
     #[test]
     fn hits_a_floor_pruned_stay_pruned_when_the_clock_moves_back() {
         let ttl = Duration::from_secs(10);
-        let mut s = Series::first(t(100), ttl, t(100));
-        s.push(t(101), ttl, t(101));
+        let mut s = Series::first(t(100), ttl, t(100)).unwrap();
+        s.push(t(101), ttl, t(101)).unwrap();
         // Now 111: the floor 101 prunes 100 (lazily: it is still held).
-        s.push(t(111), ttl, t(111));
+        s.push(t(111), ttl, t(111)).unwrap();
         assert_eq!(held(&s), [101, 111]);
         // The clock steps back to 105: floor 95, but 100 stays pruned.
-        s.push(t(105), ttl, t(105));
+        s.push(t(105), ttl, t(105)).unwrap();
         assert_eq!(held(&s), [101, 105, 111]);
         assert_eq!(s.count_since(t(0)), 3);
     }
@@ -271,12 +282,12 @@ mod tests {
         // The window slides one hit per push; the front is left alone until
         // the buffer is full, and the buffer stops growing.
         let ttl = Duration::from_secs(100);
-        let mut s = Series::first(t(0), ttl, t(0));
+        let mut s = Series::first(t(0), ttl, t(0)).unwrap();
         for n in 1..1_000u64 {
             let (count, oldest) = s.window(t(n.saturating_sub(50)));
             assert_eq!(count, n.min(50));
             assert_eq!(oldest, Some(t(n.saturating_sub(50))));
-            s.push(t(n), ttl, t(n));
+            s.push(t(n), ttl, t(n)).unwrap();
         }
         assert_eq!(s.len(), 101);
         assert!(s.hits.len() > 101, "pruned hits are still held: {}", s.hits.len());
@@ -374,8 +385,8 @@ mod tests {
                 if let Some((at, now, ttl)) = pushed {
                     let (at, ttl, now) = (t(at), Duration::from_secs(ttl), t(now));
                     match lazy.as_mut() {
-                        Some(series) => series.push(at, ttl, now),
-                        None => lazy = Some(Series::first(at, ttl, now)),
+                        Some(series) => series.push(at, ttl, now).unwrap(),
+                        None => lazy = Some(Series::first(at, ttl, now).unwrap()),
                     }
                     eager.push(at, ttl, now);
                     most = most.max(eager.hits.len());

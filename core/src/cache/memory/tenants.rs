@@ -1,0 +1,171 @@
+//! A shard's limiter tenants: each tenant's series found by its prefix's id
+//! and its tenant id, with the series' header and the id on one cache line.
+//!
+//! Over many tenants each decision finds its tenant's entry out of cache,
+//! and the entry is read before anything else can start: a map keyed by
+//! `(prefix, tenant)` held a 96-byte entry that straddles two or three
+//! lines. Here each prefix has its own table (so the prefix is not stored),
+//! and an entry — the 16-byte id and the 48-byte series header — is one
+//! aligned 64-byte line (the series' buffer is a ring whose header is 24
+//! bytes, `ring.rs`). The hits themselves are where the buffer keeps them.
+
+use std::hash::Hasher as _;
+
+use hashbrown::HashTable;
+
+use super::series::Series;
+
+/// One tenant's series, beside its id, on a cache line of its own.
+#[repr(align(64))]
+pub(super) struct TenantSeries {
+    tenant: u128,
+    series: Series,
+}
+
+// The point of the layout: one entry, one line.
+const _: () = assert!(size_of::<TenantSeries>() == 64);
+
+/// The tenants' series of one shard, by prefix id and tenant id.
+#[derive(Default)]
+pub(super) struct Tenants {
+    /// One table per interned prefix id (at most 64 of them).
+    by_prefix: Vec<HashTable<TenantSeries>>,
+    /// Series held over every table.
+    len: usize,
+}
+
+/// The hash a tenant's entry is found by in its table. The shard is chosen
+/// by the high bits of another hash of the same id (`shard_of_tenant`), so
+/// this one is rotated: within one shard those bits are all alike, and the
+/// table's tags come from its high bits.
+fn table_hash(tenant: u128) -> u64 {
+    let mut hasher = rustc_hash::FxHasher::default();
+    hasher.write_u128(tenant);
+    hasher.finish().rotate_left(32)
+}
+
+impl Tenants {
+    /// How many series are held, live or expired.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The series of `tenant` under the prefix `prefix`, if one is held.
+    #[inline]
+    pub(super) fn get_mut(&mut self, prefix: u32, tenant: u128) -> Option<&mut Series> {
+        let table = self.by_prefix.get_mut(prefix as usize)?;
+        table
+            .find_mut(table_hash(tenant), |e| e.tenant == tenant)
+            .map(|e| &mut e.series)
+    }
+
+    /// Stores `series` as `tenant`'s under `prefix`, replacing any held.
+    pub(super) fn insert(&mut self, prefix: u32, tenant: u128, series: Series) {
+        if let Some(held) = self.get_mut(prefix, tenant) {
+            *held = series;
+            return;
+        }
+        let index = prefix as usize;
+        if self.by_prefix.len() <= index {
+            self.by_prefix.resize_with(index + 1, HashTable::new);
+        }
+        self.by_prefix[index].insert_unique(table_hash(tenant), TenantSeries { tenant, series }, |e| {
+            table_hash(e.tenant)
+        });
+        self.len += 1;
+    }
+
+    /// Forgets `tenant`'s series under `prefix`.
+    pub(super) fn remove(&mut self, prefix: u32, tenant: u128) {
+        let Some(table) = self.by_prefix.get_mut(prefix as usize) else {
+            return;
+        };
+        if let Ok(entry) = table.find_entry(table_hash(tenant), |e| e.tenant == tenant) {
+            entry.remove();
+            self.len -= 1;
+        }
+    }
+
+    /// Keeps only the series `keep` says to.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&Series) -> bool) {
+        for table in &mut self.by_prefix {
+            table.retain(|e| keep(&e.series));
+        }
+        self.len = self.by_prefix.iter().map(HashTable::len).sum();
+    }
+
+    /// Every series held.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Series> {
+        self.by_prefix.iter().flat_map(|table| table.iter().map(|e| &e.series))
+    }
+
+    /// Forgets every series.
+    pub(super) fn clear(&mut self) {
+        self.by_prefix.clear();
+        self.len = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::time::Timestamp;
+
+    fn series(at: u64) -> Series {
+        Series::first(
+            Timestamp::from_secs(at),
+            Duration::from_secs(100),
+            Timestamp::from_secs(at),
+        )
+        .unwrap()
+    }
+
+    fn first_hit(tenants: &mut Tenants, prefix: u32, tenant: u128) -> Option<(u64, Option<Timestamp>)> {
+        tenants.get_mut(prefix, tenant).map(|s| s.window(Timestamp::EPOCH))
+    }
+
+    #[test]
+    fn a_tenant_is_found_under_its_own_prefix_only_and_counted_once() {
+        let mut tenants = Tenants::default();
+        tenants.insert(3, 7, series(1));
+        tenants.insert(0, 7, series(2));
+        tenants.insert(3, 8, series(3));
+        assert_eq!(tenants.len(), 3);
+        assert_eq!(first_hit(&mut tenants, 3, 7), Some((1, Some(Timestamp::from_secs(1)))));
+        assert_eq!(first_hit(&mut tenants, 0, 7), Some((1, Some(Timestamp::from_secs(2)))));
+        assert_eq!(first_hit(&mut tenants, 1, 7), None);
+        assert_eq!(first_hit(&mut tenants, 9, 7), None);
+        // Replacing keeps one entry.
+        tenants.insert(3, 7, series(4));
+        assert_eq!(tenants.len(), 3);
+        assert_eq!(first_hit(&mut tenants, 3, 7), Some((1, Some(Timestamp::from_secs(4)))));
+        tenants.remove(3, 7);
+        tenants.remove(3, 7);
+        tenants.remove(40, 7);
+        assert_eq!(tenants.len(), 2);
+        assert_eq!(first_hit(&mut tenants, 3, 7), None);
+        tenants.retain(|s| s.deadline > Timestamp::from_secs(102));
+        assert_eq!(tenants.len(), 1);
+        assert_eq!(tenants.iter().count(), 1);
+        assert_eq!(first_hit(&mut tenants, 3, 8), Some((1, Some(Timestamp::from_secs(3)))));
+        tenants.clear();
+        assert_eq!((tenants.len(), tenants.iter().count()), (0, 0));
+    }
+
+    #[test]
+    fn many_tenants_of_one_shard_stay_apart() {
+        let mut tenants = Tenants::default();
+        for n in 0..5_000u64 {
+            tenants.insert(0, u128::from(n) << 64 | 1, series(n));
+        }
+        assert_eq!(tenants.len(), 5_000);
+        for n in 0..5_000u64 {
+            assert_eq!(
+                first_hit(&mut tenants, 0, u128::from(n) << 64 | 1),
+                Some((1, Some(Timestamp::from_secs(n))))
+            );
+        }
+    }
+}
