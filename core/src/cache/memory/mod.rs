@@ -287,7 +287,8 @@ impl MemoryCache {
 
     /// Total hits held in memory across every window — pruned hits a buffer
     /// still has room for included — bounded by live tenants × their hits:
-    /// per series, at most twice the most hits it has held unpruned at once.
+    /// per series, at most twice the most hits it has held unpruned at once,
+    /// or four.
     pub fn stored_hits(&self) -> usize {
         self.shared
             .shards
@@ -1003,11 +1004,18 @@ mod tests {
             lease: short,
         };
         ready(cache.acquire_with_tokens("ledger", request, ask)).unwrap();
-        // "ledger" holds a series and a ledger.
-        assert_eq!(entries_held(&cache), 1 + 6);
+        // A ledger whose key's series lives long: only the ledger is short.
+        ready(cache.record_hit("long ledger", clock.now(), Duration::from_secs(1_000))).unwrap();
+        ready(cache.acquire_with_tokens("long ledger", request, ask)).unwrap();
+        // "ledger" and "long ledger" hold a series and a ledger each.
+        assert_eq!(entries_held(&cache), 1 + 8);
         clock.advance(Duration::from_secs(2));
         churn(&cache);
-        assert_eq!(entries_held(&cache), 1, "what expired was swept, the rest kept");
+        assert_eq!(
+            entries_held(&cache),
+            2,
+            "what expired was swept, \"stays\" and the series of \"long ledger\" kept"
+        );
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! one 64-byte cache line (`tenants.rs`).
 //!
 //! The price of the small header is a bound: a ring holds at most 2³¹
-//! instants (16 GiB of them); asking it to hold more is an error its owner
-//! reports, never a panic.
+//! instants (16 GiB of them); asking it to hold more — or for room the
+//! allocator cannot give — is an error its owner reports, never a panic.
 
 use crate::time::Timestamp;
 
@@ -140,14 +140,16 @@ impl<const MAX: usize> Ring<MAX> {
     }
 
     /// Doubles the room (to four, from none), the instants moving to the
-    /// front of the new buffer in order.
+    /// front of the new buffer in order; [`Full`], changing nothing, past
+    /// `MAX` or when the allocator refuses.
     #[cold]
     fn grow(&mut self) -> Result<(), Full> {
         let capacity = self.capacity().saturating_mul(2).max(4);
         if capacity > MAX {
             return Err(Full);
         }
-        let mut slots = Vec::with_capacity(capacity);
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(capacity).map_err(|_| Full)?;
         slots.extend(self.iter());
         slots.resize(capacity, Timestamp::EPOCH);
         self.slots = slots.into_boxed_slice();

@@ -43,8 +43,8 @@ pub(super) struct Series {
     /// held; they are the buffer's front.
     floor: Timestamp,
     /// Index of the first hit at or after the last `since` looked up: a
-    /// hint, saturated at `u32::MAX` (a series holding more hits than that
-    /// searches past it).
+    /// hint (a ring holds at most 2³¹ hits, so it fits; its arithmetic
+    /// saturates all the same).
     cursor: u32,
 }
 
@@ -66,7 +66,7 @@ impl Series {
 
     /// Hits in the buffer, pruned ones not yet dropped included: what the
     /// series spends memory on (at most twice the most hits it has held
-    /// unpruned at once).
+    /// unpruned at once, or four).
     pub(super) fn held(&self) -> usize {
         self.hits.len()
     }
