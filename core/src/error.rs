@@ -40,8 +40,10 @@ impl ConfigError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CacheError {
-    /// The cache could not be reached, or did not answer in time. Transient:
-    /// the same call may succeed once the cache is back.
+    /// The cache could not be reached, did not answer in time, or had no
+    /// room for what it was asked to keep (an in-process hit series at the
+    /// most hits one can hold). Transient: the same call may succeed once
+    /// the cache is back, or has pruned.
     #[error("cache unavailable during {operation}: {reason}")]
     Unavailable {
         /// The port operation that failed (`acquire_slot`, `get`).

@@ -52,6 +52,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use names::{Name, Prefixes, tenant_key};
+use ring::Full;
 use series::Series;
 use tenants::Tenants;
 
@@ -352,16 +353,16 @@ impl ValueEntry {
     }
 }
 
-/// The error for a hit the series named `name` has no room for: it already
-/// holds as many as one series can (`ring.rs`).
+/// The error `operation` reports for a hit the series named `name` has no
+/// room for: it already holds as many as one series can (`ring.rs`).
 #[cold]
-fn full(name: Name<'_>) -> CacheError {
+fn full(operation: &'static str, name: Name<'_>) -> CacheError {
     let named = match name {
         Name::Tenant(_, tenant) => format!("tenant {}", TenantId::from_u128(tenant)),
         Name::Text(key) => key.to_owned(),
     };
     CacheError::Unavailable {
-        operation: "record a hit",
+        operation,
         reason: format!("the hit series of {named} already holds as many hits as one series can"),
     }
 }
@@ -468,11 +469,11 @@ impl State {
         }
     }
 
-    fn record(&mut self, name: Name<'_>, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), CacheError> {
+    fn record(&mut self, name: Name<'_>, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), Full> {
         match self.series_mut(name, now) {
-            Some(series) => series.push(at, ttl, now).map_err(|_| full(name)),
+            Some(series) => series.push(at, ttl, now),
             None => {
-                let series = Series::first(at, ttl, now).map_err(|_| full(name))?;
+                let series = Series::first(at, ttl, now)?;
                 self.insert_series(name, series);
                 Ok(())
             }
@@ -558,7 +559,8 @@ impl HitWindow for MemoryCache {
     async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
         let now = self.shared.clock.now();
         let mut state = self.open(key, now)?;
-        state.record(self.shared.prefixes.name(key), at, ttl, now)
+        let name = self.shared.prefixes.name(key);
+        state.record(name, at, ttl, now).map_err(|_| full("record_hit", name))
     }
 
     async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
@@ -593,14 +595,16 @@ impl MemoryCache {
                 let (count, oldest) = series.window(since);
                 let outcome = decide(count, oldest, request.limit, now, request.window);
                 if let SlotOutcome::Admitted { .. } = outcome {
-                    series.push(now, request.ttl, clock_now).map_err(|_| full(name))?;
+                    series
+                        .push(now, request.ttl, clock_now)
+                        .map_err(|_| full("acquire_slot", name))?;
                 }
                 outcome
             }
             None => {
                 let outcome = decide(0, None, request.limit, now, request.window);
                 if let SlotOutcome::Admitted { .. } = outcome {
-                    let series = Series::first(now, request.ttl, clock_now).map_err(|_| full(name))?;
+                    let series = Series::first(now, request.ttl, clock_now).map_err(|_| full("acquire_slot", name))?;
                     state.insert_series(name, series);
                 }
                 outcome
@@ -768,7 +772,9 @@ impl TokenStore for MemoryCache {
         let seq = u32::try_from(seq).unwrap_or(u32::MAX);
         let outcome = combine(count, slot, tokens, now, seq, request.window);
         if let TokenOutcome::Admitted { reservation, .. } = outcome {
-            state.record(name, now, request.ttl, clock_now)?;
+            state
+                .record(name, now, request.ttl, clock_now)
+                .map_err(|_| full("acquire_with_tokens", name))?;
             let entry = TokenEntry {
                 id: reservation,
                 tokens: ask.tokens,
@@ -1016,6 +1022,59 @@ mod tests {
             2,
             "what expired was swept, \"stays\" and the series of \"long ledger\" kept"
         );
+    }
+
+    #[test]
+    fn a_series_at_its_most_hits_refuses_the_next_with_a_typed_error_and_loses_none() {
+        const MOST: u64 = 1 << 10;
+        // On this test's thread, a series holds 2^10 hits at most.
+        ring::MOST.set(MOST as usize);
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let now = clock.now();
+        let ttl = Duration::from_secs(60);
+        for _ in 0..MOST {
+            ready(cache.record_hit("k", now, ttl)).unwrap();
+        }
+        let error = ready(cache.record_hit("k", now, ttl)).unwrap_err();
+        assert!(error.is_transient(), "{error}");
+        assert!(
+            error.to_string().contains("record_hit") && error.to_string().contains("the hit series of k"),
+            "{error}"
+        );
+        assert_eq!(
+            ready(cache.count_since("k", now)).unwrap(),
+            MOST,
+            "every hit recorded is kept"
+        );
+        // A limiter's tenant at its most: the decision admits, the store cannot keep it.
+        let request = SlotRequest {
+            now,
+            window: ttl,
+            limit: u32::MAX,
+            ttl,
+            max_ahead: Duration::ZERO,
+        };
+        let tenant = TenantId::from_u128(5);
+        for _ in 0..MOST {
+            assert!(matches!(
+                cache.acquire_tenant_slot_now("kg:ratelimit", tenant, &request),
+                Ok(SlotOutcome::Admitted { .. })
+            ));
+        }
+        let error = cache
+            .acquire_tenant_slot_now("kg:ratelimit", tenant, &request)
+            .unwrap_err();
+        assert!(error.to_string().contains("acquire_slot"), "{error}");
+        let key = super::super::KeyBuf::tenant("kg:ratelimit", &tenant);
+        assert_eq!(ready(cache.count_since(key.as_str(), now)).unwrap(), MOST);
+        // Once the hits age out of the series' life there is room again.
+        clock.advance(ttl + Duration::from_secs(1));
+        assert!(matches!(
+            cache.acquire_tenant_slot_now("kg:ratelimit", tenant, &request),
+            Ok(SlotOutcome::Admitted { .. })
+        ));
+        ready(cache.record_hit("k", clock.now(), ttl)).unwrap();
     }
 
     #[test]

@@ -13,20 +13,35 @@ use crate::time::Timestamp;
 /// The most instants a ring holds.
 const MAX_SLOTS: usize = 1 << 31;
 
+#[cfg(test)]
+thread_local! {
+    /// The most instants a ring holds on this test's thread (a power of two):
+    /// lowered by a test that fills a series to see what a full one does.
+    pub(super) static MOST: std::cell::Cell<usize> = const { std::cell::Cell::new(MAX_SLOTS) };
+}
+
+/// The most instants a ring holds here: [`MAX_SLOTS`], or a unit test's
+/// [`MOST`]. Asked only when a ring grows.
+fn most() -> usize {
+    #[cfg(test)]
+    return MOST.get();
+    #[cfg(not(test))]
+    MAX_SLOTS
+}
+
 /// A ring asked to hold more instants than it can.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Full;
 
-/// Instants in a ring: `len` of them, the first at `head`, wrapping. `MAX`
-/// (a power of two) is the most it holds — smaller only in tests.
-pub(super) struct Ring<const MAX: usize = MAX_SLOTS> {
+/// Instants in a ring: `len` of them, the first at `head`, wrapping.
+pub(super) struct Ring {
     /// A power of two of them, or none.
     slots: Box<[Timestamp]>,
     head: u32,
     len: u32,
 }
 
-impl<const MAX: usize> Ring<MAX> {
+impl Ring {
     /// An empty ring with no room.
     pub(super) fn new() -> Self {
         Ring {
@@ -141,11 +156,11 @@ impl<const MAX: usize> Ring<MAX> {
 
     /// Doubles the room (to four, from none), the instants moving to the
     /// front of the new buffer in order; [`Full`], changing nothing, past
-    /// `MAX` or when the allocator refuses.
+    /// the most a ring holds or when the allocator refuses.
     #[cold]
     fn grow(&mut self) -> Result<(), Full> {
         let capacity = self.capacity().saturating_mul(2).max(4);
-        if capacity > MAX {
+        if capacity > most() {
             return Err(Full);
         }
         let mut slots = Vec::new();
@@ -166,7 +181,7 @@ mod tests {
         Timestamp::from_secs(n)
     }
 
-    fn held<const MAX: usize>(ring: &Ring<MAX>) -> Vec<u64> {
+    fn held(ring: &Ring) -> Vec<u64> {
         ring.iter().map(|h| h.as_micros() / 1_000_000).collect()
     }
 
@@ -177,7 +192,7 @@ mod tests {
 
     #[test]
     fn instants_wrap_around_and_keep_their_order() {
-        let mut ring = Ring::<MAX_SLOTS>::new();
+        let mut ring = Ring::new();
         assert_eq!((ring.len(), ring.last(), ring.get(0)), (0, None, None));
         for n in 1..=4 {
             ring.push(t(n)).unwrap();
@@ -205,7 +220,8 @@ mod tests {
 
     #[test]
     fn a_ring_never_grows_past_its_most_and_says_so() {
-        let mut ring = Ring::<8>::new();
+        MOST.set(8);
+        let mut ring = Ring::new();
         for n in 0..8 {
             ring.push(t(n)).unwrap();
         }
