@@ -21,7 +21,7 @@ thread_local! {
 }
 
 /// The most instants a ring holds here: [`MAX_SLOTS`], or a unit test's
-/// [`MOST`]. Asked only when a ring grows.
+/// `MOST`. Asked only when a ring grows.
 fn most() -> usize {
     #[cfg(test)]
     return MOST.get();
