@@ -4,7 +4,7 @@
 //! It asks for structured output under the caller's strict schema, always
 //! validates the answer locally (only OpenAI's strict mode guarantees the
 //! schema; the others mostly honour it), and turns every outcome into the
-//! [`ProviderError`] vocabulary through [`wire`](super::wire). The API key
+//! [`ProviderError`] vocabulary through [`wire`]. The API key
 //! is sent as a bearer token and shown nowhere else: not by `Debug`, not in
 //! an error, not in an event.
 //!
