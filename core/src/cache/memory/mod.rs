@@ -235,9 +235,15 @@ fn shard_of(key: &str) -> usize {
 
 /// The shard a limiter tenant's key lives on, from the tenant's id alone.
 fn shard_of_tenant(tenant: u128) -> usize {
+    hashed_shard(tenant_hash(tenant))
+}
+
+/// A limiter tenant's id, hashed: its high bits choose the tenant's shard,
+/// the rest find it in its prefix's table (`tenants.rs`).
+fn tenant_hash(tenant: u128) -> u64 {
     let mut hasher = rustc_hash::FxHasher::default();
     hasher.write_u128(tenant);
-    hashed_shard(hasher.finish())
+    hasher.finish()
 }
 
 fn hashed_shard(hash: u64) -> usize {

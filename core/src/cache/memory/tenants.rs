@@ -9,11 +9,11 @@
 //! aligned 64-byte line (the series' buffer is a ring whose header is 24
 //! bytes, `ring.rs`). The hits themselves are where the buffer keeps them.
 
-use std::hash::Hasher as _;
-
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 use super::series::Series;
+use super::tenant_hash;
 
 /// One tenant's series, beside its id, on a cache line of its own.
 #[repr(align(64))]
@@ -38,9 +38,7 @@ pub(super) struct Tenants {
 /// bits chose the shard (`shard_of_tenant`), rotated — within one shard
 /// those bits are all alike, and the table's tags come from its high bits.
 fn table_hash(tenant: u128) -> u64 {
-    let mut hasher = rustc_hash::FxHasher::default();
-    hasher.write_u128(tenant);
-    hasher.finish().rotate_left(32)
+    tenant_hash(tenant).rotate_left(32)
 }
 
 impl Tenants {
@@ -60,18 +58,18 @@ impl Tenants {
 
     /// Stores `series` as `tenant`'s under `prefix`, replacing any held.
     pub(super) fn insert(&mut self, prefix: u32, tenant: u128, series: Series) {
-        if let Some(held) = self.get_mut(prefix, tenant) {
-            *held = series;
-            return;
-        }
         let index = prefix as usize;
         if self.by_prefix.len() <= index {
             self.by_prefix.resize_with(index + 1, HashTable::new);
         }
-        self.by_prefix[index].insert_unique(table_hash(tenant), TenantSeries { tenant, series }, |e| {
-            table_hash(e.tenant)
-        });
-        self.len += 1;
+        let held = |e: &TenantSeries| e.tenant == tenant;
+        match self.by_prefix[index].entry(table_hash(tenant), held, |e| table_hash(e.tenant)) {
+            Entry::Occupied(mut entry) => entry.get_mut().series = series,
+            Entry::Vacant(entry) => {
+                entry.insert(TenantSeries { tenant, series });
+                self.len += 1;
+            }
+        }
     }
 
     /// Forgets `tenant`'s series under `prefix`.
