@@ -610,8 +610,9 @@ impl MemoryCache {
             None => {
                 let outcome = decide(0, None, request.limit, now, request.window);
                 if let SlotOutcome::Admitted { .. } = outcome {
-                    let series = Series::first(now, request.ttl, clock_now).map_err(|_| full("acquire_slot", name))?;
-                    state.insert_series(name, series);
+                    state
+                        .record(name, now, request.ttl, clock_now)
+                        .map_err(|_| full("acquire_slot", name))?;
                 }
                 outcome
             }
@@ -1053,7 +1054,6 @@ mod tests {
             MOST,
             "every hit recorded is kept"
         );
-        // A limiter's tenant at its most: the decision admits, the store cannot keep it.
         let request = SlotRequest {
             now,
             window: ttl,
@@ -1061,6 +1061,18 @@ mod tests {
             ttl,
             max_ahead: Duration::ZERO,
         };
+        // A token reservation on that key: refused whole, no ledger entry
+        // written beside the hit that could not be kept.
+        let ask = TokenAsk {
+            tokens: 1,
+            limit: 10,
+            lease: ttl,
+        };
+        let error = ready(cache.acquire_with_tokens("k", request, ask)).unwrap_err();
+        assert!(error.to_string().contains("acquire_with_tokens"), "{error}");
+        assert!(cache.shared.shards.iter().all(|shard| lock(shard).ledgers.is_empty()));
+        assert_eq!(ready(cache.count_since("k", now)).unwrap(), MOST);
+        // A limiter's tenant at its most: the decision admits, the store cannot keep it.
         let tenant = TenantId::from_u128(5);
         for _ in 0..MOST {
             assert!(matches!(
