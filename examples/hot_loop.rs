@@ -50,6 +50,12 @@ fn limiter(clock: Arc<dyn redstring::Clock>, rpm: u32, window: Duration) -> Rate
         .expect("valid limiter")
 }
 
+/// The bench's production-clock limiter: `SystemClock`, a 1 ms window and
+/// an rpm never reached, so every call is an admission.
+fn system_limiter() -> RateLimiter {
+    limiter(Arc::new(SystemClock), u32::MAX, Duration::from_millis(1))
+}
+
 fn breaker(clock: Arc<dyn redstring::Clock>) -> CircuitBreaker {
     CircuitBreaker::builder()
         .clock(clock)
@@ -136,11 +142,7 @@ fn main() {
         }
         "hot_system" => {
             // As the bench: an rpm never reached, a 1 ms window.
-            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
-            let (l, b) = (
-                limiter(system.clone(), u32::MAX, Duration::from_millis(1)),
-                breaker(system),
-            );
+            let (l, b) = (system_limiter(), breaker(Arc::new(SystemClock)));
             repeat(iters, |_| {
                 assert!(ready(b.allow_request()));
                 ready(l.acquire(tenant)).expect("admitted");
@@ -149,11 +151,7 @@ fn main() {
         }
         "hot_system_now" => {
             // The synchronous twins on the production clock, as the bench.
-            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
-            let (l, b) = (
-                limiter(system.clone(), u32::MAX, Duration::from_millis(1)),
-                breaker(system),
-            );
+            let (l, b) = (system_limiter(), breaker(Arc::new(SystemClock)));
             repeat(iters, |_| {
                 let permit = b.admit_now();
                 assert!(permit.is_admitted());
@@ -183,24 +181,21 @@ fn main() {
         }
         "tenants2" => {
             // As the bench's threads2/1000_tenants, on the production clock.
-            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
-            let l = limiter(system, u32::MAX, Duration::from_millis(1));
+            let l = system_limiter();
             on_two_threads(iters, |thread, i| {
                 ready(l.acquire(walked(&tenants, thread, i))).expect("admitted");
             });
         }
         "tenants2_now" => {
             // As the bench's threads2/1000_tenants through the twin.
-            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
-            let l = limiter(system, u32::MAX, Duration::from_millis(1));
+            let l = system_limiter();
             on_two_threads(iters, |thread, i| {
                 l.acquire_now(walked(&tenants, thread, i)).expect("admitted");
             });
         }
         "tenants1_now" => {
             // tenants2_now on one thread: what contention costs the pair.
-            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
-            let l = limiter(system, u32::MAX, Duration::from_millis(1));
+            let l = system_limiter();
             repeat(iters, |i| {
                 l.acquire_now(walked(&tenants, 0, i)).expect("admitted");
             });
@@ -212,8 +207,7 @@ fn main() {
         }
         "hot2" => {
             // As the bench's threads2/hot_tenant: two threads on one tenant.
-            let system: Arc<dyn redstring::Clock> = Arc::new(SystemClock);
-            let l = limiter(system, u32::MAX, Duration::from_millis(1));
+            let l = system_limiter();
             on_two_threads(iters, |_, _| {
                 ready(l.acquire(tenant)).expect("admitted");
             });

@@ -42,7 +42,7 @@ impl Timestamp {
         }
         let micros = (secs * 1e6).round();
         if micros >= u64::MAX as f64 {
-            Timestamp(u64::MAX)
+            Timestamp::MAX
         } else {
             Timestamp(micros as u64)
         }
@@ -161,10 +161,7 @@ mod tests {
         let t = Timestamp::from_secs(10);
         assert_eq!(t.saturating_sub(Duration::from_secs(20)), Timestamp::EPOCH);
         assert_eq!(Timestamp::from_secs(1).saturating_duration_since(t), Duration::ZERO);
-        assert_eq!(
-            Timestamp(u64::MAX).saturating_add(Duration::from_secs(1)),
-            Timestamp(u64::MAX)
-        );
+        assert_eq!(Timestamp::MAX.saturating_add(Duration::from_secs(1)), Timestamp::MAX);
     }
 
     #[test]
