@@ -179,6 +179,18 @@ fn main() {
                 l.acquire_now(tenants[i]).expect("admitted");
             });
         }
+        "tenants8_now" => {
+            // tenants_now over 8 tenants, whose series stay in the first-level
+            // cache: what the misses over 1 000 cost.
+            let l = limiter(clock.clone(), RPM, WINDOW);
+            repeat(iters, |i| {
+                let i = i % 8;
+                if i == 0 {
+                    clock.advance(STEP);
+                }
+                l.acquire_now(tenants[i]).expect("admitted");
+            });
+        }
         "tenants2" => {
             // As the bench's threads2/1000_tenants, on the production clock.
             let l = system_limiter();

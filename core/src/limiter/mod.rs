@@ -463,6 +463,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// `acquire`'s answer to what the store decided: reported, and — when
     /// the store could not answer — the [`OnCacheUnavailable`] fallback's
     /// instead (the local limiter is in-process and answers at once).
+    #[inline]
     fn answer(
         &self,
         tenant: TenantId,
@@ -471,15 +472,30 @@ impl<S: LimiterStore> RateLimiter<S> {
     ) -> Result<Admission, AcquireError> {
         match decided {
             Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Store),
-            Err(error) if error.is_transient() => match self.fall_back("acquire_slot", &error, tenant, request.now) {
-                Fallback::Local(local) => match local.acquire_tenant_slot_now(&self.prefix, tenant, request) {
-                    Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
-                    Err(_) => Err(AcquireError::Cache(error)),
-                },
-                Fallback::Admit => Ok(Admission { remaining: 0 }),
-                Fallback::Refuse => Err(AcquireError::Cache(error)),
+            Err(error) => self.answer_error(tenant, request, error),
+        }
+    }
+
+    /// `answer` for a store that could not answer: the fallback's answer
+    /// for a transient error, the error for any other.
+    #[cold]
+    #[inline(never)]
+    fn answer_error(
+        &self,
+        tenant: TenantId,
+        request: &SlotRequest,
+        error: CacheError,
+    ) -> Result<Admission, AcquireError> {
+        if !error.is_transient() {
+            return Err(AcquireError::Cache(error));
+        }
+        match self.fall_back("acquire_slot", &error, tenant, request.now) {
+            Fallback::Local(local) => match local.acquire_tenant_slot_now(&self.prefix, tenant, request) {
+                Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
+                Err(_) => Err(AcquireError::Cache(error)),
             },
-            Err(error) => Err(AcquireError::Cache(error)),
+            Fallback::Admit => Ok(Admission { remaining: 0 }),
+            Fallback::Refuse => Err(AcquireError::Cache(error)),
         }
     }
 

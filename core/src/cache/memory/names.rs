@@ -48,15 +48,17 @@ impl Prefixes {
     /// hash tag (`{`: its keys live on the tagged shard, by their text).
     #[inline]
     pub(super) fn id(&self, prefix: &str) -> Option<u32> {
-        if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN || prefix.starts_with('{') {
-            return None;
-        }
+        // Only `intern` checks the prefix: one it refused is never found.
         self.find(prefix).or_else(|| self.intern(prefix))
     }
 
-    /// Adds `prefix`, unless another thread just did or the table is full.
+    /// Adds `prefix`, unless another thread just did, the table is full, or
+    /// no prefix of that form is named by id.
     #[cold]
     fn intern(&self, prefix: &str) -> Option<u32> {
+        if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN || prefix.starts_with('{') {
+            return None;
+        }
         let _adding = self.adding.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(id) = self.find(prefix) {
             return Some(id);

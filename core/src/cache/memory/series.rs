@@ -85,6 +85,7 @@ impl Series {
 
     /// Index of the first hit held at or after `since` (and the floor);
     /// moves the cursor there.
+    #[inline]
     fn start(&mut self, since: Timestamp) -> usize {
         let since = since.max(self.floor);
         let len = self.hits.len();
@@ -136,6 +137,7 @@ impl Series {
     }
 
     /// How many hits are at or after `since`, and the earliest of them.
+    #[inline]
     pub(super) fn window(&mut self, since: Timestamp) -> (u64, Option<Timestamp>) {
         let start = self.start(since);
         ((self.hits.len() - start) as u64, self.hits.get(start))
@@ -148,6 +150,8 @@ impl Series {
     /// buffer holds (`ring.rs`): then the hit is not held and the series'
     /// life not extended (the pruning stands, as the Redis scripts prune
     /// before they add).
+    // Inlined: as a call it cost an acquire 11 of its 524 instructions.
+    #[inline(always)]
     pub(super) fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), Full> {
         let floor = now.saturating_sub(ttl);
         if floor < self.floor {
