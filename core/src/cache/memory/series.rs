@@ -150,7 +150,7 @@ impl Series {
     /// buffer holds (`ring.rs`): then the hit is not held and the series'
     /// life not extended (the pruning stands, as the Redis scripts prune
     /// before they add).
-    // Inlined: as a call it cost an acquire 11 of its 524 instructions.
+    // Inlined: as a call it cost each acquire 11 instructions.
     #[inline(always)]
     pub(super) fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), Full> {
         let floor = now.saturating_sub(ttl);
