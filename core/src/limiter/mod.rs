@@ -620,6 +620,9 @@ impl<S: LimiterStore> RateLimiter<S> {
 
     /// Reports a store's answer (`decided_by` says which store) and turns it
     /// into `acquire`'s.
+    // Inlined into `answer`, which every decision goes through: as a call it
+    // cost each acquire 27 instructions (callgrind, `examples/hot_loop.rs tenants8_now`).
+    #[inline(always)]
     fn conclude(
         &self,
         tenant: TenantId,
