@@ -71,7 +71,7 @@ pub use cache::{Cache, ImmediateStore, MemoryCache, TimeSource};
 pub use clock::{Clock, ManualClock, SYSTEM_CLOCK_ANCHOR, Sleep, SystemClock};
 pub use error::{CacheError, ConfigError};
 pub use limiter::{AcquireError, Admission, OnCacheUnavailable, RateLimitExceeded, RateLimiter, RateLimiterBuilder};
-pub use observe::{Event, NoopObserver, Observer, RecordingObserver, TracingObserver};
+pub use observe::{Event, Interest, NoopObserver, Observer, RecordingObserver, TracingObserver};
 pub use provider::{ExtractError, HardenedProvider, LlmProvider, LlmProviderExt, ProviderError};
 pub use random::{RandomSource, SeededRandom};
 pub use retry::{Retry, RetryBudget, RetryDenied, RetryError, RetryExhausted, RetryPolicy, Retryable};

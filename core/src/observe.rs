@@ -353,6 +353,28 @@ pub trait Observer: Send + Sync + 'static {
     fn enabled(&self) -> bool {
         true
     }
+
+    /// What [`enabled`](Self::enabled) will answer for as long as this
+    /// observer lives, where that is fixed. A limiter or a breaker asks once,
+    /// when it is built, and trusts the answer from then on: an observer
+    /// whose interest is [`Interest::Never`] or [`Interest::Always`] is not
+    /// asked `enabled` again (a virtual call per decision saved). The
+    /// default, [`Interest::Sometimes`], asks on every decision.
+    fn interest(&self) -> Interest {
+        Interest::Sometimes
+    }
+}
+
+/// An observer's promise about [`Observer::enabled`] for its whole life
+/// (see [`Observer::interest`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interest {
+    /// `enabled` is `false` and always will be: no event is ever built.
+    Never,
+    /// `enabled` may change while the observer lives: asked per decision.
+    Sometimes,
+    /// `enabled` is `true` and always will be: every event is built.
+    Always,
 }
 
 impl<O: Observer + ?Sized> Observer for Arc<O> {
@@ -362,6 +384,43 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
 
     fn enabled(&self) -> bool {
         (**self).enabled()
+    }
+
+    fn interest(&self) -> Interest {
+        (**self).interest()
+    }
+}
+
+/// An observer with its [`Interest`] asked once: what a limiter and a breaker
+/// hold, so that a decision asks [`Observer::enabled`] only of an observer
+/// whose answer may change.
+#[derive(Clone)]
+pub(crate) struct Listener {
+    observer: Arc<dyn Observer>,
+    interest: Interest,
+}
+
+impl Listener {
+    /// `observer`, its interest asked now.
+    pub(crate) fn new(observer: Arc<dyn Observer>) -> Self {
+        let interest = observer.interest();
+        Listener { observer, interest }
+    }
+
+    /// Whether the observer wants the events of the decision at hand.
+    #[inline]
+    pub(crate) fn enabled(&self) -> bool {
+        match self.interest {
+            Interest::Never => false,
+            Interest::Always => true,
+            Interest::Sometimes => self.observer.enabled(),
+        }
+    }
+
+    /// Tells the observer `event`.
+    #[inline]
+    pub(crate) fn on_event(&self, event: &Event) {
+        self.observer.on_event(event)
     }
 }
 
@@ -575,6 +634,10 @@ impl Observer for NoopObserver {
     fn enabled(&self) -> bool {
         false
     }
+
+    fn interest(&self) -> Interest {
+        Interest::Never
+    }
 }
 
 /// An observer that keeps every event, for tests and for the simulator's trace.
@@ -606,5 +669,9 @@ impl Observer for RecordingObserver {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(event.clone());
+    }
+
+    fn interest(&self) -> Interest {
+        Interest::Always
     }
 }

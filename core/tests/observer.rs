@@ -1,14 +1,15 @@
 //! An observer that wants no events is never called: the limiter and the
 //! breaker build no event for it and decide exactly as they do for one that
 //! records everything. `TracingObserver` wants events only while a
-//! `tracing` subscriber listens.
+//! `tracing` subscriber listens. An observer whose interest is fixed is
+//! asked once, when the component is built, and never per decision.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redstring::{
-    CircuitBreaker, CircuitState, Event, ManualClock, Observer, RateLimiter, RecordingObserver, TenantId,
+    CircuitBreaker, CircuitState, Event, Interest, ManualClock, Observer, RateLimiter, RecordingObserver, TenantId,
     TracingObserver,
 };
 
@@ -71,6 +72,112 @@ async fn an_observer_that_wants_nothing_is_never_called_and_changes_no_decision(
     );
     assert_eq!(deaf.0.load(Ordering::SeqCst), 0, "no event built or handed over");
     assert!(recording.events().len() >= 8, "the same decisions, each an event");
+}
+
+/// Declares an interest, counts how often it is asked `enabled` and how
+/// many events it is handed, and answers `enabled` with `listening`.
+struct Declared {
+    interest: Interest,
+    listening: AtomicBool,
+    asked: AtomicUsize,
+    heard: AtomicUsize,
+}
+
+impl Declared {
+    fn new(interest: Interest, listening: bool) -> Arc<Self> {
+        Arc::new(Declared {
+            interest,
+            listening: AtomicBool::new(listening),
+            asked: AtomicUsize::new(0),
+            heard: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl Observer for Declared {
+    fn on_event(&self, _: &Event) {
+        self.heard.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn enabled(&self) -> bool {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        self.listening.load(Ordering::SeqCst)
+    }
+
+    fn interest(&self) -> Interest {
+        self.interest
+    }
+}
+
+#[tokio::test]
+async fn an_observer_whose_interest_is_fixed_is_never_asked_per_decision() {
+    let recording = Arc::new(RecordingObserver::new());
+    let expected = decisions(recording.clone()).await;
+    let every_event = recording.events().len();
+
+    let never = Declared::new(Interest::Never, false);
+    assert_eq!(decisions(never.clone()).await, expected);
+    assert_eq!(
+        never.asked.load(Ordering::SeqCst),
+        0,
+        "a fixed `Never` is not asked again"
+    );
+    assert_eq!(never.heard.load(Ordering::SeqCst), 0);
+
+    let always = Declared::new(Interest::Always, true);
+    assert_eq!(decisions(always.clone()).await, expected);
+    assert_eq!(
+        always.asked.load(Ordering::SeqCst),
+        0,
+        "a fixed `Always` is not asked again"
+    );
+    assert_eq!(
+        always.heard.load(Ordering::SeqCst),
+        every_event,
+        "every event, as the recorder got"
+    );
+
+    // Wrapped in another `Arc`, the interest is the inner observer's.
+    let wrapped: Arc<Arc<Declared>> = Arc::new(Declared::new(Interest::Never, false));
+    assert_eq!(wrapped.interest(), Interest::Never);
+    assert_eq!(interest_of(&redstring::NoopObserver), Interest::Never);
+    assert_eq!(interest_of(&*recording), Interest::Always);
+    assert_eq!(interest_of(&TracingObserver), Interest::Sometimes);
+}
+
+/// `Observer::interest` through a trait object, as a component asks it.
+fn interest_of(observer: &dyn Observer) -> Interest {
+    observer.interest()
+}
+
+#[tokio::test]
+async fn an_observer_whose_interest_may_change_is_asked_every_decision_and_heard_once_it_listens() {
+    let sometimes = Declared::new(Interest::Sometimes, false);
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let limiter = RateLimiter::builder(10)
+        .clock(clock)
+        .observer(sometimes.clone())
+        .build()
+        .unwrap();
+    let tenant = TenantId::from_u128(1);
+    limiter.acquire(tenant).await.unwrap();
+    limiter.acquire_now(tenant).unwrap();
+    assert_eq!(sometimes.asked.load(Ordering::SeqCst), 2, "asked once per decision");
+    assert_eq!(
+        sometimes.heard.load(Ordering::SeqCst),
+        0,
+        "not listening: nothing handed over"
+    );
+
+    sometimes.listening.store(true, Ordering::SeqCst);
+    limiter.acquire(tenant).await.unwrap();
+    limiter.acquire_now(tenant).unwrap();
+    assert_eq!(sometimes.asked.load(Ordering::SeqCst), 4);
+    assert_eq!(
+        sometimes.heard.load(Ordering::SeqCst),
+        2,
+        "listening now: each decision's event"
+    );
 }
 
 /// A subscriber that takes everything and keeps nothing.

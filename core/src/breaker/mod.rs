@@ -41,7 +41,7 @@ pub use machine::{CircuitState, Origin, Permit, ProbeId, Refusal};
 use crate::cache::{BreakerStore, ImmediateStore, MemoryCache, StoreSlot};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
-use crate::observe::{Event, Observer, TracingObserver};
+use crate::observe::{Event, Listener, Observer, TracingObserver};
 use crate::time::Timestamp;
 
 /// The default failure threshold.
@@ -148,7 +148,7 @@ pub struct CircuitBreaker<S = MemoryCache> {
     prefix: Arc<str>,
     on_cache_error: OnCacheError,
     clock: Arc<dyn Clock>,
-    observer: Arc<dyn Observer>,
+    observer: Listener,
     quiet: Quiet,
 }
 
@@ -351,7 +351,7 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
             prefix: Arc::from(self.prefix),
             on_cache_error: self.on_cache_error,
             clock,
-            observer: self.observer.unwrap_or_else(|| Arc::new(TracingObserver)),
+            observer: Listener::new(self.observer.unwrap_or_else(|| Arc::new(TracingObserver))),
         })
     }
 }

@@ -31,7 +31,7 @@ use crate::cache::{
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
-use crate::observe::{Event, Observer, TracingObserver};
+use crate::observe::{Event, Listener, Observer, TracingObserver};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -174,7 +174,7 @@ pub struct RateLimiter<S = MemoryCache> {
     owns_store: bool,
     prefix: Arc<str>,
     clock: Arc<dyn Clock>,
-    observer: Arc<dyn Observer>,
+    observer: Listener,
     on_cache_unavailable: OnCacheUnavailable,
     /// Tokens per window, if limited.
     tokens: Option<u64>,
@@ -388,7 +388,7 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             owns_store,
             prefix: Arc::from(self.prefix),
             clock,
-            observer: self.observer.unwrap_or_else(|| Arc::new(TracingObserver)),
+            observer: Listener::new(self.observer.unwrap_or_else(|| Arc::new(TracingObserver))),
             on_cache_unavailable: self.on_cache_unavailable,
             tokens: self.tokens,
             token_lease,
@@ -583,7 +583,8 @@ impl<S: LimiterStore> RateLimiter<S> {
     }
 
     /// Tells the observer `event`, built only when it is
-    /// [`enabled`](Observer::enabled).
+    /// [`enabled`](Observer::enabled) (asked only where its
+    /// [`interest`](Observer::interest) may change).
     #[inline]
     fn emit(&self, event: impl FnOnce() -> Event) {
         if self.observer.enabled() {

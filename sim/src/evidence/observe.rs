@@ -8,7 +8,7 @@
 //! event directly.
 
 use redstring::limiter::DecidedBy;
-use redstring::{Event, Observer};
+use redstring::{Event, Interest, Observer};
 
 use crate::evidence::trace::{Decider, Kind, Trace};
 
@@ -34,6 +34,10 @@ impl Observer for HostObserver {
         if let Some(kind) = to_trace(event) {
             self.trace.record(&self.host, kind);
         }
+    }
+
+    fn interest(&self) -> Interest {
+        Interest::Always
     }
 }
 
