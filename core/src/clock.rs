@@ -69,9 +69,6 @@ pub struct SystemClock;
 /// before it reads the OS wall clock again.
 pub const SYSTEM_CLOCK_ANCHOR: Duration = Duration::from_millis(100);
 
-/// [`SYSTEM_CLOCK_ANCHOR`] in nanoseconds.
-const ANCHOR_NANOS: u64 = SYSTEM_CLOCK_ANCHOR.as_nanos() as u64;
-
 thread_local! {
     /// This thread's last OS wall-clock reading, in µs since the Unix epoch,
     /// and the counter's raw reading just after it (so a reading between
@@ -80,11 +77,62 @@ thread_local! {
     static ANCHOR: std::cell::Cell<Option<(u64, u64)>> = const { std::cell::Cell::new(None) };
 }
 
+/// The CPU's counter, calibrated by `quanta`, with its scale to
+/// microseconds worked out once.
+struct Counter {
+    clock: quanta::Clock,
+    /// Microseconds per tick, times 2^[`TICK_SHIFT`]: a reading between
+    /// anchors is one multiply and one shift away from the anchor's time
+    /// (not `quanta`'s 128-bit scale to nanoseconds and a division).
+    micros_per_tick: u64,
+    /// The counter's ticks in [`SYSTEM_CLOCK_ANCHOR`]: a reading that many
+    /// ticks past its anchor, or behind it, re-anchors.
+    anchor_ticks: u64,
+}
+
+/// The fixed point of [`Counter::micros_per_tick`]: 2^40 ticks are about
+/// 220 s on a 5 GHz counter, so rounding their microseconds errs by under
+/// half a nanosecond over an anchor's 100 ms; and within an anchor
+/// `ticks × micros_per_tick` stays below 10⁵ µs × 2^40 < 2^57.
+const TICK_SHIFT: u32 = 40;
+
+impl Counter {
+    /// `clock` and its scale, or `None` for a calibration that makes no
+    /// sense here (under 2^40 ticks in a microsecond, or an anchor's ticks
+    /// that would not scale in 64 bits).
+    fn new(clock: quanta::Clock) -> Option<Counter> {
+        // quanta scales 2^40 ticks to nanoseconds in 128 bits; to the
+        // nearest microsecond.
+        let micros_per_tick = clock.delta_as_nanos(0, 1 << TICK_SHIFT).saturating_add(500) / 1_000;
+        let anchor_micros = u128::from(duration_micros(SYSTEM_CLOCK_ANCHOR));
+        let anchor_ticks = (anchor_micros << TICK_SHIFT).checked_div(u128::from(micros_per_tick))?;
+        let anchor_ticks = u64::try_from(anchor_ticks).ok()?;
+        let scales = anchor_ticks > 0 && anchor_ticks.checked_mul(micros_per_tick).is_some();
+        scales.then_some(Counter {
+            clock,
+            micros_per_tick,
+            anchor_ticks,
+        })
+    }
+
+    /// The microseconds in `ticks` counted from an anchor, or `None` once
+    /// they reach the anchor's span.
+    #[inline]
+    fn micros_within_anchor(&self, ticks: u64) -> Option<u64> {
+        // No overflow: `new` checked the span's last tick.
+        (ticks < self.anchor_ticks).then(|| ticks.wrapping_mul(self.micros_per_tick) >> TICK_SHIFT)
+    }
+}
+
 /// The process's calibrated counter, if the kernel keeps time by it.
-fn counter() -> Option<&'static quanta::Clock> {
-    static COUNTER: std::sync::OnceLock<Option<quanta::Clock>> = std::sync::OnceLock::new();
+fn counter() -> Option<&'static Counter> {
+    static COUNTER: std::sync::OnceLock<Option<Counter>> = std::sync::OnceLock::new();
     COUNTER
-        .get_or_init(|| kernel_keeps_time_by_the_counter().then(quanta::Clock::new))
+        .get_or_init(|| {
+            kernel_keeps_time_by_the_counter()
+                .then(quanta::Clock::new)
+                .and_then(Counter::new)
+        })
         .as_ref()
 }
 
@@ -116,9 +164,9 @@ fn os_wall_micros() -> u64 {
 /// counter's reading just after it.
 #[cold]
 #[allow(clippy::disallowed_methods)] // allowed: the production clock is the one reader of the CPU's counter.
-fn reanchor(counter: &quanta::Clock) -> Timestamp {
+fn reanchor(counter: &Counter) -> Timestamp {
     let wall = os_wall_micros();
-    ANCHOR.set(Some((wall, counter.raw())));
+    ANCHOR.set(Some((wall, counter.clock.raw())));
     Timestamp::from_micros(wall)
 }
 
@@ -142,16 +190,12 @@ impl Clock for SystemClock {
         let Some(counter) = counter() else {
             return Timestamp::from_micros(os_wall_micros());
         };
-        // Raw counter readings, scaled only as a difference (a multiply and
-        // a shift): no `Duration` is built on the way.
-        let at = counter.raw();
+        let at = counter.clock.raw();
         if let Some((wall, anchored_at)) = ANCHOR.get() {
-            // A counter behind its anchor (another core's, unsynchronised) re-anchors.
-            if at >= anchored_at {
-                let elapsed = counter.delta_as_nanos(anchored_at, at);
-                if elapsed < ANCHOR_NANOS {
-                    return Timestamp::from_micros(wall.saturating_add(elapsed / 1_000));
-                }
+            // One compare for both ways out: a counter behind its anchor
+            // (another core's, unsynchronised) wraps to far past it.
+            if let Some(micros) = counter.micros_within_anchor(at.wrapping_sub(anchored_at)) {
+                return Timestamp::from_micros(wall.saturating_add(micros));
             }
         }
         reanchor(counter)
@@ -277,6 +321,26 @@ mod tests {
         assert_eq!(b.now(), Timestamp::from_micros(1_700_000_001_500_000));
         b.set(Timestamp::from_secs(5));
         assert_eq!(a.now(), Timestamp::from_secs(5));
+    }
+
+    /// The counter's scale, worked out once, reads as quanta's own: on a
+    /// 1 GHz counter (quanta's mock, a tick a nanosecond) 100 ms are 10⁸
+    /// ticks, and a millisecond of ticks is a thousand microseconds.
+    #[test]
+    fn the_counters_scale_is_quantas_in_microseconds() {
+        let (clock, _) = quanta::Clock::mock();
+        let counter = Counter::new(clock).expect("a 1 GHz counter scales");
+        assert!(
+            counter.anchor_ticks.abs_diff(100_000_000) <= 1,
+            "{}",
+            counter.anchor_ticks
+        );
+        for (ticks, micros) in [(0, 0), (999, 0), (1_000, 1), (1_000_000, 1_000), (99_999_000, 99_999)] {
+            assert_eq!(counter.micros_within_anchor(ticks), Some(micros), "{ticks} ticks");
+        }
+        // Past the span, or behind the anchor (wrapped): re-anchor.
+        assert_eq!(counter.micros_within_anchor(counter.anchor_ticks), None);
+        assert_eq!(counter.micros_within_anchor(5u64.wrapping_sub(9)), None);
     }
 
     #[test]
