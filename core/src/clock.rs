@@ -72,7 +72,8 @@ pub const SYSTEM_CLOCK_ANCHOR: Duration = Duration::from_millis(100);
 thread_local! {
     /// This thread's last OS wall-clock reading, in µs since the Unix epoch,
     /// and the counter's raw reading just after it (so a reading between
-    /// anchors lags the OS clock by the gap, never leads it). No destructor:
+    /// anchors lags the OS clock by the gap, and leads it by no more than
+    /// the counter's calibration errs, a rounding included). No destructor:
     /// usable while the thread is torn down.
     static ANCHOR: std::cell::Cell<Option<(u64, u64)>> = const { std::cell::Cell::new(None) };
 }
@@ -98,17 +99,19 @@ const TICK_SHIFT: u32 = 40;
 
 impl Counter {
     /// `clock` and its scale, or `None` for a calibration that makes no
-    /// sense here (under 2^40 ticks in a microsecond, or an anchor's ticks
-    /// that would not scale in 64 bits).
+    /// sense here: a tick so short that 2^40 of them round to no
+    /// microsecond, or one longer than the anchor's whole span.
     fn new(clock: quanta::Clock) -> Option<Counter> {
         // quanta scales 2^40 ticks to nanoseconds in 128 bits; to the
         // nearest microsecond.
         let micros_per_tick = clock.delta_as_nanos(0, 1 << TICK_SHIFT).saturating_add(500) / 1_000;
         let anchor_micros = u128::from(duration_micros(SYSTEM_CLOCK_ANCHOR));
         let anchor_ticks = (anchor_micros << TICK_SHIFT).checked_div(u128::from(micros_per_tick))?;
+        // At most 10⁵ × 2^40 (a tick of one unit), so it fits in 64 bits,
+        // and `anchor_ticks × micros_per_tick` ≤ 10⁵ µs × 2^40 < 2^57.
         let anchor_ticks = u64::try_from(anchor_ticks).ok()?;
-        let scales = anchor_ticks > 0 && anchor_ticks.checked_mul(micros_per_tick).is_some();
-        scales.then_some(Counter {
+        debug_assert!(anchor_ticks.checked_mul(micros_per_tick).is_some_and(|p| p < 1 << 57));
+        (anchor_ticks > 0).then_some(Counter {
             clock,
             micros_per_tick,
             anchor_ticks,
@@ -119,7 +122,7 @@ impl Counter {
     /// they reach the anchor's span.
     #[inline]
     fn micros_within_anchor(&self, ticks: u64) -> Option<u64> {
-        // No overflow: `new` checked the span's last tick.
+        // No overflow: below the span, the product is under 2^57 (`new`).
         (ticks < self.anchor_ticks).then(|| ticks.wrapping_mul(self.micros_per_tick) >> TICK_SHIFT)
     }
 }

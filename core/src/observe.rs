@@ -348,8 +348,9 @@ pub trait Observer: Send + Sync + 'static {
     /// Whether any event would be used now (default `true`). When `false`,
     /// the limiter and the breaker build no event for the decision at hand —
     /// no name cloned, no call made — which is most of what observing costs
-    /// on the hot path. Asked once per decision, so it may change at run
-    /// time (a `tracing` subscriber installed later).
+    /// on the hot path. Asked once per decision unless the observer's
+    /// [`interest`](Self::interest) is fixed, so it may change at run time
+    /// (a `tracing` subscriber installed later).
     fn enabled(&self) -> bool {
         true
     }
@@ -369,11 +370,14 @@ pub trait Observer: Send + Sync + 'static {
 /// (see [`Observer::interest`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Interest {
-    /// `enabled` is `false` and always will be: no event is ever built.
+    /// `enabled` is `false` and always will be: a limiter or a breaker
+    /// builds no event of a decision for it (the rare reports of a store
+    /// that could not answer still reach `on_event`).
     Never,
     /// `enabled` may change while the observer lives: asked per decision.
     Sometimes,
-    /// `enabled` is `true` and always will be: every event is built.
+    /// `enabled` is `true` and always will be: every decision's event is
+    /// built.
     Always,
 }
 

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redstring::{
-    CircuitBreaker, CircuitState, Event, Interest, ManualClock, Observer, RateLimiter, RecordingObserver, TenantId,
-    TracingObserver,
+    CircuitBreaker, CircuitState, Event, Interest, ManualClock, Observer, Permit, RateLimiter, RecordingObserver,
+    TenantId, TracingObserver,
 };
 
 /// Counts the events it is handed, and says it wants none.
@@ -201,4 +201,40 @@ impl tracing::Subscriber for Listening {
 fn the_tracing_observer_wants_events_only_while_a_subscriber_listens() {
     assert!(!TracingObserver.enabled(), "no subscriber: nothing to build events for");
     tracing::subscriber::with_default(Listening, || assert!(TracingObserver.enabled()));
+}
+
+#[tokio::test]
+async fn a_breaker_asks_an_observer_whose_interest_may_change_at_each_step_and_is_heard_once_it_listens() {
+    let sometimes = Declared::new(Interest::Sometimes, false);
+    let breaker = CircuitBreaker::builder()
+        .clock(Arc::new(ManualClock::at_fixed_epoch()))
+        .observer(sometimes.clone())
+        .build()
+        .unwrap();
+    for step in 1..=2 {
+        assert!(breaker.allow_request().await);
+        breaker.record_success().await.unwrap();
+        let permit = breaker.admit_now();
+        assert_eq!(permit, Permit::Call);
+        breaker.record_success_now(&permit).unwrap();
+        assert!(
+            sometimes.asked.load(Ordering::SeqCst) >= 4 * step,
+            "asked at every step"
+        );
+    }
+    assert_eq!(
+        sometimes.heard.load(Ordering::SeqCst),
+        0,
+        "not listening: nothing handed over"
+    );
+
+    sometimes.listening.store(true, Ordering::SeqCst);
+    assert!(breaker.allow_request().await);
+    let after_allow = sometimes.heard.load(Ordering::SeqCst);
+    assert!(after_allow >= 1, "listening now: the admission's event");
+    assert_eq!(breaker.admit_now(), Permit::Call);
+    assert!(
+        sometimes.heard.load(Ordering::SeqCst) > after_allow,
+        "and the synchronous twin's"
+    );
 }

@@ -591,8 +591,8 @@ impl HitWindow for MemoryCache {
 impl MemoryCache {
     /// The slot decision for a tenant whose prefix cannot be interned: by
     /// the key's string form.
-    // Out of line so that the inlined decision below is copied into the
-    // interned path only.
+    // Out of line, so that this path's copy of the inlined decision below
+    // is kept out of `acquire_tenant_slot_now`.
     #[cold]
     #[inline(never)]
     fn acquire_by_key(&self, prefix: &str, tenant: TenantId, request: &SlotRequest) -> Result<SlotOutcome, CacheError> {
