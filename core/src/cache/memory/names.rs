@@ -59,6 +59,11 @@ impl Prefixes {
         if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN || prefix.starts_with('{') {
             return None;
         }
+        // A full table stays full: the prefixes after it are named by their
+        // keys on every call, without taking the lock each time.
+        if self.slots[PREFIXES - 1].get().is_some() {
+            return None;
+        }
         let _adding = self.adding.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(id) = self.find(prefix) {
             return Some(id);
