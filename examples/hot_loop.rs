@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Cases: `acquire`, `breaker`, `hot`, `hot_now` (the synchronous twins),
-//! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants1_now`
+//! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants8_now`
+//! (its decisions over 8 tenants, every series in cache), `tenants1_now`
 //! (1 000 tenants on `SystemClock`, as `tenants2_now` on one thread),
 //! `tenants2`, `tenants2_now` and `hot2` (two threads), `governor`,
 //! `recloser`, `governor_recloser`, `governor_tenants`,
