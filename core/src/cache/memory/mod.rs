@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use names::{Name, Prefixes, tenant_key};
+use names::{Name, Prefixes, TenantName, tenant_key};
 use ring::Full;
 use series::Series;
 use tenants::Tenants;
@@ -366,7 +366,7 @@ impl ValueEntry {
 #[cold]
 fn full(operation: &'static str, name: Name<'_>) -> CacheError {
     let named = match name {
-        Name::Tenant(_, tenant) => format!("tenant {}", TenantId::from_u128(tenant)),
+        Name::Tenant(name) => format!("tenant {}", TenantId::from_u128(name.tenant)),
         Name::Text(key) => key.to_owned(),
     };
     CacheError::Unavailable {
@@ -444,7 +444,7 @@ impl State {
     /// The live series named `name`, emptied first if it expired — one lookup.
     fn series_mut(&mut self, name: Name<'_>, now: Timestamp) -> Option<&mut Series> {
         let series = match name {
-            Name::Tenant(prefix, tenant) => self.tenants.get_mut(prefix, tenant)?,
+            Name::Tenant(name) => self.tenants.get_mut(name)?,
             Name::Text(key) => self.windows.get_mut(key)?,
         };
         if series.deadline <= now {
@@ -457,8 +457,8 @@ impl State {
     fn insert_series(&mut self, name: Name<'_>, series: Series) {
         self.expires(series.deadline);
         match name {
-            Name::Tenant(prefix, tenant) => {
-                self.tenants.insert(prefix, tenant, series);
+            Name::Tenant(name) => {
+                self.tenants.insert(name, series);
             }
             Name::Text(key) => {
                 self.windows.insert(key.to_owned(), series);
@@ -468,8 +468,8 @@ impl State {
 
     fn remove_series(&mut self, name: Name<'_>) {
         match name {
-            Name::Tenant(prefix, tenant) => {
-                self.tenants.remove(prefix, tenant);
+            Name::Tenant(name) => {
+                self.tenants.remove(name);
             }
             Name::Text(key) => {
                 self.windows.remove(key);
@@ -666,7 +666,10 @@ impl ImmediateStore for MemoryCache {
     ) -> Result<SlotOutcome, CacheError> {
         let bits = tenant.as_uuid().as_u128();
         match self.shared.prefixes.id(prefix) {
-            Some(id) => self.acquire_named(shard_of_tenant(bits), Name::Tenant(id, bits), request),
+            Some(id) => {
+                let name = TenantName::new(id, bits);
+                self.acquire_named(name.shard(), Name::Tenant(name), request)
+            }
             None => self.acquire_by_key(prefix, tenant, request),
         }
     }

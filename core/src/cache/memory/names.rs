@@ -11,6 +11,7 @@
 
 use std::sync::{Mutex, OnceLock};
 
+use super::{hashed_shard, tenant_hash};
 use crate::cache::MAX_PREFIX_LEN;
 
 /// How many prefixes a cache interns; the prefixes after them are named by
@@ -20,10 +21,48 @@ const PREFIXES: usize = 64;
 /// A series' name within a shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Name<'k> {
-    /// A limiter tenant: the interned prefix's id and the tenant's id.
-    Tenant(u32, u128),
+    /// A limiter tenant.
+    Tenant(TenantName),
     /// Any other key.
     Text(&'k str),
+}
+
+/// A limiter tenant's series name: its interned prefix's id and the
+/// tenant's id, with the id's hash worked out once — its high bits pick the
+/// shard, and the rest find the tenant in its prefix's table
+/// (`tenants.rs`), so one decision hashes the id once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct TenantName {
+    /// The interned prefix's id.
+    pub(super) prefix: u32,
+    /// The tenant's id.
+    pub(super) tenant: u128,
+    /// `tenant_hash(tenant)`.
+    hash: u64,
+}
+
+impl TenantName {
+    /// `tenant` under the prefix whose id is `prefix`.
+    #[inline]
+    pub(super) fn new(prefix: u32, tenant: u128) -> Self {
+        TenantName {
+            prefix,
+            tenant,
+            hash: tenant_hash(tenant),
+        }
+    }
+
+    /// The shard the tenant's series lives on (as `shard_of_tenant`).
+    #[inline]
+    pub(super) fn shard(&self) -> usize {
+        hashed_shard(self.hash)
+    }
+
+    /// The tenant's id, hashed.
+    #[inline]
+    pub(super) fn hash(&self) -> u64 {
+        self.hash
+    }
 }
 
 /// The interned prefixes: filled in order, never emptied.
@@ -91,7 +130,7 @@ impl Prefixes {
     /// interned (or internable) prefix, else the key itself.
     pub(super) fn name<'k>(&self, key: &'k str) -> Name<'k> {
         match tenant_key(key).and_then(|(prefix, tenant)| Some((self.id(prefix)?, tenant))) {
-            Some((id, tenant)) => Name::Tenant(id, tenant),
+            Some((id, tenant)) => Name::Tenant(TenantName::new(id, tenant)),
             None => Name::Text(key),
         }
     }

@@ -12,6 +12,7 @@
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
+use super::names::TenantName;
 use super::series::Series;
 use super::tenant_hash;
 
@@ -34,11 +35,17 @@ pub(super) struct Tenants {
     len: usize,
 }
 
-/// The hash a tenant's entry is found by in its table: the hash whose high
-/// bits chose the shard (`shard_of_tenant`), rotated — within one shard
-/// those bits are all alike, and the table's tags come from its high bits.
-fn table_hash(tenant: u128) -> u64 {
-    tenant_hash(tenant).rotate_left(32)
+/// The hash a tenant's entry is found by in its table, from its id's
+/// hash: the hash whose high bits chose the shard (`shard_of_tenant`),
+/// rotated — within one shard those bits are all alike, and the table's
+/// tags come from its high bits.
+fn table_hash(tenant_hash: u64) -> u64 {
+    tenant_hash.rotate_left(32)
+}
+
+/// An entry's table hash, from its id (for the table to move it).
+fn entry_hash(entry: &TenantSeries) -> u64 {
+    table_hash(tenant_hash(entry.tenant))
 }
 
 impl Tenants {
@@ -47,37 +54,40 @@ impl Tenants {
         self.len
     }
 
-    /// The series of `tenant` under the prefix `prefix`, if one is held.
+    /// The series named `name`, if one is held.
     #[inline]
-    pub(super) fn get_mut(&mut self, prefix: u32, tenant: u128) -> Option<&mut Series> {
-        let table = self.by_prefix.get_mut(prefix as usize)?;
+    pub(super) fn get_mut(&mut self, name: TenantName) -> Option<&mut Series> {
+        let table = self.by_prefix.get_mut(name.prefix as usize)?;
         table
-            .find_mut(table_hash(tenant), |e| e.tenant == tenant)
+            .find_mut(table_hash(name.hash()), |e| e.tenant == name.tenant)
             .map(|e| &mut e.series)
     }
 
-    /// Stores `series` as `tenant`'s under `prefix`, replacing any held.
-    pub(super) fn insert(&mut self, prefix: u32, tenant: u128, series: Series) {
-        let index = prefix as usize;
+    /// Stores `series` as the one named `name`, replacing any held.
+    pub(super) fn insert(&mut self, name: TenantName, series: Series) {
+        let index = name.prefix as usize;
         if self.by_prefix.len() <= index {
             self.by_prefix.resize_with(index + 1, HashTable::new);
         }
-        let held = |e: &TenantSeries| e.tenant == tenant;
-        match self.by_prefix[index].entry(table_hash(tenant), held, |e| table_hash(e.tenant)) {
+        let held = |e: &TenantSeries| e.tenant == name.tenant;
+        match self.by_prefix[index].entry(table_hash(name.hash()), held, entry_hash) {
             Entry::Occupied(mut entry) => entry.get_mut().series = series,
             Entry::Vacant(entry) => {
-                entry.insert(TenantSeries { tenant, series });
+                entry.insert(TenantSeries {
+                    tenant: name.tenant,
+                    series,
+                });
                 self.len += 1;
             }
         }
     }
 
-    /// Forgets `tenant`'s series under `prefix`.
-    pub(super) fn remove(&mut self, prefix: u32, tenant: u128) {
-        let Some(table) = self.by_prefix.get_mut(prefix as usize) else {
+    /// Forgets the series named `name`.
+    pub(super) fn remove(&mut self, name: TenantName) {
+        let Some(table) = self.by_prefix.get_mut(name.prefix as usize) else {
             return;
         };
-        if let Ok(entry) = table.find_entry(table_hash(tenant), |e| e.tenant == tenant) {
+        if let Ok(entry) = table.find_entry(table_hash(name.hash()), |e| e.tenant == name.tenant) {
             entry.remove();
             self.len -= 1;
         }
@@ -120,27 +130,29 @@ mod tests {
     }
 
     fn first_hit(tenants: &mut Tenants, prefix: u32, tenant: u128) -> Option<(u64, Option<Timestamp>)> {
-        tenants.get_mut(prefix, tenant).map(|s| s.window(Timestamp::EPOCH))
+        tenants
+            .get_mut(TenantName::new(prefix, tenant))
+            .map(|s| s.window(Timestamp::EPOCH))
     }
 
     #[test]
     fn a_tenant_is_found_under_its_own_prefix_only_and_counted_once() {
         let mut tenants = Tenants::default();
-        tenants.insert(3, 7, series(1));
-        tenants.insert(0, 7, series(2));
-        tenants.insert(3, 8, series(3));
+        tenants.insert(TenantName::new(3, 7), series(1));
+        tenants.insert(TenantName::new(0, 7), series(2));
+        tenants.insert(TenantName::new(3, 8), series(3));
         assert_eq!(tenants.len(), 3);
         assert_eq!(first_hit(&mut tenants, 3, 7), Some((1, Some(Timestamp::from_secs(1)))));
         assert_eq!(first_hit(&mut tenants, 0, 7), Some((1, Some(Timestamp::from_secs(2)))));
         assert_eq!(first_hit(&mut tenants, 1, 7), None);
         assert_eq!(first_hit(&mut tenants, 9, 7), None);
         // Replacing keeps one entry.
-        tenants.insert(3, 7, series(4));
+        tenants.insert(TenantName::new(3, 7), series(4));
         assert_eq!(tenants.len(), 3);
         assert_eq!(first_hit(&mut tenants, 3, 7), Some((1, Some(Timestamp::from_secs(4)))));
-        tenants.remove(3, 7);
-        tenants.remove(3, 7);
-        tenants.remove(40, 7);
+        tenants.remove(TenantName::new(3, 7));
+        tenants.remove(TenantName::new(3, 7));
+        tenants.remove(TenantName::new(40, 7));
         assert_eq!(tenants.len(), 2);
         assert_eq!(first_hit(&mut tenants, 3, 7), None);
         tenants.retain(|s| s.deadline > Timestamp::from_secs(102));
@@ -161,7 +173,7 @@ mod tests {
         assert_eq!(ids.len(), 3_000);
         let mut tenants = Tenants::default();
         for (n, id) in (0u64..).zip(&ids) {
-            tenants.insert(0, *id, series(n));
+            tenants.insert(TenantName::new(0, *id), series(n));
         }
         assert_eq!(tenants.len(), ids.len());
         for (n, id) in (0u64..).zip(&ids) {
