@@ -140,14 +140,9 @@ async fn an_observer_whose_interest_is_fixed_is_never_asked_per_decision() {
     // Wrapped in another `Arc`, the interest is the inner observer's.
     let wrapped: Arc<Arc<Declared>> = Arc::new(Declared::new(Interest::Never, false));
     assert_eq!(wrapped.interest(), Interest::Never);
-    assert_eq!(interest_of(&redstring::NoopObserver), Interest::Never);
-    assert_eq!(interest_of(&*recording), Interest::Always);
-    assert_eq!(interest_of(&TracingObserver), Interest::Sometimes);
-}
-
-/// `Observer::interest` through a trait object, as a component asks it.
-fn interest_of(observer: &dyn Observer) -> Interest {
-    observer.interest()
+    assert_eq!(redstring::NoopObserver.interest(), Interest::Never);
+    assert_eq!(recording.interest(), Interest::Always);
+    assert_eq!(TracingObserver.interest(), Interest::Sometimes);
 }
 
 #[tokio::test]
