@@ -7,7 +7,9 @@
 //! series by `(prefix id, tenant id)`. The string form still names the same
 //! series: a key of exactly that shape, by whatever path it arrives
 //! ([`HitWindow`](crate::cache::HitWindow), `delete`), is parsed to the same
-//! name, and both forms pick the same shard from the tenant id.
+//! name, and both forms pick the same shard from the tenant id. A tenant's
+//! name ([`TenantName`]) carries its id's hash, worked out once: the shard
+//! and the tenant's place in its prefix's table both come from it.
 
 use std::sync::{Mutex, OnceLock};
 
