@@ -124,23 +124,30 @@ struct Shared {
 #[repr(C, align(128))]
 #[derive(Default)]
 struct Shard {
-    /// How many values the shard held when its lock was last released:
-    /// written before every unlock ([`Guard`]), so a reader that sees zero
-    /// may take the shard as holding no value at that instant.
+    /// How many values the shard held when its lock was last released —
+    /// kept by the tagged shard alone, whose count the breaker's lock-free
+    /// empty test reads (`breaker.rs`): written before its every unlock
+    /// ([`Guard`]), so a reader that sees zero may take the shard as
+    /// holding no value at that instant. The other shards leave it alone,
+    /// so a limiter's decision reads no map's length on its way out.
     values: AtomicUsize,
     state: parking_lot::Mutex<State>,
 }
 
-/// A shard's lock, which publishes the shard's value count as it is released.
+/// A shard's lock, which publishes the tagged shard's value count as it is
+/// released.
 struct Guard<'a> {
     locked: parking_lot::MutexGuard<'a, State>,
-    published: &'a AtomicUsize,
+    /// The tagged shard's count; `None` on every other shard.
+    published: Option<&'a AtomicUsize>,
 }
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
         // Before the field drops and the mutex unlocks.
-        self.published.store(self.locked.values.len(), Ordering::Release);
+        if let Some(published) = self.published {
+            published.store(self.locked.values.len(), Ordering::Release);
+        }
     }
 }
 
@@ -204,8 +211,8 @@ enum Value {
 impl std::fmt::Debug for MemoryCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (mut values, mut windows, mut closed) = (0, 0, false);
-        for shard in self.shared.shards.iter() {
-            let state = lock(shard);
+        for index in 0..SHARDS {
+            let state = lock(&self.shared.shards, index);
             values += state.values.len();
             windows += state.windows.len() + state.tenants.len();
             closed |= state.closed;
@@ -226,13 +233,21 @@ impl Default for MemoryCache {
     }
 }
 
-fn lock(shard: &Shard) -> Guard<'_> {
+/// Locks shard `index` of `shards`.
+fn lock(shards: &[Shard], index: usize) -> Guard<'_> {
     // `parking_lot`'s lock spins briefly before it parks (a shard's critical
     // section is short) and has no poisoning: a panic while holding it cannot
     // leave the maps half-updated in a way later operations misread.
+    let shard = &shards[index];
+    guard(shard, index, shard.state.lock())
+}
+
+/// The guard of shard `index`, locked as `locked`: publishing its value
+/// count if it is the tagged shard.
+fn guard<'a>(shard: &'a Shard, index: usize, locked: parking_lot::MutexGuard<'a, State>) -> Guard<'a> {
     Guard {
-        locked: shard.state.lock(),
-        published: &shard.values,
+        locked,
+        published: (index == TAGGED).then_some(&shard.values),
     }
 }
 
@@ -302,8 +317,8 @@ impl MemoryCache {
     pub fn len(&self) -> (usize, usize) {
         let now = self.shared.clock.now();
         let (mut values, mut windows) = (0, 0);
-        for shard in self.shared.shards.iter() {
-            let state = lock(shard);
+        for index in 0..SHARDS {
+            let state = lock(&self.shared.shards, index);
             values += state.values.values().filter(|e| e.live(now)).count();
             windows += state.windows.values().filter(|s| s.deadline > now).count();
             windows += state.tenants.iter().filter(|s| s.deadline > now).count();
@@ -316,11 +331,9 @@ impl MemoryCache {
     /// per series, at most twice the most hits it has held unpruned at once,
     /// or four.
     pub fn stored_hits(&self) -> usize {
-        self.shared
-            .shards
-            .iter()
-            .map(|shard| {
-                let state = lock(shard);
+        (0..SHARDS)
+            .map(|index| {
+                let state = lock(&self.shared.shards, index);
                 let hits = |series: &Series| series.held();
                 state.windows.values().map(hits).sum::<usize>() + state.tenants.iter().map(hits).sum::<usize>()
             })
@@ -336,7 +349,7 @@ impl MemoryCache {
     // instructions (callgrind, `examples/hot_loop.rs tenants8_now`).
     #[inline(always)]
     fn open_shard(&self, index: usize, now: Timestamp) -> Result<Guard<'_>, CacheError> {
-        let mut state = lock(&self.shared.shards[index]);
+        let mut state = lock(&self.shared.shards, index);
         if state.closed {
             return Err(CacheError::Closed);
         }
@@ -359,11 +372,7 @@ impl MemoryCache {
         let Some(locked) = shard.state.try_lock() else {
             return;
         };
-        let mut other = Guard {
-            locked,
-            published: &shard.values,
-        };
-        other.sweep(now);
+        guard(shard, next, locked).sweep(now);
     }
 
     fn stamp(&self, caller_now: Timestamp, clock_now: Timestamp) -> Timestamp {
@@ -530,8 +539,8 @@ impl State {
 
 impl Cache for MemoryCache {
     async fn close(&self) -> Result<(), CacheError> {
-        for shard in self.shared.shards.iter() {
-            let mut state = lock(shard);
+        for index in 0..SHARDS {
+            let mut state = lock(&self.shared.shards, index);
             self.shared.closed.store(true, Ordering::Release);
             state.closed = true;
             state.values.clear();
@@ -1023,12 +1032,9 @@ mod tests {
 
     /// Entries the shards physically hold, expired ones not yet swept included.
     fn entries_held(cache: &MemoryCache) -> usize {
-        cache
-            .shared
-            .shards
-            .iter()
-            .map(|shard| {
-                let state = lock(shard);
+        (0..SHARDS)
+            .map(|index| {
+                let state = lock(&cache.shared.shards, index);
                 state.values.len() + state.windows.len() + state.tenants.len() + state.ledgers.len()
             })
             .sum()
@@ -1078,9 +1084,10 @@ mod tests {
 
     #[test]
     fn what_a_limiter_decision_touches_before_its_tenant_is_on_the_shards_first_line() {
-        let shard = Shard::default();
-        let start = &shard as *const Shard as usize;
-        let state = lock(&shard);
+        let shards = [Shard::default()];
+        let shard = &shards[0];
+        let start = shard as *const Shard as usize;
+        let state = lock(&shards, 0);
         let end_of = |field: usize, size: usize| field - start + size;
         let ends = [
             end_of(&shard.values as *const AtomicUsize as usize, size_of::<AtomicUsize>()),
@@ -1176,7 +1183,7 @@ mod tests {
         };
         let error = ready(cache.acquire_with_tokens("k", request, ask)).unwrap_err();
         assert!(error.to_string().contains("acquire_with_tokens"), "{error}");
-        assert!(cache.shared.shards.iter().all(|shard| lock(shard).ledgers.is_empty()));
+        assert!((0..SHARDS).all(|index| lock(&cache.shared.shards, index).ledgers.is_empty()));
         assert_eq!(ready(cache.count_since("k", now)).unwrap(), MOST);
         // A limiter's tenant at its most: the decision admits, the store cannot keep it.
         let tenant = TenantId::from_u128(5);
