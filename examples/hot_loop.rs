@@ -11,7 +11,8 @@
 //! valgrind --tool=callgrind target/release/examples/hot_loop hot 10000
 //! ```
 //!
-//! Cases: `acquire`, `breaker`, `hot`, `hot_now` (the synchronous twins),
+//! Cases: `acquire`, `breaker` and their twins `acquire_now` and
+//! `breaker_now`, `hot`, `hot_now` (the synchronous twins),
 //! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants8_now`
 //! (its decisions over 8 tenants, every series in cache), `tenants1_now`
 //! (1 000 tenants on `SystemClock`, as `tenants2_now` on one thread),
@@ -112,6 +113,23 @@ fn main() {
             repeat(iters, |_| {
                 clock.advance(STEP);
                 ready(l.acquire(tenant)).expect("admitted");
+            });
+        }
+        "acquire_now" => {
+            // `acquire` through the synchronous twin.
+            let l = limiter(clock.clone(), RPM, WINDOW);
+            repeat(iters, |_| {
+                clock.advance(STEP);
+                l.acquire_now(tenant).expect("admitted");
+            });
+        }
+        "breaker_now" => {
+            // `breaker` through the synchronous twins.
+            let b = breaker(clock.clone());
+            repeat(iters, |_| {
+                let permit = b.admit_now();
+                assert!(permit.is_admitted());
+                b.record_success_now(&permit).expect("recorded");
             });
         }
         "breaker" => {
