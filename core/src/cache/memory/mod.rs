@@ -30,8 +30,9 @@
 //! shard is swept in bulk once its operations since its last sweep exceed
 //! [`SWEEP_SLACK`] plus the keys it holds (counted only once the operations
 //! pass the last count, so keys removed meanwhile can put a sweep off by as
-//! many operations as keys removed); every such sweep also sweeps the next
-//! shard in turn, so a shard nobody touches is swept too. A shard keeps a
+//! many operations as keys removed); every such sweep also sweeps another
+//! shard, each shard's sweeps visiting all the others in turn, so a shard
+//! nobody touches is swept too. A shard keeps a
 //! bound below every deadline it holds, so a sweep due before anything can
 //! have expired (busy tenants keep extending theirs) skips its walk over the
 //! entries. Memory therefore
@@ -101,8 +102,6 @@ struct Shared {
     clock: Arc<dyn Clock>,
     time_source: TimeSource,
     shards: Box<[Shard]>,
-    /// The shard the next sweep visits besides its own.
-    sweep_next: AtomicUsize,
     /// Set (under every shard's lock) by `close`, for the paths that take none.
     closed: AtomicBool,
     /// The limiter prefixes whose tenants' series are named by id.
@@ -189,6 +188,11 @@ struct State {
     /// a deadline below it (a deadline that is only extended cannot break
     /// it), recomputed by every walk.
     earliest: Timestamp,
+    /// The shard this one's next sweep also sweeps: each sweep moves it
+    /// on, so every shard is visited in turn by any shard that is busy. (A
+    /// cursor of the cache's own, which every call's first line shared,
+    /// moved that line between cores at every sweep.)
+    sweeps_next: usize,
 }
 
 /// A key's token reservations, in the order they were made, and the
@@ -304,7 +308,6 @@ impl MemoryCache {
                 clock,
                 time_source,
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-                sweep_next: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
                 prefixes: Prefixes::default(),
                 in_flight: Mutex::default(),
@@ -356,15 +359,16 @@ impl MemoryCache {
         state.ops_since_sweep += 1;
         if state.ops_since_sweep > state.sweep_after && state.sweep_due() {
             state.sweep(now);
-            self.sweep_another(index, now);
+            let next = state.sweeps_next;
+            state.sweeps_next = (next + 1) % SHARDS;
+            self.sweep_another(index, next, now);
         }
         Ok(state)
     }
 
-    /// Sweeps the next shard in turn (not `holding`, whose lock is held), if
-    /// nobody is using it: a busy shard sweeps itself.
-    fn sweep_another(&self, holding: usize, now: Timestamp) {
-        let next = self.shared.sweep_next.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    /// Sweeps shard `next` (not `holding`, whose lock is held), if nobody is
+    /// using it: a busy shard sweeps itself.
+    fn sweep_another(&self, holding: usize, next: usize, now: Timestamp) {
         if next == holding {
             return;
         }
