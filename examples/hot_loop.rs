@@ -16,10 +16,12 @@
 //! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants8_now`
 //! (its decisions over 8 tenants, every series in cache), `tenants1_now`
 //! (1 000 tenants on `SystemClock`, as `tenants2_now` on one thread),
-//! `tenants2`, `tenants2_now` and `hot2` (two threads), `governor`,
+//! `tenants2`, `tenants2_now` and `hot2` (two threads),
+//! `tenants2_apart_now` (`tenants2_now` with a limiter per thread: nothing
+//! shared, so what sharing costs is the difference), `governor`,
 //! `recloser`, `governor_recloser`, `governor_tenants`,
-//! `governor_tenants1`, and governor's two-thread sides `governor_hot2`
-//! and `governor_tenants2`.
+//! `governor_tenants1`, and governor's two-thread sides `governor_hot2`,
+//! `governor_tenants2` and `governor_tenants2_apart`.
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -222,6 +224,20 @@ fn main() {
             let l = system_limiter();
             on_two_threads(iters, |thread, i| {
                 l.acquire_now(walked(&tenants, thread, i)).expect("admitted");
+            });
+        }
+        "tenants2_apart_now" => {
+            // tenants2_now with a limiter per thread: nothing shared.
+            let ls = [system_limiter(), system_limiter()];
+            on_two_threads(iters, |thread, i| {
+                ls[thread].acquire_now(walked(&tenants, thread, i)).expect("admitted");
+            });
+        }
+        "governor_tenants2_apart" => {
+            // governor_tenants2 with a limiter per thread.
+            let gs = [governor(), governor()];
+            on_two_threads(iters, |thread, i| {
+                gs[thread].check_key(&walked(&tenants, thread, i)).expect("admitted")
             });
         }
         "tenants1_now" => {
