@@ -12,7 +12,7 @@
 //! ```
 //!
 //! Cases: `acquire`, `breaker` and their twins `acquire_now` and
-//! `breaker_now`, `hot`, `hot_now` (the synchronous twins),
+//! `breaker_now`, `hot` and its twin `hot_now`,
 //! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants8_now`
 //! (its decisions over 8 tenants, every series in cache), `tenants1_now`
 //! (1 000 tenants on `SystemClock`, as `tenants2_now` on one thread),

@@ -28,9 +28,9 @@
 //! TTLs are measured on the injected [`Clock`] — never on the OS — so simulated
 //! time and TTL time agree. Expired entries are dropped when touched, and a
 //! shard is swept in bulk once its operations since its last sweep exceed
-//! [`SWEEP_SLACK`] plus the keys it holds (counted only once the operations
-//! pass the last count, so keys removed meanwhile can put a sweep off by as
-//! many operations as keys removed); every such sweep also sweeps another
+//! [`SWEEP_SLACK`] plus the keys that sweep kept — a walk over every key is
+//! paid for by at least as many operations, and keys added since cannot
+//! put it off (each operation adds at most a few); every such sweep also sweeps another
 //! shard, each shard's sweeps visiting all the others in turn, so a shard
 //! nobody touches is swept too. A shard keeps a
 //! bound below every deadline it holds, so a sweep due before anything can
@@ -87,7 +87,8 @@ const TAGGED: usize = 0;
 /// How many shards a cache has: one for tagged keys, [`HASHED`] for the rest.
 pub const SHARDS: usize = 1 + HASHED;
 
-/// Operations a shard takes beyond its live keys before it is swept.
+/// Operations a shard takes, beyond the keys its last sweep kept, before it
+/// is swept again.
 pub const SWEEP_SLACK: usize = 16;
 
 /// The in-process [`Cache`]: every capability of the port, over sharded maps.
@@ -115,8 +116,9 @@ struct Shared {
 /// never contend for one line.
 ///
 /// Every field a limiter's decision writes on its way to its tenant's entry
-/// — the published value count, the lock and the sweep's counters — is in
-/// the shard's first 64 bytes, with the tenants' tables it reads
+/// — the lock and the sweep's counter (and on the tagged shard, the
+/// published value count) — is in the shard's first 64 bytes, with the
+/// tenants' tables it reads
 /// (`repr(C)`, hot fields first; pinned by a test): a decision moves one
 /// shard line between cores, where it moved two. (What it only reads, it
 /// shares with every core without moving it.)
@@ -169,13 +171,10 @@ impl DerefMut for Guard<'_> {
 #[derive(Default)]
 struct State {
     ops_since_sweep: usize,
-    /// Operations since the last sweep past which the shard's keys are
-    /// counted again: [`SWEEP_SLACK`] plus the keys it held when last
-    /// counted. Keys added since can only put the sweep off, so a count
-    /// taken only once this bound is passed finds the sweep due exactly
-    /// when it is; keys removed since bring it sooner, and it waits for the
-    /// bound (by at most as many operations as keys removed).
-    sweep_after: usize,
+    /// The keys the last sweep kept (or found, when it skipped its walk):
+    /// the next sweep is due once the operations since exceed
+    /// [`SWEEP_SLACK`] plus these.
+    kept: usize,
     /// Limiter tenants' series, by interned prefix and tenant id.
     tenants: Tenants,
     closed: bool,
@@ -357,7 +356,7 @@ impl MemoryCache {
             return Err(CacheError::Closed);
         }
         state.ops_since_sweep += 1;
-        if state.ops_since_sweep > state.sweep_after && state.sweep_due() {
+        if state.ops_since_sweep > SWEEP_SLACK + state.kept {
             state.sweep(now);
             let next = state.sweeps_next;
             state.sweeps_next = (next + 1) % SHARDS;
@@ -419,7 +418,7 @@ impl State {
         self.ops_since_sweep = 0;
         if now < self.earliest {
             debug_assert!(self.nothing_expired(now), "a deadline was set below `earliest`");
-            self.sweep_after = self.sweep_bound();
+            self.kept = self.keys();
             return;
         }
         let mut earliest = Timestamp::MAX;
@@ -435,25 +434,12 @@ impl State {
         self.tenants.retain(|s| keep(s.deadline));
         self.ledgers.retain(|_, l| keep(l.deadline));
         self.earliest = earliest;
-        self.sweep_after = self.sweep_bound();
+        self.kept = self.keys();
     }
 
-    /// The operations a sweep waits for: [`SWEEP_SLACK`] plus the keys held.
-    fn sweep_bound(&self) -> usize {
-        SWEEP_SLACK + self.values.len() + self.windows.len() + self.tenants.len()
-    }
-
-    /// Whether the operations since the last sweep exceed
-    /// [`SWEEP_SLACK`] plus the keys held — counted here, once
-    /// `sweep_after` is passed; if not, the count is the new bound.
-    #[cold]
-    fn sweep_due(&mut self) -> bool {
-        let bound = self.sweep_bound();
-        if self.ops_since_sweep > bound {
-            return true;
-        }
-        self.sweep_after = bound;
-        false
+    /// Every key the shard holds, expired ones not yet swept included.
+    fn keys(&self) -> usize {
+        self.values.len() + self.windows.len() + self.tenants.len() + self.ledgers.len()
     }
 
     /// Notes an entry now expiring at `deadline`, keeping `earliest` a
@@ -1052,53 +1038,90 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_shard_is_swept_once_its_operations_exceed_the_slack_plus_its_keys() {
-        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
-        let cache = MemoryCache::new(clock.clone());
-        // Tagged keys: one shard, which nothing else sweeps.
-        let keys = 5;
-        for n in 0..keys {
-            ready(cache.set(&format!("{{t}}:{n}"), "1", Some(Duration::from_secs(1)))).unwrap();
+    /// Sets `{t}:{name}{n}` for `n` in `0..count` to live `ttl`: tagged
+    /// keys, on one shard, which nothing else sweeps.
+    fn set_tagged(cache: &MemoryCache, name: &str, count: usize, ttl: Duration) {
+        for n in 0..count {
+            ready(cache.set(&format!("{{t}}:{name}{n}"), "1", Some(ttl))).unwrap();
         }
-        clock.advance(Duration::from_secs(2));
-        // The sets were operations too; a miss writes nothing.
-        for _ in keys..SWEEP_SLACK + keys {
+    }
+
+    /// `count` operations on the tagged shard that write nothing.
+    fn miss_tagged(cache: &MemoryCache, count: usize) {
+        for _ in 0..count {
             ready(cache.get("{t}:missing")).unwrap();
         }
-        assert_eq!(
-            entries_held(&cache),
-            keys,
-            "swept before its operations exceeded slack + keys"
-        );
-        ready(cache.get("{t}:missing")).unwrap();
-        assert_eq!(entries_held(&cache), 0, "not swept once they did");
-        // Keys added after the bound was counted put the next sweep off.
-        for n in 0..keys {
-            ready(cache.set(&format!("{{t}}:{n}"), "1", Some(Duration::from_secs(1)))).unwrap();
-        }
-        clock.advance(Duration::from_secs(2));
-        for _ in keys..SWEEP_SLACK + keys {
-            ready(cache.get("{t}:missing")).unwrap();
-        }
-        assert_eq!(entries_held(&cache), keys);
-        ready(cache.get("{t}:missing")).unwrap();
-        assert_eq!(entries_held(&cache), 0);
     }
 
     #[test]
-    fn what_a_limiter_decision_touches_before_its_tenant_is_on_the_shards_first_line() {
+    fn a_shard_is_swept_once_its_operations_exceed_the_slack_plus_what_its_last_sweep_kept() {
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let (short, long) = (Duration::from_secs(1), Duration::from_secs(1_000));
+        // Nothing swept yet, nothing kept: due after the slack alone, the
+        // keys written meanwhile (the sets are operations too) or not.
+        set_tagged(&cache, "short", 5, short);
+        clock.advance(2 * short);
+        miss_tagged(&cache, SWEEP_SLACK - 5);
+        assert_eq!(
+            entries_held(&cache),
+            5,
+            "swept before its operations exceeded the slack"
+        );
+        miss_tagged(&cache, 1);
+        assert_eq!(entries_held(&cache), 0, "not swept once they did");
+        // Live keys written before a sweep are kept by it, and the next
+        // waits for them too.
+        set_tagged(&cache, "long", 5, long);
+        miss_tagged(&cache, SWEEP_SLACK + 1 - 5);
+        assert_eq!(entries_held(&cache), 5);
+        set_tagged(&cache, "short", 3, short);
+        clock.advance(2 * short);
+        miss_tagged(&cache, SWEEP_SLACK + 5 - 3);
+        assert_eq!(entries_held(&cache), 8, "swept before slack + the 5 kept");
+        miss_tagged(&cache, 1);
+        assert_eq!(entries_held(&cache), 5, "the expired 3 outlived slack + the 5 kept");
+    }
+
+    #[test]
+    fn a_shard_whose_every_operation_adds_a_key_is_still_swept() {
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let short = Duration::from_secs(1);
+        set_tagged(&cache, "old", 5, short);
+        clock.advance(2 * short);
+        // Counting the keys held now, ops would never catch up with them.
+        for n in 0..SWEEP_SLACK * 4 {
+            ready(cache.set(&format!("{{t}}:new{n}"), "1", Some(Duration::from_secs(1_000)))).unwrap();
+        }
+        let held = entries_held(&cache);
+        assert_eq!(
+            held,
+            SWEEP_SLACK * 4,
+            "{} expired keys outlived every sweep",
+            held - SWEEP_SLACK * 4
+        );
+    }
+
+    #[test]
+    fn what_a_limiter_decision_writes_before_its_tenant_is_on_the_shards_first_line() {
         let shards = [Shard::default()];
         let shard = &shards[0];
         let start = shard as *const Shard as usize;
         let state = lock(&shards, 0);
         let end_of = |field: usize, size: usize| field - start + size;
+        let mutex = &shard.state as *const parking_lot::Mutex<State> as usize;
+        let data = shard.state.data_ptr() as usize;
+        assert_eq!(
+            data - mutex + size_of::<State>(),
+            size_of::<parking_lot::Mutex<State>>(),
+            "the lock word is not before the data it guards"
+        );
         let ends = [
             end_of(&shard.values as *const AtomicUsize as usize, size_of::<AtomicUsize>()),
-            // The lock word comes before the data it guards.
-            end_of(shard.state.data_ptr() as usize, 0),
+            end_of(data, 0),
             end_of(&state.ops_since_sweep as *const usize as usize, size_of::<usize>()),
-            end_of(&state.sweep_after as *const usize as usize, size_of::<usize>()),
+            end_of(&state.kept as *const usize as usize, size_of::<usize>()),
             end_of(&state.tenants as *const Tenants as usize, size_of::<Tenants>()),
         ];
         assert!(ends.iter().all(|end| *end <= 64), "{ends:?}");
