@@ -28,16 +28,15 @@
 //! TTLs are measured on the injected [`Clock`] — never on the OS — so simulated
 //! time and TTL time agree. Expired entries are dropped when touched, and a
 //! shard is swept in bulk once its operations since its last sweep exceed
-//! [`SWEEP_SLACK`] plus the keys that sweep kept — a walk over every key is
-//! paid for by at least as many operations, and keys added since cannot
-//! put it off (each operation adds at most a few); every such sweep also sweeps another
-//! shard, each shard's sweeps visiting all the others in turn, so a shard
-//! nobody touches is swept too. A shard keeps a
-//! bound below every deadline it holds, so a sweep due before anything can
-//! have expired (busy tenants keep extending theirs) skips its walk over the
-//! entries. Memory therefore
-//! stays bounded by live tenants × their hits (a limiter's tenant holds the
-//! hits of one series lifetime, about `2 × rpm` — see
+//! [`SWEEP_SLACK`] plus the keys that sweep kept: a walk over every key is
+//! paid for by at least as many operations (each adds at most a few keys),
+//! and keys added since do not put it off. Every such sweep also sweeps
+//! another shard, each shard's sweeps visiting all the others in turn, so a
+//! shard nobody touches is swept too. A shard keeps a bound below every
+//! deadline it holds, so a sweep due before anything can have expired (busy
+//! tenants keep extending theirs) skips its walk over the entries. Memory
+//! therefore stays bounded by live tenants × their hits (a limiter's tenant
+//! holds the hits of one series lifetime, about `2 × rpm` — see
 //! [`RateLimiter`](crate::RateLimiter) — and pruned ones only while its
 //! buffer has room for them), and idle tenants go away.
 
