@@ -1121,7 +1121,10 @@ mod tests {
             end_of(data, 0),
             end_of(&state.ops_since_sweep as *const usize as usize, size_of::<usize>()),
             end_of(&state.kept as *const usize as usize, size_of::<usize>()),
-            end_of(&state.tenants as *const Tenants as usize, size_of::<Tenants>()),
+            {
+                let (table, size) = state.tenants.first_table();
+                end_of(table, size)
+            },
         ];
         assert!(ends.iter().all(|end| *end <= 64), "{ends:?}");
         assert_eq!(start % 128, 0);
