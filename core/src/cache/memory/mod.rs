@@ -117,10 +117,10 @@ struct Shared {
 /// Every field a limiter's decision writes on its way to its tenant's entry
 /// — the lock and the sweep's counter (and on the tagged shard, the
 /// published value count) — is in the shard's first 64 bytes, with the
-/// tenants' tables it reads
-/// (`repr(C)`, hot fields first; pinned by a test): a decision moves one
-/// shard line between cores, where it moved two. (What it only reads, it
-/// shares with every core without moving it.)
+/// first prefix's table of tenants, which it reads (`repr(C)`, hot fields
+/// first; pinned by a test): a decision moves one shard line between
+/// cores, where it moved two. (What it only reads, it shares with every
+/// core without moving it.)
 #[repr(C, align(128))]
 #[derive(Default)]
 struct Shard {
