@@ -138,10 +138,10 @@ impl Tenants {
             .flat_map(|table| table.iter().map(|e| &e.series))
     }
 
-    /// Forgets every series.
+    /// Forgets every series, and frees the tables.
     pub(super) fn clear(&mut self) {
-        self.first.clear();
-        self.rest.clear();
+        self.first = HashTable::new();
+        self.rest = Vec::new();
         self.len = 0;
     }
 }
