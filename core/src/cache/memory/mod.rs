@@ -346,6 +346,19 @@ impl MemoryCache {
         self.open_shard(shard_of(key), now)
     }
 
+    /// `key`'s series name and its shard, named once: a tenant's key is
+    /// parsed and its id hashed once (for its name, whose hash places it, as
+    /// [`shard_of`] would), and a prefix met for the first time is interned
+    /// before any shard is locked.
+    fn named<'k>(&self, key: &'k str) -> (usize, Name<'k>) {
+        let name = self.shared.prefixes.name(key);
+        let shard = match name {
+            Name::Tenant(name) => name.shard(),
+            Name::Text(key) => shard_of(key),
+        };
+        (shard, name)
+    }
+
     // Inlined into every operation: as a call it cost each acquire 32
     // instructions (callgrind, `examples/hot_loop.rs tenants8_now`).
     #[inline(always)]
@@ -590,10 +603,11 @@ impl KeyValue for MemoryCache {
 
     async fn delete(&self, key: &str) -> Result<(), CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(key, now)?;
+        let (shard, name) = self.named(key);
+        let mut state = self.open_shard(shard, now)?;
         state.values.remove(key);
         state.ledgers.remove(key);
-        state.remove_series(self.shared.prefixes.name(key));
+        state.remove_series(name);
         drop(state);
         self.in_flight().remove(key);
         Ok(())
@@ -603,25 +617,23 @@ impl KeyValue for MemoryCache {
 impl HitWindow for MemoryCache {
     async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(key, now)?;
-        let name = self.shared.prefixes.name(key);
+        let (shard, name) = self.named(key);
+        let mut state = self.open_shard(shard, now)?;
         state.record(name, at, ttl, now).map_err(|_| full("record_hit", name))
     }
 
     async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(key, now)?;
-        Ok(state
-            .series_mut(self.shared.prefixes.name(key), now)
-            .map_or(0, |s| s.count_since(since)))
+        let (shard, name) = self.named(key);
+        let mut state = self.open_shard(shard, now)?;
+        Ok(state.series_mut(name, now).map_or(0, |s| s.count_since(since)))
     }
 
     async fn oldest_since(&self, key: &str, since: Timestamp) -> Result<Option<Timestamp>, CacheError> {
         let now = self.shared.clock.now();
-        let mut state = self.open(key, now)?;
-        Ok(state
-            .series_mut(self.shared.prefixes.name(key), now)
-            .and_then(|s| s.oldest_since(since)))
+        let (shard, name) = self.named(key);
+        let mut state = self.open_shard(shard, now)?;
+        Ok(state.series_mut(name, now).and_then(|s| s.oldest_since(since)))
     }
 }
 
@@ -634,8 +646,8 @@ impl MemoryCache {
     #[inline(never)]
     fn acquire_by_key(&self, prefix: &str, tenant: TenantId, request: &SlotRequest) -> Result<SlotOutcome, CacheError> {
         let key = super::KeyBuf::tenant(prefix, &tenant);
-        let key = key.as_str();
-        self.acquire_named(shard_of(key), self.shared.prefixes.name(key), request)
+        let (shard, name) = self.named(key.as_str());
+        self.acquire_named(shard, name, request)
     }
 
     /// The atomic slot decision for the series named `name` on `shard`.
@@ -677,7 +689,8 @@ impl MemoryCache {
 
 impl LimiterStore for MemoryCache {
     async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
-        self.acquire_named(shard_of(key), self.shared.prefixes.name(key), &request)
+        let (shard, name) = self.named(key);
+        self.acquire_named(shard, name, &request)
     }
 
     /// By the tenant's id: no key is formatted, checked or hashed. The key
@@ -809,8 +822,8 @@ impl TokenStore for MemoryCache {
             TimeSource::Store => (clock_now, false),
             TimeSource::Caller => clamp_stamp(request.now, clock_now, request.window, request.max_ahead),
         };
-        let name = self.shared.prefixes.name(key);
-        let mut state = self.open(key, clock_now)?;
+        let (shard, name) = self.named(key);
+        let mut state = self.open_shard(shard, clock_now)?;
         let since = now.saturating_sub(request.window);
         let (count, oldest) = match state.series_mut(name, clock_now) {
             Some(series) => series.window(since),
@@ -1021,12 +1034,7 @@ mod tests {
 
     /// Entries the shards physically hold, expired ones not yet swept included.
     fn entries_held(cache: &MemoryCache) -> usize {
-        (0..SHARDS)
-            .map(|index| {
-                let state = lock(&cache.shared.shards, index);
-                state.values.len() + state.windows.len() + state.tenants.len() + state.ledgers.len()
-            })
-            .sum()
+        (0..SHARDS).map(|index| lock(&cache.shared.shards, index).keys()).sum()
     }
 
     /// Enough operations that every shard's sweep comes due (each sweep also
