@@ -233,3 +233,28 @@ async fn a_breaker_asks_an_observer_whose_interest_may_change_at_each_step_and_i
         "and the synchronous twin's"
     );
 }
+
+#[tokio::test]
+async fn an_observer_that_never_listens_still_hears_that_the_store_could_not_answer() {
+    let never = Declared::new(Interest::Never, false);
+    let breaker = CircuitBreaker::builder()
+        .clock(Arc::new(ManualClock::at_fixed_epoch()))
+        .observer(never.clone())
+        .build()
+        .unwrap();
+    assert!(breaker.allow_request().await);
+    assert_eq!(
+        never.heard.load(Ordering::SeqCst),
+        0,
+        "a decision's events are not built"
+    );
+    redstring::Cache::close(breaker.cache().as_ref()).await.unwrap();
+    // The default `OnCacheError::Allow` admits, and says why.
+    assert!(breaker.allow_request().await);
+    assert_eq!(
+        never.heard.load(Ordering::SeqCst),
+        1,
+        "the store's failure is reported whatever the interest"
+    );
+    assert_eq!(never.asked.load(Ordering::SeqCst), 0);
+}
