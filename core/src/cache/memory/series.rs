@@ -11,15 +11,19 @@
 //!
 //! Pruning is lazy. Each push sets the **floor** (`ttl` before `now`, on the
 //! store's clock) and every read treats the hits below it as gone; they leave
-//! the buffer when it is full, or when the floor moves back, so that none
-//! reappears. Over many tenants a tenant's buffer is out of cache between
+//! the buffer when it is full, when the floor moves back (so that none
+//! reappears), and when they would stretch the span the buffer's offsets
+//! must reach (`ring.rs`). Over many tenants a tenant's buffer is out of cache between
 //! its calls, and pruning on every push read its front — a third line
 //! touched per decision, beside the window's start and the back
 //! (BENCHMARKS.md).
 //!
 //! The buffer is a ring (`ring.rs`): dropping pruned hits never moves the
-//! rest, and its small header lets a tenant's id and its series' header
-//! share one cache line (`tenants.rs`). It grows to the most hits the series
+//! rest, its hits are 4-byte offsets from a base, and its small header lets
+//! a tenant's id and its series' header share one cache line (`tenants.rs`;
+//! the floor is kept as an offset too, for the header to fit). A lookup
+//! turns `since` into an offset once and walks the offsets themselves,
+//! asking once, not per hit, whether the buffer is narrow. It grows to the most hits the series
 //! has held at once (to a power of two) and is reused after that — no
 //! allocation per hit. The answers are those of a sorted list pruned on
 //! every push, as the Redis scripts keep it; the property test below holds
@@ -27,7 +31,7 @@
 
 use std::time::Duration;
 
-use super::ring::{Full, Ring};
+use super::ring::{Full, Offsets, Ring};
 use crate::time::Timestamp;
 
 /// Hits a lookup walks forward from the cursor before it binary-searches.
@@ -39,9 +43,12 @@ pub(super) struct Series {
     hits: Ring,
     /// When the series expires on the cache's clock.
     pub(super) deadline: Timestamp,
-    /// Hits before this instant are pruned, whether or not they are still
-    /// held; they are the buffer's front.
-    floor: Timestamp,
+    /// Hits before this many microseconds after the buffer's base are
+    /// pruned, whether or not they are still held; they are the buffer's
+    /// front. Kept, as the hits are, against the base (the header stays
+    /// within its line): a floor before the base is kept as the base, which
+    /// prunes the same hits — none is held before it.
+    floor: u32,
     /// Index of the first hit at or after the last `since` looked up: a
     /// hint (a ring holds at most 2³¹ hits, so it fits; its arithmetic
     /// saturates all the same).
@@ -57,7 +64,7 @@ impl Series {
             hits: Ring::new(),
             // Past at `now`: the push gives the series its life.
             deadline: now,
-            floor: Timestamp::EPOCH,
+            floor: 0,
             cursor: 0,
         };
         series.push(at, ttl, now)?;
@@ -74,7 +81,31 @@ impl Series {
     /// Hits held and not pruned.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.hits.len() - self.hits.partition_point(|h| h < self.floor)
+        self.hits.len() - self.hits.partition_point(|h| h < self.floor())
+    }
+
+    /// Hits before this instant are pruned.
+    #[inline]
+    fn floor(&self) -> Timestamp {
+        Timestamp::from_micros(self.hits.base().as_micros() + u64::from(self.floor))
+    }
+
+    /// Prunes the hits before `floor` from now on: kept against the
+    /// buffer's base, which moves up to it (dropping what it prunes) when it
+    /// is more than a word of microseconds past it.
+    fn set_floor(&mut self, floor: Timestamp) {
+        let base = self.hits.base();
+        self.floor = match floor.as_micros().checked_sub(base.as_micros()) {
+            None => 0,
+            Some(ahead) => match u32::try_from(ahead) {
+                Ok(ahead) => ahead,
+                Err(_) => {
+                    self.drop_below(floor);
+                    self.hits.raise_base(floor);
+                    0
+                }
+            },
+        };
     }
 
     /// Forgets every hit (the series expired), keeping the buffer.
@@ -83,64 +114,39 @@ impl Series {
         self.cursor = 0;
     }
 
-    /// Index of the first hit held at or after `since` (and the floor);
-    /// moves the cursor there.
+    /// Index of the first hit held at or after `since` (and the floor),
+    /// and that hit; moves the cursor there.
     #[inline]
-    fn start(&mut self, since: Timestamp) -> usize {
-        let since = since.max(self.floor);
-        let len = self.hits.len();
-        let hint = (self.cursor as usize).min(len);
-        let found = if hint > 0 && self.hits.at(hint - 1) >= since {
-            // The window moved back: the start is before the cursor.
-            self.search(0, hint - 1, since)
-        } else {
-            // The start is at or after the cursor: walk, then search.
-            let mut i = hint;
-            let stop = len.min(hint + WALK);
-            while i < stop && self.hits.at(i) < since {
-                i += 1;
-            }
-            if i == stop && i < len && self.hits.at(i) < since {
-                self.search(i, len, since)
-            } else {
-                i
-            }
+    fn start(&mut self, since: Timestamp) -> (usize, Option<Timestamp>) {
+        let base = self.hits.base().as_micros();
+        // As an offset from the base: a `since` before it is before every
+        // hit, and the floor is kept as one.
+        let since = since.as_micros().saturating_sub(base).max(u64::from(self.floor));
+        let hint = self.cursor as usize;
+        let (found, offset) = match self.hits.narrow() {
+            Some(offsets) => first_at_or_after(&offsets, since, hint),
+            None => first_at_or_after(&self.hits, since, hint),
         };
         self.cursor = u32::try_from(found).unwrap_or(u32::MAX);
-        found
-    }
-
-    /// The first index in `lo..hi` whose hit is at or after `since`, given
-    /// that every hit before `lo` is earlier than `since` and every hit from
-    /// `hi` on is not.
-    fn search(&self, mut lo: usize, mut hi: usize, since: Timestamp) -> usize {
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.hits.at(mid) < since {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        lo
+        // No overflow: the offset was taken from an instant after the base.
+        (found, offset.map(|offset| Timestamp::from_micros(base + offset)))
     }
 
     /// Hits at or after `since`.
     pub(super) fn count_since(&mut self, since: Timestamp) -> u64 {
-        (self.hits.len() - self.start(since)) as u64
+        (self.hits.len() - self.start(since).0) as u64
     }
 
     /// The earliest hit at or after `since`.
     pub(super) fn oldest_since(&mut self, since: Timestamp) -> Option<Timestamp> {
-        let start = self.start(since);
-        self.hits.get(start)
+        self.start(since).1
     }
 
     /// How many hits are at or after `since`, and the earliest of them.
     #[inline]
     pub(super) fn window(&mut self, since: Timestamp) -> (u64, Option<Timestamp>) {
-        let start = self.start(since);
-        ((self.hits.len() - start) as u64, self.hits.get(start))
+        let (start, oldest) = self.start(since);
+        ((self.hits.len() - start) as u64, oldest)
     }
 
     /// Adds a hit at `at`, extends the series' life to `ttl` from `now`, and
@@ -154,26 +160,14 @@ impl Series {
     #[inline(always)]
     pub(super) fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), Full> {
         let floor = now.saturating_sub(ttl);
-        if floor < self.floor {
+        if floor < self.floor() {
             // The clock moved back: what the old floor pruned stays pruned.
-            self.drop_below(self.floor);
+            self.drop_below(self.floor());
         }
-        self.floor = floor;
-        if at >= floor {
-            if self.hits.len() == self.hits.capacity() {
-                // Full: make room from what is pruned before growing.
-                self.drop_below(floor);
-            }
-            if self.hits.last().is_none_or(|last| last <= at) {
-                self.hits.push(at)?;
-            } else {
-                let pos = self.hits.partition_point(|h| h <= at);
-                self.hits.insert(pos, at)?;
-                if pos < self.cursor as usize {
-                    self.cursor = self.cursor.saturating_add(1);
-                }
-            }
-        }
+        let held = if at >= floor { self.hold(at, floor) } else { Ok(()) };
+        // The pruning stands whether or not the hit was held.
+        self.set_floor(floor);
+        held?;
         let deadline = now.saturating_add(ttl);
         self.deadline = if self.deadline <= now {
             deadline
@@ -183,14 +177,97 @@ impl Series {
         Ok(())
     }
 
+    /// Puts a hit at `at`, at or after the new `floor`, in its place among
+    /// the others.
+    #[inline(always)]
+    fn hold(&mut self, at: Timestamp, floor: Timestamp) -> Result<(), Full> {
+        if self.hits.append_in_place(at) {
+            return Ok(());
+        }
+        self.hold_elsewhere(at, floor)
+    }
+
+    /// [`hold`](Series::hold) when the hit does not go in the next slot of
+    /// a narrow buffer with room: out of order, or the buffer full, wide or
+    /// out of the hit's span.
+    #[inline(never)]
+    fn hold_elsewhere(&mut self, at: Timestamp, floor: Timestamp) -> Result<(), Full> {
+        if self.hits.len() == self.hits.capacity() || !self.hits.fits(at) {
+            // Full, or out of the buffer's span: make room, and narrow the
+            // span, from what is pruned before growing or widening.
+            self.drop_below(floor);
+        }
+        if self.hits.last().is_none_or(|last| last <= at) {
+            self.hits.push(at)
+        } else {
+            let pos = self.hits.partition_point(|h| h <= at);
+            self.hits.insert(pos, at)?;
+            if pos < self.cursor as usize {
+                self.cursor = self.cursor.saturating_add(1);
+            }
+            Ok(())
+        }
+    }
+
     /// Removes the buffer's hits before `floor`: walking from the front, over
     /// lines in order, where a binary search over a buffer out of cache would
     /// miss on every probe.
     fn drop_below(&mut self, floor: Timestamp) {
-        let gone = self.hits.iter().take_while(|h| *h < floor).count();
+        let floor = floor.as_micros().saturating_sub(self.hits.base().as_micros());
+        let gone = match self.hits.narrow() {
+            Some(offsets) => count_before(&offsets, floor),
+            None => count_before(&self.hits, floor),
+        };
         self.hits.drop_front(gone);
         self.cursor = self.cursor.saturating_sub(u32::try_from(gone).unwrap_or(u32::MAX));
     }
+}
+
+/// Index of the first of `hits`' offsets at or after `since`, and that
+/// offset, walking a few from the cursor `hint` before it binary-searches —
+/// read through the narrow words when the buffer is narrow, so that no read
+/// asks.
+#[inline(always)]
+fn first_at_or_after(hits: &impl Offsets, since: u64, hint: usize) -> (usize, Option<u64>) {
+    let len = hits.len();
+    let hint = hint.min(len);
+    let found = if hint > 0 && hits.offset(hint - 1) >= since {
+        // The window moved back: the start is before the cursor.
+        search(hits, 0, hint - 1, since)
+    } else {
+        // The start is at or after the cursor: walk, then search.
+        let mut i = hint;
+        let stop = len.min(hint + WALK);
+        while i < stop && hits.offset(i) < since {
+            i += 1;
+        }
+        if i == stop && i < len && hits.offset(i) < since {
+            search(hits, i, len, since)
+        } else {
+            i
+        }
+    };
+    (found, (found < len).then(|| hits.offset(found)))
+}
+
+/// How many of `hits`' offsets, from the front, are before `floor`.
+fn count_before(hits: &impl Offsets, floor: u64) -> usize {
+    (0..hits.len()).take_while(|&i| hits.offset(i) < floor).count()
+}
+
+/// The first index in `lo..hi` whose offset is at or after `since`, given
+/// that every offset before `lo` is earlier than `since` and every offset
+/// from `hi` on is not.
+fn search(hits: &impl Offsets, mut lo: usize, mut hi: usize, since: u64) -> usize {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if hits.offset(mid) < since {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 #[cfg(test)]
@@ -215,14 +292,14 @@ mod tests {
     fn held(s: &Series) -> Vec<u64> {
         s.hits
             .iter()
-            .filter(|h| *h >= s.floor)
+            .filter(|h| *h >= s.floor())
             .map(|h| h.as_micros() / 1_000_000)
             .collect()
     }
 
     /// The answer a plain scan gives.
     fn scan(s: &Series, since: Timestamp) -> usize {
-        s.hits.iter().take_while(|h| *h < since.max(s.floor)).count()
+        s.hits.iter().take_while(|h| *h < since.max(s.floor())).count()
     }
 
     #[test]
@@ -232,14 +309,14 @@ mod tests {
         // Forward in small steps, a long jump, back, far back, past the end.
         for since in [0, 1, 2, 3, 4, 10, 11, 200, 5, 0, 299, 300, 1_000, 150, 149, 151] {
             let expected = scan(&s, t(since));
-            assert_eq!(s.start(t(since)), expected, "since {since}");
+            assert_eq!(s.start(t(since)).0, expected, "since {since}");
         }
     }
 
     #[test]
     fn a_stale_cursor_after_pruning_and_inserting_still_answers_exactly() {
         let mut s = series(&[10, 20, 30, 40, 50]);
-        assert_eq!(s.start(t(45)), 4);
+        assert_eq!(s.start(t(45)).0, 4);
         // An out-of-order hit before the cursor, then a prune of two hits.
         s.push(t(15), TTL, t(0)).unwrap();
         assert_eq!(s.count_since(t(45)), 1);
@@ -248,7 +325,7 @@ mod tests {
         assert_eq!(s.len(), 4);
         for since in [0, 30, 31, 50, 61, 35] {
             let expected = scan(&s, t(since));
-            assert_eq!(s.start(t(since)), expected, "since {since}");
+            assert_eq!(s.start(t(since)).0, expected, "since {since}");
         }
         assert_eq!(s.oldest_since(t(31)), Some(t(40)));
         assert_eq!(s.window(t(41)), (2, Some(t(50))));
@@ -257,7 +334,7 @@ mod tests {
     #[test]
     fn equal_instants_are_counted_from_the_first() {
         let mut s = series(&[5, 5, 5, 7]);
-        assert_eq!(s.start(t(6)), 3);
+        assert_eq!(s.start(t(6)).0, 3);
         assert_eq!(s.count_since(t(5)), 4);
     }
 
@@ -355,10 +432,18 @@ mod tests {
         /// The series answers every read as a list pruned on every push does,
         /// through out-of-order stamps, a clock that steps back, full buffers
         /// and cursors left anywhere.
+        ///
+        /// The steps' numbers are `unit`s after `origin`: microseconds, where
+        /// every span fits a narrow buffer; seconds; minutes and 17-minute
+        /// units, where the hits held span more than a word of microseconds
+        /// and the buffer rebases and turns wide.
         #[test]
         fn the_series_answers_as_a_list_pruned_on_every_push(
             steps in proptest::collection::vec(step(), 1..300),
+            unit in proptest::sample::select(vec![1u64, 1_000_000, 60_000_000, 1_000_000_000]),
+            origin in proptest::sample::select(vec![0u64, 1_700_000_000_000_000]),
         ) {
+            let t = |n: u64| Timestamp::from_micros(origin + n * unit);
             let mut lazy: Option<Series> = None;
             let mut eager = Eager::default();
             let mut most = 0;
@@ -387,7 +472,7 @@ mod tests {
                     }
                 };
                 if let Some((at, now, ttl)) = pushed {
-                    let (at, ttl, now) = (t(at), Duration::from_secs(ttl), t(now));
+                    let (at, ttl, now) = (t(at), Duration::from_micros(ttl * unit), t(now));
                     match lazy.as_mut() {
                         Some(series) => series.push(at, ttl, now).unwrap(),
                         None => lazy = Some(Series::first(at, ttl, now).unwrap()),

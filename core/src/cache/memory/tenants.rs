@@ -6,7 +6,7 @@
 //! `(prefix, tenant)` held a 96-byte entry that straddles two or three
 //! lines. Here each prefix has its own table (so the prefix is not stored),
 //! and an entry — the 16-byte id and the 48-byte series header — is one
-//! aligned 64-byte line (the series' buffer is a ring whose header is 24
+//! aligned 64-byte line (the series' buffer is a ring whose header is 32
 //! bytes, `ring.rs`). The hits themselves are where the buffer keeps them.
 
 use hashbrown::HashTable;
