@@ -196,6 +196,10 @@ impl Series {
             // Full, or out of the buffer's span: make room, and narrow the
             // span, from what is pruned before growing or widening.
             self.drop_below(floor);
+            // The common case: a full buffer with pruned hits at its front.
+            if self.hits.append_in_place(at) {
+                return Ok(());
+            }
         }
         if self.hits.last().is_none_or(|last| last <= at) {
             self.hits.push(at)
