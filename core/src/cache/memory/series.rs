@@ -160,7 +160,9 @@ impl Series {
     #[inline(always)]
     pub(super) fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), Full> {
         let floor = now.saturating_sub(ttl);
-        if floor < self.floor() {
+        // A floor at the base prunes nothing held (a young series' floor,
+        // before its first hit, is kept there).
+        if self.floor > 0 && floor < self.floor() {
             // The clock moved back: what the old floor pruned stays pruned.
             self.drop_below(self.floor());
         }
