@@ -116,7 +116,7 @@ impl Series {
 
     /// Index of the first hit held at or after `since` (and the floor),
     /// and that hit; moves the cursor there.
-    #[inline]
+    #[inline(always)]
     fn start(&mut self, since: Timestamp) -> (usize, Option<Timestamp>) {
         let base = self.hits.base().as_micros();
         // As an offset from the base: a `since` before it is before every
