@@ -290,12 +290,6 @@ impl Ring {
         self.len -= u32::try_from(n).unwrap_or(self.len);
     }
 
-    /// Moves the base up to `to`, which no instant held is earlier than.
-    pub(super) fn raise_base(&mut self, to: Timestamp) {
-        debug_assert!(to >= self.base && self.get(0).is_none_or(|front| front >= to));
-        self.shift(to);
-    }
-
     /// The first index whose instant fails `pred`, given that `pred` holds
     /// for a prefix of the ring and fails for the rest.
     pub(super) fn partition_point(&self, pred: impl Fn(Timestamp) -> bool) -> usize {
@@ -476,28 +470,6 @@ mod tests {
         // The first push sets the base; after that, one rebase per 2³⁰ µs or more.
         assert!((2..=1 + 5 * 3_600 / 1_073).contains(&rebases), "{rebases}");
         assert_eq!(ring.get(0), Some(us(start + (5 * 3_600 - 121) * 1_000_000)));
-    }
-
-    #[test]
-    fn raising_the_base_keeps_every_instant() {
-        let mut ring = Ring::new();
-        for at in [100, 200, 300] {
-            ring.push(us(at)).unwrap();
-        }
-        ring.raise_base(us(100));
-        ring.drop_front(1);
-        ring.raise_base(us(150));
-        assert_eq!(
-            (ring.base(), ring.iter().map(Timestamp::as_micros).collect::<Vec<_>>()),
-            (us(150), vec![200, 300])
-        );
-        ring.clear();
-        ring.raise_base(us(7_000_000_000));
-        ring.push(us(7_000_000_001)).unwrap();
-        assert_eq!(
-            (ring.base(), ring.last(), ring.is_wide()),
-            (us(7_000_000_000), Some(us(7_000_000_001)), false)
-        );
     }
 
     #[test]

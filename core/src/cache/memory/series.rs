@@ -46,8 +46,9 @@ pub(super) struct Series {
     /// Hits before this many microseconds after the buffer's base are
     /// pruned, whether or not they are still held; they are the buffer's
     /// front. Kept, as the hits are, against the base (the header stays
-    /// within its line): a floor before the base is kept as the base, which
-    /// prunes the same hits — none is held before it.
+    /// within its line): a floor before the base is kept as the base, and
+    /// one more than a word past it as a word past it (`set_floor`), each
+    /// pruning the same hits as the real floor.
     floor: u32,
     /// Index of the first hit at or after the last `since` looked up: a
     /// hint (a ring holds at most 2³¹ hits, so it fits; its arithmetic
@@ -90,21 +91,18 @@ impl Series {
         Timestamp::from_micros(self.hits.base().as_micros() + u64::from(self.floor))
     }
 
-    /// Prunes the hits before `floor` from now on: kept against the
-    /// buffer's base, which moves up to it (dropping what it prunes) when it
-    /// is more than a word of microseconds past it.
+    /// Prunes the hits before `floor` from now on, kept against the
+    /// buffer's base: a floor more than a word past the base drops what it
+    /// prunes and is kept as a word past it, which then prunes the same
+    /// hits — none is held below the real one — with no hit rewritten.
     fn set_floor(&mut self, floor: Timestamp) {
-        let base = self.hits.base();
-        self.floor = match floor.as_micros().checked_sub(base.as_micros()) {
-            None => 0,
-            Some(ahead) => match u32::try_from(ahead) {
-                Ok(ahead) => ahead,
-                Err(_) => {
-                    self.drop_below(floor);
-                    self.hits.raise_base(floor);
-                    0
-                }
-            },
+        let ahead = floor.as_micros().saturating_sub(self.hits.base().as_micros());
+        self.floor = match u32::try_from(ahead) {
+            Ok(ahead) => ahead,
+            Err(_) => {
+                self.drop_below(floor);
+                u32::MAX
+            }
         };
     }
 
@@ -379,6 +377,30 @@ mod tests {
         assert_eq!(s.len(), 101);
         assert!(s.hits.len() > 101, "pruned hits are still held: {}", s.hits.len());
         assert!(s.hits.capacity() <= 256, "{}", s.hits.capacity());
+    }
+
+    #[test]
+    fn a_floor_far_past_a_wide_buffers_base_rewrites_no_hit() {
+        let us = Timestamp::from_micros;
+        let ttl = Duration::from_secs(7_200);
+        // A hit now and one far ahead: a wide buffer based at the first.
+        let far = 1_000_000_000_000;
+        let mut s = Series::first(us(1_000), ttl, us(1_000)).unwrap();
+        s.push(us(far), ttl, us(1_000)).unwrap();
+        assert!(s.hits.narrow().is_none(), "wide");
+        // The clock moves on 72 minutes a push: from the third its floor is
+        // more than a word past the base, and the hits far ahead are kept.
+        for step in 1..=6u64 {
+            let now = us(1_000 + step * 4_320_000_000);
+            s.push(us(far), ttl, now).unwrap();
+            assert_eq!(s.hits.base(), us(1_000), "step {step}: no hit rewritten");
+            let expected = if step == 1 {
+                (3, Some(us(1_000)))
+            } else {
+                (step + 1, Some(us(far)))
+            };
+            assert_eq!(s.window(Timestamp::EPOCH), expected, "step {step}");
+        }
     }
 
     /// A sorted list pruned on every push, as the Redis scripts keep it.
