@@ -8,11 +8,13 @@
 //! where its own microseconds take eight: a tenant at its limit holds about
 //! `2 × rpm` hits, and over many tenants those buffers are what a decision
 //! waits on memory for (BENCHMARKS.md). Four bytes of microseconds span 71
-//! minutes; a ring whose instants span more than [`NARROW_SPAN`] — a window
-//! of half an hour or more, or a stamp far ahead of the rest — keeps each
-//! offset in two words instead (**wide**). A ring moves its base up as time
-//! moves on (an add per instant held, about once per [`NARROW_SPAN`]'s
-//! headroom), and down for an instant earlier than every other.
+//! minutes; a ring whose instants span more than [`NARROW_SPAN`] (about 54
+//! minutes: a limiter's series lives twice its window, so a window of more
+//! than about 26 minutes), or that is given a stamp far from the rest,
+//! keeps each offset in two words instead (**wide**). A ring moves its base
+//! up as time moves on, when a new instant no longer fits (an add per
+//! instant held, at most once per 2³⁰ microseconds), and down for an
+//! instant earlier than every other.
 //!
 //! The price of the small header is a bound: a ring holds at most 2³¹
 //! instants (8 GiB of them, 16 GiB wide); asking it to hold more — or for
@@ -365,6 +367,8 @@ impl Ring {
             if wide {
                 words.extend([(offset >> 32) as u32, offset as u32]);
             } else {
+                // A narrow ring's instants span at most a word: the error
+                // only keeps a broken invariant from truncating one.
                 words.push(u32::try_from(offset).map_err(|_| Full)?);
             }
         }
