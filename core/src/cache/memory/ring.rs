@@ -245,24 +245,17 @@ impl Ring {
         true
     }
 
-    /// Appends `at`, rebasing first if it does not fit and growing if the
-    /// ring is full; [`Full`] when it already holds as many instants as a
-    /// ring can, or the allocator refuses.
+    /// Appends `at` (at or after the last instant), as
+    /// [`insert`](Ring::insert) at the back.
+    #[cfg(test)]
     pub(super) fn push(&mut self, at: Timestamp) -> Result<(), Full> {
-        if !self.fits(at) {
-            self.rebase(at)?;
-        }
-        if self.len() == self.capacity() {
-            self.grow()?;
-        }
-        let slot = self.slot(self.len());
-        self.set_offset(slot, at.as_micros() - self.base.as_micros());
-        self.len += 1;
-        Ok(())
+        self.insert(self.len(), at)
     }
 
     /// Puts `at` at `pos` (at most `len`), moving the instants after it back
-    /// by one, rebasing and growing first as [`push`](Ring::push) does.
+    /// by one: rebasing first if it does not fit against the base, and
+    /// growing if the ring is full; [`Full`] when it already holds as many
+    /// instants as a ring can, or the allocator refuses.
     pub(super) fn insert(&mut self, pos: usize, at: Timestamp) -> Result<(), Full> {
         debug_assert!(pos <= self.len());
         if !self.fits(at) {

@@ -201,16 +201,16 @@ impl Series {
                 return Ok(());
             }
         }
-        if self.hits.last().is_none_or(|last| last <= at) {
-            self.hits.push(at)
-        } else {
-            let pos = self.hits.partition_point(|h| h <= at);
-            self.hits.insert(pos, at)?;
-            if pos < self.cursor as usize {
-                self.cursor = self.cursor.saturating_add(1);
-            }
-            Ok(())
+        // In order, at the back, without a search over the buffer.
+        let pos = match self.hits.last() {
+            Some(last) if last > at => self.hits.partition_point(|h| h <= at),
+            _ => self.hits.len(),
+        };
+        self.hits.insert(pos, at)?;
+        if pos < self.cursor as usize {
+            self.cursor = self.cursor.saturating_add(1);
         }
+        Ok(())
     }
 
     /// Removes the buffer's hits before `floor`: walking from the front, over
