@@ -207,6 +207,14 @@ impl Ring {
         self.len().checked_sub(1).map(|i| self.at(i))
     }
 
+    /// `at`'s offset from the base, or 0 for an instant before it: as a
+    /// bound to compare offsets with, it says the same of every instant
+    /// held (none is before the base).
+    #[inline]
+    pub(super) fn offset_of(&self, at: Timestamp) -> u64 {
+        at.as_micros().saturating_sub(self.base.as_micros())
+    }
+
     /// Whether `at` can be kept against the present base.
     #[inline]
     pub(super) fn fits(&self, at: Timestamp) -> bool {

@@ -96,8 +96,7 @@ impl Series {
     /// prunes and is kept as a word past it, which then prunes the same
     /// hits — none is held below the real one — with no hit rewritten.
     fn set_floor(&mut self, floor: Timestamp) {
-        let ahead = floor.as_micros().saturating_sub(self.hits.base().as_micros());
-        self.floor = match u32::try_from(ahead) {
+        self.floor = match u32::try_from(self.hits.offset_of(floor)) {
             Ok(ahead) => ahead,
             Err(_) => {
                 self.drop_below(floor);
@@ -116,10 +115,8 @@ impl Series {
     /// and that hit; moves the cursor there.
     #[inline(always)]
     fn start(&mut self, since: Timestamp) -> (usize, Option<Timestamp>) {
-        let base = self.hits.base().as_micros();
-        // As an offset from the base: a `since` before it is before every
-        // hit, and the floor is kept as one.
-        let since = since.as_micros().saturating_sub(base).max(u64::from(self.floor));
+        // As an offset from the base, as the floor is kept.
+        let since = self.hits.offset_of(since).max(u64::from(self.floor));
         let hint = self.cursor as usize;
         let (found, offset) = match self.hits.narrow() {
             Some(offsets) => first_at_or_after(&offsets, since, hint),
@@ -127,6 +124,7 @@ impl Series {
         };
         self.cursor = u32::try_from(found).unwrap_or(u32::MAX);
         // No overflow: the offset was taken from an instant after the base.
+        let base = self.hits.base().as_micros();
         (found, offset.map(|offset| Timestamp::from_micros(base + offset)))
     }
 
@@ -158,9 +156,10 @@ impl Series {
     #[inline(always)]
     pub(super) fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), Full> {
         let floor = now.saturating_sub(ttl);
-        // A floor at the base prunes nothing held (a young series' floor,
-        // before its first hit, is kept there).
-        if self.floor > 0 && floor < self.floor() {
+        // Compared as the floor is kept, against the base: a floor at or
+        // before the base prunes nothing held, so one below it never moved
+        // back from it.
+        if self.hits.offset_of(floor) < u64::from(self.floor) {
             // The clock moved back: what the old floor pruned stays pruned.
             self.drop_below(self.floor());
         }
@@ -217,7 +216,7 @@ impl Series {
     /// lines in order, where a binary search over a buffer out of cache would
     /// miss on every probe.
     fn drop_below(&mut self, floor: Timestamp) {
-        let floor = floor.as_micros().saturating_sub(self.hits.base().as_micros());
+        let floor = self.hits.offset_of(floor);
         let gone = match self.hits.narrow() {
             Some(offsets) => count_before(&offsets, floor),
             None => count_before(&self.hits, floor),
