@@ -88,17 +88,26 @@ impl Tenants {
             .map(|e| &mut e.series)
     }
 
+    /// The table of prefix id `prefix`, made (with those before it) if it
+    /// has none.
+    fn table_or_new(&mut self, prefix: u32) -> &mut HashTable<TenantSeries> {
+        let Some(at) = (prefix as usize).checked_sub(1) else {
+            return &mut self.first;
+        };
+        if self.rest.len() <= at {
+            self.rest.resize_with(at + 1, HashTable::new);
+        }
+        &mut self.rest[at]
+    }
+
+    /// Every table, prefix id 0 first.
+    fn tables(&self) -> impl Iterator<Item = &HashTable<TenantSeries>> {
+        std::iter::once(&self.first).chain(&self.rest)
+    }
+
     /// Stores `series` as the one named `name`, replacing any held.
     pub(super) fn insert(&mut self, name: TenantName, series: Series) {
-        let table = match (name.prefix as usize).checked_sub(1) {
-            None => &mut self.first,
-            Some(rest) => {
-                if self.rest.len() <= rest {
-                    self.rest.resize_with(rest + 1, HashTable::new);
-                }
-                &mut self.rest[rest]
-            }
-        };
+        let table = self.table_or_new(name.prefix);
         let held = |e: &TenantSeries| e.tenant == name.tenant;
         match table.entry(table_hash(name.hash()), held, entry_hash) {
             Entry::Occupied(mut entry) => entry.get_mut().series = series,
@@ -128,14 +137,12 @@ impl Tenants {
         for table in std::iter::once(&mut self.first).chain(&mut self.rest) {
             table.retain(|e| keep(&e.series));
         }
-        self.len = self.first.len() + self.rest.iter().map(HashTable::len).sum::<usize>();
+        self.len = self.tables().map(HashTable::len).sum();
     }
 
     /// Every series held.
     pub(super) fn iter(&self) -> impl Iterator<Item = &Series> {
-        std::iter::once(&self.first)
-            .chain(&self.rest)
-            .flat_map(|table| table.iter().map(|e| &e.series))
+        self.tables().flat_map(|table| table.iter().map(|e| &e.series))
     }
 
     /// Forgets every series, and frees the tables.
@@ -194,6 +201,19 @@ mod tests {
         assert_eq!(first_hit(&mut tenants, 3, 8), Some((1, Some(Timestamp::from_secs(3)))));
         tenants.clear();
         assert_eq!((tenants.len(), tenants.iter().count()), (0, 0));
+    }
+
+    #[test]
+    fn clearing_frees_every_table() {
+        let mut tenants = Tenants::default();
+        tenants.insert(TenantName::new(0, 7), series(1));
+        tenants.insert(TenantName::new(2, 7), series(1));
+        let room: Vec<bool> = tenants.tables().map(|t| t.capacity() > 0).collect();
+        assert_eq!(room, [true, false, true], "tables 0 and 2 hold a series");
+        tenants.clear();
+        // `HashTable::clear` would keep the buckets: a closed cache would hold them.
+        let room: Vec<usize> = tenants.tables().map(HashTable::capacity).collect();
+        assert_eq!(room, [0], "the first table's room, and no other table");
     }
 
     #[test]
