@@ -198,14 +198,19 @@ fn the_tracing_observer_wants_events_only_while_a_subscriber_listens() {
     tracing::subscriber::with_default(Listening, || assert!(TracingObserver.enabled()));
 }
 
+/// A breaker with default settings on a manual clock, observed by `observer`.
+fn breaker_heard_by(observer: &Arc<Declared>) -> CircuitBreaker {
+    CircuitBreaker::builder()
+        .clock(Arc::new(ManualClock::at_fixed_epoch()))
+        .observer(observer.clone())
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_breaker_asks_an_observer_whose_interest_may_change_at_each_step_and_is_heard_once_it_listens() {
     let sometimes = Declared::new(Interest::Sometimes, false);
-    let breaker = CircuitBreaker::builder()
-        .clock(Arc::new(ManualClock::at_fixed_epoch()))
-        .observer(sometimes.clone())
-        .build()
-        .unwrap();
+    let breaker = breaker_heard_by(&sometimes);
     for step in 1..=2 {
         assert!(breaker.allow_request().await);
         breaker.record_success().await.unwrap();
@@ -237,11 +242,7 @@ async fn a_breaker_asks_an_observer_whose_interest_may_change_at_each_step_and_i
 #[tokio::test]
 async fn an_observer_that_never_listens_still_hears_that_the_store_could_not_answer() {
     let never = Declared::new(Interest::Never, false);
-    let breaker = CircuitBreaker::builder()
-        .clock(Arc::new(ManualClock::at_fixed_epoch()))
-        .observer(never.clone())
-        .build()
-        .unwrap();
+    let breaker = breaker_heard_by(&never);
     assert!(breaker.allow_request().await);
     assert_eq!(
         never.heard.load(Ordering::SeqCst),
