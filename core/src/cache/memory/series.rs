@@ -156,9 +156,9 @@ impl Series {
     #[inline(always)]
     pub(super) fn push(&mut self, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), Full> {
         let floor = now.saturating_sub(ttl);
-        // Compared as the floor is kept, against the base: a floor at or
-        // before the base prunes nothing held, so one below it never moved
-        // back from it.
+        // Compared as the floor is kept, against the base: a new floor
+        // before the base reads as the base, and moved back only from a
+        // kept floor past it (a kept floor at the base prunes nothing).
         if self.hits.offset_of(floor) < u64::from(self.floor) {
             // The clock moved back: what the old floor pruned stays pruned.
             self.drop_below(self.floor());
