@@ -615,3 +615,61 @@ async fn a_cooldown_refuses_as_data_and_reports_itself_apart_from_the_circuit() 
         Refusal::Circuit
     );
 }
+
+/// A store whose quiet test says "nothing stored" always, but speaks for no
+/// keys: a breaker over it must take every step, for the test is not about
+/// its keys.
+struct QuietForNoKeys(MemoryCache);
+
+impl redstring::Cache for QuietForNoKeys {
+    async fn close(&self) -> Result<(), CacheError> {
+        redstring::Cache::close(&self.0).await
+    }
+}
+
+impl redstring::cache::BreakerStore for QuietForNoKeys {
+    async fn breaker_step(
+        &self,
+        keys: &redstring::breaker::machine::BreakerKeys,
+        command: redstring::breaker::machine::BreakerCommand,
+        params: redstring::breaker::machine::BreakerParams,
+        now: redstring::Timestamp,
+    ) -> Result<redstring::breaker::machine::BreakerStep, CacheError> {
+        self.0.breaker_step(keys, command, params, now).await
+    }
+
+    async fn breaker_read(
+        &self,
+        keys: &redstring::breaker::machine::BreakerKeys,
+        now: redstring::Timestamp,
+    ) -> Result<(redstring::breaker::machine::BreakerSnapshot, redstring::Timestamp), CacheError> {
+        self.0.breaker_read(keys, now).await
+    }
+
+    fn breaker_quiet(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test]
+async fn a_breaker_answers_quietly_only_over_keys_the_stores_quiet_test_covers() {
+    use redstring::cache::BreakerStore as _;
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    // The default store covers the keys every breaker builds.
+    let memory = MemoryCache::new(clock.clone());
+    assert!(memory.breaker_quiet_covers(&redstring::breaker::machine::BreakerKeys::new("kg:circuit")));
+    let store = Arc::new(QuietForNoKeys(memory));
+    let breaker = CircuitBreaker::builder()
+        .failure_threshold(1)
+        .clock(clock.clone())
+        .cache(store)
+        .observer(Arc::new(redstring::NoopObserver))
+        .build()
+        .unwrap();
+    assert!(breaker.allow_request().await);
+    breaker.record_failure().await.unwrap();
+    // Open: a breaker trusting the quiet test for keys it does not cover
+    // would admit from its empty-store answer.
+    assert!(!breaker.allow_request().await, "the open circuit refuses");
+    assert_eq!(breaker.state().await.unwrap(), CircuitState::Open);
+}

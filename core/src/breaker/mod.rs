@@ -158,7 +158,9 @@ pub struct CircuitBreaker<S = MemoryCache> {
 /// property test `quiet_steps_answer_the_same_at_every_instant` pins it).
 /// When the store says nothing is stored at the breaker's keys
 /// ([`BreakerStore::breaker_quiet`]) and no observer listens, these are the
-/// step's answers with no step run, no clock read and no event built.
+/// step's answers with no step run, no clock read and no event built. A
+/// store whose quiet test does not speak for the breaker's keys
+/// ([`BreakerStore::breaker_quiet_covers`], asked here once) gets neither.
 #[derive(Clone, Copy, Debug)]
 struct Quiet {
     /// An admission's permit, when the step over an empty store writes nothing.
@@ -168,7 +170,15 @@ struct Quiet {
 }
 
 impl Quiet {
-    fn of(params: &BreakerParams) -> Self {
+    /// The answers for a breaker with `params` whose keys `covered` says
+    /// the store's quiet test speaks for.
+    fn of(params: &BreakerParams, covered: bool) -> Self {
+        if !covered {
+            return Quiet {
+                allow: None,
+                success: false,
+            };
+        }
         let empty = machine::BreakerSnapshot::EMPTY;
         let allow = machine::step(&empty, BreakerCommand::Allow, params, Timestamp::EPOCH);
         let success = [Origin::Untracked, Origin::Call].into_iter().all(|origin| {
@@ -342,12 +352,13 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
             half_open_max_calls: self.half_open_max_calls,
             probe_lease,
         };
+        let keys = BreakerKeys::new(&self.prefix);
         Ok(CircuitBreaker {
+            quiet: Quiet::of(&params, store.breaker_quiet_covers(&keys)),
             store,
             owns_store,
-            quiet: Quiet::of(&params),
             params,
-            keys: BreakerKeys::new(&self.prefix),
+            keys,
             prefix: Arc::from(self.prefix),
             on_cache_error: self.on_cache_error,
             clock,
@@ -623,7 +634,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// injected.
     #[inline]
     fn is_quiet(&self) -> bool {
-        crate::mutants::injected_none() && !self.observer.enabled() && self.store.breaker_quiet(&self.keys)
+        crate::mutants::injected_none() && !self.observer.enabled() && self.store.breaker_quiet()
     }
 
     /// The `now` a step is asked at: a store that stamps with its own clock

@@ -257,14 +257,23 @@ pub trait BreakerStore: Cache {
         now: Timestamp,
     ) -> impl Future<Output = Result<(BreakerSnapshot, Timestamp), CacheError>> + Send;
 
-    /// Whether nothing at all is stored at `keys` now, when the store can
-    /// tell without a lock or a round trip (default `false`: it cannot).
-    /// A `true` must be exact in the order of the store's steps: a step
-    /// over `keys` taken instead would have read the empty snapshot, so a
-    /// breaker may answer a step that writes nothing over an empty store
-    /// without running it.
-    fn breaker_quiet(&self, keys: &BreakerKeys) -> bool {
+    /// Whether [`breaker_quiet`](Self::breaker_quiet) speaks for `keys`
+    /// (default `false`: it speaks for none). A property of the keys and
+    /// the store, never of what is stored: a breaker asks it once, when it
+    /// is built, so that its every call asks only `breaker_quiet`.
+    fn breaker_quiet_covers(&self, keys: &BreakerKeys) -> bool {
         let _ = keys;
+        false
+    }
+
+    /// Whether nothing at all is stored now at any key set
+    /// [`breaker_quiet_covers`](Self::breaker_quiet_covers) accepts, when
+    /// the store can tell without a lock or a round trip (default `false`:
+    /// it cannot). A `true` must be exact in the order of the store's
+    /// steps: a step over such keys taken instead would have read the
+    /// empty snapshot, so a breaker may answer a step that writes nothing
+    /// over an empty store without running it.
+    fn breaker_quiet(&self) -> bool {
         false
     }
 }

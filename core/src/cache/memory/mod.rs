@@ -954,9 +954,15 @@ impl BreakerStore for MemoryCache {
         self.breaker_step_now(keys, command, params, now)
     }
 
+    /// Keys that all begin with a hash tag: they live on the tagged shard,
+    /// whose value count the quiet test reads.
+    fn breaker_quiet_covers(&self, keys: &BreakerKeys) -> bool {
+        breaker::all_tagged(keys)
+    }
+
     #[inline]
-    fn breaker_quiet(&self, keys: &BreakerKeys) -> bool {
-        breaker::quiet(self, keys)
+    fn breaker_quiet(&self) -> bool {
+        breaker::tagged_shard_empty(self)
     }
 
     async fn breaker_read(
