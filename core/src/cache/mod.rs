@@ -133,6 +133,56 @@ pub trait HitWindow: Cache {
     ) -> impl Future<Output = Result<Option<Timestamp>, CacheError>> + Send;
 }
 
+/// A limiter's key prefix as its store resolved it once, when the limiter
+/// was built ([`LimiterStore::resolve_prefix`]): the prefix's text, which
+/// every store goes by, and what that one store made of it — for
+/// [`MemoryCache`], the prefix's interned id — so that a decision
+/// ([`ImmediateStore::acquire_tenant_slot_now`]) does not look the prefix
+/// up by its text again. Any other store given it goes by the text.
+#[derive(Clone, Debug)]
+pub struct TenantPrefix {
+    text: Arc<str>,
+    resolved: Option<Resolved>,
+}
+
+/// What one store made of a prefix: the store's identity, and its own id
+/// for the prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Resolved {
+    pub(crate) store: u64,
+    pub(crate) id: u32,
+}
+
+impl TenantPrefix {
+    /// `prefix` as no store resolved it: every store goes by its text.
+    pub fn new(prefix: impl Into<Arc<str>>) -> Self {
+        TenantPrefix {
+            text: prefix.into(),
+            resolved: None,
+        }
+    }
+
+    /// `prefix` as the store `resolved.store` resolved it.
+    pub(crate) fn resolved(prefix: Arc<str>, resolved: Resolved) -> Self {
+        TenantPrefix {
+            text: prefix,
+            resolved: Some(resolved),
+        }
+    }
+
+    /// The prefix's text.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The id the store `store` gave the prefix, if it was that store that
+    /// resolved it.
+    #[inline]
+    pub(crate) fn id_for(&self, store: u64) -> Option<u32> {
+        self.resolved.filter(|r| r.store == store).map(|r| r.id)
+    }
+}
+
 /// What [`LimiterStore::acquire_slot`] is asked to decide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -183,6 +233,14 @@ pub trait LimiterStore: HitWindow {
             let key = KeyBuf::tenant(prefix, &tenant);
             self.acquire_slot(key.as_str(), request).await
         }
+    }
+
+    /// `prefix` as this store's decisions will be asked for it, worked out
+    /// once when a limiter is built (default: the text alone, which every
+    /// decision goes by). An in-process store resolves it to what it finds
+    /// a prefix's tenants by.
+    fn resolve_prefix(&self, prefix: Arc<str>) -> TenantPrefix {
+        TenantPrefix::new(prefix)
     }
 }
 
@@ -294,10 +352,12 @@ pub trait BreakerStore: Cache {
 /// counterpart would at the same point in the store's order of steps — it
 /// is the same step, not a cheaper approximation.
 pub trait ImmediateStore: LimiterStore + BreakerStore {
-    /// [`LimiterStore::acquire_tenant_slot`], answered at once.
+    /// [`LimiterStore::acquire_tenant_slot`], answered at once, for a
+    /// prefix resolved once ([`LimiterStore::resolve_prefix`]; by this
+    /// store or, going by its text, any other).
     fn acquire_tenant_slot_now(
         &self,
-        prefix: &str,
+        prefix: &TenantPrefix,
         tenant: TenantId,
         request: &SlotRequest,
     ) -> Result<SlotOutcome, CacheError>;

@@ -27,7 +27,8 @@ pub use error::{AcquireError, RateLimitExceeded, TokenAcquireError, TokenLimitEx
 pub use window::{SlotOutcome, clamp_stamp, decide, skew_bound};
 
 use crate::cache::{
-    Cache, ImmediateStore, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TokenStore,
+    Cache, ImmediateStore, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TenantPrefix,
+    TokenStore,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
@@ -173,6 +174,9 @@ pub struct RateLimiter<S = MemoryCache> {
     store: Arc<S>,
     owns_store: bool,
     prefix: Arc<str>,
+    /// The prefix as the store resolved it when the limiter was built: what
+    /// [`acquire_now`](Self::acquire_now) asks by, with no lookup.
+    resolved: TenantPrefix,
     clock: Arc<dyn Clock>,
     observer: Listener,
     on_cache_unavailable: OnCacheUnavailable,
@@ -383,10 +387,12 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
         let (store, owns_store) = self.store.resolve(&clock);
         let local =
             (self.on_cache_unavailable == OnCacheUnavailable::LocalLimit).then(|| MemoryCache::new(clock.clone()));
+        let prefix: Arc<str> = Arc::from(self.prefix);
         Ok(RateLimiter {
+            resolved: store.resolve_prefix(prefix.clone()),
             store,
             owns_store,
-            prefix: Arc::from(self.prefix),
+            prefix,
             clock,
             observer: Listener::new(self.observer.unwrap_or_else(|| Arc::new(TracingObserver))),
             on_cache_unavailable: self.on_cache_unavailable,
@@ -456,7 +462,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     {
         let stamped = self.stamped_request();
         let request = stamped.as_ref().unwrap_or(&self.slot);
-        let decided = self.store.acquire_tenant_slot_now(&self.prefix, tenant, request);
+        let decided = self.store.acquire_tenant_slot_now(&self.resolved, tenant, request);
         self.answer(tenant, request, decided)
     }
 
@@ -490,7 +496,8 @@ impl<S: LimiterStore> RateLimiter<S> {
             return Err(AcquireError::Cache(error));
         }
         match self.fall_back("acquire_slot", &error, tenant, request.now) {
-            Fallback::Local(local) => match local.acquire_tenant_slot_now(&self.prefix, tenant, request) {
+            // By the prefix's text: the local cache did not resolve it.
+            Fallback::Local(local) => match local.acquire_tenant_slot_now(&self.resolved, tenant, request) {
                 Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
                 Err(_) => Err(AcquireError::Cache(error)),
             },

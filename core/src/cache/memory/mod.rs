@@ -49,7 +49,7 @@ mod tenants;
 use std::collections::HashMap;
 use std::hash::Hasher as _;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -59,8 +59,8 @@ use series::Series;
 use tenants::Tenants;
 
 use super::{
-    BreakerStore, BudgetStore, Cache, HitWindow, ImmediateStore, InFlightStore, KeyValue, LimiterStore, SlotRequest,
-    TimeSource, TokenStore,
+    BreakerStore, BudgetStore, Cache, HitWindow, ImmediateStore, InFlightStore, KeyValue, LimiterStore, Resolved,
+    SlotRequest, TenantPrefix, TimeSource, TokenStore,
 };
 use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use crate::clock::{Clock, SystemClock};
@@ -99,6 +99,9 @@ pub struct MemoryCache {
 }
 
 struct Shared {
+    /// This cache's identity among every cache of the process, for the
+    /// prefixes it resolved ([`TenantPrefix`]) to tell it apart.
+    id: u64,
     clock: Arc<dyn Clock>,
     time_source: TimeSource,
     shards: Box<[Shard]>,
@@ -301,8 +304,11 @@ impl MemoryCache {
     /// ([`crate::limiter::clamp_stamp`]). The simulator's shared cache host
     /// runs either.
     pub fn with_time_source(clock: Arc<dyn Clock>, time_source: TimeSource) -> Self {
+        /// The next cache's identity.
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         MemoryCache {
             shared: Arc::new(Shared {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 clock,
                 time_source,
                 shards: (0..SHARDS).map(|_| Shard::default()).collect(),
@@ -638,6 +644,32 @@ impl HitWindow for MemoryCache {
 }
 
 impl MemoryCache {
+    /// The slot decision for `tenant` under `prefix`, interned as `id`
+    /// (`None`: the prefix cannot be).
+    #[inline(always)]
+    fn acquire_tenant(
+        &self,
+        id: Option<u32>,
+        prefix: &str,
+        tenant: TenantId,
+        request: &SlotRequest,
+    ) -> Result<SlotOutcome, CacheError> {
+        match id {
+            Some(id) => {
+                let name = TenantName::new(id, tenant.as_uuid().as_u128());
+                self.acquire_named(name.shard(), Name::Tenant(name), request)
+            }
+            None => self.acquire_by_key(prefix, tenant, request),
+        }
+    }
+
+    /// The id of a prefix another cache resolved, or none did, by its text.
+    #[cold]
+    #[inline(never)]
+    fn prefix_id(&self, prefix: &str) -> Option<u32> {
+        self.shared.prefixes.id(prefix)
+    }
+
     /// The slot decision for a tenant whose prefix cannot be interned: by
     /// the key's string form.
     // Out of line, so that this path's copy of the inlined decision below
@@ -701,27 +733,41 @@ impl LimiterStore for MemoryCache {
         tenant: TenantId,
         request: SlotRequest,
     ) -> Result<SlotOutcome, CacheError> {
-        self.acquire_tenant_slot_now(prefix, tenant, &request)
+        self.acquire_tenant(self.shared.prefixes.id(prefix), prefix, tenant, &request)
+    }
+
+    /// Interned (if there is room): the prefix's id, which a decision finds
+    /// the prefix's table of tenants by.
+    fn resolve_prefix(&self, prefix: Arc<str>) -> TenantPrefix {
+        match self.shared.prefixes.id(&prefix) {
+            Some(id) => TenantPrefix::resolved(
+                prefix,
+                Resolved {
+                    store: self.shared.id,
+                    id,
+                },
+            ),
+            None => TenantPrefix::new(prefix),
+        }
     }
 }
 
 impl ImmediateStore for MemoryCache {
-    /// By the tenant's id: no key is formatted, checked or hashed. The key
+    /// By the tenant's id and the prefix's id this cache resolved it to,
+    /// with no lookup (a prefix another cache resolved is looked up by its
+    /// text): no key is formatted, checked or hashed. The key
     /// `{prefix}:{tenant}` names the same series.
     fn acquire_tenant_slot_now(
         &self,
-        prefix: &str,
+        prefix: &TenantPrefix,
         tenant: TenantId,
         request: &SlotRequest,
     ) -> Result<SlotOutcome, CacheError> {
-        let bits = tenant.as_uuid().as_u128();
-        match self.shared.prefixes.id(prefix) {
-            Some(id) => {
-                let name = TenantName::new(id, bits);
-                self.acquire_named(name.shard(), Name::Tenant(name), request)
-            }
-            None => self.acquire_by_key(prefix, tenant, request),
-        }
+        let id = match prefix.id_for(self.shared.id) {
+            Some(id) => Some(id),
+            None => self.prefix_id(prefix.as_str()),
+        };
+        self.acquire_tenant(id, prefix.as_str(), tenant, request)
     }
 
     fn breaker_step_now(
@@ -1230,25 +1276,66 @@ mod tests {
         assert_eq!(ready(cache.count_since("k", now)).unwrap(), MOST);
         // A limiter's tenant at its most: the decision admits, the store cannot keep it.
         let tenant = TenantId::from_u128(5);
+        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
         for _ in 0..MOST {
             assert!(matches!(
-                cache.acquire_tenant_slot_now("kg:ratelimit", tenant, &request),
+                cache.acquire_tenant_slot_now(&prefix, tenant, &request),
                 Ok(SlotOutcome::Admitted { .. })
             ));
         }
-        let error = cache
-            .acquire_tenant_slot_now("kg:ratelimit", tenant, &request)
-            .unwrap_err();
+        let error = cache.acquire_tenant_slot_now(&prefix, tenant, &request).unwrap_err();
         assert!(error.to_string().contains("acquire_slot"), "{error}");
         let key = super::super::KeyBuf::tenant("kg:ratelimit", &tenant);
         assert_eq!(ready(cache.count_since(key.as_str(), now)).unwrap(), MOST);
         // Once the hits age out of the series' life there is room again.
         clock.advance(ttl + Duration::from_secs(1));
         assert!(matches!(
-            cache.acquire_tenant_slot_now("kg:ratelimit", tenant, &request),
+            cache.acquire_tenant_slot_now(&prefix, tenant, &request),
             Ok(SlotOutcome::Admitted { .. })
         ));
         ready(cache.record_hit("k", clock.now(), ttl)).unwrap();
+    }
+
+    #[test]
+    fn a_prefix_resolved_by_another_cache_is_found_by_its_text() {
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let (a, b) = (MemoryCache::new(clock.clone()), MemoryCache::new(clock.clone()));
+        // In `a`, "first" is interned first and "second" after it; in `b`,
+        // "second" first: the ids the two caches gave "second" differ.
+        let first = a.resolve_prefix(Arc::from("first"));
+        let _ = a.resolve_prefix(Arc::from("second"));
+        let second_by_b = b.resolve_prefix(Arc::from("second"));
+        let tenant = TenantId::from_u128(9);
+        let request = SlotRequest {
+            now: clock.now(),
+            window: Duration::from_secs(60),
+            limit: 1,
+            ttl: Duration::from_secs(120),
+            max_ahead: Duration::ZERO,
+        };
+        let admitted = |r: Result<SlotOutcome, CacheError>| matches!(r, Ok(SlotOutcome::Admitted { .. }));
+        assert!(admitted(a.acquire_tenant_slot_now(&first, tenant, &request)));
+        assert!(
+            !admitted(a.acquire_tenant_slot_now(&first, tenant, &request)),
+            "at its limit"
+        );
+        // `b`'s "second", asked of `a`, is `a`'s "second" — whose tenant has
+        // no hit yet — not whatever `a` gave `b`'s id to ("first").
+        assert!(admitted(a.acquire_tenant_slot_now(&second_by_b, tenant, &request)));
+        assert!(!admitted(a.acquire_tenant_slot_now(&second_by_b, tenant, &request)));
+        // A prefix no cache resolved goes by its text as well.
+        assert!(!admitted(a.acquire_tenant_slot_now(
+            &TenantPrefix::new("first"),
+            tenant,
+            &request
+        )));
+        // The keys name the series the ids found; `b` was asked nothing.
+        let now = clock.now();
+        for prefix in ["first", "second"] {
+            let key = super::super::KeyBuf::tenant(prefix, &tenant);
+            assert_eq!(ready(a.count_since(key.as_str(), now)).unwrap(), 1, "{prefix}");
+            assert_eq!(ready(b.count_since(key.as_str(), now)).unwrap(), 0, "{prefix}");
+        }
     }
 
     #[test]

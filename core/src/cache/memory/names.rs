@@ -4,7 +4,10 @@
 //! A limiter's key is `{prefix}:{tenant}` — 49 bytes to format, check and
 //! hash twice on every `acquire`. The store instead interns each prefix once
 //! (a small number; a process has a limiter or two) and keys the tenant's
-//! series by `(prefix id, tenant id)`. The string form still names the same
+//! series by `(prefix id, tenant id)`; a limiter resolves its prefix to the
+//! id once, when it is built ([`TenantPrefix`](crate::cache::TenantPrefix)),
+//! and its decisions look nothing up (a lookup by the text cost each about
+//! 27 instructions). The string form still names the same
 //! series: a key of exactly that shape, by whatever path it arrives
 //! ([`HitWindow`](crate::cache::HitWindow), `delete`), is parsed to the same
 //! name, and both forms pick the same shard from the tenant id. A tenant's
