@@ -221,16 +221,17 @@ pub trait LimiterStore: HitWindow {
     /// [`acquire_slot`](Self::acquire_slot) for `tenant` under `prefix`, whose
     /// key is `{prefix}:{tenant}` (the tenant's hyphenated lower-case UUID).
     /// The default formats that key and calls `acquire_slot`; an in-process
-    /// store may find the tenant's series by the id instead of by the string,
+    /// store may find the tenant's series by the id instead of by the string
+    /// (and the prefix by what it [resolved](Self::resolve_prefix) it to),
     /// provided the key's string form still names the same series.
     fn acquire_tenant_slot(
         &self,
-        prefix: &str,
+        prefix: &TenantPrefix,
         tenant: TenantId,
         request: SlotRequest,
     ) -> impl Future<Output = Result<SlotOutcome, CacheError>> + Send {
         async move {
-            let key = KeyBuf::tenant(prefix, &tenant);
+            let key = KeyBuf::tenant(prefix.as_str(), &tenant);
             self.acquire_slot(key.as_str(), request).await
         }
     }

@@ -443,10 +443,10 @@ impl<S: LimiterStore> RateLimiter<S> {
         #[cfg(feature = "mutants")]
         let decided = match self.mutated_slot(tenant, request).await {
             Some(decided) => decided,
-            None => self.store.acquire_tenant_slot(&self.prefix, tenant, request).await,
+            None => self.store.acquire_tenant_slot(&self.resolved, tenant, request).await,
         };
         #[cfg(not(feature = "mutants"))]
-        let decided = self.store.acquire_tenant_slot(&self.prefix, tenant, request).await;
+        let decided = self.store.acquire_tenant_slot(&self.resolved, tenant, request).await;
         self.answer(tenant, &request, decided)
     }
 
@@ -543,7 +543,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 Ok(outcome)
             }
             // The atomic step, but a refusal is recorded as a hit too.
-            Mutant::RefusalsRecorded => match self.store.acquire_tenant_slot(&self.prefix, tenant, request).await {
+            Mutant::RefusalsRecorded => match self.store.acquire_tenant_slot(&self.resolved, tenant, request).await {
                 Ok(refused @ SlotOutcome::Refused { at, .. }) => self
                     .store
                     .record_hit(key.as_str(), at, request.ttl)
@@ -563,7 +563,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                     window: into,
                     ..request
                 };
-                self.store.acquire_tenant_slot(&self.prefix, tenant, fixed).await
+                self.store.acquire_tenant_slot(&self.resolved, tenant, fixed).await
             }
             _ => return None,
         })

@@ -644,25 +644,6 @@ impl HitWindow for MemoryCache {
 }
 
 impl MemoryCache {
-    /// The slot decision for `tenant` under `prefix`, interned as `id`
-    /// (`None`: the prefix cannot be).
-    #[inline(always)]
-    fn acquire_tenant(
-        &self,
-        id: Option<u32>,
-        prefix: &str,
-        tenant: TenantId,
-        request: &SlotRequest,
-    ) -> Result<SlotOutcome, CacheError> {
-        match id {
-            Some(id) => {
-                let name = TenantName::new(id, tenant.as_uuid().as_u128());
-                self.acquire_named(name.shard(), Name::Tenant(name), request)
-            }
-            None => self.acquire_by_key(prefix, tenant, request),
-        }
-    }
-
     /// The id of a prefix another cache resolved, or none did, by its text.
     #[cold]
     #[inline(never)]
@@ -729,11 +710,11 @@ impl LimiterStore for MemoryCache {
     /// `{prefix}:{tenant}` names the same series.
     async fn acquire_tenant_slot(
         &self,
-        prefix: &str,
+        prefix: &TenantPrefix,
         tenant: TenantId,
         request: SlotRequest,
     ) -> Result<SlotOutcome, CacheError> {
-        self.acquire_tenant(self.shared.prefixes.id(prefix), prefix, tenant, &request)
+        self.acquire_tenant_slot_now(prefix, tenant, &request)
     }
 
     /// Interned (if there is room): the prefix's id, which a decision finds
@@ -767,7 +748,13 @@ impl ImmediateStore for MemoryCache {
             Some(id) => Some(id),
             None => self.prefix_id(prefix.as_str()),
         };
-        self.acquire_tenant(id, prefix.as_str(), tenant, request)
+        match id {
+            Some(id) => {
+                let name = TenantName::new(id, tenant.as_uuid().as_u128());
+                self.acquire_named(name.shard(), Name::Tenant(name), request)
+            }
+            None => self.acquire_by_key(prefix.as_str(), tenant, request),
+        }
     }
 
     fn breaker_step_now(
@@ -1065,12 +1052,14 @@ mod tests {
             let tenant = TenantId::from_u128(9);
             let key = super::super::KeyBuf::tenant(prefix, &tenant);
             let key = key.as_str();
-            ready(cache.acquire_tenant_slot(prefix, tenant, request)).unwrap();
+            // Resolved (interned) where it can be, by its text where not.
+            let resolved = cache.resolve_prefix(Arc::from(prefix));
+            ready(cache.acquire_tenant_slot(&resolved, tenant, request)).unwrap();
             assert_eq!(ready(cache.count_since(key, now)).unwrap(), 1, "{prefix}");
             ready(cache.record_hit(key, now, request.ttl)).unwrap();
             assert!(
                 matches!(
-                    ready(cache.acquire_tenant_slot(prefix, tenant, request)).unwrap(),
+                    ready(cache.acquire_tenant_slot(&resolved, tenant, request)).unwrap(),
                     SlotOutcome::Refused { used: 2, .. }
                 ),
                 "{prefix}: the hit recorded by key counts against the tenant"
@@ -1212,7 +1201,8 @@ mod tests {
             ttl: short,
             max_ahead: Duration::ZERO,
         };
-        ready(cache.acquire_tenant_slot("kg:ratelimit", TenantId::from_u128(7), request)).unwrap();
+        let prefix = TenantPrefix::new("kg:ratelimit");
+        ready(cache.acquire_tenant_slot(&prefix, TenantId::from_u128(7), request)).unwrap();
         let ask = TokenAsk {
             tokens: 1,
             limit: 10,
