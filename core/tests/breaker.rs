@@ -673,3 +673,29 @@ async fn a_breaker_answers_quietly_only_over_keys_the_stores_quiet_test_covers()
     assert!(!breaker.allow_request().await, "the open circuit refuses");
     assert_eq!(breaker.state().await.unwrap(), CircuitState::Open);
 }
+
+#[tokio::test]
+async fn a_success_over_keys_the_stores_quiet_test_does_not_cover_clears_the_failures() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let store = Arc::new(QuietForNoKeys(MemoryCache::new(clock.clone())));
+    let breaker = CircuitBreaker::builder()
+        .failure_threshold(3)
+        .clock(clock.clone())
+        .cache(store)
+        .observer(Arc::new(redstring::NoopObserver))
+        .build()
+        .unwrap();
+    breaker.record_failure().await.unwrap();
+    // A breaker trusting the quiet test here would answer the success with
+    // no step, and the failure before it would still count.
+    breaker.record_success().await.unwrap();
+    breaker.record_failure().await.unwrap();
+    breaker.record_failure().await.unwrap();
+    assert_eq!(
+        breaker.state().await.unwrap(),
+        CircuitState::Closed,
+        "two failures since the success stay below the threshold of three"
+    );
+    breaker.record_failure().await.unwrap();
+    assert_eq!(breaker.state().await.unwrap(), CircuitState::Open);
+}

@@ -156,11 +156,13 @@ pub struct CircuitBreaker<S = MemoryCache> {
 /// healthy breaker runs on every call, computed once when the breaker is
 /// built: over an empty store neither answer depends on the instant (the
 /// property test `quiet_steps_answer_the_same_at_every_instant` pins it).
-/// When the store says nothing is stored at the breaker's keys
-/// ([`BreakerStore::breaker_quiet`]) and no observer listens, these are the
-/// step's answers with no step run, no clock read and no event built. A
-/// store whose quiet test does not speak for the breaker's keys
-/// ([`BreakerStore::breaker_quiet_covers`], asked here once) gets neither.
+/// When the store's quiet test covers the breaker's keys
+/// ([`BreakerStore::breaker_quiet_covers`], asked once, when the breaker
+/// is built), the store says nothing is stored now
+/// ([`BreakerStore::breaker_quiet`]) and no observer listens, these are
+/// the step's answers with no step run, no clock read and no event built.
+/// For a store whose quiet test does not cover the keys both answers are
+/// empty (`None`, `false`): its quiet answer is never trusted for them.
 #[derive(Clone, Copy, Debug)]
 struct Quiet {
     /// An admission's permit, when the step over an empty store writes nothing.
@@ -628,10 +630,11 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         }
     }
 
-    /// Whether a step may be answered from [`Quiet`]: nothing is stored at
-    /// the keys (as the store can tell without a lock or a round trip), no
-    /// observer wants the step's events, and no known-bad variant is
-    /// injected.
+    /// Whether a step may be answered from [`Quiet`]: the store holds
+    /// nothing its quiet test covers (as it can tell without a lock or a
+    /// round trip), no observer wants the step's events, and no known-bad
+    /// variant is injected. Over keys the test does not cover, `Quiet`
+    /// itself answers nothing ([`Quiet::of`]), whatever this says.
     #[inline]
     fn is_quiet(&self) -> bool {
         crate::mutants::injected_none() && !self.observer.enabled() && self.store.breaker_quiet()

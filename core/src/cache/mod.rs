@@ -139,6 +139,9 @@ pub trait HitWindow: Cache {
 /// [`MemoryCache`], the prefix's interned id — so that a decision
 /// ([`ImmediateStore::acquire_tenant_slot_now`]) does not look the prefix
 /// up by its text again. Any other store given it goes by the text.
+/// Resolving is this crate's in-process store's own: another adapter's
+/// [`resolve_prefix`](LimiterStore::resolve_prefix) gives
+/// [`TenantPrefix::new`], whose every decision goes by the text.
 #[derive(Clone, Debug)]
 pub struct TenantPrefix {
     text: Arc<str>,
@@ -238,8 +241,9 @@ pub trait LimiterStore: HitWindow {
 
     /// `prefix` as this store's decisions will be asked for it, worked out
     /// once when a limiter is built (default: the text alone, which every
-    /// decision goes by). An in-process store resolves it to what it finds
-    /// a prefix's tenants by.
+    /// decision goes by). [`MemoryCache`] resolves it to the prefix's
+    /// interned id, which it finds the prefix's tenants by; no other store
+    /// can ([`TenantPrefix`]).
     fn resolve_prefix(&self, prefix: Arc<str>) -> TenantPrefix {
         TenantPrefix::new(prefix)
     }

@@ -175,7 +175,8 @@ pub struct RateLimiter<S = MemoryCache> {
     owns_store: bool,
     prefix: Arc<str>,
     /// The prefix as the store resolved it when the limiter was built: what
-    /// [`acquire_now`](Self::acquire_now) asks by, with no lookup.
+    /// every tenant decision asks by — the store's, with no lookup when the
+    /// store resolved it; the local fallback's by its text.
     resolved: TenantPrefix,
     clock: Arc<dyn Clock>,
     observer: Listener,

@@ -644,7 +644,8 @@ impl HitWindow for MemoryCache {
 }
 
 impl MemoryCache {
-    /// The id of a prefix another cache resolved, or none did, by its text.
+    /// The id of a prefix another cache resolved, or none did, by its text
+    /// (interned if it has none and there is room).
     #[cold]
     #[inline(never)]
     fn prefix_id(&self, prefix: &str) -> Option<u32> {

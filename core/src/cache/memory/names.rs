@@ -6,8 +6,12 @@
 //! (a small number; a process has a limiter or two) and keys the tenant's
 //! series by `(prefix id, tenant id)`; a limiter resolves its prefix to the
 //! id once, when it is built ([`TenantPrefix`](crate::cache::TenantPrefix)),
-//! and its decisions look nothing up (a lookup by the text cost each about
-//! 27 instructions). The string form still names the same
+//! so that its decisions look nothing up (a lookup by the text cost each
+//! about 27 instructions) — a prefix takes its place in the table then,
+//! whether or not the limiter ever decides. A cache that did not resolve
+//! the prefix (a limiter's local fallback) looks it up by its text, and a
+//! prefix that has no id (too long, a hash tag, the table full) names its
+//! tenants by their keys. The string form still names the same
 //! series: a key of exactly that shape, by whatever path it arrives
 //! ([`HitWindow`](crate::cache::HitWindow), `delete`), is parsed to the same
 //! name, and both forms pick the same shard from the tenant id. A tenant's
