@@ -18,10 +18,12 @@
 //! (1 000 tenants on `SystemClock`, as `tenants2_now` on one thread),
 //! `tenants2`, `tenants2_now` and `hot2` (two threads),
 //! `tenants2_apart_now` (`tenants2_now` with a limiter per thread: nothing
-//! shared, so what sharing costs is the difference), `governor`,
-//! `recloser`, `governor_recloser`, `governor_tenants`,
-//! `governor_tenants1`, and governor's two-thread sides `governor_hot2`,
-//! `governor_tenants2` and `governor_tenants2_apart`.
+//! shared, so what sharing costs is the difference),
+//! `tenants2_disjoint_now` (one cache, each thread its own 1 000 tenants:
+//! the shards shared, the tenants not), `governor`, `recloser`,
+//! `governor_recloser`, `governor_tenants`, `governor_tenants1`, and
+//! governor's two-thread sides `governor_hot2`, `governor_tenants2`,
+//! `governor_tenants2_apart` and `governor_tenants2_disjoint`.
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -93,6 +95,12 @@ fn on_two_threads(iters: usize, f: impl Fn(usize, usize) + Sync) {
             s.spawn(move || repeat(iters, |i| f(thread, i)));
         }
     });
+}
+
+/// Two sets of 1 000 tenants, one for each of two threads, none in both.
+fn disjoint() -> [Vec<TenantId>; 2] {
+    let set = |from: u128| (from..from + 1_000).map(TenantId::from_u128).collect();
+    [set(0), set(1_000)]
 }
 
 /// The tenant thread `thread` takes at step `i`: the two threads walk the
@@ -231,6 +239,23 @@ fn main() {
             let ls = [system_limiter(), system_limiter()];
             on_two_threads(iters, |thread, i| {
                 ls[thread].acquire_now(walked(&tenants, thread, i)).expect("admitted");
+            });
+        }
+        "tenants2_disjoint_now" => {
+            // tenants2_now with the threads' tenants apart (1 000 each) and
+            // the cache shared: what sharing the shards' locks alone costs.
+            let l = system_limiter();
+            let own = disjoint();
+            on_two_threads(iters, |thread, i| {
+                l.acquire_now(walked(&own[thread], 0, i)).expect("admitted");
+            });
+        }
+        "governor_tenants2_disjoint" => {
+            // governor_tenants2 with the threads' tenants apart.
+            let g = governor();
+            let own = disjoint();
+            on_two_threads(iters, |thread, i| {
+                g.check_key(&walked(&own[thread], 0, i)).expect("admitted")
             });
         }
         "governor_tenants2_apart" => {
