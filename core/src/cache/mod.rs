@@ -178,6 +178,11 @@ impl TenantPrefix {
         &self.text
     }
 
+    /// The prefix's text, shared (for an event to name it without a copy).
+    pub fn text(&self) -> &Arc<str> {
+        &self.text
+    }
+
     /// The id the store `store` gave the prefix, if it was that store that
     /// resolved it.
     #[inline]

@@ -173,11 +173,11 @@ pub struct Reservation {
 pub struct RateLimiter<S = MemoryCache> {
     store: Arc<S>,
     owns_store: bool,
-    prefix: Arc<str>,
-    /// The prefix as the store resolved it when the limiter was built: what
-    /// every tenant decision asks by — the store's, with no lookup when the
-    /// store resolved it; the local fallback's by its text.
-    resolved: TenantPrefix,
+    /// The key prefix, as the store resolved it when the limiter was built:
+    /// what every tenant decision asks by — the store's, with no lookup when
+    /// the store resolved it; the local fallback's by its text — and whose
+    /// text every key and event names.
+    prefix: TenantPrefix,
     clock: Arc<dyn Clock>,
     observer: Listener,
     on_cache_unavailable: OnCacheUnavailable,
@@ -214,7 +214,7 @@ impl<S> std::fmt::Debug for RateLimiter<S> {
         f.debug_struct("RateLimiter")
             .field("rpm", &self.slot.limit)
             .field("window", &self.slot.window)
-            .field("key_prefix", &self.prefix)
+            .field("key_prefix", &self.prefix.as_str())
             .field("owns_cache", &self.owns_store)
             .field("on_cache_unavailable", &self.on_cache_unavailable)
             .finish_non_exhaustive()
@@ -388,12 +388,10 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
         let (store, owns_store) = self.store.resolve(&clock);
         let local =
             (self.on_cache_unavailable == OnCacheUnavailable::LocalLimit).then(|| MemoryCache::new(clock.clone()));
-        let prefix: Arc<str> = Arc::from(self.prefix);
         Ok(RateLimiter {
-            resolved: store.resolve_prefix(prefix.clone()),
+            prefix: store.resolve_prefix(Arc::from(self.prefix)),
             store,
             owns_store,
-            prefix,
             clock,
             observer: Listener::new(self.observer.unwrap_or_else(|| Arc::new(TracingObserver))),
             on_cache_unavailable: self.on_cache_unavailable,
@@ -418,7 +416,7 @@ impl<S: LimiterStore> RateLimiter<S> {
 
     /// The key prefix.
     pub fn key_prefix(&self) -> &str {
-        &self.prefix
+        self.prefix.as_str()
     }
 
     /// How far ahead of a caller-stamped store's clock this limiter's clock is
@@ -444,10 +442,10 @@ impl<S: LimiterStore> RateLimiter<S> {
         #[cfg(feature = "mutants")]
         let decided = match self.mutated_slot(tenant, request).await {
             Some(decided) => decided,
-            None => self.store.acquire_tenant_slot(&self.resolved, tenant, request).await,
+            None => self.store.acquire_tenant_slot(&self.prefix, tenant, request).await,
         };
         #[cfg(not(feature = "mutants"))]
-        let decided = self.store.acquire_tenant_slot(&self.resolved, tenant, request).await;
+        let decided = self.store.acquire_tenant_slot(&self.prefix, tenant, request).await;
         self.answer(tenant, &request, decided)
     }
 
@@ -463,7 +461,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     {
         let stamped = self.stamped_request();
         let request = stamped.as_ref().unwrap_or(&self.slot);
-        let decided = self.store.acquire_tenant_slot_now(&self.resolved, tenant, request);
+        let decided = self.store.acquire_tenant_slot_now(&self.prefix, tenant, request);
         self.answer(tenant, request, decided)
     }
 
@@ -498,7 +496,7 @@ impl<S: LimiterStore> RateLimiter<S> {
         }
         match self.fall_back("acquire_slot", &error, tenant, request.now) {
             // By the prefix's text: the local cache did not resolve it.
-            Fallback::Local(local) => match local.acquire_tenant_slot_now(&self.resolved, tenant, request) {
+            Fallback::Local(local) => match local.acquire_tenant_slot_now(&self.prefix, tenant, request) {
                 Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
                 Err(_) => Err(AcquireError::Cache(error)),
             },
@@ -515,7 +513,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     async fn mutated_slot(&self, tenant: TenantId, request: SlotRequest) -> Option<Result<SlotOutcome, CacheError>> {
         use crate::mutants::{Mutant, injected};
         let mutant = injected()?;
-        let key = KeyBuf::tenant(&self.prefix, &tenant);
+        let key = KeyBuf::tenant(self.prefix.as_str(), &tenant);
         Some(match mutant {
             // The spec's original limiter: count, then the oldest hit, then
             // record — three calls a racing worker can interleave with, all
@@ -544,7 +542,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 Ok(outcome)
             }
             // The atomic step, but a refusal is recorded as a hit too.
-            Mutant::RefusalsRecorded => match self.store.acquire_tenant_slot(&self.resolved, tenant, request).await {
+            Mutant::RefusalsRecorded => match self.store.acquire_tenant_slot(&self.prefix, tenant, request).await {
                 Ok(refused @ SlotOutcome::Refused { at, .. }) => self
                     .store
                     .record_hit(key.as_str(), at, request.ttl)
@@ -564,7 +562,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                     window: into,
                     ..request
                 };
-                self.store.acquire_tenant_slot(&self.resolved, tenant, fixed).await
+                self.store.acquire_tenant_slot(&self.prefix, tenant, fixed).await
             }
             _ => return None,
         })
@@ -606,7 +604,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// refuse.
     fn fall_back(&self, operation: &'static str, error: &CacheError, tenant: TenantId, at: Timestamp) -> Fallback<'_> {
         self.emit(|| Event::CacheUnavailable {
-            component: self.prefix.clone(),
+            component: self.prefix.text().clone(),
             operation,
             fallback: self.on_cache_unavailable.as_str(),
             error: error.to_string(),
@@ -615,7 +613,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             (OnCacheUnavailable::LocalLimit, Some(local)) => Fallback::Local(local),
             (OnCacheUnavailable::Admit, _) => {
                 self.emit(|| Event::RateLimitAdmitted {
-                    limiter: self.prefix.clone(),
+                    limiter: self.prefix.text().clone(),
                     tenant,
                     remaining: 0,
                     at,
@@ -641,7 +639,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     ) -> Result<Admission, AcquireError> {
         if outcome.clamped() {
             self.emit(|| Event::StampClamped {
-                limiter: self.prefix.clone(),
+                limiter: self.prefix.text().clone(),
                 tenant,
                 asked,
                 used: outcome.at(),
@@ -650,7 +648,7 @@ impl<S: LimiterStore> RateLimiter<S> {
         match outcome {
             SlotOutcome::Admitted { remaining, at, .. } => {
                 self.emit(|| Event::RateLimitAdmitted {
-                    limiter: self.prefix.clone(),
+                    limiter: self.prefix.text().clone(),
                     tenant,
                     remaining,
                     at,
@@ -662,7 +660,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 used, retry_after, at, ..
             } => {
                 self.emit(|| Event::RateLimitRefused {
-                    limiter: self.prefix.clone(),
+                    limiter: self.prefix.text().clone(),
                     tenant,
                     retry_after,
                     at,
@@ -683,7 +681,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// records nothing. A snapshot, not a reservation — only
     /// [`acquire`](Self::acquire) grants.
     pub async fn remaining(&self, tenant: TenantId) -> Result<u32, CacheError> {
-        let key = KeyBuf::tenant(&self.prefix, &tenant);
+        let key = KeyBuf::tenant(self.prefix.as_str(), &tenant);
         let since = self.clock.now().saturating_sub(self.slot.window);
         let used = self.store.count_since(key.as_str(), since).await?;
         Ok(u32::try_from(u64::from(self.slot.limit).saturating_sub(used)).unwrap_or(0))
@@ -737,7 +735,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             return self.conclude_tokens(tenant, request.now, ask, refusal, DecidedBy::Local);
         }
         let request = self.slot_request();
-        let key = KeyBuf::tenant(&self.prefix, &tenant);
+        let key = KeyBuf::tenant(self.prefix.as_str(), &tenant);
         match self.store.acquire_with_tokens(key.as_str(), request, ask).await {
             Ok(outcome) => self.conclude_tokens(tenant, request.now, ask, outcome, DecidedBy::Store),
             Err(error) if error.is_transient() => {
@@ -775,14 +773,14 @@ impl<S: LimiterStore> RateLimiter<S> {
     {
         // A server's usage is outside input: held to what a window can count.
         let actual = actual.min(MAX_TOKENS_PER_WINDOW);
-        let key = KeyBuf::tenant(&self.prefix, &tenant);
+        let key = KeyBuf::tenant(self.prefix.as_str(), &tenant);
         let found = match (reservation.decided_by, &self.local) {
             (DecidedBy::Local, Some(local)) => local.settle_tokens(key.as_str(), reservation.id, actual).await?,
             (DecidedBy::Local | DecidedBy::Unlimited, _) => false,
             (DecidedBy::Store, _) => self.store.settle_tokens(key.as_str(), reservation.id, actual).await?,
         };
         self.emit(|| Event::TokensSettled {
-            limiter: self.prefix.clone(),
+            limiter: self.prefix.text().clone(),
             tenant,
             estimate: reservation.estimate,
             actual,
@@ -815,7 +813,7 @@ impl<S: LimiterStore> RateLimiter<S> {
         };
         if clamped {
             self.emit(|| Event::StampClamped {
-                limiter: self.prefix.clone(),
+                limiter: self.prefix.text().clone(),
                 tenant,
                 asked,
                 used: outcome.at(),
@@ -829,14 +827,14 @@ impl<S: LimiterStore> RateLimiter<S> {
                 ..
             } => {
                 self.emit(|| Event::RateLimitAdmitted {
-                    limiter: self.prefix.clone(),
+                    limiter: self.prefix.text().clone(),
                     tenant,
                     remaining,
                     at: reservation.at,
                     decided_by,
                 });
                 self.emit(|| Event::TokensReserved {
-                    limiter: self.prefix.clone(),
+                    limiter: self.prefix.text().clone(),
                     tenant,
                     estimate: ask.tokens,
                     used_before: tokens_used,
@@ -861,7 +859,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 ..
             } => {
                 self.emit(|| Event::RateLimitRefused {
-                    limiter: self.prefix.clone(),
+                    limiter: self.prefix.text().clone(),
                     tenant,
                     retry_after,
                     at,
@@ -882,7 +880,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 ..
             } => {
                 self.emit(|| Event::TokensRefused {
-                    limiter: self.prefix.clone(),
+                    limiter: self.prefix.text().clone(),
                     tenant,
                     estimate: ask.tokens,
                     used: tokens_used,
