@@ -651,6 +651,23 @@ impl redstring::cache::BreakerStore for QuietForNoKeys {
     }
 }
 
+/// A breaker opening at `threshold` failures over `memory` wrapped in
+/// [`QuietForNoKeys`], with no observer listening (so that it would answer
+/// quietly if it trusted the store's quiet test).
+fn over_quiet_for_no_keys(
+    memory: MemoryCache,
+    clock: Arc<ManualClock>,
+    threshold: u32,
+) -> CircuitBreaker<QuietForNoKeys> {
+    CircuitBreaker::builder()
+        .failure_threshold(threshold)
+        .clock(clock)
+        .cache(Arc::new(QuietForNoKeys(memory)))
+        .observer(Arc::new(redstring::NoopObserver))
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_breaker_answers_quietly_only_over_keys_the_stores_quiet_test_covers() {
     use redstring::cache::BreakerStore as _;
@@ -658,14 +675,7 @@ async fn a_breaker_answers_quietly_only_over_keys_the_stores_quiet_test_covers()
     // The default store covers the keys every breaker builds.
     let memory = MemoryCache::new(clock.clone());
     assert!(memory.breaker_quiet_covers(&redstring::breaker::machine::BreakerKeys::new("kg:circuit")));
-    let store = Arc::new(QuietForNoKeys(memory));
-    let breaker = CircuitBreaker::builder()
-        .failure_threshold(1)
-        .clock(clock.clone())
-        .cache(store)
-        .observer(Arc::new(redstring::NoopObserver))
-        .build()
-        .unwrap();
+    let breaker = over_quiet_for_no_keys(memory, clock, 1);
     assert!(breaker.allow_request().await);
     breaker.record_failure().await.unwrap();
     // Open: a breaker trusting the quiet test for keys it does not cover
@@ -677,14 +687,7 @@ async fn a_breaker_answers_quietly_only_over_keys_the_stores_quiet_test_covers()
 #[tokio::test]
 async fn a_success_over_keys_the_stores_quiet_test_does_not_cover_clears_the_failures() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let store = Arc::new(QuietForNoKeys(MemoryCache::new(clock.clone())));
-    let breaker = CircuitBreaker::builder()
-        .failure_threshold(3)
-        .clock(clock.clone())
-        .cache(store)
-        .observer(Arc::new(redstring::NoopObserver))
-        .build()
-        .unwrap();
+    let breaker = over_quiet_for_no_keys(MemoryCache::new(clock.clone()), clock, 3);
     breaker.record_failure().await.unwrap();
     // A breaker trusting the quiet test here would answer the success with
     // no step, and the failure before it would still count.
