@@ -20,8 +20,13 @@
 //! Every operation locks the shards its keys live on (one, for every key the
 //! crate builds), so each atomic operation is still one critical section for
 //! its keys and racing tasks in one process see exactly the answers a single
-//! caller would — except a breaker step over an empty store that writes
-//! nothing, which needs no lock at all (`breaker.rs`).
+//! caller would — with two exceptions. A breaker step over an empty store
+//! that writes nothing needs no lock at all (`breaker.rs`). And a limiter's
+//! decision for a tenant that holds one of its shard's **slots** takes only
+//! the tenant's own lock (`slots.rs`): two cores deciding for tenants of one
+//! shard then write no line in common. A tenant lives in exactly one place —
+//! a slot, or the shard's table of tenants (`tenants.rs`) — so its decisions
+//! are still one critical section each.
 //!
 //! # Time and memory
 //!
@@ -30,7 +35,9 @@
 //! shard is swept in bulk once its operations since its last sweep exceed
 //! [`SWEEP_SLACK`] plus the keys that sweep kept: a walk over every key is
 //! paid for by at least as many operations (each adds at most a few keys),
-//! and keys added since do not put it off. Every such sweep also sweeps
+//! and keys added since do not put it off. (A tenant in a slot takes one
+//! decision in `UNLOCKED_RUN` through the shard's lock, so a shard whose
+//! tenants all decide in their slots is still counted toward its sweep.) Every such sweep also sweeps
 //! another shard, each shard's sweeps visiting all the others in turn, so a
 //! shard nobody touches is swept too. A shard keeps a bound below every
 //! deadline it holds, so a sweep due before anything can have expired (busy
@@ -38,12 +45,16 @@
 //! therefore stays bounded by live tenants × their hits (a limiter's tenant
 //! holds the hits of one series lifetime, about `2 × rpm` — see
 //! [`RateLimiter`](crate::RateLimiter) — and pruned ones only while its
-//! buffer has room for them), and idle tenants go away.
+//! buffer has room for them), and idle tenants go away. Beside them, a
+//! shard that has held a tenant keeps its slot table (2.5 KiB; 80 KiB over
+//! the 32 hashed shards) and each slot once used a 64-byte cell, emptied
+//! of its buffer when its tenant goes.
 
 mod breaker;
 mod names;
 mod ring;
 mod series;
+mod slots;
 mod tenants;
 
 use std::collections::HashMap;
@@ -56,6 +67,7 @@ use std::time::Duration;
 use names::{Name, Prefixes, TenantName, tenant_key};
 use ring::Full;
 use series::Series;
+use slots::{CellGuard, Slots, UNLOCKED_RUN};
 use tenants::Tenants;
 
 use super::{
@@ -117,8 +129,8 @@ struct Shared {
 /// One shard on cache lines of its own, so two cores working on two shards
 /// never contend for one line.
 ///
-/// Every field a limiter's decision writes on its way to its tenant's entry
-/// — the lock and the sweep's counter (and on the tagged shard, the
+/// Every field a limiter's decision under the lock writes on its way to its
+/// tenant's entry — the lock and the sweep's counter (and on the tagged shard, the
 /// published value count) — is in the shard's first 64 bytes, with the
 /// first prefix's table of tenants, which it reads (`repr(C)`, hot fields
 /// first; pinned by a test): a decision moves one shard line between
@@ -135,6 +147,9 @@ struct Shard {
     /// so a limiter's decision reads no map's length on its way out.
     values: AtomicUsize,
     state: parking_lot::Mutex<State>,
+    /// The limiter tenants found without the lock (`slots.rs`): read on
+    /// every decision, written when a tenant takes or leaves a slot.
+    slots: Slots,
 }
 
 /// A shard's lock, which publishes the tagged shard's value count as it is
@@ -143,6 +158,8 @@ struct Guard<'a> {
     locked: parking_lot::MutexGuard<'a, State>,
     /// The tagged shard's count; `None` on every other shard.
     published: Option<&'a AtomicUsize>,
+    /// The shard's slots, which hold some of its tenants.
+    slots: &'a Slots,
 }
 
 impl Drop for Guard<'_> {
@@ -219,7 +236,7 @@ impl std::fmt::Debug for MemoryCache {
         for index in 0..SHARDS {
             let state = lock(&self.shared.shards, index);
             values += state.values.len();
-            windows += state.windows.len() + state.tenants.len();
+            windows += state.windows.len() + state.tenants.len() + state.slots.len();
             closed |= state.closed;
         }
         f.debug_struct("MemoryCache")
@@ -253,6 +270,7 @@ fn guard<'a>(shard: &'a Shard, index: usize, locked: parking_lot::MutexGuard<'a,
     Guard {
         locked,
         published: (index == TAGGED).then_some(&shard.values),
+        slots: &shard.slots,
     }
 }
 
@@ -329,6 +347,7 @@ impl MemoryCache {
             values += state.values.values().filter(|e| e.live(now)).count();
             windows += state.windows.values().filter(|s| s.deadline > now).count();
             windows += state.tenants.iter().filter(|s| s.deadline > now).count();
+            state.slots.for_each(|s| windows += usize::from(s.deadline > now));
         }
         (values, windows)
     }
@@ -342,7 +361,9 @@ impl MemoryCache {
             .map(|index| {
                 let state = lock(&self.shared.shards, index);
                 let hits = |series: &Series| series.held();
-                state.windows.values().map(hits).sum::<usize>() + state.tenants.iter().map(hits).sum::<usize>()
+                let mut held = 0;
+                state.slots.for_each(|s| held += hits(s));
+                held + state.windows.values().map(hits).sum::<usize>() + state.tenants.iter().map(hits).sum::<usize>()
             })
             .sum()
     }
@@ -432,11 +453,11 @@ impl State {
     /// Drops every expired entry — unless none can have expired yet, as
     /// `earliest` tells without reading an entry: a shard of busy tenants
     /// keeps extending their deadlines and rarely has anything to drop.
-    fn sweep(&mut self, now: Timestamp) {
+    fn sweep(&mut self, slots: &Slots, now: Timestamp) {
         self.ops_since_sweep = 0;
         if now < self.earliest {
-            debug_assert!(self.nothing_expired(now), "a deadline was set below `earliest`");
-            self.kept = self.keys();
+            debug_assert!(self.nothing_expired(slots, now), "a deadline was set below `earliest`");
+            self.kept = self.keys(slots);
             return;
         }
         let mut earliest = Timestamp::MAX;
@@ -450,14 +471,16 @@ impl State {
         self.values.retain(|_, e| e.deadline.is_none_or(&mut keep));
         self.windows.retain(|_, s| keep(s.deadline));
         self.tenants.retain(|s| keep(s.deadline));
+        slots.retain(|s| keep(s.deadline));
         self.ledgers.retain(|_, l| keep(l.deadline));
         self.earliest = earliest;
-        self.kept = self.keys();
+        self.kept = self.keys(slots);
     }
 
-    /// Every key the shard holds, expired ones not yet swept included.
-    fn keys(&self) -> usize {
-        self.values.len() + self.windows.len() + self.tenants.len() + self.ledgers.len()
+    /// Every key the shard holds (with its slots), expired ones not yet
+    /// swept included.
+    fn keys(&self, slots: &Slots) -> usize {
+        self.values.len() + self.windows.len() + self.tenants.len() + slots.len() + self.ledgers.len()
     }
 
     /// Notes an entry now expiring at `deadline`, keeping `earliest` a
@@ -468,8 +491,11 @@ impl State {
 
     /// Whether no entry has expired at `now` (what `earliest` promises;
     /// checked in debug builds).
-    fn nothing_expired(&self, now: Timestamp) -> bool {
-        self.values.values().all(|e| e.live(now))
+    fn nothing_expired(&self, slots: &Slots, now: Timestamp) -> bool {
+        let mut slots_live = true;
+        slots.for_each(|s| slots_live &= s.deadline > now);
+        slots_live
+            && self.values.values().all(|e| e.live(now))
             && self.windows.values().all(|s| s.deadline > now)
             && self.tenants.iter().all(|s| s.deadline > now)
             && self.ledgers.values().all(|l| l.deadline > now)
@@ -496,12 +522,55 @@ impl State {
             }
         }
     }
+}
 
-    /// The live series named `name`, emptied first if it expired — one lookup.
-    fn series_mut(&mut self, name: Name<'_>, now: Timestamp) -> Option<&mut Series> {
-        let series = match name {
-            Name::Tenant(name) => self.tenants.get_mut(name)?,
-            Name::Text(key) => self.windows.get_mut(key)?,
+/// A series where it lives: a tenant's slot (`slots.rs`), or a map of the
+/// shard's.
+enum SeriesMut<'a> {
+    Slot(CellGuard<'a>),
+    Map(&'a mut Series),
+}
+
+impl Deref for SeriesMut<'_> {
+    type Target = Series;
+    fn deref(&self) -> &Series {
+        match self {
+            SeriesMut::Slot(held) => &held.series,
+            SeriesMut::Map(series) => series,
+        }
+    }
+}
+
+impl DerefMut for SeriesMut<'_> {
+    fn deref_mut(&mut self) -> &mut Series {
+        match self {
+            SeriesMut::Slot(held) => &mut held.series,
+            SeriesMut::Map(series) => series,
+        }
+    }
+}
+
+impl Guard<'_> {
+    /// Sweeps the shard, its slots with it.
+    fn sweep(&mut self, now: Timestamp) {
+        let slots = self.slots;
+        self.locked.sweep(slots, now);
+    }
+
+    /// The live series named `name`, emptied first if it expired. A
+    /// tenant's is looked for in its slots, then in the table; found in a
+    /// slot, its run of decisions without the shard's lock starts again.
+    fn series_mut(&mut self, name: Name<'_>, now: Timestamp) -> Option<SeriesMut<'_>> {
+        let slots = self.slots;
+        let mut series = match name {
+            Name::Tenant(name) => match slots.get(name) {
+                Some(mut held) => {
+                    held.unlocked = UNLOCKED_RUN;
+                    SeriesMut::Slot(held)
+                }
+                None => SeriesMut::Map(self.locked.tenants.get_mut(name)?),
+            },
+            Name::Text(key) => SeriesMut::Map(self.locked.windows.get_mut(key)?),
         };
         if series.deadline <= now {
             series.clear();
@@ -509,15 +578,18 @@ impl State {
         Some(series)
     }
 
-    /// Stores a new series under `name`.
-    fn insert_series(&mut self, name: Name<'_>, series: Series) {
-        self.expires(series.deadline);
+    /// Stores a new series under `name`, found nowhere: a tenant's in a
+    /// slot if one is free, else in the table.
+    fn insert_series(&mut self, name: Name<'_>, series: Series, now: Timestamp) {
+        self.locked.expires(series.deadline);
         match name {
             Name::Tenant(name) => {
-                self.tenants.insert(name, series);
+                if let Err(series) = self.slots.place(name, series, now) {
+                    self.locked.tenants.insert(name, series);
+                }
             }
             Name::Text(key) => {
-                self.windows.insert(key.to_owned(), series);
+                self.locked.windows.insert(key.to_owned(), series);
             }
         }
     }
@@ -525,23 +597,22 @@ impl State {
     fn remove_series(&mut self, name: Name<'_>) {
         match name {
             Name::Tenant(name) => {
-                self.tenants.remove(name);
+                self.slots.remove(name);
+                self.locked.tenants.remove(name);
             }
             Name::Text(key) => {
-                self.windows.remove(key);
+                self.locked.windows.remove(key);
             }
         }
     }
 
     fn record(&mut self, name: Name<'_>, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), Full> {
-        match self.series_mut(name, now) {
-            Some(series) => series.push(at, ttl, now),
-            None => {
-                let series = Series::first(at, ttl, now)?;
-                self.insert_series(name, series);
-                Ok(())
-            }
+        if let Some(mut series) = self.series_mut(name, now) {
+            return series.push(at, ttl, now);
         }
+        let series = Series::first(at, ttl, now)?;
+        self.insert_series(name, series, now);
+        Ok(())
     }
 }
 
@@ -554,6 +625,7 @@ impl Cache for MemoryCache {
             state.values.clear();
             state.windows.clear();
             state.tenants.clear();
+            state.slots.clear();
             state.ledgers.clear();
         }
         self.in_flight().clear();
@@ -632,14 +704,14 @@ impl HitWindow for MemoryCache {
         let now = self.shared.clock.now();
         let (shard, name) = self.named(key);
         let mut state = self.open_shard(shard, now)?;
-        Ok(state.series_mut(name, now).map_or(0, |s| s.count_since(since)))
+        Ok(state.series_mut(name, now).map_or(0, |mut s| s.count_since(since)))
     }
 
     async fn oldest_since(&self, key: &str, since: Timestamp) -> Result<Option<Timestamp>, CacheError> {
         let now = self.shared.clock.now();
         let (shard, name) = self.named(key);
         let mut state = self.open_shard(shard, now)?;
-        Ok(state.series_mut(name, now).and_then(|s| s.oldest_since(since)))
+        Ok(state.series_mut(name, now).and_then(|mut s| s.oldest_since(since)))
     }
 }
 
@@ -664,7 +736,10 @@ impl MemoryCache {
         self.acquire_named(shard, name, request)
     }
 
-    /// The atomic slot decision for the series named `name` on `shard`.
+    /// The atomic slot decision for the series named `name` on `shard`: a
+    /// tenant in a slot without the shard's lock (but for one decision in
+    /// [`UNLOCKED_RUN`], which keeps the shard's sweep paced), everything
+    /// else under it.
     // Inlined into the tenant-slot entry: as a call it cost each acquire 23
     // instructions (callgrind, `examples/hot_loop.rs tenants8_now`).
     #[inline(always)]
@@ -674,31 +749,51 @@ impl MemoryCache {
             TimeSource::Store => (clock_now, false),
             TimeSource::Caller => clamp_stamp(request.now, clock_now, request.window, request.max_ahead),
         };
-        let mut state = self.open_shard(shard, clock_now)?;
         let since = now.saturating_sub(request.window);
-        let outcome = match state.series_mut(name, clock_now) {
-            Some(series) => {
-                let (count, oldest) = series.window(since);
-                let outcome = decide(count, oldest, request.limit, now, request.window);
-                if let SlotOutcome::Admitted { .. } = outcome {
-                    series
-                        .push(now, request.ttl, clock_now)
-                        .map_err(|_| full("acquire_slot", name))?;
-                }
-                outcome
+        if let Name::Tenant(tenant) = name
+            && let Some(mut held) = self.shared.shards[shard].slots.find(tenant)
+            && held.unlocked > 0
+        {
+            // No test of `closed`: `close` empties every slot under its
+            // cell's lock, so a decision that found its tenant here came
+            // before the close, as one that took the shard's lock first.
+            held.unlocked -= 1;
+            if held.series.deadline <= clock_now {
+                held.series.clear();
             }
-            None => {
-                let outcome = decide(0, None, request.limit, now, request.window);
-                if let SlotOutcome::Admitted { .. } = outcome {
-                    state
-                        .record(name, now, request.ttl, clock_now)
-                        .map_err(|_| full("acquire_slot", name))?;
-                }
-                outcome
+            let outcome = slot_step(&mut held.series, since, now, clock_now, request);
+            return Ok(outcome.map_err(|_| full("acquire_slot", name))?.with_clamped(clamped));
+        }
+        let mut state = self.open_shard(shard, clock_now)?;
+        let outcome = if let Some(mut series) = state.series_mut(name, clock_now) {
+            slot_step(&mut series, since, now, clock_now, request)
+        } else {
+            let outcome = decide(0, None, request.limit, now, request.window);
+            match outcome {
+                SlotOutcome::Admitted { .. } => state.record(name, now, request.ttl, clock_now).map(|()| outcome),
+                SlotOutcome::Refused { .. } => Ok(outcome),
             }
         };
-        Ok(outcome.with_clamped(clamped))
+        Ok(outcome.map_err(|_| full("acquire_slot", name))?.with_clamped(clamped))
     }
+}
+
+/// The slot decision over `series` for a request stamped `now` (the store's
+/// clock reading `clock_now`): the hit pushed if admitted.
+#[inline(always)]
+fn slot_step(
+    series: &mut Series,
+    since: Timestamp,
+    now: Timestamp,
+    clock_now: Timestamp,
+    request: &SlotRequest,
+) -> Result<SlotOutcome, Full> {
+    let (count, oldest) = series.window(since);
+    let outcome = decide(count, oldest, request.limit, now, request.window);
+    if let SlotOutcome::Admitted { .. } = outcome {
+        series.push(now, request.ttl, clock_now)?;
+    }
+    Ok(outcome)
 }
 
 impl LimiterStore for MemoryCache {
@@ -860,7 +955,7 @@ impl TokenStore for MemoryCache {
         let mut state = self.open_shard(shard, clock_now)?;
         let since = now.saturating_sub(request.window);
         let (count, oldest) = match state.series_mut(name, clock_now) {
-            Some(series) => series.window(since),
+            Some(mut series) => series.window(since),
             None => (0, None),
         };
         let slot = decide(count, oldest, request.limit, now, request.window);
@@ -1076,7 +1171,12 @@ mod tests {
 
     /// Entries the shards physically hold, expired ones not yet swept included.
     fn entries_held(cache: &MemoryCache) -> usize {
-        (0..SHARDS).map(|index| lock(&cache.shared.shards, index).keys()).sum()
+        (0..SHARDS)
+            .map(|index| {
+                let state = lock(&cache.shared.shards, index);
+                state.keys(state.slots)
+            })
+            .sum()
     }
 
     /// Enough operations that every shard's sweep comes due (each sweep also
@@ -1326,6 +1426,153 @@ mod tests {
             let key = super::super::KeyBuf::tenant(prefix, &tenant);
             assert_eq!(ready(a.count_since(key.as_str(), now)).unwrap(), 1, "{prefix}");
             assert_eq!(ready(b.count_since(key.as_str(), now)).unwrap(), 0, "{prefix}");
+        }
+    }
+
+    /// `count` tenants the cache puts on shard 1.
+    fn tenants_on_one_shard(count: usize) -> Vec<TenantId> {
+        (0u128..)
+            .filter(|id| shard_of_tenant(*id) == 1)
+            .take(count)
+            .map(TenantId::from_u128)
+            .collect()
+    }
+
+    /// A request for `limit` hits a minute, at the clock's instant.
+    fn minute_request(clock: &crate::ManualClock, limit: u32) -> SlotRequest {
+        SlotRequest {
+            now: clock.now(),
+            window: Duration::from_secs(60),
+            limit,
+            ttl: Duration::from_secs(121),
+            max_ahead: Duration::ZERO,
+        }
+    }
+
+    fn admitted(outcome: Result<SlotOutcome, CacheError>) -> bool {
+        matches!(outcome.unwrap(), SlotOutcome::Admitted { .. })
+    }
+
+    #[test]
+    fn tenants_beyond_the_slots_room_live_in_the_table_and_each_keeps_one_count() {
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        let request = minute_request(&clock, 3);
+        let tenants = tenants_on_one_shard(200);
+        // Round by round, each tenant's count goes on from where it was,
+        // through its slot or the table, with or without the shard's lock.
+        for round in 0..4u32 {
+            for tenant in &tenants {
+                let outcome = cache.acquire_tenant_slot_now(&prefix, *tenant, &request).unwrap();
+                match round {
+                    0..3 => assert!(
+                        matches!(outcome, SlotOutcome::Admitted { remaining, .. } if remaining == 2 - round),
+                        "round {round}: {outcome:?}"
+                    ),
+                    _ => assert!(matches!(outcome, SlotOutcome::Refused { used: 3, .. }), "{outcome:?}"),
+                }
+            }
+        }
+        let state = lock(&cache.shared.shards, 1);
+        let in_slots = state.slots.len();
+        assert!((1..=64).contains(&in_slots), "{in_slots} in slots");
+        assert_eq!(
+            in_slots + state.tenants.len(),
+            tenants.len(),
+            "each tenant in one place"
+        );
+        drop(state);
+        assert_eq!(cache.len().1, tenants.len());
+        assert_eq!(cache.stored_hits(), 3 * tenants.len());
+    }
+
+    #[test]
+    fn a_shard_whose_tenants_decide_without_its_lock_is_still_swept() {
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        let [busy, idle] = tenants_on_one_shard(2)[..] else {
+            unreachable!()
+        };
+        assert!(admitted(cache.acquire_tenant_slot_now(
+            &prefix,
+            idle,
+            &minute_request(&clock, 10)
+        )));
+        clock.advance(Duration::from_secs(122));
+        // `idle` has expired; `busy` takes decisions, almost all without
+        // the shard's lock, long enough for its sweep to come due.
+        let decisions = UNLOCKED_RUN as usize * (SWEEP_SLACK + 4);
+        for _ in 0..decisions {
+            clock.advance(Duration::from_millis(1));
+            let request = minute_request(&clock, u32::MAX);
+            assert!(admitted(cache.acquire_tenant_slot_now(&prefix, busy, &request)));
+        }
+        let state = lock(&cache.shared.shards, 1);
+        assert_eq!(state.slots.len(), 1, "the idle tenant's slot was freed");
+        drop(state);
+        assert_eq!(entries_held(&cache), 1);
+    }
+
+    #[test]
+    fn closing_the_cache_empties_the_slots_and_refuses_their_tenants() {
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        let tenant = TenantId::from_u128(5);
+        let request = minute_request(&clock, 10);
+        assert!(admitted(cache.acquire_tenant_slot_now(&prefix, tenant, &request)));
+        assert!(admitted(cache.acquire_tenant_slot_now(&prefix, tenant, &request)));
+        ready(cache.close()).unwrap();
+        assert!(matches!(
+            cache.acquire_tenant_slot_now(&prefix, tenant, &request),
+            Err(CacheError::Closed)
+        ));
+        assert_eq!(cache.stored_hits(), 0);
+        let shard = TenantName::new(0, 5).shard();
+        assert_eq!(lock(&cache.shared.shards, shard).slots.len(), 0);
+    }
+
+    #[test]
+    fn racing_threads_over_more_tenants_than_slots_admit_exactly_the_limit_each() {
+        // Four threads over 300 tenants of one shard (64 slots): tenants
+        // race for slots, into the table, and — once the first phase's
+        // series have expired — for the slots of expired tenants, while
+        // other threads decide for those tenants. The clock stands still
+        // within a phase, so each tenant admits exactly `LIMIT`.
+        const LIMIT: u32 = 5;
+        const TRIES: usize = 3;
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        let tenants = tenants_on_one_shard(600);
+        for (phase, tenants) in [&tenants[..300], &tenants[150..]].into_iter().enumerate() {
+            let request = minute_request(&clock, LIMIT);
+            let counts: Vec<AtomicUsize> = tenants.iter().map(|_| AtomicUsize::new(0)).collect();
+            std::thread::scope(|s| {
+                for thread in 0..4usize {
+                    let (cache, prefix, counts) = (&cache, &prefix, &counts);
+                    s.spawn(move || {
+                        // Each thread tries every tenant `TRIES` times, in
+                        // an order of its own (7 is prime to both counts).
+                        for n in 0..TRIES * tenants.len() {
+                            let i = (n * 7 + thread * 13) % tenants.len();
+                            if admitted(cache.acquire_tenant_slot_now(prefix, tenants[i], &request)) {
+                                counts[i].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    });
+                }
+            });
+            let since = clock.now().saturating_sub(request.window);
+            for (tenant, count) in tenants.iter().zip(&counts) {
+                let key = super::super::KeyBuf::tenant("kg:ratelimit", tenant);
+                assert_eq!(count.load(Ordering::Relaxed), LIMIT as usize, "phase {phase}: {tenant}");
+                let held = ready(cache.count_since(key.as_str(), since)).unwrap();
+                assert_eq!(held, u64::from(LIMIT), "phase {phase}: {tenant}'s one series");
+            }
+            clock.advance(Duration::from_secs(122));
         }
     }
 

@@ -72,6 +72,17 @@ impl Series {
         Ok(series)
     }
 
+    /// A series with no hits and no buffer, expired at any instant: what a
+    /// free slot holds (`slots.rs`).
+    pub(super) fn none() -> Series {
+        Series {
+            hits: Ring::new(),
+            deadline: Timestamp::EPOCH,
+            floor: 0,
+            cursor: 0,
+        }
+    }
+
     /// Hits in the buffer, pruned ones not yet dropped included: what the
     /// series spends memory on (at most twice the most hits it has held
     /// unpruned at once, or four).

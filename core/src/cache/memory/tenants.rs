@@ -1,5 +1,7 @@
-//! A shard's limiter tenants: each tenant's series found by its prefix's id
-//! and its tenant id, with the series' header and the id on one cache line.
+//! A shard's limiter tenants that hold no slot (`slots.rs`: the tenants
+//! beyond its room, and those placed before a slot was free): each
+//! tenant's series found, under the shard's lock, by its prefix's id and
+//! its tenant id, with the series' header and the id on one cache line.
 //!
 //! Over many tenants each decision finds its tenant's entry out of cache,
 //! and the entry is read before anything else can start: a map keyed by
