@@ -35,9 +35,10 @@
 //! shard is swept in bulk once its operations since its last sweep exceed
 //! [`SWEEP_SLACK`] plus the keys that sweep kept: a walk over every key is
 //! paid for by at least as many operations (each adds at most a few keys),
-//! and keys added since do not put it off. (A tenant in a slot takes one
-//! decision in `UNLOCKED_RUN` through the shard's lock, so a shard whose
-//! tenants all decide in their slots is still counted toward its sweep.) Every such sweep also sweeps
+//! and keys added since do not put it off. (After `UNLOCKED_RUN` decisions
+//! in its slot a tenant's next goes through the shard's lock, so a shard
+//! whose tenants all decide in their slots is still counted toward its
+//! sweep.) Every such sweep also sweeps
 //! another shard, each shard's sweeps visiting all the others in turn, so a
 //! shard nobody touches is swept too. A shard keeps a bound below every
 //! deadline it holds, so a sweep due before anything can have expired (busy
@@ -148,7 +149,8 @@ struct Shard {
     values: AtomicUsize,
     state: parking_lot::Mutex<State>,
     /// The limiter tenants found without the lock (`slots.rs`): read on
-    /// every decision, written when a tenant takes or leaves a slot.
+    /// every decision in a slot, written when a tenant takes or leaves
+    /// one; on lines of its own, which no operation under the lock writes.
     slots: Slots,
 }
 
@@ -550,6 +552,34 @@ impl DerefMut for SeriesMut<'_> {
     }
 }
 
+/// The live series named `name` among a shard's (under its lock), emptied
+/// first if it expired. A tenant's is looked for in its slots, then in the
+/// table; found in a slot, its run of decisions without the shard's lock
+/// starts again. A slot's series stays locked for as long as the answer is
+/// held.
+fn live_series<'a>(
+    slots: &'a Slots,
+    tenants: &'a mut Tenants,
+    windows: &'a mut Map<Series>,
+    name: Name<'_>,
+    now: Timestamp,
+) -> Option<SeriesMut<'a>> {
+    let mut series = match name {
+        Name::Tenant(name) => match slots.get(name) {
+            Some(mut held) => {
+                held.unlocked = UNLOCKED_RUN;
+                SeriesMut::Slot(held)
+            }
+            None => SeriesMut::Map(tenants.get_mut(name)?),
+        },
+        Name::Text(key) => SeriesMut::Map(windows.get_mut(key)?),
+    };
+    if series.deadline <= now {
+        series.clear();
+    }
+    Some(series)
+}
+
 impl Guard<'_> {
     /// Sweeps the shard, its slots with it.
     fn sweep(&mut self, now: Timestamp) {
@@ -557,25 +587,11 @@ impl Guard<'_> {
         self.locked.sweep(slots, now);
     }
 
-    /// The live series named `name`, emptied first if it expired. A
-    /// tenant's is looked for in its slots, then in the table; found in a
-    /// slot, its run of decisions without the shard's lock starts again.
+    /// The live series named `name`, emptied first if it expired (see
+    /// [`live_series`]).
     fn series_mut(&mut self, name: Name<'_>, now: Timestamp) -> Option<SeriesMut<'_>> {
-        let slots = self.slots;
-        let mut series = match name {
-            Name::Tenant(name) => match slots.get(name) {
-                Some(mut held) => {
-                    held.unlocked = UNLOCKED_RUN;
-                    SeriesMut::Slot(held)
-                }
-                None => SeriesMut::Map(self.locked.tenants.get_mut(name)?),
-            },
-            Name::Text(key) => SeriesMut::Map(self.locked.windows.get_mut(key)?),
-        };
-        if series.deadline <= now {
-            series.clear();
-        }
-        Some(series)
+        let State { tenants, windows, .. } = &mut *self.locked;
+        live_series(self.slots, tenants, windows, name, now)
     }
 
     /// Stores a new series under `name`, found nowhere: a tenant's in a
@@ -954,28 +970,50 @@ impl TokenStore for MemoryCache {
         let (shard, name) = self.named(key);
         let mut state = self.open_shard(shard, clock_now)?;
         let since = now.saturating_sub(request.window);
-        let (count, oldest) = match state.series_mut(name, clock_now) {
-            Some(mut series) => series.window(since),
-            None => (0, None),
+        let (outcome, first) = {
+            let slots = state.slots;
+            let State {
+                tenants,
+                windows,
+                ledgers,
+                ..
+            } = &mut *state.locked;
+            // Held (a slot's series locked) until the hit is pushed: a
+            // decision in the slot, which takes no shard lock, cannot come
+            // between.
+            let mut series = live_series(slots, tenants, windows, name, clock_now);
+            let (count, oldest) = match series.as_deref_mut() {
+                Some(series) => series.window(since),
+                None => (0, None),
+            };
+            let slot = decide(count, oldest, request.limit, now, request.window);
+            // Reservations older than the series' lifetime are pruned, as hits are.
+            let horizon = clock_now.saturating_sub(request.ttl);
+            let entries: &[TokenEntry] = match ledgers.get_mut(key) {
+                Some(ledger) if ledger.deadline > clock_now => {
+                    ledger.entries.retain(|e| e.id.at >= horizon);
+                    &ledger.entries
+                }
+                _ => &[],
+            };
+            let tokens = decide_tokens(entries, &ask, now, request.window);
+            let seq = entries.iter().filter(|e| e.id.at == now).count();
+            let seq = u32::try_from(seq).unwrap_or(u32::MAX);
+            let outcome = combine(count, slot, tokens, now, seq, request.window);
+            // The hit: pushed to the held series, or a first series made.
+            let first = match (&outcome, series.as_deref_mut()) {
+                (TokenOutcome::Refused { .. }, _) => Ok(None),
+                (TokenOutcome::Admitted { .. }, Some(series)) => {
+                    series.push(now, request.ttl, clock_now).map(|()| None)
+                }
+                (TokenOutcome::Admitted { .. }, None) => Series::first(now, request.ttl, clock_now).map(Some),
+            };
+            (outcome, first.map_err(|_| full("acquire_with_tokens", name))?)
         };
-        let slot = decide(count, oldest, request.limit, now, request.window);
-        // Reservations older than the series' lifetime are pruned, as hits are.
-        let horizon = clock_now.saturating_sub(request.ttl);
-        let entries: &[TokenEntry] = match state.ledgers.get_mut(key) {
-            Some(ledger) if ledger.deadline > clock_now => {
-                ledger.entries.retain(|e| e.id.at >= horizon);
-                &ledger.entries
-            }
-            _ => &[],
-        };
-        let tokens = decide_tokens(entries, &ask, now, request.window);
-        let seq = entries.iter().filter(|e| e.id.at == now).count();
-        let seq = u32::try_from(seq).unwrap_or(u32::MAX);
-        let outcome = combine(count, slot, tokens, now, seq, request.window);
         if let TokenOutcome::Admitted { reservation, .. } = outcome {
-            state
-                .record(name, now, request.ttl, clock_now)
-                .map_err(|_| full("acquire_with_tokens", name))?;
+            if let Some(first) = first {
+                state.insert_series(name, first, clock_now);
+            }
             let entry = TokenEntry {
                 id: reservation,
                 tokens: ask.tokens,
@@ -1574,6 +1612,69 @@ mod tests {
             }
             clock.advance(Duration::from_secs(122));
         }
+    }
+
+    #[test]
+    fn a_token_decision_and_a_decision_in_the_slot_racing_on_one_tenant_admit_the_limit_once() {
+        // One thread decides through the tenant's slot (no shard lock), the
+        // other through the token path (the shard's lock, then the slot's):
+        // the token path must hold the series from its count to its push.
+        // Round after round (each a fresh window), the two start on each
+        // tenant together.
+        const LIMIT: u32 = 4;
+        const ROUNDS: usize = 60;
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        let ask = TokenAsk {
+            tokens: 1,
+            limit: u64::MAX,
+            lease: Duration::from_secs(60),
+        };
+        // Few enough for every one to find a slot.
+        let tenants: Vec<TenantId> = (0..1_000u128).map(TenantId::from_u128).collect();
+        let keys: Vec<_> = tenants
+            .iter()
+            .map(|t| super::super::KeyBuf::tenant("kg:ratelimit", t))
+            .collect();
+        for round in 0..ROUNDS {
+            let request = minute_request(&clock, LIMIT);
+            let counts: Vec<AtomicUsize> = tenants.iter().map(|_| AtomicUsize::new(0)).collect();
+            let start = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    for (i, tenant) in tenants.iter().enumerate() {
+                        start.wait();
+                        for _ in 0..LIMIT {
+                            if admitted(cache.acquire_tenant_slot_now(&prefix, *tenant, &request)) {
+                                counts[i].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                });
+                s.spawn(|| {
+                    for (i, key) in keys.iter().enumerate() {
+                        start.wait();
+                        for _ in 0..LIMIT {
+                            let outcome = ready(cache.acquire_with_tokens(key.as_str(), request, ask)).unwrap();
+                            if let TokenOutcome::Admitted { .. } = outcome {
+                                counts[i].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                });
+            });
+            let other: Vec<usize> = (0..tenants.len())
+                .filter(|i| counts[*i].load(Ordering::Relaxed) != LIMIT as usize)
+                .collect();
+            assert!(
+                other.is_empty(),
+                "round {round}: admitted other than {LIMIT}: {other:?}"
+            );
+            clock.advance(Duration::from_secs(122));
+        }
+        let in_slots: usize = (0..SHARDS).map(|i| lock(&cache.shared.shards, i).slots.len()).sum();
+        assert_eq!(in_slots, tenants.len(), "every tenant raced in its slot");
     }
 
     #[test]

@@ -16,7 +16,9 @@
 //!
 //! - A slot's name changes only under the shard's lock **and** its cell's
 //!   lock, and only to a tenant found nowhere (a free slot, or one whose
-//!   series has expired and so counts nothing).
+//!   series has expired and so counts nothing) — but for a slot's first
+//!   name, written under the shard's lock before its cell is made: a lookup
+//!   reaches a slot only through its cell, which is published after.
 //! - A lock-free lookup ([`Slots::find`]) probes for the name, locks the
 //!   cell and reads the name again: under the cell's lock it cannot change,
 //!   so a decision made there is on the tenant's one series. A name that
@@ -51,9 +53,9 @@ const SLOTS: usize = 64;
 /// Slots a tenant's probe visits from its first.
 const PROBE: usize = 16;
 
-/// Decisions a cell takes without the shard's lock before one goes through
-/// it: a shard's sweep is paced by the operations under its lock, and this
-/// keeps a busy slot counting toward it.
+/// Decisions a cell takes without the shard's lock before the next goes
+/// through it (one in 65): a shard's sweep is paced by the operations under
+/// its lock, and this keeps a busy slot counting toward it.
 pub(super) const UNLOCKED_RUN: u32 = 64;
 
 /// A tenant's series behind its own lock, on a cache line of its own.
@@ -96,7 +98,7 @@ impl Slot {
 
     /// Whether the slot names `name` (exact under the cell's lock, or the
     /// shard's).
-    #[inline]
+    #[inline(always)]
     fn names(&self, name: TenantName) -> bool {
         self.prefix.load(Ordering::Relaxed) == name.prefix + 1
             && self.low.load(Ordering::Relaxed) == name.tenant as u64
@@ -121,10 +123,14 @@ impl Slot {
 /// the shard's lock.
 pub(super) type CellGuard<'a> = MutexGuard<'a, Held>;
 
-/// A shard's slots.
+/// A shard's slots, on a line of their own in the shard: every decision in
+/// a slot reads the table's pointer, and nothing under the shard's lock
+/// writes beside it (`named` changes only as a tenant takes or leaves a
+/// slot).
 #[derive(Default)]
+#[repr(align(64))]
 pub(super) struct Slots {
-    table: OnceLock<Box<[Slot]>>,
+    table: OnceLock<Box<[Slot; SLOTS]>>,
     /// Slots naming a tenant (written under the shard's lock).
     named: AtomicUsize,
 }
@@ -138,15 +144,20 @@ fn first_slot(name: TenantName) -> usize {
 }
 
 impl Slots {
-    /// The slots of `name`'s probe, in order, up to the first with no cell.
-    #[inline]
-    fn probe(&self, name: TenantName) -> impl Iterator<Item = (&Slot, &Cell)> {
-        let table: &[Slot] = self.table.get().map_or(&[], |t| t);
+    /// The slot naming `name` and its cell, probing from its first slot
+    /// up to the first with no cell.
+    #[inline(always)]
+    fn locate(&self, name: TenantName) -> Option<(&Slot, &Cell)> {
+        let table = self.table.get()?;
         let first = first_slot(name);
-        let reach = if table.is_empty() { 0 } else { PROBE };
-        (0..reach)
-            .map(move |i| &table[(first + i) & (SLOTS - 1)])
-            .map_while(|slot| slot.cell.get().map(|cell| (slot, &**cell)))
+        for i in 0..PROBE {
+            let slot = &table[(first + i) & (SLOTS - 1)];
+            let cell = slot.cell.get()?;
+            if slot.names(name) {
+                return Some((slot, cell));
+            }
+        }
+        None
     }
 
     /// `name`'s cell, locked, if a slot names it — without the shard's
@@ -154,7 +165,7 @@ impl Slots {
     /// elsewhere, nowhere, or changing place).
     #[inline]
     pub(super) fn find(&self, name: TenantName) -> Option<CellGuard<'_>> {
-        let (slot, cell) = self.probe(name).find(|(slot, _)| slot.names(name))?;
+        let (slot, cell) = self.locate(name)?;
         let held = cell.lock.lock();
         // Under the cell's lock the name cannot change: read it again.
         slot.names(name).then_some(held)
@@ -163,7 +174,7 @@ impl Slots {
     /// `name`'s cell, locked, if a slot names it; under the shard's lock,
     /// where that is the whole answer.
     pub(super) fn get(&self, name: TenantName) -> Option<CellGuard<'_>> {
-        let (_, cell) = self.probe(name).find(|(slot, _)| slot.names(name))?;
+        let (_, cell) = self.locate(name)?;
         Some(cell.lock.lock())
     }
 
@@ -172,7 +183,9 @@ impl Slots {
     /// free, has no cell yet, or holds a series expired at `now`; gives it
     /// back when there is none.
     pub(super) fn place(&self, name: TenantName, series: Series, now: Timestamp) -> Result<(), Series> {
-        let table = self.table.get_or_init(|| (0..SLOTS).map(|_| Slot::new()).collect());
+        let table = self
+            .table
+            .get_or_init(|| Box::new(std::array::from_fn(|_| Slot::new())));
         let first = first_slot(name);
         for i in 0..PROBE {
             let slot = &table[(first + i) & (SLOTS - 1)];
@@ -205,7 +218,7 @@ impl Slots {
 
     /// Frees `name`'s slot, if one names it, and its buffer.
     pub(super) fn remove(&self, name: TenantName) {
-        if let Some((slot, cell)) = self.probe(name).find(|(slot, _)| slot.names(name)) {
+        if let Some((slot, cell)) = self.locate(name) {
             let mut held = cell.lock.lock();
             slot.set_name(None);
             held.series = Series::none();
