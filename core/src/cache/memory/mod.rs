@@ -24,7 +24,7 @@
 //! that writes nothing needs no lock at all (`breaker.rs`). And a limiter's
 //! decision for a tenant that holds one of its shard's **slots** takes only
 //! the tenant's own lock (`slots.rs`): two cores deciding for tenants of one
-//! shard then write no line in common. A tenant lives in exactly one place —
+//! shard then write no line of the shard's (but in one decision in 65). A tenant lives in exactly one place —
 //! a slot, or the shard's table of tenants (`tenants.rs`) — so its decisions
 //! are still one critical section each.
 //!
@@ -150,7 +150,7 @@ struct Shard {
     state: parking_lot::Mutex<State>,
     /// The limiter tenants found without the lock (`slots.rs`): read on
     /// every decision in a slot, written when a tenant takes or leaves
-    /// one; on lines of its own, which no operation under the lock writes.
+    /// one; on lines of their own, which no decision under the lock writes.
     slots: Slots,
 }
 
@@ -595,7 +595,8 @@ impl Guard<'_> {
     }
 
     /// Stores a new series under `name`, found nowhere: a tenant's in a
-    /// slot if one is free, else in the table.
+    /// slot of its probe if one is free, unmade or expired, else in the
+    /// table.
     fn insert_series(&mut self, name: Name<'_>, series: Series, now: Timestamp) {
         self.locked.expires(series.deadline);
         match name {
@@ -754,8 +755,8 @@ impl MemoryCache {
 
     /// The atomic slot decision for the series named `name` on `shard`: a
     /// tenant in a slot without the shard's lock (but for one decision in
-    /// [`UNLOCKED_RUN`], which keeps the shard's sweep paced), everything
-    /// else under it.
+    /// 65, after [`UNLOCKED_RUN`] without it, which keeps the shard's sweep
+    /// paced), everything else under it.
     // Inlined into the tenant-slot entry: as a call it cost each acquire 23
     // instructions (callgrind, `examples/hot_loop.rs tenants8_now`).
     #[inline(always)]
@@ -1539,6 +1540,16 @@ mod tests {
             &minute_request(&clock, 10)
         )));
         clock.advance(Duration::from_secs(122));
+        let ops = || lock(&cache.shared.shards, 1).ops_since_sweep;
+        // `busy` is placed under the shard's lock, then takes its run of
+        // decisions in its slot without it, then one under it.
+        let before = ops();
+        for _ in 0..=UNLOCKED_RUN + 1 {
+            clock.advance(Duration::from_millis(1));
+            let request = minute_request(&clock, u32::MAX);
+            assert!(admitted(cache.acquire_tenant_slot_now(&prefix, busy, &request)));
+        }
+        assert_eq!(ops() - before, 2, "two of {} decisions took the lock", UNLOCKED_RUN + 2);
         // `idle` has expired; `busy` takes decisions, almost all without
         // the shard's lock, long enough for its sweep to come due.
         let decisions = UNLOCKED_RUN as usize * (SWEEP_SLACK + 4);
@@ -1562,19 +1573,24 @@ mod tests {
         let request = minute_request(&clock, 10);
         assert!(admitted(cache.acquire_tenant_slot_now(&prefix, tenant, &request)));
         assert!(admitted(cache.acquire_tenant_slot_now(&prefix, tenant, &request)));
+        let shard = TenantName::new(0, 5).shard();
+        assert_eq!(
+            lock(&cache.shared.shards, shard).slots.len(),
+            1,
+            "the tenant is in a slot"
+        );
         ready(cache.close()).unwrap();
         assert!(matches!(
             cache.acquire_tenant_slot_now(&prefix, tenant, &request),
             Err(CacheError::Closed)
         ));
         assert_eq!(cache.stored_hits(), 0);
-        let shard = TenantName::new(0, 5).shard();
         assert_eq!(lock(&cache.shared.shards, shard).slots.len(), 0);
     }
 
     #[test]
     fn racing_threads_over_more_tenants_than_slots_admit_exactly_the_limit_each() {
-        // Four threads over 300 tenants of one shard (64 slots): tenants
+        // Four threads over 300, then 450, tenants of one shard (64 slots): tenants
         // race for slots, into the table, and — once the first phase's
         // series have expired — for the slots of expired tenants, while
         // other threads decide for those tenants. The clock stands still
@@ -1640,11 +1656,19 @@ mod tests {
         for round in 0..ROUNDS {
             let request = minute_request(&clock, LIMIT);
             let counts: Vec<AtomicUsize> = tenants.iter().map(|_| AtomicUsize::new(0)).collect();
-            let start = std::sync::Barrier::new(2);
+            // Both threads at tenant `i`: spun for, not parked for, so that
+            // neither is still waking when the other has decided.
+            let arrived = AtomicUsize::new(0);
+            let start = |i: usize| {
+                arrived.fetch_add(1, Ordering::AcqRel);
+                while arrived.load(Ordering::Acquire) < 2 * (i + 1) {
+                    std::hint::spin_loop();
+                }
+            };
             std::thread::scope(|s| {
                 s.spawn(|| {
                     for (i, tenant) in tenants.iter().enumerate() {
-                        start.wait();
+                        start(i);
                         for _ in 0..LIMIT {
                             if admitted(cache.acquire_tenant_slot_now(&prefix, *tenant, &request)) {
                                 counts[i].fetch_add(1, Ordering::Relaxed);
@@ -1654,7 +1678,7 @@ mod tests {
                 });
                 s.spawn(|| {
                     for (i, key) in keys.iter().enumerate() {
-                        start.wait();
+                        start(i);
                         for _ in 0..LIMIT {
                             let outcome = ready(cache.acquire_with_tokens(key.as_str(), request, ask)).unwrap();
                             if let TokenOutcome::Admitted { .. } = outcome {

@@ -5,8 +5,9 @@
 //! on every call, and that line moved between them on about every other
 //! call: it is what two threads over many tenants lost to a keyed GCRA
 //! limiter (BENCHMARKS.md). A decision for a tenant that holds a slot writes
-//! only the tenant's own lines: its cell (the lock and the series' header)
-//! and its ring.
+//! no line of the shard's (but one decision in 65, which takes the shard's
+//! lock): only its cell (the lock and the series' header) and its ring's
+//! back.
 //!
 //! # Exactness
 //!
@@ -27,8 +28,9 @@
 //!   the shard's table (`tenants.rs`), and made in one of them only when it
 //!   is in neither: no tenant has two series.
 //! - A slot's cell, once made, is never unmade, and a tenant is placed in
-//!   the first slot of its probe sequence that is free: so a probe may stop
-//!   at the first slot with no cell.
+//!   the first slot of its probe sequence that is free, has no cell yet or
+//!   holds an expired series: so a probe may stop at the first slot with
+//!   no cell.
 //!
 //! # Memory
 //!

@@ -1,5 +1,6 @@
 //! A shard's limiter tenants that hold no slot (`slots.rs`: the tenants
-//! beyond its room, and those placed before a slot was free): each
+//! placed when their probe's slots were all live, who stay until they
+//! expire and are swept, or are deleted): each
 //! tenant's series found, under the shard's lock, by its prefix's id and
 //! its tenant id, with the series' header and the id on one cache line.
 //!
