@@ -16,7 +16,7 @@
 //! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants8_now`
 //! (its decisions over 8 tenants, every series in cache), `tenants1_now`
 //! (1 000 tenants on `SystemClock`, as `tenants2_now` on one thread),
-//! `tenants2`, `tenants2_now` and `hot2` (two threads),
+//! `tenants2`, `tenants2_now`, `hot2` and `hot2_now` (two threads),
 //! `tenants2_apart_now` (`tenants2_now` with a limiter per thread: nothing
 //! shared, so what sharing costs is the difference),
 //! `tenants2_disjoint_now` (one cache, each thread its own 1 000 tenants:
@@ -282,6 +282,13 @@ fn main() {
             let l = system_limiter();
             on_two_threads(iters, |_, _| {
                 ready(l.acquire(tenant)).expect("admitted");
+            });
+        }
+        "hot2_now" => {
+            // As the bench's threads2/hot_tenant through the twin.
+            let l = system_limiter();
+            on_two_threads(iters, |_, _| {
+                l.acquire_now(tenant).expect("admitted");
             });
         }
         "governor_hot2" => {

@@ -48,7 +48,7 @@
 //! [`RateLimiter`](crate::RateLimiter) — and pruned ones only while its
 //! buffer has room for them), and idle tenants go away. Beside them, a
 //! shard that has held a tenant keeps its slot table (2.5 KiB; 80 KiB over
-//! the 32 hashed shards) and each slot once used a 64-byte cell, emptied
+//! the 32 hashed shards) and each slot once used a 128-byte cell, emptied
 //! of its buffer when its tenant goes.
 
 mod breaker;
