@@ -24,9 +24,10 @@
 //! that writes nothing needs no lock at all (`breaker.rs`). And a limiter's
 //! decision for a tenant that holds one of its shard's **slots** takes only
 //! the tenant's own lock (`slots.rs`): two cores deciding for tenants of one
-//! shard then write no line of the shard's (but in one decision in 65). A tenant lives in exactly one place —
-//! a slot, or the shard's table of tenants (`tenants.rs`) — so its decisions
-//! are still one critical section each.
+//! shard then write no line of the shard's (but in one decision in 65). A
+//! tenant lives in exactly one place — a slot, or the shard's table of
+//! tenants (`tenants.rs`) — so its decisions are still one critical section
+//! each.
 //!
 //! # Time and memory
 //!
@@ -131,12 +132,12 @@ struct Shared {
 /// never contend for one line.
 ///
 /// Every field a limiter's decision under the lock writes on its way to its
-/// tenant's entry — the lock and the sweep's counter (and on the tagged shard, the
-/// published value count) — is in the shard's first 64 bytes, with the
-/// first prefix's table of tenants, which it reads (`repr(C)`, hot fields
-/// first; pinned by a test): a decision moves one shard line between
-/// cores, where it moved two. (What it only reads, it shares with every
-/// core without moving it.)
+/// tenant's entry — the lock and the sweep's counter (and on the tagged
+/// shard, the published value count) — is in the shard's first 64 bytes,
+/// with the first prefix's table of tenants, which it reads (`repr(C)`,
+/// hot fields first; pinned by a test): a decision moves one shard line
+/// between cores, where it moved two. (What it only reads, it shares with
+/// every core without moving it.)
 #[repr(C, align(128))]
 #[derive(Default)]
 struct Shard {
@@ -1590,11 +1591,12 @@ mod tests {
 
     #[test]
     fn racing_threads_over_more_tenants_than_slots_admit_exactly_the_limit_each() {
-        // Four threads over 300, then 450, tenants of one shard (64 slots): tenants
-        // race for slots, into the table, and — once the first phase's
-        // series have expired — for the slots of expired tenants, while
-        // other threads decide for those tenants. The clock stands still
-        // within a phase, so each tenant admits exactly `LIMIT`.
+        // Four threads over 300, then 450, tenants of one shard (64
+        // slots): tenants race for slots, into the table, and — once the
+        // first phase's series have expired — for the slots of expired
+        // tenants, while other threads decide for those tenants. The clock
+        // stands still within a phase, so each tenant admits exactly
+        // `LIMIT`.
         const LIMIT: u32 = 5;
         const TRIES: usize = 3;
         let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
