@@ -16,8 +16,9 @@
 //! next (a thread waiting for the lock reads its line without taking the
 //! one the holder writes: two threads on one tenant ran 3–6 % faster so
 //! than with both on one line, two threads over 1 000 tenants 3–11 %
-//! slower, still well ahead of governor — BENCHMARKS.md). The names sit in the slot table,
-//! which only a change of tenant writes, so every core keeps a copy.
+//! slower, still well ahead of governor — BENCHMARKS.md). The names sit in
+//! the slot table, which only a change of tenant writes, so every core
+//! keeps a copy.
 //!
 //! - A slot's name changes only under the shard's lock **and** its cell's
 //!   lock, and only to a tenant found nowhere (a free slot, or one whose
@@ -131,9 +132,9 @@ impl Slot {
 pub(super) type CellGuard<'a> = MutexGuard<'a, Held>;
 
 /// A shard's slots, on a line of their own in the shard: every decision in
-/// a slot reads the table's pointer, and nothing under the shard's lock
-/// writes beside it (`named` changes only as a tenant takes or leaves a
-/// slot).
+/// a slot reads the table's pointer, and no field of the shard's lock
+/// shares the line (`named`, beside the pointer, changes only as a tenant
+/// takes or leaves a slot).
 #[derive(Default)]
 #[repr(align(64))]
 pub(super) struct Slots {
@@ -142,8 +143,9 @@ pub(super) struct Slots {
     named: AtomicUsize,
 }
 
-/// The first slot of `name`'s probe: bits of its hash that neither the
-/// shard nor the table's tags use, mixed with its prefix.
+/// The first slot of `name`'s probe: middle bits of its hash (the shard
+/// was chosen by the top ones, so within a shard these still vary), mixed
+/// with its prefix.
 #[inline]
 fn first_slot(name: TenantName) -> usize {
     let mixed = name.hash() ^ u64::from(name.prefix).wrapping_mul(0x9e37_79b9_7f4a_7c15);
