@@ -575,9 +575,7 @@ fn live_series<'a>(
         },
         Name::Text(key) => SeriesMut::Map(windows.get_mut(key)?),
     };
-    if series.deadline <= now {
-        series.clear();
-    }
+    series.expire(now);
     Some(series)
 }
 
@@ -628,6 +626,12 @@ impl Guard<'_> {
         if let Some(mut series) = self.series_mut(name, now) {
             return series.push(at, ttl, now);
         }
+        self.insert_first(name, at, ttl, now)
+    }
+
+    /// Stores a series of one hit at `at` under `name`, found nowhere (as
+    /// [`record`](Guard::record) does for a name it did not find).
+    fn insert_first(&mut self, name: Name<'_>, at: Timestamp, ttl: Duration, now: Timestamp) -> Result<(), Full> {
         let series = Series::first(at, ttl, now)?;
         self.insert_series(name, series, now);
         Ok(())
@@ -776,9 +780,7 @@ impl MemoryCache {
             // cell's lock, so a decision that found its tenant here came
             // before the close, as one that took the shard's lock first.
             held.unlocked -= 1;
-            if held.series.deadline <= clock_now {
-                held.series.clear();
-            }
+            held.series.expire(clock_now);
             let outcome = slot_step(&mut held.series, since, now, clock_now, request);
             return Ok(outcome.map_err(|_| full("acquire_slot", name))?.with_clamped(clamped));
         }
@@ -788,7 +790,8 @@ impl MemoryCache {
         } else {
             let outcome = decide(0, None, request.limit, now, request.window);
             match outcome {
-                SlotOutcome::Admitted { .. } => state.record(name, now, request.ttl, clock_now).map(|()| outcome),
+                // Found nowhere just now, under the lock still held.
+                SlotOutcome::Admitted { .. } => state.insert_first(name, now, request.ttl, clock_now).map(|()| outcome),
                 SlotOutcome::Refused { .. } => Ok(outcome),
             }
         };
@@ -972,7 +975,7 @@ impl TokenStore for MemoryCache {
         let (shard, name) = self.named(key);
         let mut state = self.open_shard(shard, clock_now)?;
         let since = now.saturating_sub(request.window);
-        let (outcome, first) = {
+        let (outcome, found) = {
             let slots = state.slots;
             let State {
                 tenants,
@@ -1002,19 +1005,20 @@ impl TokenStore for MemoryCache {
             let seq = entries.iter().filter(|e| e.id.at == now).count();
             let seq = u32::try_from(seq).unwrap_or(u32::MAX);
             let outcome = combine(count, slot, tokens, now, seq, request.window);
-            // The hit: pushed to the held series, or a first series made.
-            let first = match (&outcome, series.as_deref_mut()) {
-                (TokenOutcome::Refused { .. }, _) => Ok(None),
-                (TokenOutcome::Admitted { .. }, Some(series)) => {
-                    series.push(now, request.ttl, clock_now).map(|()| None)
-                }
-                (TokenOutcome::Admitted { .. }, None) => Series::first(now, request.ttl, clock_now).map(Some),
-            };
-            (outcome, first.map_err(|_| full("acquire_with_tokens", name))?)
+            // The hit, pushed to the held series (a tenant found nowhere gets
+            // its first below, under the shard's lock still held).
+            if let (TokenOutcome::Admitted { .. }, Some(series)) = (&outcome, series.as_deref_mut()) {
+                series
+                    .push(now, request.ttl, clock_now)
+                    .map_err(|_| full("acquire_with_tokens", name))?;
+            }
+            (outcome, series.is_some())
         };
         if let TokenOutcome::Admitted { reservation, .. } = outcome {
-            if let Some(first) = first {
-                state.insert_series(name, first, clock_now);
+            if !found {
+                state
+                    .insert_first(name, now, request.ttl, clock_now)
+                    .map_err(|_| full("acquire_with_tokens", name))?;
             }
             let entry = TokenEntry {
                 id: reservation,

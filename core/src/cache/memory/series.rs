@@ -116,6 +116,15 @@ impl Series {
         };
     }
 
+    /// Forgets every hit if the series has expired at `now` (keeping the
+    /// buffer): what every lookup does before it reads a series.
+    #[inline]
+    pub(super) fn expire(&mut self, now: Timestamp) {
+        if self.deadline <= now {
+            self.clear();
+        }
+    }
+
     /// Forgets every hit (the series expired), keeping the buffer.
     pub(super) fn clear(&mut self) {
         self.hits.clear();

@@ -228,11 +228,16 @@ impl Slots {
     /// Frees `name`'s slot, if one names it, and its buffer.
     pub(super) fn remove(&self, name: TenantName) {
         if let Some((slot, cell)) = self.locate(name) {
-            let mut held = cell.lock.lock();
-            slot.set_name(None);
-            held.series = Series::none();
-            self.named.fetch_sub(1, Ordering::Relaxed);
+            self.free(slot, &mut cell.lock.lock());
         }
+    }
+
+    /// Frees `slot`, whose cell's lock `held` is, and its buffer (under
+    /// the shard's lock too).
+    fn free(&self, slot: &Slot, held: &mut Held) {
+        slot.set_name(None);
+        held.series = Series::none();
+        self.named.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Frees every slot whose series `keep` turns down, and its buffer.
@@ -243,9 +248,7 @@ impl Slots {
             }
             let mut held = cell.lock.lock();
             if !keep(&held.series) {
-                slot.set_name(None);
-                held.series = Series::none();
-                self.named.fetch_sub(1, Ordering::Relaxed);
+                self.free(slot, &mut held);
             }
         }
     }
