@@ -1482,6 +1482,14 @@ mod tests {
             .collect()
     }
 
+    /// A cache on a manual clock, and the prefix `kg:ratelimit` it resolved.
+    fn limiter_cache() -> (Arc<crate::ManualClock>, MemoryCache, TenantPrefix) {
+        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        (clock, cache, prefix)
+    }
+
     /// A request for `limit` hits a minute, at the clock's instant.
     fn minute_request(clock: &crate::ManualClock, limit: u32) -> SlotRequest {
         SlotRequest {
@@ -1499,9 +1507,7 @@ mod tests {
 
     #[test]
     fn tenants_beyond_the_slots_room_live_in_the_table_and_each_keeps_one_count() {
-        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
-        let cache = MemoryCache::new(clock.clone());
-        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        let (clock, cache, prefix) = limiter_cache();
         let request = minute_request(&clock, 3);
         let tenants = tenants_on_one_shard(200);
         // Round by round, each tenant's count goes on from where it was,
@@ -1533,9 +1539,7 @@ mod tests {
 
     #[test]
     fn a_shard_whose_tenants_decide_without_its_lock_is_still_swept() {
-        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
-        let cache = MemoryCache::new(clock.clone());
-        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        let (clock, cache, prefix) = limiter_cache();
         let [busy, idle] = tenants_on_one_shard(2)[..] else {
             unreachable!()
         };
@@ -1571,9 +1575,7 @@ mod tests {
 
     #[test]
     fn closing_the_cache_empties_the_slots_and_refuses_their_tenants() {
-        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
-        let cache = MemoryCache::new(clock.clone());
-        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        let (clock, cache, prefix) = limiter_cache();
         let tenant = TenantId::from_u128(5);
         let request = minute_request(&clock, 10);
         assert!(admitted(cache.acquire_tenant_slot_now(&prefix, tenant, &request)));
@@ -1603,9 +1605,7 @@ mod tests {
         // `LIMIT`.
         const LIMIT: u32 = 5;
         const TRIES: usize = 3;
-        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
-        let cache = MemoryCache::new(clock.clone());
-        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        let (clock, cache, prefix) = limiter_cache();
         let tenants = tenants_on_one_shard(600);
         for (phase, tenants) in [&tenants[..300], &tenants[150..]].into_iter().enumerate() {
             let request = minute_request(&clock, LIMIT);
@@ -1645,9 +1645,7 @@ mod tests {
         // tenant together.
         const LIMIT: u32 = 4;
         const ROUNDS: usize = 60;
-        let clock = Arc::new(crate::ManualClock::at_fixed_epoch());
-        let cache = MemoryCache::new(clock.clone());
-        let prefix = cache.resolve_prefix(Arc::from("kg:ratelimit"));
+        let (clock, cache, prefix) = limiter_cache();
         let ask = TokenAsk {
             tokens: 1,
             limit: u64::MAX,
