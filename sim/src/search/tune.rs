@@ -17,7 +17,8 @@
 //!    duplicates dropped.
 //! 2. **Successive halving** ([`tune`]). A grid is evaluated on every seed.
 //!    A drawn design is evaluated on 2 seeds, the better half (at least 4
-//!    candidates) kept by [`Candidate::rank`], the seeds doubled, and so on
+//!    candidates) kept by [`Candidate::rank`] (the order the recommendation
+//!    is chosen by), the seeds doubled, and so on
 //!    until the last rung runs every seed: cheap evidence weeds out the
 //!    hopeless configurations, the close ones get all of it.
 //! 3. **Judgement.** A candidate *meets* an objective when the objective was
@@ -32,9 +33,11 @@
 //!    bug report, not a trade-off.
 //! 4. **Result.** The **Pareto front**: the last rung's candidates that no
 //!    other last-rung candidate beats or ties on every objective's worst
-//!    figure. The **recommendation**: the last-rung candidate meeting every
-//!    objective with the largest margin, or, when none does, the one with
-//!    the largest margin, named as the closest. Its `[hardening]` section is
+//!    figure. The **recommendation**: the best last-rung candidate by
+//!    [`Candidate::rank`] — meeting every objective on every seed, then the
+//!    most (objective, seed) pairs met, then the largest margin — named as
+//!    the closest when none meets every objective, with each objective no
+//!    candidate meets and what bounds it. Its `[hardening]` section is
 //!    written as TOML.
 //!
 //! Every simulation is single-threaded and builds its own world; the
@@ -535,9 +538,20 @@ fn slack_key(s: Option<f64>) -> f64 {
 }
 
 impl Candidate {
-    /// The ranking halving keeps by, best first: meets every objective,
-    /// then the larger margin, then the larger mean slack, then the
-    /// smaller id.
+    /// The (objective, seed) pairs it met, and how many were judged.
+    pub fn pairs_met(&self) -> (u64, u64) {
+        self.objectives
+            .iter()
+            .fold((0, 0), |(met, all), o| (met + o.passed, all + o.seeds))
+    }
+
+    /// The ranking halving keeps by and the recommendation is chosen by,
+    /// best first: meets every objective on every seed; then the larger
+    /// share of (objective, seed) pairs met (the count, when the seeds are
+    /// the same); then the larger margin; then the larger mean slack; then
+    /// the smaller id. The margin comes after the pairs met: one objective
+    /// no candidate can meet would otherwise decide the ranking by how
+    /// badly it is missed, whatever the others do.
     pub fn rank(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
         let mean = |c: &Candidate| {
             let s: Vec<f64> = c.objectives.iter().filter_map(|o| o.slack).collect();
@@ -547,8 +561,12 @@ impl Candidate {
                 s.iter().sum::<f64>() / s.len().max(1) as f64
             }
         };
+        // a.met / a.all against b.met / b.all, without division.
+        let share = |met: u64, other_all: u64| u128::from(met) * u128::from(other_all.max(1));
+        let ((met_a, all_a), (met_b, all_b)) = (a.pairs_met(), b.pairs_met());
         b.meets_all
             .cmp(&a.meets_all)
+            .then_with(|| share(met_b, all_a).cmp(&share(met_a, all_b)))
             .then_with(|| slack_key(b.margin).total_cmp(&slack_key(a.margin)))
             .then_with(|| mean(b).total_cmp(&mean(a)))
             .then_with(|| a.id.cmp(&b.id))
@@ -1077,6 +1095,42 @@ impl Tuning {
         self.candidates.get(id.checked_sub(1)?)
     }
 
+    /// One line per objective that no candidate of the last rung (of
+    /// `seeds` seeds) met on every seed: its best worst figure and, where
+    /// the tool can tell, what bounds it.
+    fn unmet(&self, seeds: u64) -> Vec<String> {
+        let last: Vec<&Candidate> = self
+            .candidates
+            .iter()
+            .filter(|c| c.seeds == seeds && c.disqualified.is_none())
+            .collect();
+        let Some(first) = last.first() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, o) in first.objectives.iter().enumerate() {
+            let figures: Vec<(&Candidate, &ObjectiveFigure)> = last
+                .iter()
+                .filter_map(|c| c.objectives.get(i).map(|f| (*c, f)))
+                .collect();
+            if figures.iter().any(|(_, f)| f.met()) {
+                continue;
+            }
+            let best = figures
+                .iter()
+                .min_by(|a, b| a.1.worst.key().total_cmp(&b.1.worst.key()).then(a.0.id.cmp(&b.0.id)));
+            let mut line = format!("no candidate meets {} ≤ {} on every seed", o.name, round(o.target));
+            if let Some((c, f)) = best {
+                let _ = write!(line, "; the best worst figure is {} (#{})", worst_text(f.worst), c.id);
+            }
+            if let Some(bound) = bound_of(&o.name) {
+                let _ = write!(line, "\n  {bound}");
+            }
+            out.push(line);
+        }
+        out
+    }
+
     /// The result as text, as `tune` prints it.
     pub fn render(&self, dims: &[Dim]) -> String {
         let mut out = String::new();
@@ -1206,14 +1260,18 @@ impl Tuning {
                         .filter(|o| !o.met())
                         .map(|o| format!("{} on {} of {} seeds", o.name, o.seeds - o.passed, o.seeds))
                         .collect();
+                    let (met, all) = c.pairs_met();
                     let _ = writeln!(
                         out,
-                        "\nno candidate meets every objective on every seed; the closest: #{} {}, margin {} (misses {})",
+                        "\nno candidate meets every objective on every seed; the closest: #{} {}, meets {met} of {all} (objective, seed) pairs, margin {} (misses {})",
                         c.id,
                         c.label(dims),
                         margin_text(c.margin),
                         missed.join(", ")
                     );
+                    for line in self.unmet(last.seeds) {
+                        let _ = writeln!(out, "{line}");
+                    }
                 }
                 let _ = write!(out, "its figures over {} seeds:{}", c.seeds, c.summary.render());
             }
@@ -1222,6 +1280,17 @@ impl Tuning {
             let _ = write!(out, "\nrecommended settings, ready to paste:\n{toml}");
         }
         out
+    }
+}
+
+/// What bounds an objective from below whatever the breaker does, where
+/// the tool knows it.
+fn bound_of(objective: &str) -> Option<&'static str> {
+    match objective {
+        "impaired_requests_max" => Some(
+            "what bounds it: before any breaker can open, every call that arrives until failures are reported reaches the impaired server — a server that holds requests (hung, loading, slow) reports each only after hardening.request_timeout_s, so offered calls/s × request_timeout_s requests reach it first; request_timeout_s (and failure_threshold) move this floor, recovery_timeout_s does not",
+        ),
+        _ => None,
     }
 }
 
@@ -1400,6 +1469,83 @@ mod tests {
             margin,
             disqualified: None,
         }
+    }
+
+    #[test]
+    fn a_candidate_meeting_more_objective_seed_pairs_outranks_a_larger_margin() {
+        let m = |v| Worst::Measured { value: v };
+        // Misses the impossible objective by less, but misses goodput too on
+        // every seed: 4 of 12 pairs met (the failed fraction's).
+        let worse = candidate(
+            1,
+            vec![
+                figure("impaired_requests_max", 1.0, m(5.0), 0),
+                figure("goodput_recovery_s", 10.0, m(18.0), 0),
+                figure("failed_fraction_max", 0.1, m(0.05), 4),
+            ],
+        );
+        // Misses only the impossible objective, by more: 8 of 12 met.
+        let better = candidate(
+            2,
+            vec![
+                figure("impaired_requests_max", 1.0, m(7.0), 0),
+                figure("goodput_recovery_s", 10.0, m(4.0), 4),
+                figure("failed_fraction_max", 0.1, m(0.05), 4),
+            ],
+        );
+        assert!(worse.margin > better.margin, "the old ranking's key favours the worse");
+        assert_eq!((worse.pairs_met(), better.pairs_met()), ((4, 12), (8, 12)));
+        let mut all = [worse, better];
+        all.sort_by(Candidate::rank);
+        assert_eq!(all.map(|c| c.id), [2, 1]);
+    }
+
+    #[test]
+    fn the_closest_candidate_is_named_with_its_pairs_and_each_objective_none_meets() {
+        let m = |v| Worst::Measured { value: v };
+        let a = candidate(
+            1,
+            vec![
+                figure("impaired_requests_max", 1.0, m(7.0), 0),
+                figure("goodput_recovery_s", 10.0, m(4.0), 4),
+            ],
+        );
+        let b = candidate(
+            2,
+            vec![
+                figure("impaired_requests_max", 1.0, m(5.0), 0),
+                figure("goodput_recovery_s", 10.0, m(18.0), 1),
+            ],
+        );
+        let tuning = Tuning {
+            scenario: "s.toml".into(),
+            keys: Vec::new(),
+            design: DesignKind::Grid,
+            grid_size: Some(2),
+            seeds: [1, 5],
+            rungs: vec![Rung {
+                seeds: 4,
+                candidates: 2,
+                disqualified: 0,
+                kept: 2,
+            }],
+            candidates: vec![a, b],
+            front: vec![1, 2],
+            recommended: Some(1),
+            hardening_toml: None,
+        };
+        let text = tuning.render(&[]);
+        assert!(
+            text.contains("the closest: #1 , meets 4 of 8 (objective, seed) pairs"),
+            "{text}"
+        );
+        assert!(
+            text.contains("no candidate meets impaired_requests_max ≤ 1 on every seed; the best worst figure is 5 (#2)\n  what bounds it:"),
+            "{text}"
+        );
+        assert!(text.contains("request_timeout_s"), "{text}");
+        // goodput_recovery_s is met by #1 on every seed: not listed.
+        assert!(!text.contains("no candidate meets goodput_recovery_s"), "{text}");
     }
 
     #[test]
