@@ -219,3 +219,66 @@ fn a_sweep_that_meets_every_objective_exits_0() {
     assert!(!text.contains("missed an objective"), "{text}");
     assert!(text.contains("  objective impaired_requests_max  2/2\n"), "{text}");
 }
+
+/// The trust issue's first defect: with a drawn reload, goodput recovery
+/// was counted from the longest load a draw may take (61 + 30·e^(4·0.45) ≈
+/// 242 s) rather than from when this run's server was ready, so the
+/// objective read "met — 0 s" beside an episode back 19 s after ready.
+#[test]
+fn goodput_recovery_counts_from_the_instant_this_runs_server_loaded() {
+    use redstring_sim::evidence::trace::Kind;
+    use redstring_sim::judgement::report::Report;
+
+    let text = r#"
+name = "drawn-reload"
+seed = 3
+duration_s = 300
+[hardening]
+rpm = 600
+failure_threshold = 3
+recovery_timeout_s = 10
+request_timeout_s = 5
+[[servers]]
+name = "gpu"
+slots = 8
+reload = { dist = "lognormal", median = 30, sigma = 0.45 }
+[[workers]]
+name = "w"
+count = 4
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 60 }]
+[[faults]]
+kind = "crash"
+at_s = 60
+server = "gpu"
+[[faults]]
+kind = "restart"
+at_s = 61
+server = "gpu"
+[objectives]
+goodput_recovery_s = 60
+"#;
+    let scenario = Scenario::parse("drawn-reload.toml", text).unwrap();
+    let run = redstring_sim::world::simulate(&scenario, scenario.seed).unwrap();
+    let loaded: Vec<u64> = run
+        .events
+        .iter()
+        .filter(|e| e.host == "gpu" && matches!(e.kind, Kind::Loaded) && e.t_us >= 61_000_000)
+        .map(|e| e.t_us)
+        .collect();
+    let [loaded] = loaded[..] else {
+        panic!("one load after the restart, got {loaded:?}")
+    };
+    // Well before the longest draw, so the old instant was far off.
+    assert!(loaded < 150_000_000, "loaded at {loaded} µs");
+    let report = Report::new(&scenario, "drawn-reload.toml", &run);
+    let episode = &report.figures.episodes[0];
+    assert_eq!(episode.ready_s, Some(loaded as f64 / 1e6));
+    // The run's figure and the episode's count from the same instant.
+    let overall = report.figures.goodput_recovery.seconds();
+    assert!(overall.is_some(), "{:?}", report.figures.goodput_recovery);
+    assert_eq!(overall, episode.goodput_recovery.seconds());
+    let verdict = &report.objectives[0];
+    assert_eq!(verdict.name, "goodput_recovery_s");
+    assert!(!verdict.missed(), "{verdict:?}");
+}

@@ -4,15 +4,15 @@
 //! A figure about "the outage" needs the outage's edges. The start is the
 //! fault that impaired the server; the end is not the fault that ends it but
 //! the moment the server can serve again — after a restart, only once its
-//! model has loaded. The server host knows that moment; the trace does not
-//! record it, so it is derived here from the schedule and the trace:
+//! model has loaded, at the instant *this run* drew for the load (a drawn
+//! `reload` differs from seed to seed, and the kinds that load on demand load
+//! when a request asks). The server records that instant as
+//! [`Kind::Loaded`]; this module reads it:
 //!
-//! - a restart of a generic server with a fixed `reload_s` is ready exactly
-//!   `reload_s` later ([`ReadyBasis::Reload`]);
-//! - a restart of a server whose load time is drawn (`reload`) or depends on
-//!   its kind is ready, at the latest, at the first answer it gave after the
-//!   restart that was not impaired ([`ReadyBasis::FirstAnswer`]; an upper
-//!   bound: it may have been ready earlier with nobody asking);
+//! - a restart makes the server ready at the first `Loaded` it recorded
+//!   after the restart, or when the rest of the episode's faults are over if
+//!   that is later ([`ReadyBasis::Loaded`]); no `Loaded` within the run, not
+//!   ready within the run;
 //! - a heal, or a `behave` back to `normal`, makes it ready at once
 //!   ([`ReadyBasis::Ended`]).
 //!
@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::evidence::trace::{Kind, TraceEvent};
 use crate::scenario::fault::in_order;
-use crate::scenario::{Fault, FaultKind, Mode, Scenario, ServerKind};
+use crate::scenario::{Fault, FaultKind, Mode, Scenario};
 
 /// How a server's readiness was established.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -33,11 +33,8 @@ use crate::scenario::{Fault, FaultKind, Mode, Scenario, ServerKind};
 pub enum ReadyBasis {
     /// The fault that impaired it ended, and nothing needed reloading.
     Ended,
-    /// A restart plus the server's fixed `reload_s`: exact.
-    Reload,
-    /// The first answer after the restart that was not impaired: an upper
-    /// bound (its load time is drawn, or its kind loads on demand).
-    FirstAnswer,
+    /// It restarted, and its model loaded (the server's own record).
+    Loaded,
 }
 
 impl ReadyBasis {
@@ -45,8 +42,7 @@ impl ReadyBasis {
     pub fn describe(self) -> &'static str {
         match self {
             ReadyBasis::Ended => "the fault ended",
-            ReadyBasis::Reload => "restart + reload_s",
-            ReadyBasis::FirstAnswer => "first good answer after the restart",
+            ReadyBasis::Loaded => "the model loaded after the restart",
         }
     }
 }
@@ -169,23 +165,25 @@ pub fn episodes(scenario: &Scenario, events: &[TraceEvent]) -> Vec<Episode> {
     out
 }
 
+/// The first instant at or after `from_us` at which `server` recorded that
+/// its model loaded, if it did within the run.
+pub fn loaded_at(server: &str, from_us: u64, events: &[TraceEvent]) -> Option<u64> {
+    events
+        .iter()
+        .find(|e| e.t_us >= from_us && e.host == server && matches!(e.kind, Kind::Loaded))
+        .map(|e| e.t_us)
+}
+
 /// When a server restarted at `restart_us` and otherwise healthy from
-/// `healthy_us` was ready.
+/// `healthy_us` was ready: once loaded and healthy.
 fn reloaded(
     spec: &crate::scenario::ServerSpec,
     restart_us: u64,
     healthy_us: u64,
     events: &[TraceEvent],
 ) -> (Option<u64>, Option<ReadyBasis>) {
-    if spec.kind == ServerKind::Generic && spec.reload.is_none() {
-        let ready = restart_us.saturating_add(micros(spec.reload_s)).max(healthy_us);
-        return (Some(ready), Some(ReadyBasis::Reload));
-    }
-    let first = events.iter().find(|e| {
-        e.t_us >= healthy_us && e.host == spec.name && matches!(e.kind, Kind::Served { impaired: false, .. })
-    });
-    match first {
-        Some(e) => (Some(e.t_us), Some(ReadyBasis::FirstAnswer)),
+    match loaded_at(&spec.name, restart_us, events) {
+        Some(t) => (Some(t.max(healthy_us)), Some(ReadyBasis::Loaded)),
         None => (None, None),
     }
 }
@@ -259,36 +257,61 @@ at_s = 30
 server = "gpu"
 "#;
 
+    fn loaded(t_s: u64) -> TraceEvent {
+        TraceEvent {
+            t_us: t_s * 1_000_000,
+            host: "gpu".into(),
+            call: None,
+            kind: Kind::Loaded,
+        }
+    }
+
     #[test]
-    fn a_fixed_reload_makes_the_server_ready_reload_s_after_the_restart() {
-        let eps = episodes(&scenario(CRASH_RESTART), &[]);
+    fn a_restart_is_ready_when_the_run_recorded_the_model_loaded() {
+        // Whatever reload the scenario allows, the instant this run drew.
+        let mut s = scenario(CRASH_RESTART);
+        s.servers[0].reload = Some(crate::scenario::Spread::Uniform { low: 5.0, high: 40.0 });
+        let events = [
+            loaded(0),
+            served(5, Answer::Ok),
+            served(33, Answer::Loading),
+            loaded(37),
+            served(41, Answer::Ok),
+        ];
         assert_eq!(
-            eps,
+            episodes(&s, &events),
             [Episode {
                 server: "gpu".into(),
                 kind: FaultKind::Crash,
                 start_us: 10_000_000,
-                ready_us: Some(45_000_000),
-                basis: Some(ReadyBasis::Reload),
+                ready_us: Some(37_000_000),
+                basis: Some(ReadyBasis::Loaded),
             }]
         );
+        // Never loaded after the restart: not ready within the run.
+        assert_eq!(episodes(&s, &events[..3])[0].ready_us, None);
     }
 
     #[test]
-    fn a_drawn_reload_is_ready_at_the_first_good_answer_after_the_restart() {
-        let mut s = scenario(CRASH_RESTART);
-        s.servers[0].reload = Some(crate::scenario::Spread::Uniform { low: 5.0, high: 40.0 });
-        let events = [
-            served(5, Answer::Ok),
-            served(33, Answer::Loading),
-            served(41, Answer::Ok),
-            served(50, Answer::Ok),
-        ];
-        let eps = episodes(&s, &events);
-        assert_eq!(eps[0].ready_us, Some(41_000_000));
-        assert_eq!(eps[0].basis, Some(ReadyBasis::FirstAnswer));
-        // Never answered well: not ready within the run.
-        assert_eq!(episodes(&s, &events[..2])[0].ready_us, None);
+    fn a_restart_loaded_while_still_cut_off_is_ready_at_the_heal() {
+        let cut = r#"
+[[faults]]
+kind = "partition"
+at_s = 20
+a = "w"
+b = "gpu"
+[[faults]]
+kind = "heal"
+at_s = 50
+a = "gpu"
+b = "w"
+"#;
+        let s = scenario(&format!("{CRASH_RESTART}{cut}"));
+        let eps = episodes(&s, &[loaded(45)]);
+        assert_eq!(
+            (eps[0].ready_us, eps[0].basis),
+            (Some(50_000_000), Some(ReadyBasis::Loaded))
+        );
     }
 
     #[test]
@@ -324,12 +347,17 @@ b = "w"
     #[test]
     fn ready_marks_are_inserted_in_time_order() {
         let s = scenario(CRASH_RESTART);
-        let events = [served(5, Answer::Ok), served(45, Answer::Ok), served(50, Answer::Ok)];
+        let events = [
+            served(5, Answer::Ok),
+            loaded(45),
+            served(45, Answer::Ok),
+            served(50, Answer::Ok),
+        ];
         let marked = with_ready_marks(&s, &events);
         let kinds: Vec<(u64, bool)> = marked
             .iter()
             .map(|e| (e.t_us / 1_000_000, matches!(e.kind, Kind::Ready { .. })))
             .collect();
-        assert_eq!(kinds, [(5, false), (45, false), (45, true), (50, false)]);
+        assert_eq!(kinds, [(5, false), (45, false), (45, false), (45, true), (50, false)]);
     }
 }

@@ -304,6 +304,12 @@ pub enum Kind {
         /// The server.
         server: String,
     },
+    /// A model server finished loading its model, at the instant this run
+    /// drew for the load: after a start that loads (a restart, a cold
+    /// start), or, for the kinds that load on demand, when a load a request
+    /// started completed. Recorded by the server; a load cut short by a
+    /// crash, or one that failed, records nothing.
+    Loaded,
     /// A model server is ready to serve again after a fault episode — derived
     /// from the schedule and the trace ([`crate::evidence::episodes`]), not
     /// recorded by the server; only in traces written out.

@@ -321,7 +321,7 @@ server = "gpu"
     }
 
     /// The hand-checked trace: the crash at 10 s, ready at 25 s (restart at
-    /// 20 s + reload 5 s).
+    /// 20 s, loaded 5 s later).
     fn trace() -> Vec<TraceEvent> {
         let mut ev = Vec::new();
         // Before: two ok calls of 100 and 300 ms.
@@ -350,6 +350,7 @@ server = "gpu"
         ev.push(at(22 * S, "gpu", Kind::served(Answer::Loading)));
         ev.push(request(21 * S, "w", "gpu"));
         ev.push(request(22 * S, "w", "gpu"));
+        ev.push(at(25 * S, "gpu", Kind::Loaded));
         // Another server's worker and answers do not count.
         call(&mut ev, "x", 1, 12 * S, CallOutcome::Failed("timeout"), 10);
         ev.push(request(12 * S, "x", "other"));
@@ -375,7 +376,7 @@ server = "gpu"
         let f = figures();
         assert_eq!((f.server.as_str(), f.kind), ("gpu", FaultKind::Crash));
         assert_eq!((f.start_s, f.ready_s), (10.0, Some(25.0)));
-        assert_eq!(f.ready_basis, Some(ReadyBasis::Reload));
+        assert_eq!(f.ready_basis, Some(ReadyBasis::Loaded));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::evidence::episodes::episodes;
 use crate::evidence::outcome::CallOutcome;
 use crate::evidence::trace::{Kind, TraceEvent};
 use crate::judgement::episode_figures::{EpisodeFigures, episode_figures};
-use crate::judgement::invariants::heal_time_us;
+use crate::judgement::invariants::{Heal, heal};
 use crate::scenario::Scenario;
 
 /// The sliding window goodput recovery is measured over, in seconds.
@@ -51,8 +51,8 @@ pub enum Recovery {
     },
     /// No window after the heal reached the threshold.
     NotRecovered,
-    /// (Per episode only.) The server was not ready again within the run,
-    /// so there is no instant to measure recovery from.
+    /// A restarted server was not ready again within the run, so there is
+    /// no instant to measure recovery from.
     NotReady,
 }
 
@@ -100,7 +100,11 @@ impl Figures {
             failed_fraction: failed_fraction(events),
             impaired_requests: impaired_requests(events),
             retry_amplification: retry_amplification(events),
-            goodput_recovery: goodput_recovery(heal_time_us(scenario), events, end_us),
+            goodput_recovery: match heal(scenario, events) {
+                Heal::At(t) => goodput_recovery(Some(t), events, end_us),
+                Heal::NoFault => Recovery::NoFault,
+                Heal::NotReady(_) => Recovery::NotReady,
+            },
             episodes: episode_figures(scenario, &episodes(scenario, events), events, end_us),
         }
     }
@@ -166,7 +170,7 @@ pub fn retry_amplification(events: &[TraceEvent]) -> Option<f64> {
 }
 
 /// Seconds from `heal_us` (when the last fault is over, see
-/// [`heal_time_us`]) until goodput is back.
+/// [`heal`]) until goodput is back.
 ///
 /// Calls are binned by the second, after the heal, in which they *arrived*
 /// (so a call's fate is charged to when it was offered). A call is offered

@@ -89,8 +89,11 @@ pub fn judge(objectives: &Objectives, figures: &Figures) -> Vec<ObjectiveVerdict
             Recovery::TooLate => Judged::NotApplicable {
                 why: format!("the run ends less than {RECOVERY_WINDOW_S} s after the last fault is over"),
             },
-            // Only an episode's recovery can lack a ready instant.
-            Recovery::NotRecovered | Recovery::NotReady => Judged::Missed {
+            Recovery::NotReady => Judged::Missed {
+                measured: None,
+                why: Some("a restarted server did not load its model again within the run".into()),
+            },
+            Recovery::NotRecovered => Judged::Missed {
                 measured: None,
                 why: Some(format!(
                     "no {RECOVERY_WINDOW_S} s window after the last fault had {RECOVERY_PERCENT} % of offered calls ok"

@@ -156,12 +156,6 @@ impl ServerSpec {
         }
     }
 
-    /// The longest load after a restart the run should expect: `reload_s`,
-    /// or the upper end of the `reload` distribution (see [`Spread::upper`]).
-    pub fn longest_reload_s(&self) -> f64 {
-        self.reload.as_ref().map_or(self.reload_s, Spread::upper)
-    }
-
     /// Seconds a generic server's slot takes for `prompt` and `output`
     /// tokens: prefill plus decode at the spec's speeds.
     pub fn slot_time_s(&self, prompt: u64, output: u64) -> f64 {

@@ -236,7 +236,9 @@ impl Batching {
 
     /// Waits until the model is loaded, starting a load if there is none
     /// (llama-swap, Ollama); `load_time` draws one load's duration.
-    pub(super) async fn ready(&self, mut load_time: impl FnMut() -> f64) -> Result<(), LoadError> {
+    /// `Ok(true)` for the one waiter that saw a load complete, which the
+    /// server records as [`crate::evidence::trace::Kind::Loaded`].
+    pub(super) async fn ready(&self, mut load_time: impl FnMut() -> f64) -> Result<bool, LoadError> {
         let mut waiting_on: Option<u64> = None;
         let mut counted = false;
         let result = loop {
@@ -245,7 +247,7 @@ impl Batching {
                 let mut st = self.lock();
                 self.expire_idle(&mut st, now);
                 match st.model {
-                    Model::Ready => break Ok(()),
+                    Model::Ready => break Ok(false),
                     Model::Unloaded => {
                         if let Some(load) = waiting_on
                             && st.last_failed == Some(load)
@@ -292,7 +294,7 @@ impl Batching {
                             // the requests that waited for it are served —
                             // not unloaded again by a keep-alive of zero.
                             st.last_done = now;
-                            break Ok(());
+                            break Ok(true);
                         }
                         until
                     }

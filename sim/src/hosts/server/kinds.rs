@@ -166,16 +166,6 @@ impl Spread {
         if x.is_finite() { x.max(0.0) } else { 0.0 }
     }
 
-    /// A value draws almost never exceed: the value, the top of the range,
-    /// or a lognormal's median × e^(4σ) (its 99.997th percentile).
-    pub fn upper(&self) -> f64 {
-        match *self {
-            Spread::Fixed { value } => value,
-            Spread::Uniform { high, .. } => high,
-            Spread::Lognormal { median, sigma } => median * (4.0 * sigma).exp(),
-        }
-    }
-
     /// Its mean.
     pub fn mean(&self) -> f64 {
         match *self {
@@ -378,18 +368,6 @@ pub fn validate(spec: &ServerSpec) -> Result<(), (String, String)> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_spread_s_upper_value_is_its_top_or_a_far_percentile() {
-        assert_eq!(Spread::Fixed { value: 3.0 }.upper(), 3.0);
-        assert_eq!(Spread::Uniform { low: 1.0, high: 9.0 }.upper(), 9.0);
-        let upper = Spread::Lognormal {
-            median: 10.0,
-            sigma: 0.5,
-        }
-        .upper();
-        assert!((upper - 10.0 * 2f64.exp()).abs() < 1e-9, "{upper}");
-    }
-
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 

@@ -27,7 +27,9 @@
 //!    the spec says `cold_start`), the answer
 //!    is `503` with llama.cpp's
 //!    `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`
-//!    (outcome `loading`).
+//!    (outcome `loading`). When the load completes the server records
+//!    `Loaded` in the trace (every kind, at the instant its load ends), which
+//!    is when fault episodes and the heal count the server ready.
 //! 2. **Collapsed.** A collapsed server answers nothing (outcome `collapsed`,
 //!    see below).
 //! 3. **Behaviour.** One draw from the server's ChaCha RNG decides whether the
@@ -393,6 +395,24 @@ impl Server {
         let listener = turmoil::net::TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), PORT)).await?;
         // Dropping the set at a kill aborts every connection with the process.
         let mut connections = JoinSet::new();
+        if loads {
+            match self.spec.kind {
+                // Loaded once the loading window (503 `Loading model`) is over.
+                ServerKind::Generic | ServerKind::LlamaCpp => {
+                    let (trace, name) = (self.trace.clone(), self.spec.name.clone());
+                    let wait = Duration::try_from_secs_f64(reload_s).unwrap_or(Duration::MAX);
+                    connections.spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        trace.record(&name, Kind::Loaded);
+                    });
+                }
+                // vLLM loaded before it listened; a hosted endpoint has
+                // nothing to load.
+                ServerKind::Vllm | ServerKind::OpenAi => self.trace.record(&self.spec.name, Kind::Loaded),
+                // They load on demand: the load a request starts records it.
+                ServerKind::LlamaSwap | ServerKind::Ollama => {}
+            }
+        }
         if let Some(b) = batching {
             let extra = self.extra.clone();
             connections.spawn(async move {
@@ -719,7 +739,11 @@ impl Start {
             let (reload, fixed) = (self.spec.reload, self.spec.reload_s);
             let load_time = move || extra.lock().unwrap_or_else(|p| p.into_inner()).load_time(reload, fixed);
             match b.ready(load_time).await {
-                Ok(()) => {}
+                Ok(loaded_now) => {
+                    if loaded_now {
+                        self.trace.record(&self.spec.name, Kind::Loaded);
+                    }
+                }
                 Err(LoadError::Failed { timeout_s }) => {
                     pending.recorded = true;
                     self.record(Answer::LoadFailed);

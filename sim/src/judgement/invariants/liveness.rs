@@ -17,39 +17,68 @@ use std::collections::BTreeMap;
 use redstring::CircuitState;
 
 use super::{Ctx, Finding, Verdict, not_applicable, secs_us, violated};
+use crate::evidence::episodes::loaded_at;
 use crate::evidence::outcome::CallOutcome;
 use crate::evidence::timeline::{Breakers, FLEET};
 use crate::evidence::trace::{Kind, TraceEvent};
 use crate::scenario::fault::in_order;
 use crate::scenario::{Fault, Scenario, ServerSpec, sanity};
 
-/// When the last fault is over: the latest fault, with a restart's reload,
-/// and a burst's backlog drained by the slowest server.
-pub fn heal_time_us(s: &Scenario) -> Option<u64> {
+/// When the last fault of one run is over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Heal {
+    /// The scenario has no fault.
+    NoFault,
+    /// Every fault was over at this instant, microseconds since the start.
+    At(u64),
+    /// This restarted server did not load its model again within the run.
+    NotReady(String),
+}
+
+impl Heal {
+    /// The instant, when every fault was over within the run.
+    pub fn at_us(&self) -> Option<u64> {
+        match self {
+            Heal::At(t) => Some(*t),
+            Heal::NoFault | Heal::NotReady(_) => None,
+        }
+    }
+}
+
+/// When the last fault of the run that recorded `events` is over: the
+/// latest fault; a restart once this run's server recorded its model loaded
+/// (the load time this run drew, not the longest a drawn reload may take);
+/// a burst once its backlog is drained by the slowest server.
+pub fn heal(s: &Scenario, events: &[TraceEvent]) -> Heal {
     let workers = s.fleet().len() as f64;
     let slowest = s
         .servers
         .iter()
         .map(ServerSpec::throughput)
         .fold(f64::INFINITY, f64::min);
-    s.faults
-        .iter()
-        .map(|f| {
-            let extra = match f {
-                Fault::Restart { server, .. } => s.server(server).map_or(0.0, ServerSpec::longest_reload_s),
-                Fault::Burst { calls, .. } => f64::from(*calls) * workers / slowest + s.hardening.request_timeout_s,
-                Fault::Crash { .. }
-                | Fault::Behave { .. }
-                | Fault::Partition { .. }
-                | Fault::Heal { .. }
-                | Fault::Latency { .. }
-                | Fault::ClockStep { .. }
-                | Fault::CacheDown { .. }
-                | Fault::CacheUp { .. } => 0.0,
-            };
-            secs_us(f.at_s() + extra)
-        })
-        .max()
+    let mut last = None;
+    for f in &s.faults {
+        let at = secs_us(f.at_s());
+        let over = match f {
+            Fault::Restart { server, .. } => match loaded_at(server, at, events) {
+                Some(t) => t,
+                None => return Heal::NotReady(server.clone()),
+            },
+            Fault::Burst { calls, .. } => at.saturating_add(secs_us(
+                f64::from(*calls) * workers / slowest + s.hardening.request_timeout_s,
+            )),
+            Fault::Crash { .. }
+            | Fault::Behave { .. }
+            | Fault::Partition { .. }
+            | Fault::Heal { .. }
+            | Fault::Latency { .. }
+            | Fault::ClockStep { .. }
+            | Fault::CacheDown { .. }
+            | Fault::CacheUp { .. } => at,
+        };
+        last = last.max(Some(over));
+    }
+    last.map_or(Heal::NoFault, Heal::At)
 }
 
 /// Why `s` cannot recover whatever its hardening does, if it cannot: a
@@ -101,7 +130,15 @@ struct Bound {
 /// none within the run.
 fn bound_us(ctx: &Ctx, events: &[TraceEvent]) -> Result<Bound, String> {
     let s = ctx.scenario;
-    let heal = heal_time_us(s).ok_or("no faults")?;
+    let heal = match heal(s, events) {
+        Heal::At(t) => t,
+        Heal::NoFault => return Err("no faults".into()),
+        Heal::NotReady(server) => {
+            return Err(format!(
+                "{server} restarted and did not load its model again within the run"
+            ));
+        }
+    };
     let h = &s.hardening;
     let policy_wait = h.retry_policy().map_or(0.0, |p| p.worst_case_wait().as_secs_f64());
     // Calls in flight at the heal may still fail and open a breaker up to one
@@ -146,7 +183,7 @@ fn bound_us(ctx: &Ctx, events: &[TraceEvent]) -> Result<Bound, String> {
 /// Invariant 6: once the last fault is over, every breaker closes again
 /// within a bound, and calls succeed again.
 pub(super) fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
-    if heal_time_us(ctx.scenario).is_none() {
+    if heal(ctx.scenario, events) == Heal::NoFault {
         return not_applicable("no faults");
     }
     if let Some(why) = unrecoverable(ctx.scenario) {
@@ -261,8 +298,18 @@ tenants = [{{ id = 1, calls_per_min = {cpm} }}]
     const CRASH: &str = "[[faults]]\nkind = \"crash\"\nat_s = 50\nserver = \"gpu\"\n";
     const RESTART: &str = "[[faults]]\nkind = \"restart\"\nat_s = 80\nserver = \"gpu\"\n";
 
+    /// The trace's record that the restarted gpu loaded (80 s + `reload_s`).
+    fn loaded() -> [TraceEvent; 1] {
+        [TraceEvent {
+            t_us: 85_000_000,
+            host: "gpu".into(),
+            call: None,
+            kind: Kind::Loaded,
+        }]
+    }
+
     fn verdict(s: &Scenario) -> Verdict {
-        let checks = check_all(s, &[]);
+        let checks = check_all(s, &loaded());
         let c = checks.into_iter().find(|c| c.name == Invariant::Liveness).unwrap();
         assert!(!c.failed(), "not applicable must not fail the run");
         c.verdict
@@ -326,9 +373,22 @@ tenants = [{{ id = 1, calls_per_min = {cpm} }}]
     }
 
     #[test]
-    fn the_figure_explains_the_bound() {
+    fn a_restarted_server_that_never_loaded_is_not_held_to_the_bound() {
         let s = scenario(6, &format!("{CRASH}{RESTART}"));
         let checks = check_all(&s, &[]);
+        let c = checks.iter().find(|c| c.name == Invariant::Liveness).unwrap();
+        assert_eq!(
+            c.verdict,
+            Verdict::NotApplicable {
+                why: "gpu restarted and did not load its model again within the run".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_figure_explains_the_bound() {
+        let s = scenario(6, &format!("{CRASH}{RESTART}"));
+        let checks = check_all(&s, &loaded());
         let c = checks.iter().find(|c| c.name == Invariant::Liveness).unwrap();
         assert!(c.figure.contains("the last fault over at 85.0 s"), "{}", c.figure);
         assert!(c.figure.contains("recovery_timeout_s"), "{}", c.figure);

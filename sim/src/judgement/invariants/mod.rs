@@ -40,7 +40,7 @@ use crate::evidence::trace::TraceEvent;
 use crate::scenario::Scenario;
 
 pub use limiter::{RpmBound, rpm_bound, wait_growth_bound};
-pub use liveness::{heal_time_us, unrecoverable};
+pub use liveness::{Heal, heal, unrecoverable};
 
 /// A promise the library makes, checked on every run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -837,13 +837,16 @@ by_ms = -3000
     }
 
     #[test]
-    fn the_last_fault_ends_after_the_longest_reload_a_restart_may_draw() {
+    fn the_last_fault_ends_when_this_runs_restarted_server_loaded() {
         let text = format!("{MINIMAL}[[faults]]\nkind = \"restart\"\nat_s = 30\nserver = \"gpu\"\n");
         let mut s = Scenario::parse("restart.toml", &text).unwrap();
-        let fixed = heal_time_us(&s).unwrap();
+        // A drawn reload: the instant this run drew, not the longest draw.
         s.servers[0].reload = Some(crate::scenario::Spread::Uniform { low: 5.0, high: 40.0 });
-        let drawn = heal_time_us(&s).unwrap();
-        assert_eq!(drawn - fixed, secs_us(40.0 - s.servers[0].reload_s));
+        let loaded = |t: f64| event(secs_us(t), "gpu", None, Kind::Loaded);
+        assert_eq!(heal(&s, &[loaded(0.0), loaded(37.5)]), Heal::At(secs_us(37.5)));
+        assert_eq!(heal(&s, &[loaded(0.0)]), Heal::NotReady("gpu".into()));
+        s.faults.clear();
+        assert_eq!(heal(&s, &[]), Heal::NoFault);
     }
 
     #[test]
