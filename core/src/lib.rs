@@ -49,6 +49,7 @@
 pub mod breaker;
 pub mod cache;
 mod clock;
+pub mod decide;
 mod error;
 pub mod limiter;
 #[cfg(feature = "mutants")]

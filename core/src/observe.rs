@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::breaker::{CircuitState, ProbeId};
-use crate::limiter::DecidedBy;
-use crate::retry::BudgetCommand;
+use crate::decide::DecidedBy;
+use crate::decide::breaker::{CircuitState, ProbeId};
+use crate::decide::budget::{BudgetCommand, MICROS_PER_RETRY};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -120,9 +120,9 @@ pub enum Event {
         /// The breaker's key prefix.
         breaker: Arc<str>,
         /// What was stored instead of a state: at most
-        /// [`EXCERPT_BYTES`](crate::breaker::machine::EXCERPT_BYTES) of it,
+        /// [`EXCERPT_BYTES`](crate::decide::breaker::EXCERPT_BYTES) of it,
         /// and its full length when cut (see
-        /// [`excerpt`](crate::breaker::machine::excerpt)).
+        /// [`excerpt`](crate::decide::breaker::excerpt)).
         stored: String,
     },
     /// A component could not reach its cache and applied its policy.
@@ -566,7 +566,7 @@ impl Observer for TracingObserver {
                 decided_by,
                 ..
             } => {
-                let retries = *balance as f64 / crate::retry::MICROS_PER_RETRY as f64;
+                let retries = *balance as f64 / MICROS_PER_RETRY as f64;
                 if *granted {
                     tracing::debug!(%budget, command = command.as_str(), balance = retries, ?decided_by, "retry budget step")
                 } else {

@@ -30,13 +30,13 @@
 //! open timestamp means recovery is due, and (by default) an unreachable cache
 //! admits the call.
 
-pub mod machine;
+pub use crate::decide::breaker as machine;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use machine::{BreakerCommand, BreakerKeys, BreakerParams, MAX_HALF_OPEN_CALLS};
-pub use machine::{CircuitState, Origin, Permit, ProbeId, Refusal};
+use crate::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, MAX_HALF_OPEN_CALLS};
+pub use crate::decide::breaker::{CircuitState, Origin, Permit, ProbeId, Refusal};
 
 use crate::cache::{BreakerStore, ImmediateStore, MemoryCache, StoreSlot};
 use crate::clock::{Clock, SystemClock};

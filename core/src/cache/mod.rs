@@ -13,12 +13,14 @@
 //! indivisible step, where the spec's limiter made three calls and a fleet could
 //! over-admit) and [`BreakerStore::breaker_step`] (one breaker transition,
 //! where the spec read then wrote). The decisions themselves are not the
-//! adapter's: they are the pure functions [`crate::limiter::decide`] and
-//! [`crate::breaker::machine::step`], and an adapter only supplies atomicity —
-//! one critical section in memory, one script on Redis. A third,
+//! adapter's: they are the pure functions of [`crate::decide`] —
+//! [`window::decide`](crate::decide::window::decide) and
+//! [`breaker::step`](crate::decide::breaker::step) among them — and an
+//! adapter only supplies atomicity — one critical section in memory, one
+//! script on Redis. A third,
 //! [`BudgetStore::budget_step`], keeps a fleet's retry budget
 //! ([`crate::retry::RetryBudget`]) the same way, deciding by
-//! [`crate::retry::budget_step`]. The compliance suite in
+//! [`crate::decide::budget::step`]. The compliance suite in
 //! [`crate::testing`] holds every adapter to the same answers.
 //!
 //! Every method is async and fallible: a shared cache is a network peer.
@@ -35,13 +37,13 @@ use std::time::Duration;
 pub(crate) use keybuf::{KeyBuf, MAX_PREFIX_LEN};
 pub use memory::MemoryCache;
 
-use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use crate::clock::Clock;
+use crate::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
+use crate::decide::budget::{BudgetCommand, BudgetParams, BudgetStep};
+use crate::decide::pick::{Pick, PickRequest};
+use crate::decide::tokens::{ReservationId, TokenAsk, TokenOutcome};
+use crate::decide::window::SlotOutcome;
 use crate::error::CacheError;
-use crate::limiter::SlotOutcome;
-use crate::limiter::tokens::{ReservationId, TokenAsk, TokenOutcome};
-use crate::provider::route::{Pick, PickRequest};
-use crate::retry::{BudgetCommand, BudgetParams, BudgetStep};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -55,9 +57,9 @@ pub enum TimeSource {
     /// The caller's clock (the spec's behaviour): each worker stamps with its
     /// own `now`. The skew-sensitive choice: a limiter decision's stamp is
     /// clamped into `[store − window, store + max_clock_ahead]`
-    /// ([`crate::limiter::clamp_stamp`], reported as
+    /// ([`crate::decide::window::clamp_stamp`], reported as
     /// [`Event::StampClamped`](crate::Event::StampClamped)), and a tenant can
-    /// get up to [`crate::limiter::skew_bound`] admissions per window — twice
+    /// get up to [`crate::decide::window::skew_bound`] admissions per window — twice
     /// `rpm` while the clocks stay within a window of each other, three times
     /// at worst — when the fleet's clocks disagree.
     Caller,
@@ -196,7 +198,7 @@ impl TenantPrefix {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SlotRequest {
     /// The caller's `now` (ignored under [`TimeSource::Store`]; clamped by
-    /// [`crate::limiter::clamp_stamp`] under [`TimeSource::Caller`]).
+    /// [`crate::decide::window::clamp_stamp`] under [`TimeSource::Caller`]).
     pub now: Timestamp,
     /// The sliding window's width.
     pub window: Duration,
@@ -208,7 +210,7 @@ pub struct SlotRequest {
     pub ttl: Duration,
     /// Under [`TimeSource::Caller`], how far ahead of the store's clock a
     /// caller's `now` is taken as it is; further ahead it is clamped (see
-    /// [`crate::limiter::clamp_stamp`]).
+    /// [`crate::decide::window::clamp_stamp`]).
     pub max_ahead: Duration,
 }
 
@@ -218,7 +220,7 @@ pub trait LimiterStore: HitWindow {
     /// than `limit`, record a hit at `now` (as [`HitWindow::record_hit`] with
     /// `ttl`) and report what remains; otherwise record nothing and report when
     /// the oldest hit in the window ages out. The decision is
-    /// [`crate::limiter::decide`]; `now` is the caller's or the store's per its
+    /// [`crate::decide::window::decide`]; `now` is the caller's or the store's per its
     /// [`TimeSource`].
     fn acquire_slot(
         &self,
@@ -258,7 +260,7 @@ pub trait LimiterStore: HitWindow {
 pub trait TokenStore: LimiterStore {
     /// Atomically: decide the request slot at `key` as
     /// [`LimiterStore::acquire_slot`] does, and a reservation of `ask.tokens`
-    /// on `key`'s token ledger by [`crate::limiter::tokens::decide_tokens`];
+    /// on `key`'s token ledger by [`crate::decide::tokens::decide_tokens`];
     /// when both fit, record the hit and the reservation (leased until
     /// `now + ask.lease`) at the same stamp, otherwise record nothing. The
     /// ledger keeps reservations `request.ttl` before the store's clock, as
@@ -284,13 +286,13 @@ pub trait TokenStore: LimiterStore {
 pub trait InFlightStore: Cache {
     /// Atomically: drop the leases that ended before `now` (the caller's or
     /// the store's per its [`TimeSource`]) at each of `keys`, pick by
-    /// [`crate::provider::route::least_loaded`] over their live counts and
+    /// [`crate::decide::pick::least_loaded`] over their live counts and
     /// `weights` (one per key), and add a lease named `request.id` at the
     /// key picked, lasting until `now + request.lease` (inclusive).
     ///
     /// On a Redis Cluster the keys must share a hash slot (a `{tag}`).
     /// No candidate (no keys, every weight zero, or more than
-    /// [`MAX_DEPLOYMENTS`](crate::provider::route::MAX_DEPLOYMENTS)) is a
+    /// [`MAX_DEPLOYMENTS`](crate::decide::pick::MAX_DEPLOYMENTS)) is a
     /// [`CacheError::Protocol`] naming the operation: a caller's bug.
     fn pick_least_loaded(
         &self,
@@ -306,7 +308,7 @@ pub trait InFlightStore: Cache {
 /// The breaker's transitions as atomic steps over its five keys.
 pub trait BreakerStore: Cache {
     /// Atomically: read the breaker's stored keys, apply
-    /// [`crate::breaker::machine::step`] for `command` at `now` (the caller's or
+    /// [`crate::decide::breaker::step`] for `command` at `now` (the caller's or
     /// the store's, per its [`TimeSource`]), write what it says, and return it.
     fn breaker_step(
         &self,
@@ -385,11 +387,11 @@ pub trait ImmediateStore: LimiterStore + BreakerStore {
 /// A retry budget's bucket as one atomic step.
 pub trait BudgetStore: Cache {
     /// Atomically: read the bucket at `key` (a value written by
-    /// [`BudgetState::encode`](crate::retry::BudgetState::encode); absent,
+    /// [`BudgetState::encode`](crate::decide::budget::BudgetState::encode); absent,
     /// expired or unreadable reads as empty, and `healed` says a foreign value
-    /// was replaced), apply [`crate::retry::budget_step`] for `command` at
+    /// was replaced), apply [`crate::decide::budget::step`] for `command` at
     /// `now` — the caller's, clamped to at most `params.max_ahead` past the
-    /// store's clock ([`crate::retry::clamp_budget_stamp`]), or the store's
+    /// store's clock ([`crate::decide::budget::clamp_budget_stamp`]), or the store's
     /// own per its [`TimeSource`] — write the bucket back with `params.ttl`,
     /// and return the step.
     fn budget_step(

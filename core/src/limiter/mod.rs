@@ -17,14 +17,14 @@
 //! closed cache or a protocol error is still an error.
 
 mod error;
-pub mod tokens;
-mod window;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::decide::DecidedBy;
+pub use crate::decide::tokens;
+pub use crate::decide::window::{SlotOutcome, clamp_stamp, decide, skew_bound};
 pub use error::{AcquireError, RateLimitExceeded, TokenAcquireError, TokenLimitExceeded};
-pub use window::{SlotOutcome, clamp_stamp, decide, skew_bound};
 
 use crate::cache::{
     Cache, ImmediateStore, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TenantPrefix,
@@ -79,19 +79,6 @@ pub enum OnCacheUnavailable {
     /// Refuse the call with [`AcquireError::Cache`] (fail closed): the limit is
     /// never exceeded, and a cache outage stops all model calls.
     Refuse,
-}
-
-/// Which limiter made a decision an event reports: the configured store, or
-/// the fallback [`OnCacheUnavailable`] took while that store could not be
-/// reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DecidedBy {
-    /// The configured store (the default path).
-    Store,
-    /// The process's private local limiter ([`OnCacheUnavailable::LocalLimit`]).
-    Local,
-    /// Nobody: admitted without a limit ([`OnCacheUnavailable::Admit`]).
-    Unlimited,
 }
 
 impl OnCacheUnavailable {

@@ -117,14 +117,13 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::error::{DeadlineExceeded, DeadlineWait, DeploymentLimited, ExtractError, ProviderError};
-use super::route::{
-    Deployment, IN_FLIGHT_PREFIX, InFlight, PickRequest, Policy, call_order, live_weights, weighted_pick,
-};
+use super::route::{Deployment, IN_FLIGHT_PREFIX, InFlight, PickRequest, Policy, call_order, live_weights};
 use super::transport::BoxFuture;
 use super::{ExtractRequest, Extracted, LlmProvider};
 use crate::breaker::{CircuitBreaker, CircuitOpen, Permit, Refusal};
 use crate::cache::{BreakerStore, BudgetStore, InFlightStore, MemoryCache, TokenStore};
 use crate::clock::{Clock, SystemClock};
+use crate::decide::pick::weighted_pick;
 use crate::limiter::tokens::RefusedBy;
 use crate::limiter::{AcquireError, RateLimiter, Reservation, TokenAcquireError};
 use crate::observe::{Event, Observer, TracingObserver};

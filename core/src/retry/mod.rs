@@ -25,10 +25,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::decide::budget::{
+    BudgetCommand, BudgetParams, BudgetState, BudgetStep, MICROS_PER_RETRY, clamp_budget_stamp, step as budget_step,
+};
 pub use budget::{
-    BudgetCommand, BudgetParams, BudgetState, BudgetStep, DEFAULT_KEY as DEFAULT_BUDGET_KEY, DEFAULT_MAX_BALANCE,
-    DEFAULT_MIN_RETRIES_PER_SEC, DEFAULT_RATIO, MAX_MAX_BALANCE, MAX_MIN_RETRIES_PER_SEC, MAX_RATIO, MICROS_PER_RETRY,
-    RetryBudget, RetryBudgetBuilder, clamp_budget_stamp, step as budget_step,
+    DEFAULT_KEY as DEFAULT_BUDGET_KEY, DEFAULT_MAX_BALANCE, DEFAULT_MIN_RETRIES_PER_SEC, DEFAULT_RATIO,
+    MAX_MAX_BALANCE, MAX_MIN_RETRIES_PER_SEC, MAX_RATIO, RetryBudget, RetryBudgetBuilder,
 };
 pub use policy::{
     DEFAULT_INITIAL_DELAY, DEFAULT_JITTER, DEFAULT_MAX_DELAY, DEFAULT_MAX_RETRIES, DEFAULT_MULTIPLIER, MAX_DELAY_LIMIT,

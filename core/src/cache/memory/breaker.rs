@@ -30,10 +30,9 @@
 use std::sync::atomic::Ordering;
 
 use super::{Guard, MemoryCache, State, TAGGED, Value, deadline, shard_of};
-use crate::CircuitState;
-use crate::breaker::machine::{
-    self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, BreakerView, FailuresWrite,
-    ProbeLeases, StoredState, Write,
+use crate::decide::breaker::{
+    self as machine, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, BreakerView,
+    CircuitState, FailuresWrite, ProbeLeases, StoredState, Write,
 };
 use crate::error::CacheError;
 use crate::mutants::{self, Mutant};
@@ -318,9 +317,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::breaker::machine::{CircuitState, Origin};
     use crate::cache::BreakerStore;
     use crate::clock::{Clock, ManualClock};
+    use crate::decide::breaker::Origin;
 
     fn ready<F: std::future::Future>(f: F) -> F::Output {
         let mut f = std::pin::pin!(f);

@@ -76,13 +76,15 @@ use super::{
     BreakerStore, BudgetStore, Cache, HitWindow, ImmediateStore, InFlightStore, KeyValue, LimiterStore, Resolved,
     SlotRequest, TenantPrefix, TimeSource, TokenStore,
 };
-use crate::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use crate::clock::{Clock, SystemClock};
+use crate::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
+use crate::decide::budget::{
+    BudgetCommand, BudgetParams, BudgetState, BudgetStep, clamp_budget_stamp, step as budget_step,
+};
+use crate::decide::pick::{Pick, PickRequest, check_pick, least_loaded};
+use crate::decide::tokens::{ReservationId, TokenAsk, TokenEntry, TokenOutcome, combine, decide_tokens, settle_entry};
+use crate::decide::window::{SlotOutcome, clamp_stamp, decide};
 use crate::error::CacheError;
-use crate::limiter::tokens::{ReservationId, TokenAsk, TokenEntry, TokenOutcome, combine, decide_tokens, settle_entry};
-use crate::limiter::{SlotOutcome, clamp_stamp, decide};
-use crate::provider::route::{Pick, PickRequest, check_pick, least_loaded};
-use crate::retry::{BudgetCommand, BudgetParams, BudgetState, BudgetStep, budget_step, clamp_budget_stamp};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -322,7 +324,7 @@ impl MemoryCache {
     /// A cache whose TTLs run on `clock`; under [`TimeSource::Store`] its atomic
     /// operations also stamp with `clock`, under [`TimeSource::Caller`] with the
     /// caller's `now`, clamped into one window behind `clock`
-    /// ([`crate::limiter::clamp_stamp`]). The simulator's shared cache host
+    /// ([`crate::decide::window::clamp_stamp`]). The simulator's shared cache host
     /// runs either.
     pub fn with_time_source(clock: Arc<dyn Clock>, time_source: TimeSource) -> Self {
         /// The next cache's identity.

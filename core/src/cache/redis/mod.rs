@@ -95,7 +95,7 @@
 //! skew-sensitive choice) they stamp hits and breaker transitions with the
 //! caller's `now`, a limiter decision's stamp clamped into
 //! `[TIME − window, TIME + max_ahead]` as
-//! [`clamp_stamp`](crate::limiter::clamp_stamp) says. Either way TTLs run on
+//! [`clamp_stamp`](crate::decide::window::clamp_stamp) says. Either way TTLs run on
 //! the server's clock and hit windows are pruned by `TIME`, never by the
 //! newest stamp, so one fast clock cannot delete the fleet's hits.
 //!
@@ -248,15 +248,15 @@ use super::{
     BreakerStore, BudgetStore, Cache, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TimeSource,
     TokenStore,
 };
-use crate::breaker::machine::{
-    self, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, CircuitState, FailuresWrite,
-    Origin, Permit, ProbeId, Write, Writes,
+use crate::decide::breaker::{
+    self as machine, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, CircuitState,
+    FailuresWrite, Origin, Permit, ProbeId, Write, Writes,
 };
+use crate::decide::budget::{BudgetCommand, BudgetParams, BudgetState, BudgetStep};
+use crate::decide::pick::{Pick, PickRequest, check_pick};
+use crate::decide::tokens::{RefusedBy, ReservationId, TokenAsk, TokenOutcome};
+use crate::decide::window::SlotOutcome;
 use crate::error::{CacheError, ConfigError};
-use crate::limiter::SlotOutcome;
-use crate::limiter::tokens::{RefusedBy, ReservationId, TokenAsk, TokenOutcome};
-use crate::provider::route::{Pick, PickRequest, check_pick};
-use crate::retry::{BudgetCommand, BudgetParams, BudgetState, BudgetStep};
 use crate::time::Timestamp;
 use connection::{Backend, Conn};
 use scripts::SCRIPTS;
@@ -1933,7 +1933,7 @@ mod tests {
         let refused = Permit::Refused {
             state: CircuitState::Closed,
             retry_after: Duration::from_micros(5),
-            reason: crate::breaker::Refusal::Cooldown,
+            reason: crate::decide::breaker::Refusal::Cooldown,
         };
         assert_eq!(permit_as_script(Some(refused)), "refused:closed:5:cooldown");
     }

@@ -32,6 +32,7 @@
 
 use std::time::Duration;
 
+use super::window::SlotOutcome;
 use crate::time::{Timestamp, stored_number};
 
 /// What a call asks of the token budget.
@@ -251,19 +252,18 @@ impl TokenOutcome {
     }
 }
 
-/// The combined decision: the request slot ([`decide`](super::decide)'s
+/// The combined decision: the request slot ([`decide`](super::window::decide)'s
 /// answer for `count` hits) and the token reservation together. Admitted
 /// only when both fit; `seq` numbers the reservation among those already at
 /// `now`.
 pub fn combine(
     count: u64,
-    slot: super::SlotOutcome,
+    slot: SlotOutcome,
     tokens: TokenDecision,
     now: Timestamp,
     seq: u32,
     window: Duration,
 ) -> TokenOutcome {
-    use super::SlotOutcome;
     let refused = |by, tokens_used, retry_after| TokenOutcome::Refused {
         by,
         requests_used: count,
