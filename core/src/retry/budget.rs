@@ -14,6 +14,8 @@
 //! every store runs.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +25,6 @@ use crate::decide::budget::{BudgetCommand, BudgetParams, BudgetStep, MICROS_PER_
 use crate::error::{CacheError, ConfigError};
 use crate::limiter::{DecidedBy, OnCacheUnavailable};
 use crate::observe::{Event, Observer, TracingObserver};
-use crate::provider::BoxFuture;
 use crate::time::Timestamp;
 
 /// The default ratio: a fifth of first attempts may be retried (Envoy's
@@ -368,6 +369,11 @@ impl<S: BudgetStore> RetryBudget<S> {
         step.granted
     }
 }
+
+/// A boxed future, as [`Gate`]'s object-safe methods return it. Its own
+/// alias, not the provider's `BoxFuture`: the retry loop sits below the
+/// provider and names nothing of it.
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The budget as the retry loop sees it: object-safe, so a [`Retry`](crate::Retry)
 /// holds any store's budget.
