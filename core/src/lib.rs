@@ -51,6 +51,8 @@ pub mod cache;
 mod clock;
 pub mod decide;
 mod error;
+#[cfg(test)]
+mod import_rules;
 pub mod limiter;
 #[cfg(feature = "mutants")]
 pub mod mutants;
