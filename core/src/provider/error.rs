@@ -16,8 +16,8 @@
 use std::time::Duration;
 
 use crate::breaker::CircuitOpen;
+use crate::decide::tokens::RefusedBy;
 use crate::error::CacheError;
-use crate::limiter::tokens::RefusedBy;
 use crate::limiter::{RateLimitExceeded, TokenLimitExceeded};
 use crate::retry::{RetryDenied, RetryExhausted, Retryable};
 use crate::time::secs;

@@ -124,7 +124,7 @@ use crate::breaker::{CircuitBreaker, CircuitOpen, Permit, Refusal};
 use crate::cache::{BreakerStore, BudgetStore, InFlightStore, MemoryCache, TokenStore};
 use crate::clock::{Clock, SystemClock};
 use crate::decide::pick::weighted_pick;
-use crate::limiter::tokens::RefusedBy;
+use crate::decide::tokens::RefusedBy;
 use crate::limiter::{AcquireError, RateLimiter, Reservation, TokenAcquireError};
 use crate::observe::{Event, Observer, TracingObserver};
 use crate::random::{RandomSource, SeededRandom};

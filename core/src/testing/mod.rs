@@ -17,18 +17,19 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::breaker::machine::{
-    BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, Origin, Permit, ProbeId, Refusal, Write,
-};
 use crate::cache::{
     BreakerStore, BudgetStore, Cache, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TokenStore,
 };
+use crate::decide::breaker::{
+    BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, CircuitState, Origin, Permit, ProbeId,
+    Refusal, Write,
+};
+use crate::decide::budget::{BudgetCommand, BudgetParams, BudgetState, MICROS_PER_RETRY};
+use crate::decide::pick::PickRequest;
+use crate::decide::tokens::{RefusedBy, ReservationId, TokenAsk, TokenOutcome};
+use crate::decide::window::SlotOutcome;
 use crate::error::CacheError;
-use crate::limiter::SlotOutcome;
-use crate::limiter::tokens::{RefusedBy, ReservationId, TokenAsk, TokenOutcome};
-use crate::provider::route::PickRequest;
-use crate::retry::{BudgetCommand, BudgetParams, BudgetState, MICROS_PER_RETRY};
-use crate::{CircuitState, Timestamp};
+use crate::time::Timestamp;
 
 /// How the suite reaches an adapter.
 pub trait Harness: Send + Sync + 'static {
@@ -634,7 +635,7 @@ async fn breaker_a_large_unreadable_state_is_reported_by_excerpt<H: Harness>(h: 
         .await
         .unwrap();
     assert!(s.allowed());
-    assert_eq!(s.unreadable, Some(crate::breaker::machine::excerpt(&big)));
+    assert_eq!(s.unreadable, Some(crate::decide::breaker::excerpt(&big)));
     let shown = s.unreadable.unwrap_or_default();
     assert!(shown.len() < 128, "the report carried {} bytes", shown.len());
     assert!(shown.contains("65536 bytes"), "{shown}");
