@@ -89,7 +89,7 @@ fn a_bad_vary_is_refused_naming_it() {
         &["--vary", "hardening.rpm=5..10", "--seed", "18446744073709551615"],
     );
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("runs past the last seed"), "{err}");
+    assert!(err.contains("the last seed is beyond 2^64"), "{err}");
 }
 
 #[test]

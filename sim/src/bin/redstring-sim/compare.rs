@@ -1,0 +1,136 @@
+//! `compare`: several scenarios, or one with a field varied by `--set`, over
+//! the same seeds, their figures side by side with the differences that hold
+//! across seeds marked.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use redstring_sim::judgement::{compare, plots, shard};
+use redstring_sim::scenario::Scenario;
+use redstring_sim::world::Budget;
+
+use crate::shared::{
+    BAD_SCENARIO, Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, inputs_of, jobs_or_cores, load,
+    print_warnings, progress, verdict,
+};
+use crate::sweep::{DEFAULT_SEEDS, run_seeds};
+
+/// The arguments of `compare`.
+#[derive(clap::Args)]
+pub struct CompareArgs {
+    /// The scenario files (one, with --set).
+    #[arg(required = true)]
+    scenarios: Vec<PathBuf>,
+    #[command(flatten)]
+    seeds: SeedArgs,
+    /// Vary one field of the one scenario: a dotted TOML key and its
+    /// values, e.g. `hardening.failure_threshold=1,3,5`.
+    #[arg(long)]
+    set: Option<String>,
+    /// Write the comparison as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write an SVG of the distributions side by side here.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Refuse (exit 2) a scenario with any warning.
+    #[arg(long)]
+    strict: bool,
+    #[command(flatten)]
+    parallel: Parallel,
+}
+
+/// One variant `compare` runs: the name it is shown by, the scenario, and
+/// the files it was read from.
+struct Variant {
+    name: String,
+    scenario: Scenario,
+    inputs: Vec<PathBuf>,
+}
+
+/// The variants `compare` runs: each file, or the one file once per `--set`
+/// value.
+fn variants(paths: &[PathBuf], set: Option<&str>, strict: bool) -> Result<Vec<Variant>, ExitCode> {
+    let bad = |e: &dyn std::fmt::Display| fail(BAD_SCENARIO, e);
+    let Some(set) = set else {
+        return paths
+            .iter()
+            .map(|p| {
+                load(p, strict).map(|s| Variant {
+                    name: p.display().to_string(),
+                    inputs: inputs_of(p, &s),
+                    scenario: s,
+                })
+            })
+            .collect();
+    };
+    let [path] = paths else {
+        return Err(bad(&format!("--set varies one scenario; {} were given", paths.len())));
+    };
+    let (key, values) = compare::parse_set(set).map_err(|e| bad(&e))?;
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| bad(&format!("cannot read {file}: {e}")))?;
+    let mut out = Vec::new();
+    for value in values {
+        let varied = compare::set_field(&text, &key, &value).map_err(|e| bad(&e))?;
+        let (scenario, warnings) =
+            Scenario::parse_checked(&file, &varied).map_err(|e| bad(&format!("with --set {key}={value}: {e}")))?;
+        let shown = format!("{file} {key}={value}");
+        if strict && !warnings.is_empty() {
+            for w in warnings {
+                eprintln!("error: {} (--strict)", w.into_error(&shown));
+            }
+            return Err(ExitCode::from(BAD_SCENARIO));
+        }
+        print_warnings(&shown, &warnings);
+        out.push(Variant {
+            name: format!("{key}={value}"),
+            inputs: inputs_of(path, &scenario),
+            scenario,
+        });
+    }
+    Ok(out)
+}
+
+/// Runs `compare`.
+pub fn compare(args: CompareArgs) -> Outcome {
+    let mut outputs = Outputs::reserve([("--json", args.json), ("--svg", args.svg)])?;
+    outputs.refuse_inputs(&args.scenarios)?;
+    let variants = variants(&args.scenarios, args.set.as_deref(), args.strict)?;
+    for v in &variants {
+        outputs.refuse_inputs(&v.inputs)?;
+    }
+    let range = args.seeds.range(DEFAULT_SEEDS)?;
+    for v in &variants {
+        Budget::DEFAULT
+            .check(&v.scenario)
+            .map_err(|e| fail(SIM_FAILED, &format!("{}: {e}", v.name)))?;
+    }
+    let jobs = jobs_or_cores(args.parallel.jobs);
+    let shard = args.parallel.shard;
+    let seeds = shard::seeds_of(shard, range.start, range.end);
+    let bar = progress((seeds.len() as u64).saturating_mul(variants.len() as u64), "runs");
+    let mut runs = Vec::new();
+    for v in &variants {
+        let records = run_seeds(&v.scenario, &v.name, &seeds, jobs, &bar);
+        for r in &records {
+            if let Some(why) = &r.error {
+                bar.println(format!("{} seed {}: {why}", v.name, r.seed));
+            }
+        }
+        runs.push(compare::Variant {
+            name: v.name.clone(),
+            records,
+        });
+    }
+    bar.finish();
+    let comparison = compare::Comparison::new(range.start, range.end, shard, &runs);
+    print!("{}", comparison.render());
+    outputs.write("--json", || {
+        serde_json::to_string_pretty(&comparison).unwrap_or_default()
+    })?;
+    outputs.write("--svg", || plots::distributions(&comparison))?;
+    outputs.commit()?;
+    let (failed, missed) = shard::Merged::Compare(comparison).verdict();
+    Ok(verdict(failed, missed))
+}

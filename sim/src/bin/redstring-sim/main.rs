@@ -1,0 +1,100 @@
+//! `redstring-sim`: run outage scenarios against the real hardening code.
+//!
+//! ```text
+//! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
+//! redstring-sim sweep scenarios/llama-swap-reload.toml [--seeds N|A..B|A..=B] [--seed S] [--json F] [--strict] [--jobs N] [--shard i/n]
+//! redstring-sim compare a.toml b.toml [--seeds …] [--set key=v1,v2] [--json F] [--svg F] [--strict] [--jobs N] [--shard i/n]
+//! redstring-sim tune scenario.toml --vary hardening.failure_threshold=1..10 [--vary KEY=SPEC …] [--seeds …] [--seed S] [--budget CASES] [--jobs N] [--json F] [--out F] [--svg F] [--shard i/n [--resume STATE]]
+//! redstring-sim sweep … --shard 1/2 --json a.json; … --shard 2/2 --json b.json; redstring-sim merge a.json b.json [--json F]
+//! redstring-sim check [scenarios/] [--strict]
+//! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--shrink N] [--out scenarios/regressions] [--json F] [--shard i/n]
+//! redstring-sim merge shard-1.json shard-2.json … [--json F] [--out scenarios/regressions]
+//! ```
+//!
+//! One file per command; what they share (exit codes, `--seeds`, `--jobs`,
+//! `--shard`, loading a scenario, writing outputs safely) is in `shared`.
+//! Every command goes through [`redstring_sim::world::simulate`]: build the
+//! world, run it, check the invariants. `run`, `sweep` and `check` first print
+//! each server's offered load against its capacity and what is odd about the
+//! scenario (`redstring_sim::scenario::sanity`); with `--strict` anything odd
+//! is an error.
+//!
+//! Exit codes: 0 every invariant held (or was expected not to), 1 an invariant
+//! failed, 2 a scenario (or bounds) file is unusable (or, under `--strict`,
+//! odd), 3 the simulation itself failed or ran over its work budget, 4 an
+//! output file could not be written or was refused (it is an input, or two
+//! flags name it), 5 every invariant held but an objective (`[objectives]`)
+//! was missed. A command that fails leaves every existing file as it was.
+
+mod check;
+mod compare;
+mod fuzz;
+mod merge;
+#[cfg(feature = "mutants")]
+mod mutants;
+mod run;
+mod shared;
+mod sweep;
+mod tune;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "redstring-sim",
+    version,
+    about = "Simulate the outage you fear before it happens."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one scenario and print its report.
+    Run(run::RunArgs),
+    /// Run one scenario over a range of seeds and list every failing seed.
+    Sweep(sweep::SweepArgs),
+    /// Run several scenarios (or one with a field varied by --set) over the
+    /// same seeds and set their figures side by side, marking which
+    /// differences hold across seeds (a paired sign test against the first).
+    Compare(compare::CompareArgs),
+    /// Join the `--json` of every shard of one sweep, comparison or fuzz
+    /// run (`--shard i/n`) and print the result one machine would have
+    /// printed.
+    Merge(merge::MergeArgs),
+    /// Search the hardening's numbers for the configuration that meets the
+    /// scenario's objectives: a grid when small, else a seeded Latin
+    /// hypercube refined by successive halving over seeds; prints the
+    /// Pareto front and the recommended `[hardening]` section.
+    Tune(tune::TuneArgs),
+    /// Search generated scenarios within bounds for one that breaks a claimed
+    /// invariant; write the smallest one found as a replayable scenario.
+    Fuzz(fuzz::FuzzArgs),
+    /// Show that the invariants catch every known-bad variant of the
+    /// hardening: hunt each with its targeted scenario and then the fuzzer,
+    /// run the correct hardening on the same budget, and print the table.
+    #[cfg(feature = "mutants")]
+    Mutants(mutants::MutantsArgs),
+    /// Run every scenario under a directory (subdirectories included, bounds
+    /// directories skipped) with its own seed and check its invariants.
+    Check(check::CheckArgs),
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Run(args) => run::run(args),
+        Command::Sweep(args) => sweep::sweep(args),
+        Command::Compare(args) => compare::compare(args),
+        Command::Merge(args) => merge::merge(args),
+        Command::Tune(args) => tune::tune(args),
+        Command::Fuzz(args) => fuzz::fuzz(args),
+        #[cfg(feature = "mutants")]
+        Command::Mutants(args) => mutants::run(args),
+        Command::Check(args) => check::check(args),
+    };
+    result.unwrap_or_else(|code| code)
+}

@@ -1,0 +1,412 @@
+//! What every command shares, written once: the exit codes, loading a
+//! scenario, the seeds and parallelism flags, and writing outputs safely.
+//!
+//! A flag means the same in every command: `--seeds` is `N` (the `N` seeds
+//! from `--seed`), `A..B` (`B` exclusive) or `A..=B` (`B` inclusive), never
+//! more than [`MAX_SEEDS`]. An output (`--json`, `--trace`, `--svg`, `--out`)
+//! is reserved before any work as a temporary file beside its target, and
+//! renamed over the target only once every output of the command is complete;
+//! an output that is one of the command's inputs (after symlinks), or that two
+//! flags name, is refused before anything is opened for writing. A command
+//! that fails therefore leaves every existing file as it was.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use redstring_sim::judgement::shard;
+use redstring_sim::scenario::{Scenario, Warning};
+
+/// An invariant failed.
+pub const INVARIANT_FAILED: u8 = 1;
+/// A scenario, bounds or argument is unusable.
+pub const BAD_SCENARIO: u8 = 2;
+/// The simulation itself failed or ran over its work budget.
+pub const SIM_FAILED: u8 = 3;
+/// An output could not be written, or was refused.
+pub const IO_FAILED: u8 = 4;
+/// Every invariant held but an objective was missed.
+pub const OBJECTIVE_MISSED: u8 = 5;
+
+/// Most seeds one command runs: far beyond what a machine simulates in a
+/// day, and a bound on the memory of their records. Past it, split the work
+/// with `--shard` and `merge`.
+pub const MAX_SEEDS: u64 = 100_000;
+
+/// A command's early end: the exit code, its message already printed.
+pub type Outcome = Result<ExitCode, ExitCode>;
+
+/// Prints `e` as the error and gives exit code `code`.
+pub fn fail(code: u8, e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::from(code)
+}
+
+/// The exit code of a finished command: a failed invariant wins over a
+/// missed objective.
+pub fn verdict(failed: bool, missed: bool) -> ExitCode {
+    if failed {
+        ExitCode::from(INVARIANT_FAILED)
+    } else if missed {
+        ExitCode::from(OBJECTIVE_MISSED)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Loads a scenario and prints every warning; under `strict` a warning is
+/// an error.
+pub fn load(path: &Path, strict: bool) -> Result<Scenario, ExitCode> {
+    let (scenario, warnings) = Scenario::load_checked(path).map_err(|e| fail(BAD_SCENARIO, &e))?;
+    let file = path.display().to_string();
+    if strict && !warnings.is_empty() {
+        for w in warnings {
+            eprintln!("error: {} (--strict)", w.into_error(&file));
+        }
+        return Err(ExitCode::from(BAD_SCENARIO));
+    }
+    print_warnings(&file, &warnings);
+    Ok(scenario)
+}
+
+/// Prints each warning about `file`.
+pub fn print_warnings(file: &str, warnings: &[Warning]) {
+    for w in warnings {
+        eprintln!("warning: {file}: {w}");
+    }
+}
+
+/// The files a run of `scenario`, loaded from `path`, reads: the scenario
+/// and every tenant's replayed trace.
+pub fn inputs_of(path: &Path, scenario: &Scenario) -> Vec<PathBuf> {
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let mut out = vec![path.to_path_buf()];
+    for w in &scenario.workers {
+        out.extend(
+            w.tenants
+                .iter()
+                .filter_map(|t| t.replay.as_ref())
+                .map(|r| dir.join(&r.file)),
+        );
+    }
+    out
+}
+
+/// Each server's offered load against its capacity, one line each.
+pub fn loads(scenario: &Scenario) -> String {
+    redstring_sim::scenario::sanity::loads(scenario)
+        .iter()
+        .map(|load| format!("   load {load}\n"))
+        .collect()
+}
+
+/// `items` joined with commas.
+pub fn names<T: std::fmt::Display>(items: &[T]) -> String {
+    items.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// A progress bar of `len` steps named `what`, on stderr.
+pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!("{{bar:40}} {{pos}}/{{len}} {what} {{msg}}"))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// The seeds of a command that runs many: one meaning everywhere.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SeedArgs {
+    /// Seeds: `N` (the N seeds from --seed), `A..B` (B exclusive) or
+    /// `A..=B` (B inclusive); at most 100 000.
+    #[arg(long)]
+    pub seeds: Option<String>,
+    /// The first seed when --seeds is a count (default 1).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SeedArgs {
+    /// The seeds as a range, `count` seeds from `--seed` when no `--seeds`
+    /// is given.
+    pub fn range(&self, count: u64) -> Result<Range<u64>, ExitCode> {
+        let text = self.seeds.clone().unwrap_or_else(|| count.to_string());
+        parse_seeds(&text, self.seed).map_err(|e| fail(BAD_SCENARIO, &e))
+    }
+}
+
+/// Parses `--seeds` (see [`SeedArgs`]); `first` is `--seed`, if given.
+pub fn parse_seeds(text: &str, first: Option<u64>) -> Result<Range<u64>, String> {
+    let bad =
+        || format!("--seeds must be N (a count from --seed), A..B (B exclusive) or A..=B (B inclusive), got {text:?}");
+    let number = |s: &str| s.trim().parse::<u64>().map_err(|_| bad());
+    let range = if let Some((a, b)) = text.split_once("..=") {
+        let (a, b) = (number(a)?, number(b)?);
+        if a > b {
+            return Err(format!("--seeds {text}: the range is empty ({a} is after {b})"));
+        }
+        a..b.checked_add(1)
+            .ok_or_else(|| format!("--seeds {text}: the last seed is too large"))?
+    } else if let Some((a, b)) = text.split_once("..") {
+        let (a, b) = (number(a)?, number(b)?);
+        if a >= b {
+            return Err(format!(
+                "--seeds {text}: the range is empty (B is exclusive, so B must be above A)"
+            ));
+        }
+        a..b
+    } else {
+        let n = number(text)?;
+        if n == 0 {
+            return Err("--seeds 0: give at least one seed".into());
+        }
+        let from = first.unwrap_or(1);
+        from..from
+            .checked_add(n)
+            .ok_or_else(|| format!("--seeds {text} from --seed {from}: the last seed is beyond 2^64"))?
+    };
+    if first.is_some() && text.contains("..") {
+        return Err(format!(
+            "--seed is the first seed of a count; with the range --seeds {text} leave --seed out"
+        ));
+    }
+    let n = range.end - range.start;
+    if n > MAX_SEEDS {
+        return Err(format!(
+            "--seeds {text} is {n} seeds, above the most one command runs ({MAX_SEEDS}); split them over processes with --shard i/n and join them with `merge`"
+        ));
+    }
+    Ok(range)
+}
+
+/// How a command that runs many simulations spreads them.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct Parallel {
+    /// Simulations run at once (default: every core); the results do not
+    /// depend on it.
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Run only shard `i` of `n` of the simulations (every `n`th from the
+    /// `i`th); `merge` joins the shards' `--json`.
+    #[arg(long, value_parser = parse_shard)]
+    pub shard: Option<shard::Shard>,
+}
+
+/// `--jobs`, or every core.
+pub fn jobs_or_cores(jobs: Option<usize>) -> usize {
+    jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
+/// Parses `--shard i/n`.
+pub fn parse_shard(text: &str) -> Result<shard::Shard, String> {
+    shard::Shard::parse(text).map_err(|e| e.to_string())
+}
+
+/// One reserved output: where it goes, and the temporary file beside it
+/// that holds it until the command commits.
+struct Slot {
+    flag: &'static str,
+    shown: PathBuf,
+    target: PathBuf,
+    temp: tempfile::NamedTempFile,
+    written: bool,
+}
+
+/// A command's output files, reserved before any work and renamed over
+/// their targets only by [`Outputs::commit`].
+pub struct Outputs {
+    slots: Vec<Slot>,
+}
+
+/// The file `path` names, symlinks resolved; for a file not yet there, its
+/// resolved directory joined with its name.
+fn identity(path: &Path) -> std::io::Result<PathBuf> {
+    if let Ok(p) = path.canonicalize() {
+        return Ok(p);
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Ok(dir.canonicalize()?.join(name))
+}
+
+/// Whether `a` and `b` are one file (the same path once resolved, or, on
+/// Unix, the same device and inode: a hard link).
+fn same_file(a: &Path, b: &Path) -> bool {
+    if a == b {
+        return true;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+            return x.dev() == y.dev() && x.ino() == y.ino();
+        }
+    }
+    false
+}
+
+fn io_failed(path: &Path, e: &dyn std::fmt::Display) -> ExitCode {
+    fail(IO_FAILED, &format!("cannot write {}: {e}", path.display()))
+}
+
+impl Outputs {
+    /// Reserves each `(flag, path)` given: a temporary file in the target's
+    /// directory (so an unwritable place fails now, before any simulation).
+    /// Two flags naming one file are refused.
+    pub fn reserve(wanted: impl IntoIterator<Item = (&'static str, Option<PathBuf>)>) -> Result<Outputs, ExitCode> {
+        let mut slots: Vec<Slot> = Vec::new();
+        for (flag, path) in wanted {
+            let Some(shown) = path else { continue };
+            let target = identity(&shown).map_err(|e| io_failed(&shown, &e))?;
+            if let Some(other) = slots.iter().find(|s| same_file(&s.target, &target)) {
+                return Err(fail(
+                    IO_FAILED,
+                    &format!(
+                        "{flag} {} and {} {} name one file: give each output its own path",
+                        shown.display(),
+                        other.flag,
+                        other.shown.display()
+                    ),
+                ));
+            }
+            if target.is_dir() {
+                return Err(io_failed(&shown, &"it is a directory"));
+            }
+            let dir = target.parent().unwrap_or(Path::new("."));
+            let name = target
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            let temp = tempfile::Builder::new()
+                .prefix(&format!(".{name}."))
+                .suffix(".part")
+                .tempfile_in(dir)
+                .map_err(|e| io_failed(&shown, &e))?;
+            slots.push(Slot {
+                flag,
+                shown,
+                target,
+                temp,
+                written: false,
+            });
+        }
+        Ok(Outputs { slots })
+    }
+
+    /// Refuses (exit 4) an output that is one of `inputs`, after symlinks:
+    /// writing it would destroy what the command reads.
+    pub fn refuse_inputs(&self, inputs: &[PathBuf]) -> Result<(), ExitCode> {
+        for input in inputs {
+            let Ok(resolved) = input.canonicalize() else { continue };
+            if let Some(s) = self.slots.iter().find(|s| same_file(&s.target, &resolved)) {
+                return Err(fail(
+                    IO_FAILED,
+                    &format!(
+                        "{} {} is {}, an input of this command: writing it would destroy it; choose another path",
+                        s.flag,
+                        s.shown.display(),
+                        input.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `flag` was given.
+    pub fn has(&self, flag: &str) -> bool {
+        self.slots.iter().any(|s| s.flag == flag)
+    }
+
+    /// Writes the output of `flag`, if given, into its temporary file.
+    pub fn write(&mut self, flag: &str, contents: impl FnOnce() -> String) -> Result<(), ExitCode> {
+        let Some(slot) = self.slots.iter_mut().find(|s| s.flag == flag) else {
+            return Ok(());
+        };
+        let file: &mut File = slot.temp.as_file_mut();
+        file.write_all(contents().as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|e| io_failed(&slot.shown, &e))?;
+        slot.written = true;
+        Ok(())
+    }
+
+    /// Renames every written output over its target. Called once the
+    /// command's work is done; an output never written is left as it was.
+    pub fn commit(self) -> Result<(), ExitCode> {
+        for slot in self.slots.into_iter().filter(|s| s.written) {
+            let permissions = std::fs::metadata(&slot.target).map(|m| m.permissions());
+            let temp = slot.temp.into_temp_path();
+            match permissions {
+                Ok(p) => std::fs::set_permissions(&temp, p),
+                Err(_) => default_permissions(&temp),
+            }
+            .map_err(|e| io_failed(&slot.shown, &e))?;
+            temp.persist(&slot.target)
+                .map_err(|e| io_failed(&slot.shown, &e.error))?;
+        }
+        Ok(())
+    }
+}
+
+/// A new output is readable by everyone, as a file a shell creates is.
+fn default_permissions(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_mean_a_count_from_the_first_or_a_range_either_way() {
+        assert_eq!(parse_seeds("20", None), Ok(1..21));
+        assert_eq!(parse_seeds("3", Some(10)), Ok(10..13));
+        assert_eq!(parse_seeds("1..21", None), Ok(1..21));
+        assert_eq!(parse_seeds("1..=20", None), Ok(1..21));
+        assert_eq!(parse_seeds("5..=5", None), Ok(5..6));
+    }
+
+    #[test]
+    fn seeds_beyond_the_bound_or_empty_or_mixed_are_refused_naming_the_fix() {
+        let huge = parse_seeds("0..18446744073709551615", None).unwrap_err();
+        assert!(
+            huge.contains("above the most one command runs (100000)") && huge.contains("--shard"),
+            "{huge}"
+        );
+        assert!(
+            parse_seeds("18446744073709551615", None)
+                .unwrap_err()
+                .contains("beyond 2^64")
+        );
+        assert!(
+            parse_seeds("1..=18446744073709551615", None)
+                .unwrap_err()
+                .contains("too large")
+        );
+        assert!(parse_seeds("5..5", None).unwrap_err().contains("empty"));
+        assert!(parse_seeds("6..=5", None).unwrap_err().contains("empty"));
+        assert!(parse_seeds("0", None).unwrap_err().contains("at least one"));
+        assert!(parse_seeds("1..5", Some(3)).unwrap_err().contains("leave --seed out"));
+        assert!(parse_seeds("a..b", None).unwrap_err().contains("must be N"));
+        assert_eq!(parse_seeds("100000", None).map(|r| r.end - r.start), Ok(MAX_SEEDS));
+        assert!(parse_seeds("100001", None).is_err());
+    }
+}

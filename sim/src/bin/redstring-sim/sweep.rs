@@ -1,0 +1,88 @@
+//! `sweep`: one scenario over many seeds, every failing seed listed with its
+//! replay command, each figure's distribution and each objective's pass rate.
+
+use std::path::PathBuf;
+
+use redstring_sim::judgement::report::Report;
+use redstring_sim::judgement::shard;
+use redstring_sim::judgement::sweep::{SeedRecord, SweepSummary};
+use redstring_sim::scenario::Scenario;
+use redstring_sim::world::{Budget, simulate};
+
+use crate::shared::{
+    Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, inputs_of, jobs_or_cores, load, loads, progress, verdict,
+};
+
+/// Seeds `sweep` and `compare` run when `--seeds` is not given.
+pub const DEFAULT_SEEDS: u64 = 20;
+
+/// The arguments of `sweep`.
+#[derive(clap::Args)]
+pub struct SweepArgs {
+    /// The scenario file.
+    scenario: PathBuf,
+    #[command(flatten)]
+    seeds: SeedArgs,
+    /// Write the summary (distributions and pass rates) as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Refuse (exit 2) a scenario with any warning.
+    #[arg(long)]
+    strict: bool,
+    #[command(flatten)]
+    parallel: Parallel,
+}
+
+/// Runs `sweep`.
+pub fn sweep(args: SweepArgs) -> Outcome {
+    let path = args.scenario.as_path();
+    let mut outputs = Outputs::reserve([("--json", args.json)])?;
+    let scenario = load(path, args.strict)?;
+    outputs.refuse_inputs(&inputs_of(path, &scenario))?;
+    let range = args.seeds.range(DEFAULT_SEEDS)?;
+    let preamble = loads(&scenario);
+    print!("{preamble}");
+    // Every seed asks for the same work: over the budget is one failure, not
+    // one per seed.
+    Budget::DEFAULT.check(&scenario).map_err(|e| fail(SIM_FAILED, &e))?;
+    let shard = args.parallel.shard;
+    let seeds = shard::seeds_of(shard, range.start, range.end);
+    let bar = progress(seeds.len() as u64, "seeds");
+    let shown = path.display().to_string();
+    let records = run_seeds(&scenario, &shown, &seeds, jobs_or_cores(args.parallel.jobs), &bar);
+    bar.finish();
+    let run = shard::SweepRun {
+        command: "sweep",
+        scenario: shown,
+        seed_range: [range.start, range.end],
+        shard,
+        preamble,
+        summary: SweepSummary::of_records(records),
+    };
+    print!("{}", run.render());
+    outputs.write("--json", || serde_json::to_string_pretty(&run).unwrap_or_default())?;
+    outputs.commit()?;
+    let (failed, missed) = run.verdict();
+    Ok(verdict(failed, missed))
+}
+
+/// Runs `scenario` over `seeds` on `jobs` threads and returns each seed's
+/// record in the order given, whatever the order they finished in: each
+/// simulation is single-threaded and builds its own world, so the results
+/// are those of a run on one thread.
+pub fn run_seeds(
+    scenario: &Scenario,
+    shown: &str,
+    seeds: &[u64],
+    jobs: usize,
+    bar: &indicatif::ProgressBar,
+) -> Vec<SeedRecord> {
+    redstring_sim::search::parallel_map(seeds, jobs, |&seed| {
+        let record = match simulate(scenario, seed) {
+            Ok(run) => SeedRecord::of(&Report::new(scenario, shown, &run)),
+            Err(e) => SeedRecord::failed(seed, format!("simulation failed: {e}")),
+        };
+        bar.inc(1);
+        record
+    })
+}

@@ -1,0 +1,206 @@
+//! The CLI never destroys a user's file: an output that is an input (after
+//! symlinks), or that two flags name, is refused before anything is written;
+//! a command that fails leaves every existing file as it was; a seed range is
+//! bounded and refused with the fix, never a panic or an allocation sized by
+//! the flag; `check` does not follow a symlink loop.
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+
+use support::{bin, temp_file};
+
+const SMALL: &str = r#"
+name = "small"
+duration_s = 20
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "w"
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 30 }]
+"#;
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Asserts the command exits `code`, says `what`, and left `file` holding `before`.
+fn refused(out: &Output, code: i32, what: &str, file: &Path, before: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    assert!(err.contains(what), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(file).unwrap(),
+        before,
+        "{} was changed",
+        file.display()
+    );
+}
+
+#[test]
+fn an_output_naming_the_scenario_is_refused_and_the_scenario_kept() {
+    let path = temp_file("keep/base.toml", SMALL);
+    for flag in ["--json", "--trace", "--svg"] {
+        let out = run(&["run", s(&path), flag, s(&path)]);
+        refused(&out, 4, "an input of this command", &path, SMALL);
+    }
+    let out = run(&["sweep", s(&path), "--seeds", "2", "--json", s(&path)]);
+    refused(&out, 4, "an input of this command", &path, SMALL);
+    for flag in ["--json", "--svg"] {
+        let out = run(&["compare", s(&path), "--seeds", "2", flag, s(&path)]);
+        refused(&out, 4, "an input of this command", &path, SMALL);
+    }
+    let out = run(&["tune", s(&path), "--vary", "hardening.rpm=5,10", "--out", s(&path)]);
+    refused(&out, 4, "an input of this command", &path, SMALL);
+    // Through a symlink to it.
+    #[cfg(unix)]
+    {
+        let link = path.with_file_name("link.json");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let out = run(&["run", s(&path), "--json", s(&link)]);
+        refused(&out, 4, "an input of this command", &path, SMALL);
+    }
+}
+
+#[test]
+fn an_output_naming_a_tenants_replay_file_is_refused() {
+    let csv = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,m,10,10,20,Conversation log\n";
+    let trace = temp_file("replay/calls.csv", csv);
+    let scenario = temp_file(
+        "replay/replay.toml",
+        &SMALL.replace(
+            "tenants = [{ id = 1, calls_per_min = 30 }]",
+            "tenants = [{ id = 1, replay = { file = \"calls.csv\" } }]",
+        ),
+    );
+    let out = run(&["run", s(&scenario), "--trace", s(&trace)]);
+    refused(&out, 4, "an input of this command", &trace, csv);
+}
+
+#[test]
+fn merge_and_fuzz_refuse_to_write_over_what_they_read() {
+    let shard = temp_file("merge/shard.json", "{\"not\": \"a shard\"}");
+    let out = run(&["merge", s(&shard), "--json", s(&shard)]);
+    refused(&out, 4, "an input of this command", &shard, "{\"not\": \"a shard\"}");
+    let bounds_text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/bounds/default.toml"))
+            .unwrap();
+    let bounds = temp_file("fuzz/bounds.toml", &bounds_text);
+    let out = run(&["fuzz", s(&bounds), "--cases", "1", "--json", s(&bounds)]);
+    refused(&out, 4, "an input of this command", &bounds, &bounds_text);
+}
+
+#[test]
+fn a_failed_command_leaves_the_previous_report_as_it_was() {
+    let old = temp_file("failed/old.json", "{\"previous\": \"report\"}");
+    let bad = temp_file("failed/bad.toml", &SMALL.replace("duration_s = 20", "duration_s = -1"));
+    let out = run(&["run", s(&bad), "--json", s(&old)]);
+    refused(&out, 2, "duration_s", &old, "{\"previous\": \"report\"}");
+    let good = temp_file("failed/good.toml", SMALL);
+    let out = run(&["compare", s(&good), "--seeds", "5..2", "--json", s(&old)]);
+    refused(&out, 2, "the range is empty", &old, "{\"previous\": \"report\"}");
+    let out = run(&[
+        "tune",
+        s(&good),
+        "--vary",
+        "hardening.rpm=5,10",
+        "--resume",
+        s(&old),
+        "--json",
+        s(&good),
+    ]);
+    refused(&out, 4, "an input of this command", &good, SMALL);
+    let out = run(&["merge", s(&old), "--json", s(&old.with_file_name("joined.json"))]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!old.with_file_name("joined.json").exists());
+    // No temporary file is left beside the target either.
+    let dir = std::fs::read_dir(old.parent().unwrap()).unwrap();
+    let names: Vec<String> = dir
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.ends_with(".part")), "{names:?}");
+}
+
+#[test]
+fn two_flags_naming_one_file_are_refused() {
+    let path = temp_file("twice/s.toml", SMALL);
+    let out_file = path.with_file_name("out.json");
+    std::fs::write(&out_file, "old").unwrap();
+    let out = run(&["run", s(&path), "--json", s(&out_file), "--trace", s(&out_file)]);
+    refused(&out, 4, "name one file", &out_file, "old");
+}
+
+#[test]
+fn a_written_report_replaces_the_old_one_whole() {
+    let path = temp_file("whole/s.toml", SMALL);
+    let json = path.with_file_name("report.json");
+    std::fs::write(&json, "x".repeat(100_000)).unwrap();
+    let out = run(&["run", s(&path), "--json", s(&json)]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let written = std::fs::read_to_string(&json).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&written).unwrap();
+    assert_eq!(report["scenario"], "small");
+}
+
+#[test]
+fn huge_or_malformed_seed_ranges_are_refused_without_a_panic() {
+    let path = temp_file("seeds/s.toml", SMALL);
+    for (cmd, seeds) in [
+        ("sweep", "0..18446744073709551615"),
+        ("compare", "1..100000000"),
+        ("sweep", "1..=18446744073709551615"),
+    ] {
+        let out = run(&[cmd, s(&path), "--seeds", seeds]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{cmd} {seeds}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(err.contains("--seeds"), "{err}");
+    }
+    for (seeds, says) in [
+        ("18446744073709551615", "the last seed is beyond 2^64"),
+        ("1000000", "above the most one command runs"),
+    ] {
+        let out = run(&["tune", s(&path), "--vary", "hardening.rpm=5,10", "--seeds", seeds]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+}
+
+#[test]
+fn a_count_from_a_seed_and_either_range_mean_the_same_seeds() {
+    let path = temp_file("same/s.toml", SMALL);
+    let count = run(&["sweep", s(&path), "--seeds", "3", "--seed", "4"]);
+    let range = run(&["sweep", s(&path), "--seeds", "4..7"]);
+    let inclusive = run(&["sweep", s(&path), "--seeds", "4..=6"]);
+    let text = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(count.status.code(), Some(0), "{}", stderr(&count));
+    assert_eq!(text(&count), text(&range));
+    assert_eq!(text(&count), text(&inclusive));
+    assert!(text(&count).contains("of 3 seeds"), "{}", text(&count));
+}
+
+#[cfg(unix)]
+#[test]
+fn check_does_not_follow_a_symlink_loop() {
+    let path = temp_file("loop/s.toml", SMALL);
+    let dir = path.parent().unwrap();
+    let link = dir.join("again");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(".", &link).unwrap();
+    let out = run(&["check", s(dir)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert_eq!(text.matches("ok    ").count(), 1, "{text}");
+}
