@@ -204,3 +204,52 @@ fn check_does_not_follow_a_symlink_loop() {
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     assert_eq!(text.matches("ok    ").count(), 1, "{text}");
 }
+
+/// The trust issue's third defect: `--set cache.kind=per_worker,shared`
+/// silently changed what `rpm` means (per worker → fleet-wide), so the
+/// shared cache's deferred calls read as a win. Each variant now prints its
+/// load line and limiter scope, and the change of meaning is a warning
+/// naming both.
+#[test]
+fn a_compare_that_changes_what_rpm_means_says_so_naming_both() {
+    let fleet = SMALL.replace("name = \"w\"\n", "name = \"w\"\ncount = 4\n");
+    let path = temp_file("scope/s.toml", &fleet);
+    let out = run(&[
+        "compare",
+        s(&path),
+        "--seeds",
+        "2",
+        "--set",
+        "cache.kind=per_worker,shared",
+    ]);
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        text.contains("cache.kind=per_worker:\n   rpm ")
+            && text.contains("per worker (each worker's in-process cache)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("cache.kind=shared:\n   rpm ") && text.contains("fleet-wide (one shared cache"),
+        "{text}"
+    );
+    assert!(text.matches("   load gpu: offered").count() >= 2, "{text}");
+    assert!(
+        err.contains("warning: cache.kind=shared changes what hardening.rpm means against cache.kind=per_worker"),
+        "{err}"
+    );
+    // Variants that agree on the cache get no such warning.
+    let out = run(&[
+        "compare",
+        s(&path),
+        "--seeds",
+        "2",
+        "--set",
+        "hardening.failure_threshold=2,3",
+    ]);
+    assert!(
+        !stderr(&out).contains("changes what hardening.rpm means"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -220,6 +220,10 @@ pub struct Comparison {
     pub seeds: [u64; 2],
     /// Which shard of the seeds this is (null: all of them).
     pub shard: Option<Shard>,
+    /// What `compare` prints before the runs: each variant's load line
+    /// (what its limiter limits, each server's offered load against its
+    /// capacity); `merge` prints it again.
+    pub preamble: String,
     /// Per variant, in the order given: its name and its sweep summary.
     pub variants: Vec<(String, SweepSummary)>,
     /// Every later variant against the first, figure by figure.
@@ -233,7 +237,7 @@ impl Comparison {
     /// is paired seed by seed between the episodes of the same name
     /// ([`episode_name`](crate::judgement::sweep::episode_name)), over the
     /// seeds where both variants had that episode and measured the figure.
-    pub fn new(from: u64, to: u64, shard: Option<Shard>, variants: &[Variant]) -> Comparison {
+    pub fn new(from: u64, to: u64, shard: Option<Shard>, preamble: String, variants: &[Variant]) -> Comparison {
         let summaries: Vec<(String, SweepSummary)> = variants
             .iter()
             .map(|v| (v.name.clone(), SweepSummary::of_records(v.records.clone())))
@@ -265,6 +269,7 @@ impl Comparison {
             command: "compare",
             seeds: [from, to],
             shard,
+            preamble,
             variants: summaries,
             differences,
         }
@@ -394,7 +399,7 @@ mod tests {
             name: "b".into(),
             records: (1..9).map(|s| record(s, (s != 3).then_some(s as f64 + 1.0))).collect(),
         };
-        let c = Comparison::new(1, 9, None, &[a, b]);
+        let c = Comparison::new(1, 9, None, String::new(), &[a, b]);
         let d: Vec<&SignTest> = c.differences.iter().filter(|d| d.episode.is_some()).collect();
         assert_eq!(d.len(), 1, "{d:?}");
         // Seven seeds had the episode in both, each one higher in b.

@@ -559,7 +559,7 @@ mod tests {
             name: name.into(),
             records: (1..4).map(|s| record(s, base + s as f64)).collect(),
         };
-        let c = Comparison::new(1, 4, None, &[variant("a", 0.0), variant("b", 5.0)]);
+        let c = Comparison::new(1, 4, None, String::new(), &[variant("a", 0.0), variant("b", 5.0)]);
         let svg = distributions(&c);
         assert!(svg.starts_with("<svg"), "{svg}");
         assert!(svg.contains("[1] a") && svg.contains("[2] b"), "{svg}");

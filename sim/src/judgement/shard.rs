@@ -149,7 +149,7 @@ impl Merged {
     pub fn render(&self) -> String {
         match self {
             Merged::Sweep(s) => format!("{}{}", s.preamble, s.render()),
-            Merged::Compare(c) => c.render(),
+            Merged::Compare(c) => format!("{}{}", c.preamble, c.render()),
             Merged::Fuzz(f) => f.render(),
             Merged::Tune(Joined::Done { tuning, dims, .. }) => tuning.render(dims),
             Merged::Tune(Joined::Next(state)) => format!(
@@ -213,6 +213,7 @@ struct VariantSummary {
 #[derive(Deserialize)]
 struct CompareFile {
     seeds: [u64; 2],
+    preamble: String,
     variants: Vec<(String, VariantSummary)>,
 }
 
@@ -319,6 +320,9 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
                     None => joined = Some(f),
                     Some(j) => {
                         let names = |c: &CompareFile| c.variants.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+                        if j.preamble != f.preamble {
+                            return Err(mismatch(file, "its variants' load lines differ from the first file's: shards of one comparison run the same scenarios".into()));
+                        }
                         if j.seeds != f.seeds || names(j) != names(&f) {
                             return Err(mismatch(
                                 file,
@@ -347,7 +351,7 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
                     records: v.per_seed,
                 });
             }
-            Ok(Merged::Compare(Comparison::new(from, to, None, &variants)))
+            Ok(Merged::Compare(Comparison::new(from, to, None, j.preamble, &variants)))
         }
         "fuzz" => crate::search::fuzz_run::merge(files).map(Merged::Fuzz),
         "tune" => crate::search::tune_shard::merge(files).map(Merged::Tune),

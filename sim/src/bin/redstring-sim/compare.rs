@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use redstring_sim::judgement::{compare, plots, shard};
+use redstring_sim::judgement::{compare, plots, report, shard};
 use redstring_sim::scenario::Scenario;
 use redstring_sim::world::Budget;
 
 use crate::shared::{
-    BAD_SCENARIO, Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, inputs_of, jobs_or_cores, load,
+    BAD_SCENARIO, Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, inputs_of, jobs_or_cores, load, loads,
     print_warnings, progress, verdict,
 };
 use crate::sweep::{DEFAULT_SEEDS, run_seeds};
@@ -92,6 +92,45 @@ fn variants(paths: &[PathBuf], set: Option<&str>, strict: bool) -> Result<Vec<Va
     Ok(out)
 }
 
+/// Each variant's load line: what its limiter limits and each server's
+/// offered load against its capacity, so that a variant whose limiter holds
+/// calls back is seen to be offered less.
+fn load_lines(variants: &[Variant]) -> String {
+    variants
+        .iter()
+        .map(|v| {
+            format!(
+                "{}:\n   rpm {}\n{}",
+                v.name,
+                report::rpm_scope(&v.scenario),
+                loads(&v.scenario)
+            )
+        })
+        .collect()
+}
+
+/// A warning for each variant whose cache changes what `hardening.rpm`
+/// means against the first: per worker, a fleet of `n` workers admits up to
+/// `n` times what one shared cache admits.
+fn scope_warnings(variants: &[Variant]) -> Vec<String> {
+    let Some((first, rest)) = variants.split_first() else {
+        return Vec::new();
+    };
+    rest.iter()
+        .filter(|v| v.scenario.cache.kind != first.scenario.cache.kind)
+        .map(|v| {
+            format!(
+                "{} changes what hardening.rpm means against {}: {} there, {} here ({} workers); the limiter, not the server, then decides how many calls are let through — a difference in calls deferred, failed or impaired requests is the limiter's, not the hardening's; set rpm per variant so both admit the same fleet-wide load to compare the rest",
+                v.name,
+                first.name,
+                report::rpm_scope(&first.scenario),
+                report::rpm_scope(&v.scenario),
+                v.scenario.fleet().len()
+            )
+        })
+        .collect()
+}
+
 /// Runs `compare`.
 pub fn compare(args: CompareArgs) -> Outcome {
     let mut outputs = Outputs::reserve([("--json", args.json), ("--svg", args.svg)])?;
@@ -101,6 +140,11 @@ pub fn compare(args: CompareArgs) -> Outcome {
         outputs.refuse_inputs(&v.inputs)?;
     }
     let range = args.seeds.range(DEFAULT_SEEDS)?;
+    let preamble = load_lines(&variants);
+    print!("{preamble}");
+    for w in scope_warnings(&variants) {
+        eprintln!("warning: {w}");
+    }
     for v in &variants {
         Budget::DEFAULT
             .check(&v.scenario)
@@ -124,7 +168,7 @@ pub fn compare(args: CompareArgs) -> Outcome {
         });
     }
     bar.finish();
-    let comparison = compare::Comparison::new(range.start, range.end, shard, &runs);
+    let comparison = compare::Comparison::new(range.start, range.end, shard, preamble, &runs);
     print!("{}", comparison.render());
     outputs.write("--json", || {
         serde_json::to_string_pretty(&comparison).unwrap_or_default()
