@@ -11,10 +11,10 @@
 use std::path::Path;
 
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner};
+use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::trace::{Kind, Trace};
 use redstring_sim::scenario::{Fault, FaultKind, Scenario};
 use redstring_sim::search::fuzz::{self, Bounds};
-use redstring_sim::world::simulate;
 
 fn seed() -> u64 {
     match std::env::var("REDSTRING_FUZZ_SEED").as_deref() {

@@ -8,10 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
+use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::trace::Trace;
 use redstring_sim::judgement::report::Report;
 use redstring_sim::scenario::Scenario;
-use redstring_sim::world::simulate;
 
 fn scenarios() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");

@@ -12,19 +12,28 @@
 //! - [`scenario`] — the input: a deployment, its hardening and a fault
 //!   schedule, parsed from TOML and validated;
 //! - [`world`] — the engine: builds the turmoil simulation from a scenario,
-//!   applies each fault at its instant and runs it ([`world::simulate`]);
+//!   applies each fault at its instant and runs it, handing back its
+//!   evidence ([`world::run_within`]);
 //! - [`hosts`] — one module per machine of the modelled deployment: model
 //!   server, cache host, worker, the transport between them, and their clocks;
 //! - [`evidence`] — what a run leaves behind: the typed trace and the one
 //!   fold of breaker and limiter state over it;
 //! - [`judgement`] — what the evidence says: the invariants, the report and
 //!   the plots;
-//! - [`search`] — looking for the scenario that breaks a configuration: the
-//!   fuzzer.
+//! - [`campaign`] — one scenario over many seeds and variants, on many
+//!   threads, with the result of one ([`campaign::simulate`] is world then
+//!   judgement for one seed);
+//! - [`search`] — looking for the scenario that breaks a configuration, and
+//!   for the numbers that meet the objectives: the fuzzer and `tune`;
+//! - [`merge`] — the shards of any of those joined back into one result.
+//!
+//! Each layer uses only those before it in this list (`scenario` first).
 
+pub mod campaign;
 pub mod evidence;
 pub mod hosts;
 pub mod judgement;
+pub mod merge;
 pub mod scenario;
 pub mod search;
 pub mod world;

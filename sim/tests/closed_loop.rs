@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::trace::{Kind, TraceEvent};
 use redstring_sim::scenario::Scenario;
-use redstring_sim::world::simulate;
 
 /// One worker whose tenant 1 has `clients` closed-loop clients thinking
 /// `think_s`, against a server whose decode speed sets the latency.

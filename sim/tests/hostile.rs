@@ -7,9 +7,10 @@ mod support;
 
 use support::{bin, temp_file};
 
+use redstring_sim::campaign::{simulate, simulate_within};
 use redstring_sim::scenario::{Scenario, ScenarioError};
 use redstring_sim::search::fuzz::Bounds;
-use redstring_sim::world::{Budget, Resource, SimError, simulate, simulate_within};
+use redstring_sim::world::{Budget, Resource, SimError};
 
 const BASE: &str = r#"
 name = "hostile"
@@ -421,7 +422,7 @@ servers = ["gpu"]
 tenants = [{ id = 1, calls_per_min = 6 }]
 "#;
     let s = Scenario::parse("ollama.toml", text).unwrap();
-    let run = redstring_sim::world::simulate(&s, 1).unwrap();
+    let run = redstring_sim::campaign::simulate(&s, 1).unwrap();
     let ok = run
         .events
         .iter()

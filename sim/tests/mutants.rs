@@ -108,7 +108,7 @@ fn the_injection_ends_with_its_guard() {
     let targeted = mutants::targeted(&scenarios_dir(), &mutants::variant(Mutant::NoJitter)).unwrap();
     let mutated = mutants::simulate_with(Some(Mutant::NoJitter), &targeted, targeted.seed).unwrap();
     assert!(mutated.failed().contains(&Invariant::RetryJitter));
-    let after = redstring_sim::world::simulate(&targeted, targeted.seed).unwrap();
+    let after = redstring_sim::campaign::simulate(&targeted, targeted.seed).unwrap();
     assert!(
         after.failed().is_empty(),
         "the mutant outlived its run: {:?}",
@@ -190,7 +190,7 @@ fn the_fuzzer_catches_a_variant_its_scenario_misses_and_shrinks_a_replayable_cas
         mutated.failed().contains(&Invariant::RetryJitter),
         "the written case replays the catch"
     );
-    let correct = redstring_sim::world::simulate(&replayed, replayed.seed).unwrap();
+    let correct = redstring_sim::campaign::simulate(&replayed, replayed.seed).unwrap();
     assert!(
         correct.failed().is_empty(),
         "the correct hardening passes it: {:?}",
@@ -226,7 +226,7 @@ fn every_committed_catch_still_catches_its_mutant_and_passes_the_correct_hardeni
         let mutated = mutants::simulate_with(Some(mutant), &case, case.seed).unwrap();
         let named = mutants::variant(mutant).named_by;
         assert!(mutated.failed().contains(&named), "{stem}: {:?}", mutated.failed());
-        let correct = redstring_sim::world::simulate(&case, case.seed).unwrap();
+        let correct = redstring_sim::campaign::simulate(&case, case.seed).unwrap();
         assert!(
             correct.failed().is_empty(),
             "{stem}, correct hardening: {:?}",

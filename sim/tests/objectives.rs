@@ -259,7 +259,7 @@ server = "gpu"
 goodput_recovery_s = 60
 "#;
     let scenario = Scenario::parse("drawn-reload.toml", text).unwrap();
-    let run = redstring_sim::world::simulate(&scenario, scenario.seed).unwrap();
+    let run = redstring_sim::campaign::simulate(&scenario, scenario.seed).unwrap();
     let loaded: Vec<u64> = run
         .events
         .iter()

@@ -4,10 +4,10 @@
 
 use std::path::PathBuf;
 
+use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::trace::Kind;
 use redstring_sim::hosts::tokens_of;
 use redstring_sim::scenario::Scenario;
-use redstring_sim::world::simulate;
 
 /// A directory holding `trace.csv` with `rows`, and the scenario text
 /// replaying it against one generic server (prefill 2000, decode 40 tok/s).

@@ -6,11 +6,11 @@
 
 use std::path::Path;
 
+use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::outcome::CallOutcome;
 use redstring_sim::evidence::trace::Kind;
 use redstring_sim::judgement::invariants::{Invariant, Verdict};
 use redstring_sim::scenario::Scenario;
-use redstring_sim::world::simulate;
 
 fn shipped() -> Scenario {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/two-deployment-fallback.toml");

@@ -6,11 +6,11 @@ mod support;
 use std::path::Path;
 use support::{bin, temp_file};
 
+use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::outcome::Answer;
 use redstring_sim::evidence::trace::Kind;
 use redstring_sim::scenario::sanity::{self, LOAD_WARNING};
 use redstring_sim::scenario::{FaultKind, Mode, Oddity, Scenario, Warning};
-use redstring_sim::world::simulate;
 
 const BASE: &str = r#"
 name = "sane"

@@ -2,11 +2,11 @@
 //! reqwest's pool does, so a worker calling a fast server hundreds of times a
 //! second does not run out of ports.
 
+use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::outcome::CallOutcome;
 use redstring_sim::evidence::trace::Kind;
 use redstring_sim::hosts::transport::{MAX_OPEN_CONNECTIONS, TIME_WAIT};
 use redstring_sim::scenario::Scenario;
-use redstring_sim::world::simulate;
 
 #[test]
 fn a_worker_at_200_calls_a_second_to_a_fast_server_never_runs_out_of_connections() {

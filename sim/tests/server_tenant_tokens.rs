@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
+use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::outcome::CallOutcome;
 use redstring_sim::evidence::trace::{Kind, TraceEvent};
 use redstring_sim::scenario::{Scenario, tenant};
-use redstring_sim::world::simulate;
 
 /// One generic server (4 slots, prefill 2000 and decode 40 tokens/s, 400
 /// prompt and 60 output tokens of its own: 1.7 s a request) and one worker

@@ -1,10 +1,10 @@
 //! The world's fault schedule: faults at one instant apply in a defined,
 //! documented order (see `redstring_sim::scenario::Fault`).
 
+use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::outcome::Answer;
 use redstring_sim::evidence::trace::Kind;
 use redstring_sim::scenario::Scenario;
-use redstring_sim::world::simulate;
 
 const BASE: &str = r#"
 name = "same-instant"

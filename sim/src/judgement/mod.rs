@@ -6,9 +6,10 @@
 //! episode, and [`objectives`] judges those figures
 //! against the scenario's targets; [`report`] turns a run and its verdicts
 //! into figures and text; [`sweep`] summarises many seeds; [`compare`] sets
-//! variants side by side over the same seeds; [`shard`] splits those over
-//! machines and merges them back; [`plots`] draws the SVG timeline and a
-//! tune's Pareto front.
+//! variants side by side over the same seeds; [`shard`] says which part of
+//! those a machine runs; [`plots`] draws the SVG timeline and a comparison's
+//! distributions. [`judge`] turns a run's evidence into a [`Run`] with its
+//! verdicts.
 
 pub mod compare;
 pub mod episode_figures;
@@ -19,6 +20,36 @@ pub mod plots;
 pub mod report;
 pub mod shard;
 pub mod sweep;
+
+/// A finished run: its evidence and the invariants' verdicts on it.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// The seed it ran with.
+    pub seed: u64,
+    /// Simulated time covered.
+    pub simulated: std::time::Duration,
+    /// Every event, in order.
+    pub events: Vec<crate::evidence::trace::TraceEvent>,
+    /// Every invariant's verdict, in [`invariants::Invariant::ALL`] order.
+    pub checks: Vec<invariants::Check>,
+}
+
+impl Run {
+    /// The invariants that failed (violated and not declared `may_violate`).
+    pub fn failed(&self) -> Vec<invariants::Invariant> {
+        self.checks.iter().filter(|c| c.failed()).map(|c| c.name).collect()
+    }
+}
+
+/// Judges what a run of `scenario` left behind: every invariant's verdict.
+pub fn judge(scenario: &crate::scenario::Scenario, evidence: crate::evidence::Evidence) -> Run {
+    Run {
+        seed: evidence.seed,
+        simulated: evidence.simulated,
+        checks: invariants::check_all(scenario, &evidence.events),
+        events: evidence.events,
+    }
+}
 
 /// A tenant as a report names it: `tenant 7` for a scenario's numbered
 /// tenant (`scenario::tenant(7)`, an id that fits in 64 bits), its UUID

@@ -15,12 +15,12 @@ use redstring::cache::TimeSource;
 use serde::Serialize;
 
 use crate::evidence::trace::{DRIVER, Kind, TraceEvent};
+use crate::judgement::Run;
 use crate::judgement::episode_figures::{EpisodeFigures, Latencies};
 use crate::judgement::figures::{Figures, Recovery};
 use crate::judgement::invariants::{Check, Verdict};
 use crate::judgement::objectives::{self, Judged, ObjectiveVerdict};
 use crate::scenario::{CacheKind, Scenario};
-use crate::world::Run;
 
 /// What reached one model server.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

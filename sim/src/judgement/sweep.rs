@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::judgement::episode_figures::{EpisodeFigures, Latencies};
 use crate::judgement::figures::Figures;
 use crate::judgement::report::Report;
+use crate::judgement::shard::Shard;
 
 /// The summary names of the whole-run figures, in [`named_figures`] order.
 pub const FIGURE_NAMES: [&str; 7] = [
@@ -499,6 +500,43 @@ fn tally(rates: &mut Vec<PassRate>, passes: Vec<(String, bool)>) {
 
 fn round(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
+}
+
+/// What `sweep --json` writes: the summary with what a merge needs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepRun {
+    /// Always `"sweep"`: what `merge` reads this as.
+    pub command: &'static str,
+    /// The scenario file, as the replay commands name it.
+    pub scenario: String,
+    /// The seeds asked for, `[from, to)`.
+    pub seed_range: [u64; 2],
+    /// Which shard of the seeds this is (null: all of them).
+    pub shard: Option<Shard>,
+    /// The load lines printed before the run.
+    pub preamble: String,
+    /// The summary, its per-seed records included.
+    #[serde(flatten)]
+    pub summary: SweepSummary,
+}
+
+impl SweepRun {
+    /// The text `sweep` prints after the preamble.
+    pub fn render(&self) -> String {
+        let [from, to] = self.seed_range;
+        let total = self.shard.map_or(to - from, |s| s.seeds(from, to).len() as u64);
+        render_sweep(&self.scenario, total, &self.summary)
+    }
+
+    /// Whether a seed failed (an invariant, or its simulation), and whether
+    /// one missed an objective.
+    pub fn verdict(&self) -> (bool, bool) {
+        let recs = &self.summary.per_seed;
+        (
+            recs.iter().any(SeedRecord::is_failure),
+            recs.iter().any(|r| !r.missed_objectives().is_empty()),
+        )
+    }
 }
 
 #[cfg(test)]

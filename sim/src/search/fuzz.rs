@@ -27,6 +27,7 @@ use proptest::prelude::*;
 use redstring::{OnCacheError, OnCacheUnavailable, TimeSource};
 use serde::{Deserialize, Serialize};
 
+use crate::campaign::simulate;
 use crate::judgement::invariants::Invariant;
 use crate::judgement::report::Report;
 use crate::scenario::{
@@ -34,7 +35,6 @@ use crate::scenario::{
     RetryBudgetSpec, Routing, Scenario, ScenarioError, ServerSpec, TenantLoad, WorkerGroup, limits,
 };
 use crate::search::coverage::Coverage;
-use crate::world::simulate;
 
 /// The directory under `scenarios/` that holds bounds files, which are not
 /// scenarios (`check` skips it).

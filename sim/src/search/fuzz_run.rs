@@ -321,7 +321,7 @@ struct FuzzFile {
     per_case: Vec<CaseRecord>,
 }
 
-/// Joins the shards' `--json` (`(file, text)` each; [`crate::judgement::shard::merge`]
+/// Joins the shards' `--json` (`(file, text)` each; [`crate::merge::merge`]
 /// has checked they are the `n` shards of one command) into the unsharded
 /// run: the earliest stop, and every case record up to it.
 pub fn merge(files: &[(String, String)]) -> Result<FuzzRun, ShardError> {

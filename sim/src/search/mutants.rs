@@ -18,11 +18,13 @@ use std::time::Duration;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
 pub use redstring::mutants::Mutant;
 
+use crate::campaign::simulate;
+use crate::judgement::Run;
 use crate::judgement::invariants::Invariant;
 use crate::scenario::Scenario;
 use crate::search::coverage::Coverage;
 use crate::search::fuzz::{self, Bounds};
-use crate::world::{Run, SimError, simulate};
+use crate::world::SimError;
 
 /// The directory, under the scenarios directory, that holds the scenarios
 /// written to expose each variant (the correct hardening passes them all,

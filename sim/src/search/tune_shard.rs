@@ -194,7 +194,7 @@ pub enum Joined {
     Next(Box<TunePart>),
 }
 
-/// Joins one round's parts (`(file, text)` each; [`crate::judgement::shard::merge`]
+/// Joins one round's parts (`(file, text)` each; [`crate::merge::merge`]
 /// has checked they are the `n` shards of one command).
 pub fn merge(files: &[(String, String)]) -> Result<Joined, ShardError> {
     let mismatch = |file: &str, why: String| ShardError::Mismatch {

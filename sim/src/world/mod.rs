@@ -6,8 +6,9 @@
 //! clients, so the run ends when they do); [`World::apply`] applies one
 //! [`Fault`] now; [`World::run`] steps the simulation to its end, applying
 //! each fault of the schedule at its instant (in the order
-//! [`fault::in_order`] defines). [`simulate`] is the whole pipeline every
-//! caller uses — build, run, check the invariants. Every random stream is
+//! [`fault::in_order`] defines); [`run_within`] builds and runs one and
+//! hands back its [`Evidence`], judged a layer up
+//! ([`crate::campaign::simulate`]). Every random stream is
 //! seeded from the run's seed ([`seeds`]) and the epoch is fixed, so a run is
 //! a pure function of (scenario, seed).
 //!
@@ -25,12 +26,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use redstring::MemoryCache;
 
+use crate::evidence::Evidence;
 use crate::evidence::trace::{DRIVER, Kind, Trace, TraceEvent};
 use crate::hosts::cache_host::{RemoteCache, cache_host};
 use crate::hosts::clock::{EPOCH, SimClock};
 use crate::hosts::server::{ServerHandle, server_host};
 use crate::hosts::worker::{Target, WorkerPlan, run_worker};
-use crate::judgement::invariants::{Check, Invariant, check_all};
 use crate::scenario::{CACHE_HOST, CacheKind, Fault, Network, Scenario, fault};
 
 /// Connection backlog per host: turmoil panics ("server socket buffer full")
@@ -56,26 +57,6 @@ fn stamping(scenario: &Scenario) -> redstring::TimeSource {
         return redstring::TimeSource::Caller;
     }
     scenario.cache.time_source
-}
-
-/// A finished run: its evidence and the invariants' verdicts on it.
-#[derive(Clone, Debug)]
-pub struct Run {
-    /// The seed it ran with.
-    pub seed: u64,
-    /// Simulated time covered.
-    pub simulated: Duration,
-    /// Every event, in order.
-    pub events: Vec<TraceEvent>,
-    /// Every invariant's verdict, in [`Invariant::ALL`] order.
-    pub checks: Vec<Check>,
-}
-
-impl Run {
-    /// The invariants that failed (violated and not declared `may_violate`).
-    pub fn failed(&self) -> Vec<Invariant> {
-        self.checks.iter().filter(|c| c.failed()).map(|c| c.name).collect()
-    }
 }
 
 /// The simulation itself failed (not an invariant).
@@ -140,7 +121,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// The budget [`simulate`] runs with: ample for any fleet worth
+    /// The budget [`crate::campaign::simulate`] runs with: ample for any fleet worth
     /// simulating (the 20-worker reference fleet uses under 1 % of it), and a
     /// few minutes of wall-clock time and a few GB of trace at most.
     pub const DEFAULT: Budget = Budget {
@@ -209,21 +190,15 @@ fn run_length(scenario: &Scenario) -> Duration {
     secs(scenario.duration_s).saturating_add(Duration::from_secs(5))
 }
 
-/// Runs `scenario` with `seed` to completion and checks every invariant,
-/// within [`Budget::DEFAULT`].
-pub fn simulate(scenario: &Scenario, seed: u64) -> Result<Run, SimError> {
-    simulate_within(scenario, seed, Budget::DEFAULT)
-}
-
-/// Runs `scenario` with `seed` to completion within `budget` and checks
-/// every invariant.
-pub fn simulate_within(scenario: &Scenario, seed: u64, budget: Budget) -> Result<Run, SimError> {
+/// Runs `scenario` with `seed` to completion within `budget` and returns
+/// what it left behind; judging it is [`crate::judgement::judge`]'s, and
+/// [`crate::campaign::simulate`] does both.
+pub fn run_within(scenario: &Scenario, seed: u64, budget: Budget) -> Result<Evidence, SimError> {
     budget.check(scenario)?;
     let (simulated, events) = World::build(scenario, seed).run_within(budget)?;
-    Ok(Run {
+    Ok(Evidence {
         seed,
         simulated,
-        checks: check_all(scenario, &events),
         events,
     })
 }

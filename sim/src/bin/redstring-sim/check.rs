@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use redstring_sim::campaign::simulate;
 use redstring_sim::scenario::Scenario;
 use redstring_sim::search::fuzz::BOUNDS_DIR;
-use redstring_sim::world::simulate;
 
 use crate::shared::{BAD_SCENARIO, INVARIANT_FAILED, Outcome, SIM_FAILED, names};
 

@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use redstring_sim::campaign::run_seeds;
 use redstring_sim::judgement::{compare, plots, report, shard};
+use redstring_sim::merge::Merged;
 use redstring_sim::scenario::Scenario;
 use redstring_sim::world::Budget;
 
@@ -13,7 +15,7 @@ use crate::shared::{
     BAD_SCENARIO, Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, inputs_of, jobs_or_cores, load, loads,
     print_warnings, progress, verdict,
 };
-use crate::sweep::{DEFAULT_SEEDS, run_seeds};
+use crate::sweep::DEFAULT_SEEDS;
 
 /// The arguments of `compare`.
 #[derive(clap::Args)]
@@ -156,7 +158,7 @@ pub fn compare(args: CompareArgs) -> Outcome {
     let bar = progress((seeds.len() as u64).saturating_mul(variants.len() as u64), "runs");
     let mut runs = Vec::new();
     for v in &variants {
-        let records = run_seeds(&v.scenario, &v.name, &seeds, jobs, &bar);
+        let records = run_seeds(&v.scenario, &v.name, &seeds, jobs, || bar.inc(1));
         for r in &records {
             if let Some(why) = &r.error {
                 bar.println(format!("{} seed {}: {why}", v.name, r.seed));
@@ -175,6 +177,6 @@ pub fn compare(args: CompareArgs) -> Outcome {
     })?;
     outputs.write("--svg", || plots::distributions(&comparison))?;
     outputs.commit()?;
-    let (failed, missed) = shard::Merged::Compare(comparison).verdict();
+    let (failed, missed) = Merged::Compare(comparison).verdict();
     Ok(verdict(failed, missed))
 }

@@ -13,7 +13,7 @@
 //!
 //! One file per command; what they share (exit codes, `--seeds`, `--jobs`,
 //! `--shard`, loading a scenario, writing outputs safely) is in `shared`.
-//! Every command goes through [`redstring_sim::world::simulate`]: build the
+//! Every command goes through [`redstring_sim::campaign::simulate`]: build the
 //! world, run it, check the invariants. `run`, `sweep` and `check` first print
 //! each server's offered load against its capacity and what is odd about the
 //! scenario (`redstring_sim::scenario::sanity`); with `--strict` anything odd

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use redstring_sim::judgement::shard;
+use redstring_sim::merge::{Merged, merge as join};
 use redstring_sim::search::tune_shard;
 
 use crate::fuzz::finish_fuzz;
@@ -35,14 +35,14 @@ pub fn merge(args: MergeArgs) -> Outcome {
             std::fs::read_to_string(f).map_err(|e| fail(BAD_SCENARIO, &format!("cannot read {}: {e}", f.display())))?;
         texts.push((f.display().to_string(), text));
     }
-    let merged = shard::merge(&texts).map_err(|e| fail(BAD_SCENARIO, &e))?;
+    let merged = join(&texts).map_err(|e| fail(BAD_SCENARIO, &e))?;
     match &merged {
-        shard::Merged::Fuzz(run) => return finish_fuzz(run, &args.out, outputs),
-        shard::Merged::Tune(tune_shard::Joined::Done { tuning, dims, scenario }) => {
+        Merged::Fuzz(run) => return finish_fuzz(run, &args.out, outputs),
+        Merged::Tune(tune_shard::Joined::Done { tuning, dims, scenario }) => {
             print!("{}", loads(scenario));
             return finish_tune(tuning, dims, outputs);
         }
-        shard::Merged::Tune(tune_shard::Joined::Next(_)) if !outputs.has("--json") => {
+        Merged::Tune(tune_shard::Joined::Next(_)) if !outputs.has("--json") => {
             eprintln!(
                 "error: the tune has rungs left: give --json STATE to write the state the next round resumes from"
             );

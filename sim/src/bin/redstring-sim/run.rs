@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::episodes;
 use redstring_sim::evidence::trace::Trace;
 use redstring_sim::judgement::plots;
 use redstring_sim::judgement::report::{self, Report};
 use redstring_sim::scenario::Scenario;
-use redstring_sim::world::simulate;
 
 use crate::shared::{Outcome, Outputs, SIM_FAILED, inputs_of, load, loads, verdict};
 

@@ -3,11 +3,10 @@
 
 use std::path::PathBuf;
 
-use redstring_sim::judgement::report::Report;
+use redstring_sim::campaign::run_seeds;
 use redstring_sim::judgement::shard;
-use redstring_sim::judgement::sweep::{SeedRecord, SweepSummary};
-use redstring_sim::scenario::Scenario;
-use redstring_sim::world::{Budget, simulate};
+use redstring_sim::judgement::sweep::{SweepRun, SweepSummary};
+use redstring_sim::world::Budget;
 
 use crate::shared::{
     Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, inputs_of, jobs_or_cores, load, loads, progress, verdict,
@@ -49,9 +48,11 @@ pub fn sweep(args: SweepArgs) -> Outcome {
     let seeds = shard::seeds_of(shard, range.start, range.end);
     let bar = progress(seeds.len() as u64, "seeds");
     let shown = path.display().to_string();
-    let records = run_seeds(&scenario, &shown, &seeds, jobs_or_cores(args.parallel.jobs), &bar);
+    let records = run_seeds(&scenario, &shown, &seeds, jobs_or_cores(args.parallel.jobs), || {
+        bar.inc(1)
+    });
     bar.finish();
-    let run = shard::SweepRun {
+    let run = SweepRun {
         command: "sweep",
         scenario: shown,
         seed_range: [range.start, range.end],
@@ -64,25 +65,4 @@ pub fn sweep(args: SweepArgs) -> Outcome {
     outputs.commit()?;
     let (failed, missed) = run.verdict();
     Ok(verdict(failed, missed))
-}
-
-/// Runs `scenario` over `seeds` on `jobs` threads and returns each seed's
-/// record in the order given, whatever the order they finished in: each
-/// simulation is single-threaded and builds its own world, so the results
-/// are those of a run on one thread.
-pub fn run_seeds(
-    scenario: &Scenario,
-    shown: &str,
-    seeds: &[u64],
-    jobs: usize,
-    bar: &indicatif::ProgressBar,
-) -> Vec<SeedRecord> {
-    redstring_sim::search::parallel_map(seeds, jobs, |&seed| {
-        let record = match simulate(scenario, seed) {
-            Ok(run) => SeedRecord::of(&Report::new(scenario, shown, &run)),
-            Err(e) => SeedRecord::failed(seed, format!("simulation failed: {e}")),
-        };
-        bar.inc(1);
-        record
-    })
 }

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use redstring_sim::judgement::plots;
 use redstring_sim::search::{tune, tune_shard};
 
 use crate::shared::{
@@ -151,7 +150,7 @@ pub fn finish_tune(tuning: &tune::Tuning, dims: &[tune::Dim], mut outputs: Outpu
     print!("{}", tuning.render(dims));
     outputs.write("--json", || serde_json::to_string_pretty(tuning).unwrap_or_default())?;
     outputs.write("--out", || tuning.hardening_toml.clone().unwrap_or_default())?;
-    outputs.write("--svg", || plots::pareto(tuning))?;
+    outputs.write("--svg", || tune::pareto(tuning))?;
     outputs.commit()?;
     Ok(verdict(tuning.broke(), !tuning.met()))
 }
