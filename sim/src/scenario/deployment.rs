@@ -5,8 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ClockSpec;
 use crate::hosts::server::kinds::Preset;
-pub use crate::hosts::server::kinds::{ServerKind, Spread};
-pub use crate::hosts::server::quota::Quota;
+pub use crate::scenario::kinds::{Quota, ServerKind, Spread};
 
 /// One GPU model server.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

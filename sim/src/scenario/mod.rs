@@ -11,6 +11,7 @@
 
 mod deployment;
 pub mod fault;
+pub mod kinds;
 pub mod limits;
 pub mod replay;
 pub mod sanity;

@@ -272,7 +272,7 @@ impl Scenario {
             }
             e.within(&at("reload_s"), s.reload_s, 0.0, MAX_SECONDS, " s")?;
             check_behaviour(&s.behaviour).map_err(|m| e.bad(&at("behaviour"), m))?;
-            crate::hosts::server::kinds::validate(s).map_err(|(f, m)| e.bad(&at(&f), m))?;
+            crate::scenario::kinds::validate(s).map_err(|(f, m)| e.bad(&at(&f), m))?;
         }
         Ok(hosts)
     }

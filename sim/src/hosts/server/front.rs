@@ -19,9 +19,10 @@ use rand_distr::{Distribution, StandardNormal};
 use tokio::sync::{Notify, oneshot};
 
 use super::batching::{Engine, EngineEvent};
-use super::kinds::{Preset, ServerKind, Spread};
+use super::kinds::Preset;
 use super::quota::Quotas;
 use crate::hosts::clock::sim_elapsed;
+use crate::scenario::{ServerKind, Spread};
 
 /// The random streams a server draws beyond its behaviour draws, kept across
 /// its starts. Each is its own ChaCha stream of the server's seed, so a

@@ -8,11 +8,11 @@
 //! hangs, dropped connections). Everything runs on turmoil's virtual time and
 //! seeded RNGs, so the same scenario and seed serve the same answers.
 //!
-//! A server's [`kinds::ServerKind`] picks what it behaves like. This page
+//! A server's [`ServerKind`] picks what it behaves like. This page
 //! describes the `generic` kind, the default; the others (`llama_cpp`,
 //! `llama_swap`, `vllm`, `ollama`, `openai`) serve through the
 //! continuous-batching engine of [`batching`] behind the gates of their kind
-//! (`front.rs`, [`quota`]), documented on [`kinds::ServerKind`] and in
+//! (`front.rs`, [`quota`]), documented on [`ServerKind`] and in
 //! `docs/server-kinds.md`. Their draws beyond the behaviour draw (load times,
 //! token counts, step times) come from their own ChaCha streams of the
 //! server's seed, so a generic server draws exactly what it always drew.
@@ -125,8 +125,9 @@ mod front;
 pub mod kinds;
 pub mod quota;
 
+use crate::scenario::ServerKind;
 use front::{Batching, EngineOutcome, ExtraRng, LoadError};
-use kinds::{Preset, ServerKind};
+use kinds::Preset;
 use quota::{Decision, Limit, go_duration};
 
 /// The port every model server listens on.
@@ -805,7 +806,7 @@ impl Start {
     /// counts the request carries, and for a side it does not carry a draw
     /// from the spec's distribution (or its fixed count, drawing nothing).
     fn draw_tokens(&self, given: crate::hosts::RequestTokens) -> (u64, u64) {
-        let draw = |given: Option<u64>, dist: Option<kinds::Spread>, fixed: u32| match (given, dist) {
+        let draw = |given: Option<u64>, dist: Option<crate::scenario::Spread>, fixed: u32| match (given, dist) {
             (Some(n), _) => n,
             (None, Some(d)) => d
                 .sample(&mut self.extra.lock().unwrap_or_else(|p| p.into_inner()).tokens)

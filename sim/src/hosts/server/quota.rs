@@ -19,33 +19,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-/// A hosted endpoint's quotas per API key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Quota {
-    /// Requests per minute.
-    pub rpm: u32,
-    /// Tokens per minute.
-    pub tpm: u64,
-    /// Tokens (prompt + completion) the account may spend in the whole run
-    /// before every request gets `429 insufficient_quota`; `None` unlimited.
-    #[serde(default)]
-    pub credit_tokens: Option<u64>,
-}
-
-impl Quota {
-    pub(super) fn check(&self) -> Result<(), (String, String)> {
-        if self.rpm == 0 {
-            return Err(("rpm".into(), "must be positive, got 0".into()));
-        }
-        if self.tpm == 0 {
-            return Err(("tpm".into(), "must be positive, got 0".into()));
-        }
-        Ok(())
-    }
-}
+use crate::scenario::Quota;
 
 /// One per-minute limit as a token bucket.
 #[derive(Clone, Copy, Debug, PartialEq)]
