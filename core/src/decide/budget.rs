@@ -31,7 +31,9 @@
 //!
 //! ([`BudgetParams::bound`]); a server's requests in that interval (first
 //! attempts plus granted retries) are at most `(1 + ratio)` times its first
-//! attempts plus that floor. The simulator checks this bound on every run
+//! attempts plus that floor — so about `1 + ratio` per call only when first
+//! attempts arrive well above `min_retries_per_sec / ratio` a second; below
+//! that the floor dominates and nearly every call may retry. The simulator checks this bound on every run
 //! that configures a budget.
 //!
 //! Amounts are integers in millionths of a retry ([`MICROS_PER_RETRY`]), and

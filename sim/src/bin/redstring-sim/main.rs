@@ -1,8 +1,8 @@
 //! `redstring-sim`: run outage scenarios against the real hardening code.
 //!
 //! ```text
-//! redstring-sim run scenarios/llama-swap-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
-//! redstring-sim sweep scenarios/llama-swap-reload.toml [--seeds N|A..B|A..=B] [--seed S] [--json F] [--strict] [--jobs N] [--shard i/n]
+//! redstring-sim run scenarios/llama-cpp-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
+//! redstring-sim sweep scenarios/llama-cpp-reload.toml [--seeds N|A..B|A..=B] [--seed S] [--json F] [--strict] [--jobs N] [--shard i/n]
 //! redstring-sim compare a.toml b.toml [--seeds …] [--set key=v1,v2] [--json F] [--svg F] [--strict] [--jobs N] [--shard i/n]
 //! redstring-sim tune scenario.toml --vary hardening.failure_threshold=1..10 [--vary KEY=SPEC …] [--seeds …] [--seed S] [--budget CASES] [--jobs N] [--json F] [--out F] [--svg F] [--shard i/n [--resume STATE]]
 //! redstring-sim sweep … --shard 1/2 --json a.json; … --shard 2/2 --json b.json; redstring-sim merge a.json b.json [--json F]
