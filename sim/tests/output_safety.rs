@@ -253,3 +253,41 @@ fn a_compare_that_changes_what_rpm_means_says_so_naming_both() {
         stderr(&out)
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn a_device_or_an_oversized_input_is_refused_before_it_is_read() {
+    for args in [
+        vec!["run", "/dev/zero"],
+        vec!["fuzz", "/dev/urandom"],
+        vec!["merge", "/dev/zero"],
+    ] {
+        let out = run(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("not a regular file"), "{args:?}: {err}");
+    }
+    // A replayed trace that is a device.
+    let scenario = temp_file(
+        "device/replay.toml",
+        &SMALL.replace(
+            "tenants = [{ id = 1, calls_per_min = 30 }]",
+            "tenants = [{ id = 1, replay = { file = \"/dev/zero\", format = \"burstgpt\" } }]",
+        ),
+    );
+    let out = run(&["run", s(&scenario)]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not a regular file"), "{err}");
+    // Over the limit: refused naming the flag that raises it.
+    let big = temp_file("device/big.toml", &format!("{SMALL}{}", "#\n".repeat(600_000)));
+    let out = run(&["run", s(&big), "--max-input-mb", "1"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("above the input limit") && err.contains("--max-input-mb"),
+        "{err}"
+    );
+    let out = run(&["run", s(&big), "--max-input-mb", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}

@@ -11,6 +11,7 @@
 
 mod deployment;
 pub mod fault;
+pub mod input;
 pub mod kinds;
 pub mod limits;
 pub mod replay;
@@ -183,7 +184,7 @@ impl Scenario {
     /// Reads and validates a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+        let text = input::read_text(path).map_err(|source| ScenarioError::Io {
             file: file.clone(),
             source,
         })?;
@@ -194,7 +195,7 @@ impl Scenario {
     /// (see [`sanity::warnings`]), with lines.
     pub fn load_checked(path: &Path) -> Result<(Scenario, Vec<Warning>), ScenarioError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+        let text = input::read_text(path).map_err(|source| ScenarioError::Io {
             file: file.clone(),
             source,
         })?;

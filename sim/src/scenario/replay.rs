@@ -139,7 +139,7 @@ impl Replay {
         }
         let format = self.format()?;
         let file = path.display().to_string();
-        let reader = std::fs::File::open(path).map_err(|source| ReplayError::Io {
+        let reader = crate::scenario::input::open(path).map_err(|source| ReplayError::Io {
             file: file.clone(),
             source,
         })?;

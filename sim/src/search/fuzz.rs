@@ -152,7 +152,7 @@ impl Bounds {
     /// Reads and checks a bounds file; errors name the file and the field.
     pub fn load(path: &Path) -> Result<Bounds, ScenarioError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+        let text = crate::scenario::input::read_text(path).map_err(|source| ScenarioError::Io {
             file: file.clone(),
             source,
         })?;

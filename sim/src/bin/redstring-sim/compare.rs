@@ -71,7 +71,7 @@ fn variants(paths: &[PathBuf], set: Option<&str>, strict: bool) -> Result<Vec<Va
     };
     let (key, values) = compare::parse_set(set).map_err(|e| bad(&e))?;
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| bad(&format!("cannot read {file}: {e}")))?;
+    let text = redstring_sim::scenario::input::read_text(path).map_err(|e| bad(&format!("cannot read {file}: {e}")))?;
     let mut out = Vec::new();
     for value in values {
         let varied = compare::set_field(&text, &key, &value).map_err(|e| bad(&e))?;

@@ -50,6 +50,10 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The most megabytes one input file (scenario, bounds, trace, shard or
+    /// tune state) may have; default 1024. Inputs must be regular files.
+    #[arg(long, global = true, value_name = "MB")]
+    max_input_mb: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -85,7 +89,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    if let Some(mb) = cli.max_input_mb {
+        redstring_sim::scenario::input::set_max_input_bytes(mb.saturating_mul(1 << 20));
+    }
+    let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Sweep(args) => sweep::sweep(args),
         Command::Compare(args) => compare::compare(args),

@@ -31,8 +31,8 @@ pub fn merge(args: MergeArgs) -> Outcome {
     outputs.refuse_inputs(&args.files)?;
     let mut texts = Vec::new();
     for f in &args.files {
-        let text =
-            std::fs::read_to_string(f).map_err(|e| fail(BAD_SCENARIO, &format!("cannot read {}: {e}", f.display())))?;
+        let text = redstring_sim::scenario::input::read_text(f)
+            .map_err(|e| fail(BAD_SCENARIO, &format!("cannot read {}: {e}", f.display())))?;
         texts.push((f.display().to_string(), text));
     }
     let merged = join(&texts).map_err(|e| fail(BAD_SCENARIO, &e))?;

@@ -85,7 +85,7 @@ pub fn tune(args: TuneArgs) -> Outcome {
         jobs: jobs_or_cores(args.parallel.jobs),
     };
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| bad(&format!("cannot read {file}: {e}")))?;
+    let text = redstring_sim::scenario::input::read_text(path).map_err(|e| bad(&format!("cannot read {file}: {e}")))?;
     let dims = args
         .vary
         .iter()
@@ -106,7 +106,8 @@ pub fn tune(args: TuneArgs) -> Outcome {
         .resume
         .as_deref()
         .map(|p| {
-            let text = std::fs::read_to_string(p).map_err(|e| bad(&format!("cannot read {}: {e}", p.display())))?;
+            let text = redstring_sim::scenario::input::read_text(p)
+                .map_err(|e| bad(&format!("cannot read {}: {e}", p.display())))?;
             serde_json::from_str::<tune_shard::TunePart>(&text)
                 .map_err(|e| bad(&format!("--resume {}: not a tune state: {e}", p.display())))
         })
