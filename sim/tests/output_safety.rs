@@ -291,3 +291,50 @@ fn a_device_or_an_oversized_input_is_refused_before_it_is_read() {
     let out = run(&["run", s(&big), "--max-input-mb", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
+
+#[test]
+fn a_key_deeper_than_any_field_is_refused_without_recursing() {
+    let path = temp_file(
+        "deep/s.toml",
+        &format!("{SMALL}[objectives]\nfailed_fraction_max = 0.5\n"),
+    );
+    let deep = format!("{}=1", vec!["t"; 5000].join("."));
+    let out = run(&["compare", s(&path), "--seeds", "1", "--set", &deep]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("5000 dotted steps"), "{err}");
+    let out = run(&["tune", s(&path), "--vary", &deep]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("dotted steps"), "{err}");
+}
+
+#[test]
+fn tune_refuses_to_vary_an_objective_and_never_calls_nothing_measured_met() {
+    let path = temp_file(
+        "tuneobj/s.toml",
+        &format!("{SMALL}[objectives]\ngoodput_recovery_s = 10\n"),
+    );
+    let out = run(&["tune", s(&path), "--vary", "objectives.goodput_recovery_s=5,50"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("objectives are what the tune must meet"), "{err}");
+    // No fault: goodput recovery is not applicable on every seed, so nothing
+    // was measured and nothing can be said to meet it.
+    let out = run(&[
+        "tune",
+        s(&path),
+        "--vary",
+        "hardening.failure_threshold=2,3",
+        "--seeds",
+        "2",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(5), "{text}{}", stderr(&out));
+    assert!(!text.contains("meets every objective on all"), "{text}");
+    assert!(
+        text.contains("no recommendation: no objective was measured on any seed"),
+        "{text}"
+    );
+    assert!(!text.contains("ready to paste"), "{text}");
+}

@@ -40,6 +40,14 @@ pub enum SetError {
         /// The parser's message.
         message: String,
     },
+    /// The dotted key has more steps than any scenario field.
+    #[error("--set {key}…: {depth} dotted steps, more than any scenario field has (at most {MAX_KEY_DEPTH})")]
+    TooDeep {
+        /// The key's start.
+        key: String,
+        /// Its steps.
+        depth: usize,
+    },
     /// A step of the dotted key leads into something that is not a table
     /// (or, for a number, an array long enough).
     #[error("--set {key}: {at:?} is not a table or an array index in the scenario")]
@@ -50,6 +58,10 @@ pub enum SetError {
         at: String,
     },
 }
+
+/// Most dotted steps a `--set` or `--vary` key may have: the deepest
+/// scenario field (`workers.0.tenants.0.replay.speedup`) has six.
+pub const MAX_KEY_DEPTH: usize = 8;
 
 /// `key=v1,v2,…` split into the key and its values.
 pub fn parse_set(arg: &str) -> Result<(String, Vec<String>), SetError> {
@@ -81,6 +93,12 @@ pub fn set_field(text: &str, key: &str, value: &str) -> Result<String, SetError>
         message: e.to_string().trim_end().to_owned(),
     })?;
     let steps: Vec<&str> = key.split('.').collect();
+    if steps.len() > MAX_KEY_DEPTH {
+        return Err(SetError::TooDeep {
+            key: key.chars().take(80).collect(),
+            depth: steps.len(),
+        });
+    }
     let mut root = toml::Value::Table(table);
     set_at(&mut root, &steps, value_of(value)).map_err(|at| SetError::Path {
         key: key.to_owned(),

@@ -150,7 +150,9 @@ pub fn tune(args: TuneArgs) -> Outcome {
 pub fn finish_tune(tuning: &tune::Tuning, dims: &[tune::Dim], mut outputs: Outputs) -> Outcome {
     print!("{}", tuning.render(dims));
     outputs.write("--json", || serde_json::to_string_pretty(tuning).unwrap_or_default())?;
-    outputs.write("--out", || tuning.hardening_toml.clone().unwrap_or_default())?;
+    if let Some(toml) = &tuning.hardening_toml {
+        outputs.write("--out", || toml.clone())?;
+    }
     outputs.write("--svg", || tune::pareto(tuning))?;
     outputs.commit()?;
     Ok(verdict(tuning.broke(), !tuning.met()))

@@ -180,7 +180,16 @@ pub(crate) fn step(
         .map(|&i| i + 1)
         .collect();
     let recommended = alive.first().map(|&i| i + 1);
-    let hardening_toml = recommended.and_then(|id| hardening_section(base, dims, &design.candidates[id - 1]));
+    // Nothing to paste when no objective was measured: nothing chose it.
+    let measured = |id: usize| {
+        candidates[id - 1]
+            .objectives
+            .iter()
+            .any(|o| o.worst != Worst::NotApplicable)
+    };
+    let hardening_toml = recommended
+        .filter(|&id| measured(id))
+        .and_then(|id| hardening_section(base, dims, &design.candidates[id - 1]));
     Step::Done(Box::new(Tuning {
         scenario: base.file.to_owned(),
         keys: dims.iter().map(|d| d.key.clone()).collect(),

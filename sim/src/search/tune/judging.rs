@@ -307,7 +307,11 @@ pub(super) fn judge_results(id: usize, dims: &[Dim], values: &[String], results:
         values: dims.iter().map(|d| d.key.clone()).zip(values.iter().cloned()).collect(),
         seeds: results.len() as u64,
         summary: SweepSummary::of_records(ran.iter().map(|r| r.record.clone()).collect()),
-        meets_all: disqualified.is_none() && objectives.iter().all(ObjectiveFigure::met),
+        // An objective not applicable on any seed measured nothing: a
+        // candidate meets its objectives only if one of them was measured.
+        meets_all: disqualified.is_none()
+            && objectives.iter().all(ObjectiveFigure::met)
+            && objectives.iter().any(|o| o.worst != Worst::NotApplicable),
         objectives,
         margin,
         disqualified,

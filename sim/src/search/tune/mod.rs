@@ -112,6 +112,12 @@ pub enum TuneError {
         "{0}: the scenario has no [objectives]; tune searches for the configuration that meets them, so set at least one (see docs/objectives.md)"
     )]
     NoObjectives(String),
+    /// A `--vary` key names an objective: tuning would loosen the target
+    /// rather than find the configuration that meets it.
+    #[error(
+        "--vary {0}: objectives are what the tune must meet, not a setting to search; vary the [hardening] (or the deployment) instead"
+    )]
+    VariesObjective(String),
     /// A value of a varied key cannot be set in the scenario, or the
     /// scenario refuses it.
     #[error("--vary {key}: {value} is refused: {why}")]

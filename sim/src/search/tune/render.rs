@@ -188,6 +188,19 @@ impl Tuning {
                     .filter(|o| o.worst != Worst::NotApplicable)
                     .min_by(|a, b| slack_key(a.slack).total_cmp(&slack_key(b.slack)))
                     .map_or("-", |o| o.name.as_str());
+                let measured = c.objectives.iter().any(|o| o.worst != Worst::NotApplicable);
+                if !measured {
+                    let _ = writeln!(
+                        out,
+                        "\nno recommendation: no objective was measured on any seed ({} not applicable on every seed, e.g. goodput recovery without a fault), so nothing tells the candidates apart; give the scenario the outage its objectives measure",
+                        c.objectives
+                            .iter()
+                            .map(|o| o.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                    return out;
+                }
                 if c.meets_all {
                     let _ = writeln!(
                         out,

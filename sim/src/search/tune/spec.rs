@@ -231,6 +231,12 @@ pub fn precheck(base: &Base<'_>, dims: &[Dim]) -> Result<(), TuneError> {
     if base.scenario.objectives.is_empty() {
         return Err(TuneError::NoObjectives(base.file.to_owned()));
     }
+    if let Some(d) = dims
+        .iter()
+        .find(|d| d.key == "objectives" || d.key.starts_with("objectives."))
+    {
+        return Err(TuneError::VariesObjective(d.key.clone()));
+    }
     for d in dims {
         for value in d.checked_values() {
             base.scenario_with(std::slice::from_ref(d), std::slice::from_ref(&value))
