@@ -338,3 +338,46 @@ fn tune_refuses_to_vary_an_objective_and_never_calls_nothing_measured_met() {
     );
     assert!(!text.contains("ready to paste"), "{text}");
 }
+
+#[test]
+fn printed_names_and_commands_cannot_forge_lines_or_run_anything() {
+    // A name with an ANSI escape or a newline is refused, naming the field.
+    for name in ["\\u001b[2Jheld", "ok\\nliveness               held"] {
+        let path = temp_file(
+            "term/escape.toml",
+            &SMALL.replace("name = \"small\"", &format!("name = \"{name}\"")),
+        );
+        let out = run(&["run", s(&path)]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("name") && err.contains("control characters"), "{err}");
+    }
+    // The replay command quotes a path a shell would split or run.
+    let path = temp_file("term/a b;touch PWNED;.toml", SMALL);
+    let out = run(&["run", s(&path)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        text.contains(&format!("replay: redstring-sim run '{}' --seed", path.display())),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_trace_is_never_echoed() {
+    let secret = "root:$6$secretsalt$hash:19000:0:99999:7:::";
+    let trace = temp_file("echo/shadow", &format!("{secret}\n"));
+    let scenario = temp_file(
+        "echo/replay.toml",
+        &SMALL.replace(
+            "tenants = [{ id = 1, calls_per_min = 30 }]",
+            "tenants = [{ id = 1, replay = { file = \"shadow\", format = \"burstgpt\" } }]",
+        ),
+    );
+    let out = run(&["run", s(&scenario)]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no \"Timestamp\" column"), "{err}");
+    assert!(!err.contains("secretsalt"), "{err}");
+    let _ = trace;
+}

@@ -51,6 +51,32 @@ pub fn judge(scenario: &crate::scenario::Scenario, evidence: crate::evidence::Ev
     }
 }
 
+/// `word` as one POSIX shell word, for a command printed to be pasted: as
+/// it is when every character is safe, in single quotes when it has none
+/// that a terminal acts on, else in bash's `$'…'` with every control
+/// character escaped — a file named `a b;touch PWNED;.toml`, or one with an
+/// ANSI escape, is neither run nor drawn.
+pub fn shell_word(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        return word.to_owned();
+    }
+    if !word.chars().any(char::is_control) {
+        return format!("'{}'", word.replace('\'', r"'\''"));
+    }
+    let mut out = String::from("$'");
+    for c in word.chars() {
+        match c {
+            '\'' => out.push_str(r"\'"),
+            '\\' => out.push_str(r"\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
 /// A tenant as a report names it: `tenant 7` for a scenario's numbered
 /// tenant (`scenario::tenant(7)`, an id that fits in 64 bits), its UUID
 /// otherwise.
@@ -64,6 +90,15 @@ pub fn tenant_label(t: redstring::TenantId) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_printed_path_is_one_shell_word_that_runs_nothing() {
+        assert_eq!(shell_word("scenarios/a-b_c.toml"), "scenarios/a-b_c.toml");
+        assert_eq!(shell_word("a b;touch PWNED;.toml"), "'a b;touch PWNED;.toml'");
+        assert_eq!(shell_word("it's.toml"), r"'it'\''s.toml'");
+        assert_eq!(shell_word("\u{1b}[31mred.toml"), r"$'\u001b[31mred.toml'");
+        assert_eq!(shell_word(""), "''");
+    }
 
     #[test]
     fn numbered_tenants_read_as_their_number() {

@@ -114,7 +114,7 @@ impl Report {
                 u64::try_from(run.simulated.as_micros()).unwrap_or(u64::MAX),
             ),
             objectives: Vec::new(),
-            replay: format!("redstring-sim run {path} --seed {}", run.seed),
+            replay: format!("redstring-sim run {} --seed {}", super::shell_word(path), run.seed),
         };
         let first_fault = scenario
             .faults

@@ -464,7 +464,8 @@ pub fn render_sweep(shown: &str, total: u64, summary: &SweepSummary) -> String {
     for (seed, why) in &failing {
         let _ = writeln!(
             out,
-            "  seed {seed}: {why}\n    replay: redstring-sim run {shown} --seed {seed}"
+            "  seed {seed}: {why}\n    replay: redstring-sim run {} --seed {seed}",
+            super::shell_word(shown)
         );
     }
     if !missing.is_empty() {
@@ -472,7 +473,8 @@ pub fn render_sweep(shown: &str, total: u64, summary: &SweepSummary) -> String {
         for (seed, which) in &missing {
             let _ = writeln!(
                 out,
-                "  seed {seed}: missed {which}\n    replay: redstring-sim run {shown} --seed {seed}"
+                "  seed {seed}: missed {which}\n    replay: redstring-sim run {} --seed {seed}",
+                super::shell_word(shown)
             );
         }
     }

@@ -282,19 +282,33 @@ struct MooncakeRow {
 
 /// The indexes of BurstGPT's `Timestamp`, `Request tokens` and `Response
 /// tokens` columns in its header row.
+/// A UTF-8 byte-order mark before the first column is not part of its name.
+/// The header is not echoed in an error: a file that is not a trace (a
+/// password file named by mistake) must not be printed.
 fn burstgpt_columns(header: &[&str]) -> Result<[usize; 3], String> {
     let find = |name: &str| {
         header
             .iter()
-            .position(|h| h.eq_ignore_ascii_case(name))
-            .ok_or_else(|| format!("the header has no {name:?} column (it has {})", header.join(", ")))
+            .position(|h| h.trim_start_matches('\u{feff}').eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                format!(
+                    "the first line has no {name:?} column ({} comma-separated fields); BurstGPT's CSV starts with a header naming Timestamp, Request tokens and Response tokens",
+                    header.len()
+                )
+            })
     };
     Ok([find("Timestamp")?, find("Request tokens")?, find("Response tokens")?])
 }
 
+/// Parses one field; an error quotes at most its first 32 characters,
+/// escaped, so a stray file's contents are neither printed at length nor
+/// able to drive the terminal.
 fn parse<T: std::str::FromStr>(text: &str, name: &str) -> Result<T, String> {
-    text.parse()
-        .map_err(|_| format!("{name} is not a number of the right kind: {text:?}"))
+    text.parse().map_err(|_| {
+        let shown: String = text.chars().take(32).collect();
+        let more = if text.chars().count() > 32 { "…" } else { "" };
+        format!("{name} is not a number of the right kind: {shown:?}{more}")
+    })
 }
 
 #[cfg(test)]
@@ -334,6 +348,13 @@ mod tests {
         // at (45 − 10) / 2.
         let got = read(csv.as_bytes(), TraceFormat::Burstgpt, window(10.0, 2.0, 600), "t.csv").unwrap();
         assert_eq!(got.iter().map(secs).collect::<Vec<_>>(), [17.5, 345.0]);
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_the_header_is_not_part_of_its_first_column() {
+        let csv = "\u{feff}Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n4,ChatGPT,20,30,50,Conversation log\n";
+        let got = read(csv.as_bytes(), TraceFormat::Burstgpt, window(0.0, 1.0, 60), "t.csv").unwrap();
+        assert_eq!((got.len(), got[0].prompt_tokens), (1, 20));
     }
 
     #[test]

@@ -15,6 +15,9 @@ use super::limits::{
 };
 use super::{Behaviour, CACHE_HOST, CacheKind, Fault, Scenario, ScenarioError};
 
+/// The longest scenario name: it heads every report.
+const MAX_NAME_CHARS: usize = 200;
+
 /// The largest `objectives.amplification_max`: a call the limiter
 /// admitted sends at most its first attempt and [`MAX_RETRIES`] retries.
 const MAX_AMPLIFICATION: f64 = (MAX_RETRIES + 1) as f64;
@@ -107,6 +110,14 @@ impl Scenario {
     fn validate_run(&self, e: &Errors) -> Result<(), ScenarioError> {
         if self.name.trim().is_empty() {
             return Err(e.bad("name", "must not be empty".into()));
+        }
+        // Printed at the head of every report: a control character (an
+        // ANSI escape, a newline) would forge report lines.
+        if self.name.chars().any(char::is_control) || self.name.chars().count() > MAX_NAME_CHARS {
+            return Err(e.bad(
+                "name",
+                format!("must be at most {MAX_NAME_CHARS} characters with no control characters (escapes, newlines), got {:?}", self.name.chars().take(40).collect::<String>()),
+            ));
         }
         e.positive("duration_s", self.duration_s)?;
         if self.duration_s > 24.0 * 3600.0 {

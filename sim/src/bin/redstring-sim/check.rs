@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use redstring_sim::campaign::simulate;
+use redstring_sim::judgement::shell_word;
 use redstring_sim::scenario::Scenario;
 use redstring_sim::search::fuzz::BOUNDS_DIR;
 
@@ -97,7 +98,7 @@ pub fn check(args: CheckArgs) -> Outcome {
                     "FAIL  {}: {}\n      replay: redstring-sim run {} --seed {}",
                     path.display(),
                     names(&run.failed()),
-                    path.display(),
+                    shell_word(&path.display().to_string()),
                     run.seed
                 );
                 worst = worst.max(INVARIANT_FAILED);

@@ -88,7 +88,7 @@ pub fn finish_fuzz(run: &fuzz_run::FuzzRun, out: &Path, mut outputs: Outputs) ->
             Ok(written) => println!(
                 "smallest failing case: {}\nreplay: redstring-sim run {}",
                 written.display(),
-                written.display()
+                redstring_sim::judgement::shell_word(&written.display().to_string())
             ),
             Err(e) => eprintln!(
                 "error: cannot write the failing case to {}: {e}\n{}",

@@ -8,8 +8,8 @@ use std::time::Instant;
 use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::episodes;
 use redstring_sim::evidence::trace::Trace;
-use redstring_sim::judgement::plots;
 use redstring_sim::judgement::report::{self, Report};
+use redstring_sim::judgement::{plots, shell_word};
 use redstring_sim::scenario::Scenario;
 
 use crate::shared::{Outcome, Outputs, SIM_FAILED, inputs_of, load, loads, verdict};
@@ -55,7 +55,10 @@ pub fn run(args: RunArgs) -> Outcome {
     let result = simulate(&scenario, seed);
     let wall = started.elapsed();
     let run = result.map_err(|e| {
-        eprintln!("error: {e}\nreplay: redstring-sim run {} --seed {seed}", path.display());
+        eprintln!(
+            "error: {e}\nreplay: redstring-sim run {} --seed {seed}",
+            shell_word(&path.display().to_string())
+        );
         ExitCode::from(SIM_FAILED)
     })?;
     let report = Report::new(&scenario, &path.display().to_string(), &run);

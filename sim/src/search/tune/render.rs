@@ -113,7 +113,7 @@ impl Tuning {
                         c.label(dims),
                         d.why,
                         self.scenario,
-                        self.scenario
+                        crate::judgement::shell_word(&self.scenario)
                     );
                 }
                 None => {
