@@ -199,7 +199,7 @@
 //!
 //! During a failover's gap every operation is [`CacheError::Unavailable`]
 //! (never a panic, never a hang past the operation timeout), so the
-//! components' cache-unavailable policies decide: `core/tests/redis_sentinel.rs`
+//! components' cache-unavailable policies decide: `core/tests/it/redis_sentinel.rs`
 //! kills the primary while 50 tasks acquire and checks that only the policy's
 //! fallback admits during the gap (the local limit at most `rpm` per worker,
 //! `Refuse` nothing) and that the store decides again right after the

@@ -5,8 +5,6 @@
 //! reads back every request the server received. Real HTTP over real
 //! sockets, so the production reqwest transport is what gets exercised.
 
-#![allow(dead_code)] // each test file uses a different part of it
-
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;

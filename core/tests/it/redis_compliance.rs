@@ -1,11 +1,7 @@
 //! The Cache compliance suite, unchanged, against `RedisCache` on a real
 //! redis-server (real TTLs: the harness waits them out).
 
-#![cfg(feature = "redis")]
-
-mod redis_support;
-
-use redis_support::{OnLive, RedisServer};
+use crate::support::redis::{OnLive, RedisServer};
 use redstring::testing::run_all;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

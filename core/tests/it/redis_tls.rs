@@ -4,14 +4,11 @@
 //! server and of a missing client certificate, mutual TLS, and that no
 //! password or key material reaches an error or `Debug` output.
 
-#![cfg(feature = "redis-tls")]
-
-mod redis_support;
-
 use std::time::Duration;
 
-use redis_support::tls::{ClientAuth, TlsServer, pki_only};
-use redis_support::{OnLive, bounded};
+use crate::support;
+use crate::support::redis::tls::{ClientAuth, TlsServer, pki_only};
+use crate::support::redis::{OnLive, bounded};
 use redstring::cache::KeyValue;
 use redstring::cache::redis::RedisCache;
 use redstring::testing::run_all;
@@ -32,7 +29,7 @@ async fn fifty_tasks_over_five_tls_connections_admit_exactly_rpm() {
     let Some(server) = TlsServer::start(ClientAuth::Optional, None) else {
         return;
     };
-    let (admitted, limited, limiters) = redis_support::race_one_tenant(|| server.cache(), 5, 50, 10).await;
+    let (admitted, limited, limiters) = support::redis::race_one_tenant(|| server.cache(), 5, 50, 10).await;
     let tenant = TenantId::from_u128(42);
     assert_eq!((admitted, limited), (10, 40));
     assert_eq!(limiters[0].remaining(tenant).await.unwrap(), 0);

@@ -1,21 +1,18 @@
 //! Fleet exactness on one real Redis: many connections racing one tenant, and
 //! several breakers racing for half-open probes.
 
-#![cfg(feature = "redis")]
-
-mod redis_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_support::{RedisServer, probe_fleet, race_for_probes};
+use crate::support;
+use crate::support::redis::{RedisServer, probe_fleet, race_for_probes};
 use redstring::cache::redis::RedisCache;
 use redstring::{CircuitState, Clock, ManualClock, SystemClock, TenantId};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_tasks_over_five_connections_admit_exactly_rpm() {
     let Some(server) = RedisServer::start() else { return };
-    let (admitted, limited, limiters) = redis_support::race_one_tenant(|| server.cache(), 5, 50, 10).await;
+    let (admitted, limited, limiters) = support::redis::race_one_tenant(|| server.cache(), 5, 50, 10).await;
     let tenant = TenantId::from_u128(42);
     assert_eq!((admitted, limited), (10, 40));
     assert_eq!(limiters[0].remaining(tenant).await.unwrap(), 0);

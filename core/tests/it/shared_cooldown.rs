@@ -3,12 +3,10 @@
 //! seen by one worker's call stops every other worker's next call at
 //! admission, with no request to the server, until the reset.
 
-mod cooldown_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use cooldown_support::{PREFIX, Worker, ok, rate_limited, worker};
+use crate::support::cooldown::{PREFIX, Worker, ok, rate_limited, worker};
 use redstring::breaker::machine::BreakerKeys;
 use redstring::cache::KeyValue;
 use redstring::provider::{ExtractError, LlmProviderExt};

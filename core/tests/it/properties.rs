@@ -3,11 +3,12 @@
 //! racing on one component.
 //!
 //! Case counts are modest by default; `PROPTEST_CASES=2000 cargo test -p
-//! redstring --test properties` runs a deeper search.
+//! redstring --test it properties::` runs a deeper search.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support;
 use proptest::prelude::*;
 use redstring::{AcquireError, CircuitBreaker, CircuitState, Clock, ManualClock, RateLimiter, TenantId, Timestamp};
 
@@ -270,8 +271,6 @@ proptest! {
     }
 }
 
-mod skew_support;
-
 proptest! {
     #![proptest_config(config())]
 
@@ -279,23 +278,21 @@ proptest! {
     /// caller-stamped `MemoryCache`, callers with random skews keep the limit
     /// exact in stamp time and within `skew_bound` in true time.
     #[test]
-    fn skewed_callers_stay_within_the_skew_bound(case in skew_support::cases(Duration::from_secs(10), 120)) {
+    fn skewed_callers_stay_within_the_skew_bound(case in support::skew::cases(Duration::from_secs(10), 120)) {
         let window = Duration::from_secs(10);
         let max_ahead = Duration::from_secs(1);
         let admitted = runtime().block_on(async {
             let clock = Arc::new(ManualClock::at_fixed_epoch());
             let store = redstring::MemoryCache::with_time_source(clock.clone(), redstring::TimeSource::Caller);
-            skew_support::run(&store, "k", &case, window, max_ahead, async |gap| {
+            support::skew::run(&store, "k", &case, window, max_ahead, async |gap| {
                 clock.advance(gap);
                 redstring::Clock::now(&*clock)
             })
             .await
         });
-        skew_support::check(&case, &admitted, window, max_ahead, Duration::ZERO);
+        support::skew::check(&case, &admitted, window, max_ahead, Duration::ZERO);
     }
 }
-
-mod lease_support;
 
 proptest! {
     #![proptest_config(config())]
@@ -309,14 +306,14 @@ proptest! {
         threshold in 1u32..3,
         probes in 1u32..4,
         lease_s in 1u64..15,
-        actions in lease_support::actions(120),
+        actions in support::lease::actions(120),
     ) {
         runtime().block_on(async {
             let clock = Arc::new(ManualClock::at_fixed_epoch());
             let store = redstring::MemoryCache::with_time_source(clock.clone(), redstring::TimeSource::Caller);
             let keys = redstring::breaker::machine::BreakerKeys::new("prop");
             let start = redstring::Clock::now(&*clock);
-            lease_support::run(&store, &keys, lease_support::params(threshold, probes, lease_s), start, &actions).await;
+            support::lease::run(&store, &keys, support::lease::params(threshold, probes, lease_s), start, &actions).await;
         });
     }
 }

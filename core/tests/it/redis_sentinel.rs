@@ -5,16 +5,13 @@
 //! panic, and calls decided by the store again soon after the Sentinel
 //! promotes the replica.
 
-#![cfg(feature = "redis-sentinel")]
-
-mod redis_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use redis_support::sentinel::SentinelGroup;
-use redis_support::{OnLive, wait};
+use crate::support;
+use crate::support::redis::sentinel::SentinelGroup;
+use crate::support::redis::{OnLive, wait};
 use redstring::cache::KeyValue;
 use redstring::cache::redis::RedisCache;
 use redstring::limiter::DecidedBy;
@@ -33,7 +30,7 @@ async fn a_sentinel_cache_passes_the_compliance_suite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_tasks_over_five_sentinel_connections_admit_exactly_rpm() {
     let Some(group) = SentinelGroup::start() else { return };
-    let (admitted, limited, _) = redis_support::race_one_tenant(|| group.cache(), 5, 50, 10).await;
+    let (admitted, limited, _) = support::redis::race_one_tenant(|| group.cache(), 5, 50, 10).await;
     assert_eq!((admitted, limited), (10, 40));
     // The writes reached the replica too.
     group.sync_replica();
@@ -61,13 +58,13 @@ async fn bad_sentinel_configurations_are_typed_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_sentinel_answering_is_unavailable() {
-    let port = redis_support::nodes::free_port();
+    let port = support::redis::nodes::free_port();
     let cache = RedisCache::builder()
         .connect_timeout(Duration::from_millis(200))
         .response_timeout(Duration::from_millis(200))
         .build_sentinel("m", [format!("redis://127.0.0.1:{port}")])
         .unwrap();
-    let e = redis_support::bounded(cache.get("k")).await.unwrap_err();
+    let e = support::redis::bounded(cache.get("k")).await.unwrap_err();
     assert!(matches!(e, CacheError::Unavailable { .. }), "{e:?}");
 }
 
@@ -161,7 +158,7 @@ async fn failover_under(policy: OnCacheUnavailable) -> Option<Failover> {
     let group = Arc::new(group);
     let g = group.clone();
     tokio::task::spawn_blocking(move || {
-        redis_support::nodes::wait_until("the replica is promoted", || g.replica_promoted())
+        support::redis::nodes::wait_until("the replica is promoted", || g.replica_promoted())
     })
     .await
     .unwrap();

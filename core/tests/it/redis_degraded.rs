@@ -3,14 +3,10 @@
 //! components' fallbacks apply; a wrong or missing password is one clear,
 //! permanent error; keys corrupted by a foreign writer heal on the next write.
 
-#![cfg(feature = "redis")]
-
-mod redis_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_support::{RedisServer, bounded};
+use crate::support::redis::{RedisServer, bounded};
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::cache::redis::{RedisCache, window_key};
 use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};

@@ -4,27 +4,23 @@
 //! in half-open for longer than one lease, and lets only a live probe decide
 //! an episode — the same checks `properties.rs` runs on `MemoryCache`.
 
-#![cfg(feature = "redis")]
-
-mod lease_support;
-mod redis_support;
-
-use redis_support::RedisServer;
+use crate::support;
+use crate::support::redis::RedisServer;
 use redstring::breaker::machine::BreakerKeys;
 use redstring::{Clock, SystemClock};
 
 #[test]
 fn probe_leases_hold_on_redis() {
     let Some(server) = RedisServer::start() else { return };
-    let rt = redis_support::runtime();
+    let rt = support::redis::runtime();
     let redis = rt.block_on(async { server.cache() });
-    let mut runner = redis_support::runner(48);
-    let strategy = (1u32..3, 1u32..4, 1u64..15, lease_support::actions(80));
+    let mut runner = support::redis::runner(48);
+    let strategy = (1u32..3, 1u32..4, 1u64..15, support::lease::actions(80));
     let result = runner.run(&strategy, |(threshold, probes, lease_s, actions)| {
         server.flush();
         let keys = BreakerKeys::new("prop");
-        let params = lease_support::params(threshold, probes, lease_s);
-        rt.block_on(lease_support::run(&redis, &keys, params, SystemClock.now(), &actions));
+        let params = support::lease::params(threshold, probes, lease_s);
+        rt.block_on(support::lease::run(&redis, &keys, params, SystemClock.now(), &actions));
         Ok(())
     });
     if let Err(e) = result {

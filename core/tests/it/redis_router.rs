@@ -5,15 +5,12 @@
 //! And a deployment's own token limit, shared by five workers of five
 //! tenants, admits exactly the attempts its tokens cover.
 
-#![cfg(feature = "redis")]
-
-mod redis_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use redis_support::RedisServer;
+use crate::support;
+use crate::support::redis::RedisServer;
 use redstring::cache::redis::RedisCache;
 use redstring::provider::{
     BoxFuture, Deployment, ExtractError, ExtractRequest, Extracted, HardenedProvider, LlmProvider, LlmProviderExt,
@@ -60,7 +57,7 @@ impl LlmProvider for Gated {
 #[test]
 fn a_fleet_routing_least_loaded_on_redis_splits_calls_in_flight_exactly() {
     let Some(server) = RedisServer::start() else { return };
-    let rt = redis_support::runtime();
+    let rt = support::redis::runtime();
     rt.block_on(async {
         let gated = |model| {
             Arc::new(Gated {
@@ -127,7 +124,7 @@ fn a_fleet_routing_least_loaded_on_redis_splits_calls_in_flight_exactly() {
 #[test]
 fn a_deployments_own_token_limit_on_redis_admits_exactly_its_tokens_across_tenants_and_workers() {
     let Some(server) = RedisServer::start() else { return };
-    let rt = redis_support::runtime();
+    let rt = support::redis::runtime();
     rt.block_on(async {
         // Gates left open: each deployment answers at once, counting its calls.
         let open = |model| {

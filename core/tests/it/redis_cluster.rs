@@ -3,15 +3,12 @@
 //! differential test, unchanged; scripts loaded on every primary that needs
 //! them; breaker keys spanning slots refused before anything is sent.
 
-#![cfg(feature = "redis-cluster")]
-
-mod redis_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_support::cluster::Cluster;
-use redis_support::{OnLive, probe_fleet, race_for_probes};
+use crate::support;
+use crate::support::redis::cluster::Cluster;
+use crate::support::redis::{OnLive, probe_fleet, race_for_probes};
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams};
 use redstring::cache::redis::RedisCache;
 use redstring::cache::{BreakerStore, KeyValue};
@@ -29,7 +26,7 @@ async fn a_cluster_cache_passes_the_compliance_suite() {
 fn memory_and_a_cluster_give_identical_answers() {
     let Some(cluster) = Cluster::shared() else { return };
     let _held = cluster.exclusive_blocking();
-    redis_support::differential::memory_and_redis_agree(|| cluster.cache(), || cluster.flush(), 48);
+    support::redis::differential::memory_and_redis_agree(|| cluster.cache(), || cluster.flush(), 48);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -37,7 +34,7 @@ async fn fifty_tasks_over_five_cluster_connections_admit_exactly_rpm() {
     let Some(cluster) = Cluster::shared() else { return };
     let _held = cluster.exclusive().await;
     cluster.flush();
-    let (admitted, limited, limiters) = redis_support::race_one_tenant(|| cluster.cache(), 5, 50, 10).await;
+    let (admitted, limited, limiters) = support::redis::race_one_tenant(|| cluster.cache(), 5, 50, 10).await;
     assert_eq!((admitted, limited), (10, 40));
     assert_eq!(limiters[0].remaining(TenantId::from_u128(42)).await.unwrap(), 0);
     assert_eq!(limiters[3].remaining(TenantId::from_u128(43)).await.unwrap(), 10);
@@ -162,12 +159,12 @@ async fn bad_cluster_configurations_are_typed_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_cluster_is_unavailable_within_the_timeout() {
-    let port = redis_support::nodes::free_port();
+    let port = support::redis::nodes::free_port();
     let cache = RedisCache::builder()
         .connect_timeout(Duration::from_millis(200))
         .response_timeout(Duration::from_millis(200))
         .build_cluster([format!("redis://127.0.0.1:{port}")])
         .unwrap();
-    let e = redis_support::bounded(cache.get("k")).await.unwrap_err();
+    let e = support::redis::bounded(cache.get("k")).await.unwrap_err();
     assert!(matches!(e, CacheError::Unavailable { .. }), "{e:?}");
 }

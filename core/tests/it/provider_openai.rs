@@ -1,12 +1,10 @@
 //! The OpenAI-compatible adapter against a real HTTP server on localhost:
 //! what it sends, and how it classifies every kind of answer.
 
-mod provider_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use provider_support::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
+use crate::support::provider::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
 use redstring::provider::{
     ExtractError, LlmProvider, LlmProviderExt, OpenAiCompatible, ProviderError, ReqwestTransport, TransportErrorKind,
 };

@@ -1,17 +1,14 @@
 //! The differential test against a 3-primary Redis Cluster whose nodes (and
 //! cluster bus) speak only TLS, through `rediss://` node URLs and a private CA.
 
-#![cfg(all(feature = "redis-cluster", feature = "redis-tls"))]
-
-mod redis_support;
-
-use redis_support::cluster::Cluster;
+use crate::support;
+use crate::support::redis::cluster::Cluster;
 
 #[test]
 fn memory_and_a_tls_cluster_give_identical_answers() {
     let Some(cluster) = Cluster::shared_tls() else { return };
     let _held = cluster.exclusive_blocking();
-    redis_support::differential::memory_and_redis_agree(|| cluster.cache(), || cluster.flush(), 48);
+    support::redis::differential::memory_and_redis_agree(|| cluster.cache(), || cluster.flush(), 48);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,10 +28,10 @@ async fn a_tls_cluster_rejects_a_plain_client_and_an_untrusting_one() {
             .response_timeout(Duration::from_millis(300))
     };
     let cache = quick().build_cluster(&plain).unwrap();
-    let e = redis_support::bounded(cache.get("k")).await.unwrap_err();
+    let e = support::redis::bounded(cache.get("k")).await.unwrap_err();
     assert!(matches!(e, CacheError::Unavailable { .. }), "{e:?}");
     // Without the CA, the platform's roots do not trust the test CA.
     let cache = quick().build_cluster(cluster.urls()).unwrap();
-    let e = redis_support::bounded(cache.get("k")).await.unwrap_err();
+    let e = support::redis::bounded(cache.get("k")).await.unwrap_err();
     assert!(matches!(e, CacheError::Unavailable { .. }), "{e:?}");
 }

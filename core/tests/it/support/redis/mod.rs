@@ -3,8 +3,6 @@
 //! socket. When `redis-server` is not on PATH the tests say so loudly and skip,
 //! unless `REDSTRING_REQUIRE_REDIS=1` (as `.ci/run` sets), when they fail.
 
-#![allow(dead_code)]
-
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;

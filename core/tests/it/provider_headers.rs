@@ -1,7 +1,7 @@
 //! Property tests for the header parsers: no header a server sends can make
 //! them panic, and what they return is always a wait the client can sleep on.
 //!
-//! `PROPTEST_CASES=20000 cargo test -p redstring --test provider_headers`
+//! `PROPTEST_CASES=20000 cargo test -p redstring --test it provider_headers::`
 //! runs a deeper search.
 
 use std::time::Duration;

@@ -5,8 +5,6 @@
 //! store's (true) time must stay within `limiter::skew_bound` for the spread
 //! of the callers' clamped offsets.
 
-#![allow(dead_code)]
-
 use std::time::Duration;
 
 use proptest::prelude::*;

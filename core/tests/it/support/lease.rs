@@ -4,8 +4,6 @@
 //! than `half_open_max_calls` live probes, never refuses in half-open for
 //! longer than one lease, and decides an episode only on a live probe's word.
 
-#![allow(dead_code)]
-
 use std::time::Duration;
 
 use proptest::prelude::*;

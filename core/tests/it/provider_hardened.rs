@@ -2,12 +2,10 @@
 //! on a manual clock: attempts, sleeps, breaker and limiter decisions, the
 //! deadline, and what it reports.
 
-mod provider_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use provider_support::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
+use crate::support::provider::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
 use redstring::provider::{
     BoxFuture, DeadlineWait, ExtractError, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, LlmProvider,
     LlmProviderExt, OpenAiCompatible, ProviderError, ReqwestTransport, TransportError,

@@ -3,16 +3,12 @@
 //! exactly what `machine::step` says — after the write lands (by the
 //! store's clock) no admission succeeds until the cooldown ends.
 
-#![cfg(feature = "redis")]
-
-mod cooldown_support;
-mod redis_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use cooldown_support::{rate_limited, worker};
-use redis_support::{RedisServer, bounded};
+use crate::support;
+use crate::support::cooldown::{rate_limited, worker};
+use crate::support::redis::{RedisServer, bounded};
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Write};
 use redstring::cache::BreakerStore;
 use redstring::cache::redis::RedisCache;
@@ -96,7 +92,7 @@ async fn racing_admissions_never_pass_a_cooldown_once_it_is_written() {
         }));
     }
     // Let the admissions get going, then write the cooldown.
-    redis_support::wait(Duration::from_millis(20)).await;
+    support::redis::wait(Duration::from_millis(20)).await;
     let step = bounded(cache.breaker_step(
         &keys,
         BreakerCommand::CoolDown { duration: cooldown },

@@ -4,14 +4,10 @@
 //! window of real time stay within `limiter::skew_bound`. Real time passes
 //! for real here, so the window is short and the cases few.
 
-#![cfg(feature = "redis")]
-
-mod redis_support;
-mod skew_support;
-
 use std::time::Duration;
 
-use redis_support::{RedisServer, wait};
+use crate::support;
+use crate::support::redis::{RedisServer, wait};
 use redstring::{Clock, SystemClock};
 
 const WINDOW: Duration = Duration::from_millis(300);
@@ -21,18 +17,18 @@ const MAX_AHEAD: Duration = Duration::from_millis(30);
 async fn skewed_callers_stay_within_the_skew_bound_on_redis() {
     let Some(server) = RedisServer::start() else { return };
     let cache = server.cache();
-    let mut runner = redis_support::runner(6);
+    let mut runner = support::redis::runner(6);
     let handle = tokio::runtime::Handle::current();
-    let result = runner.run(&skew_support::cases(WINDOW, 25), |case| {
+    let result = runner.run(&support::skew::cases(WINDOW, 25), |case| {
         server.flush();
         let admitted = tokio::task::block_in_place(|| {
-            handle.block_on(skew_support::run(&cache, "k", &case, WINDOW, MAX_AHEAD, async |gap| {
+            handle.block_on(support::skew::run(&cache, "k", &case, WINDOW, MAX_AHEAD, async |gap| {
                 wait(gap).await;
                 SystemClock.now()
             }))
         });
         // The script reads TIME a little after the caller read its clock.
-        skew_support::check(&case, &admitted, WINDOW, MAX_AHEAD, Duration::from_millis(5));
+        support::skew::check(&case, &admitted, WINDOW, MAX_AHEAD, Duration::from_millis(5));
         Ok(())
     });
     if let Err(e) = result {

@@ -6,12 +6,10 @@
 //! when the server generated nothing), and a single deployment waits its
 //! limit out or refuses with an error naming it.
 
-mod provider_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use provider_support::{Reply, TestServer};
+use crate::support::provider::{Reply, TestServer};
 use redstring::limiter::tokens::RefusedBy;
 use redstring::provider::{
     Deployment, DeploymentLimited, ExtractError, HardenedProvider, HardenedProviderBuilder, LlmProviderExt,

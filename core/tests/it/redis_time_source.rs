@@ -1,14 +1,10 @@
 //! `TimeSource::Store`: workers with skewed clocks agree on the server's clock,
 //! where caller-stamped time lets a skewed fleet over-admit.
 
-#![cfg(feature = "redis")]
-
-mod redis_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_support::RedisServer;
+use crate::support::redis::RedisServer;
 use redstring::cache::redis::RedisCache;
 use redstring::cache::{LimiterStore, SlotRequest};
 use redstring::limiter::{SlotOutcome, skew_bound};

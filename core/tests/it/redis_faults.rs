@@ -3,14 +3,10 @@
 //! adapter recovers by itself when the server returns, and a password never
 //! leaks into errors or `Debug`.
 
-#![cfg(feature = "redis")]
-
-mod redis_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_support::{RedisServer, bounded, wait};
+use crate::support::redis::{RedisServer, bounded, wait};
 use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::cache::redis::{ConnectionManager, RedisCache};
 use redstring::cache::{BreakerStore, KeyValue, LimiterStore, SlotRequest};

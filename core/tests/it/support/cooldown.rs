@@ -4,8 +4,6 @@
 //! `shared_cooldown.rs` runs them over a `MemoryCache`, `redis_cooldown.rs`
 //! over Redis.
 
-#![allow(dead_code)]
-
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

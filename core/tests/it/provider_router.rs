@@ -3,12 +3,10 @@
 //! retries go, what each breaker hears, what the limiter charges, and which
 //! model the answer says produced it.
 
-mod provider_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use provider_support::{Reply, TestServer};
+use crate::support::provider::{Reply, TestServer};
 use redstring::provider::{
     ExtractError, HardenedProvider, HardenedProviderBuilder, LlmProvider, LlmProviderExt, OpenAiCompatible,
     ReqwestTransport,

@@ -1,0 +1,62 @@
+//! The crate's integration tests, one module per area, all in one test
+//! binary: one link instead of one per file, and the shared helpers under
+//! `support/` compiled once instead of into every binary that used them —
+//! building the test binaries was most of CI's time. `cargo test -p redstring
+//! --test it <filter>` runs part of it (`properties::`, `redis_`, …).
+//!
+//! None of the tests stands alone: none installs a global allocator or a
+//! global `tracing` subscriber (`observer`'s is scoped to its thread), sets
+//! an environment variable, or needs its own harness, and each
+//! `#[tokio::test]` builds its own runtime. What the process shares is the
+//! two Redis Clusters (`support::redis::cluster`, plain and TLS, each
+//! started by the first test that asks and serialised by its own lock).
+//!
+//! A module that needs an optional feature (`openai`, `redis`, `redis-tls`,
+//! `redis-cluster`, `redis-sentinel`) is compiled only with it.
+
+mod support;
+
+mod breaker;
+mod compliance_memory;
+mod deployment_limits;
+mod limiter;
+mod observer;
+mod properties;
+#[cfg(feature = "openai")]
+mod provider_hardened;
+mod provider_headers;
+#[cfg(feature = "openai")]
+mod provider_openai;
+mod provider_router;
+#[cfg(feature = "redis-cluster")]
+mod redis_cluster;
+#[cfg(all(feature = "redis-cluster", feature = "redis-tls"))]
+mod redis_cluster_tls;
+#[cfg(feature = "redis")]
+mod redis_compliance;
+#[cfg(feature = "redis")]
+mod redis_concurrency;
+#[cfg(feature = "redis")]
+mod redis_cooldown;
+#[cfg(feature = "redis")]
+mod redis_degraded;
+#[cfg(feature = "redis")]
+mod redis_differential;
+#[cfg(feature = "redis")]
+mod redis_faults;
+#[cfg(feature = "redis")]
+mod redis_leases;
+#[cfg(feature = "redis")]
+mod redis_router;
+#[cfg(feature = "redis-sentinel")]
+mod redis_sentinel;
+#[cfg(feature = "redis")]
+mod redis_skew;
+#[cfg(feature = "redis")]
+mod redis_time_source;
+#[cfg(feature = "redis-tls")]
+mod redis_tls;
+mod redis_unavailable_policy;
+mod retry;
+mod router_edges;
+mod shared_cooldown;
