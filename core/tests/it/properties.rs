@@ -20,10 +20,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(64),
+        cases: support::proptest_cases(64),
         ..ProptestConfig::default()
     }
 }

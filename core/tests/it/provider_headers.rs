@@ -13,10 +13,7 @@ use redstring::provider::wire::{parse_http_date, retry_after};
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(512),
+        cases: crate::support::proptest_cases(512),
         ..ProptestConfig::default()
     }
 }

@@ -159,7 +159,7 @@ async fn bad_cluster_configurations_are_typed_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_cluster_is_unavailable_within_the_timeout() {
-    let port = support::redis::nodes::free_port();
+    let port = support::redis::free_port();
     let cache = RedisCache::builder()
         .connect_timeout(Duration::from_millis(200))
         .response_timeout(Duration::from_millis(200))

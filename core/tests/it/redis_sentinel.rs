@@ -58,7 +58,7 @@ async fn bad_sentinel_configurations_are_typed_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_sentinel_answering_is_unavailable() {
-    let port = support::redis::nodes::free_port();
+    let port = support::redis::free_port();
     let cache = RedisCache::builder()
         .connect_timeout(Duration::from_millis(200))
         .response_timeout(Duration::from_millis(200))

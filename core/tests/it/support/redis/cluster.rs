@@ -59,7 +59,7 @@ impl Cluster {
             .to_vec();
             args.push(group.dir.join(format!("nodes-{i}.conf")).display().to_string());
             args.push("--cluster-port".to_owned());
-            args.push(super::nodes::free_port().to_string());
+            args.push(super::free_port().to_string());
             #[cfg(feature = "redis-tls")]
             if let Some((_, pki)) = &pki {
                 for (flag, value) in [

@@ -28,6 +28,16 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
+/// A free loopback port: free when chosen, so it may be taken by the time a
+/// server binds it (`nodes::Group::spawn` and `tls::TlsServer::start` then
+/// try another).
+#[cfg(any(feature = "redis-cluster", feature = "redis-sentinel", feature = "redis-tls"))]
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
+    listener.local_addr().expect("probe address").port()
+}
+
+/// Whether `redis-server` is on PATH.
 fn redis_available() -> bool {
     Command::new("redis-server")
         .arg("--version")
@@ -220,12 +230,8 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// A proptest runner for `default_cases` cases (`PROPTEST_CASES` overrides),
 /// persisting nothing: a failure prints its minimal input.
 pub fn runner(default_cases: u32) -> proptest::test_runner::TestRunner {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default_cases);
     proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
-        cases,
+        cases: super::proptest_cases(default_cases),
         failure_persistence: None,
         ..proptest::test_runner::Config::default()
     })

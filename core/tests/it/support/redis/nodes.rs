@@ -9,7 +9,6 @@
 //! group's servers and removes its temp dir.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
@@ -38,12 +37,6 @@ impl Node {
             let _ = child.wait();
         }
     }
-}
-
-/// A free loopback port (free when chosen; see [`Group::spawn`]'s retry).
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
-    listener.local_addr().expect("probe address").port()
 }
 
 /// A group of servers sharing a temp dir and a watchdog.
@@ -99,7 +92,7 @@ impl Group {
             path
         });
         for _ in 0..5 {
-            let port = free_port();
+            let port = super::free_port();
             let mut child = Command::new("redis-server")
                 .args(config_file.iter())
                 .arg(port_arg)

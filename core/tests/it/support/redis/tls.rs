@@ -6,7 +6,7 @@
 //! `redis-server` or `openssl` is missing the tests skip loudly, unless
 //! `REDSTRING_REQUIRE_REDIS=1`, when they fail.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -66,12 +66,7 @@ fn tool_available(tool: &str) -> bool {
 /// `true` when the tools are present; otherwise `false` after a loud message,
 /// or a panic when `REDSTRING_REQUIRE_REDIS=1`.
 fn tools_or_skip() -> bool {
-    let redis = Command::new("redis-server")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let redis = super::redis_available();
     let openssl = tool_available("openssl");
     if redis && openssl {
         return true;
@@ -214,10 +209,7 @@ impl TlsServer {
     }
 
     fn launch(&mut self) -> bool {
-        self.port = {
-            let listener = TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
-            listener.local_addr().expect("probe address").port()
-        };
+        self.port = super::free_port();
         let mut cmd = Command::new("redis-server");
         cmd.arg("--port")
             .arg("0")
