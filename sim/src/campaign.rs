@@ -15,6 +15,11 @@ use crate::judgement::sweep::SeedRecord;
 use crate::scenario::Scenario;
 use crate::world::{Budget, SimError, run_within};
 
+/// Most seeds one command runs: far beyond what a machine simulates in a
+/// day, and a bound on the memory of their records. Past it, split the work
+/// with `--shard` and `merge`.
+pub const MAX_SEEDS: u64 = 100_000;
+
 /// Runs `scenario` with `seed` to completion and checks every invariant,
 /// within [`Budget::DEFAULT`].
 pub fn simulate(scenario: &Scenario, seed: u64) -> Result<Run, SimError> {

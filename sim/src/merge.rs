@@ -14,6 +14,7 @@
 
 use serde::Deserialize;
 
+use crate::campaign::MAX_SEEDS;
 use crate::judgement::compare::{Comparison, Variant};
 use crate::judgement::shard::{Shard, ShardError};
 use crate::judgement::sweep::{SeedRecord, SweepRun, SweepSummary};
@@ -93,6 +94,7 @@ struct Header {
 struct SweepFile {
     scenario: String,
     seed_range: [u64; 2],
+    shard: Option<Shard>,
     preamble: String,
     per_seed: Vec<SeedRecord>,
 }
@@ -105,6 +107,7 @@ struct VariantSummary {
 #[derive(Deserialize)]
 struct CompareFile {
     seeds: [u64; 2],
+    shard: Option<Shard>,
     preamble: String,
     variants: Vec<(String, VariantSummary)>,
 }
@@ -171,14 +174,40 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
         }
         Ok(())
     };
+    // What one shard's file may hold: a seed range a command can run, and
+    // only the seeds its shard owns, each record one a run can write.
+    let check_part = |file: &str, [from, to]: [u64; 2], shard: Option<Shard>, records: &[SeedRecord]| {
+        if from >= to || to - from > MAX_SEEDS {
+            return Err(mismatch(
+                file,
+                format!("seeds {from}..{to} is not a range a command runs (1 to {MAX_SEEDS} seeds)"),
+            ));
+        }
+        for r in records {
+            let owned = r.seed >= from && r.seed < to && shard.is_none_or(|s| s.owns(r.seed - from));
+            if !owned {
+                return Err(mismatch(file, format!("seed {} is not one this shard runs", r.seed)));
+            }
+            r.check().map_err(|why| mismatch(file, why))?;
+        }
+        Ok(())
+    };
     match first.command.as_str() {
         "sweep" => {
             let mut joined: Option<SweepFile> = None;
             for (file, text) in files {
                 let f: SweepFile = serde_json::from_str(text).map_err(|e| not(file, e))?;
+                check_part(file, f.seed_range, f.shard, &f.per_seed)?;
                 match &mut joined {
                     None => joined = Some(f),
                     Some(j) => {
+                        if j.preamble != f.preamble {
+                            return Err(mismatch(
+                                file,
+                                "its load lines differ from the first file's: shards of one sweep run one scenario"
+                                    .into(),
+                            ));
+                        }
                         if (j.scenario.as_str(), j.seed_range) != (f.scenario.as_str(), f.seed_range) {
                             return Err(mismatch(
                                 file,
@@ -208,6 +237,9 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
             let mut joined: Option<CompareFile> = None;
             for (file, text) in files {
                 let f: CompareFile = serde_json::from_str(text).map_err(|e| not(file, e))?;
+                for (_, v) in &f.variants {
+                    check_part(file, f.seeds, f.shard, &v.per_seed)?;
+                }
                 match &mut joined {
                     None => joined = Some(f),
                     Some(j) => {
@@ -268,6 +300,13 @@ mod tests {
                 seed: s,
                 error: None,
                 figures: [("latency_p50_s".to_owned(), s as f64)].into(),
+                invariants: crate::judgement::invariants::Invariant::ALL
+                    .iter()
+                    .map(|i| crate::judgement::sweep::Pass {
+                        name: i.to_string(),
+                        passed: true,
+                    })
+                    .collect(),
                 episodes: (1..=if s == 2 { 1 } else { 2 })
                     .map(|i| EpisodeRecord {
                         index: i,
@@ -294,6 +333,52 @@ mod tests {
 
     fn sweep_json(shard: Option<Shard>, seeds: &[u64]) -> String {
         serde_json::to_string(&sweep_run(shard, seeds)).unwrap()
+    }
+
+    #[test]
+    fn a_forged_or_foreign_record_is_refused_naming_what_is_wrong() {
+        let shard = |i| Some(Shard { index: i, count: 2 });
+        let forge = |f: &dyn Fn(&mut SweepRun)| {
+            let mut one = sweep_run(shard(1), &[1, 3]);
+            f(&mut one);
+            let two = sweep_json(shard(2), &[2, 4]);
+            merge(&[
+                ("a.json".into(), serde_json::to_string(&one).unwrap()),
+                ("b.json".into(), two),
+            ])
+        };
+        let why = |r: Result<Merged, ShardError>| match r {
+            Err(ShardError::Mismatch { why, .. }) => why,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let w = why(forge(&|r| {
+            r.summary.per_seed[0].figures.insert("failed_fraction".into(), -5.0);
+        }));
+        assert!(w.contains("failed_fraction = -5"), "{w}");
+        // An infinite figure cannot be written as JSON; one out of range is
+        // refused as it is read.
+        let mut one = serde_json::to_string(&sweep_run(shard(1), &[1, 3])).unwrap();
+        one = one.replacen("\"latency_p50_s\":1.0", "\"latency_p50_s\":1e999", 1);
+        assert!(one.contains("1e999"));
+        let two = sweep_json(shard(2), &[2, 4]);
+        assert!(matches!(
+            merge(&[("a.json".into(), one), ("b.json".into(), two)]),
+            Err(ShardError::NotAShard { .. })
+        ));
+        let w = why(forge(&|r| {
+            r.summary.per_seed[0].invariants.pop();
+        }));
+        assert!(w.contains("not the registry's"), "{w}");
+        let w = why(forge(&|r| {
+            r.summary.per_seed[0].invariants[0].name = "invented".into();
+        }));
+        assert!(w.contains("not the registry's"), "{w}");
+        let w = why(forge(&|r| r.summary.per_seed[0].seed = 2));
+        assert!(w.contains("seed 2 is not one this shard runs"), "{w}");
+        let w = why(forge(&|r| r.seed_range = [5, 1]));
+        assert!(w.contains("not a range a command runs"), "{w}");
+        let w = why(forge(&|r| r.preamble = "   load gpu: forged\n".into()));
+        assert!(w.contains("load lines differ"), "{w}");
     }
 
     #[test]

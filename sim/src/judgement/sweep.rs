@@ -231,6 +231,55 @@ impl SeedRecord {
             .collect()
     }
 
+    /// Checks a record read back from a file (a shard's `--json`) against
+    /// what a run can write: known figures, each finite, not negative, a
+    /// fraction at most 1; every invariant of the registry once, in order
+    /// (none for a failed simulation); objectives named once each.
+    pub fn check(&self) -> Result<(), String> {
+        let seed = self.seed;
+        let figure = |name: &str, v: f64, known: &[&str]| -> Result<(), String> {
+            if !known.contains(&name) {
+                return Err(format!("seed {seed}: no figure is named {name:?}"));
+            }
+            let top = if name == "failed_fraction" { 1.0 } else { f64::MAX };
+            if !(v.is_finite() && (0.0..=top).contains(&v)) {
+                return Err(format!("seed {seed}: {name} = {v} is not a value a run measures"));
+            }
+            Ok(())
+        };
+        for (name, v) in &self.figures {
+            figure(name, *v, &FIGURE_NAMES)?;
+        }
+        for ep in &self.episodes {
+            for (name, v) in &ep.figures {
+                figure(name, *v, &EPISODE_FIGURE_NAMES)?;
+            }
+        }
+        let names: Vec<&str> = self.invariants.iter().map(|p| p.name.as_str()).collect();
+        let registry: Vec<String> = crate::judgement::invariants::Invariant::ALL
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let expected: Vec<&str> = if self.error.is_some() {
+            Vec::new()
+        } else {
+            registry.iter().map(String::as_str).collect()
+        };
+        if names != expected {
+            return Err(format!(
+                "seed {seed}: its invariants are not the registry's ({} listed, {} expected)",
+                names.len(),
+                expected.len()
+            ));
+        }
+        let mut objectives: Vec<&str> = self.objectives.iter().map(|p| p.name.as_str()).collect();
+        objectives.sort_unstable();
+        if objectives.windows(2).any(|w| w[0] == w[1]) {
+            return Err(format!("seed {seed}: an objective is listed twice"));
+        }
+        Ok(())
+    }
+
     /// Whether the seed failed: an invariant failed or the simulation did.
     pub fn is_failure(&self) -> bool {
         self.error.is_some() || !self.failed_invariants().is_empty()

@@ -16,6 +16,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use redstring_sim::campaign::MAX_SEEDS;
 use redstring_sim::judgement::shard;
 use redstring_sim::scenario::{Scenario, Warning};
 
@@ -29,11 +30,6 @@ pub const SIM_FAILED: u8 = 3;
 pub const IO_FAILED: u8 = 4;
 /// Every invariant held but an objective was missed.
 pub const OBJECTIVE_MISSED: u8 = 5;
-
-/// Most seeds one command runs: far beyond what a machine simulates in a
-/// day, and a bound on the memory of their records. Past it, split the work
-/// with `--shard` and `merge`.
-pub const MAX_SEEDS: u64 = 100_000;
 
 /// A command's early end: the exit code, its message already printed.
 pub type Outcome = Result<ExitCode, ExitCode>;
