@@ -381,3 +381,41 @@ fn a_file_that_is_not_a_trace_is_never_echoed() {
     assert!(!err.contains("secretsalt"), "{err}");
     let _ = trace;
 }
+
+#[test]
+fn a_setting_under_which_no_call_can_succeed_is_warned_about_naming_it() {
+    for (edit, field) in [
+        ("[hardening]\ndeadline_s = 0.01\n", "hardening.deadline_s"),
+        ("[hardening]\ntokens_per_window = 10\n", "hardening.tokens_per_window"),
+    ] {
+        let path = temp_file(
+            "hopeless/s.toml",
+            &SMALL.replace("[[servers]]", &format!("{edit}[[servers]]")),
+        );
+        let out = run(&["run", s(&path)]);
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("field `{field}`")) && err.contains("no call"),
+            "{field}: {err}"
+        );
+        let strict = run(&["run", s(&path), "--strict"]);
+        assert_eq!(strict.status.code(), Some(2), "{}", stderr(&strict));
+    }
+    for (server, field) in [
+        (
+            "kind = \"llama_cpp\"\ncontext_tokens = 1\n",
+            "servers[0].context_tokens",
+        ),
+        ("kind = \"vllm\"\nkv_tokens = 1\n", "servers[0].kv_tokens"),
+        ("collapse_at = 0\n", "servers[0].collapse_at"),
+    ] {
+        let path = temp_file(
+            "hopeless/k.toml",
+            &SMALL.replace("name = \"gpu\"\n", &format!("name = \"gpu\"\n{server}")),
+        );
+        let out = run(&["run", s(&path), "--strict"]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(&format!("field `{field}`")), "{field}: {err}");
+    }
+}

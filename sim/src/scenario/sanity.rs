@@ -92,6 +92,12 @@ pub enum Oddity {
         /// The fault's kind.
         kind: FaultKind,
     },
+    /// A setting under which no call (to a server, or at all) can succeed,
+    /// whatever the faults do: the run would only measure the setting.
+    NoCallCanSucceed {
+        /// Why, in words.
+        why: String,
+    },
 }
 
 impl fmt::Display for Oddity {
@@ -143,8 +149,69 @@ impl fmt::Display for Oddity {
                 f,
                 "a {kind} at the end of the run, when arrivals have stopped, changes nothing the invariants see"
             ),
+            Oddity::NoCallCanSucceed { why } => write!(f, "{why}"),
         }
     }
+}
+
+/// The settings under which no call can succeed, each with its field: a
+/// deadline below a server's unloaded service time, a token budget below
+/// the least a call reserves (`max_tokens`), a llama.cpp context or a vLLM
+/// KV cache no mean prompt fits, a server that collapses at its first
+/// request in flight.
+fn hopeless(s: &Scenario) -> Vec<(String, String)> {
+    let h = &s.hardening;
+    let mut out = Vec::new();
+    if let Some(budget) = h.tokens_per_window.filter(|b| *b < u64::from(h.max_tokens)) {
+        out.push((
+            "hardening.tokens_per_window".to_owned(),
+            format!(
+                "{budget} tokens per window is below max_tokens = {}, the least a call reserves: no call is ever admitted",
+                h.max_tokens
+            ),
+        ));
+    }
+    for (i, spec) in s.servers.iter().enumerate() {
+        let name = &spec.name;
+        if let Some(deadline) = h.deadline_s {
+            let service = spec.service_time_s();
+            if deadline < service {
+                out.push((
+                    "hardening.deadline_s".to_owned(),
+                    format!("deadline_s {deadline} is below {name}'s service time of {service:.3} s: no call to it can succeed"),
+                ));
+            }
+        }
+        if spec.collapse_at.is_some_and(|c| c <= 1) {
+            out.push((
+                format!("servers[{i}].collapse_at"),
+                format!("{name} collapses as soon as one request is in flight: no call to it can succeed"),
+            ));
+        }
+        let (prompt, _) = spec.mean_tokens();
+        match spec.kind {
+            crate::scenario::ServerKind::LlamaCpp
+            | crate::scenario::ServerKind::LlamaSwap
+            | crate::scenario::ServerKind::Ollama => {
+                if let Some(context) = spec.context_tokens.filter(|c| *c <= prompt) {
+                    out.push((
+                        format!("servers[{i}].context_tokens"),
+                        format!("{name}'s context of {context} tokens does not hold the mean prompt of {prompt}: most requests are refused (400 exceed_context_size_error)"),
+                    ));
+                }
+            }
+            crate::scenario::ServerKind::Vllm => {
+                if let Some(kv) = spec.kv_tokens.filter(|kv| *kv <= prompt) {
+                    out.push((
+                        format!("servers[{i}].kv_tokens"),
+                        format!("{name}'s KV cache of {kv} tokens does not hold the mean prompt of {prompt}: most requests never run"),
+                    ));
+                }
+            }
+            crate::scenario::ServerKind::Generic | crate::scenario::ServerKind::OpenAi => {}
+        }
+    }
+    out
 }
 
 impl fmt::Display for Warning {
@@ -360,6 +427,9 @@ pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
                 Oddity::IgnoredByMode { mode: s.behaviour.mode },
             );
         }
+    }
+    for (field, why) in hopeless(scenario) {
+        warn(field, Oddity::NoCallCanSucceed { why });
     }
     for (i, w) in scenario.workers.iter().enumerate() {
         if w.tenants.is_empty() {
