@@ -142,3 +142,40 @@ fn a_server_listed_twice_under_routing_is_refused_by_its_field() {
     let plain = text.replace("routing = \"ordered\"\n", "");
     Scenario::parse("twice.toml", &plain).unwrap();
 }
+
+/// The trust issue: where traffic went was shown by `run` only; `compare`
+/// now gives each server's share of the requests, its 429s and its
+/// requests while impaired, per variant, with the sign test.
+#[test]
+fn compare_shows_each_servers_share_of_the_requests_per_variant() {
+    use redstring_sim::campaign::run_seeds;
+    use redstring_sim::judgement::compare::{Comparison, Variant};
+
+    let ordered = shipped();
+    let mut weighted = shipped();
+    weighted.hardening.routing = Some(redstring_sim::scenario::Routing::Weighted);
+    let seeds = [1, 2, 3];
+    let variants: Vec<Variant> = [("ordered", &ordered), ("weighted", &weighted)]
+        .into_iter()
+        .map(|(name, s)| Variant {
+            name: name.into(),
+            records: run_seeds(s, name, &seeds, 1, || {}),
+        })
+        .collect();
+    for v in &variants {
+        for r in &v.records {
+            let total: f64 = r.servers.values().map(|f| f["share"]).sum();
+            assert!((total - 1.0).abs() < 1e-9, "{}: shares sum to {total}", v.name);
+        }
+    }
+    let c = Comparison::new(1, 4, None, String::new(), &variants);
+    let spare = |i: usize| c.variants[i].1.servers["spare"]["share"].median;
+    // Ordered sends the spare only what the primary's outage leaves it;
+    // weighted spreads every call.
+    assert!(spare(0) < 0.3 && spare(1) > 0.4, "{} {}", spare(0), spare(1));
+    let text = c.render();
+    assert!(text.contains("  per server (where the requests went):\n"), "{text}");
+    assert!(text.contains("    spare share"), "{text}");
+    assert!(text.contains("▲3/3"), "{text}");
+    assert!(text.contains("    gpu throttled"), "{text}");
+}

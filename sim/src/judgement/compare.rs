@@ -21,7 +21,9 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::judgement::shard::Shard;
-use crate::judgement::sweep::{Distribution, EPISODE_FIGURE_NAMES, FIGURE_NAMES, SeedRecord, SweepSummary};
+use crate::judgement::sweep::{
+    Distribution, EPISODE_FIGURE_NAMES, FIGURE_NAMES, SERVER_FIGURE_NAMES, SeedRecord, SweepSummary,
+};
 
 /// The p-value below which a difference is said to hold across seeds.
 pub const SIGNIFICANCE: f64 = 0.05;
@@ -145,6 +147,10 @@ pub struct SignTest {
     /// gives it); absent for a whole-run figure.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub episode: Option<String>,
+    /// The model server the figure is of; absent for a figure of the run
+    /// or of an episode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
     /// The variant compared with the first.
     pub variant: String,
     /// Seeds where the figure was higher than the first variant's.
@@ -183,6 +189,7 @@ impl SignTest {
         Some(SignTest {
             figure,
             episode: episode.map(str::to_owned),
+            server: None,
             variant: variant.to_owned(),
             higher,
             lower,
@@ -269,6 +276,16 @@ impl Comparison {
                     let pairs = seeds().filter_map(|(a, b)| Some((*a.figures.get(figure)?, *b.figures.get(figure)?)));
                     differences.extend(SignTest::of(figure, None, &v.name, pairs));
                 }
+                for server in server_names(&summaries) {
+                    let of = |r: &SeedRecord, figure: &str| r.servers.get(&server).and_then(|f| f.get(figure).copied());
+                    for figure in SERVER_FIGURE_NAMES {
+                        let pairs = seeds().filter_map(|(a, b)| Some((of(a, figure)?, of(b, figure)?)));
+                        differences.extend(SignTest::of(figure, None, &v.name, pairs).map(|mut t| {
+                            t.server = Some(server.clone());
+                            t
+                        }));
+                    }
+                }
                 for (_, episode) in &episodes {
                     let of = |r: &SeedRecord, figure: &str| {
                         r.episodes
@@ -306,7 +323,18 @@ impl Comparison {
             let _ = writeln!(out, "  [{}] {name}", i + 1);
         }
         for figure in FIGURE_NAMES {
-            self.row(&mut out, figure, None, |s| s.figures.get(figure));
+            self.row(&mut out, figure, Scope::Run, |s| s.figures.get(figure));
+        }
+        let servers = server_names(&self.variants);
+        if !servers.is_empty() {
+            let _ = writeln!(out, "  per server (where the requests went):");
+        }
+        for server in &servers {
+            for figure in SERVER_FIGURE_NAMES {
+                self.row(&mut out, figure, Scope::Server(server), |s| {
+                    s.servers.get(server).and_then(|f| f.get(figure))
+                });
+            }
         }
         for (_, episode) in episode_names(&self.variants) {
             let _ = write!(out, "  episode {episode}:");
@@ -320,7 +348,7 @@ impl Comparison {
             }
             out.push('\n');
             for figure in EPISODE_FIGURE_NAMES {
-                self.row(&mut out, figure, Some(&episode), |s| {
+                self.row(&mut out, figure, Scope::Episode(&episode), |s| {
                     s.episodes
                         .iter()
                         .find(|e| e.episode == episode)
@@ -337,15 +365,24 @@ impl Comparison {
         &'s self,
         out: &mut String,
         figure: &str,
-        episode: Option<&str>,
+        scope: Scope<'_>,
         get: impl Fn(&'s SweepSummary) -> Option<&'s Distribution>,
     ) {
-        if episode.is_some() && self.variants.iter().all(|(_, s)| get(s).is_none()) {
+        let (episode, server) = match scope {
+            Scope::Run => (None, None),
+            Scope::Episode(e) => (Some(e), None),
+            Scope::Server(s) => (None, Some(s)),
+        };
+        if scope != Scope::Run && self.variants.iter().all(|(_, s)| get(s).is_none()) {
             return;
         }
-        let indent = if episode.is_some() { "    " } else { "  " };
-        let width = if episode.is_some() { 20 } else { 22 };
-        let _ = write!(out, "{indent}{figure:<width$}");
+        let label = server.map_or_else(|| figure.to_owned(), |s| format!("{s} {figure}"));
+        let (indent, width) = match scope {
+            Scope::Run => ("  ", 22),
+            Scope::Episode(_) => ("    ", 20),
+            Scope::Server(_) => ("    ", 28),
+        };
+        let _ = write!(out, "{indent}{label:<width$}");
         for (i, (name, summary)) in self.variants.iter().enumerate() {
             let cell = get(summary).map_or("-".to_owned(), |d| {
                 format!("{} [{} – {}]", round(d.median), round(d.min), round(d.max))
@@ -353,12 +390,34 @@ impl Comparison {
             let mark = self
                 .differences
                 .iter()
-                .find(|d| d.figure == figure && d.episode.as_deref() == episode && d.variant == *name)
+                .find(|d| {
+                    d.figure == figure
+                        && d.episode.as_deref() == episode
+                        && d.server.as_deref() == server
+                        && d.variant == *name
+                })
                 .map_or(String::new(), SignTest::mark);
             let _ = write!(out, "  [{}] {cell}{mark}", i + 1);
         }
         out.push('\n');
     }
+}
+
+/// What a row of the table is a figure of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope<'a> {
+    /// The whole run.
+    Run,
+    /// One fault episode, by name.
+    Episode(&'a str),
+    /// One model server, by name.
+    Server(&'a str),
+}
+
+/// Every model server any variant's requests reached, by name.
+fn server_names(variants: &[(String, SweepSummary)]) -> Vec<String> {
+    let names: std::collections::BTreeSet<&String> = variants.iter().flat_map(|(_, s)| s.servers.keys()).collect();
+    names.into_iter().cloned().collect()
 }
 
 /// Every fault episode any variant had, as `(index, name)`, ordered by

@@ -31,6 +31,41 @@ pub const FIGURE_NAMES: [&str; 7] = [
     "goodput_recovery_s",
 ];
 
+/// The figures kept per model server, by summary name: its share of every
+/// request the servers received, the 429s it answered (a rate limit or
+/// quota: throttled, rate_limit, quota_exhausted), and the requests it
+/// received while impaired.
+pub const SERVER_FIGURE_NAMES: [&str; 3] = ["share", "throttled", "impaired_requests"];
+
+/// Answers that are a 429.
+const THROTTLED_ANSWERS: [&str; 3] = ["throttled", "rate_limit", "quota_exhausted"];
+
+/// Each server's figures in `report`, by [`SERVER_FIGURE_NAMES`].
+fn server_figures(report: &Report) -> BTreeMap<String, BTreeMap<String, f64>> {
+    let total: u64 = report.servers.values().map(|s| s.received).sum();
+    report
+        .servers
+        .iter()
+        .map(|(name, load)| {
+            let throttled: u64 = THROTTLED_ANSWERS.iter().filter_map(|a| load.by_outcome.get(*a)).sum();
+            let share = if total == 0 {
+                0.0
+            } else {
+                load.received as f64 / total as f64
+            };
+            let figures = [
+                ("share", share),
+                ("throttled", throttled as f64),
+                ("impaired_requests", load.while_impaired as f64),
+            ];
+            (
+                name.clone(),
+                figures.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            )
+        })
+        .collect()
+}
+
 /// Every whole-run figure of `f` by its summary name (`None`: not measured).
 pub fn named_figures(f: &Figures) -> [(&'static str, Option<f64>); 7] {
     let values = [
@@ -166,6 +201,10 @@ pub struct SeedRecord {
     /// files written before episodes were recorded: read as none).
     #[serde(default)]
     pub episodes: Vec<EpisodeRecord>,
+    /// Per model server, its figures ([`SERVER_FIGURE_NAMES`]): where the
+    /// traffic went.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub servers: BTreeMap<String, BTreeMap<String, f64>>,
 }
 
 impl SeedRecord {
@@ -201,6 +240,7 @@ impl SeedRecord {
                 .enumerate()
                 .map(|(i, ep)| EpisodeRecord::of(i + 1, ep))
                 .collect(),
+            servers: server_figures(report),
         }
     }
 
@@ -253,6 +293,14 @@ impl SeedRecord {
         for ep in &self.episodes {
             for (name, v) in &ep.figures {
                 figure(name, *v, &EPISODE_FIGURE_NAMES)?;
+            }
+        }
+        for server in self.servers.values() {
+            for (name, v) in server {
+                figure(name, *v, &SERVER_FIGURE_NAMES)?;
+                if name == "share" && *v > 1.0 {
+                    return Err(format!("seed {seed}: a server's share of {v} is above 1"));
+                }
             }
         }
         let names: Vec<&str> = self.invariants.iter().map(|p| p.name.as_str()).collect();
@@ -390,6 +438,9 @@ pub struct SweepSummary {
     pub objectives: Vec<PassRate>,
     /// Per fault episode, its figures' distributions, by episode index.
     pub episodes: Vec<EpisodeSummary>,
+    /// Per model server, its figures' distributions ([`SERVER_FIGURE_NAMES`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub servers: BTreeMap<String, BTreeMap<&'static str, Distribution>>,
     /// Per seed, in seed order, failed simulations included: what the
     /// summary was made from, so that shards can be merged.
     pub per_seed: Vec<SeedRecord>,
@@ -419,6 +470,31 @@ impl SweepSummary {
             tally(&mut summary.objectives, passes);
         }
         summary.episodes = episode_summaries(&records);
+        let mut by_server: BTreeMap<String, BTreeMap<&'static str, Vec<f64>>> = BTreeMap::new();
+        for r in records.iter().filter(|r| r.error.is_none()) {
+            for (server, figures) in &r.servers {
+                for (name, v) in figures {
+                    if let Some(name) = SERVER_FIGURE_NAMES.iter().find(|n| *n == name) {
+                        by_server
+                            .entry(server.clone())
+                            .or_default()
+                            .entry(name)
+                            .or_default()
+                            .push(*v);
+                    }
+                }
+            }
+        }
+        summary.servers = by_server
+            .into_iter()
+            .map(|(server, values)| {
+                let figures = values
+                    .into_iter()
+                    .filter_map(|(k, v)| Distribution::of(v).map(|d| (k, d)))
+                    .collect();
+                (server, figures)
+            })
+            .collect();
         summary.per_seed = records;
         summary.figures = values
             .into_iter()
@@ -469,6 +545,23 @@ impl SweepSummary {
                 let _ = writeln!(
                     out,
                     "  {name:<22} {} / {} / {} / {}{partial}",
+                    round(d.min),
+                    round(d.median),
+                    round(d.p95),
+                    round(d.max)
+                );
+            }
+        }
+        if !self.servers.is_empty() {
+            let _ = writeln!(out, "per server (where the requests went):");
+        }
+        for (server, figures) in &self.servers {
+            for name in SERVER_FIGURE_NAMES {
+                let Some(d) = figures.get(name) else { continue };
+                let label = format!("{server} {name}");
+                let _ = writeln!(
+                    out,
+                    "  {label:<22} {} / {} / {} / {}",
                     round(d.min),
                     round(d.median),
                     round(d.p95),
