@@ -25,6 +25,9 @@ use crate::judgement::sweep::{
     Distribution, EPISODE_FIGURE_NAMES, FIGURE_NAMES, SERVER_FIGURE_NAMES, SeedRecord, SweepSummary,
 };
 
+/// The whole-run figure that counts the calls the limiter held back.
+const DEFERRED: &str = "calls_deferred";
+
 /// The p-value below which a difference is said to hold across seeds.
 pub const SIGNIFICANCE: f64 = 0.05;
 
@@ -229,6 +232,7 @@ pub fn sign_test_p(a: u64, b: u64) -> f64 {
 
 /// One variant: its name and its seeds' records (in seed order, one per
 /// seed, a failed simulation's included).
+#[derive(Clone, Debug)]
 pub struct Variant {
     /// The file, or `key=value` for a `--set` variant.
     pub name: String,
@@ -325,6 +329,12 @@ impl Comparison {
         for figure in FIGURE_NAMES {
             self.row(&mut out, figure, Scope::Run, |s| s.figures.get(figure));
         }
+        if self.variants.iter().any(|(name, _)| self.limiter_differs(name)) {
+            let _ = writeln!(
+                out,
+                "  (limiter): the limiter deferred a different number of calls in that variant ({DEFERRED} holds), so it offered the servers a different load: the difference may be calls held back, not served better"
+            );
+        }
         let servers = server_names(&self.variants);
         if !servers.is_empty() {
             let _ = writeln!(out, "  per server (where the requests went):");
@@ -359,6 +369,16 @@ impl Comparison {
         out
     }
 
+    /// Whether the limiter deferred a different number of calls in
+    /// `variant` than in the first, across seeds: its other whole-run
+    /// figures are then of a different offered load, and a difference in
+    /// them may be the limiter holding calls back rather than a gain.
+    fn limiter_differs(&self, variant: &str) -> bool {
+        self.differences.iter().any(|d| {
+            d.figure == DEFERRED && d.episode.is_none() && d.server.is_none() && d.variant == variant && d.holds
+        })
+    }
+
     /// One figure's row: each variant's cell and its mark against the
     /// first. A row no variant measured is left out for an episode's figure.
     fn row<'s>(
@@ -387,16 +407,17 @@ impl Comparison {
             let cell = get(summary).map_or("-".to_owned(), |d| {
                 format!("{} [{} – {}]", round(d.median), round(d.min), round(d.max))
             });
-            let mark = self
-                .differences
-                .iter()
-                .find(|d| {
-                    d.figure == figure
-                        && d.episode.as_deref() == episode
-                        && d.server.as_deref() == server
-                        && d.variant == *name
-                })
-                .map_or(String::new(), SignTest::mark);
+            let test = self.differences.iter().find(|d| {
+                d.figure == figure
+                    && d.episode.as_deref() == episode
+                    && d.server.as_deref() == server
+                    && d.variant == *name
+            });
+            let mut mark = test.map_or(String::new(), SignTest::mark);
+            if scope == Scope::Run && figure != DEFERRED && test.is_some_and(|t| t.holds) && self.limiter_differs(name)
+            {
+                mark.push_str(" (limiter)");
+            }
             let _ = write!(out, "  [{}] {cell}{mark}", i + 1);
         }
         out.push('\n');
@@ -493,6 +514,46 @@ mod tests {
         // In JSON the difference names its episode.
         let json = serde_json::to_value(d[0]).unwrap();
         assert_eq!(json["episode"], "#1 gpu crash at 5.0 s");
+    }
+
+    #[test]
+    fn a_difference_that_comes_with_more_calls_deferred_is_marked_as_the_limiters() {
+        // Variant b defers 50 more calls on every seed and so sends fewer
+        // requests to the impaired server: not a win of its hardening.
+        let record = |seed: u64, deferred: f64, impaired: f64, p50: f64| SeedRecord {
+            seed,
+            figures: [
+                ("calls_deferred".to_owned(), deferred),
+                ("impaired_requests".to_owned(), impaired),
+                ("latency_p50_s".to_owned(), p50),
+            ]
+            .into(),
+            ..SeedRecord::default()
+        };
+        let a = Variant {
+            name: "a".into(),
+            records: (1..9).map(|s| record(s, 0.0, 40.0 + s as f64, 1.0)).collect(),
+        };
+        let b = Variant {
+            name: "b".into(),
+            records: (1..9).map(|s| record(s, 50.0, 10.0 + s as f64, 1.0)).collect(),
+        };
+        let text = Comparison::new(1, 9, None, String::new(), &[a.clone(), b]).render();
+        assert!(text.contains("▼8/8 holds (limiter)"), "{text}");
+        assert!(
+            text.contains("  (limiter): the limiter deferred a different number"),
+            "{text}"
+        );
+        // The deferred row itself, and a figure that does not differ, are
+        // not marked.
+        assert!(text.contains("▲8/8 holds\n"), "{text}");
+        // The same drop with the limiter unchanged is unmarked.
+        let c = Variant {
+            name: "c".into(),
+            records: (1..9).map(|s| record(s, 0.0, 10.0 + s as f64, 1.0)).collect(),
+        };
+        let text = Comparison::new(1, 9, None, String::new(), &[a, c]).render();
+        assert!(text.contains("▼8/8 holds\n") && !text.contains("(limiter)"), "{text}");
     }
 
     #[test]

@@ -81,6 +81,9 @@ pub struct Figures {
     pub impaired_requests: u64,
     /// Requests per call admitted by the limiter (`None`: none admitted).
     pub retry_amplification: Option<f64>,
+    /// Calls the limiter deferred (ended `rate_limited`): calls never
+    /// offered to a server, which every other figure leaves out.
+    pub calls_deferred: u64,
     /// How goodput came back after the last fault.
     pub goodput_recovery: Recovery,
     /// The same questions asked of each fault episode of a server, from the
@@ -100,6 +103,7 @@ impl Figures {
             failed_fraction: failed_fraction(events),
             impaired_requests: impaired_requests(events),
             retry_amplification: retry_amplification(events),
+            calls_deferred: calls_deferred(events),
             goodput_recovery: match heal(scenario, events) {
                 Heal::At(t) => goodput_recovery(Some(t), events, end_us),
                 Heal::NoFault => Recovery::NoFault,
@@ -158,6 +162,22 @@ pub fn impaired_requests(events: &[TraceEvent]) -> u64 {
     events
         .iter()
         .filter(|e| matches!(e.kind, Kind::Served { impaired: true, .. }))
+        .count() as u64
+}
+
+/// Calls that ended deferred by the limiter.
+pub fn calls_deferred(events: &[TraceEvent]) -> u64 {
+    events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                Kind::CallEnd {
+                    outcome: CallOutcome::RateLimited,
+                    ..
+                }
+            )
+        })
         .count() as u64
 }
 
@@ -272,6 +292,19 @@ mod tests {
                 latency_ms,
             },
         )
+    }
+
+    #[test]
+    fn calls_deferred_counts_the_calls_the_limiter_ended() {
+        let events = [
+            end(1, 1, CallOutcome::Ok, 10),
+            end(2, 2, CallOutcome::RateLimited, 0),
+            end(3, 3, CallOutcome::Failed("timeout"), 10),
+            end(4, 4, CallOutcome::RateLimited, 0),
+            arrival(5, 5),
+        ];
+        assert_eq!(calls_deferred(&events), 2);
+        assert_eq!(calls_deferred(&[]), 0);
     }
 
     #[test]

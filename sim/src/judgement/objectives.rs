@@ -153,6 +153,7 @@ mod tests {
             failed_fraction: Some(0.1),
             impaired_requests: 7,
             retry_amplification: None,
+            calls_deferred: 0,
             goodput_recovery: recovery,
             episodes: Vec::new(),
         }

@@ -21,7 +21,7 @@ use crate::judgement::report::Report;
 use crate::judgement::shard::Shard;
 
 /// The summary names of the whole-run figures, in [`named_figures`] order.
-pub const FIGURE_NAMES: [&str; 7] = [
+pub const FIGURE_NAMES: [&str; 8] = [
     "latency_p50_s",
     "latency_p95_s",
     "latency_p99_s",
@@ -29,6 +29,7 @@ pub const FIGURE_NAMES: [&str; 7] = [
     "impaired_requests",
     "retry_amplification",
     "goodput_recovery_s",
+    "calls_deferred",
 ];
 
 /// The figures kept per model server, by summary name: its share of every
@@ -67,7 +68,7 @@ fn server_figures(report: &Report) -> BTreeMap<String, BTreeMap<String, f64>> {
 }
 
 /// Every whole-run figure of `f` by its summary name (`None`: not measured).
-pub fn named_figures(f: &Figures) -> [(&'static str, Option<f64>); 7] {
+pub fn named_figures(f: &Figures) -> [(&'static str, Option<f64>); 8] {
     let values = [
         f.latency_p50_s,
         f.latency_p95_s,
@@ -76,6 +77,7 @@ pub fn named_figures(f: &Figures) -> [(&'static str, Option<f64>); 7] {
         Some(f.impaired_requests as f64),
         f.retry_amplification,
         f.goodput_recovery.seconds(),
+        Some(f.calls_deferred as f64),
     ];
     let mut i = 0;
     values.map(|v| {
