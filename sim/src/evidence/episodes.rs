@@ -5,16 +5,24 @@
 //! fault that impaired the server; the end is not the fault that ends it but
 //! the moment the server can serve again — after a restart, only once its
 //! model has loaded, at the instant *this run* drew for the load (a drawn
-//! `reload` differs from seed to seed, and the kinds that load on demand load
-//! when a request asks). The server records that instant as
-//! [`Kind::Loaded`]; this module reads it:
+//! `reload` differs from seed to seed). The server records that instant as
+//! [`Kind::Loaded`]; this module reads the schedule and those records in
+//! time order, so a restarted server still loading is impaired like a
+//! crashed one:
 //!
-//! - a restart makes the server ready at the first `Loaded` it recorded
-//!   after the restart, or when the rest of the episode's faults are over if
-//!   that is later ([`ReadyBasis::Loaded`]); no `Loaded` within the run, not
-//!   ready within the run;
-//! - a heal, or a `behave` back to `normal`, makes it ready at once
+//! - a restart leaves the server impaired until the first `Loaded` it
+//!   records after that restart ([`ReadyBasis::Loaded`]); a crash before
+//!   then keeps the episode open through the next restart;
+//! - the kinds that load on demand (`llama_swap`, `ollama`) accept requests
+//!   from the restart and load on the first one, so their restart ends the
+//!   impairment at once ([`ReadyBasis::Restarted`]): the load is then part
+//!   of the recovery the figures measure, not of the outage, whatever the
+//!   hardening lets through;
+//! - a heal, or a `behave` back to `normal`, ends it at once
 //!   ([`ReadyBasis::Ended`]).
+//!
+//! An episode is ready when nothing impairs the server any more; a restart
+//! of a server that is running does nothing, and counts for nothing.
 //!
 //! [`with_ready_marks`] adds a [`Kind::Ready`] event for each episode to a
 //! trace, which is how the written trace and the timeline mark readiness.
@@ -25,9 +33,10 @@ use serde::Serialize;
 
 use crate::evidence::trace::{Kind, TraceEvent};
 use crate::scenario::fault::in_order;
-use crate::scenario::{Fault, FaultKind, Mode, Scenario};
+use crate::scenario::{Fault, FaultKind, Mode, Scenario, ServerKind};
 
-/// How a server's readiness was established.
+/// How a server's readiness was established: what ended the last
+/// impairment of its episode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReadyBasis {
@@ -35,6 +44,8 @@ pub enum ReadyBasis {
     Ended,
     /// It restarted, and its model loaded (the server's own record).
     Loaded,
+    /// It restarted, and it loads its model on the first request.
+    Restarted,
 }
 
 impl ReadyBasis {
@@ -43,6 +54,7 @@ impl ReadyBasis {
         match self {
             ReadyBasis::Ended => "the fault ended",
             ReadyBasis::Loaded => "the model loaded after the restart",
+            ReadyBasis::Restarted => "restarted; it loads on the first request",
         }
     }
 }
@@ -82,16 +94,23 @@ struct Health {
     crashed: bool,
     misbehaving: bool,
     cuts: BTreeSet<(String, String)>,
-    /// The last restart in the current episode.
-    restarted_us: Option<u64>,
+    /// Restarted, and its model not yet loaded.
+    loading: bool,
     /// The open episode: its kind and start.
     open: Option<(FaultKind, u64)>,
 }
 
 impl Health {
     fn impaired(&self) -> bool {
-        self.crashed || self.misbehaving || !self.cuts.is_empty()
+        self.crashed || self.misbehaving || self.loading || !self.cuts.is_empty()
     }
+}
+
+/// What changes a server's health, in time order: a fault of the schedule,
+/// or the server's record that its model loaded.
+enum Change<'a> {
+    Fault(&'a Fault),
+    Loaded,
 }
 
 fn pair(a: &str, b: &str) -> (String, String) {
@@ -103,48 +122,71 @@ fn pair(a: &str, b: &str) -> (String, String) {
 }
 
 /// Every fault episode of `scenario`'s servers, by start then server, with
-/// readiness read from `events` where the schedule alone cannot tell.
+/// readiness read from the `Loaded` records in `events`.
 pub fn episodes(scenario: &Scenario, events: &[TraceEvent]) -> Vec<Episode> {
     let mut out = Vec::new();
     for spec in &scenario.servers {
         let s = spec.name.as_str();
+        let on_demand = matches!(spec.kind, ServerKind::LlamaSwap | ServerKind::Ollama);
+        // Faults before the records of the same instant: a restart and the
+        // load it completes at once are one step apart.
+        let mut changes: Vec<(u64, u8, Change<'_>)> = in_order(&scenario.faults)
+            .into_iter()
+            .map(|f| (micros(f.at_s()), 0, Change::Fault(f)))
+            .collect();
+        changes.extend(
+            events
+                .iter()
+                .filter(|e| e.host == s && matches!(e.kind, Kind::Loaded))
+                .map(|e| (e.t_us, 1, Change::Loaded)),
+        );
+        changes.sort_by_key(|(t, order, _)| (*t, *order));
         let mut h = Health::default();
-        for f in in_order(&scenario.faults) {
-            let t = micros(f.at_s());
-            let kind = f.kind();
-            match f {
-                Fault::Crash { server, .. } if server == s => h.crashed = true,
-                Fault::Restart { server, .. } if server == s && h.crashed => {
-                    h.crashed = false;
-                    h.restarted_us = Some(t);
+        for (t, _, change) in changes {
+            let (kind, basis) = match change {
+                Change::Loaded if h.loading && !h.crashed => {
+                    h.loading = false;
+                    (None, ReadyBasis::Loaded)
                 }
-                Fault::Behave { server, behaviour, .. } if server == s => {
-                    h.misbehaving = behaviour.mode != Mode::Normal && behaviour.probability > 0.0;
-                }
-                Fault::Partition { a, b, .. } if a == s || b == s => {
-                    h.cuts.insert(pair(a, b));
-                }
-                Fault::Heal { a, b, .. } if a == s || b == s => {
-                    h.cuts.remove(&pair(a, b));
-                }
-                _ => continue,
-            }
-            match (h.open, h.impaired()) {
-                (None, true) => {
-                    h.open = Some((kind, t));
-                    h.restarted_us = None;
-                }
-                (Some((began, start)), false) => {
-                    let (ready_us, basis) = match h.restarted_us {
-                        Some(r) => reloaded(spec, r, t, events),
-                        None => (Some(t), Some(ReadyBasis::Ended)),
+                Change::Loaded => continue,
+                Change::Fault(f) => {
+                    let basis = match f {
+                        Fault::Crash { server, .. } if server == s => {
+                            h.crashed = true;
+                            h.loading = false;
+                            ReadyBasis::Ended
+                        }
+                        Fault::Restart { server, .. } if server == s && h.crashed => {
+                            h.crashed = false;
+                            h.loading = !on_demand;
+                            ReadyBasis::Restarted
+                        }
+                        Fault::Behave { server, behaviour, .. } if server == s => {
+                            h.misbehaving = behaviour.mode != Mode::Normal && behaviour.probability > 0.0;
+                            ReadyBasis::Ended
+                        }
+                        Fault::Partition { a, b, .. } if a == s || b == s => {
+                            h.cuts.insert(pair(a, b));
+                            ReadyBasis::Ended
+                        }
+                        Fault::Heal { a, b, .. } if a == s || b == s => {
+                            h.cuts.remove(&pair(a, b));
+                            ReadyBasis::Ended
+                        }
+                        _ => continue,
                     };
+                    (Some(f.kind()), basis)
+                }
+            };
+            match (h.open, h.impaired()) {
+                (None, true) => h.open = kind.map(|k| (k, t)),
+                (Some((began, start)), false) => {
                     out.push(Episode {
                         server: s.to_owned(),
                         kind: began,
                         start_us: start,
-                        ready_us,
-                        basis,
+                        ready_us: Some(t),
+                        basis: Some(basis),
                     });
                     h.open = None;
                 }
@@ -163,29 +205,6 @@ pub fn episodes(scenario: &Scenario, events: &[TraceEvent]) -> Vec<Episode> {
     }
     out.sort_by(|a, b| a.start_us.cmp(&b.start_us).then_with(|| a.server.cmp(&b.server)));
     out
-}
-
-/// The first instant at or after `from_us` at which `server` recorded that
-/// its model loaded, if it did within the run.
-pub fn loaded_at(server: &str, from_us: u64, events: &[TraceEvent]) -> Option<u64> {
-    events
-        .iter()
-        .find(|e| e.t_us >= from_us && e.host == server && matches!(e.kind, Kind::Loaded))
-        .map(|e| e.t_us)
-}
-
-/// When a server restarted at `restart_us` and otherwise healthy from
-/// `healthy_us` was ready: once loaded and healthy.
-fn reloaded(
-    spec: &crate::scenario::ServerSpec,
-    restart_us: u64,
-    healthy_us: u64,
-    events: &[TraceEvent],
-) -> (Option<u64>, Option<ReadyBasis>) {
-    match loaded_at(&spec.name, restart_us, events) {
-        Some(t) => (Some(t.max(healthy_us)), Some(ReadyBasis::Loaded)),
-        None => (None, None),
-    }
 }
 
 /// `events` with a [`Kind::Ready`] event for every episode whose server was
@@ -310,8 +329,53 @@ b = "w"
         let eps = episodes(&s, &[loaded(45)]);
         assert_eq!(
             (eps[0].ready_us, eps[0].basis),
-            (Some(50_000_000), Some(ReadyBasis::Loaded))
+            (Some(50_000_000), Some(ReadyBasis::Ended))
         );
+    }
+
+    #[test]
+    fn a_crash_during_the_load_keeps_the_episode_open_until_the_next_load() {
+        // Crash 10, restart 30 (loads until 60), crash 40, restart 45,
+        // loaded 75: one episode, ready at 75; the first start never loaded.
+        let again = "[[faults]]\nkind = \"crash\"\nat_s = 40\nserver = \"gpu\"\n[[faults]]\nkind = \"restart\"\nat_s = 45\nserver = \"gpu\"\n";
+        let s = scenario(&format!("{CRASH_RESTART}{again}"));
+        let eps = episodes(&s, &[loaded(0), loaded(75)]);
+        assert_eq!(eps.len(), 1, "{eps:?}");
+        assert_eq!((eps[0].start_us, eps[0].ready_us), (10_000_000, Some(75_000_000)));
+    }
+
+    #[test]
+    fn a_partition_during_the_load_ends_when_both_are_over() {
+        // Crash 10, restart 30, partition 32, heal 36, loaded 45: the server
+        // answers 503 until 45, so the episode runs until then.
+        let cut = "[[faults]]\nkind = \"partition\"\nat_s = 32\na = \"w\"\nb = \"gpu\"\n[[faults]]\nkind = \"heal\"\nat_s = 36\na = \"gpu\"\nb = \"w\"\n";
+        let s = scenario(&format!("{CRASH_RESTART}{cut}"));
+        let eps = episodes(&s, &[loaded(45)]);
+        assert_eq!(eps.len(), 1, "{eps:?}");
+        assert_eq!(
+            (eps[0].ready_us, eps[0].basis),
+            (Some(45_000_000), Some(ReadyBasis::Loaded))
+        );
+    }
+
+    #[test]
+    fn a_kind_that_loads_on_demand_is_ready_at_its_restart() {
+        let mut s = scenario(CRASH_RESTART);
+        s.servers[0].kind = ServerKind::LlamaSwap;
+        // Whether or not a request made it load.
+        for events in [vec![], vec![loaded(52)]] {
+            let eps = episodes(&s, &events);
+            assert_eq!(
+                (eps[0].ready_us, eps[0].basis),
+                (Some(30_000_000), Some(ReadyBasis::Restarted))
+            );
+        }
+    }
+
+    #[test]
+    fn a_restart_of_a_running_server_opens_and_closes_nothing() {
+        let restart = "[[faults]]\nkind = \"restart\"\nat_s = 30\nserver = \"gpu\"\n";
+        assert!(episodes(&scenario(restart), &[loaded(0)]).is_empty());
     }
 
     #[test]

@@ -51,8 +51,8 @@ pub enum Recovery {
     },
     /// No window after the heal reached the threshold.
     NotRecovered,
-    /// A restarted server was not ready again within the run, so there is
-    /// no instant to measure recovery from.
+    /// A server was not ready again within the run, so there is no instant
+    /// to measure recovery from.
     NotReady,
 }
 

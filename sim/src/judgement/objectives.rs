@@ -91,7 +91,7 @@ pub fn judge(objectives: &Objectives, figures: &Figures) -> Vec<ObjectiveVerdict
             },
             Recovery::NotReady => Judged::Missed {
                 measured: None,
-                why: Some("a restarted server did not load its model again within the run".into()),
+                why: Some("a restarted server was not ready again within the run".into()),
             },
             Recovery::NotRecovered => Judged::Missed {
                 measured: None,

@@ -57,7 +57,8 @@ pub enum Oddity {
         known: Vec<u64>,
     },
     /// A restart of a server that is not down at that moment (no earlier
-    /// crash, or already restarted): it only reloads the model.
+    /// crash, or already restarted): a restart only starts a crashed
+    /// server, so it does nothing.
     RestartWithoutCrash {
         /// The server.
         server: String,
@@ -119,7 +120,7 @@ impl fmt::Display for Oddity {
             ),
             Oddity::RestartWithoutCrash { server } => write!(
                 f,
-                "restarts {server:?}, which has not crashed before it (no earlier `crash` still in effect): it only reloads the model"
+                "restarts {server:?}, which has not crashed before it (no earlier `crash` still in effect): a restart only starts a crashed server, so this one does nothing"
             ),
             Oddity::NoTenants { group } => {
                 write!(

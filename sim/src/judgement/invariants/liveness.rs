@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use redstring::CircuitState;
 
 use super::{Ctx, Finding, Verdict, not_applicable, secs_us, violated};
-use crate::evidence::episodes::loaded_at;
+use crate::evidence::episodes::episodes;
 use crate::evidence::outcome::CallOutcome;
 use crate::evidence::timeline::{Breakers, FLEET};
 use crate::evidence::trace::{Kind, TraceEvent};
@@ -31,7 +31,8 @@ pub enum Heal {
     NoFault,
     /// Every fault was over at this instant, microseconds since the start.
     At(u64),
-    /// This restarted server did not load its model again within the run.
+    /// This server was restarted and not ready again within the run (its
+    /// model never loaded, or it crashed again for good).
     NotReady(String),
 }
 
@@ -46,9 +47,10 @@ impl Heal {
 }
 
 /// When the last fault of the run that recorded `events` is over: the
-/// latest fault; a restart once this run's server recorded its model loaded
-/// (the load time this run drew, not the longest a drawn reload may take);
-/// a burst once its backlog is drained by the slowest server.
+/// latest fault; a restart only once its episode is over ([`episodes`]:
+/// when this run's server recorded its model loaded — the load time this run
+/// drew, not the longest a drawn reload may take); a burst once its backlog
+/// is drained by the slowest server.
 pub fn heal(s: &Scenario, events: &[TraceEvent]) -> Heal {
     let workers = s.fleet().len() as f64;
     let slowest = s
@@ -60,23 +62,29 @@ pub fn heal(s: &Scenario, events: &[TraceEvent]) -> Heal {
     for f in &s.faults {
         let at = secs_us(f.at_s());
         let over = match f {
-            Fault::Restart { server, .. } => match loaded_at(server, at, events) {
-                Some(t) => t,
-                None => return Heal::NotReady(server.clone()),
-            },
             Fault::Burst { calls, .. } => at.saturating_add(secs_us(
                 f64::from(*calls) * workers / slowest + s.hardening.request_timeout_s,
             )),
-            Fault::Crash { .. }
-            | Fault::Behave { .. }
-            | Fault::Partition { .. }
-            | Fault::Heal { .. }
-            | Fault::Latency { .. }
-            | Fault::ClockStep { .. }
-            | Fault::CacheDown { .. }
-            | Fault::CacheUp { .. } => at,
+            _ => at,
         };
         last = last.max(Some(over));
+    }
+    // A restart is over once its episode is: the server loaded (or, for a
+    // kind that loads on demand, at once). Other faults are over at their
+    // instant, so a server misbehaving to the end still has a heal.
+    let eps = episodes(s, events);
+    for f in &s.faults {
+        let Fault::Restart { server, .. } = f else { continue };
+        let at = secs_us(f.at_s());
+        let ep = eps
+            .iter()
+            .find(|e| e.server == *server && e.start_us <= at && e.ready_us.is_none_or(|r| r >= at));
+        match ep.map(|e| e.ready_us) {
+            Some(Some(ready)) => last = last.max(Some(ready)),
+            Some(None) => return Heal::NotReady(server.clone()),
+            // A restart of a running server does nothing.
+            None => {}
+        }
     }
     last.map_or(Heal::NoFault, Heal::At)
 }
@@ -134,9 +142,7 @@ fn bound_us(ctx: &Ctx, events: &[TraceEvent]) -> Result<Bound, String> {
         Heal::At(t) => t,
         Heal::NoFault => return Err("no faults".into()),
         Heal::NotReady(server) => {
-            return Err(format!(
-                "{server} restarted and did not load its model again within the run"
-            ));
+            return Err(format!("{server} restarted and was not ready again within the run"));
         }
     };
     let h = &s.hardening;
@@ -380,7 +386,7 @@ tenants = [{{ id = 1, calls_per_min = {cpm} }}]
         assert_eq!(
             c.verdict,
             Verdict::NotApplicable {
-                why: "gpu restarted and did not load its model again within the run".into()
+                why: "gpu restarted and was not ready again within the run".into()
             }
         );
     }

@@ -838,13 +838,18 @@ by_ms = -3000
 
     #[test]
     fn the_last_fault_ends_when_this_runs_restarted_server_loaded() {
-        let text = format!("{MINIMAL}[[faults]]\nkind = \"restart\"\nat_s = 30\nserver = \"gpu\"\n");
+        let text = format!(
+            "{MINIMAL}[[faults]]\nkind = \"crash\"\nat_s = 20\nserver = \"gpu\"\n[[faults]]\nkind = \"restart\"\nat_s = 30\nserver = \"gpu\"\n"
+        );
         let mut s = Scenario::parse("restart.toml", &text).unwrap();
         // A drawn reload: the instant this run drew, not the longest draw.
         s.servers[0].reload = Some(crate::scenario::Spread::Uniform { low: 5.0, high: 40.0 });
         let loaded = |t: f64| event(secs_us(t), "gpu", None, Kind::Loaded);
         assert_eq!(heal(&s, &[loaded(0.0), loaded(37.5)]), Heal::At(secs_us(37.5)));
         assert_eq!(heal(&s, &[loaded(0.0)]), Heal::NotReady("gpu".into()));
+        // A restart of a server that is running does nothing: over at once.
+        s.faults.remove(0);
+        assert_eq!(heal(&s, &[loaded(0.0)]), Heal::At(secs_us(30.0)));
         s.faults.clear();
         assert_eq!(heal(&s, &[]), Heal::NoFault);
     }
