@@ -45,6 +45,7 @@ const RULES: &[(&str, &[&str])] = &[
         "testing",
         &["decide", "cache", "observe", "limiter", "breaker", "retry", "provider"],
     ),
+    ("tower", &["decide", "cache", "observe", "limiter", "breaker"]),
     ("import_rules", &[]),
 ];
 

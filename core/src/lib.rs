@@ -66,6 +66,8 @@ mod tenant;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod time;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use breaker::{
     CircuitBreaker, CircuitBreakerBuilder, CircuitOpen, CircuitState, OnCacheError, Origin, Permit, ProbeId, Refusal,

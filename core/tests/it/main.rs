@@ -12,7 +12,7 @@
 //! started by the first test that asks and serialised by its own lock).
 //!
 //! A module that needs an optional feature (`openai`, `redis`, `redis-tls`,
-//! `redis-cluster`, `redis-sentinel`) is compiled only with it.
+//! `redis-cluster`, `redis-sentinel`, `tower`) is compiled only with it.
 
 mod support;
 
@@ -60,3 +60,5 @@ mod redis_unavailable_policy;
 mod retry;
 mod router_edges;
 mod shared_cooldown;
+#[cfg(feature = "tower")]
+mod tower;
