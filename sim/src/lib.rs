@@ -27,7 +27,11 @@
 //!   for the numbers that meet the objectives: the fuzzer and `tune`;
 //! - [`merge`] — the shards of any of those joined back into one result.
 //!
-//! Each layer uses only those before it in this list (`scenario` first).
+//! The judgement never runs a world, and the world never judges: what runs
+//! (`world`, `hosts`) hands `evidence` up, `judgement` reads it, and
+//! `campaign`, `search` and `merge` build on both. (`scenario` still asks
+//! the server model for a kind's analytic capacity, and a few helpers cross
+//! between `world`, `hosts` and `evidence`.)
 
 pub mod campaign;
 pub mod evidence;

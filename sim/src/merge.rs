@@ -137,6 +137,9 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
             ));
         }
         let (index, n) = h.shard.map_or((1, 1), |s| (s.index, s.count));
+        if index == 0 || index > n {
+            return Err(mismatch(file, format!("shard {index} of {n} is not a shard")));
+        }
         if n != count {
             return Err(mismatch(file, format!("shard of {n}, the first file's of {count}")));
         }
@@ -237,6 +240,7 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
             let mut joined: Option<CompareFile> = None;
             for (file, text) in files {
                 let f: CompareFile = serde_json::from_str(text).map_err(|e| not(file, e))?;
+                check_part(file, f.seeds, f.shard, &[])?;
                 for (_, v) in &f.variants {
                     check_part(file, f.seeds, f.shard, &v.per_seed)?;
                 }
@@ -377,6 +381,8 @@ mod tests {
         assert!(w.contains("seed 2 is not one this shard runs"), "{w}");
         let w = why(forge(&|r| r.seed_range = [5, 1]));
         assert!(w.contains("not a range a command runs"), "{w}");
+        let w = why(forge(&|r| r.shard = Some(Shard { index: 0, count: 2 })));
+        assert!(w.contains("is not a shard"), "{w}");
         let w = why(forge(&|r| r.preamble = "   load gpu: forged\n".into()));
         assert!(w.contains("load lines differ"), "{w}");
     }

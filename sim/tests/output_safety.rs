@@ -121,6 +121,18 @@ fn a_failed_command_leaves_the_previous_report_as_it_was() {
         s(&good),
     ]);
     refused(&out, 4, "an input of this command", &good, SMALL);
+    // The likely slip: writing the next state over the one resumed from.
+    let out = run(&[
+        "tune",
+        s(&good),
+        "--vary",
+        "hardening.rpm=5,10",
+        "--resume",
+        s(&old),
+        "--json",
+        s(&old),
+    ]);
+    refused(&out, 4, "an input of this command", &old, "{\"previous\": \"report\"}");
     let out = run(&["merge", s(&old), "--json", s(&old.with_file_name("joined.json"))]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(!old.with_file_name("joined.json").exists());
@@ -267,6 +279,15 @@ fn a_device_or_an_oversized_input_is_refused_before_it_is_read() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains("not a regular file"), "{args:?}: {err}");
     }
+    // A FIFO with no writer is refused, not waited on.
+    let fifo = temp_file("device/placeholder", "").with_file_name("fifo.toml");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let out = run(&["run", s(&fifo)]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not a regular file"), "{err}");
     // A replayed trace that is a device.
     let scenario = temp_file(
         "device/replay.toml",

@@ -32,6 +32,12 @@ fn refused(why: String) -> io::Error {
 /// Opens `path` for reading: a regular file (symlinks followed) of at most
 /// [`max_input_bytes`], read no further than that.
 pub fn open(path: &Path) -> io::Result<io::Take<File>> {
+    // Asked before opening: opening a FIFO with no writer blocks.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(refused(
+            "not a regular file (a device, FIFO or directory is not read)".into(),
+        ));
+    }
     let file = File::open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {

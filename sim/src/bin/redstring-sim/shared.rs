@@ -281,11 +281,16 @@ impl Outputs {
             let name = target
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-            let temp = tempfile::Builder::new()
-                .prefix(&format!(".{name}."))
-                .suffix(".part")
-                .tempfile_in(dir)
-                .map_err(|e| io_failed(&shown, &e))?;
+            let prefix = format!(".{name}.");
+            let mut builder = tempfile::Builder::new();
+            builder.prefix(&prefix).suffix(".part");
+            // Created as a shell creates a file: 0666 less the umask.
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt as _;
+                builder.permissions(std::fs::Permissions::from_mode(0o666));
+            }
+            let temp = builder.tempfile_in(dir).map_err(|e| io_failed(&shown, &e))?;
             slots.push(Slot {
                 flag,
                 shown,
@@ -337,32 +342,21 @@ impl Outputs {
 
     /// Renames every written output over its target. Called once the
     /// command's work is done; an output never written is left as it was.
+    /// Every step that can fail but the renames themselves is taken for
+    /// every output before the first rename.
     pub fn commit(self) -> Result<(), ExitCode> {
+        let mut ready = Vec::new();
         for slot in self.slots.into_iter().filter(|s| s.written) {
-            let permissions = std::fs::metadata(&slot.target).map(|m| m.permissions());
             let temp = slot.temp.into_temp_path();
-            match permissions {
-                Ok(p) => std::fs::set_permissions(&temp, p),
-                Err(_) => default_permissions(&temp),
+            // A file written over keeps its permissions.
+            if let Ok(m) = std::fs::metadata(&slot.target) {
+                std::fs::set_permissions(&temp, m.permissions()).map_err(|e| io_failed(&slot.shown, &e))?;
             }
-            .map_err(|e| io_failed(&slot.shown, &e))?;
-            temp.persist(&slot.target)
-                .map_err(|e| io_failed(&slot.shown, &e.error))?;
+            ready.push((temp, slot.target, slot.shown));
         }
-        Ok(())
-    }
-}
-
-/// A new output is readable by everyone, as a file a shell creates is.
-fn default_permissions(path: &Path) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = path;
+        for (temp, target, shown) in ready {
+            temp.persist(&target).map_err(|e| io_failed(&shown, &e.error))?;
+        }
         Ok(())
     }
 }
