@@ -440,3 +440,25 @@ fn a_setting_under_which_no_call_can_succeed_is_warned_about_naming_it() {
         assert!(err.contains(&format!("field `{field}`")), "{field}: {err}");
     }
 }
+
+#[test]
+fn tune_refuses_a_value_under_which_no_call_can_succeed() {
+    let path = temp_file(
+        "tunehope/s.toml",
+        &format!("{SMALL}[objectives]\nfailed_fraction_max = 0.5\n"),
+    );
+    let out = run(&[
+        "tune",
+        s(&path),
+        "--vary",
+        "hardening.tokens_per_window=10,100000",
+        "--seeds",
+        "1",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--vary hardening.tokens_per_window: 10 is refused") && err.contains("no call is ever admitted"),
+        "{err}"
+    );
+}

@@ -43,6 +43,8 @@ pub struct ObjectiveFigure {
     pub passed: u64,
     /// Seeds judged.
     pub seeds: u64,
+    /// Of those, seeds where it was measured (not "not applicable").
+    pub measured: u64,
     /// `(target − worst) / target` (a target of 0 divides by 1); null when
     /// never measured (goodput never came back: below every number) or
     /// not applicable on any seed.
@@ -92,18 +94,22 @@ pub(super) fn slack_key(s: Option<f64>) -> f64 {
 }
 
 impl Candidate {
-    /// The (objective, seed) pairs it met, and how many were judged.
+    /// The (objective, seed) pairs it met, and how many were measured: a
+    /// pair not applicable (nothing to measure on that seed) counts in
+    /// neither, so a candidate cannot rank high by measuring nothing.
     pub fn pairs_met(&self) -> (u64, u64) {
-        self.objectives
-            .iter()
-            .fold((0, 0), |(met, all), o| (met + o.passed, all + o.seeds))
+        self.objectives.iter().fold((0, 0), |(met, all), o| {
+            let not_applicable = o.seeds.saturating_sub(o.measured);
+            (met + o.passed.saturating_sub(not_applicable), all + o.measured)
+        })
     }
 
     /// The ranking halving keeps by and the recommendation is chosen by,
-    /// best first: meets every objective on every seed; then the larger
-    /// share of (objective, seed) pairs met (the count, when the seeds are
-    /// the same); then the larger margin; then the larger mean slack; then
-    /// the smaller id. The margin comes after the pairs met: one objective
+    /// best first: meets every objective on every seed; then measured at
+    /// least one (a candidate that measured nothing tells nothing); then
+    /// the larger share of the measured (objective, seed) pairs met (the
+    /// count, when the seeds are the same); then the larger margin; then
+    /// the larger mean slack; then the smaller id. The margin comes after the pairs met: one objective
     /// no candidate can meet would otherwise decide the ranking by how
     /// badly it is missed, whatever the others do.
     pub fn rank(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
@@ -120,6 +126,7 @@ impl Candidate {
         let ((met_a, all_a), (met_b, all_b)) = (a.pairs_met(), b.pairs_met());
         b.meets_all
             .cmp(&a.meets_all)
+            .then_with(|| (all_b > 0).cmp(&(all_a > 0)))
             .then_with(|| share(met_b, all_a).cmp(&share(met_a, all_b)))
             .then_with(|| slack_key(b.margin).total_cmp(&slack_key(a.margin)))
             .then_with(|| mean(b).total_cmp(&mean(a)))
@@ -224,9 +231,10 @@ impl SeedResult {
 /// Judges one objective from each seed's verdict on it.
 pub(super) fn objective_figure(verdicts: &[&SeedObjective]) -> Option<ObjectiveFigure> {
     let first = verdicts.first()?;
-    let (mut worst, mut passed) = (Worst::NotApplicable, 0u64);
+    let (mut worst, mut passed, mut measured) = (Worst::NotApplicable, 0u64, 0u64);
     for v in verdicts {
         passed += u64::from(v.passed);
+        measured += u64::from(v.figure != Worst::NotApplicable);
         if v.figure.key() > worst.key() {
             worst = v.figure;
         }
@@ -242,6 +250,7 @@ pub(super) fn objective_figure(verdicts: &[&SeedObjective]) -> Option<ObjectiveF
         worst,
         passed,
         seeds: verdicts.len() as u64,
+        measured,
         slack,
     })
 }

@@ -210,7 +210,15 @@ impl Base<'_> {
     /// The scenario with `values` set, validated; an error says why not.
     pub(super) fn scenario_with(&self, dims: &[Dim], values: &[String]) -> Result<Scenario, String> {
         let text = self.text_with(dims, values).map_err(|e| e.to_string())?;
-        let scenario = Scenario::parse(self.file, &text).map_err(|e| e.to_string())?;
+        let (scenario, warnings) = Scenario::parse_checked(self.file, &text).map_err(|e| e.to_string())?;
+        // A candidate under which no call can succeed would meet objectives
+        // by measuring nothing (no call, no failure): it is refused.
+        if let Some(w) = warnings
+            .iter()
+            .find(|w| matches!(w.odd, crate::scenario::sanity::Oddity::NoCallCanSucceed { .. }))
+        {
+            return Err(format!("{}: {}", w.field, w.odd));
+        }
         Budget::DEFAULT.check(&scenario).map_err(|e| e.to_string())?;
         Ok(scenario)
     }

@@ -97,6 +97,7 @@ fn figure(name: &'static str, target: f64, worst: Worst, passed: u64) -> Objecti
         worst,
         passed,
         seeds: 4,
+        measured: if worst == Worst::NotApplicable { 0 } else { 4 },
         slack: match worst {
             Worst::Measured { value } => Some((target - value) / scale),
             _ => None,
@@ -164,7 +165,8 @@ fn candidate(id: usize, objectives: Vec<ObjectiveFigure>) -> Candidate {
         values: BTreeMap::new(),
         seeds: 4,
         summary: SweepSummary::default(),
-        meets_all: objectives.iter().all(ObjectiveFigure::met),
+        meets_all: objectives.iter().all(ObjectiveFigure::met)
+            && objectives.iter().any(|o| o.worst != Worst::NotApplicable),
         objectives,
         margin,
         disqualified: None,
@@ -246,6 +248,31 @@ fn the_closest_candidate_is_named_with_its_pairs_and_each_objective_none_meets()
     assert!(text.contains("request_timeout_s"), "{text}");
     // goodput_recovery_s is met by #1 on every seed: not listed.
     assert!(!text.contains("no candidate meets goodput_recovery_s"), "{text}");
+}
+
+#[test]
+fn a_candidate_that_measured_nothing_ranks_below_one_that_measured_and_missed() {
+    let m = |v| Worst::Measured { value: v };
+    // Every objective not applicable on every seed: no pair measured.
+    let nothing = candidate(
+        1,
+        vec![
+            figure("failed_fraction_max", 0.1, Worst::NotApplicable, 4),
+            figure("p99_latency_s", 10.0, Worst::NotApplicable, 4),
+        ],
+    );
+    // Measured, and missed one objective on every seed.
+    let missed = candidate(
+        2,
+        vec![
+            figure("failed_fraction_max", 0.1, m(0.2), 0),
+            figure("p99_latency_s", 10.0, m(3.0), 4),
+        ],
+    );
+    assert_eq!((nothing.pairs_met(), missed.pairs_met()), ((0, 0), (4, 8)));
+    let mut all = [nothing, missed];
+    all.sort_by(Candidate::rank);
+    assert_eq!(all.map(|c| c.id), [2, 1]);
 }
 
 #[test]
