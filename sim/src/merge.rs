@@ -195,12 +195,25 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
         }
         Ok(())
     };
+    // Text a shard's file carries is printed: lines only, no other control
+    // character.
+    let plain = |file: &str, text: &str| {
+        if text.chars().any(|c| c.is_control() && c != '\n') {
+            return Err(mismatch(
+                file,
+                "it holds a control character in a name or load line".into(),
+            ));
+        }
+        Ok(())
+    };
     match first.command.as_str() {
         "sweep" => {
             let mut joined: Option<SweepFile> = None;
             for (file, text) in files {
                 let f: SweepFile = serde_json::from_str(text).map_err(|e| not(file, e))?;
                 check_part(file, f.seed_range, f.shard, &f.per_seed)?;
+                plain(file, &f.preamble)?;
+                plain(file, &f.scenario.replace('\n', "\u{0}"))?;
                 match &mut joined {
                     None => joined = Some(f),
                     Some(j) => {
@@ -241,6 +254,10 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
             for (file, text) in files {
                 let f: CompareFile = serde_json::from_str(text).map_err(|e| not(file, e))?;
                 check_part(file, f.seeds, f.shard, &[])?;
+                plain(file, &f.preamble)?;
+                for (name, _) in &f.variants {
+                    plain(file, &name.replace('\n', "\u{0}"))?;
+                }
                 for (_, v) in &f.variants {
                     check_part(file, f.seeds, f.shard, &v.per_seed)?;
                 }
@@ -381,6 +398,10 @@ mod tests {
         assert!(w.contains("seed 2 is not one this shard runs"), "{w}");
         let w = why(forge(&|r| r.seed_range = [5, 1]));
         assert!(w.contains("not a range a command runs"), "{w}");
+        let w = why(forge(&|r| r.scenario = "s.toml\u{1b}[2J".into()));
+        assert!(w.contains("control character"), "{w}");
+        let w = why(forge(&|r| r.summary.per_seed[0].error = Some("ok\nFORGED".into())));
+        assert!(w.contains("control character"), "{w}");
         let w = why(forge(&|r| r.shard = Some(Shard { index: 0, count: 2 })));
         assert!(w.contains("is not a shard"), "{w}");
         let w = why(forge(&|r| r.preamble = "   load gpu: forged\n".into()));

@@ -179,3 +179,19 @@ fn compare_shows_each_servers_share_of_the_requests_per_variant() {
     assert!(text.contains("▲3/3"), "{text}");
     assert!(text.contains("    gpu throttled"), "{text}");
 }
+
+/// The trust issue: `--set hardening.routing=none` was refused ("unknown
+/// variant none"), so routing could not be compared against no routing.
+#[test]
+fn routing_none_is_no_policy_as_leaving_the_key_out_is() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/two-deployment-fallback.toml"),
+    )
+    .unwrap();
+    let none = redstring_sim::judgement::compare::set_field(&text, "hardening.routing", "none").unwrap();
+    let s = Scenario::parse("none.toml", &none).unwrap();
+    assert_eq!(s.hardening.routing, None);
+    let weighted = redstring_sim::judgement::compare::set_field(&text, "hardening.routing", "weighted").unwrap();
+    let s = Scenario::parse("weighted.toml", &weighted).unwrap();
+    assert_eq!(s.hardening.routing, Some(redstring_sim::scenario::Routing::Weighted));
+}

@@ -279,6 +279,21 @@ impl SeedRecord {
     /// (none for a failed simulation); objectives named once each.
     pub fn check(&self) -> Result<(), String> {
         let seed = self.seed;
+        // Everything here is printed: no control character may come in
+        // from a file (an escape would drive the terminal, a newline forge
+        // a line).
+        let texts = self
+            .error
+            .iter()
+            .map(String::as_str)
+            .chain(self.objectives.iter().map(|p| p.name.as_str()))
+            .chain(self.episodes.iter().map(|e| e.episode.as_str()))
+            .chain(self.servers.keys().map(String::as_str));
+        for text in texts {
+            if text.chars().any(char::is_control) {
+                return Err(format!("seed {seed}: a name or message holds a control character"));
+            }
+        }
         let figure = |name: &str, v: f64, known: &[&str]| -> Result<(), String> {
             if !known.contains(&name) {
                 return Err(format!("seed {seed}: no figure is named {name:?}"));

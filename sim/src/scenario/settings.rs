@@ -55,8 +55,29 @@ pub struct Hardening {
     /// How each worker routes over its group's servers (default: none —
     /// worker `i` of a group calls only its `servers[i % len]`). With a
     /// policy every worker's provider holds every server of its group, in
-    /// the order listed, each behind its own breaker.
+    /// the order listed, each behind its own breaker. `"none"` is no
+    /// policy, as leaving the key out is, so that `compare --set
+    /// hardening.routing=none,ordered` can switch routing off.
+    #[serde(deserialize_with = "routing_or_none")]
     pub routing: Option<Routing>,
+}
+
+/// Reads `hardening.routing`: a policy's name, or `"none"`.
+fn routing_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Routing>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Named {
+        None,
+        Ordered,
+        Weighted,
+        LeastLoaded,
+    }
+    Ok(match Named::deserialize(d)? {
+        Named::None => None,
+        Named::Ordered => Some(Routing::Ordered),
+        Named::Weighted => Some(Routing::Weighted),
+        Named::LeastLoaded => Some(Routing::LeastLoaded),
+    })
 }
 
 /// `hardening.routing`: the policy a worker's provider picks a call's first
