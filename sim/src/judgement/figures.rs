@@ -96,6 +96,7 @@ impl Figures {
     pub fn new(scenario: &Scenario, events: &[TraceEvent], end_us: u64) -> Figures {
         let lat = latencies_ms(events);
         let pct = |p: u32| percentile_ms(&lat, p).map(|ms| ms as f64 / 1000.0);
+        let eps = episodes(scenario, events);
         Figures {
             latency_p50_s: pct(50),
             latency_p95_s: pct(95),
@@ -104,12 +105,12 @@ impl Figures {
             impaired_requests: impaired_requests(events),
             retry_amplification: retry_amplification(events),
             calls_deferred: calls_deferred(events),
-            goodput_recovery: match heal(scenario, events) {
+            goodput_recovery: match heal(scenario, &eps) {
                 Heal::At(t) => goodput_recovery(Some(t), events, end_us),
                 Heal::NoFault => Recovery::NoFault,
                 Heal::NotReady(_) => Recovery::NotReady,
             },
-            episodes: episode_figures(scenario, &episodes(scenario, events), events, end_us),
+            episodes: episode_figures(scenario, &eps, events, end_us),
         }
     }
 }

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use redstring::CircuitState;
 
 use super::{Ctx, Finding, Verdict, not_applicable, secs_us, violated};
-use crate::evidence::episodes::episodes;
+use crate::evidence::episodes::{Episode, episodes};
 use crate::evidence::outcome::CallOutcome;
 use crate::evidence::timeline::{Breakers, FLEET};
 use crate::evidence::trace::{Kind, TraceEvent};
@@ -46,12 +46,12 @@ impl Heal {
     }
 }
 
-/// When the last fault of the run that recorded `events` is over: the
-/// latest fault; a restart only once its episode is over ([`episodes`]:
+/// When the last fault of a run is over, given its fault episodes
+/// ([`episodes`]): the latest fault; a restart only once its episode is over (
 /// when this run's server recorded its model loaded — the load time this run
 /// drew, not the longest a drawn reload may take); a burst once its backlog
 /// is drained by the slowest server.
-pub fn heal(s: &Scenario, events: &[TraceEvent]) -> Heal {
+pub fn heal(s: &Scenario, eps: &[Episode]) -> Heal {
     let workers = s.fleet().len() as f64;
     let slowest = s
         .servers
@@ -72,7 +72,6 @@ pub fn heal(s: &Scenario, events: &[TraceEvent]) -> Heal {
     // A restart is over once its episode is: the server loaded (or, for a
     // kind that loads on demand, at once). Other faults are over at their
     // instant, so a server misbehaving to the end still has a heal.
-    let eps = episodes(s, events);
     for f in &s.faults {
         let Fault::Restart { server, .. } = f else { continue };
         let at = secs_us(f.at_s());
@@ -136,10 +135,10 @@ struct Bound {
 
 /// The instant after which the fleet must have recovered, or why there is
 /// none within the run.
-fn bound_us(ctx: &Ctx, events: &[TraceEvent]) -> Result<Bound, String> {
+fn bound_us(ctx: &Ctx, events: &[TraceEvent], heal: &Heal) -> Result<Bound, String> {
     let s = ctx.scenario;
-    let heal = match heal(s, events) {
-        Heal::At(t) => t,
+    let heal = match heal {
+        Heal::At(t) => *t,
         Heal::NoFault => return Err("no faults".into()),
         Heal::NotReady(server) => {
             return Err(format!("{server} restarted and was not ready again within the run"));
@@ -189,13 +188,14 @@ fn bound_us(ctx: &Ctx, events: &[TraceEvent]) -> Result<Bound, String> {
 /// Invariant 6: once the last fault is over, every breaker closes again
 /// within a bound, and calls succeed again.
 pub(super) fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
-    if heal(ctx.scenario, events) == Heal::NoFault {
+    let over = heal(ctx.scenario, &episodes(ctx.scenario, events));
+    if over == Heal::NoFault {
         return not_applicable("no faults");
     }
     if let Some(why) = unrecoverable(ctx.scenario) {
         return not_applicable(format!("the scenario cannot recover: {why}"));
     }
-    let Bound { us: bound, parts } = match bound_us(ctx, events) {
+    let Bound { us: bound, parts } = match bound_us(ctx, events, &over) {
         Ok(bound) => bound,
         Err(why) => return not_applicable(why),
     };

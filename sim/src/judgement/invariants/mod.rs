@@ -845,13 +845,14 @@ by_ms = -3000
         // A drawn reload: the instant this run drew, not the longest draw.
         s.servers[0].reload = Some(crate::scenario::Spread::Uniform { low: 5.0, high: 40.0 });
         let loaded = |t: f64| event(secs_us(t), "gpu", None, Kind::Loaded);
-        assert_eq!(heal(&s, &[loaded(0.0), loaded(37.5)]), Heal::At(secs_us(37.5)));
-        assert_eq!(heal(&s, &[loaded(0.0)]), Heal::NotReady("gpu".into()));
+        let over = |s: &Scenario, events: &[TraceEvent]| heal(s, &crate::evidence::episodes::episodes(s, events));
+        assert_eq!(over(&s, &[loaded(0.0), loaded(37.5)]), Heal::At(secs_us(37.5)));
+        assert_eq!(over(&s, &[loaded(0.0)]), Heal::NotReady("gpu".into()));
         // A restart of a server that is running does nothing: over at once.
         s.faults.remove(0);
-        assert_eq!(heal(&s, &[loaded(0.0)]), Heal::At(secs_us(30.0)));
+        assert_eq!(over(&s, &[loaded(0.0)]), Heal::At(secs_us(30.0)));
         s.faults.clear();
-        assert_eq!(heal(&s, &[]), Heal::NoFault);
+        assert_eq!(over(&s, &[]), Heal::NoFault);
     }
 
     #[test]
