@@ -433,12 +433,36 @@ fn episode_summaries(records: &[SeedRecord]) -> Vec<EpisodeSummary> {
             index,
             episode: episode.to_owned(),
             seeds,
-            figures: values
-                .into_iter()
-                .filter_map(|(k, v)| Distribution::of(v).map(|d| (k, d)))
-                .collect(),
+            figures: distributions(values),
         })
         .collect()
+}
+
+/// Each figure's distribution over its values; a figure no value measured
+/// is left out.
+fn distributions<K: Ord>(values: BTreeMap<K, Vec<f64>>) -> BTreeMap<K, Distribution> {
+    values
+        .into_iter()
+        .filter_map(|(k, v)| Distribution::of(v).map(|d| (k, d)))
+        .collect()
+}
+
+/// One distribution as a summary line, `min / median / p95 / max`, saying
+/// how many of `of` seeds measured it when not all did.
+fn range_line(out: &mut String, label: &str, d: &Distribution, of: u64) {
+    let partial = if d.seeds < of {
+        format!("  ({} of {of} seeds)", d.seeds)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "  {label:<22} {} / {} / {} / {}{partial}",
+        round(d.min),
+        round(d.median),
+        round(d.p95),
+        round(d.max)
+    );
 }
 
 /// The summary of a sweep.
@@ -504,19 +528,10 @@ impl SweepSummary {
         }
         summary.servers = by_server
             .into_iter()
-            .map(|(server, values)| {
-                let figures = values
-                    .into_iter()
-                    .filter_map(|(k, v)| Distribution::of(v).map(|d| (k, d)))
-                    .collect();
-                (server, figures)
-            })
+            .map(|(server, values)| (server, distributions(values)))
             .collect();
         summary.per_seed = records;
-        summary.figures = values
-            .into_iter()
-            .filter_map(|(k, v)| Distribution::of(v).map(|d| (k, d)))
-            .collect();
+        summary.figures = distributions(values);
         summary
     }
 
@@ -529,19 +544,7 @@ impl SweepSummary {
             self.seeds
         );
         for (name, d) in &self.figures {
-            let partial = if d.seeds < self.seeds {
-                format!("  ({} of {} seeds)", d.seeds, self.seeds)
-            } else {
-                String::new()
-            };
-            let _ = writeln!(
-                out,
-                "  {name:<22} {} / {} / {} / {}{partial}",
-                round(d.min),
-                round(d.median),
-                round(d.p95),
-                round(d.max)
-            );
+            range_line(&mut out, name, d, self.seeds);
         }
         for ep in &self.episodes {
             let partial = if ep.seeds < self.seeds {
@@ -554,19 +557,7 @@ impl SweepSummary {
                 .iter()
                 .filter_map(|name| ep.figures.get(name).map(|d| (name, d)));
             for (name, d) in figures {
-                let partial = if d.seeds < ep.seeds {
-                    format!("  ({} of {} seeds)", d.seeds, ep.seeds)
-                } else {
-                    String::new()
-                };
-                let _ = writeln!(
-                    out,
-                    "  {name:<22} {} / {} / {} / {}{partial}",
-                    round(d.min),
-                    round(d.median),
-                    round(d.p95),
-                    round(d.max)
-                );
+                range_line(&mut out, name, d, ep.seeds);
             }
         }
         if !self.servers.is_empty() {
@@ -575,15 +566,7 @@ impl SweepSummary {
         for (server, figures) in &self.servers {
             for name in SERVER_FIGURE_NAMES {
                 let Some(d) = figures.get(name) else { continue };
-                let label = format!("{server} {name}");
-                let _ = writeln!(
-                    out,
-                    "  {label:<22} {} / {} / {} / {}",
-                    round(d.min),
-                    round(d.median),
-                    round(d.p95),
-                    round(d.max)
-                );
+                range_line(&mut out, &format!("{server} {name}"), d, self.seeds);
             }
         }
         let _ = writeln!(out, "pass rate:");
