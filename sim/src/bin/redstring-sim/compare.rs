@@ -13,7 +13,7 @@ use redstring_sim::world::Budget;
 
 use crate::shared::{
     BAD_SCENARIO, Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, inputs_of, jobs_or_cores, load, loads,
-    print_warnings, progress, verdict,
+    progress, verdict, warned,
 };
 use crate::sweep::DEFAULT_SEEDS;
 
@@ -75,16 +75,9 @@ fn variants(paths: &[PathBuf], set: Option<&str>, strict: bool) -> Result<Vec<Va
     let mut out = Vec::new();
     for value in values {
         let varied = compare::set_field(&text, &key, &value).map_err(|e| bad(&e))?;
-        let (scenario, warnings) =
+        let parsed =
             Scenario::parse_checked(&file, &varied).map_err(|e| bad(&format!("with --set {key}={value}: {e}")))?;
-        let shown = format!("{file} {key}={value}");
-        if strict && !warnings.is_empty() {
-            for w in warnings {
-                eprintln!("error: {} (--strict)", w.into_error(&shown));
-            }
-            return Err(ExitCode::from(BAD_SCENARIO));
-        }
-        print_warnings(&shown, &warnings);
+        let scenario = warned(&format!("{file} {key}={value}"), parsed, strict)?;
         out.push(Variant {
             name: format!("{key}={value}"),
             inputs: inputs_of(path, &scenario),

@@ -55,20 +55,25 @@ pub fn verdict(failed: bool, missed: bool) -> ExitCode {
 /// Loads a scenario and prints every warning; under `strict` a warning is
 /// an error.
 pub fn load(path: &Path, strict: bool) -> Result<Scenario, ExitCode> {
-    let (scenario, warnings) = Scenario::load_checked(path).map_err(|e| fail(BAD_SCENARIO, &e))?;
-    let file = path.display().to_string();
+    let loaded = Scenario::load_checked(path).map_err(|e| fail(BAD_SCENARIO, &e))?;
+    warned(&path.display().to_string(), loaded, strict)
+}
+
+/// A scenario and its warnings, `shown` as `shown`: every warning printed,
+/// or under `strict` each an error.
+pub fn warned(shown: &str, (scenario, warnings): (Scenario, Vec<Warning>), strict: bool) -> Result<Scenario, ExitCode> {
     if strict && !warnings.is_empty() {
         for w in warnings {
-            eprintln!("error: {} (--strict)", w.into_error(&file));
+            eprintln!("error: {} (--strict)", w.into_error(shown));
         }
         return Err(ExitCode::from(BAD_SCENARIO));
     }
-    print_warnings(&file, &warnings);
+    print_warnings(shown, &warnings);
     Ok(scenario)
 }
 
 /// Prints each warning about `file`.
-pub fn print_warnings(file: &str, warnings: &[Warning]) {
+fn print_warnings(file: &str, warnings: &[Warning]) {
     for w in warnings {
         eprintln!("warning: {file}: {w}");
     }
