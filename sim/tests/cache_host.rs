@@ -211,3 +211,37 @@ fn a_store_stamped_cache_uses_the_hosts_own_clock() {
     });
     sim.run().unwrap();
 }
+
+#[test]
+fn a_remote_cache_keeps_its_connection_open_between_operations() {
+    // Every segment takes 20 ms, at 1 ms steps: a new connection costs its
+    // SYN's 20 ms before the request's own round trip of 40 ms.
+    let latency = redstring_sim::scenario::Network {
+        min_latency_ms: 20,
+        max_latency_ms: 20,
+    };
+    let mut sim =
+        redstring_sim::world::sim_builder(5, Duration::from_millis(1), &latency, Duration::from_secs(60)).build();
+    sim.host(
+        "cache",
+        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
+    );
+    let took: Rc<RefCell<Vec<Duration>>> = Rc::default();
+    let client_took = took.clone();
+    sim.client("worker", async move {
+        let cache = RemoteCache::new("cache", Duration::from_secs(1));
+        for _ in 0..3 {
+            let started = sim_elapsed();
+            cache.set("k", "v", None).await.unwrap();
+            client_took.borrow_mut().push(sim_elapsed() - started);
+        }
+        Ok(())
+    });
+    sim.run().unwrap();
+    let took = took.borrow();
+    let ms = |d: Duration| d.as_millis();
+    assert!(
+        ms(took[0]) >= 60 && ms(took[1]) <= 41 && ms(took[2]) <= 41,
+        "one connect, then one round trip each: {took:?}"
+    );
+}

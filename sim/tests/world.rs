@@ -5,6 +5,7 @@ use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::outcome::Answer;
 use redstring_sim::evidence::trace::Kind;
 use redstring_sim::scenario::Scenario;
+use redstring_sim::world::layout;
 
 const BASE: &str = r#"
 name = "same-instant"
@@ -126,4 +127,90 @@ fn probe_lease_s_reaches_the_breaker() {
     assert!(longest_half_open_wait("") <= 3_000_000);
     let long = longest_half_open_wait("probe_lease_s = 7");
     assert!(long > 3_000_000 && long <= 7_000_000, "{long}");
+}
+
+/// A fleet of three workers calling one server, with `cache` and `faults`.
+fn fleet(cache: &str, faults: &str) -> Scenario {
+    let text = format!(
+        "name = \"one-worker-faults\"\nduration_s = 30\n[cache]\nkind = \"{cache}\"\n[[servers]]\nname = \"gpu\"\n\
+         [[workers]]\nname = \"w\"\ncount = 3\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 120 }}]\n{faults}"
+    );
+    Scenario::parse("one-worker-faults.toml", &text).unwrap()
+}
+
+#[test]
+fn a_clock_step_naming_one_worker_of_a_shared_host_moves_that_worker_s_clock_alone() {
+    let s = fleet(
+        "per_worker",
+        "[[faults]]\nkind = \"clock_step\"\nat_s = 10\nhost = \"w-1\"\nby_ms = 600000\n",
+    );
+    let hosts = layout::worker_hosts(&s);
+    assert_eq!(hosts.len(), 1, "the three workers share one host");
+    let run = simulate(&s, 1).unwrap();
+    // Each worker's own cache stamps its admissions with the worker's clock:
+    // the stamp less the true instant is that clock's offset.
+    let offsets = |host: &str, after: bool| -> Vec<i64> {
+        run.events
+            .iter()
+            .filter(|e| e.host == host && (e.t_us >= 10_000_000) == after)
+            .filter_map(|e| match e.kind {
+                Kind::Admitted { at_us, .. } => Some(at_us as i64 - e.t_us as i64),
+                _ => None,
+            })
+            .collect()
+    };
+    let before = offsets("w-0", false)[0];
+    for (host, after, want) in [
+        ("w-0", false, 0),
+        ("w-0", true, 0),
+        ("w-1", false, 0),
+        ("w-1", true, 600_000_000),
+        ("w-2", false, 0),
+        ("w-2", true, 0),
+    ] {
+        let seen = offsets(host, after);
+        assert!(!seen.is_empty(), "{host} admitted calls (after the step: {after})");
+        assert!(
+            seen.iter().all(|o| *o - before == want),
+            "{host} after the step {after}: offsets {seen:?}, want {want} µs beyond {before}"
+        );
+    }
+}
+
+#[test]
+fn a_partition_naming_one_worker_cuts_that_worker_alone_from_the_cache() {
+    let s = fleet(
+        "shared",
+        "[[faults]]\nkind = \"partition\"\nat_s = 5\na = \"w-1\"\nb = \"cache\"\n\
+         [[faults]]\nkind = \"heal\"\nat_s = 15\na = \"w-1\"\nb = \"cache\"\n",
+    );
+    let hosts: Vec<String> = layout::worker_hosts(&s).into_iter().map(|h| h.name).collect();
+    assert_eq!(
+        hosts,
+        ["w-1", "workers#0"],
+        "the partitioned worker runs on a host of its own"
+    );
+    let run = simulate(&s, 1).unwrap();
+    let unavailable: std::collections::BTreeSet<(&str, bool)> = run
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, Kind::CacheUnavailable { .. }))
+        .map(|e| (e.host.as_str(), (5_000_000..16_000_000).contains(&e.t_us)))
+        .collect();
+    assert_eq!(
+        unavailable,
+        [("w-1", true)].into_iter().collect(),
+        "only w-1 loses the cache, and only while partitioned"
+    );
+    let admitted = |host: &str| {
+        run.events
+            .iter()
+            .filter(|e| e.host == host && (6_000_000..15_000_000).contains(&e.t_us))
+            .filter(|e| matches!(e.kind, Kind::Admitted { .. }))
+            .count()
+    };
+    assert!(
+        admitted("w-0") > 0 && admitted("w-2") > 0,
+        "the others keep being admitted by the cache"
+    );
 }

@@ -14,8 +14,8 @@
 //! # Protocol
 //!
 //! Newline-delimited JSON: the client writes one [`WireRequest`] line, the
-//! host answers one [`WireReply`] line (a connection may carry several such
-//! exchanges; [`RemoteCache`] uses one per operation). The breaker's and the
+//! host answers one [`WireReply`] line; a connection carries any number of
+//! such exchanges, one at a time. The breaker's and the
 //! limiter's own types travel as they are, through the core's `serde`
 //! feature, so a change to them needs no edit here. Key/value and hit-window
 //! instants and durations travel as whole microseconds.
@@ -23,19 +23,25 @@
 //!
 //! # Failures
 //!
-//! Every [`RemoteCache`] operation opens a fresh connection — so a crashed,
-//! restarted or partitioned host never leaves a stale connection behind — and
-//! is bounded by the client's `timeout` on virtual time. A refused or reset
-//! connection, a reply that does not arrive in time (a partition, a hang) and
-//! a connection closed before the reply all become
+//! [`RemoteCache`] keeps its connections open between operations, as a
+//! Redis client's pool does: an operation takes the most recently used idle
+//! one, unless the host has closed it meanwhile (it crashed, or closed it
+//! after [`HOST_IDLE_TIMEOUT`]) or it idled past [`IDLE_TIMEOUT`], else opens
+//! a new one; an operation whose reused connection turns out closed before
+//! the host read its request goes out once more on a new one. Each operation
+//! is bounded by the client's `timeout` on virtual time, and a connection
+//! that failed or timed out is closed, never reused. A refused or reset
+//! connection, a reply that does not arrive in time (a partition, a hang)
+//! and a connection closed before the reply all become
 //! [`CacheError::Unavailable`] naming the port operation; the host's own
 //! errors come back as the matching [`CacheError`] variant (`NotAnInteger`,
 //! `Protocol`). `close` closes the client only: the host serves the rest of
 //! the fleet. A client holds at most
-//! [`MAX_OPEN_CONNECTIONS`] connections, counting those closed within
-//! [`TIME_WAIT`]; an operation beyond
-//! that is `Unavailable` at once, as on a host out of ports, rather than
-//! exhausting or reusing turmoil's ephemeral ports.
+//! [`MAX_OPEN_CONNECTIONS`](crate::hosts::transport::MAX_OPEN_CONNECTIONS)
+//! connections, counting those it closed within `TIME_WAIT`, and its
+//! turmoil host's share; an operation beyond that is `Unavailable` at once,
+//! as on a host out of ports, rather than exhausting or reusing turmoil's
+//! ephemeral ports.
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
@@ -58,10 +64,17 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use turmoil::net::TcpStream;
 
 use crate::hosts::clock::SimClock;
-use crate::hosts::transport::{ConnectionLimit, MAX_OPEN_CONNECTIONS, TIME_WAIT};
+use crate::hosts::clock::sim_elapsed;
+use crate::hosts::transport::{ConnectionLimit, ConnectionPermit, IDLE_TIMEOUT, TIME_WAIT};
 
 /// The port the cache host listens on.
 pub const PORT: u16 = 6379;
+
+/// How long the cache host keeps a connection no request arrives on, as
+/// Redis's `timeout` setting does: longer than a client keeps one idle
+/// ([`IDLE_TIMEOUT`]), so it only ends connections whose client left
+/// unheard.
+pub const HOST_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The longest protocol line accepted, in bytes (requests and replies).
 pub const MAX_LINE: u64 = 1 << 20;
@@ -107,7 +120,14 @@ async fn serve_connection(
     let mut reader = BufReader::new(read);
     loop {
         let mut line = Vec::new();
-        let n = (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line).await?;
+        let mut limited = (&mut reader).take(MAX_LINE);
+        let read = limited.read_until(b'\n', &mut line);
+        let Ok(n) = tokio::time::timeout(HOST_IDLE_TIMEOUT, read).await else {
+            // Idle too long: a client that went away unheard (its goodbye
+            // lost in a partition) leaves no connection open for ever.
+            return Ok(());
+        };
+        let n = n?;
         if n == 0 || line.last() != Some(&b'\n') {
             // End of stream, or a line too long to be ours.
             return Ok(());
@@ -200,8 +220,9 @@ async fn execute(cache: &MemoryCache, request: WireRequest) -> Result<WireReply,
     })
 }
 
-/// The client side: the whole cache port, over the network, one connection
-/// per operation, each bounded by `timeout` of virtual time.
+/// The client side: the whole cache port, over the network, each operation
+/// bounded by `timeout` of virtual time, on connections kept open between
+/// operations as a Redis client's pool keeps them.
 ///
 /// Only usable from inside a turmoil host. Cheap to share behind an `Arc`.
 #[derive(Debug)]
@@ -210,17 +231,36 @@ pub struct RemoteCache {
     timeout: Duration,
     closed: AtomicBool,
     open: Arc<ConnectionLimit>,
+    /// Open connections no operation is using, the most recently used last.
+    idle: Mutex<Vec<Connection>>,
+}
+
+/// One open connection to the cache host, the port it holds and when it
+/// was last used.
+#[derive(Debug)]
+struct Connection {
+    stream: BufReader<TcpStream>,
+    permit: ConnectionPermit,
+    since: Duration,
 }
 
 impl RemoteCache {
     /// A client for the cache host named `host`, giving up on an operation
-    /// (as [`CacheError::Unavailable`]) after `timeout`.
+    /// (as [`CacheError::Unavailable`]) after `timeout`, on a turmoil host of
+    /// its own.
     pub fn new(host: impl Into<String>, timeout: Duration) -> Self {
+        RemoteCache::on(host, timeout, ConnectionLimit::host(TIME_WAIT))
+    }
+
+    /// Like [`RemoteCache::new`], on a turmoil host whose ports `ports`
+    /// counts ([`ConnectionLimit::host`]).
+    pub fn on(host: impl Into<String>, timeout: Duration, ports: Arc<ConnectionLimit>) -> Self {
         RemoteCache {
             host: host.into(),
             timeout,
             closed: AtomicBool::new(false),
-            open: Arc::default(),
+            open: Arc::new(ConnectionLimit::within(ports)),
+            idle: Mutex::default(),
         }
     }
 
@@ -243,6 +283,40 @@ impl RemoteCache {
         }
     }
 
+    /// The most recently used idle connection still open at both ends and
+    /// idle for less than [`IDLE_TIMEOUT`]; those it passes over are closed.
+    fn checkout(&self) -> Option<Connection> {
+        let now = sim_elapsed();
+        loop {
+            let mut conn = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+            if now.saturating_sub(conn.since) >= IDLE_TIMEOUT {
+                continue;
+            }
+            if peer_closed(conn.stream.get_mut()) {
+                conn.permit.closed_by_peer();
+                continue;
+            }
+            return Some(conn);
+        }
+    }
+
+    /// A new connection to the cache host, within the client's and its
+    /// host's limits.
+    async fn connect(&self) -> Result<Connection, String> {
+        let permit = self
+            .open
+            .take()
+            .map_err(|exhausted| format!("its client to {} {exhausted}", self.host))?;
+        let stream = TcpStream::connect((self.host.as_str(), PORT))
+            .await
+            .map_err(|e| format!("connecting to {}: {e}", self.host))?;
+        Ok(Connection {
+            stream: BufReader::new(stream),
+            permit,
+            since: sim_elapsed(),
+        })
+    }
+
     async fn call(&self, operation: &'static str, request: WireRequest) -> Result<WireReply, CacheError> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(CacheError::Closed);
@@ -253,30 +327,31 @@ impl RemoteCache {
             detail: e.to_string(),
         })?;
         line.push(b'\n');
-        let Some(_permit) = self.open.take() else {
-            return Err(unavailable(format!(
-                "{MAX_OPEN_CONNECTIONS} connections to {} opened within {TIME_WAIT:?}, the most a simulated host holds",
-                self.host
-            )));
-        };
         let exchange = async {
-            let mut stream = TcpStream::connect((self.host.as_str(), PORT))
-                .await
-                .map_err(|e| format!("connecting to {}: {e}", self.host))?;
-            stream.write_all(&line).await.map_err(|e| format!("sending: {e}"))?;
-            let mut reply = Vec::new();
-            let mut reader = BufReader::new(stream).take(MAX_LINE);
-            reader
-                .read_until(b'\n', &mut reply)
-                .await
-                .map_err(|e| format!("reading the reply: {e}"))?;
-            if reply.last() != Some(&b'\n') {
-                return Err("connection closed before the reply".to_owned());
+            if let Some(mut conn) = self.checkout() {
+                match exchange(&mut conn, &line).await {
+                    Ok(reply) => return Ok((conn, reply)),
+                    // The host closed or lost this connection before it read
+                    // the request (it crashed, or closed it as idle): the
+                    // operation never ran, so it goes out on a new one, as a
+                    // pooled client retries a request its connection never
+                    // took.
+                    Err(Failure::Unread(_) | Failure::Broken(_)) => conn.permit.closed_by_peer(),
+                    Err(Failure::Partial(reason)) => return Err(reason),
+                }
             }
-            Ok(reply)
+            let mut conn = self.connect().await?;
+            match exchange(&mut conn, &line).await {
+                Ok(reply) => Ok((conn, reply)),
+                Err(Failure::Unread(reason) | Failure::Broken(reason) | Failure::Partial(reason)) => Err(reason),
+            }
         };
         let reply = match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(Ok(reply)) => reply,
+            Ok(Ok((mut conn, reply))) => {
+                conn.since = sim_elapsed();
+                self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
+                reply
+            }
             Ok(Err(reason)) => return Err(unavailable(reason)),
             Err(_) => return Err(unavailable(format!("no reply within {:?}", self.timeout))),
         };
@@ -289,6 +364,47 @@ impl RemoteCache {
             }),
         }
     }
+}
+
+/// Why an exchange on one connection failed.
+enum Failure {
+    /// The connection was closed or reset with no byte of a reply: the
+    /// request was never read.
+    Unread(String),
+    /// Sending failed: nothing reached the host.
+    Broken(String),
+    /// The reply began but did not end in a line.
+    Partial(String),
+}
+
+/// Sends `line` on `conn` and reads one reply line.
+async fn exchange(conn: &mut Connection, line: &[u8]) -> Result<Vec<u8>, Failure> {
+    conn.stream
+        .get_mut()
+        .write_all(line)
+        .await
+        .map_err(|e| Failure::Broken(format!("sending: {e}")))?;
+    let mut reply = Vec::new();
+    let read = (&mut conn.stream).take(MAX_LINE).read_until(b'\n', &mut reply).await;
+    match read {
+        Err(e) if reply.is_empty() => Err(Failure::Unread(format!("reading the reply: {e}"))),
+        Err(e) => Err(Failure::Partial(format!("reading the reply: {e}"))),
+        Ok(_) if reply.is_empty() => Err(Failure::Unread("connection closed before the reply".to_owned())),
+        Ok(_) if reply.last() != Some(&b'\n') => Err(Failure::Partial("connection closed before the reply".to_owned())),
+        Ok(_) => Ok(reply),
+    }
+}
+
+/// Whether the peer has closed or reset `stream`, as far as this side has
+/// heard: a read would end at once.
+fn peer_closed(stream: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    let mut buf = tokio::io::ReadBuf::new(&mut byte);
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    // Nothing is ever sent unasked, so any readable byte or end means the
+    // connection is no longer one to send a request on.
+    !matches!(stream.poll_peek(&mut cx, &mut buf), std::task::Poll::Pending)
 }
 
 fn unexpected(operation: &'static str, reply: &WireReply) -> CacheError {

@@ -30,7 +30,9 @@
 //! a request needing a new connection beyond that fails at once as
 //! [`TransportErrorKind::Connect`], as on a real host out of ports, rather
 //! than exhausting or reusing turmoil's ephemeral ports (which panics the
-//! whole simulation).
+//! whole simulation). Workers that share one turmoil host also share its
+//! ports: every client on the host takes its permits within the host's own
+//! limit of [`HOST_PORTS`] as well ([`ConnectionLimit::within`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -64,12 +66,19 @@ pub struct SimTransport {
 }
 
 impl SimTransport {
-    /// A transport for worker `host`, recording into `trace`.
+    /// A transport for worker `host`, recording into `trace`, on a turmoil
+    /// host of its own.
     pub fn new(host: impl Into<String>, trace: Trace) -> Self {
+        SimTransport::on(host, trace, ConnectionLimit::host(TIME_WAIT))
+    }
+
+    /// A transport for worker `host`, recording into `trace`, on a turmoil
+    /// host whose ports `ports` counts ([`ConnectionLimit::host`]).
+    pub fn on(host: impl Into<String>, trace: Trace, ports: Arc<ConnectionLimit>) -> Self {
         SimTransport {
             host: host.into(),
             trace,
-            open: Arc::default(),
+            open: Arc::new(ConnectionLimit::within(ports)),
             pool: Arc::default(),
         }
     }
@@ -135,27 +144,51 @@ impl Drop for Connection {
 /// The most connections one transport (or one cache client) holds at once,
 /// counting those it closed within the last [`TIME_WAIT`].
 ///
-/// turmoil gives a host 16,384 ephemeral ports, handed out in turn, and
-/// panics when they run out — or when it hands a port out again while the
+/// turmoil hands a host's ephemeral ports out in turn ([`EPHEMERAL_PORTS`])
+/// and panics when they run out — or when it hands a port out again while the
 /// peer still holds the socket of its last connection (its end closes only
 /// when the client's FIN arrives, up to a link's latency later). A worker has
-/// one transport and one cache client, 16,000 such connections together: for
-/// a port to come round again every other port would have to be open or
-/// closed within [`TIME_WAIT`], which this bound rules out. A client over it
-/// fails to connect, as a real host out of ports (or full of `TIME_WAIT`
-/// sockets) does.
+/// one transport and one cache client, 16,000 such connections together, and
+/// every client on one turmoil host counts within the host's [`HOST_PORTS`]
+/// too: for a port to come round again every other port would have to be
+/// open or closed within [`TIME_WAIT`], which these bounds rule out. A client
+/// over either fails to connect, as a real host out of ports (or full of
+/// `TIME_WAIT` sockets) does.
 pub const MAX_OPEN_CONNECTIONS: usize = 8000;
 
-/// How long a connection a client closed still counts against
-/// [`MAX_OPEN_CONNECTIONS`]: twice the longest one-way latency a scenario may
-/// set ([`MAX_LATENCY_MS`](crate::scenario::limits::MAX_LATENCY_MS)), as TCP's
-/// `TIME_WAIT` is twice a segment's lifetime. Only the side that closes
-/// first waits it out.
+/// The ephemeral ports every turmoil host hands out: all above the
+/// privileged range (servers and the cache host listen below it).
+pub const EPHEMERAL_PORTS: std::ops::RangeInclusive<u16> = 1024..=u16::MAX;
+
+/// The most connections all clients on one turmoil host hold at once,
+/// counting those closed within [`TIME_WAIT`]: fewer than the host's
+/// [`EPHEMERAL_PORTS`], so a port never comes round while its last
+/// connection may still be open at the peer.
+pub const HOST_PORTS: usize = 64_000;
+
+/// How long a connection a client closed still counts against its limits
+/// on a host of its own: twice the longest one-way latency any scenario may
+/// set ([`MAX_LATENCY_MS`](crate::scenario::limits::MAX_LATENCY_MS)), as
+/// TCP's `TIME_WAIT` is twice a segment's lifetime. A run uses its own
+/// scenario's ([`time_wait`]). Only the side that closes first waits it out.
 pub const TIME_WAIT: Duration = Duration::from_millis(2 * crate::scenario::limits::MAX_LATENCY_MS);
 
-/// One client's connections: open now, and closed within [`TIME_WAIT`].
-#[derive(Debug, Default)]
+/// `TIME_WAIT` on a network whose segments take at most `longest_latency`
+/// one way and arrive at a step of `tick`: twice a segment's lifetime, so
+/// the peer has seen a connection's end before its port can come round.
+pub fn time_wait(longest_latency: Duration, tick: Duration) -> Duration {
+    longest_latency.saturating_add(tick).saturating_mul(2)
+}
+
+/// Connections of one client, or of every client on one turmoil host: open
+/// now, and closed within [`TIME_WAIT`], at most its capacity.
+#[derive(Debug)]
 pub struct ConnectionLimit {
+    capacity: usize,
+    /// How long a connection closed from this side still counts.
+    time_wait: Duration,
+    /// The host's limit a client's permits are also taken from.
+    host: Option<Arc<ConnectionLimit>>,
     state: Mutex<LimitState>,
 }
 
@@ -168,23 +201,83 @@ struct LimitState {
 }
 
 impl ConnectionLimit {
-    /// A permit for one more connection, or `None` when the client already
-    /// holds [`MAX_OPEN_CONNECTIONS`].
-    pub fn take(self: &Arc<Self>) -> Option<ConnectionPermit> {
-        let now = sim_elapsed();
+    /// The ports of one turmoil host: [`HOST_PORTS`], shared by every client
+    /// on it, each closed connection counting for `time_wait` more.
+    pub fn host(time_wait: Duration) -> Arc<ConnectionLimit> {
+        Arc::new(ConnectionLimit {
+            capacity: HOST_PORTS,
+            time_wait,
+            host: None,
+            state: Mutex::default(),
+        })
+    }
+
+    /// One client's [`MAX_OPEN_CONNECTIONS`], on the host whose ports `host`
+    /// counts, with its `TIME_WAIT`.
+    pub fn within(host: Arc<ConnectionLimit>) -> ConnectionLimit {
+        ConnectionLimit {
+            capacity: MAX_OPEN_CONNECTIONS,
+            time_wait: host.time_wait,
+            host: Some(host),
+            state: Mutex::default(),
+        }
+    }
+
+    /// Counts one more connection if there is room for it.
+    fn reserve(&self, now: Duration) -> bool {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while state.closing.front().is_some_and(|t| *t <= now) {
             state.closing.pop_front();
         }
-        if state.open + state.closing.len() >= MAX_OPEN_CONNECTIONS {
-            return None;
+        if state.open + state.closing.len() >= self.capacity {
+            return false;
         }
         state.open += 1;
-        Some(ConnectionPermit {
+        true
+    }
+
+    /// Counts a connection gone, in `TIME_WAIT` or not.
+    fn release(&self, time_wait: bool) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.open = state.open.saturating_sub(1);
+        if time_wait {
+            state.closing.push_back(sim_elapsed().saturating_add(self.time_wait));
+        }
+    }
+
+    /// A permit for one more connection, or which limit it would pass: the
+    /// client's [`MAX_OPEN_CONNECTIONS`] or its host's [`HOST_PORTS`].
+    pub fn take(self: &Arc<Self>) -> Result<ConnectionPermit, Exhausted> {
+        let now = sim_elapsed();
+        if !self.reserve(now) {
+            return Err(Exhausted::Client);
+        }
+        if let Some(host) = &self.host
+            && !host.reserve(now)
+        {
+            self.release(false);
+            return Err(Exhausted::Host);
+        }
+        Ok(ConnectionPermit {
             limit: self.clone(),
             time_wait: true,
         })
     }
+}
+
+/// Which limit refused a connection ([`ConnectionLimit::take`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Exhausted {
+    /// The client holds [`MAX_OPEN_CONNECTIONS`].
+    #[error(
+        "holds {MAX_OPEN_CONNECTIONS} connections (open, or closed within TIME_WAIT), the most a simulated host holds"
+    )]
+    Client,
+    /// The workers sharing its turmoil host hold [`HOST_PORTS`] together.
+    #[error(
+        "shares a simulated host whose workers hold {HOST_PORTS} connections (open, or closed within TIME_WAIT) together, all its ports"
+    )]
+    Host,
 }
 
 /// One of a client's [`MAX_OPEN_CONNECTIONS`]; dropped with its connection,
@@ -206,10 +299,9 @@ impl ConnectionPermit {
 
 impl Drop for ConnectionPermit {
     fn drop(&mut self) {
-        let mut state = self.limit.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.open = state.open.saturating_sub(1);
-        if self.time_wait {
-            state.closing.push_back(sim_elapsed().saturating_add(TIME_WAIT));
+        self.limit.release(self.time_wait);
+        if let Some(host) = &self.limit.host {
+            host.release(self.time_wait);
         }
     }
 }
@@ -340,14 +432,14 @@ impl SimTransport {
 
     /// A new connection to `target`, its driver running on its own task.
     async fn connect(&self, target: &Target) -> Result<Connection, TransportError> {
-        let Some(permit) = self.open.take() else {
-            return Err(failed(
-                TransportErrorKind::Connect,
-                format!(
-                    "{} holds {MAX_OPEN_CONNECTIONS} connections (open, or closed within {TIME_WAIT:?}), the most a simulated host holds",
-                    self.host
-                ),
-            ));
+        let permit = match self.open.take() {
+            Ok(permit) => permit,
+            Err(exhausted) => {
+                return Err(failed(
+                    TransportErrorKind::Connect,
+                    format!("{} {exhausted}", self.host),
+                ));
+            }
         };
         let stream = TcpStream::connect((target.host.as_str(), target.port))
             .await
@@ -433,5 +525,36 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn clients_on_one_host_share_its_ports_and_each_keeps_its_own_limit() {
+        let host = ConnectionLimit::host(Duration::from_secs(1));
+        let clients: Vec<Arc<ConnectionLimit>> = (0..HOST_PORTS / MAX_OPEN_CONNECTIONS + 1)
+            .map(|_| Arc::new(ConnectionLimit::within(host.clone())))
+            .collect();
+        let mut held = Vec::new();
+        for c in &clients[..clients.len() - 1] {
+            held.extend((0..MAX_OPEN_CONNECTIONS).map(|_| c.take().unwrap()));
+            assert_eq!(
+                c.take().unwrap_err(),
+                Exhausted::Client,
+                "a client holds at most its own limit"
+            );
+        }
+        let last = clients.last().unwrap();
+        assert_eq!(
+            last.take().unwrap_err(),
+            Exhausted::Host,
+            "the host's ports are all held"
+        );
+        held.pop().unwrap().closed_by_peer();
+        let permit = last.take().expect("a port the peer closed is free at once");
+        drop(permit);
+        assert_eq!(
+            last.take().unwrap_err(),
+            Exhausted::Host,
+            "a port this side closed stays in TIME_WAIT, for the host as for the client"
+        );
     }
 }

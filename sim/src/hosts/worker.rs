@@ -1,5 +1,6 @@
-//! Worker hosts: one fleet member, its tenants' load, and the real hardened
-//! provider between them and a model server.
+//! Workers: one fleet member, its tenants' load, and the real hardened
+//! provider between them and a model server, on a turmoil host it may share
+//! with other workers (`world::layout`).
 //!
 //! Each worker builds exactly what a production process would — a limiter, a
 //! breaker, the OpenAI-compatible adapter and the hardened provider composing
@@ -32,7 +33,7 @@ use crate::evidence::trace::{self, Kind, Trace};
 use crate::hosts::RequestTokens;
 use crate::hosts::clock::{SimClock, sim_elapsed};
 use crate::hosts::server::PORT;
-use crate::hosts::transport::SimTransport;
+use crate::hosts::transport::{ConnectionLimit, SimTransport};
 use crate::scenario::limits::MAX_TRACE_TOKENS;
 use crate::scenario::{Burst, Hardening, Routing, Spread, TenantLoad};
 use crate::world::seeds;
@@ -110,6 +111,9 @@ pub struct WorkerPlan {
     pub until: Duration,
     /// Synchronised bursts this worker fires with the rest of the fleet.
     pub bursts: Vec<Burst>,
+    /// The ports of the turmoil host it runs on, which it may share with
+    /// other workers.
+    pub ports: Arc<ConnectionLimit>,
 }
 
 /// One model server a worker may call.
@@ -276,7 +280,10 @@ fn deployment<S: BreakerStore>(
         breaker = breaker.probe_lease(secs(lease));
     }
     let breaker = Arc::new(breaker.cache(store.clone()).build()?);
-    let transport = CountingTransport(SimTransport::new(&plan.name, trace.clone()), plan.name.clone());
+    let transport = CountingTransport(
+        SimTransport::on(&plan.name, trace.clone(), plan.ports.clone()),
+        plan.name.clone(),
+    );
     let adapter = Arc::new(
         OpenAiCompatible::builder(format!("http://{}:{PORT}/v1", target.server), target.model.clone())
             .timeout(secs(h.request_timeout_s))

@@ -183,12 +183,12 @@ impl Report {
         let _ = writeln!(out, "scenario {}  seed {}", self.scenario, self.seed);
         match wall {
             Some(w) => {
-                let speed = self.simulated_s / w.as_secs_f64().max(1e-9);
                 let _ = writeln!(
                     out,
-                    "simulated {:.1} s in {:.2} s of wall time ({speed:.0}× real time)",
+                    "simulated {:.1} s in {:.2} s of wall time ({} real time)",
                     self.simulated_s,
-                    w.as_secs_f64()
+                    w.as_secs_f64(),
+                    speed(self.simulated_s, w)
                 );
             }
             None => {
@@ -376,6 +376,24 @@ fn round_ms(s: f64) -> f64 {
     (s * 1000.0).round() / 1000.0
 }
 
+/// How many times faster than real time `simulated_s` took in `wall`, to
+/// three significant figures (`0.312×`, `27.3×`, `1177×`): a run slower than
+/// real time never reads as `0×`.
+pub fn speed(simulated_s: f64, wall: Duration) -> String {
+    let x = simulated_s / wall.as_secs_f64().max(1e-9);
+    let decimals = if x >= 100.0 {
+        0
+    } else if x >= 10.0 {
+        1
+    } else if x >= 1.0 {
+        2
+    } else {
+        // Three significant figures below 1, as far as 0.000001×.
+        (2.0 - x.max(1e-6).log10().floor()).min(8.0) as usize
+    };
+    format!("{x:.decimals$}×")
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -385,6 +403,16 @@ mod tests {
     use super::*;
     use crate::judgement::invariants::check_all;
     use crate::scenario::tenant;
+
+    #[test]
+    fn a_speed_keeps_three_significant_figures_and_never_reads_zero() {
+        let at = |simulated: f64, wall_ms: u64| speed(simulated, Duration::from_millis(wall_ms));
+        assert_eq!(at(120.0, 393_000), "0.305×", "200 workers slower than real time");
+        assert_eq!(at(120.0, 12_460), "9.63×");
+        assert_eq!(at(120.0, 4_440), "27.0×");
+        assert_eq!(at(200.0, 170), "1176×");
+        assert_eq!(at(1.0, 5_000_000), "0.000200×");
+    }
 
     const MINIMAL: &str = r#"
 name = "synthetic"

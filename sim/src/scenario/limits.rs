@@ -60,8 +60,9 @@ pub const MAX_TOKENS_PER_S: f64 = 1e9;
 /// The longest one request may hold a slot: one day.
 pub const MAX_SERVICE_TIME_S: f64 = 24.0 * 3600.0;
 
-/// The most workers, all groups together.
-pub const MAX_FLEET: u64 = 1000;
+/// The most workers, all groups together: ten times a fleet of the size
+/// the simulator is measured at (BENCHMARKS.md).
+pub const MAX_FLEET: u64 = 10_000;
 
 /// The most tenants one worker group may carry.
 pub const MAX_TENANTS: u64 = 100;

@@ -1,9 +1,10 @@
 //! The world: a turmoil simulation built from a scenario, driven through its
 //! fault schedule.
 //!
-//! [`World::build`] makes one host per machine in the modelled deployment —
-//! model servers, the optional shared cache host, and the workers (turmoil
-//! clients, so the run ends when they do); [`World::apply`] applies one
+//! [`World::build`] makes the turmoil hosts of the modelled deployment —
+//! one per model server, the optional shared cache host, and the workers'
+//! hosts, which several workers may share ([`layout`]; turmoil clients, so
+//! the run ends when they do); [`World::apply`] applies one
 //! [`Fault`] now; [`World::run`] steps the simulation to its end, applying
 //! each fault of the schedule at its instant (in the order
 //! [`fault::in_order`] defines); [`run_within`] builds and runs one and
@@ -18,6 +19,7 @@
 //! starts (the calls and attempts are the schedule's expected numbers, known
 //! up front) or, for steps, as soon as the count passes the cap.
 
+pub mod layout;
 pub mod seeds;
 
 use std::collections::BTreeMap;
@@ -31,8 +33,9 @@ use crate::evidence::trace::{DRIVER, Kind, Trace, TraceEvent};
 use crate::hosts::cache_host::{RemoteCache, cache_host};
 use crate::hosts::clock::{EPOCH, SimClock};
 use crate::hosts::server::{ServerHandle, server_host};
+use crate::hosts::transport::{ConnectionLimit, EPHEMERAL_PORTS};
 use crate::hosts::worker::{Target, WorkerPlan, run_worker};
-use crate::scenario::{CACHE_HOST, CacheKind, Fault, Network, Scenario, fault};
+use crate::scenario::{CACHE_HOST, CacheKind, CacheLayout, Fault, FleetMember, Network, Scenario, fault};
 
 /// Connection backlog per host: turmoil panics ("server socket buffer full")
 /// when more connection attempts than this wait for one host's accept, so it
@@ -42,7 +45,8 @@ use crate::scenario::{CACHE_HOST, CacheKind, Fault, Network, Scenario, fault};
 /// requests and as many cache operations. turmoil allocates the backlog only
 /// as it fills, and a stream's buffer as segments arrive, so a large figure
 /// costs nothing.
-const TCP_CAPACITY: usize = 1 << 24;
+const TCP_CAPACITY: usize =
+    crate::scenario::limits::MAX_FLEET as usize * 2 * crate::hosts::transport::MAX_OPEN_CONNECTIONS;
 
 /// How long a worker waits for the cache host when the scenario does not say.
 const DEFAULT_CACHE_TIMEOUT_MS: u64 = 250;
@@ -134,7 +138,7 @@ impl Budget {
     /// runs.
     pub fn check(&self, scenario: &Scenario) -> Result<(), SimError> {
         let fleet = scenario.fleet();
-        let hosts = hosts(scenario, fleet.len());
+        let hosts = hosts(scenario);
         let tick = Duration::from_millis(scenario.tick_ms.max(1));
         let steps = run_length(scenario).as_nanos().div_ceil(tick.as_nanos());
         let host_steps = u64::try_from(steps.saturating_mul(u128::from(hosts))).unwrap_or(u64::MAX);
@@ -176,11 +180,12 @@ impl Budget {
     }
 }
 
-/// Hosts a run of `scenario` with `fleet` workers has.
-fn hosts(scenario: &Scenario, fleet: usize) -> u64 {
+/// The turmoil hosts a run of `scenario` has: its servers, the cache host
+/// if shared, and the workers' hosts ([`layout`]).
+fn hosts(scenario: &Scenario) -> u64 {
     let cache = u64::from(scenario.cache.kind == CacheKind::Shared);
     (scenario.servers.len() as u64)
-        .saturating_add(fleet as u64)
+        .saturating_add(layout::worker_hosts(scenario).len() as u64)
         .saturating_add(cache)
 }
 
@@ -217,12 +222,34 @@ pub fn sim_builder(seed: u64, tick: Duration, network: &Network, duration: Durat
         .max_message_latency(Duration::from_millis(network.max_latency_ms))
         // turmoil panics when more connection attempts reach one host in a
         // tick than this; every call and cache operation opens one.
-        .tcp_capacity(TCP_CAPACITY);
+        .tcp_capacity(TCP_CAPACITY)
+        .ephemeral_ports(EPHEMERAL_PORTS);
     builder
 }
 
 fn secs(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
+}
+
+/// Runs one worker over its store: a client of the shared cache host, or an
+/// in-process cache of its own on its own clock.
+async fn worker(
+    plan: WorkerPlan,
+    cache: CacheLayout,
+    ports: Arc<ConnectionLimit>,
+    trace: Trace,
+) -> Result<(), Box<dyn std::error::Error>> {
+    match cache.kind {
+        CacheKind::Shared => {
+            let timeout = Duration::from_millis(cache.timeout_ms.unwrap_or(DEFAULT_CACHE_TIMEOUT_MS));
+            let store = Arc::new(RemoteCache::on(CACHE_HOST, timeout, ports));
+            run_worker(plan, store, trace).await
+        }
+        CacheKind::PerWorker => {
+            let store = Arc::new(MemoryCache::new(Arc::new(plan.clock.clone())));
+            run_worker(plan, store, trace).await
+        }
+    }
 }
 
 /// A simulation built from a scenario, ready to run.
@@ -279,48 +306,57 @@ impl<'s> World<'s> {
     }
 
     fn add_workers(&mut self, seed: u64, until: Duration) {
-        let s = self.scenario;
-        let cache_timeout = Duration::from_millis(s.cache.timeout_ms.unwrap_or(DEFAULT_CACHE_TIMEOUT_MS));
-        let bursts = s.bursts();
-        for member in s.fleet() {
-            let clock = SimClock::new(member.clock);
-            self.clocks.insert(member.name.clone(), clock.clone());
-            let deployments = member
-                .servers
-                .iter()
-                .map(|name| {
-                    let spec = s.server(name);
-                    Target {
-                        server: name.clone(),
-                        model: spec.map(|x| x.model.clone()).unwrap_or_default(),
-                        weight: spec.map_or(1, |x| x.slots),
-                    }
-                })
+        let time_wait = layout::time_wait(self.scenario);
+        for host in layout::worker_hosts(self.scenario) {
+            let ports = ConnectionLimit::host(time_wait);
+            let plans: Vec<WorkerPlan> = host
+                .members
+                .into_iter()
+                .map(|member| self.plan(member, seed, until, ports.clone()))
                 .collect();
-            let plan = WorkerPlan {
-                deployments,
-                name: member.name,
-                index: member.index,
-                tenants: member.tenants,
-                clock: clock.clone(),
-                hardening: s.hardening.clone(),
-                seed,
-                until,
-                bursts: bursts.clone(),
-            };
-            let (name, trace) = (plan.name.clone(), self.trace.clone());
-            match s.cache.kind {
-                CacheKind::Shared => {
-                    let store = Arc::new(RemoteCache::new(CACHE_HOST, cache_timeout));
-                    self.sim
-                        .client(name.as_str(), async move { run_worker(plan, store, trace).await });
+            let trace = self.trace.clone();
+            let cache = self.scenario.cache.clone();
+            self.sim.client(host.name.as_str(), async move {
+                let workers: Vec<_> = plans
+                    .into_iter()
+                    .map(|plan| tokio::task::spawn_local(worker(plan, cache.clone(), ports.clone(), trace.clone())))
+                    .collect();
+                for w in workers {
+                    w.await.map_err(|e| e.to_string())??;
                 }
-                CacheKind::PerWorker => {
-                    let store = Arc::new(MemoryCache::new(Arc::new(clock)));
-                    self.sim
-                        .client(name.as_str(), async move { run_worker(plan, store, trace).await });
+                Ok(())
+            });
+        }
+    }
+
+    /// The plan of one fleet member, whose clock the driver may then step.
+    fn plan(&mut self, member: FleetMember, seed: u64, until: Duration, ports: Arc<ConnectionLimit>) -> WorkerPlan {
+        let s = self.scenario;
+        let clock = SimClock::new(member.clock);
+        self.clocks.insert(member.name.clone(), clock.clone());
+        let deployments = member
+            .servers
+            .iter()
+            .map(|name| {
+                let spec = s.server(name);
+                Target {
+                    server: name.clone(),
+                    model: spec.map(|x| x.model.clone()).unwrap_or_default(),
+                    weight: spec.map_or(1, |x| x.slots),
                 }
-            }
+            })
+            .collect();
+        WorkerPlan {
+            deployments,
+            name: member.name,
+            index: member.index,
+            tenants: member.tenants,
+            clock,
+            hardening: s.hardening.clone(),
+            seed,
+            until,
+            bursts: s.bursts(),
+            ports,
         }
     }
 
@@ -373,7 +409,7 @@ impl<'s> World<'s> {
     pub fn run_within(mut self, budget: Budget) -> Result<(Duration, Vec<TraceEvent>), SimError> {
         let scenario = self.scenario;
         let schedule = fault::in_order(&scenario.faults);
-        let hosts = hosts(scenario, scenario.fleet().len()).max(1);
+        let hosts = hosts(scenario).max(1);
         let mut host_steps: u64 = 0;
         let mut next = 0;
         loop {
