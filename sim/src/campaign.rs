@@ -13,7 +13,7 @@ use crate::judgement::Run;
 use crate::judgement::report::Report;
 use crate::judgement::sweep::SeedRecord;
 use crate::scenario::Scenario;
-use crate::world::{Budget, SimError, run_within};
+use crate::world::{Budget, SimError, Watch, run_watched, run_within};
 
 /// Most seeds one command runs: far beyond what a machine simulates in a
 /// day, and a bound on the memory of their records. Past it, split the work
@@ -30,6 +30,12 @@ pub fn simulate(scenario: &Scenario, seed: u64) -> Result<Run, SimError> {
 /// every invariant.
 pub fn simulate_within(scenario: &Scenario, seed: u64, budget: Budget) -> Result<Run, SimError> {
     run_within(scenario, seed, budget).map(|evidence| crate::judgement::judge(scenario, evidence))
+}
+
+/// Like [`simulate`], with `watch` told the simulated time as the run goes
+/// and able to stop it ([`crate::world::World::run_watched`]).
+pub fn simulate_watched(scenario: &Scenario, seed: u64, watch: Watch<'_>) -> Result<Run, SimError> {
+    run_watched(scenario, seed, Budget::DEFAULT, watch).map(|evidence| crate::judgement::judge(scenario, evidence))
 }
 
 /// Runs `scenario` over `seeds` on `jobs` threads and returns each seed's

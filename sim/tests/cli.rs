@@ -344,3 +344,29 @@ fn jobs_do_not_change_the_results() {
     let three = json(&set, "3", "compare-3.json");
     assert_eq!(one, three, "compare --jobs 3 differs from --jobs 1");
 }
+
+#[test]
+fn a_run_estimated_past_max_wall_is_refused_with_the_estimate_and_the_flag() {
+    // A day of 1 ms steps: 86 million steps over two hosts.
+    let day = SMALL.replace("duration_s = 20", "duration_s = 86400\ntick_ms = 1");
+    let path = temp_file("day-of-1ms.toml", &day);
+    let json = path.with_extension("json");
+    let out = bin()
+        .args(["run", path.to_str().unwrap(), "--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("would take about")
+            && err.contains("more than --max-wall 60 s")
+            && err.contains("pass --max-wall"),
+        "{err}"
+    );
+    assert!(!json.exists(), "a refused run writes nothing");
+    let out = bin()
+        .args(["run", path.to_str().unwrap(), "--max-wall", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "no run may take no time at all");
+}

@@ -214,3 +214,58 @@ fn a_partition_naming_one_worker_cuts_that_worker_alone_from_the_cache() {
         "the others keep being admitted by the cache"
     );
 }
+
+#[test]
+fn a_watch_that_stops_a_run_ends_it_with_what_was_simulated() {
+    let s = Scenario::parse("watched.toml", BASE).unwrap();
+    let mut seen = Vec::new();
+    let mut watch = |t: std::time::Duration| {
+        seen.push(t);
+        if t >= std::time::Duration::from_secs(20) {
+            std::ops::ControlFlow::Break("enough".to_owned())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
+    };
+    match redstring_sim::campaign::simulate_watched(&s, 1, &mut watch) {
+        Err(
+            e @ redstring_sim::world::SimError::Stopped {
+                at_s, arrived, ended, ..
+            },
+        ) => {
+            assert!((20.0..21.0).contains(&at_s), "stopped at {at_s}");
+            // 2 calls a second for 20 s.
+            assert!(
+                (20..70).contains(&arrived) && ended <= arrived,
+                "{arrived} arrived, {ended} ended"
+            );
+            assert!(e.to_string().contains("enough"), "{e}");
+        }
+        other => panic!("expected the watch to stop the run, got {other:?}"),
+    }
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "the watch sees time go forward");
+}
+
+#[test]
+fn the_wall_estimate_grows_with_steps_hosts_and_calls() {
+    use redstring_sim::world::Work;
+    let base = Scenario::parse("base.toml", BASE).unwrap();
+    let work = Work::of(&base);
+    // 45 s of 10 ms steps over one server and one worker host.
+    assert_eq!((work.steps, work.hosts, work.host_steps), (4500, 2, 9000));
+    let longer = Scenario::parse("longer.toml", &BASE.replace("duration_s = 40", "duration_s = 400")).unwrap();
+    let finer = Scenario::parse("finer.toml", &format!("tick_ms = 1\n{BASE}")).unwrap();
+    let busier = Scenario::parse(
+        "busier.toml",
+        &BASE.replace("calls_per_min = 120", "calls_per_min = 1200"),
+    )
+    .unwrap();
+    for (what, other) in [("longer", &longer), ("finer", &finer), ("busier", &busier)] {
+        assert!(
+            Work::of(other).wall_estimate() > work.wall_estimate() * 5,
+            "{what}: {:?} against {:?}",
+            Work::of(other).wall_estimate(),
+            work.wall_estimate()
+        );
+    }
+}

@@ -23,6 +23,7 @@ pub mod layout;
 pub mod seeds;
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -73,6 +74,23 @@ pub enum SimError {
         at_s: f64,
         /// turmoil's or the host's description.
         message: String,
+    },
+    /// The run's watch stopped it before its end (`run --max-wall`):
+    /// nothing was judged.
+    #[error(
+        "stopped at {at_s:.1} s of {duration_s} s simulated: {reason}; by then {arrived} calls had arrived and {ended} had ended"
+    )]
+    Stopped {
+        /// Simulated seconds covered.
+        at_s: f64,
+        /// The scenario's duration.
+        duration_s: f64,
+        /// Why the watch stopped it.
+        reason: String,
+        /// Calls that had arrived.
+        arrived: usize,
+        /// Calls that had ended.
+        ended: usize,
     },
     /// The scenario asks for more work than the [`Budget`] allows.
     #[error(
@@ -137,11 +155,57 @@ impl Budget {
     /// The work `scenario` asks for, checked against this budget before it
     /// runs.
     pub fn check(&self, scenario: &Scenario) -> Result<(), SimError> {
+        let work = Work::of(scenario);
+        for (resource, needed, budget) in [
+            (Resource::HostSteps, work.host_steps, self.host_steps),
+            (Resource::Calls, work.calls, self.calls),
+            (Resource::Attempts, work.attempts, self.attempts),
+        ] {
+            if needed > budget {
+                return Err(SimError::OverBudget {
+                    resource,
+                    needed,
+                    budget,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The work a scenario asks for, known before it runs: what a [`Budget`]
+/// caps, and what a run's wall time is estimated from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Work {
+    /// Simulation steps.
+    pub steps: u64,
+    /// turmoil hosts.
+    pub hosts: u64,
+    /// Steps times hosts.
+    pub host_steps: u64,
+    /// Calls expected to start: arrivals and burst calls.
+    pub calls: u64,
+    /// Attempts if every call used all its retries and limiter waits.
+    pub attempts: u64,
+}
+
+/// Wall time one host's runtime takes for a step it has nothing to do in,
+/// as turmoil 0.7 ticks it: the floor every step pays per host (measured by
+/// `cargo run --release -p redstring-sim --example idle_floor`; BENCHMARKS.md).
+const WALL_PER_HOST_STEP: Duration = Duration::from_nanos(1_000);
+
+/// Wall time one call takes on average through the whole stack — limiter,
+/// breaker and cache operations over the network, the request, the server,
+/// the trace — as measured on fleets (BENCHMARKS.md).
+const WALL_PER_CALL: Duration = Duration::from_micros(200);
+
+impl Work {
+    /// The work of one run of `scenario`.
+    pub fn of(scenario: &Scenario) -> Work {
         let fleet = scenario.fleet();
         let hosts = hosts(scenario);
         let tick = Duration::from_millis(scenario.tick_ms.max(1));
-        let steps = run_length(scenario).as_nanos().div_ceil(tick.as_nanos());
-        let host_steps = u64::try_from(steps.saturating_mul(u128::from(hosts))).unwrap_or(u64::MAX);
+        let steps = u64::try_from(run_length(scenario).as_nanos().div_ceil(tick.as_nanos())).unwrap_or(u64::MAX);
         let arrivals: f64 = fleet
             .iter()
             .flat_map(|m| m.tenants.iter())
@@ -162,21 +226,23 @@ impl Budget {
         let calls = (arrivals + bursts).ceil() as u64;
         let h = &scenario.hardening;
         let per_call = 1 + u64::from(h.max_retries) + u64::from(h.limiter_waits);
-        let attempts = calls.saturating_mul(per_call);
-        for (resource, needed, budget) in [
-            (Resource::HostSteps, host_steps, self.host_steps),
-            (Resource::Calls, calls, self.calls),
-            (Resource::Attempts, attempts, self.attempts),
-        ] {
-            if needed > budget {
-                return Err(SimError::OverBudget {
-                    resource,
-                    needed,
-                    budget,
-                });
-            }
+        Work {
+            steps,
+            hosts,
+            host_steps: steps.saturating_mul(hosts),
+            calls,
+            attempts: calls.saturating_mul(per_call),
         }
-        Ok(())
+    }
+
+    /// About how long a run of this work takes on one core of the machine
+    /// BENCHMARKS.md was measured on: within a factor of two or so either
+    /// way, enough to warn of a run of minutes before it starts.
+    pub fn wall_estimate(&self) -> Duration {
+        // turmoil ticks the network's own runtime as well as every host's.
+        let runtime_steps = self.steps as f64 * (self.hosts as f64 + 1.0);
+        let s = runtime_steps * WALL_PER_HOST_STEP.as_secs_f64() + self.calls as f64 * WALL_PER_CALL.as_secs_f64();
+        Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
     }
 }
 
@@ -199,8 +265,14 @@ fn run_length(scenario: &Scenario) -> Duration {
 /// what it left behind; judging it is [`crate::judgement::judge`]'s, and
 /// [`crate::campaign::simulate`] does both.
 pub fn run_within(scenario: &Scenario, seed: u64, budget: Budget) -> Result<Evidence, SimError> {
+    run_watched(scenario, seed, budget, &mut |_| ControlFlow::Continue(()))
+}
+
+/// Like [`run_within`], with `watch` told the simulated time as the run
+/// goes ([`World::run_watched`]).
+pub fn run_watched(scenario: &Scenario, seed: u64, budget: Budget, watch: Watch<'_>) -> Result<Evidence, SimError> {
     budget.check(scenario)?;
-    let (simulated, events) = World::build(scenario, seed).run_within(budget)?;
+    let (simulated, events) = World::build(scenario, seed).run_watched(budget, watch)?;
     Ok(Evidence {
         seed,
         simulated,
@@ -406,11 +478,19 @@ impl<'s> World<'s> {
 
     /// Like [`World::run`], but ends with [`SimError::OverBudget`] as soon as
     /// the steps taken times the hosts pass `budget.host_steps`.
-    pub fn run_within(mut self, budget: Budget) -> Result<(Duration, Vec<TraceEvent>), SimError> {
+    pub fn run_within(self, budget: Budget) -> Result<(Duration, Vec<TraceEvent>), SimError> {
+        self.run_watched(budget, &mut |_| ControlFlow::Continue(()))
+    }
+
+    /// Like [`World::run_within`], telling `watch` the simulated time
+    /// covered every [`WATCH_EVERY`] steps; a watch that breaks with a
+    /// reason ends the run there with [`SimError::Stopped`].
+    pub fn run_watched(mut self, budget: Budget, watch: Watch<'_>) -> Result<(Duration, Vec<TraceEvent>), SimError> {
         let scenario = self.scenario;
         let schedule = fault::in_order(&scenario.faults);
         let hosts = hosts(scenario).max(1);
         let mut host_steps: u64 = 0;
+        let mut steps: u64 = 0;
         let mut next = 0;
         loop {
             host_steps = host_steps.saturating_add(hosts);
@@ -422,6 +502,20 @@ impl<'s> World<'s> {
                 });
             }
             let now = self.sim.elapsed();
+            steps += 1;
+            if steps.is_multiple_of(WATCH_EVERY)
+                && let ControlFlow::Break(reason) = watch(now)
+            {
+                let events = self.trace.events();
+                let count = |f: fn(&Kind) -> bool| events.iter().filter(|e| f(&e.kind)).count();
+                return Err(SimError::Stopped {
+                    at_s: now.as_secs_f64(),
+                    duration_s: scenario.duration_s,
+                    reason,
+                    arrived: count(|k| matches!(k, Kind::Arrival { .. })),
+                    ended: count(|k| matches!(k, Kind::CallEnd { .. })),
+                });
+            }
             while let Some(f) = schedule.get(next).filter(|f| secs(f.at_s()) <= now) {
                 self.apply(f);
                 next += 1;
@@ -440,3 +534,10 @@ impl<'s> World<'s> {
         Ok((self.sim.elapsed(), self.trace.events()))
     }
 }
+
+/// How many steps apart a run's [`Watch`] is called.
+pub const WATCH_EVERY: u64 = 1024;
+
+/// Watches a run as it goes ([`World::run_watched`]): given the simulated
+/// time covered, it lets the run go on or stops it with a reason.
+pub type Watch<'a> = &'a mut dyn FnMut(Duration) -> ControlFlow<String>;
