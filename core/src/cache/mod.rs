@@ -25,10 +25,14 @@
 //!
 //! Every method is async and fallible: a shared cache is a network peer.
 
+#[cfg(test)]
+mod differential;
 mod keybuf;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(test)]
+mod simple;
 
 use std::future::Future;
 use std::sync::Arc;

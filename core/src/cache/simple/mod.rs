@@ -1,0 +1,908 @@
+//! `MemoryCache`: the in-process adapter, and the default.
+//!
+//! It is not a test double: one process with a `MemoryCache` limits and breaks
+//! correctly. Its only limitation is that processes cannot share it.
+//!
+//! # Exactness
+//!
+//! The keys are split over a few shards, each a table (`table.rs`) behind
+//! its own mutex. A key that begins with a hash tag (`{…}`, as a breaker's
+//! five keys `{prefix}:state`, … do) lives on one shard with every other
+//! tagged key, and every other key (a limiter's `{prefix}:{tenant}`) is
+//! placed by its hash over the rest. Every operation locks the shards of the
+//! keys it touches (one, for every key set the crate builds) for its whole
+//! step, so each atomic operation is one critical section and racing tasks
+//! see exactly the answers a single caller would. The decisions are the pure
+//! functions of [`crate::decide`]; this store only reads their inputs and
+//! writes what they say. Calls in flight (a router's picks span several
+//! keys) are kept under one lock of their own.
+//!
+//! # Time and memory
+//!
+//! TTLs are measured on the injected [`Clock`] — never on the OS — so
+//! simulated time and TTL time agree. Expired entries are dropped when
+//! touched, and a shard is swept in bulk once its operations since its last
+//! sweep exceed [`SWEEP_SLACK`](table::SWEEP_SLACK) plus the keys that sweep
+//! kept; each such sweep also sweeps another shard, in turn, so a shard
+//! nobody touches is swept too. Memory therefore stays bounded by live
+//! tenants × their hits (a limiter's series holds the hits of one series
+//! lifetime, about `2 × rpm` — see [`RateLimiter`](crate::RateLimiter)), and
+//! idle tenants go away.
+
+mod breaker;
+mod series;
+mod table;
+
+use std::hash::BuildHasher as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, MutexGuard};
+use series::Series;
+use table::{Map, Table, Value};
+
+use super::{
+    BreakerStore, BudgetStore, Cache, HitWindow, ImmediateStore, InFlightStore, KeyBuf, KeyValue, LimiterStore,
+    SlotRequest, TenantPrefix, TimeSource, TokenStore,
+};
+use crate::clock::{Clock, SystemClock};
+use crate::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
+use crate::decide::budget::{
+    BudgetCommand, BudgetParams, BudgetState, BudgetStep, clamp_budget_stamp, step as budget_step,
+};
+use crate::decide::pick::{Pick, PickRequest, check_pick, least_loaded};
+use crate::decide::tokens::{ReservationId, TokenAsk, TokenEntry, TokenOutcome, combine, decide_tokens, settle_entry};
+use crate::decide::window::{SlotOutcome, clamp_stamp, decide};
+use crate::error::CacheError;
+use crate::tenant::TenantId;
+use crate::time::Timestamp;
+
+/// How many shards untagged keys are spread over.
+const HASHED: usize = 8;
+
+/// The shard every key that begins with `{` lives on.
+const TAGGED: usize = 0;
+
+/// How many shards a cache has: one for tagged keys, [`HASHED`] for the rest.
+const SHARDS: usize = 1 + HASHED;
+
+/// The in-process [`Cache`]: every capability of the port, over sharded maps.
+///
+/// Cheap to clone; clones share one store.
+#[derive(Clone)]
+pub struct MemoryCache {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    clock: Arc<dyn Clock>,
+    time_source: TimeSource,
+    shards: [Mutex<Table>; SHARDS],
+    /// Calls in flight per key, as (id, lease end).
+    in_flight: Mutex<Map<Vec<(u64, Timestamp)>>>,
+    /// Set by `close` before it empties each lock's data; read under a lock.
+    closed: AtomicBool,
+}
+
+/// The shard `key` lives on: keys that begin with a hash tag (`{…}`) share
+/// one; every other key is placed by its hash over the rest.
+fn shard_of(key: &str) -> usize {
+    if key.starts_with('{') {
+        return TAGGED;
+    }
+    let hash = rustc_hash::FxBuildHasher.hash_one(key);
+    // The high bits mix best.
+    1 + (hash >> 32) as usize % HASHED
+}
+
+impl std::fmt::Debug for MemoryCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (mut values, mut windows) = (0, 0);
+        for shard in &self.shared.shards {
+            let table = shard.lock();
+            values += table.values.len();
+            windows += table.series.len();
+        }
+        f.debug_struct("MemoryCache")
+            .field("time_source", &self.shared.time_source)
+            .field("values", &values)
+            .field("windows", &windows)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl Default for MemoryCache {
+    /// A cache on the system clock.
+    fn default() -> Self {
+        Self::new(Arc::new(SystemClock))
+    }
+}
+
+impl MemoryCache {
+    /// A cache whose TTLs run on `clock`, and whose atomic operations stamp
+    /// with `clock` too ([`TimeSource::Store`], the default). For a cache owned
+    /// by one limiter or breaker the two are the same clock.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self::with_time_source(clock, TimeSource::default())
+    }
+
+    /// A cache whose TTLs run on `clock`; under [`TimeSource::Store`] its atomic
+    /// operations also stamp with `clock`, under [`TimeSource::Caller`] with the
+    /// caller's `now`, clamped into one window behind `clock`
+    /// ([`crate::decide::window::clamp_stamp`]). The simulator's shared cache host
+    /// runs either.
+    pub fn with_time_source(clock: Arc<dyn Clock>, time_source: TimeSource) -> Self {
+        MemoryCache {
+            shared: Arc::new(Shared {
+                clock,
+                time_source,
+                shards: std::array::from_fn(|_| Mutex::default()),
+                in_flight: Mutex::default(),
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Live keys holding a value, and keys holding a hit window — what memory is
+    /// spent on. Expired entries still waiting for a sweep are not counted.
+    pub fn len(&self) -> (usize, usize) {
+        let now = self.shared.clock.now();
+        let (mut values, mut windows) = (0, 0);
+        for shard in &self.shared.shards {
+            let table = shard.lock();
+            values += table.values.values().filter(|e| e.live(now)).count();
+            windows += table.series.values().filter(|s| !s.expired(now)).count();
+        }
+        (values, windows)
+    }
+
+    /// Total hits held in memory across every window, expired series not
+    /// yet swept included: bounded by live tenants × the hits of one series
+    /// lifetime each.
+    pub fn stored_hits(&self) -> usize {
+        let held = |shard: &Mutex<Table>| shard.lock().series.values().map(Series::held).sum::<usize>();
+        self.shared.shards.iter().map(held).sum()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
+
+    /// Locks `key`'s shard, checks the cache is open, and sweeps if due.
+    fn lock(&self, key: &str, now: Timestamp) -> Result<MutexGuard<'_, Table>, CacheError> {
+        self.lock_shard(shard_of(key), now)
+    }
+
+    /// Locks shard `index`, checks the cache is open, and sweeps the shard
+    /// (and the next other one, if nobody holds it) if due.
+    fn lock_shard(&self, index: usize, now: Timestamp) -> Result<MutexGuard<'_, Table>, CacheError> {
+        let mut table = self.shared.shards[index].lock();
+        if self.is_closed() {
+            return Err(CacheError::Closed);
+        }
+        if table.tick() {
+            table.sweep(now);
+            let other = table.sweeps_next;
+            table.sweeps_next = (other + 1) % SHARDS;
+            // Never waits: a shard in use (this one included) is skipped.
+            if let Some(mut other) = self.shared.shards[other].try_lock() {
+                other.sweep(now);
+            }
+        }
+        Ok(table)
+    }
+
+    /// The instant an atomic step stamps with: the caller's or the store's.
+    fn stamp(&self, caller_now: Timestamp, clock_now: Timestamp) -> Timestamp {
+        match self.shared.time_source {
+            TimeSource::Caller => caller_now,
+            TimeSource::Store => clock_now,
+        }
+    }
+
+    /// A limiter decision's stamp, and whether it was clamped
+    /// ([`clamp_stamp`]).
+    fn slot_stamp(&self, request: &SlotRequest, clock_now: Timestamp) -> (Timestamp, bool) {
+        match self.shared.time_source {
+            TimeSource::Store => (clock_now, false),
+            TimeSource::Caller => clamp_stamp(request.now, clock_now, request.window, request.max_ahead),
+        }
+    }
+
+    /// The atomic slot decision at `key`: count, decide, record if admitted.
+    fn acquire(&self, key: &str, request: &SlotRequest) -> Result<SlotOutcome, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let (now, clamped) = self.slot_stamp(request, clock_now);
+        let since = now.saturating_sub(request.window);
+        let mut table = self.lock(key, clock_now)?;
+        let (count, oldest) = table.series(key, clock_now).map_or((0, None), |s| s.window(since));
+        let outcome = decide(count, oldest, request.limit, now, request.window);
+        if let SlotOutcome::Admitted { .. } = outcome {
+            table
+                .record(key, now, request.ttl, clock_now)
+                .map_err(|_| full("acquire_slot", key))?;
+        }
+        Ok(outcome.with_clamped(clamped))
+    }
+}
+
+/// The error `operation` reports for a hit `key`'s series has no room for.
+#[cold]
+fn full(operation: &'static str, key: &str) -> CacheError {
+    CacheError::Unavailable {
+        operation,
+        reason: format!("no memory for another hit in the series of {key}"),
+    }
+}
+
+impl Cache for MemoryCache {
+    async fn close(&self) -> Result<(), CacheError> {
+        self.shared.closed.store(true, Ordering::Release);
+        for shard in &self.shared.shards {
+            shard.lock().clear();
+        }
+        *self.shared.in_flight.lock() = Map::default();
+        Ok(())
+    }
+
+    fn stamps_with_own_clock(&self) -> bool {
+        self.shared.time_source == TimeSource::Store
+    }
+}
+
+impl KeyValue for MemoryCache {
+    async fn get(&self, key: &str) -> Result<Option<String>, CacheError> {
+        let now = self.shared.clock.now();
+        let mut table = self.lock(key, now)?;
+        Ok(table.value(key, now).map(|e| match &e.value {
+            Value::Text(s) => s.clone(),
+            Value::Int(n) => n.to_string(),
+        }))
+    }
+
+    async fn set(&self, key: &str, value: &str, ttl: Option<Duration>) -> Result<(), CacheError> {
+        let now = self.shared.clock.now();
+        let mut table = self.lock(key, now)?;
+        table.put(
+            key,
+            Value::Text(value.to_owned()),
+            ttl.map(|ttl| now.saturating_add(ttl)),
+        );
+        Ok(())
+    }
+
+    async fn increment(&self, key: &str, ttl: Option<Duration>) -> Result<i64, CacheError> {
+        let now = self.shared.clock.now();
+        let mut table = self.lock(key, now)?;
+        let Some(entry) = table.value(key, now) else {
+            table.put(key, Value::Int(1), ttl.map(|ttl| now.saturating_add(ttl)));
+            return Ok(1);
+        };
+        let current = match &entry.value {
+            Value::Int(n) => *n,
+            Value::Text(s) => s
+                .parse::<i64>()
+                .map_err(|_| CacheError::NotAnInteger { key: key.to_owned() })?,
+        };
+        let next = current.checked_add(1).ok_or_else(|| CacheError::Protocol {
+            operation: "increment",
+            detail: format!("{key} would overflow"),
+        })?;
+        entry.value = Value::Int(next);
+        Ok(next)
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), CacheError> {
+        let now = self.shared.clock.now();
+        let mut table = self.lock(key, now)?;
+        table.values.remove(key);
+        table.series.remove(key);
+        table.ledgers.remove(key);
+        // Under the shard's lock still: one critical section.
+        self.shared.in_flight.lock().remove(key);
+        Ok(())
+    }
+}
+
+impl HitWindow for MemoryCache {
+    async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
+        let now = self.shared.clock.now();
+        let mut table = self.lock(key, now)?;
+        table.record(key, at, ttl, now).map_err(|_| full("record_hit", key))
+    }
+
+    async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
+        let now = self.shared.clock.now();
+        let mut table = self.lock(key, now)?;
+        Ok(table.series(key, now).map_or(0, |s| s.window(since).0))
+    }
+
+    async fn oldest_since(&self, key: &str, since: Timestamp) -> Result<Option<Timestamp>, CacheError> {
+        let now = self.shared.clock.now();
+        let mut table = self.lock(key, now)?;
+        Ok(table.series(key, now).and_then(|s| s.window(since).1))
+    }
+}
+
+impl LimiterStore for MemoryCache {
+    async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
+        self.acquire(key, &request)
+    }
+}
+
+impl ImmediateStore for MemoryCache {
+    fn acquire_tenant_slot_now(
+        &self,
+        prefix: &TenantPrefix,
+        tenant: TenantId,
+        request: &SlotRequest,
+    ) -> Result<SlotOutcome, CacheError> {
+        let key = KeyBuf::tenant(prefix.as_str(), &tenant);
+        self.acquire(key.as_str(), request)
+    }
+
+    fn breaker_step_now(
+        &self,
+        keys: &BreakerKeys,
+        command: BreakerCommand,
+        params: BreakerParams,
+        now: Timestamp,
+    ) -> Result<BreakerStep, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let now = self.stamp(now, clock_now);
+        let mut held = breaker::Held::lock(self, keys, clock_now)?;
+        Ok(held.step(command, &params, now, clock_now))
+    }
+}
+
+impl InFlightStore for MemoryCache {
+    async fn pick_least_loaded(
+        &self,
+        keys: &[&str],
+        weights: &[u32],
+        request: PickRequest,
+    ) -> Result<Pick, CacheError> {
+        check_pick(keys, weights)?;
+        let clock_now = self.shared.clock.now();
+        let now = match self.shared.time_source {
+            TimeSource::Caller => clamp_budget_stamp(request.now, clock_now, request.max_ahead),
+            TimeSource::Store => clock_now,
+        };
+        let mut map = self.shared.in_flight.lock();
+        if self.is_closed() {
+            return Err(CacheError::Closed);
+        }
+        let mut counts = Vec::with_capacity(keys.len());
+        for key in keys {
+            let live = map.get_mut(*key).map_or(0, |leases| {
+                leases.retain(|&(_, end)| end >= now);
+                leases.len()
+            });
+            counts.push(live as u64);
+        }
+        let index = least_loaded(&counts, weights).unwrap_or(0);
+        let lease = (request.id, now.saturating_add(request.lease));
+        match map.get_mut(keys[index]) {
+            Some(leases) => {
+                leases.retain(|&(id, _)| id != request.id);
+                leases.push(lease);
+            }
+            None => {
+                map.insert(keys[index].to_owned(), vec![lease]);
+            }
+        }
+        map.retain(|_, leases| !leases.is_empty());
+        Ok(Pick { index, counts })
+    }
+
+    async fn end_in_flight(&self, key: &str, id: u64) -> Result<(), CacheError> {
+        let mut map = self.shared.in_flight.lock();
+        if self.is_closed() {
+            return Err(CacheError::Closed);
+        }
+        if let Some(leases) = map.get_mut(key) {
+            leases.retain(|&(lease, _)| lease != id);
+            if leases.is_empty() {
+                map.remove(key);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TokenStore for MemoryCache {
+    async fn acquire_with_tokens(
+        &self,
+        key: &str,
+        request: SlotRequest,
+        ask: TokenAsk,
+    ) -> Result<TokenOutcome, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let (now, clamped) = self.slot_stamp(&request, clock_now);
+        let since = now.saturating_sub(request.window);
+        let mut table = self.lock(key, clock_now)?;
+        let (count, oldest) = table.series(key, clock_now).map_or((0, None), |s| s.window(since));
+        let slot = decide(count, oldest, request.limit, now, request.window);
+        // Reservations older than the series' lifetime are pruned, as hits are.
+        let horizon = clock_now.saturating_sub(request.ttl);
+        let entries: &[TokenEntry] = match table.ledger(key, clock_now) {
+            Some(ledger) => {
+                ledger.entries.retain(|e| e.id.at >= horizon);
+                &ledger.entries
+            }
+            None => &[],
+        };
+        let tokens = decide_tokens(entries, &ask, now, request.window);
+        let seq = entries.iter().filter(|e| e.id.at == now).count();
+        let seq = u32::try_from(seq).unwrap_or(u32::MAX);
+        let outcome = combine(count, slot, tokens, now, seq, request.window);
+        if let TokenOutcome::Admitted { reservation, .. } = outcome {
+            table
+                .record(key, now, request.ttl, clock_now)
+                .map_err(|_| full("acquire_with_tokens", key))?;
+            let entry = TokenEntry {
+                id: reservation,
+                tokens: ask.tokens,
+                lease_end: Some(now.saturating_add(ask.lease)),
+            };
+            table.reserve(key, entry, clock_now.saturating_add(request.ttl), clock_now);
+        }
+        Ok(with_clamped(outcome, clamped))
+    }
+
+    async fn settle_tokens(&self, key: &str, id: ReservationId, actual: u64) -> Result<bool, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let mut table = self.lock(key, clock_now)?;
+        Ok(table
+            .ledger(key, clock_now)
+            .is_some_and(|ledger| settle_entry(&mut ledger.entries, id, actual)))
+    }
+}
+
+/// `outcome`, saying whether its stamp was clamped.
+fn with_clamped(outcome: TokenOutcome, clamped: bool) -> TokenOutcome {
+    match outcome {
+        TokenOutcome::Admitted {
+            remaining,
+            tokens_used,
+            reservation,
+            ..
+        } => TokenOutcome::Admitted {
+            remaining,
+            tokens_used,
+            reservation,
+            clamped,
+        },
+        TokenOutcome::Refused {
+            by,
+            requests_used,
+            tokens_used,
+            retry_after,
+            at,
+            ..
+        } => TokenOutcome::Refused {
+            by,
+            requests_used,
+            tokens_used,
+            retry_after,
+            at,
+            clamped,
+        },
+    }
+}
+
+impl BudgetStore for MemoryCache {
+    async fn budget_step(
+        &self,
+        key: &str,
+        command: BudgetCommand,
+        params: BudgetParams,
+        now: Timestamp,
+    ) -> Result<BudgetStep, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let at = match self.shared.time_source {
+            TimeSource::Caller => clamp_budget_stamp(now, clock_now, params.max_ahead),
+            TimeSource::Store => clock_now,
+        };
+        let mut table = self.lock(key, clock_now)?;
+        let (stored, healed) = match table.value(key, clock_now).map(|e| &e.value) {
+            None => (None, false),
+            Some(Value::Text(text)) => match BudgetState::decode(text) {
+                Some(bucket) => (Some(bucket), false),
+                None => (None, true),
+            },
+            Some(Value::Int(_)) => (None, true),
+        };
+        let mut step = budget_step(stored, command, &params, at);
+        step.healed = healed;
+        table.put(
+            key,
+            Value::Text(step.state.encode()),
+            Some(clock_now.saturating_add(params.ttl)),
+        );
+        Ok(step)
+    }
+}
+
+impl BreakerStore for MemoryCache {
+    async fn breaker_step(
+        &self,
+        keys: &BreakerKeys,
+        command: BreakerCommand,
+        params: BreakerParams,
+        now: Timestamp,
+    ) -> Result<BreakerStep, CacheError> {
+        self.breaker_step_now(keys, command, params, now)
+    }
+
+    async fn breaker_read(
+        &self,
+        keys: &BreakerKeys,
+        now: Timestamp,
+    ) -> Result<(BreakerSnapshot, Timestamp), CacheError> {
+        let clock_now = self.shared.clock.now();
+        let now = self.stamp(now, clock_now);
+        let held = breaker::Held::lock(self, keys, clock_now)?;
+        Ok((held.snapshot(clock_now), now))
+    }
+
+    /// Keys that all begin with a hash tag: they live on the tagged shard.
+    fn breaker_quiet_covers(&self, keys: &BreakerKeys) -> bool {
+        keys.all().iter().all(|key| key.starts_with('{'))
+    }
+
+    /// Whether the tagged shard holds no value at all (expired ones not yet
+    /// dropped count), asked under its lock, and the cache is open: no clock
+    /// is read.
+    fn breaker_quiet(&self) -> bool {
+        let table = self.shared.shards[TAGGED].lock();
+        table.values.is_empty() && !self.is_closed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::ManualClock;
+    use crate::decide::breaker::{CircuitState, Origin, StoredState};
+
+    fn ready<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        match f
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+        {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("MemoryCache operations never suspend"),
+        }
+    }
+
+    fn manual() -> (Arc<ManualClock>, MemoryCache) {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let cache = MemoryCache::new(clock.clone());
+        (clock, cache)
+    }
+
+    /// Entries the shards hold, expired ones not yet swept included.
+    fn entries_held(cache: &MemoryCache) -> usize {
+        cache.shared.shards.iter().map(|shard| shard.lock().keys()).sum()
+    }
+
+    /// Sets `{t}:{name}{n}` for `n` in `0..count` to live `ttl`: tagged
+    /// keys, on one shard, which nothing else sweeps.
+    fn set_tagged(cache: &MemoryCache, name: &str, count: usize, ttl: Duration) {
+        for n in 0..count {
+            ready(cache.set(&format!("{{t}}:{name}{n}"), "1", Some(ttl))).unwrap();
+        }
+    }
+
+    /// `count` operations on the tagged shard that write nothing.
+    fn miss_tagged(cache: &MemoryCache, count: usize) {
+        for _ in 0..count {
+            ready(cache.get("{t}:missing")).unwrap();
+        }
+    }
+
+    #[test]
+    fn tagged_keys_share_a_shard_and_untagged_ones_spread_over_the_rest() {
+        let keys = BreakerKeys::new("kg:circuit");
+        assert!(keys.all().iter().all(|key| shard_of(key) == TAGGED));
+        let mut used = [false; SHARDS];
+        for n in 0..1_000u128 {
+            used[shard_of(KeyBuf::tenant("kg:ratelimit", &TenantId::from_u128(n)).as_str())] = true;
+        }
+        assert!(!used[TAGGED]);
+        assert!(
+            used[1..].iter().all(|u| *u),
+            "every hashed shard holds some of 1 000 tenants"
+        );
+    }
+
+    #[test]
+    fn a_shard_is_swept_once_its_operations_exceed_the_slack_plus_what_its_last_sweep_kept() {
+        use table::SWEEP_SLACK;
+        let (clock, cache) = manual();
+        let (short, long) = (Duration::from_secs(1), Duration::from_secs(1_000));
+        // Nothing swept yet, nothing kept: due after the slack alone, the
+        // keys written meanwhile (the sets are operations too) or not.
+        set_tagged(&cache, "short", 5, short);
+        clock.advance(2 * short);
+        miss_tagged(&cache, SWEEP_SLACK - 5);
+        assert_eq!(
+            entries_held(&cache),
+            5,
+            "swept before its operations exceeded the slack"
+        );
+        miss_tagged(&cache, 1);
+        assert_eq!(entries_held(&cache), 0, "not swept once they did");
+        // Live keys written before a sweep are kept by it, and the next
+        // waits for them too.
+        set_tagged(&cache, "long", 5, long);
+        miss_tagged(&cache, SWEEP_SLACK + 1 - 5);
+        assert_eq!(entries_held(&cache), 5);
+        set_tagged(&cache, "short", 3, short);
+        clock.advance(2 * short);
+        miss_tagged(&cache, SWEEP_SLACK + 5 - 3);
+        assert_eq!(entries_held(&cache), 8, "swept before slack + the 5 kept");
+        miss_tagged(&cache, 1);
+        assert_eq!(entries_held(&cache), 5, "the expired 3 outlived slack + the 5 kept");
+    }
+
+    #[test]
+    fn a_shard_whose_every_operation_adds_a_key_is_still_swept() {
+        use table::SWEEP_SLACK;
+        let (clock, cache) = manual();
+        let short = Duration::from_secs(1);
+        set_tagged(&cache, "old", 5, short);
+        clock.advance(2 * short);
+        // Counting the keys held now, ops would never catch up with them.
+        for n in 0..SWEEP_SLACK * 4 {
+            ready(cache.set(&format!("{{t}}:new{n}"), "1", Some(Duration::from_secs(1_000)))).unwrap();
+        }
+        assert_eq!(
+            entries_held(&cache),
+            SWEEP_SLACK * 4,
+            "the expired keys outlived every sweep"
+        );
+    }
+
+    #[test]
+    fn a_shard_nobody_touches_is_swept_by_the_others() {
+        let (clock, cache) = manual();
+        set_tagged(&cache, "idle", 3, Duration::from_secs(1));
+        clock.advance(Duration::from_secs(2));
+        // Operations on untagged keys only: every shard but the tagged one.
+        for n in 0..SHARDS * (table::SWEEP_SLACK + 2) * 2 {
+            ready(cache.get(&format!("churn:{n}"))).unwrap();
+        }
+        assert_eq!(entries_held(&cache), 0);
+    }
+
+    #[test]
+    fn a_tenants_slot_and_its_key_name_one_series() {
+        let (clock, cache) = manual();
+        let now = clock.now();
+        let request = SlotRequest {
+            now,
+            window: Duration::from_secs(60),
+            limit: 2,
+            ttl: Duration::from_secs(121),
+            max_ahead: Duration::from_secs(1),
+        };
+        for prefix in ["kg:ratelimit", "{tagged}", &"p".repeat(120)] {
+            let tenant = TenantId::from_u128(9);
+            let key = KeyBuf::tenant(prefix, &tenant);
+            let key = key.as_str();
+            let resolved = cache.resolve_prefix(Arc::from(prefix));
+            ready(cache.acquire_tenant_slot(&resolved, tenant, request)).unwrap();
+            assert_eq!(ready(cache.count_since(key, now)).unwrap(), 1, "{prefix}");
+            ready(cache.record_hit(key, now, request.ttl)).unwrap();
+            assert!(
+                matches!(
+                    cache.acquire_tenant_slot_now(&resolved, tenant, &request).unwrap(),
+                    SlotOutcome::Refused { used: 2, .. }
+                ),
+                "{prefix}: the hit recorded by key counts against the tenant"
+            );
+            ready(cache.delete(key)).unwrap();
+            assert_eq!(ready(cache.count_since(key, now)).unwrap(), 0, "{prefix}");
+            assert!(matches!(
+                ready(cache.acquire_slot(key, request)).unwrap(),
+                SlotOutcome::Admitted { remaining: 1, .. }
+            ));
+        }
+    }
+
+    fn breaker_params(failure_threshold: u32) -> BreakerParams {
+        BreakerParams {
+            failure_threshold,
+            recovery_timeout: Duration::from_secs(60),
+            half_open_max_calls: 1,
+            probe_lease: Duration::from_secs(60),
+        }
+    }
+
+    /// Untagged keys over more than one shard.
+    fn spread_keys() -> BreakerKeys {
+        BreakerKeys {
+            state: "s".to_owned(),
+            failures: "f".to_owned(),
+            opened_at: "o".to_owned(),
+            probes: "p".to_owned(),
+            cooldown_until: "c".to_owned(),
+        }
+    }
+
+    #[test]
+    fn keys_on_different_shards_still_step_as_one() {
+        let (clock, cache) = manual();
+        let keys = spread_keys();
+        let shards = keys.all().map(shard_of);
+        assert!(
+            shards.iter().any(|s| *s != shards[0]),
+            "the keys span shards: {shards:?}"
+        );
+        let fail = BreakerCommand::RecordFailure(Origin::Untracked);
+        let now = clock.now();
+        let first = ready(cache.breaker_step(&keys, fail, breaker_params(2), now)).unwrap();
+        assert_eq!(first.after, CircuitState::Closed);
+        let second = ready(cache.breaker_step(&keys, fail, breaker_params(2), now)).unwrap();
+        assert_eq!(second.after, CircuitState::Open);
+        let (snapshot, _) = ready(cache.breaker_read(&keys, now)).unwrap();
+        assert_eq!(snapshot.state, StoredState::Valid(CircuitState::Open));
+        assert_eq!(snapshot.opened_at, Some(now));
+        assert_eq!(snapshot.failures, None);
+    }
+
+    #[test]
+    fn the_quiet_test_covers_tagged_keys_and_reads_the_tagged_shard() {
+        let (clock, cache) = manual();
+        let keys = BreakerKeys::new("kg:circuit");
+        let mut untagged = keys.clone();
+        untagged.probes = "probes".to_owned();
+        assert!(cache.breaker_quiet_covers(&keys));
+        assert!(!cache.breaker_quiet_covers(&untagged), "one key off the tagged shard");
+        let now = clock.now();
+        let fail = BreakerCommand::RecordFailure(Origin::Untracked);
+        let success = BreakerCommand::RecordSuccess(Origin::Untracked);
+        assert!(cache.breaker_quiet());
+        // A failure stored at keys it does not cover is not its business…
+        ready(cache.breaker_step(&spread_keys(), fail, breaker_params(3), now)).unwrap();
+        assert!(cache.breaker_quiet());
+        // …one at covered keys is.
+        ready(cache.breaker_step(&keys, fail, breaker_params(3), now)).unwrap();
+        assert!(!cache.breaker_quiet());
+        ready(cache.breaker_step(&keys, success, breaker_params(3), now)).unwrap();
+        assert!(cache.breaker_quiet(), "the failure count cleared");
+        ready(Cache::close(&cache)).unwrap();
+        assert!(!cache.breaker_quiet(), "a closed cache answers no step");
+        assert!(matches!(
+            ready(cache.breaker_step(&keys, BreakerCommand::Allow, breaker_params(3), now)),
+            Err(CacheError::Closed)
+        ));
+    }
+
+    #[test]
+    fn a_prefix_resolved_by_another_cache_names_the_same_tenants() {
+        let (clock, a) = manual();
+        let b = MemoryCache::new(clock.clone());
+        let first = a.resolve_prefix(Arc::from("first"));
+        let second_by_b = b.resolve_prefix(Arc::from("second"));
+        let tenant = TenantId::from_u128(9);
+        let request = SlotRequest {
+            now: clock.now(),
+            window: Duration::from_secs(60),
+            limit: 1,
+            ttl: Duration::from_secs(120),
+            max_ahead: Duration::ZERO,
+        };
+        let admitted = |r: Result<SlotOutcome, CacheError>| matches!(r, Ok(SlotOutcome::Admitted { .. }));
+        assert!(admitted(a.acquire_tenant_slot_now(&first, tenant, &request)));
+        assert!(
+            !admitted(a.acquire_tenant_slot_now(&first, tenant, &request)),
+            "at its limit"
+        );
+        assert!(admitted(a.acquire_tenant_slot_now(&second_by_b, tenant, &request)));
+        assert!(!admitted(a.acquire_tenant_slot_now(
+            &TenantPrefix::new("first"),
+            tenant,
+            &request
+        )));
+        let now = clock.now();
+        for prefix in ["first", "second"] {
+            let key = KeyBuf::tenant(prefix, &tenant);
+            assert_eq!(ready(a.count_since(key.as_str(), now)).unwrap(), 1, "{prefix}");
+            assert_eq!(ready(b.count_since(key.as_str(), now)).unwrap(), 0, "{prefix}");
+        }
+    }
+
+    #[test]
+    fn idle_tenants_are_swept_and_their_hits_freed() {
+        let (clock, cache) = manual();
+        let prefix = TenantPrefix::new("kg:ratelimit");
+        let request = |clock: &ManualClock| SlotRequest {
+            now: clock.now(),
+            window: Duration::from_secs(60),
+            limit: 10,
+            ttl: Duration::from_secs(121),
+            max_ahead: Duration::ZERO,
+        };
+        for n in 0..500u128 {
+            cache
+                .acquire_tenant_slot_now(&prefix, TenantId::from_u128(n), &request(&clock))
+                .unwrap();
+        }
+        assert_eq!((cache.len().1, cache.stored_hits()), (500, 500));
+        clock.advance(Duration::from_secs(122));
+        assert_eq!(cache.len().1, 0, "expired, if not yet swept");
+        for _ in 0..SHARDS * (table::SWEEP_SLACK + 500) {
+            cache
+                .acquire_tenant_slot_now(&prefix, TenantId::from_u128(7), &request(&clock))
+                .unwrap();
+        }
+        assert_eq!((entries_held(&cache), cache.stored_hits()), (1, 10));
+    }
+
+    #[test]
+    fn racing_threads_admit_exactly_the_limit_for_each_tenant() {
+        // Four threads over 300 tenants, each thread through the async
+        // decision, the synchronous one or the token path in turn; the
+        // clock stands still, so each tenant admits exactly `LIMIT`.
+        const LIMIT: u32 = 5;
+        const TRIES: usize = 3;
+        let (clock, cache) = manual();
+        let prefix = TenantPrefix::new("kg:ratelimit");
+        let tenants: Vec<TenantId> = (0..300u128).map(TenantId::from_u128).collect();
+        let request = SlotRequest {
+            now: clock.now(),
+            window: Duration::from_secs(60),
+            limit: LIMIT,
+            ttl: Duration::from_secs(121),
+            max_ahead: Duration::ZERO,
+        };
+        let ask = TokenAsk {
+            tokens: 1,
+            limit: u64::MAX,
+            lease: Duration::from_secs(60),
+        };
+        let counts: Vec<AtomicUsize> = tenants.iter().map(|_| AtomicUsize::new(0)).collect();
+        std::thread::scope(|s| {
+            for thread in 0..4usize {
+                let (cache, prefix, counts, tenants) = (&cache, &prefix, &counts, &tenants);
+                s.spawn(move || {
+                    for n in 0..TRIES * tenants.len() {
+                        // An order of its own per thread (7 is prime to 300).
+                        let i = (n * 7 + thread * 13) % tenants.len();
+                        let admitted = match (n + thread) % 3 {
+                            0 => matches!(
+                                cache.acquire_tenant_slot_now(prefix, tenants[i], &request),
+                                Ok(SlotOutcome::Admitted { .. })
+                            ),
+                            1 => matches!(
+                                ready(cache.acquire_tenant_slot(prefix, tenants[i], request)),
+                                Ok(SlotOutcome::Admitted { .. })
+                            ),
+                            _ => {
+                                let key = KeyBuf::tenant(prefix.as_str(), &tenants[i]);
+                                matches!(
+                                    ready(cache.acquire_with_tokens(key.as_str(), request, ask)),
+                                    Ok(TokenOutcome::Admitted { .. })
+                                )
+                            }
+                        };
+                        if admitted {
+                            counts[i].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        for (tenant, count) in tenants.iter().zip(&counts) {
+            assert_eq!(count.load(Ordering::Relaxed), LIMIT as usize, "{tenant}");
+        }
+    }
+}
