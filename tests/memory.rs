@@ -5,9 +5,8 @@
 //! Tenants are driven at their limit — one admission per `window / rpm` — for
 //! three windows, long enough for their series to reach the steady size the
 //! limiter's series lifetime (`2 × window + max_clock_ahead`) allows: about
-//! `2 × rpm` hits of 4 bytes (offsets from the series' base; 8 for a series
-//! whose hits span more than about 54 minutes, not these), in a ring buffer
-//! whose capacity is a power of two.
+//! `2 × rpm` hits of 8 bytes, in a ring buffer (`VecDeque`) whose capacity
+//! is a power of two.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
@@ -72,7 +71,7 @@ fn drive(limiter: &RateLimiter, clock: &ManualClock, rpm: u32, tenants: u128) {
 /// What a cache's tenants cost at `rpm`, in bytes: per live tenant (what
 /// `TENANTS` more tenants added to `TENANTS` at their limit), and the
 /// cache's own (what the first `TENANTS` held beyond as many tenants'
-/// cost: the tables made with a shard's first tenants).
+/// cost: the shards' maps made with their first tenants).
 fn bytes_held(rpm: u32) -> (usize, usize) {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let limiter = RateLimiter::builder(rpm)
@@ -91,19 +90,17 @@ fn bytes_held(rpm: u32) -> (usize, usize) {
     (per_tenant, first.saturating_sub(per_tenant * TENANTS as usize))
 }
 
-/// The bound documented in BENCHMARKS.md: 4 bytes per instant the series'
+/// The bound documented in BENCHMARKS.md: 8 bytes per instant the series'
 /// ring has room for — the next power of two above the most hits it can
-/// hold — plus the tenant's entry (its slot's cell, or its place in a
-/// shard's table).
+/// hold — plus the tenant's entry (its key and its place in a shard's map).
 fn bound(rpm: u32) -> usize {
     let hits = 2 * rpm as usize + (rpm as usize).div_ceil(60) + 2;
-    4 * hits.next_power_of_two() + 512
+    8 * hits.next_power_of_two() + 512
 }
 
-/// The bound on a cache's own bytes documented in BENCHMARKS.md: a table
-/// of 64 slots of 40 bytes for each of its 32 shards that holds tenants,
-/// and 16 KiB for the rest (the prefix's name, the shards' maps).
-const CACHE_BOUND: usize = 32 * 64 * 40 + 16 * 1024;
+/// The bound on a cache's own bytes documented in BENCHMARKS.md: the
+/// shards' maps beyond their tenants' entries.
+const CACHE_BOUND: usize = 16 * 1024;
 
 #[test]
 fn a_live_tenant_at_its_limit_costs_memory_bounded_by_rpm() {
@@ -114,9 +111,9 @@ fn a_live_tenant_at_its_limit_costs_memory_bounded_by_rpm() {
             bound(rpm)
         );
         assert!(bytes <= bound(rpm), "rpm {rpm}: {bytes} bytes > {}", bound(rpm));
-        // It does hold the window: at least 4 bytes per hit in it.
+        // It does hold the window: at least 8 bytes per hit in it.
         assert!(
-            bytes >= 4 * rpm as usize,
+            bytes >= 8 * rpm as usize,
             "rpm {rpm}: {bytes} bytes hold less than a window"
         );
         assert!(

@@ -631,8 +631,8 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     }
 
     /// Whether a step may be answered from [`Quiet`]: the store holds
-    /// nothing its quiet test covers (as it can tell without a lock or a
-    /// round trip), no observer wants the step's events, and no known-bad
+    /// nothing its quiet test covers (as it can tell at once, with no round
+    /// trip), no observer wants the step's events, and no known-bad
     /// variant is injected. Over keys the test does not cover, `Quiet`
     /// itself answers nothing ([`Quiet::of`]), whatever this says.
     #[inline]

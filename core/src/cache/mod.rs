@@ -25,14 +25,10 @@
 //!
 //! Every method is async and fallible: a shared cache is a network peer.
 
-#[cfg(test)]
-mod differential;
 mod keybuf;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(test)]
-mod simple;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -140,43 +136,18 @@ pub trait HitWindow: Cache {
 }
 
 /// A limiter's key prefix as its store resolved it once, when the limiter
-/// was built ([`LimiterStore::resolve_prefix`]): the prefix's text, which
-/// every store goes by, and what that one store made of it — for
-/// [`MemoryCache`], the prefix's interned id — so that a decision
-/// ([`ImmediateStore::acquire_tenant_slot_now`]) does not look the prefix
-/// up by its text again. Any other store given it goes by the text.
-/// Resolving is this crate's in-process store's own: another adapter's
-/// [`resolve_prefix`](LimiterStore::resolve_prefix) gives
-/// [`TenantPrefix::new`], whose every decision goes by the text.
+/// was built ([`LimiterStore::resolve_prefix`]). Every store in this crate
+/// goes by the prefix's text, which is all it holds
+/// ([`TenantPrefix::new`]).
 #[derive(Clone, Debug)]
 pub struct TenantPrefix {
     text: Arc<str>,
-    resolved: Option<Resolved>,
-}
-
-/// What one store made of a prefix: the store's identity, and its own id
-/// for the prefix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Resolved {
-    pub(crate) store: u64,
-    pub(crate) id: u32,
 }
 
 impl TenantPrefix {
     /// `prefix` as no store resolved it: every store goes by its text.
     pub fn new(prefix: impl Into<Arc<str>>) -> Self {
-        TenantPrefix {
-            text: prefix.into(),
-            resolved: None,
-        }
-    }
-
-    /// `prefix` as the store `resolved.store` resolved it.
-    pub(crate) fn resolved(prefix: Arc<str>, resolved: Resolved) -> Self {
-        TenantPrefix {
-            text: prefix,
-            resolved: Some(resolved),
-        }
+        TenantPrefix { text: prefix.into() }
     }
 
     /// The prefix's text.
@@ -187,13 +158,6 @@ impl TenantPrefix {
     /// The prefix's text, shared (for an event to name it without a copy).
     pub fn text(&self) -> &Arc<str> {
         &self.text
-    }
-
-    /// The id the store `store` gave the prefix, if it was that store that
-    /// resolved it.
-    #[inline]
-    pub(crate) fn id_for(&self, store: u64) -> Option<u32> {
-        self.resolved.filter(|r| r.store == store).map(|r| r.id)
     }
 }
 
@@ -234,10 +198,9 @@ pub trait LimiterStore: HitWindow {
 
     /// [`acquire_slot`](Self::acquire_slot) for `tenant` under `prefix`, whose
     /// key is `{prefix}:{tenant}` (the tenant's hyphenated lower-case UUID).
-    /// The default formats that key and calls `acquire_slot`; an in-process
-    /// store may find the tenant's series by the id instead of by the string
-    /// (and the prefix by what it [resolved](Self::resolve_prefix) it to),
-    /// provided the key's string form still names the same series.
+    /// The default formats that key and calls `acquire_slot`; a store may
+    /// find the tenant's series another way, provided the key's string form
+    /// still names the same series.
     fn acquire_tenant_slot(
         &self,
         prefix: &TenantPrefix,
@@ -251,10 +214,8 @@ pub trait LimiterStore: HitWindow {
     }
 
     /// `prefix` as this store's decisions will be asked for it, worked out
-    /// once when a limiter is built (default: the text alone, which every
-    /// decision goes by). [`MemoryCache`] resolves it to the prefix's
-    /// interned id, which it finds the prefix's tenants by; no other store
-    /// can ([`TenantPrefix`]).
+    /// once when a limiter is built (default, and every store's in this
+    /// crate: the text alone, which every decision goes by).
     fn resolve_prefix(&self, prefix: Arc<str>) -> TenantPrefix {
         TenantPrefix::new(prefix)
     }
@@ -342,8 +303,8 @@ pub trait BreakerStore: Cache {
 
     /// Whether nothing at all is stored now at any key set
     /// [`breaker_quiet_covers`](Self::breaker_quiet_covers) accepts, when
-    /// the store can tell without a lock or a round trip (default `false`:
-    /// it cannot). A `true` must be exact in the order of the store's
+    /// the store can tell at once, with no round trip and no clock read
+    /// (default `false`: it cannot). A `true` must be exact in the order of the store's
     /// steps: a step over such keys taken instead would have read the
     /// empty snapshot, so a breaker may answer a step that writes nothing
     /// over an empty store without running it.

@@ -1,35 +1,15 @@
-//! The breaker's atomic step over the shards its five keys live on.
+//! The breaker's atomic step over its five keys.
 //!
-//! The keys [`BreakerKeys::new`] builds begin with a hash tag and so share one
-//! shard: one lock. Hand-made keys may not; then every shard they touch is
-//! locked, in index order (so two steps never wait for each other crosswise),
-//! for the whole step.
-//!
-//! # Nothing stored: no lock
-//!
-//! A healthy breaker stores nothing — no state key (closed), no failure
-//! count, no open timestamp, no leases — and most of its steps (every
-//! `Allow`, every success report) then write nothing either. When the tagged
-//! shard held no value at all as its lock was last released, [`unlocked_step`]
-//! runs the same [`machine::step`] on [`BreakerSnapshot::EMPTY`] without
-//! taking the lock, and answers with it if it writes nothing. That is exact:
-//! the shard's value count is published before every unlock, so a step that
-//! reads zero is ordered before any write that has not yet finished, and a
-//! step that would write goes through the lock as always.
-//!
-//! The same test is the store's
-//! [`breaker_quiet`](crate::cache::BreakerStore::breaker_quiet), split in
-//! two: whether a breaker's keys all live on the tagged shard
-//! ([`all_tagged`], asked once when the breaker is built) and whether that
-//! shard is empty and the cache open ([`tagged_shard_empty`], asked on each
-//! call). A breaker with no observer listening then answers an admission or
-//! a success report from the step it ran once over an empty store, without
-//! running it again — and without testing its five keys again, which cost
-//! the hot path about 40 instructions a call.
+//! The keys [`BreakerKeys::new`] builds begin with a hash tag and so share
+//! one shard: one lock. Hand-made keys may not; then every shard they touch
+//! is locked, in index order (so two steps never wait for each other
+//! crosswise), for the whole step. Under the locks the stored keys are read
+//! as [`machine::step`] asks for them, and what it says is written.
 
-use std::sync::atomic::Ordering;
+use parking_lot::MutexGuard;
 
-use super::{Guard, MemoryCache, State, TAGGED, Value, deadline, shard_of};
+use super::table::{Table, Value};
+use super::{MemoryCache, SHARDS, shard_of};
 use crate::decide::breaker::{
     self as machine, BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep, BreakerView,
     CircuitState, FailuresWrite, ProbeLeases, StoredState, Write,
@@ -38,7 +18,7 @@ use crate::error::CacheError;
 use crate::mutants::{self, Mutant};
 use crate::time::Timestamp;
 
-/// The breaker's keys, in the order [`Held`] indexes them.
+/// The breaker's keys, in the order [`BreakerKeys::all`] gives them.
 #[derive(Clone, Copy)]
 enum Key {
     State,
@@ -48,121 +28,65 @@ enum Key {
     CooldownUntil,
 }
 
-impl Key {
-    fn of(self, keys: &BreakerKeys) -> &str {
-        match self {
-            Key::State => &keys.state,
-            Key::Failures => &keys.failures,
-            Key::OpenedAt => &keys.opened_at,
-            Key::Probes => &keys.probes,
-            Key::CooldownUntil => &keys.cooldown_until,
-        }
-    }
-}
-
-/// The step for `command` without a lock, when the tagged shard holds no
-/// value (so `keys` read as [`BreakerSnapshot::EMPTY`]) and the step writes
-/// nothing; `None` when the step must take the lock.
-#[inline]
-pub(super) fn unlocked_step(
-    cache: &MemoryCache,
-    keys: &BreakerKeys,
-    command: BreakerCommand,
-    params: &BreakerParams,
-    now: Timestamp,
-) -> Option<BreakerStep> {
-    if !quiet(cache, keys) {
-        return None;
-    }
-    let step = machine::step(&BreakerSnapshot::EMPTY, command, params, now);
-    step.writes.is_empty().then_some(step)
-}
-
-/// Whether `keys` read as [`BreakerSnapshot::EMPTY`] now, known without the
-/// lock: they share the tagged shard, which held no value at all as its
-/// lock was last released, and the cache is open.
-#[inline]
-pub(super) fn quiet(cache: &MemoryCache, keys: &BreakerKeys) -> bool {
-    tagged_shard_empty(cache) && all_tagged(keys)
-}
-
-/// Whether the tagged shard held no value at all as its lock was last
-/// released, and the cache is open: every key set [`all_tagged`] accepts
-/// then reads as [`BreakerSnapshot::EMPTY`].
-#[inline]
-pub(super) fn tagged_shard_empty(cache: &MemoryCache) -> bool {
-    cache.shared.shards[TAGGED].values.load(Ordering::Acquire) == 0 && !cache.shared.closed.load(Ordering::Acquire)
-}
-
-/// Whether all five of `keys` begin with a hash tag, and so live on the
-/// tagged shard (every key set [`BreakerKeys::new`] builds does).
-pub(super) fn all_tagged(keys: &BreakerKeys) -> bool {
-    keys.all().iter().all(|k| k.starts_with('{'))
-}
-
 /// The locked shards of one breaker's keys.
-pub(super) enum Held<'a> {
-    /// The keys share one shard (every key set [`BreakerKeys::new`] builds).
-    One(Guard<'a>),
-    /// Hand-made keys over several shards: their guards in lock order, and
-    /// which guard each key's shard is (state, failures, opened_at, probes,
-    /// cooldown_until).
-    Many(Vec<Guard<'a>>, [usize; 5]),
+pub(super) struct Held<'a> {
+    keys: &'a BreakerKeys,
+    /// Each key's shard, in [`Key`] order.
+    shards: [usize; 5],
+    /// The locks, by shard: those of `shards`, and no other.
+    locks: [Option<MutexGuard<'a, Table>>; SHARDS],
 }
 
 impl<'a> Held<'a> {
-    /// Locks (and opens) the shards of `keys`.
-    #[inline]
-    pub(super) fn lock(cache: &'a MemoryCache, keys: &BreakerKeys, now: Timestamp) -> Result<Self, CacheError> {
-        // The keys `BreakerKeys::new` builds all begin with a tag: one shard.
-        if all_tagged(keys) {
-            return Ok(Held::One(cache.open_shard(TAGGED, now)?));
-        }
+    /// Locks (and opens) the shards of `keys`, in index order.
+    pub(super) fn lock(cache: &'a MemoryCache, keys: &'a BreakerKeys, now: Timestamp) -> Result<Self, CacheError> {
         let shards = keys.all().map(shard_of);
-        if shards.iter().all(|s| *s == shards[0]) {
-            return Ok(Held::One(cache.open_shard(shards[0], now)?));
+        let mut locks = std::array::from_fn(|_| None);
+        for (shard, lock) in locks.iter_mut().enumerate() {
+            if shards.contains(&shard) {
+                *lock = Some(cache.lock_shard(shard, now)?);
+            }
         }
-        let mut distinct = shards.to_vec();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let slot = shards.map(|s| distinct.iter().position(|d| *d == s).unwrap_or(0));
-        let guards = distinct
-            .iter()
-            .map(|shard| cache.open_shard(*shard, now))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Held::Many(guards, slot))
+        Ok(Held { keys, shards, locks })
     }
 
-    #[inline]
-    fn shard(&self, key: Key) -> &State {
-        match self {
-            Held::One(guard) => guard,
-            Held::Many(guards, slot) => &guards[slot[key as usize]],
-        }
+    fn key(&self, key: Key) -> &'a str {
+        self.keys.all()[key as usize]
     }
 
-    #[inline]
-    fn shard_mut(&mut self, key: Key) -> &mut State {
-        match self {
-            Held::One(guard) => guard,
-            Held::Many(guards, slot) => &mut guards[slot[key as usize]],
-        }
+    fn table(&mut self, key: Key) -> &mut Table {
+        self.locks[self.shards[key as usize]]
+            .as_deref_mut()
+            .unwrap_or_else(|| unreachable!("every key's shard is locked"))
     }
 
-    /// Runs [`machine::step`] over the stored keys and writes what it says.
-    #[inline]
+    fn value(&self, key: Key, now: Timestamp) -> Option<&Value> {
+        let table = self.locks[self.shards[key as usize]].as_deref()?;
+        table.live_value(self.key(key), now)
+    }
+
+    fn put(&mut self, key: Key, value: Value, deadline: Option<Timestamp>) {
+        let name = self.key(key);
+        self.table(key).put(name, value, deadline);
+    }
+
+    fn delete(&mut self, key: Key) {
+        let name = self.key(key);
+        self.table(key).values.remove(name);
+    }
+
+    /// Runs [`machine::step`] over the stored keys (live at `clock_now`, the
+    /// cache's clock) for `command` at `now`, and writes what it says.
     pub(super) fn step(
         &mut self,
-        keys: &BreakerKeys,
         command: BreakerCommand,
         params: &BreakerParams,
         now: Timestamp,
         clock_now: Timestamp,
     ) -> BreakerStep {
         let step = machine::step(
-            &LiveKeys {
+            &Live {
                 held: self,
-                keys,
                 now: clock_now,
             },
             command,
@@ -172,28 +96,22 @@ impl<'a> Held<'a> {
         let w = &step.writes;
         match w.state {
             Write::Keep => {}
-            Write::Set(s) => self
-                .shard_mut(Key::State)
-                .put(&keys.state, Value::Text(s.as_str().to_owned()), None),
-            Write::Delete => {
-                self.shard_mut(Key::State).values.remove(&keys.state);
-            }
+            Write::Set(s) => self.put(Key::State, Value::Text(s.as_str().to_owned()), None),
+            Write::Delete => self.delete(Key::State),
         }
         match w.failures {
             FailuresWrite::Keep => {}
-            FailuresWrite::Create => self.shard_mut(Key::Failures).put(
-                &keys.failures,
+            FailuresWrite::Create => self.put(
+                Key::Failures,
                 Value::Int(1),
-                deadline(clock_now, Some(params.recovery_timeout)),
+                Some(clock_now.saturating_add(params.recovery_timeout)),
             ),
             FailuresWrite::Bump(n) => {
-                let shard = self.shard_mut(Key::Failures);
-                if let Some(entry) = shard.values.get_mut(&keys.failures) {
+                let name = self.key(Key::Failures);
+                if let Some(entry) = self.table(Key::Failures).values.get_mut(name) {
                     entry.value = Value::Int(i64::from(n));
                     if mutants::active(Mutant::FailureTtlRefreshed) {
-                        let refreshed = clock_now.saturating_add(params.recovery_timeout);
-                        entry.deadline = Some(refreshed);
-                        shard.expires(refreshed);
+                        entry.deadline = Some(clock_now.saturating_add(params.recovery_timeout));
                     }
                 }
             }
@@ -202,46 +120,34 @@ impl<'a> Held<'a> {
                 if step.after == CircuitState::Closed
                     && step.before == CircuitState::Closed
                     && mutants::active(Mutant::SuccessKeepsFailures) => {}
-            FailuresWrite::Delete => {
-                self.shard_mut(Key::Failures).values.remove(&keys.failures);
-            }
+            FailuresWrite::Delete => self.delete(Key::Failures),
         }
         match w.opened_at {
             Write::Keep => {}
-            Write::Set(t) => self
-                .shard_mut(Key::OpenedAt)
-                .put(&keys.opened_at, Value::Text(t.to_string()), None),
-            Write::Delete => {
-                self.shard_mut(Key::OpenedAt).values.remove(&keys.opened_at);
-            }
+            Write::Set(t) => self.put(Key::OpenedAt, Value::Text(t.to_string()), None),
+            Write::Delete => self.delete(Key::OpenedAt),
         }
         match &w.probes {
             Write::Keep => {}
-            Write::Set(leases) => self
-                .shard_mut(Key::Probes)
-                .put(&keys.probes, Value::Text(leases.encode()), None),
-            Write::Delete => {
-                self.shard_mut(Key::Probes).values.remove(&keys.probes);
-            }
+            Write::Set(leases) => self.put(Key::Probes, Value::Text(leases.encode()), None),
+            Write::Delete => self.delete(Key::Probes),
         }
         match w.cooldown_until {
             Write::Keep => {}
             // It expires with the cooldown, on the cache's clock.
-            Write::Set(until) => self.shard_mut(Key::CooldownUntil).put(
-                &keys.cooldown_until,
+            Write::Set(until) => self.put(
+                Key::CooldownUntil,
                 Value::Text(until.as_micros().to_string()),
-                deadline(clock_now, Some(until.saturating_duration_since(now))),
+                Some(clock_now.saturating_add(until.saturating_duration_since(now))),
             ),
-            Write::Delete => {
-                self.shard_mut(Key::CooldownUntil).values.remove(&keys.cooldown_until);
-            }
+            Write::Delete => self.delete(Key::CooldownUntil),
         }
         step
     }
 
     /// Everything stored, decoded, as live at `now`.
-    pub(super) fn snapshot(&self, keys: &BreakerKeys, now: Timestamp) -> BreakerSnapshot {
-        let view = LiveKeys { held: self, keys, now };
+    pub(super) fn snapshot(&self, now: Timestamp) -> BreakerSnapshot {
+        let view = Live { held: self, now };
         BreakerSnapshot {
             state: view.state(),
             failures: view.failures(),
@@ -252,26 +158,20 @@ impl<'a> Held<'a> {
     }
 }
 
-/// The breaker's keys read straight from the maps, only as the state machine
-/// asks for them; expired entries read as absent.
-struct LiveKeys<'h, 'a> {
+/// The breaker's keys read straight from the tables, only as the state
+/// machine asks for them; expired entries read as absent.
+struct Live<'h, 'a> {
     held: &'h Held<'a>,
-    keys: &'h BreakerKeys,
     now: Timestamp,
 }
 
-impl LiveKeys<'_, '_> {
+impl Live<'_, '_> {
     fn value(&self, key: Key) -> Option<&Value> {
-        self.held
-            .shard(key)
-            .values
-            .get(key.of(self.keys))
-            .filter(|e| e.live(self.now))
-            .map(|e| &e.value)
+        self.held.value(key, self.now)
     }
 }
 
-impl BreakerView for LiveKeys<'_, '_> {
+impl BreakerView for Live<'_, '_> {
     fn state(&self) -> StoredState {
         match self.value(Key::State) {
             None => StoredState::Missing,
@@ -308,138 +208,5 @@ impl BreakerView for LiveKeys<'_, '_> {
                 .ok()
                 .and_then(|n| machine::decode_cooldown(&n.to_string())),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use super::*;
-    use crate::cache::BreakerStore;
-    use crate::clock::{Clock, ManualClock};
-    use crate::decide::breaker::Origin;
-
-    fn ready<F: std::future::Future>(f: F) -> F::Output {
-        let mut f = std::pin::pin!(f);
-        match f
-            .as_mut()
-            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
-        {
-            std::task::Poll::Ready(v) => v,
-            std::task::Poll::Pending => panic!("MemoryCache operations never suspend"),
-        }
-    }
-
-    fn params() -> BreakerParams {
-        BreakerParams {
-            failure_threshold: 3,
-            recovery_timeout: Duration::from_secs(60),
-            half_open_max_calls: 1,
-            probe_lease: Duration::from_secs(60),
-        }
-    }
-
-    #[test]
-    fn the_unlocked_step_answers_only_while_nothing_is_stored() {
-        let clock = Arc::new(ManualClock::at_fixed_epoch());
-        let cache = MemoryCache::new(clock.clone());
-        let keys = BreakerKeys::new("kg:circuit");
-        let now = clock.now();
-        let success = BreakerCommand::RecordSuccess(Origin::Untracked);
-        let fail = BreakerCommand::RecordFailure(Origin::Untracked);
-        assert!(unlocked_step(&cache, &keys, BreakerCommand::Allow, &params(), now).is_some());
-        assert!(unlocked_step(&cache, &keys, success, &params(), now).is_some());
-        assert!(
-            unlocked_step(&cache, &keys, fail, &params(), now).is_none(),
-            "a step that writes locks"
-        );
-        ready(cache.breaker_step(&keys, fail, params(), now)).unwrap();
-        assert!(
-            unlocked_step(&cache, &keys, success, &params(), now).is_none(),
-            "a stored failure count must be cleared under the lock"
-        );
-        let cleared = ready(cache.breaker_step(&keys, success, params(), now)).unwrap();
-        assert_eq!(cleared.writes.failures, FailuresWrite::Delete);
-        let (snapshot, _) = ready(cache.breaker_read(&keys, now)).unwrap();
-        assert_eq!(snapshot, BreakerSnapshot::EMPTY);
-        assert!(
-            unlocked_step(&cache, &keys, success, &params(), now).is_some(),
-            "empty again"
-        );
-        ready(crate::cache::Cache::close(&cache)).unwrap();
-        assert!(unlocked_step(&cache, &keys, BreakerCommand::Allow, &params(), now).is_none());
-        assert!(matches!(
-            ready(cache.breaker_step(&keys, BreakerCommand::Allow, params(), now)),
-            Err(CacheError::Closed)
-        ));
-    }
-
-    #[test]
-    fn the_quiet_test_covers_tagged_keys_and_reads_the_tagged_shard() {
-        use crate::cache::BreakerStore as _;
-        let clock = Arc::new(ManualClock::at_fixed_epoch());
-        let cache = MemoryCache::new(clock.clone());
-        let keys = BreakerKeys::new("kg:circuit");
-        let mut untagged = keys.clone();
-        untagged.probes = "probes".to_owned();
-        assert!(cache.breaker_quiet_covers(&keys));
-        assert!(!cache.breaker_quiet_covers(&untagged), "one key off the tagged shard");
-        let now = clock.now();
-        let fail = BreakerCommand::RecordFailure(Origin::Untracked);
-        assert!(cache.breaker_quiet());
-        // A failure stored at keys it does not cover is not its business…
-        let elsewhere = BreakerKeys {
-            state: "s".to_owned(),
-            failures: "f".to_owned(),
-            opened_at: "o".to_owned(),
-            probes: "p".to_owned(),
-            cooldown_until: "c".to_owned(),
-        };
-        ready(cache.breaker_step(&elsewhere, fail, params(), now)).unwrap();
-        assert!(cache.breaker_quiet());
-        // …one at covered keys is.
-        ready(cache.breaker_step(&keys, fail, params(), now)).unwrap();
-        assert!(!cache.breaker_quiet());
-        ready(cache.breaker_step(&keys, BreakerCommand::RecordSuccess(Origin::Untracked), params(), now)).unwrap();
-        assert!(cache.breaker_quiet(), "the failure count cleared");
-        ready(crate::cache::Cache::close(&cache)).unwrap();
-        assert!(!cache.breaker_quiet(), "a closed cache answers no step");
-    }
-
-    #[test]
-    fn keys_on_different_shards_still_step_as_one() {
-        let clock = Arc::new(ManualClock::at_fixed_epoch());
-        let cache = MemoryCache::new(clock.clone());
-        // Untagged keys chosen to land on more than one shard.
-        let keys = BreakerKeys {
-            state: "s".to_owned(),
-            failures: "f".to_owned(),
-            opened_at: "o".to_owned(),
-            probes: "p".to_owned(),
-            cooldown_until: "c".to_owned(),
-        };
-        let shards = keys.all().map(shard_of);
-        assert!(
-            shards.iter().any(|s| *s != shards[0]),
-            "the keys span shards: {shards:?}"
-        );
-        let params = BreakerParams {
-            failure_threshold: 2,
-            recovery_timeout: Duration::from_secs(60),
-            half_open_max_calls: 1,
-            probe_lease: Duration::from_secs(60),
-        };
-        let fail = BreakerCommand::RecordFailure(Origin::Untracked);
-        let now = clock.now();
-        let first = ready(cache.breaker_step(&keys, fail, params, now)).unwrap();
-        assert_eq!(first.after, CircuitState::Closed);
-        let second = ready(cache.breaker_step(&keys, fail, params, now)).unwrap();
-        assert_eq!(second.after, CircuitState::Open);
-        let (snapshot, _) = ready(cache.breaker_read(&keys, now)).unwrap();
-        assert_eq!(snapshot.state, StoredState::Valid(CircuitState::Open));
-        assert_eq!(snapshot.opened_at, Some(now));
-        assert_eq!(snapshot.failures, None);
     }
 }
