@@ -404,6 +404,12 @@ impl Trace {
         self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Every event so far, leaving the trace empty: a run's end hands its
+    /// events on without a copy.
+    pub fn take(&self) -> Vec<TraceEvent> {
+        std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// The trace as JSON lines.
     pub fn to_json_lines(events: &[TraceEvent]) -> String {
         let mut out = String::new();

@@ -20,7 +20,7 @@
 //! | `servers` | ..= [`MAX_SERVERS`] |
 //! | `servers[].prefill_tokens_per_s`, `decode_tokens_per_s` | [`MIN_TOKENS_PER_S`] ..= [`MAX_TOKENS_PER_S`] |
 //! | one request's service time (tokens over speeds) | ..= [`MAX_SERVICE_TIME_S`] |
-//! | workers in all groups together | ..= [`MAX_FLEET`] (and 500 per group) |
+//! | workers in all groups together | ..= [`MAX_FLEET`] (and as many in one group) |
 //! | `workers[].tenants` | ..= [`MAX_TENANTS`] per group |
 //! | `tenants[].calls_per_min` | ..= [`MAX_CALLS_PER_MIN`]; the whole fleet ..= [`MAX_FLEET_CALLS_PER_MIN`] |
 //! | `tenants[].replay` | at most [`replay::MAX_REQUESTS`](super::replay::MAX_REQUESTS) requests inside the run, each ..= [`MAX_TRACE_TOKENS`] tokens either way; `speedup` 0.001 ..= 10⁶ |

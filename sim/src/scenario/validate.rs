@@ -299,8 +299,11 @@ impl Scenario {
         let mut fleet_clients: u64 = 0;
         for (i, w) in self.workers.iter().enumerate() {
             let at = |f: &str| format!("workers[{i}].{f}");
-            if w.count == 0 || w.count > 500 {
-                return Err(e.bad(&at("count"), format!("must be between 1 and 500, got {}", w.count)));
+            if w.count == 0 || u64::from(w.count) > MAX_FLEET {
+                return Err(e.bad(
+                    &at("count"),
+                    format!("must be between 1 and {MAX_FLEET}, got {}", w.count),
+                ));
             }
             fleet = fleet.saturating_add(u64::from(w.count));
             if fleet > MAX_FLEET {

@@ -531,7 +531,11 @@ impl<'s> World<'s> {
                 }
             }
         }
-        Ok((self.sim.elapsed(), self.trace.events()))
+        let simulated = self.sim.elapsed();
+        // The hosts go first: whatever they hold of the run is freed before
+        // the evidence is judged.
+        drop(self.sim);
+        Ok((simulated, self.trace.take()))
     }
 }
 
