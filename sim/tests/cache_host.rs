@@ -245,3 +245,71 @@ fn a_remote_cache_keeps_its_connection_open_between_operations() {
         "one connect, then one round trip each: {took:?}"
     );
 }
+
+#[test]
+fn a_pooled_connection_the_restarted_host_no_longer_knows_is_retried_on_a_new_one() {
+    let mut sim = sim(5, 60);
+    sim.host(
+        "cache",
+        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
+    );
+    let log: Log = Rc::default();
+    let client_log = log.clone();
+    sim.client("worker", async move {
+        let cache = RemoteCache::new("cache", TIMEOUT);
+        cache.set("k", "v", None).await.unwrap();
+        // Cut off from 2 s to 4 s, so the crash's goodbye never arrives: the
+        // idle connection looks open here, and the restarted host resets it.
+        tokio::time::sleep(Duration::from_secs(5).saturating_sub(sim_elapsed())).await;
+        let started = sim_elapsed();
+        let got = cache.get("k").await.map_err(|e| e.to_string());
+        client_log.borrow_mut().push((sim_elapsed() - started, got));
+        Ok(())
+    });
+    let mut done = [false; 4];
+    while !sim.step().unwrap() {
+        let t = sim.elapsed();
+        for (i, at) in [2000, 2500, 3000, 4000].into_iter().enumerate() {
+            if !done[i] && t >= Duration::from_millis(at) {
+                match i {
+                    0 => sim.partition("worker", "cache"),
+                    1 => sim.crash("cache"),
+                    2 => sim.bounce("cache"),
+                    _ => sim.repair("worker", "cache"),
+                }
+                done[i] = true;
+            }
+        }
+    }
+    let log = log.borrow();
+    assert_eq!(log[0].1, Ok(None), "the operation ran on a new connection: {log:?}");
+    assert!(log[0].0 < TIMEOUT, "without waiting out the timeout: {log:?}");
+}
+
+#[test]
+fn the_cache_host_closes_a_connection_no_request_arrives_on() {
+    use redstring_sim::hosts::cache_host::{HOST_IDLE_TIMEOUT, PORT};
+    use tokio::io::AsyncReadExt;
+    let mut sim = sim(5, 400);
+    sim.host(
+        "cache",
+        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
+    );
+    let closed_after: Rc<RefCell<Option<Duration>>> = Rc::default();
+    let client_closed = closed_after.clone();
+    sim.client("gone-quiet", async move {
+        let mut stream = turmoil::net::TcpStream::connect(("cache", PORT)).await?;
+        let opened = sim_elapsed();
+        let mut byte = [0u8; 1];
+        let n = stream.read(&mut byte).await?;
+        assert_eq!(n, 0, "the host ends the connection without a word");
+        *client_closed.borrow_mut() = Some(sim_elapsed() - opened);
+        Ok(())
+    });
+    sim.run().unwrap();
+    let after = closed_after.borrow().expect("the host closed the connection");
+    assert!(
+        after >= HOST_IDLE_TIMEOUT && after < HOST_IDLE_TIMEOUT + Duration::from_secs(1),
+        "closed after {after:?}"
+    );
+}
