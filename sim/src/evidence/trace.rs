@@ -404,6 +404,13 @@ impl Trace {
         self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// How many events so far are of a kind `is` accepts, without copying
+    /// the trace.
+    pub fn count(&self, is: impl Fn(&Kind) -> bool) -> usize {
+        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        events.iter().filter(|e| is(&e.kind)).count()
+    }
+
     /// Every event so far, leaving the trace empty: a run's end hands its
     /// events on without a copy.
     pub fn take(&self) -> Vec<TraceEvent> {

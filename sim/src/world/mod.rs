@@ -506,14 +506,12 @@ impl<'s> World<'s> {
             if steps.is_multiple_of(WATCH_EVERY)
                 && let ControlFlow::Break(reason) = watch(now)
             {
-                let events = self.trace.events();
-                let count = |f: fn(&Kind) -> bool| events.iter().filter(|e| f(&e.kind)).count();
                 return Err(SimError::Stopped {
                     at_s: now.as_secs_f64(),
                     duration_s: scenario.duration_s,
                     reason,
-                    arrived: count(|k| matches!(k, Kind::Arrival { .. })),
-                    ended: count(|k| matches!(k, Kind::CallEnd { .. })),
+                    arrived: self.trace.count(|k| matches!(k, Kind::Arrival { .. })),
+                    ended: self.trace.count(|k| matches!(k, Kind::CallEnd { .. })),
                 });
             }
             while let Some(f) = schedule.get(next).filter(|f| secs(f.at_s()) <= now) {
