@@ -7,7 +7,6 @@
 //! ([`ExtractError::kind`]): the simulator never spells it.
 
 use std::fmt;
-use std::time::Duration;
 
 use redstring::provider::ExtractError;
 use serde::{Serialize, Serializer};
@@ -19,10 +18,17 @@ use crate::scenario::Mode;
 pub enum CallOutcome {
     /// The extraction succeeded.
     Ok,
-    /// The breaker refused the call ([`ExtractError::CircuitOpen`]).
+    /// The breaker refused the call ([`ExtractError::CircuitOpen`]): the
+    /// model server is believed down.
     CircuitOpen,
-    /// The limiter deferred the call ([`ExtractError::RateLimited`]).
-    RateLimited,
+    /// A shared quota cooldown refused the call: a server's 429 or spent
+    /// rate limit set one, and it was still in force
+    /// ([`ExtractError::CircuitOpen`] with the reason
+    /// [`Refusal::Cooldown`](redstring::Refusal::Cooldown)).
+    Cooldown,
+    /// A limit of the caller's own held the call back, still, after its
+    /// waits: no request was sent for it.
+    Deferred(Limit),
     /// Any other error, named by the core's [`ExtractError::kind`].
     ///
     /// `ExtractError` is `#[non_exhaustive]`, so an error kind the core adds
@@ -30,24 +36,59 @@ pub enum CallOutcome {
     Failed(&'static str),
 }
 
+/// Which of the caller's own limits deferred a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// The tenant's requests per window (`rpm`): [`ExtractError::RateLimited`].
+    Requests,
+    /// The tenant's tokens per window: [`ExtractError::TokenLimited`].
+    Tokens,
+    /// A deployment's own limit, shared by every tenant:
+    /// [`ExtractError::DeploymentLimited`].
+    Deployment,
+}
+
 impl CallOutcome {
     /// The outcome of `result`, classified by the core's error variants.
     pub fn of<T>(result: &Result<T, ExtractError>) -> CallOutcome {
         match result {
             Ok(_) => CallOutcome::Ok,
+            Err(ExtractError::CircuitOpen(open)) if open.reason == redstring::Refusal::Cooldown => {
+                CallOutcome::Cooldown
+            }
             Err(ExtractError::CircuitOpen(_)) => CallOutcome::CircuitOpen,
-            Err(ExtractError::RateLimited(_)) => CallOutcome::RateLimited,
+            Err(ExtractError::RateLimited(_)) => CallOutcome::Deferred(Limit::Requests),
+            Err(ExtractError::TokenLimited(_)) => CallOutcome::Deferred(Limit::Tokens),
+            Err(ExtractError::DeploymentLimited(_)) => CallOutcome::Deferred(Limit::Deployment),
             Err(other) => CallOutcome::Failed(other.kind()),
         }
     }
 
-    /// Its name in the trace and the report: `ok`, or the core's error kind.
+    /// Its name in the trace and the report: `ok`, or the core's error kind
+    /// ([`ExtractError::kind`]: `circuit_open`, `cooldown`, `rate_limited`,
+    /// `token_limited`, `deployment_limited`, …).
     pub fn name(self) -> &'static str {
         match self {
             CallOutcome::Ok => "ok",
-            CallOutcome::CircuitOpen => circuit_open_kind(),
-            CallOutcome::RateLimited => rate_limited_kind(),
+            CallOutcome::CircuitOpen => "circuit_open",
+            CallOutcome::Cooldown => "cooldown",
+            CallOutcome::Deferred(Limit::Requests) => "rate_limited",
+            CallOutcome::Deferred(Limit::Tokens) => "token_limited",
+            CallOutcome::Deferred(Limit::Deployment) => "deployment_limited",
             CallOutcome::Failed(kind) => kind,
+        }
+    }
+
+    /// What kind of ending it is, in a few words, for the report's table.
+    pub fn class(self) -> &'static str {
+        match self {
+            CallOutcome::Ok => "succeeded",
+            CallOutcome::CircuitOpen => "refused by the breaker",
+            CallOutcome::Cooldown => "refused by a quota cooldown",
+            CallOutcome::Deferred(Limit::Requests) => "deferred by the limiter (requests per window)",
+            CallOutcome::Deferred(Limit::Tokens) => "deferred by the limiter (tokens per window)",
+            CallOutcome::Deferred(Limit::Deployment) => "deferred by a deployment's own limit",
+            CallOutcome::Failed(_) => "failed",
         }
     }
 
@@ -55,22 +96,13 @@ impl CallOutcome {
     pub fn is_ok(self) -> bool {
         self == CallOutcome::Ok
     }
-}
 
-/// The core's name for a breaker refusal, asked of a refusal (no allocation).
-fn circuit_open_kind() -> &'static str {
-    ExtractError::CircuitOpen(redstring::CircuitOpen::new(String::new(), Duration::ZERO)).kind()
-}
-
-/// The core's name for a limiter refusal, asked of a refusal.
-fn rate_limited_kind() -> &'static str {
-    ExtractError::RateLimited(redstring::RateLimitExceeded {
-        tenant: redstring::TenantId::from_u128(0),
-        used: 0,
-        window: Duration::ZERO,
-        retry_after: Duration::ZERO,
-    })
-    .kind()
+    /// Whether a limit of the caller's own deferred it: such a call was
+    /// never offered to a server, so the figures that judge how calls to
+    /// the servers went leave it out, whichever limit held it back.
+    pub fn is_deferred(self) -> bool {
+        matches!(self, CallOutcome::Deferred(_))
+    }
 }
 
 impl fmt::Display for CallOutcome {
@@ -169,6 +201,15 @@ impl Answer {
         }
     }
 
+    /// The answers that are a 429: a real limit's (`throttled`), the
+    /// `rate_limit` mode's, and a spent quota's (`quota_exhausted`).
+    pub const TOO_MANY_REQUESTS: [Answer; 3] = [Answer::Throttled, Answer::RateLimit, Answer::QuotaExhausted];
+
+    /// Whether the server answered with a 429 ([`Answer::TOO_MANY_REQUESTS`]).
+    pub fn is_429(self) -> bool {
+        Answer::TOO_MANY_REQUESTS.contains(&self)
+    }
+
     /// Its name in the trace and the report.
     pub fn name(self) -> &'static str {
         match self {
@@ -211,12 +252,78 @@ impl Serialize for Answer {
 mod tests {
     use super::*;
 
+    use std::time::Duration;
+
+    use redstring::limiter::TokenLimitExceeded;
+    use redstring::limiter::tokens::RefusedBy;
+    use redstring::provider::DeploymentLimited;
+
+    /// One error of each kind the classification tells apart, with the
+    /// outcome it must get.
+    fn classified() -> Vec<(ExtractError, CallOutcome)> {
+        let tenant = redstring::TenantId::from_u128(1);
+        let second = Duration::from_secs(1);
+        vec![
+            (
+                redstring::CircuitOpen::new("gpu", second).into(),
+                CallOutcome::CircuitOpen,
+            ),
+            (
+                redstring::CircuitOpen::refused("api", second, redstring::Refusal::Cooldown).into(),
+                CallOutcome::Cooldown,
+            ),
+            (
+                redstring::RateLimitExceeded {
+                    tenant,
+                    used: 3,
+                    window: second,
+                    retry_after: second,
+                }
+                .into(),
+                CallOutcome::Deferred(Limit::Requests),
+            ),
+            (
+                TokenLimitExceeded {
+                    tenant,
+                    by: RefusedBy::Tokens,
+                    asked: 10,
+                    used: 95,
+                    limit: 100,
+                    window: second,
+                    retry_after: second,
+                }
+                .into(),
+                CallOutcome::Deferred(Limit::Tokens),
+            ),
+            (
+                DeploymentLimited {
+                    model: "gpu".into(),
+                    limit: "east".into(),
+                    by: RefusedBy::Requests,
+                    retry_after: Some(second),
+                }
+                .into(),
+                CallOutcome::Deferred(Limit::Deployment),
+            ),
+        ]
+    }
+
     #[test]
     fn outcomes_take_the_cores_names() {
-        let open = ExtractError::from(redstring::CircuitOpen::new("gpu", Duration::from_secs(1)));
-        assert_eq!(CallOutcome::CircuitOpen.name(), open.kind());
-        assert_eq!(CallOutcome::of(&Err::<(), _>(open)), CallOutcome::CircuitOpen);
+        for (error, outcome) in classified() {
+            assert_eq!(outcome.name(), error.kind(), "{error}");
+            assert_eq!(CallOutcome::of(&Err::<(), _>(error)), outcome);
+        }
         assert_eq!(CallOutcome::of(&Ok::<(), ExtractError>(())).name(), "ok");
+    }
+
+    #[test]
+    fn a_quota_cooldown_is_not_the_breaker_and_every_own_limit_defers() {
+        let outcomes: Vec<CallOutcome> = classified().into_iter().map(|(_, o)| o).collect();
+        assert_ne!(outcomes[1], CallOutcome::CircuitOpen);
+        assert!(!outcomes[0].is_deferred() && !outcomes[1].is_deferred());
+        assert!(outcomes[2..].iter().all(|o| o.is_deferred()));
+        assert!(!CallOutcome::Failed("retry_exhausted").is_deferred());
     }
 
     #[test]

@@ -210,7 +210,7 @@ fn figures_of(
     let (mut before, mut within, mut after) = (Vec::new(), Vec::new(), Vec::new());
     for c in &mine {
         let Some((outcome, latency_ms)) = c.end else { continue };
-        if outcome == CallOutcome::RateLimited {
+        if outcome.is_deferred() {
             deferred += u64::from(during(c.arrived_us));
             continue;
         }
@@ -253,7 +253,7 @@ fn figures_of(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evidence::outcome::Answer;
+    use crate::evidence::outcome::{Answer, Limit};
     use crate::scenario::tenant;
 
     const SCENARIO: &str = r#"
@@ -344,7 +344,7 @@ server = "gpu"
             },
         ));
         call(&mut ev, "w", 4, 16 * S, CallOutcome::CircuitOpen, 1);
-        call(&mut ev, "w", 5, 17 * S, CallOutcome::RateLimited, 2);
+        call(&mut ev, "w", 5, 17 * S, CallOutcome::Deferred(Limit::Requests), 2);
         // While loading (20..25 s) the server answers two requests `loading`.
         ev.push(at(21 * S, "gpu", Kind::served(Answer::Loading)));
         ev.push(at(22 * S, "gpu", Kind::served(Answer::Loading)));

@@ -9,9 +9,13 @@
 //!
 //! Definitions used throughout:
 //!
-//! - A call is *deferred* when it ended `rate_limited`: the limiter put it
-//!   off, it was never offered to a server. Deferred calls are left out of
-//!   latencies, the failed fraction and the offered load.
+//! - A call is *deferred* when a limit of the caller's own put it off —
+//!   requests per window (`rate_limited`), tokens per window
+//!   (`token_limited`) or a deployment's limit (`deployment_limited`),
+//!   counted alike: it was never offered to a server. Deferred calls are
+//!   left out of latencies, the failed fraction and the offered load. A
+//!   call refused by the breaker or by a quota cooldown is judged (it
+//!   failed).
 //! - A call is *judged* when it ended and was not deferred.
 //! - Calls still in flight at the end of the run have no latency and no
 //!   outcome; they are left out of latencies and the failed fraction (the
@@ -81,9 +85,14 @@ pub struct Figures {
     pub impaired_requests: u64,
     /// Requests per call admitted by the limiter (`None`: none admitted).
     pub retry_amplification: Option<f64>,
-    /// Calls the limiter deferred (ended `rate_limited`): calls never
-    /// offered to a server, which every other figure leaves out.
+    /// Calls a limit of the caller's own deferred (requests or tokens per
+    /// window, or a deployment's limit): calls never offered to a server,
+    /// which every other figure leaves out.
     pub calls_deferred: u64,
+    /// Requests the servers answered with a 429 (a rate limit, a spent
+    /// quota or llama-swap's concurrency limit:
+    /// [`Answer::is_429`](crate::evidence::outcome::Answer::is_429)).
+    pub throttled_requests: u64,
     /// How goodput came back after the last fault.
     pub goodput_recovery: Recovery,
     /// The same questions asked of each fault episode of a server, from the
@@ -105,6 +114,7 @@ impl Figures {
             impaired_requests: impaired_requests(events),
             retry_amplification: retry_amplification(events),
             calls_deferred: calls_deferred(events),
+            throttled_requests: throttled_requests(events),
             goodput_recovery: match heal(scenario, &eps) {
                 Heal::At(t) => goodput_recovery(Some(t), events, end_us),
                 Heal::NoFault => Recovery::NoFault,
@@ -122,7 +132,7 @@ pub fn latencies_ms(events: &[TraceEvent]) -> Vec<u64> {
         .filter_map(|e| match &e.kind {
             Kind::CallEnd {
                 outcome, latency_ms, ..
-            } if *outcome != CallOutcome::RateLimited => Some(*latency_ms),
+            } if !outcome.is_deferred() => Some(*latency_ms),
             _ => None,
         })
         .collect();
@@ -148,7 +158,7 @@ pub fn failed_fraction(events: &[TraceEvent]) -> Option<f64> {
     let (mut judged, mut failed) = (0u64, 0u64);
     for e in events {
         if let Kind::CallEnd { outcome, .. } = &e.kind
-            && *outcome != CallOutcome::RateLimited
+            && !outcome.is_deferred()
         {
             judged += 1;
             failed += u64::from(!outcome.is_ok());
@@ -166,19 +176,20 @@ pub fn impaired_requests(events: &[TraceEvent]) -> u64 {
         .count() as u64
 }
 
-/// Calls that ended deferred by the limiter.
+/// Requests the servers answered with a 429.
+pub fn throttled_requests(events: &[TraceEvent]) -> u64 {
+    events
+        .iter()
+        .filter(|e| matches!(e.kind, Kind::Served { outcome, .. } if outcome.is_429()))
+        .count() as u64
+}
+
+/// Calls that ended deferred by a limit of the caller's own (requests or
+/// tokens per window, or a deployment's limit), whichever held them back.
 pub fn calls_deferred(events: &[TraceEvent]) -> u64 {
     events
         .iter()
-        .filter(|e| {
-            matches!(
-                e.kind,
-                Kind::CallEnd {
-                    outcome: CallOutcome::RateLimited,
-                    ..
-                }
-            )
-        })
+        .filter(|e| matches!(e.kind, Kind::CallEnd { outcome, .. } if outcome.is_deferred()))
         .count() as u64
 }
 
@@ -238,7 +249,7 @@ pub fn goodput_recovery(heal_us: Option<u64>, events: &[TraceEvent], end_us: u64
                     .unwrap_or_else(|| e.t_us.saturating_sub(latency_ms.saturating_mul(1000)));
                 if let Some(b) = bin(at) {
                     match outcome {
-                        CallOutcome::RateLimited => offered[b] = offered[b].saturating_sub(1),
+                        o if o.is_deferred() => offered[b] = offered[b].saturating_sub(1),
                         CallOutcome::Ok => ok[b] += 1,
                         _ => {}
                     }
@@ -260,7 +271,7 @@ pub fn goodput_recovery(heal_us: Option<u64>, events: &[TraceEvent], end_us: u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evidence::outcome::Answer;
+    use crate::evidence::outcome::{Answer, Limit};
     use crate::scenario::tenant;
 
     fn at(t_us: u64, kind: Kind) -> TraceEvent {
@@ -299,12 +310,14 @@ mod tests {
     fn calls_deferred_counts_the_calls_the_limiter_ended() {
         let events = [
             end(1, 1, CallOutcome::Ok, 10),
-            end(2, 2, CallOutcome::RateLimited, 0),
+            end(2, 2, CallOutcome::Deferred(Limit::Requests), 0),
             end(3, 3, CallOutcome::Failed("timeout"), 10),
-            end(4, 4, CallOutcome::RateLimited, 0),
-            arrival(5, 5),
+            end(4, 4, CallOutcome::Deferred(Limit::Tokens), 0),
+            end(5, 5, CallOutcome::Deferred(Limit::Deployment), 0),
+            end(6, 6, CallOutcome::Cooldown, 0),
+            arrival(7, 7),
         ];
-        assert_eq!(calls_deferred(&events), 2);
+        assert_eq!(calls_deferred(&events), 3);
         assert_eq!(calls_deferred(&[]), 0);
     }
 
@@ -315,7 +328,7 @@ mod tests {
         let mut events: Vec<TraceEvent> = (1..=10)
             .map(|i| end(i * 1_000_000, i, CallOutcome::Ok, i * 100))
             .collect();
-        events.push(end(20_000_000, 11, CallOutcome::RateLimited, 9_000));
+        events.push(end(20_000_000, 11, CallOutcome::Deferred(Limit::Requests), 9_000));
         let lat = latencies_ms(&events);
         assert_eq!(lat.len(), 10);
         // p50: rank ⌈5⌉ = 5 → 500; p95: rank ⌈9.5⌉ = 10 → 1000; p99 → 1000.
@@ -328,14 +341,15 @@ mod tests {
 
     #[test]
     fn failed_fraction_leaves_deferred_calls_out() {
-        // 2 ok, 1 circuit open, 1 failed, 2 deferred: 2 failed of 4 judged.
+        // 2 ok, 1 circuit open, 1 failed, 2 deferred (one by requests, one
+        // by tokens: alike): 2 failed of 4 judged.
         let events = vec![
             end(1, 1, CallOutcome::Ok, 1),
             end(2, 2, CallOutcome::Ok, 1),
             end(3, 3, CallOutcome::CircuitOpen, 1),
             end(4, 4, CallOutcome::Failed("timeout"), 1),
-            end(5, 5, CallOutcome::RateLimited, 1),
-            end(6, 6, CallOutcome::RateLimited, 1),
+            end(5, 5, CallOutcome::Deferred(Limit::Requests), 1),
+            end(6, 6, CallOutcome::Deferred(Limit::Tokens), 1),
         ];
         assert_eq!(failed_fraction(&events), Some(0.5));
         assert_eq!(failed_fraction(&events[4..]), None);
@@ -350,6 +364,19 @@ mod tests {
             at(4, Kind::served(Answer::NotFound)),
         ];
         assert_eq!(impaired_requests(&events), 2);
+    }
+
+    #[test]
+    fn throttled_requests_count_every_kind_of_429_and_nothing_else() {
+        let events = vec![
+            at(1, Kind::served(Answer::Throttled)),
+            at(2, Kind::served(Answer::RateLimit)),
+            at(3, Kind::served(Answer::QuotaExhausted)),
+            at(4, Kind::served(Answer::QueueFull)),
+            at(5, Kind::served(Answer::Ok)),
+            end(6, 1, CallOutcome::Cooldown, 0),
+        ];
+        assert_eq!(throttled_requests(&events), 3);
     }
 
     #[test]
@@ -420,7 +447,7 @@ mod tests {
         // the limiter deferred: the first window holds 3 offered, 3 ok.
         let events = calls(0, 10, |s| {
             if s < 2 {
-                CallOutcome::RateLimited
+                CallOutcome::Deferred(Limit::Requests)
             } else {
                 CallOutcome::Ok
             }

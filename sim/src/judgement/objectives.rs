@@ -138,6 +138,13 @@ pub fn judge(objectives: &Objectives, figures: &Figures) -> Vec<ObjectiveVerdict
             ),
         });
     }
+    if let Some(max) = objectives.throttled_requests_max {
+        out.push(ObjectiveVerdict {
+            name: "throttled_requests_max",
+            target: max as f64,
+            judged: compare(figures.throttled_requests as f64, max as f64),
+        });
+    }
     out
 }
 
@@ -154,6 +161,7 @@ mod tests {
             impaired_requests: 7,
             retry_amplification: None,
             calls_deferred: 0,
+            throttled_requests: 1,
             goodput_recovery: recovery,
             episodes: Vec::new(),
         }
@@ -172,6 +180,7 @@ mod tests {
             failed_fraction_max: Some(0.1),
             p99_latency_s: Some(1.5),
             amplification_max: Some(2.0),
+            throttled_requests_max: Some(0),
         };
         let v = judge(&o, &figures(Recovery::Recovered { s: 4.0 }));
         let names: Vec<&str> = v.iter().map(|v| v.name).collect();
@@ -182,7 +191,8 @@ mod tests {
                 "impaired_requests_max",
                 "failed_fraction_max",
                 "p99_latency_s",
-                "amplification_max"
+                "amplification_max",
+                "throttled_requests_max"
             ]
         );
         assert_eq!(v[0].judged, Judged::Met { measured: 4.0 });
@@ -197,6 +207,14 @@ mod tests {
         assert_eq!(v[2].judged, Judged::Met { measured: 0.1 });
         assert!(v[3].missed());
         assert!(matches!(v[4].judged, Judged::NotApplicable { .. }));
+        // One 429 against none allowed.
+        assert_eq!(
+            v[5].judged,
+            Judged::Missed {
+                measured: Some(1.0),
+                why: None
+            }
+        );
     }
 
     #[test]

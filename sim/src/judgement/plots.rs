@@ -165,21 +165,21 @@ fn panel(
 }
 
 /// The calls panel's lines: calls ending per second, each call once, by how
-/// it ended — a deferred call is rate-limited, not also failed, and a call
+/// it ended — a deferred call (by any of the caller's own limits) is deferred, not also failed, and a call
 /// the limiter refused several times counts once.
 fn call_lines(events: &[TraceEvent], seconds: usize) -> [Line; 3] {
     let ended = |pick: fn(&CallOutcome) -> bool| move |e: &TraceEvent| matches!(&e.kind, Kind::CallEnd { outcome, .. } if pick(outcome));
     [
         Line::solid(per_second(events, seconds, ended(|o| o.is_ok())), GREEN, "succeeded"),
         Line::solid(
-            per_second(events, seconds, ended(|o| !o.is_ok() && *o != CallOutcome::RateLimited)),
+            per_second(events, seconds, ended(|o| !o.is_ok() && !o.is_deferred())),
             RED,
             "failed",
         ),
         Line::solid(
-            per_second(events, seconds, ended(|o| *o == CallOutcome::RateLimited)),
+            per_second(events, seconds, ended(|o| o.is_deferred())),
             BLUE,
-            "rate-limited (deferred)",
+            "deferred by a limit",
         ),
     ]
 }
@@ -247,9 +247,11 @@ fn draw(scenario: &Scenario, events: &[TraceEvent], svg: &mut String) -> Result<
 fn figure_unit(name: &str) -> &'static str {
     match name {
         "failed_fraction" => "fraction of calls",
-        "impaired_requests" => "requests",
+        "impaired_requests" | "throttled_requests" => "requests",
+        "calls_deferred" => "calls",
         "retry_amplification" => "requests per admitted call",
-        _ => "seconds",
+        "latency_p50_s" | "latency_p95_s" | "latency_p99_s" | "goodput_recovery_s" => "seconds",
+        _ => "",
     }
 }
 
@@ -344,6 +346,7 @@ fn draw_distributions(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::evidence::outcome::Limit;
 
     fn line(values: &[f64]) -> Line {
         Line::solid(
@@ -383,12 +386,22 @@ mod tests {
         let events = [
             refused(),
             refused(),
-            end(CallOutcome::RateLimited),
+            end(CallOutcome::Deferred(Limit::Tokens)),
             end(CallOutcome::Failed("timeout")),
         ];
         let [ok, failed, limited] = call_lines(&events, 1);
         let at0 = |l: &Line| l.points[0].1;
         assert_eq!((at0(&ok), at0(&failed), at0(&limited)), (0.0, 1.0, 1.0));
+    }
+
+    #[test]
+    fn every_summary_figure_has_its_own_unit() {
+        for name in crate::judgement::sweep::FIGURE_NAMES {
+            assert!(!figure_unit(name).is_empty(), "{name}");
+        }
+        // Counts are not seconds.
+        assert_eq!(figure_unit("calls_deferred"), "calls");
+        assert_eq!(figure_unit("throttled_requests"), "requests");
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub struct Report {
     pub arrivals: u64,
     /// Units of work that ended, by outcome (`ok` or an error kind).
     pub outcomes: BTreeMap<String, u64>,
+    /// What kind of ending each outcome of `outcomes` is
+    /// ([`CallOutcome::class`](crate::evidence::outcome::CallOutcome::class)), for the text.
+    #[serde(skip)]
+    pub outcome_classes: BTreeMap<String, &'static str>,
     /// Units of work still in flight when the run ended.
     pub in_flight: u64,
     /// Requests the workers sent.
@@ -66,7 +70,8 @@ pub struct Report {
     pub time_to_open_s: Option<f64>,
     /// Seconds from the last fault to the last breaker closing after it.
     pub time_to_recover_s: Option<f64>,
-    /// Limiter refusals.
+    /// Limiter refusals, by requests or by tokens per window (a call the
+    /// limiter refused and then admitted after a wait counts each refusal).
     pub rate_limited: u64,
     /// What `rpm` limits, in plain words: per worker (each worker's
     /// in-process cache) or fleet-wide (one shared cache), and whose clock
@@ -93,6 +98,7 @@ impl Report {
             simulated_s: run.simulated.as_secs_f64(),
             arrivals: 0,
             outcomes: BTreeMap::new(),
+            outcome_classes: BTreeMap::new(),
             in_flight: 0,
             requests: 0,
             admitted_calls: 0,
@@ -128,9 +134,15 @@ impl Report {
             let t = e.t_us as f64 / 1e6;
             match &e.kind {
                 Kind::Arrival { .. } => report.arrivals += 1,
-                Kind::CallEnd { outcome, .. } => *report.outcomes.entry(outcome.name().to_owned()).or_default() += 1,
+                Kind::CallEnd { outcome, .. } => {
+                    *report.outcomes.entry(outcome.name().to_owned()).or_default() += 1;
+                    report
+                        .outcome_classes
+                        .entry(outcome.name().to_owned())
+                        .or_insert(outcome.class());
+                }
                 Kind::Request { .. } => report.requests += 1,
-                Kind::Limited { .. } => report.rate_limited += 1,
+                Kind::Limited { .. } | Kind::TokensRefused { .. } => report.rate_limited += 1,
                 Kind::Served { outcome, .. } => {
                     let load = report.servers.entry(e.host.clone()).or_default();
                     load.received += 1;
@@ -201,12 +213,18 @@ impl Report {
             self.arrivals, self.in_flight
         );
         for (outcome, n) in &self.outcomes {
-            let _ = writeln!(out, "  {outcome:<16} {n}");
+            let class = self.outcome_classes.get(outcome).copied().unwrap_or("");
+            let _ = writeln!(out, "  {outcome:<18} {n:<7} {class}");
         }
         let _ = writeln!(
             out,
-            "requests: {} for {} admitted calls (retry amplification {:.2}×); {} limiter refusals; rpm {}",
-            self.requests, self.admitted_calls, self.retry_amplification, self.rate_limited, self.rpm_scope
+            "requests: {} for {} admitted calls (retry amplification {:.2}×); {} answered 429; {} limiter refusals; rpm {}",
+            self.requests,
+            self.admitted_calls,
+            self.retry_amplification,
+            self.figures.throttled_requests,
+            self.rate_limited,
+            self.rpm_scope
         );
         let _ = writeln!(out, "\nservers:");
         for (name, load) in &self.servers {
@@ -292,7 +310,9 @@ impl Report {
                     let b = buckets.entry(e.t_us / 10_000_000).or_default();
                     if outcome.is_ok() { b[0] += 1 } else { b[1] += 1 }
                 }
-                Kind::Limited { .. } => buckets.entry(e.t_us / 10_000_000).or_default()[2] += 1,
+                Kind::Limited { .. } | Kind::TokensRefused { .. } => {
+                    buckets.entry(e.t_us / 10_000_000).or_default()[2] += 1
+                }
                 Kind::Request { .. } => buckets.entry(e.t_us / 10_000_000).or_default()[3] += 1,
                 _ => {}
             }
@@ -499,6 +519,61 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         let caller = rpm_scope(&s);
         assert!(caller.contains("stamped by each caller"), "{caller}");
         assert!(!caller.contains("Shared") && !caller.contains("Caller"), "{caller}");
+    }
+
+    #[test]
+    fn token_refusals_are_limiter_refusals_and_each_ending_says_what_it_is() {
+        use crate::evidence::outcome::{Answer, CallOutcome, Limit};
+        let end = |call, outcome| {
+            ev(Kind::CallEnd {
+                call,
+                tenant: tenant(1),
+                outcome,
+                attempts: 0,
+                latency_ms: 1,
+            })
+        };
+        let events = vec![
+            ev(Kind::Limited {
+                tenant: tenant(1),
+                retry_after_us: 5,
+                at_us: 1,
+                decided_by: Default::default(),
+            }),
+            ev(Kind::TokensRefused {
+                tenant: tenant(1),
+                estimate: 10,
+                used: 95,
+                retry_after_us: 5,
+                decided_by: Default::default(),
+            }),
+            ev(Kind::served(Answer::Throttled)),
+            end(1, CallOutcome::Deferred(Limit::Requests)),
+            end(2, CallOutcome::Deferred(Limit::Tokens)),
+            end(3, CallOutcome::Cooldown),
+            end(4, CallOutcome::CircuitOpen),
+        ];
+        let scenario = Scenario::parse("synthetic.toml", MINIMAL).unwrap();
+        let run = Run {
+            seed: 1,
+            simulated: Duration::from_secs(1),
+            checks: Vec::new(),
+            events,
+        };
+        let report = Report::new(&scenario, "synthetic.toml", &run);
+        assert_eq!(report.rate_limited, 2);
+        assert_eq!(report.figures.calls_deferred, 2);
+        assert_eq!(report.figures.throttled_requests, 1);
+        let text = report.render(None);
+        for line in [
+            "  cooldown           1       refused by a quota cooldown",
+            "  circuit_open       1       refused by the breaker",
+            "  rate_limited       1       deferred by the limiter (requests per window)",
+            "  token_limited      1       deferred by the limiter (tokens per window)",
+            "1 answered 429; 2 limiter refusals",
+        ] {
+            assert!(text.contains(line), "{line:?} in\n{text}");
+        }
     }
 
     #[test]

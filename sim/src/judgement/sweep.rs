@@ -15,13 +15,14 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::evidence::outcome::Answer;
 use crate::judgement::episode_figures::{EpisodeFigures, Latencies};
 use crate::judgement::figures::Figures;
 use crate::judgement::report::Report;
 use crate::judgement::shard::Shard;
 
 /// The summary names of the whole-run figures, in [`named_figures`] order.
-pub const FIGURE_NAMES: [&str; 8] = [
+pub const FIGURE_NAMES: [&str; 9] = [
     "latency_p50_s",
     "latency_p95_s",
     "latency_p99_s",
@@ -30,6 +31,7 @@ pub const FIGURE_NAMES: [&str; 8] = [
     "retry_amplification",
     "goodput_recovery_s",
     "calls_deferred",
+    "throttled_requests",
 ];
 
 /// The figures kept per model server, by summary name: its share of every
@@ -38,9 +40,6 @@ pub const FIGURE_NAMES: [&str; 8] = [
 /// received while impaired.
 pub const SERVER_FIGURE_NAMES: [&str; 3] = ["share", "throttled", "impaired_requests"];
 
-/// Answers that are a 429.
-const THROTTLED_ANSWERS: [&str; 3] = ["throttled", "rate_limit", "quota_exhausted"];
-
 /// Each server's figures in `report`, by [`SERVER_FIGURE_NAMES`].
 fn server_figures(report: &Report) -> BTreeMap<String, BTreeMap<String, f64>> {
     let total: u64 = report.servers.values().map(|s| s.received).sum();
@@ -48,7 +47,10 @@ fn server_figures(report: &Report) -> BTreeMap<String, BTreeMap<String, f64>> {
         .servers
         .iter()
         .map(|(name, load)| {
-            let throttled: u64 = THROTTLED_ANSWERS.iter().filter_map(|a| load.by_outcome.get(*a)).sum();
+            let throttled: u64 = Answer::TOO_MANY_REQUESTS
+                .iter()
+                .filter_map(|a| load.by_outcome.get(a.name()))
+                .sum();
             let share = if total == 0 {
                 0.0
             } else {
@@ -68,7 +70,7 @@ fn server_figures(report: &Report) -> BTreeMap<String, BTreeMap<String, f64>> {
 }
 
 /// Every whole-run figure of `f` by its summary name (`None`: not measured).
-pub fn named_figures(f: &Figures) -> [(&'static str, Option<f64>); 8] {
+pub fn named_figures(f: &Figures) -> [(&'static str, Option<f64>); 9] {
     let values = [
         f.latency_p50_s,
         f.latency_p95_s,
@@ -78,6 +80,7 @@ pub fn named_figures(f: &Figures) -> [(&'static str, Option<f64>); 8] {
         f.retry_amplification,
         f.goodput_recovery.seconds(),
         Some(f.calls_deferred as f64),
+        Some(f.throttled_requests as f64),
     ];
     let mut i = 0;
     values.map(|v| {

@@ -116,6 +116,10 @@ pub struct Objectives {
     /// Most requests per call admitted by the limiter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub amplification_max: Option<f64>,
+    /// Most requests the servers may answer with a 429 (a rate limit or a
+    /// spent quota): 0 for "never see a 429".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttled_requests_max: Option<u64>,
 }
 
 impl Objectives {

@@ -231,7 +231,8 @@ fn path_of(kind: &Kind) -> Option<(Area, String)> {
             match outcome {
                 CallOutcome::Ok => "call ok",
                 CallOutcome::CircuitOpen => "call refused by the breaker",
-                CallOutcome::RateLimited => "call rate-limited",
+                CallOutcome::Cooldown => "call refused by a quota cooldown",
+                CallOutcome::Deferred(_) => "call deferred by a limit",
                 CallOutcome::Failed(_) => "call failed",
             }
             .into(),

@@ -217,8 +217,9 @@ pub(super) fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             && e.t_us >= bound
         {
             match outcome {
-                // Deferrals by the limiter say nothing about the server's health.
-                CallOutcome::RateLimited => {}
+                // Deferrals by the caller's own limits say nothing about the
+                // server's health.
+                CallOutcome::Deferred(_) => {}
                 CallOutcome::Ok => {
                     ended_after += 1;
                     ok_after += 1;
@@ -227,7 +228,9 @@ pub(super) fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                     ended_after += 1;
                     open_after_bound.get_or_insert(e);
                 }
-                CallOutcome::Failed(_) => ended_after += 1,
+                // A quota cooldown is the server's own limit speaking, not
+                // a breaker that failed to close.
+                CallOutcome::Cooldown | CallOutcome::Failed(_) => ended_after += 1,
             }
         }
     }

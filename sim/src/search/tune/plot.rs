@@ -8,7 +8,7 @@ use super::*;
 fn objective_unit(name: &str) -> &'static str {
     match name {
         "goodput_recovery_s" | "p99_latency_s" => "seconds",
-        "impaired_requests_max" => "requests",
+        "impaired_requests_max" | "throttled_requests_max" => "requests",
         "failed_fraction_max" => "fraction of calls",
         "amplification_max" => "requests per admitted call",
         _ => "",
