@@ -305,14 +305,28 @@ impl Scenario {
     /// routing to its primary; under weighted and least-loaded routing each
     /// server's `slots` over the slots of all it routes over.
     pub fn share(&self, member: &FleetMember, server: &str) -> f64 {
-        if !member.servers.iter().any(|s| s == server) {
+        self.share_while_down(member, server, None)
+    }
+
+    /// The share of `member`'s calls that go first to `server` while the
+    /// server `down` (if any) is down and routing sends its calls on: under
+    /// ordered routing all of them to the first server of its list that is
+    /// up; under weighted and least-loaded routing each server's `slots`
+    /// over the slots of those up; without routing none move (a call to a
+    /// server that is down fails).
+    pub fn share_while_down(&self, member: &FleetMember, server: &str, down: Option<&str>) -> f64 {
+        let up = |name: &str| down != Some(name);
+        if !up(server) || !member.servers.iter().any(|s| s == server) {
             return 0.0;
         }
         match self.hardening.routing {
-            None | Some(Routing::Ordered) => f64::from(u8::from(member.server == server)),
+            None => f64::from(u8::from(member.server == server)),
+            Some(Routing::Ordered) => f64::from(u8::from(
+                member.servers.iter().find(|s| up(s)).is_some_and(|s| s == server),
+            )),
             Some(Routing::Weighted | Routing::LeastLoaded) => {
                 let slots = |name: &str| self.server(name).map_or(0.0, |s| f64::from(s.slots));
-                let total: f64 = member.servers.iter().map(|s| slots(s)).sum();
+                let total: f64 = member.servers.iter().filter(|s| up(s)).map(|s| slots(s)).sum();
                 if total > 0.0 { slots(server) / total } else { 0.0 }
             }
         }

@@ -11,10 +11,12 @@
 //!
 //! [`loads`] is the up-front load figure: each server's offered load — the
 //! calls per second its workers' tenants send it, as their limiters let them
-//! through — against the calls per second it can serve at the token mix
-//! its tenants send, each request asking for `hardening.max_tokens`
+//! through (requests and, when set, tokens per window) — against the calls
+//! per second it can serve at the token mix its tenants send, each request
+//! asking for `hardening.max_tokens`
 //! ([`ServerSpec::throughput_at`](super::ServerSpec::throughput_at)), with the
-//! bursts beside it as the seconds of capacity they take. A steady load above
+//! most it takes while a server it backs up is down, and the bursts beside
+//! it as the seconds of capacity they take. A steady load above
 //! [`LOAD_WARNING`] of capacity is a warning too: queues grow and the outage
 //! under test is hidden behind plain overload. (A burst above capacity is
 //! what a burst scenario is for, so it is shown, not warned about.)
@@ -257,10 +259,13 @@ pub struct ServerLoad {
     pub server: String,
     /// Calls per second its workers' tenants send, before their limiters.
     pub arriving_per_s: f64,
-    /// Calls per second that reach it steadily: the arrivals as the
-    /// limiters admit them (`rpm` per `window_s` per tenant — per worker with
-    /// per-worker caches, fleet-wide with a shared one).
+    /// Calls per second that reach it steadily while every server is up:
+    /// the arrivals as the limiters admit them ([`admitted_per_s`]).
     pub offered_per_s: f64,
+    /// The most it is offered while another server it backs up is down
+    /// (routing sends that server's calls on); `None` when it backs up
+    /// no server.
+    pub failover: Option<Failover>,
     /// Calls all bursts fire at it in the run.
     pub burst_calls: u64,
     /// Calls per second it serves at its tenants' token mix
@@ -268,12 +273,27 @@ pub struct ServerLoad {
     pub capacity_per_s: f64,
 }
 
+/// The load a server takes while another is down.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failover {
+    /// The server that is down.
+    pub down: String,
+    /// Calls per second the backing server is then offered.
+    pub offered_per_s: f64,
+}
+
 impl ServerLoad {
     /// Offered load as a fraction of capacity (0 for a server without a
     /// finite positive capacity figure to compare against).
     pub fn utilisation(&self) -> f64 {
+        self.of_capacity(self.offered_per_s)
+    }
+
+    /// `per_s` as a fraction of capacity (0 without a finite positive
+    /// capacity).
+    fn of_capacity(&self, per_s: f64) -> f64 {
         if self.capacity_per_s.is_finite() && self.capacity_per_s > 0.0 {
-            self.offered_per_s / self.capacity_per_s
+            per_s / self.capacity_per_s
         } else {
             0.0
         }
@@ -293,6 +313,15 @@ impl fmt::Display for ServerLoad {
             self.capacity_per_s,
             self.utilisation() * 100.0
         )?;
+        if let Some(over) = &self.failover {
+            write!(
+                f,
+                "; while {} is down {:.2} calls/s, {:.0} %",
+                over.down,
+                over.offered_per_s,
+                self.of_capacity(over.offered_per_s) * 100.0
+            )?;
+        }
         if self.burst_calls > 0 {
             write!(
                 f,
@@ -305,31 +334,105 @@ impl fmt::Display for ServerLoad {
     }
 }
 
+/// The tokens one call of tenant `t` on `member` charges its tenant's token
+/// budget once settled: its mean prompt plus its mean output capped at
+/// `max_tokens` (the tenant's own distributions, or its primary server's
+/// counts).
+fn settled_tokens(scenario: &Scenario, member: &super::FleetMember, t: &super::TenantLoad) -> f64 {
+    let (own_prompt, own_output) = scenario.server(&member.server).map_or((0, 0), |s| s.mean_tokens());
+    let mean = |d: Option<super::Spread>, own: u64| d.map_or(own as f64, |d| d.mean());
+    let output = mean(t.output_tokens, own_output).min(f64::from(scenario.hardening.max_tokens));
+    mean(t.prompt_tokens, own_prompt) + output
+}
+
+/// Calls per second each tenant of each fleet member gets past its limiter,
+/// steadily, in fleet then tenant order: its arrivals, capped by the
+/// tenant's allowance — `rpm` per `window_s`, and with `tokens_per_window`
+/// also the calls whose settled tokens ([`settled_tokens`]) fit it — per
+/// worker with per-worker caches; fleet-wide with a shared one, each
+/// worker getting the share its arrivals are of the tenant's total.
+pub fn admitted_per_s(scenario: &Scenario) -> Vec<Vec<f64>> {
+    let fleet = scenario.fleet();
+    let h = &scenario.hardening;
+    let calls_allowed = f64::from(h.rpm) / h.window_s;
+    let tokens_allowed = h.tokens_per_window.map(|t| t as f64 / h.window_s);
+    let rate = |t: &super::TenantLoad| t.most_calls_per_min(scenario.duration_s) / 60.0;
+    // The fraction of `calls` (and `tokens`) per second an allowance lets through.
+    let fraction = |calls: f64, tokens: f64| {
+        let by_calls = if calls > calls_allowed {
+            calls_allowed / calls
+        } else {
+            1.0
+        };
+        let by_tokens = match tokens_allowed {
+            Some(allowed) if tokens > allowed => allowed / tokens,
+            _ => 1.0,
+        };
+        by_calls.min(by_tokens)
+    };
+    // Totals per tenant for a shared cache, summed once (fleets may be large).
+    let mut totals: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    for m in &fleet {
+        for t in &m.tenants {
+            let total = totals.entry(t.id).or_default();
+            total.0 += rate(t);
+            total.1 += rate(t) * settled_tokens(scenario, m, t);
+        }
+    }
+    fleet
+        .iter()
+        .map(|m| {
+            m.tenants
+                .iter()
+                .map(|t| {
+                    let r = rate(t);
+                    r * match scenario.cache.kind {
+                        CacheKind::PerWorker => fraction(r, r * settled_tokens(scenario, m, t)),
+                        CacheKind::Shared => {
+                            let (calls, tokens) = totals.get(&t.id).copied().unwrap_or_default();
+                            fraction(calls, tokens)
+                        }
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Each server's offered load against its capacity, in `scenario.servers` order.
 pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
     let fleet = scenario.fleet();
     let h = &scenario.hardening;
-    let allowed_per_s = f64::from(h.rpm) / h.window_s;
+    let admitted = admitted_per_s(scenario);
     let rate = |t: &super::TenantLoad| t.most_calls_per_min(scenario.duration_s) / 60.0;
-    // With a shared cache a tenant's allowance is the fleet's: each worker
-    // gets the share its arrivals are of the tenant's total. Totals, and the
-    // burst calls per tenant, are summed once (fleets and schedules may be
-    // large).
-    let mut tenant_total: BTreeMap<u64, f64> = BTreeMap::new();
-    for t in fleet.iter().flat_map(|m| m.tenants.iter()) {
-        *tenant_total.entry(t.id).or_default() += rate(t);
-    }
     let mut burst_per_tenant: BTreeMap<u64, u64> = BTreeMap::new();
     for b in scenario.bursts() {
         let calls = burst_per_tenant.entry(b.tenant).or_default();
         *calls = calls.saturating_add(u64::from(b.calls));
     }
+    // The calls per second each server is offered while `down` (or none) is down.
+    let offered_with = |down: Option<&str>| -> BTreeMap<&str, f64> {
+        let mut out = BTreeMap::new();
+        for (m, tenants) in fleet.iter().zip(&admitted) {
+            let member: f64 = tenants.iter().sum();
+            for spec in &scenario.servers {
+                let share = scenario.share_while_down(m, &spec.name, down);
+                *out.entry(spec.name.as_str()).or_default() += member * share;
+            }
+        }
+        out
+    };
+    let healthy = offered_with(None);
+    let while_down: Vec<(&str, BTreeMap<&str, f64>)> = scenario
+        .servers
+        .iter()
+        .map(|down| (down.name.as_str(), offered_with(Some(&down.name))))
+        .collect();
     scenario
         .servers
         .iter()
         .map(|spec| {
             let mut arriving = 0.0;
-            let mut admitted = 0.0;
             let mut burst_calls: u64 = 0;
             // The token mix the server sees: each tenant's means (its own
             // distributions, or the server's counts), weighted by its calls.
@@ -342,25 +445,11 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
                 }
                 let mut tenants = BTreeSet::new();
                 for t in &m.tenants {
-                    // A closed loop's peak: its clients' calls ending at once.
                     let rate = rate(t);
                     arriving += rate * share;
                     let mean = |d: Option<super::Spread>, own: u64| d.map_or(own as f64, |d| d.mean());
                     prompt_sum += rate * share * mean(t.prompt_tokens, own_prompt);
                     output_sum += rate * share * mean(t.output_tokens, own_output);
-                    // The limiter admits per worker; the server gets its share.
-                    admitted += share
-                        * match scenario.cache.kind {
-                            CacheKind::PerWorker => rate.min(allowed_per_s),
-                            CacheKind::Shared => {
-                                let total = tenant_total.get(&t.id).copied().unwrap_or(0.0);
-                                if total > allowed_per_s {
-                                    rate * allowed_per_s / total
-                                } else {
-                                    rate
-                                }
-                            }
-                        };
                     tenants.insert(t.id);
                 }
                 for id in tenants {
@@ -375,10 +464,24 @@ pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
             } else {
                 (own_prompt, own_output)
             };
+            let offered = healthy.get(spec.name.as_str()).copied().unwrap_or(0.0);
+            // The other server whose outage sends this one the most, when
+            // any sends it more than it has while all are up.
+            let failover = while_down
+                .iter()
+                .filter(|(down, _)| *down != spec.name)
+                .map(|(down, loads)| (*down, loads.get(spec.name.as_str()).copied().unwrap_or(0.0)))
+                .filter(|(_, load)| *load > offered + 1e-9)
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(down, load)| Failover {
+                    down: down.to_owned(),
+                    offered_per_s: load,
+                });
             ServerLoad {
                 server: spec.name.clone(),
                 arriving_per_s: arriving,
-                offered_per_s: admitted,
+                offered_per_s: offered,
+                failover,
                 burst_calls,
                 capacity_per_s: spec.throughput_at(prompt, output, h.max_tokens),
             }
