@@ -321,6 +321,141 @@ fn a_bad_set_is_refused_naming_the_key() {
     assert!(err.contains("hardening.rpm"), "{err}");
 }
 
+/// The `--json` (written to `json`) of `compare FILE --seeds 1..3 --jobs 1`
+/// with `sets` as `--set` flags, and its text.
+fn compare_json(file: &std::path::Path, sets: &[&str], json: &std::path::Path) -> (serde_json::Value, String) {
+    let mut cmd = bin();
+    cmd.args(["compare", file.to_str().unwrap(), "--seeds", "1..3", "--jobs", "1"]);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    let out = cmd.args(["--json", json.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    (v, text)
+}
+
+#[test]
+fn a_factorial_compare_runs_each_combination_as_one_axis_compares_do() {
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/flaky-network.toml");
+    let text = std::fs::read_to_string(&shipped).unwrap();
+    let (thresholds, timeouts) = (["1", "3"], ["10", "30"]);
+    let dir = temp_file("factorial/empty", "").parent().unwrap().to_path_buf();
+    let (both, out) = compare_json(
+        &shipped,
+        &["hardening.failure_threshold=1,3", "hardening.recovery_timeout_s=10,30"],
+        &dir.join("both.json"),
+    );
+    // Every combination, the first --set varying slowest, in one table.
+    let names: Vec<&str> = both["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v[0].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "hardening.failure_threshold=1 hardening.recovery_timeout_s=10",
+            "hardening.failure_threshold=1 hardening.recovery_timeout_s=30",
+            "hardening.failure_threshold=3 hardening.recovery_timeout_s=10",
+            "hardening.failure_threshold=3 hardening.recovery_timeout_s=30",
+        ]
+    );
+    for (i, name) in names.iter().enumerate() {
+        assert!(out.contains(&format!("  [{}] {name}\n", i + 1)), "{out}");
+        // Each combination's load line.
+        assert!(out.contains(&format!("{name}:\n   rpm ")), "{out}");
+    }
+    // Every later combination is compared with the first.
+    for d in both["differences"].as_array().unwrap() {
+        assert_ne!(d["variant"], names[0], "{d}");
+    }
+    // Each combination's seeds are those of the one-axis compare over the
+    // second key of the file with the first key set to that value.
+    for (a, threshold) in thresholds.iter().enumerate() {
+        let fixed =
+            redstring_sim::judgement::compare::set_field(&text, "hardening.failure_threshold", threshold).unwrap();
+        let file = temp_file(&format!("factorial/threshold-{threshold}.toml"), &fixed);
+        let (one, _) = compare_json(
+            &file,
+            &["hardening.recovery_timeout_s=10,30"],
+            &dir.join(format!("threshold-{threshold}.json")),
+        );
+        for (b, timeout) in timeouts.iter().enumerate() {
+            let single = &one["variants"][b][1]["per_seed"];
+            let combined = &both["variants"][a * 2 + b][1]["per_seed"];
+            assert_eq!(single.as_array().unwrap().len(), 2, "{single}");
+            assert_eq!(
+                single, combined,
+                "failure_threshold={threshold} recovery_timeout_s={timeout}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_factorial_compare_refuses_a_repeated_key_too_many_variants_or_several_files() {
+    let path = temp_file("refuse/set.toml", &outage());
+    let other = temp_file("refuse/other.toml", &outage());
+    let run = |files: &[&std::path::Path], sets: &[&str]| {
+        let mut cmd = bin();
+        cmd.arg("compare").args(files).args(["--seeds", "1..2"]);
+        for set in sets {
+            cmd.args(["--set", set]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(
+        &[&path],
+        &[
+            "hardening.failure_threshold=1,2",
+            "hardening.rpm=30",
+            "hardening.failure_threshold=3",
+        ],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--set hardening.failure_threshold is given twice"),
+        "{err}"
+    );
+    let many = |key: &str| format!("{key}={}", (1..=9).map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+    let (code, err) = run(
+        &[&path],
+        &[
+            &many("hardening.failure_threshold"),
+            &many("hardening.recovery_timeout_s"),
+        ],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("9 × 9 values make 81 variants, more than the 64 one compare runs"),
+        "{err}"
+    );
+    let (code, err) = run(
+        &[&path, &other],
+        &["hardening.failure_threshold=1,2", "hardening.rpm=30,60"],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--set varies one scenario; 2 were given"), "{err}");
+    // A combination validation refuses is named whole.
+    let (code, err) = run(&[&path], &["hardening.failure_threshold=1,2", "hardening.rpm=60,0"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("with --set hardening.failure_threshold=1 --set hardening.rpm=0:")
+            && err.contains("hardening.rpm"),
+        "{err}"
+    );
+}
+
 #[test]
 fn jobs_do_not_change_the_results() {
     let path = temp_file("jobs.toml", &outage());

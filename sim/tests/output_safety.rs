@@ -266,6 +266,38 @@ fn a_compare_that_changes_what_rpm_means_says_so_naming_both() {
     );
 }
 
+/// Several `--set`: every combination gets its load line, and each whose
+/// cache changes what `rpm` means against the first is warned about by its
+/// whole name.
+#[test]
+fn a_factorial_compare_prints_each_combinations_load_line_and_scope_warning() {
+    let fleet = SMALL.replace("name = \"w\"\n", "name = \"w\"\ncount = 4\n");
+    let path = temp_file("scope/factorial.toml", &fleet);
+    let out = run(&[
+        "compare",
+        s(&path),
+        "--seeds",
+        "1",
+        "--set",
+        "cache.kind=per_worker,shared",
+        "--set",
+        "hardening.failure_threshold=2,3",
+    ]);
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    for cache in ["per_worker", "shared"] {
+        for threshold in [2, 3] {
+            let name = format!("cache.kind={cache} hardening.failure_threshold={threshold}");
+            assert!(text.contains(&format!("{name}:\n   rpm ")), "{text}");
+            let warned = format!(
+                "warning: {name} changes what hardening.rpm means against cache.kind=per_worker hardening.failure_threshold=2"
+            );
+            assert_eq!(err.contains(&warned), cache == "shared", "{err}");
+        }
+    }
+    assert!(text.matches("   load gpu: offered").count() >= 4, "{text}");
+}
+
 #[cfg(unix)]
 #[test]
 fn a_device_or_an_oversized_input_is_refused_before_it_is_read() {

@@ -195,3 +195,23 @@ fn routing_none_is_no_policy_as_leaving_the_key_out_is() {
     let s = Scenario::parse("weighted.toml", &weighted).unwrap();
     assert_eq!(s.hardening.routing, Some(redstring_sim::scenario::Routing::Weighted));
 }
+
+/// Routing switched off stays off in a combination of several `--set`.
+#[test]
+fn routing_none_holds_in_every_combination_of_a_factorial_compare() {
+    use redstring_sim::judgement::compare::{apply, design};
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/two-deployment-fallback.toml"),
+    )
+    .unwrap();
+    let settings = design(&["hardening.routing=none,weighted", "hardening.failure_threshold=2,4"]).unwrap();
+    let got: Vec<_> = settings
+        .iter()
+        .map(|setting| {
+            let s = Scenario::parse("varied.toml", &apply(&text, setting).unwrap()).unwrap();
+            (s.hardening.routing, s.hardening.failure_threshold)
+        })
+        .collect();
+    use redstring_sim::scenario::Routing::Weighted;
+    assert_eq!(got, [(None, 2), (None, 4), (Some(Weighted), 2), (Some(Weighted), 4)]);
+}

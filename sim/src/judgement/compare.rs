@@ -3,7 +3,13 @@
 //!
 //! `redstring-sim compare a.toml b.toml --seeds 1..20` runs every scenario
 //! over the same seeds; `--set key=v1,v2,…` makes the variants from one file
-//! by changing one field ([`set_field`]). Each variant's figures are
+//! by changing one field ([`set_field`]). Several `--set` make a full
+//! factorial design ([`design`]): one variant per combination of one value
+//! of each key, in nested-loop order with the first `--set` varying slowest,
+//! named by its `key=value` pairs joined by a space ([`setting_name`]), at
+//! most [`MAX_VARIANTS`] of them; they are compared in one table like any
+//! other variants, the first (every key at its first value) the baseline.
+//! Each variant's figures are
 //! summarised as a sweep's ([`SweepSummary`]); each later variant is then
 //! compared with the first, figure by figure, with a **paired sign test**
 //! over the seeds both measured ([`SignTest`]): seed by seed, is the figure
@@ -62,6 +68,23 @@ pub enum SetError {
         /// The step that failed.
         at: String,
     },
+    /// Two `--set` name the same key.
+    #[error(
+        "--set {0} is given twice: each --set is one axis of the design; give all of a key's values in one --set {0}=v1,v2,…"
+    )]
+    Duplicate(String),
+    /// The `--set` make more variants than [`MAX_VARIANTS`].
+    #[error(
+        "--set: {} values make {} variants, more than the {MAX_VARIANTS} one compare runs; give fewer values, or split the design over several compares",
+        counts.iter().map(usize::to_string).collect::<Vec<_>>().join(" × "),
+        product.map_or_else(|| "too many to count".to_owned(), |n| n.to_string())
+    )]
+    TooManyVariants {
+        /// Each `--set`'s number of values, in the order given.
+        counts: Vec<usize>,
+        /// Their product, when it fits a `usize`.
+        product: Option<usize>,
+    },
 }
 
 /// Most dotted steps a `--set` or `--vary` key may have: the deepest
@@ -77,6 +100,99 @@ pub fn parse_set(arg: &str) -> Result<(String, Vec<String>), SetError> {
         return Err(SetError::Syntax(arg.to_owned()));
     }
     Ok((key.to_owned(), values))
+}
+
+/// Most variants the `--set` of one `compare` may make together: a
+/// factorial design grows as the product of its axes (four axes of five
+/// values are 625 variants, hours of runs and a table no one reads), so a
+/// larger one is refused before anything is run. Split a larger design over
+/// several compares, each fixing one axis in its scenario file. One `--set`
+/// alone is not bounded: its values are each written out.
+pub const MAX_VARIANTS: usize = 64;
+
+/// One variant of a `--set` design: each `--set`'s key with the one value
+/// it takes in this variant, in the order the `--set` were given.
+pub type Setting = Vec<(String, String)>;
+
+/// The variants several `--set key=v1,v2,…` make together: every
+/// combination of one value per key (a full factorial design), in the order
+/// of nested loops with the first `--set` outermost — the first key varies
+/// slowest, the last fastest, each key's values in the order given. With
+/// `--set a=1,2 --set b=x,y`: `a=1 b=x`, `a=1 b=y`, `a=2 b=x`, `a=2 b=y`.
+///
+/// Refused: a `--set` that is not `key=v1,v2,…` ([`parse_set`]), a key
+/// given twice, and, with more than one `--set`, a product of more than
+/// [`MAX_VARIANTS`] (computed with checked arithmetic, before any variant
+/// is made).
+pub fn design<S: AsRef<str>>(sets: &[S]) -> Result<Vec<Setting>, SetError> {
+    let mut axes: Vec<(String, Vec<String>)> = Vec::with_capacity(sets.len());
+    for set in sets {
+        let (key, values) = parse_set(set.as_ref())?;
+        if axes.iter().any(|(k, _)| *k == key) {
+            return Err(SetError::Duplicate(key));
+        }
+        axes.push((key, values));
+    }
+    let counts: Vec<usize> = axes.iter().map(|(_, v)| v.len()).collect();
+    let product = counts.iter().try_fold(1usize, |n, &c| n.checked_mul(c));
+    if axes.len() > 1 && product.is_none_or(|n| n > MAX_VARIANTS) {
+        return Err(SetError::TooManyVariants { counts, product });
+    }
+    let total = if axes.is_empty() { 0 } else { product.unwrap_or(0) };
+    Ok((0..total)
+        .map(|i| {
+            // `i` in mixed radix, the last axis the lowest digit.
+            let mut rest = i;
+            let mut setting: Setting = axes
+                .iter()
+                .rev()
+                .map(|(key, values)| {
+                    let value = values[rest % values.len()].clone();
+                    rest /= values.len();
+                    (key.clone(), value)
+                })
+                .collect();
+            setting.reverse();
+            setting
+        })
+        .collect())
+}
+
+/// The name a variant of a `--set` design is shown by: its `key=value`
+/// pairs in `--set` order, separated by one space, each a shell word
+/// ([`shell_word`](crate::judgement::shell_word): quoted only when it holds
+/// a character a shell would read), so that the name pasted after
+/// `--set` flags makes that variant again. A one-`--set` variant is named
+/// `key=value` as it is.
+pub fn setting_name(setting: &[(String, String)]) -> String {
+    match setting {
+        [(key, value)] => format!("{key}={value}"),
+        _ => setting
+            .iter()
+            .map(|(key, value)| super::shell_word(&format!("{key}={value}")))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// The `--set` flags that make one variant: `--set key=value` per key, each
+/// a shell word, for an error message or a command to paste.
+pub fn setting_flags(setting: &[(String, String)]) -> String {
+    setting
+        .iter()
+        .map(|(key, value)| format!("--set {}", super::shell_word(&format!("{key}={value}"))))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `text` (a scenario file) with each key of `setting` set to its value by
+/// [`set_field`], in order.
+pub fn apply(text: &str, setting: &[(String, String)]) -> Result<String, SetError> {
+    let mut text = text.to_owned();
+    for (key, value) in setting {
+        text = set_field(&text, key, value)?;
+    }
+    Ok(text)
 }
 
 /// A value as TOML reads it (`3`, `0.5`, `true`, `"x"`, `{ mode = "error" }`),
@@ -581,6 +697,104 @@ mod tests {
                 at: "3".into()
             })
         );
+    }
+
+    fn pairs(setting: &[(String, String)]) -> Vec<String> {
+        setting.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+
+    #[test]
+    fn several_sets_make_every_combination_the_first_varying_slowest() {
+        let d = design(&["a=1,2", "b=x,y,z", "c.d=true"]).unwrap();
+        let got: Vec<Vec<String>> = d.iter().map(|s| pairs(s)).collect();
+        let want: Vec<Vec<String>> = [
+            ["a=1", "b=x", "c.d=true"],
+            ["a=1", "b=y", "c.d=true"],
+            ["a=1", "b=z", "c.d=true"],
+            ["a=2", "b=x", "c.d=true"],
+            ["a=2", "b=y", "c.d=true"],
+            ["a=2", "b=z", "c.d=true"],
+        ]
+        .iter()
+        .map(|r| r.iter().map(|p| p.to_string()).collect())
+        .collect();
+        assert_eq!(got, want);
+        // One --set: its values in order, as before.
+        let one = design(&["hardening.failure_threshold=1,3,5"]).unwrap();
+        assert_eq!(
+            one.iter().map(|s| setting_name(s)).collect::<Vec<_>>(),
+            [
+                "hardening.failure_threshold=1",
+                "hardening.failure_threshold=3",
+                "hardening.failure_threshold=5"
+            ]
+        );
+        assert!(design::<&str>(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_combination_is_named_by_its_pairs_joined_by_a_space_each_a_shell_word() {
+        let d = design(&["hardening.failure_threshold=1", "hardening.recovery_timeout_s=10"]).unwrap();
+        assert_eq!(
+            setting_name(&d[0]),
+            "hardening.failure_threshold=1 hardening.recovery_timeout_s=10"
+        );
+        assert_eq!(
+            setting_flags(&d[0]),
+            "--set hardening.failure_threshold=1 --set hardening.recovery_timeout_s=10"
+        );
+        // A value with a space is quoted in a combination's name, so the
+        // pairs stay apart; alone it is named as it always was.
+        let d = design(&["servers.0.behaviour={ mode = \"error\" }", "b=2"]).unwrap();
+        assert_eq!(setting_name(&d[0]), "'servers.0.behaviour={ mode = \"error\" }' b=2");
+        let d = design(&["servers.0.behaviour={ mode = \"error\" }"]).unwrap();
+        assert_eq!(setting_name(&d[0]), "servers.0.behaviour={ mode = \"error\" }");
+    }
+
+    #[test]
+    fn a_design_applies_every_key_of_a_combination() {
+        let text = "name = \"x\"\n[hardening]\nrpm = 60\n";
+        let d = design(&["hardening.rpm=30,90", "hardening.failure_threshold=2"]).unwrap();
+        let got: toml::Table = toml::from_str(&apply(text, &d[1]).unwrap()).unwrap();
+        assert_eq!(got["hardening"]["rpm"].as_integer(), Some(90));
+        assert_eq!(got["hardening"]["failure_threshold"].as_integer(), Some(2));
+        assert_eq!(got["name"].as_str(), Some("x"));
+    }
+
+    #[test]
+    fn a_key_given_twice_or_too_many_variants_is_refused_naming_it() {
+        let e = design(&["a=1,2", "b=1", " a =3"]).unwrap_err();
+        assert_eq!(e, SetError::Duplicate("a".into()));
+        assert!(e.to_string().contains("--set a is given twice"), "{e}");
+        // 8 × 9 = 72 > 64.
+        let eight = (1..=8).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        let nine = (1..=9).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        let e = design(&[format!("a={eight}"), format!("b={nine}")]).unwrap_err();
+        assert_eq!(
+            e,
+            SetError::TooManyVariants {
+                counts: vec![8, 9],
+                product: Some(72)
+            }
+        );
+        assert!(
+            e.to_string()
+                .contains("8 × 9 values make 72 variants, more than the 64"),
+            "{e}"
+        );
+        // 8 × 8 = 64 is allowed.
+        assert_eq!(design(&[format!("a={eight}"), format!("b={eight}")]).unwrap().len(), 64);
+        // A product past usize is refused without overflow or allocation.
+        let mut sets = vec!["k=1,2".to_owned()];
+        for i in 0..70 {
+            sets.push(format!("k{i}=1,2,3"));
+        }
+        let e = design(&sets).unwrap_err();
+        assert!(matches!(e, SetError::TooManyVariants { product: None, .. }), "{e:?}");
+        assert!(e.to_string().contains("too many to count"), "{e}");
+        // One --set is bounded only by what is written out.
+        let hundred = (1..=100).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        assert_eq!(design(&[format!("a={hundred}")]).unwrap().len(), 100);
     }
 
     #[test]

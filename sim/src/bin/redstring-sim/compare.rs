@@ -1,6 +1,12 @@
 //! `compare`: several scenarios, or one with a field varied by `--set`, over
 //! the same seeds, their figures side by side with the differences that hold
 //! across seeds marked.
+//!
+//! Several `--set` vary several fields at once, as a full factorial design:
+//! every combination of one value per key, the first `--set` varying
+//! slowest (nested loops), at most
+//! [`MAX_VARIANTS`](redstring_sim::judgement::compare::MAX_VARIANTS)
+//! variants, all in one table against the first combination.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,9 +32,13 @@ pub struct CompareArgs {
     #[command(flatten)]
     seeds: SeedArgs,
     /// Vary one field of the one scenario: a dotted TOML key and its
-    /// values, e.g. `hardening.failure_threshold=1,3,5`.
-    #[arg(long)]
-    set: Option<String>,
+    /// values, e.g. `hardening.failure_threshold=1,3,5`. Repeat it to vary
+    /// several fields as a full factorial design: every combination of one
+    /// value per key, the first --set varying slowest (like nested loops),
+    /// each named by its key=value pairs joined by a space, at most 64
+    /// variants; a key may be given once.
+    #[arg(long, action = clap::ArgAction::Append)]
+    set: Vec<String>,
     /// Write the comparison as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -50,11 +60,11 @@ struct Variant {
     inputs: Vec<PathBuf>,
 }
 
-/// The variants `compare` runs: each file, or the one file once per `--set`
-/// value.
-fn variants(paths: &[PathBuf], set: Option<&str>, strict: bool) -> Result<Vec<Variant>, ExitCode> {
+/// The variants `compare` runs: each file, or the one file once per
+/// combination of the `--set` values ([`compare::design`]).
+fn variants(paths: &[PathBuf], sets: &[String], strict: bool) -> Result<Vec<Variant>, ExitCode> {
     let bad = |e: &dyn std::fmt::Display| fail(BAD_SCENARIO, e);
-    let Some(set) = set else {
+    if sets.is_empty() {
         return paths
             .iter()
             .map(|p| {
@@ -65,21 +75,25 @@ fn variants(paths: &[PathBuf], set: Option<&str>, strict: bool) -> Result<Vec<Va
                 })
             })
             .collect();
-    };
+    }
     let [path] = paths else {
         return Err(bad(&format!("--set varies one scenario; {} were given", paths.len())));
     };
-    let (key, values) = compare::parse_set(set).map_err(|e| bad(&e))?;
+    let settings = compare::design(sets).map_err(|e| bad(&e))?;
     let file = path.display().to_string();
     let text = redstring_sim::scenario::input::read_text(path).map_err(|e| bad(&format!("cannot read {file}: {e}")))?;
-    let mut out = Vec::new();
-    for value in values {
-        let varied = compare::set_field(&text, &key, &value).map_err(|e| bad(&e))?;
-        let parsed =
-            Scenario::parse_checked(&file, &varied).map_err(|e| bad(&format!("with --set {key}={value}: {e}")))?;
-        let scenario = warned(&format!("{file} {key}={value}"), parsed, strict)?;
+    let mut out = Vec::with_capacity(settings.len());
+    for setting in settings {
+        let name = compare::setting_name(&setting);
+        let flags = match setting.as_slice() {
+            [(key, value)] => format!("--set {key}={value}"),
+            _ => compare::setting_flags(&setting),
+        };
+        let varied = compare::apply(&text, &setting).map_err(|e| bad(&e))?;
+        let parsed = Scenario::parse_checked(&file, &varied).map_err(|e| bad(&format!("with {flags}: {e}")))?;
+        let scenario = warned(&format!("{file} {name}"), parsed, strict)?;
         out.push(Variant {
-            name: format!("{key}={value}"),
+            name,
             inputs: inputs_of(path, &scenario),
             scenario,
         });
@@ -130,7 +144,7 @@ fn scope_warnings(variants: &[Variant]) -> Vec<String> {
 pub fn compare(args: CompareArgs) -> Outcome {
     let mut outputs = Outputs::reserve([("--json", args.json), ("--svg", args.svg)])?;
     outputs.refuse_inputs(&args.scenarios)?;
-    let variants = variants(&args.scenarios, args.set.as_deref(), args.strict)?;
+    let variants = variants(&args.scenarios, &args.set, args.strict)?;
     for v in &variants {
         outputs.refuse_inputs(&v.inputs)?;
     }

@@ -3,7 +3,7 @@
 //! ```text
 //! redstring-sim run scenarios/llama-cpp-reload.toml [--seed N] [--json F] [--trace F] [--svg F] [--strict]
 //! redstring-sim sweep scenarios/llama-cpp-reload.toml [--seeds N|A..B|A..=B] [--seed S] [--json F] [--strict] [--jobs N] [--shard i/n]
-//! redstring-sim compare a.toml b.toml [--seeds …] [--set key=v1,v2] [--json F] [--svg F] [--strict] [--jobs N] [--shard i/n]
+//! redstring-sim compare a.toml b.toml [--seeds …] [--set key=v1,v2 [--set KEY=V1,V2 …]] [--json F] [--svg F] [--strict] [--jobs N] [--shard i/n]
 //! redstring-sim tune scenario.toml --vary hardening.failure_threshold=1..10 [--vary KEY=SPEC …] [--seeds …] [--seed S] [--budget CASES] [--jobs N] [--json F] [--out F] [--svg F] [--shard i/n [--resume STATE]]
 //! redstring-sim sweep … --shard 1/2 --json a.json; … --shard 2/2 --json b.json; redstring-sim merge a.json b.json [--json F]
 //! redstring-sim check [scenarios/] [--strict]
@@ -62,8 +62,9 @@ enum Command {
     Run(run::RunArgs),
     /// Run one scenario over a range of seeds and list every failing seed.
     Sweep(sweep::SweepArgs),
-    /// Run several scenarios (or one with a field varied by --set) over the
-    /// same seeds and set their figures side by side, marking which
+    /// Run several scenarios (or one with fields varied by --set, several
+    /// --set making every combination) over the same seeds and set their
+    /// figures side by side, marking which
     /// differences hold across seeds (a paired sign test against the first).
     Compare(compare::CompareArgs),
     /// Join the `--json` of every shard of one sweep, comparison or fuzz
