@@ -456,6 +456,50 @@ fn a_factorial_compare_refuses_a_repeated_key_too_many_variants_or_several_files
     );
 }
 
+/// A failing seed of a `--set` variant is replayed by a command to paste:
+/// `run` does not take `--set`, so the compare of that one variant over
+/// that one seed, which fails the same way.
+#[test]
+fn a_failing_seed_of_a_set_variant_prints_a_replay_that_runs() {
+    let crashed = format!("{ONE_WORKER}{ERRORS_TO_THE_END}");
+    let path = temp_file("replay/crashed.toml", &crashed);
+    let file = path.to_str().unwrap();
+    let out = bin()
+        .args(["compare", file, "--seeds", "1", "--jobs", "1"])
+        .args(["--set", "hardening.failure_threshold=2,3", "--set", "hardening.rpm=60"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let replay = format!(
+        "redstring-sim compare {file} --set hardening.failure_threshold=3 --set hardening.rpm=60 --seeds 1..=1"
+    );
+    assert!(
+        err.contains(&format!(
+            "hardening.failure_threshold=3 hardening.rpm=60 seed 1: liveness\n    replay: {replay}\n"
+        )),
+        "{err}"
+    );
+    let words: Vec<&str> = replay.split(' ').collect();
+    assert_eq!(words[0], "redstring-sim");
+    let again = bin().args(&words[1..]).output().unwrap();
+    let text = String::from_utf8_lossy(&again.stdout);
+    assert_eq!(again.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("[1] hardening.failure_threshold=3 hardening.rpm=60\n"),
+        "{text}"
+    );
+    // A file's failing seed is replayed by `run`.
+    let out = bin().args(["compare", file, "--seeds", "1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "seed 1: liveness\n    replay: redstring-sim run {file} --seed 1\n"
+        )),
+        "{err}"
+    );
+}
+
 #[test]
 fn jobs_do_not_change_the_results() {
     let path = temp_file("jobs.toml", &outage());

@@ -9,6 +9,8 @@
 //! named by its `key=value` pairs joined by a space ([`setting_name`]), at
 //! most [`MAX_VARIANTS`] of them; they are compared in one table like any
 //! other variants, the first (every key at its first value) the baseline.
+//! A failing seed of any variant is replayed by the command [`replay`]
+//! gives.
 //! Each variant's figures are
 //! summarised as a sweep's ([`SweepSummary`]); each later variant is then
 //! compared with the first, figure by figure, with a **paired sign test**
@@ -183,6 +185,23 @@ pub fn setting_flags(setting: &[(String, String)]) -> String {
         .map(|(key, value)| format!("--set {}", super::shell_word(&format!("{key}={value}"))))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The command that replays `seed` of one variant, to paste: for a file
+/// (an empty `setting`), `redstring-sim run FILE --seed S`; for a variant
+/// of `--set`, which `run` does not take, the compare of that one variant
+/// over that one seed, `redstring-sim compare FILE --set key=value … --seeds
+/// S..=S`. Every word is quoted as the shell needs it.
+pub fn replay(file: &str, setting: &[(String, String)], seed: u64) -> String {
+    let file = super::shell_word(file);
+    if setting.is_empty() {
+        format!("redstring-sim run {file} --seed {seed}")
+    } else {
+        format!(
+            "redstring-sim compare {file} {} --seeds {seed}..={seed}",
+            setting_flags(setting)
+        )
+    }
 }
 
 /// `text` (a scenario file) with each key of `setting` set to its value by
@@ -749,6 +768,20 @@ mod tests {
         assert_eq!(setting_name(&d[0]), "'servers.0.behaviour={ mode = \"error\" }' b=2");
         let d = design(&["servers.0.behaviour={ mode = \"error\" }"]).unwrap();
         assert_eq!(setting_name(&d[0]), "servers.0.behaviour={ mode = \"error\" }");
+    }
+
+    #[test]
+    fn a_replay_is_a_command_to_paste_run_for_a_file_compare_for_a_set() {
+        assert_eq!(replay("a b.toml", &[], 4), "redstring-sim run 'a b.toml' --seed 4");
+        let d = design(&[
+            "hardening.failure_threshold=3",
+            "servers.0.behaviour={ mode = \"error\" }",
+        ])
+        .unwrap();
+        assert_eq!(
+            replay("s.toml", &d[0], 7),
+            "redstring-sim compare s.toml --set hardening.failure_threshold=3 --set 'servers.0.behaviour={ mode = \"error\" }' --seeds 7..=7"
+        );
     }
 
     #[test]

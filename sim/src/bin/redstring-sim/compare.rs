@@ -52,12 +52,15 @@ pub struct CompareArgs {
     parallel: Parallel,
 }
 
-/// One variant `compare` runs: the name it is shown by, the scenario, and
-/// the files it was read from.
+/// One variant `compare` runs: the name it is shown by, the scenario, the
+/// files it was read from, and how to replay one of its seeds.
 struct Variant {
     name: String,
     scenario: Scenario,
     inputs: Vec<PathBuf>,
+    /// The scenario file and, for a variant of `--set`, its `key=value`
+    /// pairs ([`compare::replay`]).
+    replay: (String, compare::Setting),
 }
 
 /// The variants `compare` runs: each file, or the one file once per
@@ -72,6 +75,7 @@ fn variants(paths: &[PathBuf], sets: &[String], strict: bool) -> Result<Vec<Vari
                     name: p.display().to_string(),
                     inputs: inputs_of(p, &s),
                     scenario: s,
+                    replay: (p.display().to_string(), Vec::new()),
                 })
             })
             .collect();
@@ -96,6 +100,7 @@ fn variants(paths: &[PathBuf], sets: &[String], strict: bool) -> Result<Vec<Vari
             name,
             inputs: inputs_of(path, &scenario),
             scenario,
+            replay: (file.clone(), setting),
         });
     }
     Ok(out)
@@ -164,12 +169,18 @@ pub fn compare(args: CompareArgs) -> Outcome {
     let seeds = shard::seeds_of(shard, range.start, range.end);
     let bar = progress((seeds.len() as u64).saturating_mul(variants.len() as u64), "runs");
     let mut runs = Vec::new();
+    let mut failing = String::new();
     for v in &variants {
         let records = run_seeds(&v.scenario, &v.name, &seeds, jobs, || bar.inc(1));
-        for r in &records {
-            if let Some(why) = &r.error {
-                bar.println(format!("{} seed {}: {why}", v.name, r.seed));
-            }
+        for r in records.iter().filter(|r| r.is_failure()) {
+            let why = r.error.clone().unwrap_or_else(|| r.failed_invariants().join(", "));
+            let (file, setting) = &v.replay;
+            failing.push_str(&format!(
+                "{} seed {}: {why}\n    replay: {}\n",
+                v.name,
+                r.seed,
+                compare::replay(file, setting, r.seed)
+            ));
         }
         runs.push(compare::Variant {
             name: v.name.clone(),
@@ -177,6 +188,8 @@ pub fn compare(args: CompareArgs) -> Outcome {
         });
     }
     bar.finish();
+    // On stderr, so that the table on stdout is the same as `merge` prints.
+    eprint!("{failing}");
     let comparison = compare::Comparison::new(range.start, range.end, shard, preamble, &runs);
     print!("{}", comparison.render());
     outputs.write("--json", || {
