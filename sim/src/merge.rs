@@ -96,6 +96,8 @@ struct SweepFile {
     seed_range: [u64; 2],
     shard: Option<Shard>,
     preamble: String,
+    #[serde(default)]
+    digest: String,
     per_seed: Vec<SeedRecord>,
 }
 
@@ -109,7 +111,16 @@ struct CompareFile {
     seeds: [u64; 2],
     shard: Option<Shard>,
     preamble: String,
+    #[serde(default)]
+    digest: String,
     variants: Vec<(String, VariantSummary)>,
+}
+
+/// Why two shards' scenario digests differing refuses them.
+fn edited(mine: &str, first: &str) -> String {
+    format!(
+        "it ran scenario settings with digest {mine:?}, the first file's {first:?}: was the scenario edited between shards? Run every shard on the same file"
+    )
 }
 
 /// Joins the shards' JSON (`(file, text)` each) into the unsharded result.
@@ -224,6 +235,9 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
                                     .into(),
                             ));
                         }
+                        if j.digest != f.digest {
+                            return Err(mismatch(file, edited(&f.digest, &j.digest)));
+                        }
                         if (j.scenario.as_str(), j.seed_range) != (f.scenario.as_str(), f.seed_range) {
                             return Err(mismatch(
                                 file,
@@ -246,6 +260,7 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
                 seed_range: j.seed_range,
                 shard: None,
                 preamble: j.preamble,
+                digest: j.digest,
                 summary: SweepSummary::of_records(j.per_seed),
             }))
         }
@@ -267,6 +282,9 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
                         let names = |c: &CompareFile| c.variants.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
                         if j.preamble != f.preamble {
                             return Err(mismatch(file, "its variants' load lines differ from the first file's: shards of one comparison run the same scenarios".into()));
+                        }
+                        if j.digest != f.digest {
+                            return Err(mismatch(file, edited(&f.digest, &j.digest)));
                         }
                         if j.seeds != f.seeds || names(j) != names(&f) {
                             return Err(mismatch(
@@ -296,7 +314,9 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
                     records: v.per_seed,
                 });
             }
-            Ok(Merged::Compare(Comparison::new(from, to, None, j.preamble, &variants)))
+            let mut merged = Comparison::new(from, to, None, j.preamble, &variants);
+            merged.digest = j.digest;
+            Ok(Merged::Compare(merged))
         }
         "fuzz" => crate::search::fuzz_run::merge(files).map(Merged::Fuzz),
         "tune" => crate::search::tune_shard::merge(files).map(Merged::Tune),
@@ -348,6 +368,7 @@ mod tests {
             seed_range: [1, 5],
             shard,
             preamble: String::new(),
+            digest: "0123456789abcdef".into(),
             summary: SweepSummary::of_records(records),
         }
     }
@@ -406,6 +427,8 @@ mod tests {
         assert!(w.contains("is not a shard"), "{w}");
         let w = why(forge(&|r| r.preamble = "   load gpu: forged\n".into()));
         assert!(w.contains("load lines differ"), "{w}");
+        let w = why(forge(&|r| r.digest = "fedcba9876543210".into()));
+        assert!(w.contains("was the scenario edited between shards?"), "{w}");
     }
 
     #[test]

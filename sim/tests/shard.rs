@@ -142,3 +142,33 @@ fn merge_refuses_an_incomplete_set_of_shards() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected i/n"));
 }
+
+#[test]
+fn merge_refuses_shards_of_a_scenario_edited_between_them() {
+    // The same file, its threshold changed between the two shards: the
+    // load lines are the same, the settings are not.
+    let path = temp_file("edited.toml", OUTAGE);
+    let p = path.to_str().unwrap();
+    let (one, two) = (file(&path, "edited-1.json"), file(&path, "edited-2.json"));
+    run(&["sweep", p, "--seeds", "1..5", "--shard", "1/2"], &one);
+    std::fs::write(&path, OUTAGE.replace("failure_threshold = 3", "failure_threshold = 30")).unwrap();
+    run(&["sweep", p, "--seeds", "1..5", "--shard", "2/2"], &two);
+    let out = bin().arg("merge").arg(&one).arg(&two).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("was the scenario edited between shards?"), "{err}");
+    // A comparison's shards likewise.
+    std::fs::write(&path, OUTAGE).unwrap();
+    let set = ["compare", p, "--seeds", "1..5", "--set", "hardening.max_retries=1,2"];
+    run(&[&set[..], &["--shard", "1/2"]].concat(), &one);
+    std::fs::write(
+        &path,
+        OUTAGE.replace("recovery_timeout_s = 5", "recovery_timeout_s = 6"),
+    )
+    .unwrap();
+    run(&[&set[..], &["--shard", "2/2"]].concat(), &two);
+    let out = bin().arg("merge").arg(&one).arg(&two).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("was the scenario edited between shards?"), "{err}");
+}

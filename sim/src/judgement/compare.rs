@@ -388,6 +388,10 @@ pub struct Comparison {
     /// (what its limiter limits, each server's offered load against its
     /// capacity); `merge` prints it again.
     pub preamble: String,
+    /// A digest of every variant's scenario
+    /// ([`digest`](crate::scenario::Scenario::digest), in order): shards of
+    /// one comparison ran the same settings. Empty until the command sets it.
+    pub digest: String,
     /// Per variant, in the order given: its name and its sweep summary.
     pub variants: Vec<(String, SweepSummary)>,
     /// Every later variant against the first, figure by figure.
@@ -444,6 +448,7 @@ impl Comparison {
             seeds: [from, to],
             shard,
             preamble,
+            digest: String::new(),
             variants: summaries,
             differences,
         }

@@ -662,6 +662,9 @@ pub struct SweepRun {
     pub shard: Option<Shard>,
     /// The load lines printed before the run.
     pub preamble: String,
+    /// The scenario's [`digest`](crate::scenario::Scenario::digest): shards
+    /// of one sweep ran the same settings.
+    pub digest: String,
     /// The summary, its per-seed records included.
     #[serde(flatten)]
     pub summary: SweepSummary,

@@ -265,6 +265,40 @@ impl Scenario {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise scenario: {e}\n"))
     }
 
+    /// A digest of everything a run of this scenario depends on: its
+    /// settings as parsed (so comments and layout do not count) and every
+    /// request its tenants replay, as 16 hex digits (64-bit FNV-1a). Shards
+    /// of one sweep or comparison carry it, so that `merge` refuses shards
+    /// of a file edited between them.
+    pub fn digest(&self) -> String {
+        let mut h = Fnv1a::default();
+        h.write(serde_json::to_string(self).unwrap_or_default().as_bytes());
+        for replay in self
+            .workers
+            .iter()
+            .flat_map(|w| &w.tenants)
+            .filter_map(|t| t.replay.as_ref())
+        {
+            h.write(&(replay.requests.len() as u64).to_le_bytes());
+            for r in replay.requests.iter() {
+                h.write(&r.at.as_nanos().to_le_bytes());
+                h.write(&r.prompt_tokens.to_le_bytes());
+                h.write(&r.output_tokens.to_le_bytes());
+            }
+        }
+        format!("{:016x}", h.0)
+    }
+
+    /// One digest of several scenarios, in order (a comparison's variants):
+    /// the [`digest`](Scenario::digest) of their digests.
+    pub fn digest_all<'a>(scenarios: impl IntoIterator<Item = &'a Scenario>) -> String {
+        let mut h = Fnv1a::default();
+        for s in scenarios {
+            h.write(s.digest().as_bytes());
+        }
+        format!("{:016x}", h.0)
+    }
+
     /// Every worker of the fleet, groups expanded, in order: worker `i` of a
     /// group calls the group's `servers[i % len]`, or, under
     /// `hardening.routing`, all of them in order.
@@ -362,6 +396,26 @@ impl Scenario {
     }
 }
 
+/// The 64-bit FNV-1a hash (Fowler, Noll and Vo's published offset basis and
+/// prime): small, stable across platforms and releases, which a digest
+/// written to a file must be.
+pub struct Fnv1a(pub u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv1a {
+    /// Adds `bytes` to the hash.
+    pub fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,6 +430,32 @@ name = "w"
 servers = ["gpu"]
 tenants = [{ id = 1, calls_per_min = 30 }]
 "#;
+
+    #[test]
+    fn fnv1a_is_the_published_hash() {
+        // The published test vectors for 64-bit FNV-1a.
+        let of = |text: &str| {
+            let mut h = Fnv1a::default();
+            h.write(text.as_bytes());
+            h.0
+        };
+        assert_eq!(of(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(of("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(of("foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn a_digest_follows_the_settings_not_the_layout() {
+        let base = Scenario::parse("m.toml", MINIMAL).unwrap();
+        let commented = format!(
+            "# a comment\n{}",
+            MINIMAL.replace("duration_s = 30", "duration_s   =   30.0")
+        );
+        assert_eq!(Scenario::parse("m.toml", &commented).unwrap().digest(), base.digest());
+        let edited = MINIMAL.replace("calls_per_min = 30", "calls_per_min = 31");
+        assert_ne!(Scenario::parse("m.toml", &edited).unwrap().digest(), base.digest());
+        assert_eq!(base.digest().len(), 16);
+    }
 
     #[test]
     fn a_minimal_scenario_takes_the_defaults() {

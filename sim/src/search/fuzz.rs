@@ -834,9 +834,9 @@ pub struct Regression {
 pub fn regression(scenario: &Scenario) -> Regression {
     let mut s = scenario.clone();
     let body = s.to_toml();
-    let digest = body.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
+    let mut hash = crate::scenario::Fnv1a::default();
+    hash.write(body.as_bytes());
+    let digest = hash.0;
     s.name = format!("regression-{digest:016x}");
     s.description = "A minimal failing case found by the fuzzer; replay it with redstring-sim run.".into();
     Regression {

@@ -190,7 +190,8 @@ pub fn compare(args: CompareArgs) -> Outcome {
     bar.finish();
     // On stderr, so that the table on stdout is the same as `merge` prints.
     eprint!("{failing}");
-    let comparison = compare::Comparison::new(range.start, range.end, shard, preamble, &runs);
+    let mut comparison = compare::Comparison::new(range.start, range.end, shard, preamble, &runs);
+    comparison.digest = Scenario::digest_all(variants.iter().map(|v| &v.scenario));
     print!("{}", comparison.render());
     outputs.write("--json", || {
         serde_json::to_string_pretty(&comparison).unwrap_or_default()

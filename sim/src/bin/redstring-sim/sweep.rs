@@ -58,6 +58,7 @@ pub fn sweep(args: SweepArgs) -> Outcome {
         seed_range: [range.start, range.end],
         shard,
         preamble,
+        digest: scenario.digest(),
         summary: SweepSummary::of_records(records),
     };
     print!("{}", run.render());
