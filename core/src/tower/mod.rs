@@ -1,13 +1,22 @@
-//! tower middleware: the breaker and the limiter as [`Layer`]s.
+//! tower middleware: the breaker, the limiter and the retry loop as
+//! [`Layer`]s.
 //!
 //! Services that compose their middleware as tower layers get the same
 //! hardening as [`HardenedProvider`](crate::HardenedProvider), over any
 //! [`Service`]: [`CircuitBreakerLayer`] asks a [`CircuitBreaker`] before each
 //! call and reports how the call went, as a [`Classify`] reads the result;
 //! [`RateLimitLayer`] takes a slot from a [`RateLimiter`] for the tenant a
-//! function reads off the request. In the spec's order the breaker is the
-//! outer layer: a call the limiter refuses never reaches the model, and is
-//! no verdict on it.
+//! function reads off the request; [`RetryLayer`] runs a [`Retry`] loop
+//! (backoff, jitter, the fleet's retry budget, a server's `Retry-After`)
+//! over attempts, as a [`ClassifyRetry`] reads each failure. In the spec's
+//! order the breaker is the outer layer: a call the limiter refuses never
+//! reaches the model, and is no verdict on it. A retry layer inside the
+//! breaker retries within one admission; outside it, each attempt is
+//! admitted afresh, and [`retry_after_of`] lets a classifier wait out an
+//! open circuit's or a limiter's `retry_after`. [`ExtractService`] is the
+//! other way round: a provider — a whole
+//! [`HardenedProvider`](crate::HardenedProvider) — as a service of typed
+//! [`Extract`] requests, for tower's own layers or a web framework.
 //!
 //! Admission is decided in `call`, where the request — and so the tenant —
 //! is known, and asynchronously, since a shared store answers over the
@@ -78,14 +87,19 @@
 //! [`RateLimiter`]: crate::RateLimiter
 //! [`MemoryCache`]: crate::MemoryCache
 //! [`AcquireError`]: crate::AcquireError
+//! [`Retry`]: crate::Retry
 
 mod breaker;
+mod extract;
 mod future;
 mod limiter;
+mod retry;
 
 pub use breaker::{CircuitBreakerLayer, CircuitBreakerService, Classify, ErrIsFailure, Outcome};
+pub use extract::{Extract, ExtractFuture, ExtractService};
 pub use future::ResponseFuture;
 pub use limiter::{RateLimitLayer, RateLimitService};
+pub use retry::{AttemptError, ClassifyRetry, RetryLayer, RetryService, retry_after_of};
 
 use crate::breaker::CircuitOpen;
 use crate::limiter::{AcquireError, RateLimitExceeded};

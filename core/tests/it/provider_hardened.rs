@@ -831,3 +831,43 @@ async fn a_call_the_server_refused_releases_its_tokens_and_an_oversized_one_is_r
     assert_eq!(big.retry_after(), None, "no wait makes 5000 fit in 1000");
     assert_eq!(rig.server.count(), sent, "nothing was sent");
 }
+
+/// The hardened provider as a tower service: the same calls, decisions and
+/// errors, through `Service::call`, behind one of tower's own layers.
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn the_hardened_provider_serves_typed_extractions_as_a_tower_service() {
+    use redstring::tower::{BoxError, Extract, ExtractService};
+    use tower::{Service, ServiceExt};
+
+    let rig = Rig::new(1, 3).await;
+    rig.server.push(Reply::completion(ANN));
+    let provider = Arc::new(rig.provider(A, 0).limiter_waits(0).build());
+    // Boxed as tower's middleware answers, so it stacks with their layers.
+    let mut service = tower::ServiceBuilder::new()
+        .map_err(|e: ExtractError| -> BoxError { e.into() })
+        .service(ExtractService::new(provider));
+    let answer = ServiceExt::<Extract<Person>>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(Extract::<Person>::new("Ann.").system_prompt("sys"))
+        .await
+        .unwrap();
+    assert_eq!(answer.value.name, "Ann");
+    // Provenance: the model that answered, as the server named it.
+    assert_eq!(answer.model, "openai-compatible/served-model");
+    assert_eq!(rig.server.requests()[0].body["messages"][0]["content"], "sys");
+    // rpm 1: the second call is the limiter's, typed, and never sent.
+    let refused = ServiceExt::<Extract<Person>>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(Extract::<Person>::new("Bob."))
+        .await
+        .unwrap_err();
+    let refused = refused
+        .downcast_ref::<ExtractError>()
+        .expect("the provider's own error");
+    assert!(matches!(refused, ExtractError::RateLimited(_)), "{refused:?}");
+    assert_eq!(rig.server.count(), 1);
+    assert_eq!(rig.finished(), [("ok", 1), ("rate_limited", 0)]);
+}

@@ -1,14 +1,17 @@
 //! The tower layers over `tower-test`'s scripted service, on a manual clock:
-//! what reaches the inner service, what the breaker and the limiter decide,
-//! and what a dropped call hands back.
+//! what reaches the inner service, what the breaker, the limiter and the
+//! retry loop decide, and what a dropped call hands back.
 
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use redstring::tower::{BoxError, CircuitBreakerLayer, ErrIsFailure, Outcome, RateLimitLayer};
+use redstring::tower::{
+    AttemptError, BoxError, CircuitBreakerLayer, ErrIsFailure, Outcome, RateLimitLayer, RetryLayer, retry_after_of,
+};
 use redstring::{
-    CircuitBreaker, CircuitOpen, CircuitState, ManualClock, RateLimitExceeded, RateLimiter, Refusal, TenantId,
+    CircuitBreaker, CircuitOpen, CircuitState, ManualClock, RateLimitExceeded, RateLimiter, Refusal, Retry,
+    RetryBudget, RetryDenied, RetryExhausted, RetryPolicy, Retryable, TenantId,
 };
 use tower::Service;
 use tower_test::mock::{self, Handle, Spawn};
@@ -283,4 +286,153 @@ async fn poll_ready_reports_the_inner_readiness_only() {
         Poll::Ready(Err(e)) => assert_eq!(e.to_string(), "down"),
         other => panic!("expected the inner error, got {other:?}"),
     }
+}
+
+fn retrying(clock: &Arc<ManualClock>, max_retries: u32) -> Retry {
+    let policy = RetryPolicy::builder()
+        .max_retries(max_retries)
+        .initial_delay(secs(1))
+        .jitter(0.0)
+        .build()
+        .unwrap();
+    Retry::new(policy).clock(clock.clone())
+}
+
+/// Retries `busy` and `slow down` (the server asking for 5 s), nothing else.
+fn busy_is_transient(error: &BoxError) -> Retryable {
+    match error.to_string().as_str() {
+        "busy" => Retryable::Yes,
+        "slow down" => Retryable::After(secs(5)),
+        _ => Retryable::No,
+    }
+}
+
+/// Calls `svc` with `req`, answering each attempt the inner service sees
+/// from `script` in order: the call's result and the attempts that reached
+/// the inner service. An attempt beyond the script fails the test.
+async fn scripted<S>(
+    svc: &mut Spawn<S>,
+    inner: &mut Inner,
+    req: Req,
+    script: Vec<Reply>,
+) -> (Result<&'static str, BoxError>, usize)
+where
+    S: Service<Req, Response = &'static str, Error = BoxError>,
+    S::Future: Send + 'static,
+{
+    ready(svc);
+    let mut call = tokio::spawn(svc.call(req));
+    let mut seen = 0;
+    for reply in script {
+        let (request, respond) = tokio::select! {
+            request = inner.next_request() => request.expect("an attempt"),
+            ended = &mut call => return (ended.unwrap(), seen),
+        };
+        assert_eq!(request, req);
+        seen += 1;
+        match reply {
+            Reply::Ok(v) => respond.send_response(v),
+            Reply::Err(e) => respond.send_error(e),
+        }
+    }
+    tokio::select! {
+        ended = &mut call => (ended.unwrap(), seen),
+        extra = inner.next_request() => panic!("an attempt beyond the script: {:?}", extra.map(|(r, _)| r)),
+    }
+}
+
+#[tokio::test]
+async fn the_retry_layer_retries_transient_failures_on_the_policys_schedule() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let (mut svc, mut inner) = mock::spawn_layer(RetryLayer::new(retrying(&clock, 3), busy_is_transient));
+    let script = vec![Reply::Err("busy"), Reply::Err("busy"), Reply::Ok("done")];
+    let (result, attempts) = scripted(&mut svc, &mut inner, (1, "a"), script).await;
+    assert_eq!(result.unwrap(), "done");
+    assert_eq!(attempts, 3);
+    // 1 s, then 2 s: the policy's backoff, slept on the injected clock.
+    assert_eq!(clock.sleeps(), [secs(1), secs(2)]);
+}
+
+#[tokio::test]
+async fn the_retry_layer_waits_at_least_what_the_server_asked() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let (mut svc, mut inner) = mock::spawn_layer(RetryLayer::new(retrying(&clock, 3), busy_is_transient));
+    let script = vec![Reply::Err("slow down"), Reply::Ok("done")];
+    let (result, _) = scripted(&mut svc, &mut inner, (1, "a"), script).await;
+    assert_eq!(result.unwrap(), "done");
+    assert_eq!(clock.sleeps(), [secs(5)]);
+}
+
+#[tokio::test]
+async fn a_permanent_failure_comes_back_unwrapped_from_its_attempt() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let (mut svc, mut inner) = mock::spawn_layer(RetryLayer::new(retrying(&clock, 3), busy_is_transient));
+    let (result, attempts) = scripted(&mut svc, &mut inner, (1, "a"), vec![Reply::Err("bad request")]).await;
+    let error = result.unwrap_err();
+    assert_eq!(error.to_string(), "bad request");
+    assert!(error.downcast_ref::<RetryExhausted<AttemptError>>().is_none());
+    assert_eq!(attempts, 1);
+    assert!(clock.sleeps().is_empty());
+}
+
+#[tokio::test]
+async fn spent_retries_answer_the_loops_error_with_the_last_failure_as_source() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let layer = RetryLayer::new(retrying(&clock, 2), busy_is_transient).operation("extract");
+    let (mut svc, mut inner) = mock::spawn_layer(layer);
+    let script = vec![Reply::Err("busy"), Reply::Err("busy"), Reply::Err("busy")];
+    let (result, attempts) = scripted(&mut svc, &mut inner, (1, "a"), script).await;
+    assert_eq!(attempts, 3);
+    let error = result.unwrap_err();
+    let spent = error
+        .downcast_ref::<RetryExhausted<AttemptError>>()
+        .expect("a RetryExhausted");
+    assert_eq!((spent.attempts, spent.max_retries), (3, 2));
+    assert_eq!(error.to_string(), "Exhausted 2 retries for extract");
+    assert_eq!(std::error::Error::source(&*error).unwrap().to_string(), "busy");
+}
+
+#[tokio::test]
+async fn the_retry_budget_bounds_the_layers_retries() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    // Each call deposits one retry and there is no floor: the call may
+    // retry once, whatever the policy allows.
+    let budget = RetryBudget::builder()
+        .ratio(1.0)
+        .min_retries_per_sec(0)
+        .max_balance(1)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let retry = retrying(&clock, 5).budget(Arc::new(budget));
+    let (mut svc, mut inner) = mock::spawn_layer(RetryLayer::new(retry, busy_is_transient));
+    let script = vec![Reply::Err("busy"), Reply::Err("busy"), Reply::Err("busy")];
+    let (result, attempts) = scripted(&mut svc, &mut inner, (1, "a"), script).await;
+    let error = result.unwrap_err();
+    let denied = error
+        .downcast_ref::<RetryDenied<AttemptError>>()
+        .expect("a RetryDenied");
+    assert_eq!(denied.attempts, attempts as u32);
+    assert_eq!(attempts, 2, "the budget, not the policy's 5 retries, ended it");
+}
+
+#[tokio::test]
+async fn a_retry_layer_outside_the_breaker_waits_out_the_open_circuit() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let breaker = breaker(&clock, 1, secs(10));
+    // Every failure is retried, at least as late as a refusal asks.
+    let classify = |error: &BoxError| retry_after_of(error).map_or(Retryable::Yes, Retryable::After);
+    let layer = tower::ServiceBuilder::new()
+        .layer(RetryLayer::new(retrying(&clock, 3), classify))
+        .layer(CircuitBreakerLayer::new(breaker.clone(), ErrIsFailure))
+        .into_inner();
+    let (mut svc, mut inner) = mock::spawn_layer(layer);
+    // The first attempt fails and opens the circuit; the second, 1 s later,
+    // is refused for the 9 s left; the third is the probe, and succeeds.
+    let script = vec![Reply::Err("boom"), Reply::Ok("done")];
+    let (result, attempts) = scripted(&mut svc, &mut inner, (1, "a"), script).await;
+    assert_eq!(result.unwrap(), "done");
+    assert_eq!(attempts, 2, "the refused attempt never reached the server");
+    assert_eq!(clock.sleeps(), [secs(1), secs(9)]);
+    assert_eq!(breaker.state().await.unwrap(), CircuitState::Closed);
 }
