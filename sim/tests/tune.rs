@@ -173,7 +173,21 @@ fn threads_do_not_change_the_result_and_the_seed_fixes_it() {
     let one = run("1", "3", "jobs-1.json");
     let two = run("2", "3", "jobs-2.json");
     assert!(one.0.contains("a Latin hypercube of 6 candidates"), "{}", one.0);
-    assert!(one.0.contains("rung 2: 4 candidates × 4 seeds"), "{}", one.0);
+    // Of the 4 the rank keeps (the floor), one is outclassed on the first
+    // 2 seeds and stops; it is not replaced from the worse half.
+    assert!(
+        one.0.contains(
+            "rung 1: 6 candidates × 2 seeds (12 simulations), 0 disqualified, 1 stopped as dominated, 3 kept"
+        ),
+        "{}",
+        one.0
+    );
+    assert!(
+        one.0.contains("rung 2: 3 candidates × 4 seeds (6 simulations)"),
+        "{}",
+        one.0
+    );
+    assert!(one.0.contains("18 simulations in all"), "{}", one.0);
     assert_eq!(one.0, two.0, "the text differs between --jobs 1 and --jobs 2");
     assert_eq!(one.1, two.1, "the JSON differs between --jobs 1 and --jobs 2");
     let v: serde_json::Value = serde_json::from_slice(&one.1).unwrap();

@@ -12,8 +12,14 @@ pub struct Rung {
     pub candidates: usize,
     /// Of those, disqualified.
     pub disqualified: usize,
+    /// Of the better half, stopped because another candidate of the rung
+    /// outclasses them on its seeds ([`Candidate::outclasses`]).
+    pub dominated: usize,
     /// Kept for the next rung (the last rung keeps all that qualify).
     pub kept: usize,
+    /// Simulations the rung ran: each candidate's seeds it had not run on
+    /// an earlier rung (a candidate moving up a rung keeps its results).
+    pub simulations: u64,
 }
 
 /// The seed counts of the rungs: `FIRST_RUNG_SEEDS`, doubled until `seeds`.
@@ -155,19 +161,17 @@ pub(crate) fn step(
             candidates[i] = judge_results(i + 1, dims, &design.candidates[i], &results);
         }
         let evaluated = alive.len();
-        let before = alive.len();
         alive.retain(|&i| candidates[i].disqualified.is_none());
-        let disqualified = before - alive.len();
-        alive.sort_by(|&a, &b| Candidate::rank(&candidates[a], &candidates[b]));
-        if r + 1 < plan.schedule.len() {
-            let keep = alive.len().div_ceil(2).max(MIN_KEPT.min(alive.len()));
-            alive.truncate(keep);
-        }
+        let disqualified = evaluated - alive.len();
+        let dominated;
+        (alive, dominated) = select(&candidates, alive, r + 1 == plan.schedule.len());
         rungs.push(Rung {
             seeds,
             candidates: evaluated,
             disqualified,
+            dominated,
             kept: alive.len(),
+            simulations: work.len() as u64,
         });
         // Later rungs' seeds are added in the order the candidates were drawn.
         alive.sort_unstable();
@@ -190,6 +194,7 @@ pub(crate) fn step(
     let hardening_toml = recommended
         .filter(|&id| measured(id))
         .and_then(|id| hardening_section(base, dims, &design.candidates[id - 1]));
+    let simulations = rungs.iter().map(|r| r.simulations).sum();
     Step::Done(Box::new(Tuning {
         scenario: base.file.to_owned(),
         keys: dims.iter().map(|d| d.key.clone()).collect(),
@@ -197,11 +202,37 @@ pub(crate) fn step(
         grid_size: design.grid_size,
         seeds: [first, first + settings.seeds],
         rungs,
+        simulations,
         candidates,
         front,
         recommended,
         hardening_toml,
     }))
+}
+
+/// Of a rung's qualified candidates `alive` (indices into `candidates`),
+/// those kept for the next rung, best-ranked first, and how many of the
+/// better half were stopped as dominated. On the last rung all are kept.
+/// Before it, the better half by [`Candidate::rank`] (never fewer than
+/// [`MIN_KEPT`], or all if fewer), less each one another candidate of the
+/// rung [outclasses](Candidate::outclasses) on the seeds so far: that one
+/// ranks above it and leaves it nothing to show on more seeds but by luck.
+pub(super) fn select(candidates: &[Candidate], mut alive: Vec<usize>, last: bool) -> (Vec<usize>, usize) {
+    alive.sort_by(|&a, &b| Candidate::rank(&candidates[a], &candidates[b]));
+    if last {
+        return (alive, 0);
+    }
+    let keep = alive.len().div_ceil(2).max(MIN_KEPT.min(alive.len()));
+    alive.truncate(keep);
+    // An outclassing candidate ranks above the one it outclasses, so it is
+    // among the better half whenever that one is.
+    let kept: Vec<usize> = alive
+        .iter()
+        .copied()
+        .filter(|&i| !alive.iter().any(|&j| candidates[j].outclasses(&candidates[i])))
+        .collect();
+    let dominated = alive.len() - kept.len();
+    (kept, dominated)
 }
 
 /// Runs the simulations of `work` (in order) that `shard` owns (all of

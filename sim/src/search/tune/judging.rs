@@ -148,6 +148,37 @@ impl Candidate {
         better
     }
 
+    /// Whether `self` makes running `other` on more seeds a waste: both
+    /// ran the same seeds, `self` met every objective on each of them, and
+    /// its worst figure is strictly better than `other`'s on every
+    /// objective (one not applicable on any seed for either is left out;
+    /// at least one is compared). Then `self` ranks above `other` by
+    /// [`Candidate::rank`]: it meets every objective, and if `other` does
+    /// too, each of `self`'s slacks is the larger, so its margin is.
+    pub fn outclasses(&self, other: &Candidate) -> bool {
+        if !self.meets_all
+            || self.disqualified.is_some()
+            || self.seeds != other.seeds
+            || self.objectives.len() != other.objectives.len()
+        {
+            return false;
+        }
+        let mut compared = false;
+        for (a, b) in self.objectives.iter().zip(&other.objectives) {
+            if a.name != b.name {
+                return false;
+            }
+            if a.worst == Worst::NotApplicable && b.worst == Worst::NotApplicable {
+                continue;
+            }
+            if a.worst.key().total_cmp(&b.worst.key()) != std::cmp::Ordering::Less {
+                return false;
+            }
+            compared = true;
+        }
+        compared
+    }
+
     /// `key=value` for each varied key, in the order given.
     pub fn label(&self, dims: &[Dim]) -> String {
         dims.iter()

@@ -20,7 +20,13 @@
 //!    candidates) kept by [`Candidate::rank`] (the order the recommendation
 //!    is chosen by), the seeds doubled, and so on
 //!    until the last rung runs every seed: cheap evidence weeds out the
-//!    hopeless configurations, the close ones get all of it.
+//!    hopeless configurations, the close ones get all of it. A kept
+//!    candidate runs only the seeds it lacks, and one that another
+//!    candidate of its rung [outclasses](Candidate::outclasses) on the
+//!    seeds so far (meets every objective on them with a strictly better
+//!    worst figure on each) stops there too, even in the better half: it
+//!    ranks below its better and could only overtake it by luck. The
+//!    simulations run are counted, per rung and in all.
 //! 3. **Judgement.** A candidate *meets* an objective when the objective was
 //!    not missed on any seed it ran, that is when its worst seed's figure is
 //!    within the target (a seed where the objective is not applicable does
@@ -169,6 +175,8 @@ pub struct Tuning {
     pub seeds: [u64; 2],
     /// The rungs, first to last.
     pub rungs: Vec<Rung>,
+    /// Simulations run in all: each (candidate, seed) pair once.
+    pub simulations: u64,
     /// Every candidate, as of the last rung it reached, by id.
     pub candidates: Vec<Candidate>,
     /// Ids of the last rung's Pareto front, best-ranked first.

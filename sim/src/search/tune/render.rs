@@ -93,14 +93,25 @@ impl Tuning {
         for (i, r) in self.rungs.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "  rung {}: {} candidates × {} seeds, {} disqualified, {} kept",
+                "  rung {}: {} candidates × {} seeds ({} simulations), {} disqualified, {}{} kept",
                 i + 1,
                 r.candidates,
                 r.seeds,
+                r.simulations,
                 r.disqualified,
+                if r.dominated > 0 {
+                    format!("{} stopped as dominated, ", r.dominated)
+                } else {
+                    String::new()
+                },
                 r.kept
             );
         }
+        let _ = writeln!(
+            out,
+            "  {} simulations in all (a candidate moving up a rung runs only the seeds it lacks)",
+            self.simulations
+        );
         let bad: Vec<&Candidate> = self.candidates.iter().filter(|c| c.disqualified.is_some()).collect();
         for c in &bad {
             let Some(d) = &c.disqualified else { continue };

@@ -229,8 +229,11 @@ fn the_closest_candidate_is_named_with_its_pairs_and_each_objective_none_meets()
             seeds: 4,
             candidates: 2,
             disqualified: 0,
+            dominated: 0,
             kept: 2,
+            simulations: 8,
         }],
+        simulations: 8,
         candidates: vec![a, b],
         front: vec![1, 2],
         recommended: Some(1),
@@ -334,4 +337,152 @@ fn an_invariant_failure_or_a_failed_simulation_disqualifies_naming_the_seed() {
         &[(1, Err("simulation failed: boom".into())), (2, Ok(report(2)))],
     );
     assert_eq!(c.disqualified.map(|d| d.seed), Some(Some(1)));
+}
+
+/// One generic server down from 5 s to 8 s, with objectives on recovery and
+/// on requests reaching it: a tune small enough for a unit test.
+const OUTAGE: &str = "name = \"t\"\nduration_s = 30\n[hardening]\nfailure_threshold = 3\nrecovery_timeout_s = 5\n[[servers]]\nname = \"gpu\"\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{ id = 1, calls_per_min = 30 }]\n[[faults]]\nkind = \"crash\"\nat_s = 5\nserver = \"gpu\"\n[[faults]]\nkind = \"restart\"\nat_s = 8\nserver = \"gpu\"\n[objectives]\ngoodput_recovery_s = 20\nimpaired_requests_max = 30\n";
+
+/// Counts the simulations a tune runs.
+struct Count(std::sync::atomic::AtomicU64);
+
+impl Progress for Count {
+    fn rung(&self, _: u64) {}
+    fn one(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn a_candidate_moving_up_a_rung_runs_only_the_seeds_it_lacks() {
+    let scenario = Scenario::parse("t.toml", OUTAGE).unwrap();
+    let base = Base {
+        file: "t.toml",
+        text: OUTAGE,
+        scenario: &scenario,
+    };
+    let dims = [
+        Dim::parse("hardening.failure_threshold=1..6").unwrap(),
+        Dim::parse("hardening.recovery_timeout_s=2..10").unwrap(),
+    ];
+    let settings = Settings {
+        seeds: 8,
+        first_seed: 1,
+        budget: 10,
+        jobs: 2,
+    };
+    let plan = plan(&base, &dims, settings).unwrap();
+    let mut known = BTreeMap::new();
+    let count = Count(std::sync::atomic::AtomicU64::new(0));
+    let mut rungs = 0;
+    let tuning = loop {
+        match step(&base, &dims, settings, &plan, &known) {
+            Step::Done(t) => break *t,
+            Step::Pending { work, .. } => {
+                // A rung asks only for pairs not run before, each once.
+                assert!(work.iter().all(|k| !known.contains_key(k)), "{work:?}");
+                let mut unique = work.clone();
+                unique.sort_unstable();
+                unique.dedup();
+                assert_eq!(unique.len(), work.len());
+                let ran = run_work(&base, settings, &plan, &work, None, &mut known, &count);
+                assert_eq!(ran, work.len());
+                rungs += 1;
+            }
+        }
+    };
+    assert_eq!(tuning.rungs.len(), rungs);
+    assert_eq!(tuning.rungs.iter().map(|r| r.seeds).collect::<Vec<_>>(), [2, 4, 8]);
+    // Rung by rung: the candidates it ran, times the seeds added since the
+    // rung before, and no more.
+    let mut before = 0;
+    for r in &tuning.rungs {
+        assert_eq!(r.simulations, r.candidates as u64 * (r.seeds - before), "{r:?}");
+        before = r.seeds;
+    }
+    let simulations = count.0.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(simulations, known.len() as u64);
+    assert_eq!(tuning.simulations, simulations);
+    assert!(
+        tuning
+            .render(&dims)
+            .contains(&format!("{simulations} simulations in all"))
+    );
+    // The whole tune runs the same simulations.
+    let whole = Count(std::sync::atomic::AtomicU64::new(0));
+    assert_eq!(tune(&base, &dims, settings, &whole).unwrap(), tuning);
+    assert_eq!(whole.0.load(std::sync::atomic::Ordering::Relaxed), simulations);
+}
+
+#[test]
+fn halving_keeps_the_better_half_but_never_fewer_than_the_floor() {
+    let m = |v| Worst::Measured { value: v };
+    // Ranked by margin: #1 worst … #10 best; each trades one objective
+    // against the other, so none outclasses another.
+    let all: Vec<Candidate> = (1..=10)
+        .map(|id| {
+            let x = id as f64;
+            candidate(
+                id,
+                vec![
+                    figure("r", 10.0, m(10.0 - x * 0.5), 4),
+                    figure("i", 10.0, m(x * 0.1), 4),
+                ],
+            )
+        })
+        .collect();
+    assert!(all.iter().all(|a| all.iter().all(|b| !a.outclasses(b))));
+    let kept = |alive: Vec<usize>, last| select(&all, alive, last).0;
+    assert_eq!(kept((0..10).collect(), false), [9, 8, 7, 6, 5]);
+    assert_eq!(kept(vec![0, 1, 2, 3, 4], false), [4, 3, 2, 1]);
+    assert_eq!(kept(vec![0, 1], false), [1, 0]);
+    // The last rung keeps every one.
+    assert_eq!(kept((0..10).collect(), true).len(), 10);
+}
+
+#[test]
+fn a_candidate_outclassed_on_the_seeds_so_far_stops_even_in_the_better_half() {
+    let m = |v| Worst::Measured { value: v };
+    let two = |id, r: f64, i: f64, passed_i| {
+        candidate(id, vec![figure("r", 10.0, m(r), 4), figure("i", 10.0, m(i), passed_i)])
+    };
+    let all = vec![
+        two(1, 5.0, 5.0, 4),  // meets both, margin 0.5
+        two(2, 6.0, 6.0, 4),  // meets both, worse than #1 on both: outclassed
+        two(3, 4.0, 7.0, 4),  // trades r against i with #1
+        two(4, 7.0, 11.0, 3), // misses i: worse than #1 on both
+        two(5, 5.0, 8.0, 4),  // ties #1 on r, worse than #3 on both
+        two(6, 5.0, 5.0, 4),  // #1's figures exactly: a tie outclasses neither
+    ];
+    let by_id = |id: usize| &all[id - 1];
+    assert!(by_id(1).outclasses(by_id(2)) && by_id(1).outclasses(by_id(4)));
+    assert!(by_id(3).outclasses(by_id(5)) && !by_id(1).outclasses(by_id(5)));
+    assert!(!by_id(1).outclasses(by_id(3)) && !by_id(3).outclasses(by_id(1)));
+    assert!(!by_id(1).outclasses(by_id(6)) && !by_id(6).outclasses(by_id(1)));
+    assert!(!by_id(1).outclasses(by_id(1)));
+    // Missing an objective, #4 outclasses nothing, even what it beats.
+    let worse = two(7, 8.0, 12.0, 3);
+    assert!(!by_id(4).outclasses(&worse));
+    // Only on the same seeds.
+    let mut fewer = by_id(2).clone();
+    fewer.seeds = 2;
+    assert!(!by_id(1).outclasses(&fewer));
+    // An objective not applicable on any seed for both is left out; one
+    // measured for either is compared.
+    let na = |id, r: f64, i| candidate(id, vec![figure("r", 10.0, m(r), 4), figure("i", 10.0, i, 4)]);
+    assert!(na(8, 2.0, Worst::NotApplicable).outclasses(&na(9, 3.0, Worst::NotApplicable)));
+    assert!(!na(8, 2.0, m(1.0)).outclasses(&na(9, 3.0, Worst::NotApplicable)));
+    // Ranked #1, #6, #2, #3, #5, #4: the better half (the floor, 4) is #1,
+    // #6, #2 and #3, and #2 stops there, outclassed by #1; #5 is not
+    // brought back in its place.
+    let (kept, dominated) = select(&all, (0..6).collect(), false);
+    let ids: Vec<usize> = kept.iter().map(|&i| all[i].id).collect();
+    assert_eq!((ids, dominated), (vec![1, 6, 3], 1));
+    // The last rung keeps every candidate: nothing more to save.
+    assert_eq!(select(&all, (0..6).collect(), true), (vec![0, 5, 1, 2, 4, 3], 0));
+    // Whatever dominated, the best-ranked candidate is kept.
+    for n in 1..=6 {
+        let (kept, _) = select(&all, (0..n).collect(), false);
+        assert_eq!(kept.first(), Some(&0));
+    }
 }
