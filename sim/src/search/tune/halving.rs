@@ -195,6 +195,11 @@ pub(crate) fn step(
         .filter(|&id| measured(id))
         .and_then(|id| hardening_section(base, dims, &design.candidates[id - 1]));
     let simulations = rungs.iter().map(|r| r.simulations).sum();
+    // The effects rest on the seeds every candidate ran: the first rung's.
+    let common = [first, first + plan.schedule.first().copied().unwrap_or(0)];
+    let explanation = recommended
+        .and_then(|id| candidates.get(id - 1))
+        .map(|c| explain(dims, &candidates, c, known, common));
     Step::Done(Box::new(Tuning {
         scenario: base.file.to_owned(),
         keys: dims.iter().map(|d| d.key.clone()).collect(),
@@ -207,6 +212,7 @@ pub(crate) fn step(
         front,
         recommended,
         hardening_toml,
+        explanation,
     }))
 }
 

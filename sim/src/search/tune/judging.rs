@@ -67,6 +67,24 @@ pub struct Disqualified {
     pub why: String,
 }
 
+/// One of [`Candidate::rank`]'s keys, in the order it applies them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RankKey {
+    /// Meets every objective on every seed.
+    MeetsAll,
+    /// Measured at least one objective.
+    Measured,
+    /// The larger share of measured (objective, seed) pairs met.
+    PairsMet,
+    /// The larger margin.
+    Margin,
+    /// The larger mean slack.
+    MeanSlack,
+    /// The smaller id (the figures tie).
+    Id,
+}
+
 /// One configuration and how it did.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Candidate {
@@ -113,6 +131,25 @@ impl Candidate {
     /// no candidate can meet would otherwise decide the ranking by how
     /// badly it is missed, whatever the others do.
     pub fn rank(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+        Candidate::rank_stages(a, b)
+            .into_iter()
+            .map(|(_, o)| o)
+            .find(|o| o.is_ne())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    }
+
+    /// Which of [`Candidate::rank`]'s keys sets `a` and `b` apart (none:
+    /// the same candidate).
+    pub fn decided_by(a: &Candidate, b: &Candidate) -> Option<RankKey> {
+        Candidate::rank_stages(a, b)
+            .into_iter()
+            .find(|(_, o)| o.is_ne())
+            .map(|(k, _)| k)
+    }
+
+    /// Each of [`Candidate::rank`]'s keys, in order, and how `a` and `b`
+    /// compare on it (`Less`: `a` ranks first).
+    fn rank_stages(a: &Candidate, b: &Candidate) -> [(RankKey, std::cmp::Ordering); 6] {
         let mean = |c: &Candidate| {
             let s: Vec<f64> = c.objectives.iter().filter_map(|o| o.slack).collect();
             if s.len() < c.objectives.iter().filter(|o| o.worst != Worst::NotApplicable).count() {
@@ -124,13 +161,14 @@ impl Candidate {
         // a.met / a.all against b.met / b.all, without division.
         let share = |met: u64, other_all: u64| u128::from(met) * u128::from(other_all.max(1));
         let ((met_a, all_a), (met_b, all_b)) = (a.pairs_met(), b.pairs_met());
-        b.meets_all
-            .cmp(&a.meets_all)
-            .then_with(|| (all_b > 0).cmp(&(all_a > 0)))
-            .then_with(|| share(met_b, all_a).cmp(&share(met_a, all_b)))
-            .then_with(|| slack_key(b.margin).total_cmp(&slack_key(a.margin)))
-            .then_with(|| mean(b).total_cmp(&mean(a)))
-            .then_with(|| a.id.cmp(&b.id))
+        [
+            (RankKey::MeetsAll, b.meets_all.cmp(&a.meets_all)),
+            (RankKey::Measured, (all_b > 0).cmp(&(all_a > 0))),
+            (RankKey::PairsMet, share(met_b, all_a).cmp(&share(met_a, all_b))),
+            (RankKey::Margin, slack_key(b.margin).total_cmp(&slack_key(a.margin))),
+            (RankKey::MeanSlack, mean(b).total_cmp(&mean(a))),
+            (RankKey::Id, a.id.cmp(&b.id)),
+        ]
     }
 
     /// Whether `self` is at least as good as `other` on every objective's

@@ -51,6 +51,7 @@
 //! in order, so the result is that of `jobs = 1`.
 
 mod design;
+mod explain;
 mod halving;
 mod judging;
 mod plot;
@@ -77,6 +78,7 @@ use crate::scenario::Scenario;
 use crate::world::Budget;
 
 pub use design::*;
+pub use explain::*;
 pub use halving::*;
 pub use judging::*;
 pub use plot::*;
@@ -185,6 +187,8 @@ pub struct Tuning {
     pub recommended: Option<usize>,
     /// The recommended `[hardening]` section, TOML ready to paste.
     pub hardening_toml: Option<String>,
+    /// Why the recommendation (null: there is none).
+    pub explanation: Option<Explanation>,
 }
 
 /// Reports progress: a rung of `n` simulations starts, one ended.

@@ -241,6 +241,9 @@ impl Tuning {
                         let _ = writeln!(out, "{line}");
                     }
                 }
+                if let Some(e) = &self.explanation {
+                    out.push_str(&e.render(c));
+                }
                 let _ = write!(out, "its figures over {} seeds:{}", c.seeds, c.summary.render());
             }
         }

@@ -238,6 +238,7 @@ fn the_closest_candidate_is_named_with_its_pairs_and_each_objective_none_meets()
         front: vec![1, 2],
         recommended: Some(1),
         hardening_toml: None,
+        explanation: None,
     };
     let text = tuning.render(&[]);
     assert!(
@@ -485,4 +486,283 @@ fn a_candidate_outclassed_on_the_seeds_so_far_stops_even_in_the_better_half() {
         let (kept, _) = select(&all, (0..n).collect(), false);
         assert_eq!(kept.first(), Some(&0));
     }
+}
+
+/// `c` with `values` set at keys `a` and `b`.
+fn with_values(mut c: Candidate, a: &str, b: &str) -> Candidate {
+    c.values = [("a".to_owned(), a.to_owned()), ("b".to_owned(), b.to_owned())].into();
+    c
+}
+
+#[test]
+fn the_binding_objective_is_the_one_with_the_least_slack() {
+    let m = |v| Worst::Measured { value: v };
+    // Slacks 0.1, 0.5 and none (not applicable, left out).
+    let c = candidate(
+        1,
+        vec![
+            figure("goodput_recovery_s", 10.0, m(9.0), 4),
+            figure("impaired_requests_max", 10.0, m(5.0), 4),
+            figure("p99_latency_s", 1.0, Worst::NotApplicable, 4),
+        ],
+    );
+    let b = binding(&c).unwrap();
+    assert_eq!(
+        (b.objective.as_str(), b.worst, b.target),
+        ("goodput_recovery_s", m(9.0), 10.0)
+    );
+    assert!((b.slack.unwrap() - 0.1).abs() < 1e-12);
+    // Never measured binds whatever the others' slack.
+    let c = candidate(
+        1,
+        vec![
+            figure("impaired_requests_max", 10.0, m(50.0), 0),
+            figure("goodput_recovery_s", 10.0, Worst::Never, 3),
+        ],
+    );
+    assert_eq!(binding(&c).unwrap().objective, "goodput_recovery_s");
+    // Nothing measured: nothing binds.
+    let c = candidate(1, vec![figure("p99_latency_s", 1.0, Worst::NotApplicable, 4)]);
+    assert_eq!(binding(&c), None);
+}
+
+#[test]
+fn the_runner_up_is_the_next_by_rank_with_its_differences() {
+    let m = |v| Worst::Measured { value: v };
+    let dims = [Dim::parse("a=1..6").unwrap(), Dim::parse("b=5..30").unwrap()];
+    // Meets both: margin min(0.2, 0.3) = 0.2.
+    let best = with_values(
+        candidate(1, vec![figure("r", 10.0, m(8.0), 4), figure("i", 10.0, m(7.0), 4)]),
+        "3",
+        "12",
+    );
+    // Misses r on one seed, better on i: 7 of 8 pairs.
+    let second = with_values(
+        candidate(2, vec![figure("r", 10.0, m(11.0), 3), figure("i", 10.0, m(3.0), 4)]),
+        "1",
+        "12",
+    );
+    // Misses r on every seed: 4 of 8.
+    let third = with_values(
+        candidate(3, vec![figure("r", 10.0, m(12.0), 0), figure("i", 10.0, m(2.0), 4)]),
+        "1",
+        "10",
+    );
+    // Better than all, but stopped on 2 seeds: after those on 4.
+    let mut early = with_values(
+        candidate(4, vec![figure("r", 10.0, m(1.0), 4), figure("i", 10.0, m(1.0), 4)]),
+        "2",
+        "20",
+    );
+    early.seeds = 2;
+    let all = [best.clone(), second, third, early];
+    let r = runner_up(&all, &best, &dims).unwrap();
+    assert_eq!(r.id, 2);
+    assert_eq!(r.seeds, 4);
+    assert_eq!(
+        r.differs,
+        [SettingDiff {
+            key: "a".into(),
+            recommended: "3".into(),
+            runner_up: "1".into()
+        }]
+    );
+    assert_eq!(r.decided_by, Some(RankKey::MeetsAll));
+    assert_eq!((r.pairs_met, r.recommended_pairs_met), ([7, 8], [8, 8]));
+    let gap = |o: &str, ru, rec| Gap {
+        objective: o.into(),
+        runner_up: m(ru),
+        recommended: m(rec),
+    };
+    assert_eq!(r.behind, [gap("r", 11.0, 8.0)]);
+    assert_eq!(r.ahead, [gap("i", 3.0, 7.0)]);
+    let text = Explanation {
+        binding: binding(&best),
+        runner_up: Some(r),
+        effects: Effects {
+            seeds: [1, 3],
+            settings: Vec::new(),
+        },
+    }
+    .render(&best);
+    assert!(
+        text.contains("binding objective: r, worst 8 against ≤ 10, slack +0.200 — the smallest, so it sets the margin"),
+        "{text}"
+    );
+    assert!(
+        text.contains("runner-up: #2 a=1 (not 3) ranks below: it misses an objective on some seed (7 of 8 (objective, seed) pairs met); worse on r 11 against 8; better on i 3 against 7"),
+        "{text}"
+    );
+    // Both meeting everything: the margin decides, and is shown.
+    let close = with_values(
+        candidate(5, vec![figure("r", 10.0, m(9.0), 4), figure("i", 10.0, m(1.0), 4)]),
+        "4",
+        "30",
+    );
+    let r = runner_up(&[best.clone(), close], &best, &dims).unwrap();
+    assert_eq!((r.id, r.decided_by, r.differs.len()), (5, Some(RankKey::Margin), 2));
+    let text = Explanation {
+        binding: None,
+        runner_up: Some(r),
+        effects: Effects {
+            seeds: [1, 3],
+            settings: Vec::new(),
+        },
+    }
+    .render(&best);
+    assert!(
+        text.contains("#5 a=4 (not 3), b=30 (not 12) ranks below: its margin is smaller, +0.100 against +0.200"),
+        "{text}"
+    );
+    // Alone: no runner-up.
+    assert_eq!(runner_up(std::slice::from_ref(&best), &best, &dims), None);
+}
+
+#[test]
+fn least_squares_gives_the_slope_and_its_standard_error() {
+    // y = 2, 4, 5, 7 at x = 1..4: slope 8 / 5 = 1.6; residuals −0.1, 0.3,
+    // −0.3, 0.1, so σ² = 0.2 / 2 and the slope's error √(0.1 / 5).
+    let x: Vec<Vec<f64>> = (1..=4).map(|v| vec![f64::from(v)]).collect();
+    let fit = least_squares(&x, &[2.0, 4.0, 5.0, 7.0]).unwrap();
+    assert!((fit[0].0 - 1.6).abs() < 1e-12, "{fit:?}");
+    assert!((fit[0].1 - 0.02f64.sqrt()).abs() < 1e-12, "{fit:?}");
+    // Two settings fitted together: y = 1 + 2a − 3b exactly.
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    for a in 0..3 {
+        for b in 0..2 {
+            let (a, b) = (f64::from(a), f64::from(b));
+            x.push(vec![a, b]);
+            y.push(1.0 + 2.0 * a - 3.0 * b);
+        }
+    }
+    let fit = least_squares(&x, &y).unwrap();
+    assert!(
+        (fit[0].0 - 2.0).abs() < 1e-9 && (fit[1].0 + 3.0).abs() < 1e-9,
+        "{fit:?}"
+    );
+    assert!(fit[0].1 < 1e-6 && fit[1].1 < 1e-6, "{fit:?}");
+    // Not more runs than unknowns, a setting that never moves, or two that
+    // move together: not enough to tell.
+    assert_eq!(least_squares(&[vec![1.0], vec![2.0]], &[1.0, 2.0]), None);
+    assert_eq!(
+        least_squares(&[vec![1.0], vec![1.0], vec![1.0]], &[1.0, 2.0, 3.0]),
+        None
+    );
+    let together: Vec<Vec<f64>> = (0..5).map(|v| vec![f64::from(v), 2.0 * f64::from(v)]).collect();
+    assert_eq!(least_squares(&together, &[0.0, 1.0, 2.0, 3.0, 4.0]), None);
+    assert_eq!(least_squares(&[], &[]), None);
+}
+
+/// The result of candidate `id` on `seed`: each objective's figure.
+fn result(id: usize, seed: u64, figures: &[(&str, Worst)]) -> SeedResult {
+    SeedResult {
+        candidate: id,
+        seed,
+        record: SeedRecord {
+            seed,
+            ..SeedRecord::default()
+        },
+        objectives: figures
+            .iter()
+            .map(|(name, figure)| SeedObjective {
+                name: (*name).to_owned(),
+                target: 100.0,
+                passed: true,
+                figure: *figure,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn each_settings_effect_is_estimated_from_the_runs_on_the_common_seeds() {
+    let m = |v| Worst::Measured { value: v };
+    let dims = [Dim::parse("a=1..3").unwrap(), Dim::parse("b=x,y").unwrap()];
+    let objectives = || {
+        vec![
+            figure("goodput_recovery_s", 100.0, m(1.0), 4),
+            figure("impaired_requests_max", 100.0, m(1.0), 4),
+        ]
+    };
+    let mut candidates = Vec::new();
+    let mut known = BTreeMap::new();
+    // The grid a × b: recovery = 10 + 2a (+1 for b = y), ±0.5 by seed;
+    // impaired = 40 − 5a, never measured for a = 3, b = y on seed 2.
+    for (i, (a, b)) in [(1, "x"), (1, "y"), (2, "x"), (2, "y"), (3, "x"), (3, "y")]
+        .into_iter()
+        .enumerate()
+    {
+        let id = i + 1;
+        candidates.push(with_values(candidate(id, objectives()), &a.to_string(), b));
+        for (seed, noise) in [(1, 0.5), (2, -0.5)] {
+            let recovery = 10.0 + 2.0 * f64::from(a) + if b == "y" { 1.0 } else { 0.0 } + noise;
+            let impaired = if id == 6 && seed == 2 {
+                Worst::Never
+            } else {
+                m(40.0 - 5.0 * f64::from(a))
+            };
+            known.insert(
+                (id, seed),
+                result(
+                    id,
+                    seed,
+                    &[("goodput_recovery_s", m(recovery)), ("impaired_requests_max", impaired)],
+                ),
+            );
+        }
+    }
+    // A later seed and a disqualified candidate are left out.
+    known.insert((6, 3), result(6, 3, &[("goodput_recovery_s", m(1000.0))]));
+    let mut broken = with_values(candidate(7, objectives()), "3", "x");
+    broken.disqualified = Some(Disqualified {
+        seed: Some(1),
+        why: "x".into(),
+    });
+    candidates.push(broken);
+    for seed in 1..3 {
+        known.insert((7, seed), result(7, seed, &[("goodput_recovery_s", m(1000.0))]));
+    }
+    let e = effects(&dims, &candidates, &known, [1, 3]);
+    assert_eq!(e.seeds, [1, 3]);
+    let a = &e.settings[0];
+    assert_eq!((a.key.as_str(), a.step), ("a", Some(1.0)));
+    // Recovery: slope 2 (b balanced over a); residuals ±0.5 on 6 runs with
+    // 2 unknowns: σ² = 1.5 / 4, Σ(a − ā)² = 4.
+    let r = &a.objectives[0];
+    assert_eq!((r.name.as_str(), r.candidates), ("goodput_recovery_s", 6));
+    assert!((r.per_step.unwrap() - 2.0).abs() < 1e-9, "{r:?}");
+    assert!((r.stderr.unwrap() - (1.5f64 / 4.0 / 4.0).sqrt()).abs() < 1e-9, "{r:?}");
+    let i = &a.objectives[1];
+    assert_eq!((i.name.as_str(), i.candidates), ("impaired_requests_max", 5));
+    assert!((i.per_step.unwrap() + 5.0).abs() < 1e-9, "{i:?}");
+    // b is not a number: not estimated.
+    let b = &e.settings[1];
+    assert_eq!((b.step, b.objectives[0].per_step), (None, None));
+    let text = Explanation {
+        binding: None,
+        runner_up: None,
+        effects: e,
+    }
+    .render(&candidates[0]);
+    assert!(
+        text.contains("an estimate from the runs already made (no further simulation)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  a: +1 → goodput_recovery_s +2.00 ±0.306 s, impaired_requests_max −5.00 ±0.000 requests (on 6 candidates for goodput_recovery_s, 5 for impaired_requests_max)"),
+        "{text}"
+    );
+    assert!(text.contains("  b: not numbers, not estimated"), "{text}");
+    // Two candidates cannot give a slope and its error.
+    let e = effects(&dims, &candidates[..2], &known, [1, 3]);
+    let text = Explanation {
+        binding: None,
+        runner_up: None,
+        effects: e,
+    }
+    .render(&candidates[0]);
+    assert!(
+        text.contains("a: +1 → goodput_recovery_s not enough runs, impaired_requests_max not enough runs"),
+        "{text}"
+    );
 }
