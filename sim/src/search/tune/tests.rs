@@ -766,3 +766,121 @@ fn each_settings_effect_is_estimated_from_the_runs_on_the_common_seeds() {
         "{text}"
     );
 }
+
+/// A last-rung tuning of `candidates` on 4 seeds, every one on the front
+/// but those in `off`, #1 recommended.
+fn front_of(candidates: Vec<Candidate>, off: &[usize]) -> Tuning {
+    let ids: Vec<usize> = candidates.iter().map(|c| c.id).filter(|id| !off.contains(id)).collect();
+    Tuning {
+        scenario: "s.toml".into(),
+        keys: vec!["a".into(), "b".into()],
+        design: DesignKind::Grid,
+        grid_size: Some(4),
+        seeds: [1, 5],
+        rungs: vec![Rung {
+            seeds: 4,
+            candidates: candidates.len(),
+            disqualified: 0,
+            dominated: 0,
+            kept: candidates.len(),
+            simulations: 4 * candidates.len() as u64,
+        }],
+        simulations: 4 * candidates.len() as u64,
+        candidates,
+        front: ids,
+        recommended: Some(1),
+        hardening_toml: None,
+        explanation: None,
+    }
+}
+
+/// How many lines of `svg` are exactly `text` (plotters writes each text
+/// element's content on a line of its own).
+fn lines_equal(svg: &str, text: &str) -> usize {
+    svg.lines().filter(|l| *l == text).count()
+}
+
+#[test]
+fn the_front_with_two_objectives_is_one_scatter_with_every_point_labelled() {
+    let m = |v| Worst::Measured { value: v };
+    let c = |id, a: &str, b: &str, r, i| {
+        with_values(
+            candidate(
+                id,
+                vec![
+                    figure("goodput_recovery_s", 15.0, m(r), 4),
+                    figure("impaired_requests_max", 60.0, m(i), 4),
+                ],
+            ),
+            a,
+            b,
+        )
+    };
+    let tuning = front_of(
+        vec![
+            c(1, "3", "12", 15.0, 43.0),
+            c(2, "1", "10", 18.0, 32.0),
+            c(3, "4", "15", 21.0, 49.0),
+        ],
+        &[3],
+    );
+    let svg = pareto(&tuning);
+    assert!(svg.starts_with("<svg"), "{svg}");
+    for label in ["#1: 3, 12", "#2: 1, 10", "#3: 4, 15"] {
+        assert_eq!(lines_equal(&svg, label), 1, "{label}");
+    }
+    assert!(svg.contains("labels #id: a, b"));
+    assert_eq!(lines_equal(&svg, "goodput_recovery_s: worst seed, seconds"), 1);
+    assert_eq!(lines_equal(&svg, "impaired_requests_max: worst seed, requests"), 1);
+}
+
+#[test]
+fn the_front_with_three_objectives_is_a_panel_per_pair_each_point_labelled_in_each() {
+    let m = |v| Worst::Measured { value: v };
+    let c = |id, a: &str, b: &str, r, i, f| {
+        with_values(
+            candidate(
+                id,
+                vec![
+                    figure("goodput_recovery_s", 15.0, m(r), 4),
+                    figure("impaired_requests_max", 60.0, m(i), 4),
+                    figure("failed_fraction_max", 0.3, m(f), 4),
+                ],
+            ),
+            a,
+            b,
+        )
+    };
+    let tuning = front_of(
+        vec![
+            c(1, "3", "12", 15.0, 43.0, 0.281),
+            c(2, "1", "10", 18.0, 32.0, 0.298),
+            c(3, "4", "8", 11.0, 67.0, 0.272),
+        ],
+        &[],
+    );
+    assert_eq!(panels(3), [(0, Some(1)), (0, Some(2)), (1, Some(2))]);
+    let svg = pareto(&tuning);
+    // Three panels, one per pair; each objective an axis in two of them.
+    for pair in [
+        "goodput_recovery_s against impaired_requests_max",
+        "goodput_recovery_s against failed_fraction_max",
+        "impaired_requests_max against failed_fraction_max",
+    ] {
+        assert_eq!(lines_equal(&svg, pair), 1, "{pair}");
+    }
+    for axis in [
+        "goodput_recovery_s: worst seed, seconds",
+        "impaired_requests_max: worst seed, requests",
+        "failed_fraction_max: worst seed, fraction of calls",
+    ] {
+        assert_eq!(lines_equal(&svg, axis), 2, "{axis}");
+    }
+    // Every front candidate one labelled mark per panel.
+    for label in ["#1: 3, 12", "#2: 1, 10", "#3: 4, 8"] {
+        assert_eq!(lines_equal(&svg, label), 3, "{label}");
+    }
+    // Five objectives: ten panels.
+    assert_eq!(panels(5).len(), 10);
+    assert_eq!(panels(1), [(0, None)]);
+}
