@@ -194,6 +194,24 @@ fn threads_do_not_change_the_result_and_the_seed_fixes_it() {
     assert_eq!(v["design"], "latin_hypercube");
     assert_eq!(v["candidates"].as_array().unwrap().len(), 6);
     assert!(v["recommended"].as_u64().is_some(), "{v}");
+    // The simulations counted, and the recommendation explained.
+    assert_eq!(v["simulations"], 18);
+    assert_eq!(v["rungs"][0]["dominated"], 1);
+    let why = &v["explanation"];
+    assert!(why["binding"]["objective"].is_string(), "{why}");
+    assert!(why["runner_up"]["id"].as_u64().is_some(), "{why}");
+    assert_eq!(why["effects"]["seeds"], serde_json::json!([3, 5]));
+    let settings = why["effects"]["settings"].as_array().unwrap();
+    assert_eq!(settings.len(), 2);
+    assert_eq!(settings[0]["key"], "hardening.failure_threshold");
+    assert_eq!(settings[0]["step"], 1.0);
+    assert!(one.0.contains("binding objective: "), "{}", one.0);
+    assert!(one.0.contains("runner-up: #"), "{}", one.0);
+    assert!(
+        one.0.contains("  failure_threshold: +1 → goodput_recovery_s "),
+        "{}",
+        one.0
+    );
     // Another seed draws another design.
     let other = run("2", "4", "jobs-seed-4.json");
     assert_ne!(one.1, other.1);

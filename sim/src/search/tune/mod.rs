@@ -45,6 +45,11 @@
 //!    the closest when none meets every objective, with each objective no
 //!    candidate meets and what bounds it. Its `[hardening]` section is
 //!    written as TOML.
+//! 5. **Why** ([`Explanation`]). The objective that binds the recommendation
+//!    (its smallest slack), how the runner-up differs and where it falls
+//!    behind, and each varied setting's effect per step on each objective,
+//!    a least-squares estimate from the results already known (no further
+//!    simulation). The front is drawn over every objective ([`pareto`]).
 //!
 //! Every simulation is single-threaded and builds its own world; the
 //! (candidate, seed) pairs of a rung are run on `jobs` threads and gathered
