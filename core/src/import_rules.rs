@@ -45,7 +45,11 @@ const RULES: &[(&str, &[&str])] = &[
         "testing",
         &["decide", "cache", "observe", "limiter", "breaker", "retry", "provider"],
     ),
-    ("tower", &["decide", "cache", "observe", "limiter", "breaker"]),
+    (
+        "tower",
+        &["decide", "cache", "observe", "limiter", "breaker", "retry", "provider"],
+    ),
+    ("metrics", &["decide", "observe", "breaker", "retry"]),
     ("import_rules", &[]),
 ];
 

@@ -54,6 +54,8 @@ mod error;
 #[cfg(test)]
 mod import_rules;
 pub mod limiter;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 #[cfg(feature = "mutants")]
 pub mod mutants;
 #[cfg(not(feature = "mutants"))]

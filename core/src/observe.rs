@@ -263,6 +263,15 @@ pub enum Event {
         /// The last failure, as text.
         error: String,
     },
+    /// A hardened provider started a call: the one place a call's life
+    /// begins, so an observer can count calls in flight.
+    CallStarted {
+        /// The provider's provenance (`openai-compatible/qwen3`) of the
+        /// deployment it would go to first.
+        model: Arc<str>,
+        /// The tenant the call is made for.
+        tenant: TenantId,
+    },
     /// A call's outcome as seen by a hardened provider.
     CallFinished {
         /// The provider's provenance (`openai-compatible/qwen3`).
@@ -273,6 +282,13 @@ pub enum Event {
         outcome: &'static str,
         /// Calls that reached the model server for this one extraction.
         attempts: u32,
+        /// From the call's start to its end on the provider's clock, every
+        /// wait and retry included.
+        duration: Duration,
+        /// The prompt tokens the answer reported, when it succeeded and said.
+        input_tokens: Option<u64>,
+        /// The tokens generated, likewise.
+        output_tokens: Option<u64>,
     },
     /// A hardened provider over several deployments sent a call, or its
     /// retry, to another deployment than the one it chose first.
@@ -588,13 +604,16 @@ impl Observer for TracingObserver {
             } => {
                 tracing::debug!(%tenant, %from, %to, reason, "call sent to another deployment")
             }
+            Event::CallStarted { model, tenant } => tracing::trace!(%model, %tenant, "model call started"),
             Event::CallFinished {
                 model,
                 tenant,
                 outcome,
                 attempts,
+                duration,
+                ..
             } => {
-                tracing::debug!(%model, %tenant, outcome, attempts, "model call finished")
+                tracing::debug!(%model, %tenant, outcome, attempts, duration = duration.as_secs_f64(), "model call finished")
             }
             Event::RateLimitWait {
                 model,

@@ -12,7 +12,8 @@
 //! started by the first test that asks and serialised by its own lock).
 //!
 //! A module that needs an optional feature (`openai`, `redis`, `redis-tls`,
-//! `redis-cluster`, `redis-sentinel`, `tower`) is compiled only with it.
+//! `redis-cluster`, `redis-sentinel`, `tower`, `metrics`) is compiled only with
+//! it.
 
 mod support;
 
@@ -20,6 +21,8 @@ mod breaker;
 mod compliance_memory;
 mod deployment_limits;
 mod limiter;
+#[cfg(all(feature = "metrics", feature = "openai"))]
+mod metrics;
 mod observer;
 mod properties;
 #[cfg(feature = "openai")]

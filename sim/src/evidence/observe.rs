@@ -227,6 +227,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             found: *found,
         },
         Event::RetryExhausted { .. }
+        | Event::CallStarted { .. }
         | Event::CallFinished { .. }
         | Event::RateLimitWait { .. }
         | Event::CooldownWait { .. }
