@@ -50,7 +50,9 @@ pub enum Retryable {
     /// Transient: sleep the schedule's delay and try again.
     Yes,
     /// Transient, and the server asked for at least this long (`Retry-After`):
-    /// sleep the larger of this and the schedule's delay.
+    /// sleep the larger of this and the schedule's delay, a server's wait
+    /// spread upwards by the policy's jitter
+    /// ([`RetryPolicy::delay_at_least`]): never shorter than asked.
     After(Duration),
 }
 
@@ -349,7 +351,7 @@ impl Retry {
                     last: error,
                 }));
             }
-            let delay = self.policy.delay(retry, &*self.rng).max(floor);
+            let delay = self.policy.delay_at_least(retry, floor, &*self.rng);
             if let Some(deadline) = deadline {
                 let remaining = deadline.saturating_duration_since(self.clock.now());
                 if delay > remaining {

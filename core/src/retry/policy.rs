@@ -252,6 +252,25 @@ impl RetryPolicy {
         Duration::try_from_secs_f64(jittered.max(0.0)).unwrap_or(Duration::MAX)
     }
 
+    /// The wait before retry `n` when the server asked for at least `floor`
+    /// (its `Retry-After`): the schedule's [`delay`](Self::delay) when that
+    /// is longer; otherwise `floor` spread *upwards* by the jitter, to
+    /// `floor × (1 + jitter × u)` for a uniform `u` in [0, 1) — never
+    /// shorter than asked, and never the same instant for every caller the
+    /// server told the same wait (a fleet told "600 s" would otherwise come
+    /// back together, 600 s later).
+    pub fn delay_at_least(&self, n: u32, floor: Duration, rng: &dyn RandomSource) -> Duration {
+        let scheduled = self.delay(n, rng);
+        if scheduled >= floor || floor.is_zero() {
+            return scheduled;
+        }
+        if self.jitter == 0.0 || mutants::active(Mutant::NoJitter) {
+            return floor;
+        }
+        let spread = floor.as_secs_f64() * self.jitter * rng.next_f64();
+        floor.saturating_add(Duration::try_from_secs_f64(spread).unwrap_or(Duration::ZERO))
+    }
+
     /// The longest the whole schedule can sleep: every base delay at its
     /// jittered maximum, summed. Closed form — a binary search for where the
     /// delays reach the cap, a geometric sum below it, a product above — so it
@@ -312,6 +331,32 @@ mod tests {
                 .max_retries(),
             3
         );
+    }
+
+    #[test]
+    fn a_servers_wait_is_spread_upwards_never_below_it() {
+        let p = RetryPolicy::default(); // 1 s, jitter 0.1
+        let rng = SeededRandom::from_seed(3);
+        let asked = Duration::from_secs(600);
+        let waits: Vec<Duration> = (0..200).map(|_| p.delay_at_least(0, asked, &rng)).collect();
+        assert!(
+            waits.iter().all(|w| *w >= asked && *w < asked.mul_f64(1.1)),
+            "{waits:?}"
+        );
+        // Spread: a fleet told 600 s does not come back at one instant.
+        let distinct: std::collections::BTreeSet<Duration> = waits.iter().copied().collect();
+        assert!(distinct.len() > 190, "{} distinct waits of 200", distinct.len());
+        assert!(waits.iter().any(|w| *w > asked.mul_f64(1.05)));
+        // A schedule longer than the server's wait keeps its own delay.
+        let short = Duration::from_millis(100);
+        let w = p.delay_at_least(0, short, &rng);
+        assert!(
+            w >= Duration::from_millis(900) && w <= Duration::from_millis(1100),
+            "{w:?}"
+        );
+        // Without jitter, exactly what was asked.
+        let exact = RetryPolicy::builder().jitter(0.0).build().unwrap();
+        assert_eq!(exact.delay_at_least(0, asked, &rng), asked);
     }
 
     #[test]

@@ -69,13 +69,14 @@ pub(super) fn once_per_call(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
 /// judging: fewer say nothing about spread.
 const MIN_RETRIES: usize = 3;
 
-/// Invariant 9: retries are spread by the configured jitter. Of the retries
-/// after the same attempt number whose wait the schedule decided (above any
-/// `Retry-After` floor the server set), no more than half may sit exactly at
-/// the unjittered delay — with jitter `j` a draw lands there with probability
-/// about one in `2 · delay · j` microseconds. Attempt numbers whose jitter
-/// band is under a millisecond wide are not judged (the microsecond trace
-/// cannot tell them apart).
+/// Invariant 9: retries are spread by the configured jitter, whoever chose
+/// the wait. Of the retries after the same attempt number, no more than half
+/// may sit exactly at the unjittered wait: the schedule's base delay, or —
+/// where a server asked for longer (`Retry-After`) — the wait it asked for,
+/// which the jitter spreads upwards. With jitter `j` a draw lands exactly
+/// there with probability about one in `delay · j` microseconds. Waits whose
+/// jitter band is under a millisecond wide are not judged (the microsecond
+/// trace cannot tell them apart).
 pub(super) fn retry_jitter(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let h = &ctx.scenario.hardening;
     if h.jitter == 0.0 {
@@ -84,8 +85,9 @@ pub(super) fn retry_jitter(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let Ok(policy) = h.retry_policy() else {
         return not_applicable("the retry policy is invalid");
     };
-    // attempt → (retries judged, retries at exactly the unjittered delay)
+    // attempt → (retries judged, retries at exactly the unjittered wait)
     let mut by_attempt: BTreeMap<u32, (usize, usize, Option<&TraceEvent>)> = BTreeMap::new();
+    let (mut floored, mut floored_exact) = (0usize, 0usize);
     for e in events {
         let Kind::Retry {
             attempt,
@@ -95,25 +97,36 @@ pub(super) fn retry_jitter(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         else {
             continue;
         };
-        if delay_us <= floor_us {
-            continue;
-        }
         let base = policy.base_delay(attempt.saturating_sub(1));
-        let band_us = base.as_secs_f64() * h.jitter * 2e6;
+        let base_us = u64::try_from(base.as_micros()).unwrap_or(u64::MAX);
+        // The server's wait binds when it is longer than the schedule's
+        // longest jittered delay; between the two, either may have.
+        let most_scheduled = base.as_secs_f64() * (1.0 + h.jitter) * 1e6;
+        let (unjittered_us, band_us) = if *floor_us as f64 > most_scheduled {
+            (*floor_us, *floor_us as f64 * h.jitter)
+        } else if delay_us > floor_us {
+            (base_us, base.as_secs_f64() * h.jitter * 2e6)
+        } else {
+            continue;
+        };
         if band_us < 1000.0 {
             continue;
         }
-        let base_us = u64::try_from(base.as_micros()).unwrap_or(u64::MAX);
+        let exact = *delay_us == unjittered_us;
+        if unjittered_us == *floor_us {
+            floored += 1;
+            floored_exact += usize::from(exact);
+        }
         let entry = by_attempt.entry(*attempt).or_default();
         entry.0 += 1;
-        if delay_us.abs_diff(base_us) == 0 {
+        if exact {
             entry.1 += 1;
             entry.2 = Some(e);
         }
     }
     let judged: usize = by_attempt.values().map(|(n, _, _)| n).sum();
     if judged == 0 {
-        return not_applicable("no retry waited on the schedule's delay");
+        return not_applicable("no retry waited a jittered wait");
     }
     let mut verdict = Verdict::Held;
     for (attempt, (n, exact, last)) in &by_attempt {
@@ -123,7 +136,7 @@ pub(super) fn retry_jitter(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         {
             verdict = violated(
                 e,
-                format!("{exact} of {n} retries after attempt {attempt} waited exactly the unjittered delay"),
+                format!("{exact} of {n} retries after attempt {attempt} waited exactly the unjittered wait"),
             );
             break;
         }
@@ -131,7 +144,9 @@ pub(super) fn retry_jitter(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let exact: usize = by_attempt.values().map(|(_, x, _)| x).sum();
     (
         verdict,
-        format!("{judged} retries on the schedule's delay; {exact} at exactly the unjittered delay"),
+        format!(
+            "{judged} retries judged ({floored} on a server's wait); {exact} at exactly the unjittered wait ({floored_exact} of them a server's)"
+        ),
     )
 }
 
@@ -265,18 +280,28 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     }
 
     #[test]
-    fn a_server_floor_and_zero_jitter_are_not_judged() {
+    fn a_servers_wait_must_be_spread_too_and_zero_jitter_is_not_judged() {
         let s = scenario(0.1);
-        // Waits the server set (delay = its floor) say nothing about jitter.
+        // Three callers told to wait 600 s who all wait exactly 600 s come
+        // back together: the synchronised retries a server's wait makes.
         let floored = [
-            retry(1, 1, 1_000_000, 1_000_000),
-            retry(2, 1, 1_000_000, 1_000_000),
-            retry(3, 1, 1_000_000, 1_000_000),
+            retry(1, 1, 600_000_000, 600_000_000),
+            retry(2, 1, 600_000_000, 600_000_000),
+            retry(3, 1, 600_000_000, 600_000_000),
         ];
-        assert!(matches!(
-            retry_jitter(&Ctx::new(&s), &floored).0,
-            Verdict::NotApplicable { .. }
-        ));
+        let (verdict, figure) = retry_jitter(&Ctx::new(&s), &floored);
+        assert!(
+            matches!(&verdict, Verdict::Violated { detail, .. } if detail.contains("3 of 3 retries after attempt 1")),
+            "{verdict:?}"
+        );
+        assert!(figure.contains("3 on a server's wait"), "{figure}");
+        // Spread above the wait asked: held.
+        let spread = [
+            retry(1, 1, 612_000_000, 600_000_000),
+            retry(2, 1, 633_000_000, 600_000_000),
+            retry(3, 1, 600_000_000, 600_000_000),
+        ];
+        assert_eq!(retry_jitter(&Ctx::new(&s), &spread).0, Verdict::Held);
         let exact = scenario(0.0);
         let synchronised = [
             retry(1, 1, 1_000_000, 0),
