@@ -4,10 +4,8 @@
 //!
 //! redstring's futures complete without suspending over `MemoryCache`, so they
 //! are polled once with a no-op waker: the figures are the code's own cost,
-//! not an executor's. Each group also runs the synchronous twins
-//! (`acquire_now`, `admit_now`, `record_success_now`: `redstring_now`), which
-//! make the same decisions with no future at all. The manual clock advances a little more than
-//! window / rpm per call, so the window holds about `rpm` hits — the steady
+//! not an executor's. The manual clock advances a little more than window /
+//! rpm per call, so the window holds about `rpm` hits — the steady
 //! state of a tenant at its limit, not an ever-growing series.
 //!
 //! Two groups read the production clock, as governor does (it reads its own
@@ -37,14 +35,6 @@ fn ready<F: Future>(f: F) -> F::Output {
         Poll::Ready(v) => v,
         Poll::Pending => panic!("MemoryCache operations never suspend"),
     }
-}
-
-/// One call through the synchronous twins: admit, acquire, report success.
-fn immediate_call(limiter: &RateLimiter, breaker: &CircuitBreaker, tenant: TenantId) {
-    let permit = breaker.admit_now();
-    assert!(permit.is_admitted());
-    limiter.acquire_now(tenant).unwrap();
-    breaker.record_success_now(&permit).unwrap()
 }
 
 /// A limiter and a breaker on the production clock; the limiter admits every
@@ -120,13 +110,6 @@ fn bench(c: &mut Criterion) {
             ready(limiter.acquire(tenant)).unwrap()
         })
     });
-    let (clock, limiter, _) = ours();
-    g.bench_function("redstring_now", |b| {
-        b.iter(|| {
-            clock.advance(STEP);
-            limiter.acquire_now(tenant).unwrap()
-        })
-    });
     let gov = governor();
     g.bench_function("governor", |b| b.iter(|| gov.check_key(&tenant).unwrap()));
     g.finish();
@@ -137,13 +120,6 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             assert!(ready(breaker.allow_request()));
             ready(breaker.record_success()).unwrap()
-        })
-    });
-    g.bench_function("redstring_now", |b| {
-        b.iter(|| {
-            let permit = breaker.admit_now();
-            assert!(permit.is_admitted());
-            breaker.record_success_now(&permit).unwrap()
         })
     });
     let rec = recloser();
@@ -158,13 +134,6 @@ fn bench(c: &mut Criterion) {
             assert!(ready(breaker.allow_request()));
             ready(limiter.acquire(tenant)).unwrap();
             ready(breaker.record_success()).unwrap()
-        })
-    });
-    let (clock, limiter, breaker) = ours();
-    g.bench_function("redstring_now", |b| {
-        b.iter(|| {
-            clock.advance(STEP);
-            immediate_call(&limiter, &breaker, tenant)
         })
     });
     let (gov, rec) = (governor(), recloser());
@@ -192,17 +161,6 @@ fn bench(c: &mut Criterion) {
             ready(limiter.acquire(tenants[i])).unwrap()
         })
     });
-    let (clock, limiter, _) = ours();
-    let mut i = 0usize;
-    g.bench_function("redstring_now", |b| {
-        b.iter(|| {
-            i = (i + 1) % tenants.len();
-            if i == 0 {
-                clock.advance(STEP);
-            }
-            limiter.acquire_now(tenants[i]).unwrap()
-        })
-    });
     let gov = governor();
     let mut j = 0usize;
     g.bench_function("governor", |b| {
@@ -221,10 +179,6 @@ fn bench(c: &mut Criterion) {
             ready(limiter.acquire(tenant)).unwrap();
             ready(breaker.record_success()).unwrap()
         })
-    });
-    let (limiter, breaker) = ours_system();
-    g.bench_function("redstring_now", |b| {
-        b.iter(|| immediate_call(&limiter, &breaker, tenant))
     });
     let (gov, rec) = (governor(), recloser());
     g.bench_function("governor+recloser", |b| {
@@ -250,14 +204,6 @@ fn bench(c: &mut Criterion) {
             })
         })
     });
-    let (limiter, _) = ours_system();
-    g.bench_function("hot_tenant/redstring_now", |b| {
-        b.iter_custom(|iters| {
-            on_two_threads(iters, |_, _| {
-                limiter.acquire_now(tenant).unwrap();
-            })
-        })
-    });
     let gov = governor();
     g.bench_function("hot_tenant/governor", |b| {
         b.iter_custom(|iters| on_two_threads(iters, |_, _| gov.check_key(&tenant).unwrap()))
@@ -272,14 +218,6 @@ fn bench(c: &mut Criterion) {
         b.iter_custom(|iters| {
             on_two_threads(iters, |thread, i| {
                 ready(limiter.acquire(tenants[pick(thread, i)])).unwrap();
-            })
-        })
-    });
-    let (limiter, _) = ours_system();
-    g.bench_function("1000_tenants/redstring_now", |b| {
-        b.iter_custom(|iters| {
-            on_two_threads(iters, |thread, i| {
-                limiter.acquire_now(tenants[pick(thread, i)]).unwrap();
             })
         })
     });

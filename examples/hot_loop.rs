@@ -11,16 +11,13 @@
 //! valgrind --tool=callgrind target/release/examples/hot_loop hot 10000
 //! ```
 //!
-//! Cases: `acquire`, `breaker` and their twins `acquire_now` and
-//! `breaker_now`, `hot` and its twin `hot_now`,
-//! `hot_system`, `hot_system_now`, `tenants`, `tenants_now`, `tenants8_now`
-//! (its decisions over 8 tenants, every series in cache), `tenants1_now`
-//! (1 000 tenants on `SystemClock`, as `tenants2_now` on one thread),
-//! `tenants2`, `tenants2_now`, `hot2` and `hot2_now` (two threads),
-//! `tenants2_apart_now` (`tenants2_now` with a limiter per thread: nothing
-//! shared, so what sharing costs is the difference),
-//! `tenants2_disjoint_now` (one cache, each thread its own 1 000 tenants:
-//! the shards shared, the tenants not), `governor`, `recloser`,
+//! Cases: `acquire`, `breaker`, `hot`, `hot_system`, `tenants`, `tenants8`
+//! (its decisions over 8 tenants, every series in cache), `tenants1`
+//! (1 000 tenants on `SystemClock`, as `tenants2` on one thread),
+//! `tenants2` and `hot2` (two threads), `tenants2_apart` (`tenants2` with a
+//! limiter per thread: nothing shared, so what sharing costs is the
+//! difference), `tenants2_disjoint` (one cache, each thread its own 1 000
+//! tenants: the shards shared, the tenants not), `governor`, `recloser`,
 //! `governor_recloser`, `governor_tenants`, `governor_tenants1`, and
 //! governor's two-thread sides `governor_hot2`, `governor_tenants2`,
 //! `governor_tenants2_apart` and `governor_tenants2_disjoint`.
@@ -125,23 +122,6 @@ fn main() {
                 ready(l.acquire(tenant)).expect("admitted");
             });
         }
-        "acquire_now" => {
-            // `acquire` through the synchronous twin.
-            let l = limiter(clock.clone(), RPM, WINDOW);
-            repeat(iters, |_| {
-                clock.advance(STEP);
-                l.acquire_now(tenant).expect("admitted");
-            });
-        }
-        "breaker_now" => {
-            // `breaker` through the synchronous twins.
-            let b = breaker(clock.clone());
-            repeat(iters, |_| {
-                let permit = b.admit_now();
-                assert!(permit.is_admitted());
-                b.record_success_now(&permit).expect("recorded");
-            });
-        }
         "breaker" => {
             let b = breaker(clock.clone());
             repeat(iters, |_| {
@@ -158,17 +138,6 @@ fn main() {
                 ready(b.record_success()).expect("recorded");
             });
         }
-        "hot_now" => {
-            // The synchronous twins: the same decisions, no futures.
-            let (l, b) = (limiter(clock.clone(), RPM, WINDOW), breaker(clock.clone()));
-            repeat(iters, |_| {
-                clock.advance(STEP);
-                let permit = b.admit_now();
-                assert!(permit.is_admitted());
-                l.acquire_now(tenant).expect("admitted");
-                b.record_success_now(&permit).expect("recorded");
-            });
-        }
         "hot_system" => {
             // As the bench: an rpm never reached, a 1 ms window.
             let (l, b) = (system_limiter(), breaker(Arc::new(SystemClock)));
@@ -176,16 +145,6 @@ fn main() {
                 assert!(ready(b.allow_request()));
                 ready(l.acquire(tenant)).expect("admitted");
                 ready(b.record_success()).expect("recorded");
-            });
-        }
-        "hot_system_now" => {
-            // The synchronous twins on the production clock, as the bench.
-            let (l, b) = (system_limiter(), breaker(Arc::new(SystemClock)));
-            repeat(iters, |_| {
-                let permit = b.admit_now();
-                assert!(permit.is_admitted());
-                l.acquire_now(tenant).expect("admitted");
-                b.record_success_now(&permit).expect("recorded");
             });
         }
         "tenants" => {
@@ -198,18 +157,8 @@ fn main() {
                 ready(l.acquire(tenants[i])).expect("admitted");
             });
         }
-        "tenants_now" => {
-            let l = limiter(clock.clone(), RPM, WINDOW);
-            repeat(iters, |i| {
-                let i = i % tenants.len();
-                if i == 0 {
-                    clock.advance(STEP);
-                }
-                l.acquire_now(tenants[i]).expect("admitted");
-            });
-        }
-        "tenants8_now" => {
-            // tenants_now over 8 tenants, whose series stay in the first-level
+        "tenants8" => {
+            // tenants over 8 tenants, whose series stay in the first-level
             // cache: what the misses over 1 000 cost.
             let l = limiter(clock.clone(), RPM, WINDOW);
             repeat(iters, |i| {
@@ -217,7 +166,7 @@ fn main() {
                 if i == 0 {
                     clock.advance(STEP);
                 }
-                l.acquire_now(tenants[i]).expect("admitted");
+                ready(l.acquire(tenants[i])).expect("admitted");
             });
         }
         "tenants2" => {
@@ -227,27 +176,20 @@ fn main() {
                 ready(l.acquire(walked(&tenants, thread, i))).expect("admitted");
             });
         }
-        "tenants2_now" => {
-            // As the bench's threads2/1000_tenants through the twin.
-            let l = system_limiter();
-            on_two_threads(iters, |thread, i| {
-                l.acquire_now(walked(&tenants, thread, i)).expect("admitted");
-            });
-        }
-        "tenants2_apart_now" => {
-            // tenants2_now with a limiter per thread: nothing shared.
+        "tenants2_apart" => {
+            // tenants2 with a limiter per thread: nothing shared.
             let ls = [system_limiter(), system_limiter()];
             on_two_threads(iters, |thread, i| {
-                ls[thread].acquire_now(walked(&tenants, thread, i)).expect("admitted");
+                ready(ls[thread].acquire(walked(&tenants, thread, i))).expect("admitted");
             });
         }
-        "tenants2_disjoint_now" => {
-            // tenants2_now with the threads' tenants apart (1 000 each) and
+        "tenants2_disjoint" => {
+            // tenants2 with the threads' tenants apart (1 000 each) and
             // the cache shared: what sharing the shards' locks alone costs.
             let l = system_limiter();
             let own = disjoint();
             on_two_threads(iters, |thread, i| {
-                l.acquire_now(walked(&own[thread], 0, i)).expect("admitted");
+                ready(l.acquire(walked(&own[thread], 0, i))).expect("admitted");
             });
         }
         "governor_tenants2_disjoint" => {
@@ -265,11 +207,11 @@ fn main() {
                 gs[thread].check_key(&walked(&tenants, thread, i)).expect("admitted")
             });
         }
-        "tenants1_now" => {
-            // tenants2_now on one thread: what contention costs the pair.
+        "tenants1" => {
+            // tenants2 on one thread: what contention costs the pair.
             let l = system_limiter();
             repeat(iters, |i| {
-                l.acquire_now(walked(&tenants, 0, i)).expect("admitted");
+                ready(l.acquire(walked(&tenants, 0, i))).expect("admitted");
             });
         }
         "governor_tenants1" => {
@@ -282,13 +224,6 @@ fn main() {
             let l = system_limiter();
             on_two_threads(iters, |_, _| {
                 ready(l.acquire(tenant)).expect("admitted");
-            });
-        }
-        "hot2_now" => {
-            // As the bench's threads2/hot_tenant through the twin.
-            let l = system_limiter();
-            on_two_threads(iters, |_, _| {
-                l.acquire_now(tenant).expect("admitted");
             });
         }
         "governor_hot2" => {

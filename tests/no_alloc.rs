@@ -2,10 +2,9 @@
 //!
 //! A counting global allocator (this test binary only) tallies allocations
 //! while a warmed-up limiter and breaker run allow → acquire → record_success
-//! thousands of times on the default observer and on one that listens —
-//! through the async operations and through their synchronous twins — and
-//! while one limiter serves a
-//! thousand tenants (every shard of its `MemoryCache`) at their limits.
+//! thousands of times on the default observer and on one that listens, and
+//! while one limiter serves a thousand tenants (every shard of its
+//! `MemoryCache`) at their limits.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -79,14 +78,11 @@ impl Observer for Listening {
 fn the_success_path_allocates_nothing_per_call() {
     // On the default observer (no subscriber: nothing listens) and on one
     // that listens, so both the breaker's quiet answer and its step count.
-    // Through the async operations and through their synchronous twins.
-    for immediate in [false, true] {
-        success_path_allocations(None, immediate);
-        success_path_allocations(Some(Arc::new(Listening)), immediate);
-    }
+    success_path_allocations(None);
+    success_path_allocations(Some(Arc::new(Listening)));
 }
 
-fn success_path_allocations(observer: Option<Arc<dyn Observer>>, immediate: bool) {
+fn success_path_allocations(observer: Option<Arc<dyn Observer>>) {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let mut limiter = RateLimiter::builder(100).clock(clock.clone());
     let mut breaker = CircuitBreaker::builder().clock(clock.clone());
@@ -98,16 +94,13 @@ fn success_path_allocations(observer: Option<Arc<dyn Observer>>, immediate: bool
     let tenant = TenantId::from_u128(1);
     let call = || {
         clock.advance(Duration::from_millis(700));
-        if immediate {
-            let permit = breaker.admit_now();
-            assert!(permit.is_admitted());
-            limiter.acquire_now(tenant).unwrap();
-            breaker.record_success_now(&permit).unwrap();
-        } else {
-            assert!(ready(breaker.allow_request()));
-            ready(limiter.acquire(tenant)).unwrap();
-            ready(breaker.record_success()).unwrap();
-        }
+        // The permit's form, then the spec's.
+        let permit = ready(breaker.admit());
+        assert!(permit.is_admitted());
+        ready(limiter.acquire(tenant)).unwrap();
+        ready(breaker.record_success_for(&permit)).unwrap();
+        assert!(ready(breaker.allow_request()));
+        ready(breaker.record_success()).unwrap();
     };
     // Warm up: the tenant's key and its hit series reach their steady size
     // (two windows of hits at one call per 0.7 s).
@@ -119,10 +112,7 @@ fn success_path_allocations(observer: Option<Arc<dyn Observer>>, immediate: bool
         call();
     }
     let per_call = (allocations() - before) as f64 / 10_000.0;
-    assert_eq!(
-        per_call, 0.0,
-        "allocations per call on the success path (synchronous twins: {immediate})"
-    );
+    assert_eq!(per_call, 0.0, "allocations per call on the success path");
 }
 
 #[test]

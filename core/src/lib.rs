@@ -74,7 +74,7 @@ pub mod tower;
 pub use breaker::{
     CircuitBreaker, CircuitBreakerBuilder, CircuitOpen, CircuitState, OnCacheError, Origin, Permit, ProbeId, Refusal,
 };
-pub use cache::{Cache, ImmediateStore, MemoryCache, TimeSource};
+pub use cache::{Cache, MemoryCache, TimeSource};
 pub use clock::{Clock, ManualClock, SYSTEM_CLOCK_ANCHOR, Sleep, SystemClock};
 pub use error::{CacheError, ConfigError};
 pub use limiter::{AcquireError, Admission, OnCacheUnavailable, RateLimitExceeded, RateLimiter, RateLimiterBuilder};

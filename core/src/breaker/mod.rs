@@ -38,7 +38,7 @@ use std::time::Duration;
 use crate::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, MAX_HALF_OPEN_CALLS};
 pub use crate::decide::breaker::{CircuitState, Origin, Permit, ProbeId, Refusal};
 
-use crate::cache::{BreakerStore, ImmediateStore, MemoryCache, StoreSlot};
+use crate::cache::{BreakerStore, MemoryCache, StoreSlot};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Listener, Observer, TracingObserver};
@@ -408,77 +408,6 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         self.admission(self.run(BreakerCommand::Allow).await)
     }
 
-    /// [`admit`](Self::admit) over a store that answers at once: the same
-    /// permit and events, with no future to build or poll — the in-process
-    /// hot path. Report the call with
-    /// [`record_success_now`](Self::record_success_now) /
-    /// [`record_failure_now`](Self::record_failure_now), or hand it back with
-    /// [`release_now`](Self::release_now).
-    ///
-    /// Of the simulator's known-bad variants, the ones inside the step
-    /// (`machine::step`, `MemoryCache`'s writes) reach the twins too; the
-    /// read-then-write breaker is injected into [`admit`](Self::admit) only.
-    #[inline]
-    pub fn admit_now(&self) -> Permit
-    where
-        S: ImmediateStore,
-    {
-        match self.quiet_admission() {
-            Some(permit) => permit,
-            None => self.admit_now_stepped(),
-        }
-    }
-
-    /// [`admit_now`](Self::admit_now) by its step: out of line, so that the
-    /// quiet answer inlines into the caller.
-    #[inline(never)]
-    fn admit_now_stepped(&self) -> Permit
-    where
-        S: ImmediateStore,
-    {
-        self.admission(self.run_now(BreakerCommand::Allow))
-    }
-
-    /// [`record_success_for`](Self::record_success_for) over a store that
-    /// answers at once.
-    #[inline]
-    pub fn record_success_now(&self, permit: &Permit) -> Result<(), CacheError>
-    where
-        S: ImmediateStore,
-    {
-        if self.quiet_success(permit) {
-            return Ok(());
-        }
-        self.record_success_now_stepped(permit)
-    }
-
-    /// [`record_success_now`](Self::record_success_now) by its step, out of
-    /// line as [`admit_now_stepped`](Self::admit_now_stepped) is.
-    #[inline(never)]
-    fn record_success_now_stepped(&self, permit: &Permit) -> Result<(), CacheError>
-    where
-        S: ImmediateStore,
-    {
-        self.run_now_for(permit.origin().map(BreakerCommand::RecordSuccess))
-    }
-
-    /// [`record_failure_for`](Self::record_failure_for) over a store that
-    /// answers at once.
-    pub fn record_failure_now(&self, permit: &Permit) -> Result<(), CacheError>
-    where
-        S: ImmediateStore,
-    {
-        self.run_now_for(permit.origin().map(BreakerCommand::RecordFailure))
-    }
-
-    /// [`release`](Self::release) over a store that answers at once.
-    pub fn release_now(&self, permit: &Permit) -> Result<(), CacheError>
-    where
-        S: ImmediateStore,
-    {
-        self.run_now_for(release_command(permit))
-    }
-
     /// The admission answered without a step, when [`Quiet`] may answer it.
     #[inline]
     fn quiet_admission(&self) -> Option<Permit> {
@@ -658,31 +587,6 @@ impl<S: BreakerStore> CircuitBreaker<S> {
             Some(command) => self.run(command).await.map(drop),
             None => Ok(()),
         }
-    }
-
-    /// [`run_for`](Self::run_for) over a store that answers at once.
-    fn run_now_for(&self, command: Option<BreakerCommand>) -> Result<(), CacheError>
-    where
-        S: ImmediateStore,
-    {
-        match command {
-            Some(command) => self.run_now(command).map(drop),
-            None => Ok(()),
-        }
-    }
-
-    /// One step over a store that answers at once, reported as [`run`](Self::run) reports.
-    fn run_now(&self, command: BreakerCommand) -> Result<machine::BreakerStep, CacheError>
-    where
-        S: ImmediateStore,
-    {
-        let step = self
-            .store
-            .breaker_step_now(&self.keys, command, self.params, self.step_instant())?;
-        if self.observer.enabled() {
-            self.report(command, &step);
-        }
-        Ok(step)
     }
 
     async fn run(&self, command: BreakerCommand) -> Result<machine::BreakerStep, CacheError> {

@@ -313,42 +313,6 @@ pub trait BreakerStore: Cache {
     }
 }
 
-/// A store whose atomic steps answer at once: an in-process store deciding
-/// under its own lock, with nothing to wait for.
-///
-/// Components over such a store offer synchronous twins of their hot
-/// operations — [`RateLimiter::acquire_now`](crate::RateLimiter::acquire_now),
-/// [`CircuitBreaker::admit_now`](crate::CircuitBreaker::admit_now) and the
-/// reports after it — which make the same decisions by the same pure
-/// functions and report the same events, with no future built, pinned, moved
-/// or polled. The async operations stay the port every store implements;
-/// this is an extra capability, and a store that talks to a network peer
-/// cannot have it.
-///
-/// The contract: each `*_now` method answers exactly as its async
-/// counterpart would at the same point in the store's order of steps — it
-/// is the same step, not a cheaper approximation.
-pub trait ImmediateStore: LimiterStore + BreakerStore {
-    /// [`LimiterStore::acquire_tenant_slot`], answered at once, for a
-    /// prefix resolved once ([`LimiterStore::resolve_prefix`]; by this
-    /// store or, going by its text, any other).
-    fn acquire_tenant_slot_now(
-        &self,
-        prefix: &TenantPrefix,
-        tenant: TenantId,
-        request: &SlotRequest,
-    ) -> Result<SlotOutcome, CacheError>;
-
-    /// [`BreakerStore::breaker_step`], answered at once.
-    fn breaker_step_now(
-        &self,
-        keys: &BreakerKeys,
-        command: BreakerCommand,
-        params: BreakerParams,
-        now: Timestamp,
-    ) -> Result<BreakerStep, CacheError>;
-}
-
 /// A retry budget's bucket as one atomic step.
 pub trait BudgetStore: Cache {
     /// Atomically: read the bucket at `key` (a value written by

@@ -27,8 +27,7 @@ pub use crate::decide::window::{SlotOutcome, clamp_stamp, decide, skew_bound};
 pub use error::{AcquireError, RateLimitExceeded, TokenAcquireError, TokenLimitExceeded};
 
 use crate::cache::{
-    Cache, ImmediateStore, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TenantPrefix,
-    TokenStore,
+    Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TenantPrefix, TokenStore,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
@@ -433,46 +432,16 @@ impl<S: LimiterStore> RateLimiter<S> {
         };
         #[cfg(not(feature = "mutants"))]
         let decided = self.store.acquire_tenant_slot(&self.prefix, tenant, request).await;
-        self.answer(tenant, &request, decided)
-    }
-
-    /// [`acquire`](Self::acquire) over a store that answers at once: the
-    /// same decision, events and fallback, returned directly, with no future
-    /// to build or poll — the in-process hot path.
-    ///
-    /// The simulator's known-bad limiters are injected into
-    /// [`acquire`](Self::acquire) only.
-    pub fn acquire_now(&self, tenant: TenantId) -> Result<Admission, AcquireError>
-    where
-        S: ImmediateStore,
-    {
-        let stamped = self.stamped_request();
-        let request = stamped.as_ref().unwrap_or(&self.slot);
-        let decided = self.store.acquire_tenant_slot_now(&self.prefix, tenant, request);
-        self.answer(tenant, request, decided)
-    }
-
-    /// `acquire`'s answer to what the store decided: reported, and — when
-    /// the store could not answer — the [`OnCacheUnavailable`] fallback's
-    /// instead (the local limiter is in-process and answers at once).
-    #[inline]
-    fn answer(
-        &self,
-        tenant: TenantId,
-        request: &SlotRequest,
-        decided: Result<SlotOutcome, CacheError>,
-    ) -> Result<Admission, AcquireError> {
         match decided {
             Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Store),
-            Err(error) => self.answer_error(tenant, request, error),
+            Err(error) => self.answer_error(tenant, &request, error).await,
         }
     }
 
-    /// `answer` for a store that could not answer: the fallback's answer
-    /// for a transient error, the error for any other.
-    #[cold]
-    #[inline(never)]
-    fn answer_error(
+    /// `acquire`'s answer when the store could not answer: the
+    /// [`OnCacheUnavailable`] fallback's for a transient error, the error
+    /// for any other.
+    async fn answer_error(
         &self,
         tenant: TenantId,
         request: &SlotRequest,
@@ -482,8 +451,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             return Err(AcquireError::Cache(error));
         }
         match self.fall_back("acquire_slot", &error, tenant, request.now) {
-            // By the prefix's text: the local cache did not resolve it.
-            Fallback::Local(local) => match local.acquire_tenant_slot_now(&self.prefix, tenant, request) {
+            Fallback::Local(local) => match local.acquire_tenant_slot(&self.prefix, tenant, *request).await {
                 Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
                 Err(_) => Err(AcquireError::Cache(error)),
             },
@@ -614,8 +582,8 @@ impl<S: LimiterStore> RateLimiter<S> {
 
     /// Reports a store's answer (`decided_by` says which store) and turns it
     /// into `acquire`'s.
-    // Inlined into `answer`, which every decision goes through: as a call it
-    // cost each acquire 27 instructions (callgrind, `examples/hot_loop.rs tenants8_now`).
+    // Inlined into every decision: as a call it cost each acquire 27
+    // instructions (callgrind, `examples/hot_loop.rs`).
     #[inline(always)]
     fn conclude(
         &self,

@@ -156,7 +156,7 @@ async fn an_observer_whose_interest_may_change_is_asked_every_decision_and_heard
         .unwrap();
     let tenant = TenantId::from_u128(1);
     limiter.acquire(tenant).await.unwrap();
-    limiter.acquire_now(tenant).unwrap();
+    limiter.acquire(tenant).await.unwrap();
     assert_eq!(sometimes.asked.load(Ordering::SeqCst), 2, "asked once per decision");
     assert_eq!(
         sometimes.heard.load(Ordering::SeqCst),
@@ -166,7 +166,7 @@ async fn an_observer_whose_interest_may_change_is_asked_every_decision_and_heard
 
     sometimes.listening.store(true, Ordering::SeqCst);
     limiter.acquire(tenant).await.unwrap();
-    limiter.acquire_now(tenant).unwrap();
+    limiter.acquire(tenant).await.unwrap();
     assert_eq!(sometimes.asked.load(Ordering::SeqCst), 4);
     assert_eq!(
         sometimes.heard.load(Ordering::SeqCst),
@@ -214,9 +214,9 @@ async fn a_breaker_asks_an_observer_whose_interest_may_change_at_each_step_and_i
     for step in 1..=2 {
         assert!(breaker.allow_request().await);
         breaker.record_success().await.unwrap();
-        let permit = breaker.admit_now();
+        let permit = breaker.admit().await;
         assert_eq!(permit, Permit::Call);
-        breaker.record_success_now(&permit).unwrap();
+        breaker.record_success_for(&permit).await.unwrap();
         assert!(
             sometimes.asked.load(Ordering::SeqCst) >= 4 * step,
             "asked at every step"
@@ -232,10 +232,10 @@ async fn a_breaker_asks_an_observer_whose_interest_may_change_at_each_step_and_i
     assert!(breaker.allow_request().await);
     let after_allow = sometimes.heard.load(Ordering::SeqCst);
     assert!(after_allow >= 1, "listening now: the admission's event");
-    assert_eq!(breaker.admit_now(), Permit::Call);
+    assert_eq!(breaker.admit().await, Permit::Call);
     assert!(
         sometimes.heard.load(Ordering::SeqCst) > after_allow,
-        "and the synchronous twin's"
+        "and the next admission's"
     );
 }
 

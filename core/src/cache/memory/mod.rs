@@ -43,8 +43,8 @@ use series::Series;
 use table::{Map, Table, Value};
 
 use super::{
-    BreakerStore, BudgetStore, Cache, HitWindow, ImmediateStore, InFlightStore, KeyBuf, KeyValue, LimiterStore,
-    SlotRequest, TenantPrefix, TimeSource, TokenStore,
+    BreakerStore, BudgetStore, Cache, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TimeSource,
+    TokenStore,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
@@ -55,7 +55,6 @@ use crate::decide::pick::{Pick, PickRequest, check_pick, least_loaded};
 use crate::decide::tokens::{ReservationId, TokenAsk, TokenEntry, TokenOutcome, combine, decide_tokens, settle_entry};
 use crate::decide::window::{SlotOutcome, clamp_stamp, decide};
 use crate::error::CacheError;
-use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
 /// How many shards untagged keys are spread over.
@@ -332,31 +331,6 @@ impl LimiterStore for MemoryCache {
     }
 }
 
-impl ImmediateStore for MemoryCache {
-    fn acquire_tenant_slot_now(
-        &self,
-        prefix: &TenantPrefix,
-        tenant: TenantId,
-        request: &SlotRequest,
-    ) -> Result<SlotOutcome, CacheError> {
-        let key = KeyBuf::tenant(prefix.as_str(), &tenant);
-        self.acquire(key.as_str(), request)
-    }
-
-    fn breaker_step_now(
-        &self,
-        keys: &BreakerKeys,
-        command: BreakerCommand,
-        params: BreakerParams,
-        now: Timestamp,
-    ) -> Result<BreakerStep, CacheError> {
-        let clock_now = self.shared.clock.now();
-        let now = self.stamp(now, clock_now);
-        let mut held = breaker::Held::lock(self, keys, clock_now)?;
-        Ok(held.step(command, &params, now, clock_now))
-    }
-}
-
 impl InFlightStore for MemoryCache {
     async fn pick_least_loaded(
         &self,
@@ -534,7 +508,10 @@ impl BreakerStore for MemoryCache {
         params: BreakerParams,
         now: Timestamp,
     ) -> Result<BreakerStep, CacheError> {
-        self.breaker_step_now(keys, command, params, now)
+        let clock_now = self.shared.clock.now();
+        let now = self.stamp(now, clock_now);
+        let mut held = breaker::Held::lock(self, keys, clock_now)?;
+        Ok(held.step(command, &params, now, clock_now))
     }
 
     async fn breaker_read(
@@ -568,7 +545,9 @@ mod tests {
 
     use super::*;
     use crate::ManualClock;
+    use crate::cache::{KeyBuf, TenantPrefix};
     use crate::decide::breaker::{CircuitState, Origin, StoredState};
+    use crate::tenant::TenantId;
 
     fn ready<F: std::future::Future>(f: F) -> F::Output {
         let mut f = std::pin::pin!(f);
@@ -590,6 +569,16 @@ mod tests {
     /// Entries the shards hold, expired ones not yet swept included.
     fn entries_held(cache: &MemoryCache) -> usize {
         cache.shared.shards.iter().map(|shard| shard.lock().keys()).sum()
+    }
+
+    /// A limiter's decision for `tenant` under `prefix`, at its key.
+    fn tenant_slot(
+        cache: &MemoryCache,
+        prefix: &str,
+        tenant: TenantId,
+        request: SlotRequest,
+    ) -> Result<SlotOutcome, CacheError> {
+        ready(cache.acquire_slot(KeyBuf::tenant(prefix, &tenant).as_str(), request))
     }
 
     /// Sets `{t}:{name}{n}` for `n` in `0..count` to live `ttl`: tagged
@@ -729,7 +718,6 @@ mod tests {
     #[test]
     fn closing_the_cache_frees_everything_and_refuses_every_operation() {
         let (clock, cache) = manual();
-        let prefix = TenantPrefix::new("kg:ratelimit");
         let request = SlotRequest {
             now: clock.now(),
             window: Duration::from_secs(60),
@@ -737,9 +725,7 @@ mod tests {
             ttl: Duration::from_secs(121),
             max_ahead: Duration::ZERO,
         };
-        cache
-            .acquire_tenant_slot_now(&prefix, TenantId::from_u128(5), &request)
-            .unwrap();
+        tenant_slot(&cache, "kg:ratelimit", TenantId::from_u128(5), request).unwrap();
         ready(cache.set("k", "v", None)).unwrap();
         let pick = PickRequest {
             now: clock.now(),
@@ -753,7 +739,7 @@ mod tests {
         assert_eq!((entries_held(&cache), cache.stored_hits()), (0, 0));
         assert!(cache.shared.in_flight.lock().is_empty());
         assert!(matches!(
-            cache.acquire_tenant_slot_now(&prefix, TenantId::from_u128(5), &request),
+            tenant_slot(&cache, "kg:ratelimit", TenantId::from_u128(5), request),
             Err(CacheError::Closed)
         ));
         assert!(matches!(ready(cache.get("k")), Err(CacheError::Closed)));
@@ -781,7 +767,7 @@ mod tests {
             ready(cache.record_hit(key, now, request.ttl)).unwrap();
             assert!(
                 matches!(
-                    cache.acquire_tenant_slot_now(&resolved, tenant, &request).unwrap(),
+                    ready(cache.acquire_tenant_slot(&resolved, tenant, request)).unwrap(),
                     SlotOutcome::Refused { used: 2, .. }
                 ),
                 "{prefix}: the hit recorded by key counts against the tenant"
@@ -879,17 +865,17 @@ mod tests {
             max_ahead: Duration::ZERO,
         };
         let admitted = |r: Result<SlotOutcome, CacheError>| matches!(r, Ok(SlotOutcome::Admitted { .. }));
-        assert!(admitted(a.acquire_tenant_slot_now(&first, tenant, &request)));
+        assert!(admitted(ready(a.acquire_tenant_slot(&first, tenant, request))));
         assert!(
-            !admitted(a.acquire_tenant_slot_now(&first, tenant, &request)),
+            !admitted(ready(a.acquire_tenant_slot(&first, tenant, request))),
             "at its limit"
         );
-        assert!(admitted(a.acquire_tenant_slot_now(&second_by_b, tenant, &request)));
-        assert!(!admitted(a.acquire_tenant_slot_now(
+        assert!(admitted(ready(a.acquire_tenant_slot(&second_by_b, tenant, request))));
+        assert!(!admitted(ready(a.acquire_tenant_slot(
             &TenantPrefix::new("first"),
             tenant,
-            &request
-        )));
+            request
+        ))));
         let now = clock.now();
         for prefix in ["first", "second"] {
             let key = KeyBuf::tenant(prefix, &tenant);
@@ -901,7 +887,6 @@ mod tests {
     #[test]
     fn idle_tenants_are_swept_and_their_hits_freed() {
         let (clock, cache) = manual();
-        let prefix = TenantPrefix::new("kg:ratelimit");
         let request = |clock: &ManualClock| SlotRequest {
             now: clock.now(),
             window: Duration::from_secs(60),
@@ -910,30 +895,26 @@ mod tests {
             max_ahead: Duration::ZERO,
         };
         for n in 0..500u128 {
-            cache
-                .acquire_tenant_slot_now(&prefix, TenantId::from_u128(n), &request(&clock))
-                .unwrap();
+            tenant_slot(&cache, "kg:ratelimit", TenantId::from_u128(n), request(&clock)).unwrap();
         }
         assert_eq!((cache.len().1, cache.stored_hits()), (500, 500));
         clock.advance(Duration::from_secs(122));
         assert_eq!(cache.len().1, 0, "expired, if not yet swept");
         for _ in 0..SHARDS * (table::SWEEP_SLACK + 500) {
-            cache
-                .acquire_tenant_slot_now(&prefix, TenantId::from_u128(7), &request(&clock))
-                .unwrap();
+            tenant_slot(&cache, "kg:ratelimit", TenantId::from_u128(7), request(&clock)).unwrap();
         }
         assert_eq!((entries_held(&cache), cache.stored_hits()), (1, 10));
     }
 
     #[test]
     fn racing_threads_admit_exactly_the_limit_for_each_tenant() {
-        // Four threads over 300 tenants, each thread through the async
-        // decision, the synchronous one or the token path in turn; the
-        // clock stands still, so each tenant admits exactly `LIMIT`.
+        // Four threads over 300 tenants, each thread through the slot
+        // decision or the token path in turn; the clock stands still, so
+        // each tenant admits exactly `LIMIT`.
         const LIMIT: u32 = 5;
         const TRIES: usize = 3;
         let (clock, cache) = manual();
-        let prefix = TenantPrefix::new("kg:ratelimit");
+        let prefix = "kg:ratelimit";
         let tenants: Vec<TenantId> = (0..300u128).map(TenantId::from_u128).collect();
         let request = SlotRequest {
             now: clock.now(),
@@ -950,27 +931,22 @@ mod tests {
         let counts: Vec<AtomicUsize> = tenants.iter().map(|_| AtomicUsize::new(0)).collect();
         std::thread::scope(|s| {
             for thread in 0..4usize {
-                let (cache, prefix, counts, tenants) = (&cache, &prefix, &counts, &tenants);
+                let (cache, counts, tenants) = (&cache, &counts, &tenants);
                 s.spawn(move || {
                     for n in 0..TRIES * tenants.len() {
                         // An order of its own per thread (7 is prime to 300).
                         let i = (n * 7 + thread * 13) % tenants.len();
-                        let admitted = match (n + thread) % 3 {
-                            0 => matches!(
-                                cache.acquire_tenant_slot_now(prefix, tenants[i], &request),
+                        let key = KeyBuf::tenant(prefix, &tenants[i]);
+                        let admitted = if (n + thread) % 2 == 0 {
+                            matches!(
+                                ready(cache.acquire_slot(key.as_str(), request)),
                                 Ok(SlotOutcome::Admitted { .. })
-                            ),
-                            1 => matches!(
-                                ready(cache.acquire_tenant_slot(prefix, tenants[i], request)),
-                                Ok(SlotOutcome::Admitted { .. })
-                            ),
-                            _ => {
-                                let key = KeyBuf::tenant(prefix.as_str(), &tenants[i]);
-                                matches!(
-                                    ready(cache.acquire_with_tokens(key.as_str(), request, ask)),
-                                    Ok(TokenOutcome::Admitted { .. })
-                                )
-                            }
+                            )
+                        } else {
+                            matches!(
+                                ready(cache.acquire_with_tokens(key.as_str(), request, ask)),
+                                Ok(TokenOutcome::Admitted { .. })
+                            )
                         };
                         if admitted {
                             counts[i].fetch_add(1, Ordering::Relaxed);
