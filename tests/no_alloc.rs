@@ -63,9 +63,8 @@ fn ready<F: Future>(f: F) -> F::Output {
     }
 }
 
-/// An observer that listens to every event and keeps none: the breaker then
-/// runs its step on every call instead of answering a healthy circuit from
-/// the steps it ran once.
+/// An observer that listens to every event and keeps none: every decision
+/// then builds its events.
 struct Listening;
 
 impl Observer for Listening {
@@ -77,7 +76,7 @@ impl Observer for Listening {
 #[test]
 fn the_success_path_allocates_nothing_per_call() {
     // On the default observer (no subscriber: nothing listens) and on one
-    // that listens, so both the breaker's quiet answer and its step count.
+    // that listens, so building the events counts too.
     success_path_allocations(None);
     success_path_allocations(Some(Arc::new(Listening)));
 }

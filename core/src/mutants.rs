@@ -200,22 +200,6 @@ pub fn injected() -> Option<Mutant> {
     ACTIVE.with(|a| a.get())
 }
 
-/// Whether no variant is injected on this thread: always `true` without
-/// the `mutants` feature.
-#[cfg(feature = "mutants")]
-#[inline]
-pub(crate) fn injected_none() -> bool {
-    injected().is_none()
-}
-
-/// Whether no variant is injected on this thread: always `true` without
-/// the `mutants` feature.
-#[cfg(not(feature = "mutants"))]
-#[inline(always)]
-pub(crate) const fn injected_none() -> bool {
-    true
-}
-
 /// Whether `mutant` is injected on this thread: always `false` without the
 /// `mutants` feature.
 #[cfg(feature = "mutants")]

@@ -149,50 +149,6 @@ pub struct CircuitBreaker<S = MemoryCache> {
     on_cache_error: OnCacheError,
     clock: Arc<dyn Clock>,
     observer: Listener,
-    quiet: Quiet,
-}
-
-/// What [`machine::step`] answers over an empty store for the commands a
-/// healthy breaker runs on every call, computed once when the breaker is
-/// built: over an empty store neither answer depends on the instant (the
-/// property test `quiet_steps_answer_the_same_at_every_instant` pins it).
-/// When the store's quiet test covers the breaker's keys
-/// ([`BreakerStore::breaker_quiet_covers`], asked once, when the breaker
-/// is built), the store says nothing is stored now
-/// ([`BreakerStore::breaker_quiet`]) and no observer listens, these are
-/// the step's answers with no step run, no clock read and no event built.
-/// For a store whose quiet test does not cover the keys both answers are
-/// empty (`None`, `false`): its quiet answer is never trusted for them.
-#[derive(Clone, Copy, Debug)]
-struct Quiet {
-    /// An admission's permit, when the step over an empty store writes nothing.
-    allow: Option<Permit>,
-    /// Whether a closed call's success report over an empty store writes nothing.
-    success: bool,
-}
-
-impl Quiet {
-    /// The answers for a breaker with `params` whose keys `covered` says
-    /// the store's quiet test speaks for.
-    fn of(params: &BreakerParams, covered: bool) -> Self {
-        if !covered {
-            return Quiet {
-                allow: None,
-                success: false,
-            };
-        }
-        let empty = machine::BreakerSnapshot::EMPTY;
-        let allow = machine::step(&empty, BreakerCommand::Allow, params, Timestamp::EPOCH);
-        let success = [Origin::Untracked, Origin::Call].into_iter().all(|origin| {
-            machine::step(&empty, BreakerCommand::RecordSuccess(origin), params, Timestamp::EPOCH)
-                .writes
-                .is_empty()
-        });
-        Quiet {
-            allow: allow.writes.is_empty().then(|| allow.permit.unwrap_or(Permit::Call)),
-            success,
-        }
-    }
 }
 
 impl<S> std::fmt::Debug for CircuitBreaker<S> {
@@ -356,7 +312,6 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
         };
         let keys = BreakerKeys::new(&self.prefix);
         Ok(CircuitBreaker {
-            quiet: Quiet::of(&params, store.breaker_quiet_covers(&keys)),
             store,
             owns_store,
             params,
@@ -402,22 +357,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// [`record_failure_for`](Self::record_failure_for), or hand it back with
     /// [`release`](Self::release) if it never reached the model.
     pub async fn admit(&self) -> Permit {
-        if let Some(permit) = self.quiet_admission() {
-            return permit;
-        }
         self.admission(self.run(BreakerCommand::Allow).await)
-    }
-
-    /// The admission answered without a step, when [`Quiet`] may answer it.
-    #[inline]
-    fn quiet_admission(&self) -> Option<Permit> {
-        self.quiet.allow.filter(|_| self.is_quiet())
-    }
-
-    /// Whether `permit`'s success report may be answered without a step.
-    #[inline]
-    fn quiet_success(&self, permit: &Permit) -> bool {
-        *permit == Permit::Call && self.quiet.success && self.is_quiet()
     }
 
     /// The permit an admission's step gives, or — when the store could not
@@ -463,9 +403,6 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// count. The spec's form; a caller holding a [`Permit`] should use
     /// [`record_success_for`](Self::record_success_for).
     pub async fn record_success(&self) -> Result<(), CacheError> {
-        if self.quiet.success && self.is_quiet() {
-            return Ok(());
-        }
         self.run(BreakerCommand::RecordSuccess(Origin::Untracked))
             .await
             .map(drop)
@@ -486,9 +423,6 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// circuit's call clears the failure count while the circuit is closed. A
     /// refusal has nothing to report.
     pub async fn record_success_for(&self, permit: &Permit) -> Result<(), CacheError> {
-        if self.quiet_success(permit) {
-            return Ok(());
-        }
         self.run_for(permit.origin().map(BreakerCommand::RecordSuccess)).await
     }
 
@@ -557,16 +491,6 @@ impl<S: BreakerStore> CircuitBreaker<S> {
         } else {
             Ok(())
         }
-    }
-
-    /// Whether a step may be answered from [`Quiet`]: the store holds
-    /// nothing its quiet test covers (as it can tell at once, with no round
-    /// trip), no observer wants the step's events, and no known-bad
-    /// variant is injected. Over keys the test does not cover, `Quiet`
-    /// itself answers nothing ([`Quiet::of`]), whatever this says.
-    #[inline]
-    fn is_quiet(&self) -> bool {
-        crate::mutants::injected_none() && !self.observer.enabled() && self.store.breaker_quiet()
     }
 
     /// The `now` a step is asked at: a store that stamps with its own clock

@@ -1,27 +1,31 @@
 //! The cache port: where the limiter and the breaker keep their state.
 //!
-//! The spec's `Cache` is two small capabilities, kept apart so an adapter
-//! author implements only what a consumer needs:
+//! A fleet sharing one cache stays exact only if every decision is one
+//! indivisible step. So the port is one trait per atomic step, each applying
+//! a pure function of [`crate::decide`]; an adapter supplies only the
+//! atomicity — one critical section in memory, one script on Redis — and the
+//! compliance suite in [`crate::testing`] holds every adapter to the same
+//! answers:
 //!
-//! - [`KeyValue`]: string values with optional TTLs, and counters whose TTL is
-//!   applied when the key is created and never refreshed by later increments;
-//! - [`HitWindow`]: a series of hit instants per key, counted from an inclusive
-//!   instant the caller gives.
+//! - [`LimiterStore::acquire_slot`]: count, compare, record
+//!   ([`window::decide`](crate::decide::window::decide)), where the spec's
+//!   limiter made three calls a fleet could interleave and over-admit;
+//! - [`TokenStore`]: the slot and a token reservation together
+//!   ([`tokens::decide_tokens`](crate::decide::tokens::decide_tokens));
+//! - [`BreakerStore::breaker_step`]: one breaker transition
+//!   ([`breaker::step`](crate::decide::breaker::step)), where the spec read
+//!   then wrote;
+//! - [`BudgetStore::budget_step`]: a fleet's retry budget
+//!   ([`budget::step`](crate::decide::budget::step));
+//! - [`InFlightStore::pick_least_loaded`]: a router's least-loaded pick
+//!   ([`pick::least_loaded`](crate::decide::pick::least_loaded)).
 //!
-//! On top of the spec, two **atomic** capabilities make a fleet sharing one
-//! cache exact: [`LimiterStore::acquire_slot`] (count, compare, record — one
-//! indivisible step, where the spec's limiter made three calls and a fleet could
-//! over-admit) and [`BreakerStore::breaker_step`] (one breaker transition,
-//! where the spec read then wrote). The decisions themselves are not the
-//! adapter's: they are the pure functions of [`crate::decide`] —
-//! [`window::decide`](crate::decide::window::decide) and
-//! [`breaker::step`](crate::decide::breaker::step) among them — and an
-//! adapter only supplies atomicity — one critical section in memory, one
-//! script on Redis. A third,
-//! [`BudgetStore::budget_step`], keeps a fleet's retry budget
-//! ([`crate::retry::RetryBudget`]) the same way, deciding by
-//! [`crate::decide::budget::step`]. The compliance suite in
-//! [`crate::testing`] holds every adapter to the same answers.
+//! Beside them, the spec's `Cache` as two capabilities: [`KeyValue`]
+//! (string values with TTLs, and counters whose TTL is applied on creation
+//! only) and [`HitWindow`] (a key's hit instants, counted from an inclusive
+//! instant: the series the limiter's step records into, and what
+//! [`RateLimiter::remaining`](crate::RateLimiter::remaining) reads).
+//! [`Cache`] is the lifecycle they all share.
 //!
 //! Every method is async and fallible: a shared cache is a network peer.
 
@@ -44,7 +48,6 @@ use crate::decide::pick::{Pick, PickRequest};
 use crate::decide::tokens::{ReservationId, TokenAsk, TokenOutcome};
 use crate::decide::window::SlotOutcome;
 use crate::error::CacheError;
-use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
 /// Whose clock stamps hits and breaker timestamps in an atomic operation.
@@ -135,32 +138,6 @@ pub trait HitWindow: Cache {
     ) -> impl Future<Output = Result<Option<Timestamp>, CacheError>> + Send;
 }
 
-/// A limiter's key prefix as its store resolved it once, when the limiter
-/// was built ([`LimiterStore::resolve_prefix`]). Every store in this crate
-/// goes by the prefix's text, which is all it holds
-/// ([`TenantPrefix::new`]).
-#[derive(Clone, Debug)]
-pub struct TenantPrefix {
-    text: Arc<str>,
-}
-
-impl TenantPrefix {
-    /// `prefix` as no store resolved it: every store goes by its text.
-    pub fn new(prefix: impl Into<Arc<str>>) -> Self {
-        TenantPrefix { text: prefix.into() }
-    }
-
-    /// The prefix's text.
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-
-    /// The prefix's text, shared (for an event to name it without a copy).
-    pub fn text(&self) -> &Arc<str> {
-        &self.text
-    }
-}
-
 /// What [`LimiterStore::acquire_slot`] is asked to decide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -195,30 +172,6 @@ pub trait LimiterStore: HitWindow {
         key: &str,
         request: SlotRequest,
     ) -> impl Future<Output = Result<SlotOutcome, CacheError>> + Send;
-
-    /// [`acquire_slot`](Self::acquire_slot) for `tenant` under `prefix`, whose
-    /// key is `{prefix}:{tenant}` (the tenant's hyphenated lower-case UUID).
-    /// The default formats that key and calls `acquire_slot`; a store may
-    /// find the tenant's series another way, provided the key's string form
-    /// still names the same series.
-    fn acquire_tenant_slot(
-        &self,
-        prefix: &TenantPrefix,
-        tenant: TenantId,
-        request: SlotRequest,
-    ) -> impl Future<Output = Result<SlotOutcome, CacheError>> + Send {
-        async move {
-            let key = KeyBuf::tenant(prefix.as_str(), &tenant);
-            self.acquire_slot(key.as_str(), request).await
-        }
-    }
-
-    /// `prefix` as this store's decisions will be asked for it, worked out
-    /// once when a limiter is built (default, and every store's in this
-    /// crate: the text alone, which every decision goes by).
-    fn resolve_prefix(&self, prefix: Arc<str>) -> TenantPrefix {
-        TenantPrefix::new(prefix)
-    }
 }
 
 /// Tokens per window beside requests per window, in the same atomic step.
@@ -291,26 +244,6 @@ pub trait BreakerStore: Cache {
         keys: &BreakerKeys,
         now: Timestamp,
     ) -> impl Future<Output = Result<(BreakerSnapshot, Timestamp), CacheError>> + Send;
-
-    /// Whether [`breaker_quiet`](Self::breaker_quiet) speaks for `keys`
-    /// (default `false`: it speaks for none). A property of the keys and
-    /// the store, never of what is stored: a breaker asks it once, when it
-    /// is built, so that its every call asks only `breaker_quiet`.
-    fn breaker_quiet_covers(&self, keys: &BreakerKeys) -> bool {
-        let _ = keys;
-        false
-    }
-
-    /// Whether nothing at all is stored now at any key set
-    /// [`breaker_quiet_covers`](Self::breaker_quiet_covers) accepts, when
-    /// the store can tell at once, with no round trip and no clock read
-    /// (default `false`: it cannot). A `true` must be exact in the order of the store's
-    /// steps: a step over such keys taken instead would have read the
-    /// empty snapshot, so a breaker may answer a step that writes nothing
-    /// over an empty store without running it.
-    fn breaker_quiet(&self) -> bool {
-        false
-    }
 }
 
 /// A retry budget's bucket as one atomic step.

@@ -26,9 +26,7 @@ pub use crate::decide::tokens;
 pub use crate::decide::window::{SlotOutcome, clamp_stamp, decide, skew_bound};
 pub use error::{AcquireError, RateLimitExceeded, TokenAcquireError, TokenLimitExceeded};
 
-use crate::cache::{
-    Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TenantPrefix, TokenStore,
-};
+use crate::cache::{Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TokenStore};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Listener, Observer, TracingObserver};
@@ -159,11 +157,9 @@ pub struct Reservation {
 pub struct RateLimiter<S = MemoryCache> {
     store: Arc<S>,
     owns_store: bool,
-    /// The key prefix, as the store resolved it when the limiter was built:
-    /// what every tenant decision asks by — the store's, with no lookup when
-    /// the store resolved it; the local fallback's by its text — and whose
-    /// text every key and event names.
-    prefix: TenantPrefix,
+    /// The key prefix: every tenant's key is `{prefix}:{tenant}`, and every
+    /// event names it.
+    prefix: Arc<str>,
     clock: Arc<dyn Clock>,
     observer: Listener,
     on_cache_unavailable: OnCacheUnavailable,
@@ -200,7 +196,7 @@ impl<S> std::fmt::Debug for RateLimiter<S> {
         f.debug_struct("RateLimiter")
             .field("rpm", &self.slot.limit)
             .field("window", &self.slot.window)
-            .field("key_prefix", &self.prefix.as_str())
+            .field("key_prefix", &self.prefix)
             .field("owns_cache", &self.owns_store)
             .field("on_cache_unavailable", &self.on_cache_unavailable)
             .finish_non_exhaustive()
@@ -375,7 +371,7 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
         let local =
             (self.on_cache_unavailable == OnCacheUnavailable::LocalLimit).then(|| MemoryCache::new(clock.clone()));
         Ok(RateLimiter {
-            prefix: store.resolve_prefix(Arc::from(self.prefix)),
+            prefix: Arc::from(self.prefix),
             store,
             owns_store,
             clock,
@@ -402,7 +398,7 @@ impl<S: LimiterStore> RateLimiter<S> {
 
     /// The key prefix.
     pub fn key_prefix(&self) -> &str {
-        self.prefix.as_str()
+        &self.prefix
     }
 
     /// How far ahead of a caller-stamped store's clock this limiter's clock is
@@ -425,16 +421,18 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// oldest hit and the new hit.
     pub async fn acquire(&self, tenant: TenantId) -> Result<Admission, AcquireError> {
         let request = self.slot_request();
+        // On the stack: no allocation per call.
+        let key = KeyBuf::tenant(&self.prefix, &tenant);
         #[cfg(feature = "mutants")]
-        let decided = match self.mutated_slot(tenant, request).await {
+        let decided = match self.mutated_slot(key.as_str(), request).await {
             Some(decided) => decided,
-            None => self.store.acquire_tenant_slot(&self.prefix, tenant, request).await,
+            None => self.store.acquire_slot(key.as_str(), request).await,
         };
         #[cfg(not(feature = "mutants"))]
-        let decided = self.store.acquire_tenant_slot(&self.prefix, tenant, request).await;
+        let decided = self.store.acquire_slot(key.as_str(), request).await;
         match decided {
             Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Store),
-            Err(error) => self.answer_error(tenant, &request, error).await,
+            Err(error) => self.answer_error(tenant, key.as_str(), &request, error).await,
         }
     }
 
@@ -444,6 +442,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     async fn answer_error(
         &self,
         tenant: TenantId,
+        key: &str,
         request: &SlotRequest,
         error: CacheError,
     ) -> Result<Admission, AcquireError> {
@@ -451,7 +450,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             return Err(AcquireError::Cache(error));
         }
         match self.fall_back("acquire_slot", &error, tenant, request.now) {
-            Fallback::Local(local) => match local.acquire_tenant_slot(&self.prefix, tenant, *request).await {
+            Fallback::Local(local) => match local.acquire_slot(key, *request).await {
                 Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
                 Err(_) => Err(AcquireError::Cache(error)),
             },
@@ -465,10 +464,9 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// the step changes: the answer is reported, and an unavailable store
     /// falls back, as any other.
     #[cfg(feature = "mutants")]
-    async fn mutated_slot(&self, tenant: TenantId, request: SlotRequest) -> Option<Result<SlotOutcome, CacheError>> {
+    async fn mutated_slot(&self, key: &str, request: SlotRequest) -> Option<Result<SlotOutcome, CacheError>> {
         use crate::mutants::{Mutant, injected};
         let mutant = injected()?;
-        let key = KeyBuf::tenant(self.prefix.as_str(), &tenant);
         Some(match mutant {
             // The spec's original limiter: count, then the oldest hit, then
             // record — three calls a racing worker can interleave with, all
@@ -476,33 +474,31 @@ impl<S: LimiterStore> RateLimiter<S> {
             Mutant::ThreeCallLimiter => {
                 let now = self.clock.now();
                 let since = now.saturating_sub(self.slot.window);
-                let used = match self.store.count_since(key.as_str(), since).await {
+                let used = match self.store.count_since(key, since).await {
                     Ok(used) => used,
                     Err(e) => return Some(Err(e)),
                 };
                 let oldest = if used < u64::from(self.slot.limit) {
                     None
                 } else {
-                    match self.store.oldest_since(key.as_str(), since).await {
+                    match self.store.oldest_since(key, since).await {
                         Ok(oldest) => oldest,
                         Err(e) => return Some(Err(e)),
                     }
                 };
                 let outcome = decide(used, oldest, self.slot.limit, now, self.slot.window);
                 if matches!(outcome, SlotOutcome::Admitted { .. })
-                    && let Err(e) = self.store.record_hit(key.as_str(), now, request.ttl).await
+                    && let Err(e) = self.store.record_hit(key, now, request.ttl).await
                 {
                     return Some(Err(e));
                 }
                 Ok(outcome)
             }
             // The atomic step, but a refusal is recorded as a hit too.
-            Mutant::RefusalsRecorded => match self.store.acquire_tenant_slot(&self.prefix, tenant, request).await {
-                Ok(refused @ SlotOutcome::Refused { at, .. }) => self
-                    .store
-                    .record_hit(key.as_str(), at, request.ttl)
-                    .await
-                    .map(|()| refused),
+            Mutant::RefusalsRecorded => match self.store.acquire_slot(key, request).await {
+                Ok(refused @ SlotOutcome::Refused { at, .. }) => {
+                    self.store.record_hit(key, at, request.ttl).await.map(|()| refused)
+                }
                 other => other,
             },
             // A counter per clock-aligned window: the atomic step, counting
@@ -517,7 +513,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                     window: into,
                     ..request
                 };
-                self.store.acquire_tenant_slot(&self.prefix, tenant, fixed).await
+                self.store.acquire_slot(key, fixed).await
             }
             _ => return None,
         })
@@ -559,7 +555,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// refuse.
     fn fall_back(&self, operation: &'static str, error: &CacheError, tenant: TenantId, at: Timestamp) -> Fallback<'_> {
         self.emit(|| Event::CacheUnavailable {
-            component: self.prefix.text().clone(),
+            component: self.prefix.clone(),
             operation,
             fallback: self.on_cache_unavailable.as_str(),
             error: error.to_string(),
@@ -568,7 +564,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             (OnCacheUnavailable::LocalLimit, Some(local)) => Fallback::Local(local),
             (OnCacheUnavailable::Admit, _) => {
                 self.emit(|| Event::RateLimitAdmitted {
-                    limiter: self.prefix.text().clone(),
+                    limiter: self.prefix.clone(),
                     tenant,
                     remaining: 0,
                     at,
@@ -594,7 +590,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     ) -> Result<Admission, AcquireError> {
         if outcome.clamped() {
             self.emit(|| Event::StampClamped {
-                limiter: self.prefix.text().clone(),
+                limiter: self.prefix.clone(),
                 tenant,
                 asked,
                 used: outcome.at(),
@@ -603,7 +599,7 @@ impl<S: LimiterStore> RateLimiter<S> {
         match outcome {
             SlotOutcome::Admitted { remaining, at, .. } => {
                 self.emit(|| Event::RateLimitAdmitted {
-                    limiter: self.prefix.text().clone(),
+                    limiter: self.prefix.clone(),
                     tenant,
                     remaining,
                     at,
@@ -615,7 +611,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 used, retry_after, at, ..
             } => {
                 self.emit(|| Event::RateLimitRefused {
-                    limiter: self.prefix.text().clone(),
+                    limiter: self.prefix.clone(),
                     tenant,
                     retry_after,
                     at,
@@ -636,7 +632,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// records nothing. A snapshot, not a reservation — only
     /// [`acquire`](Self::acquire) grants.
     pub async fn remaining(&self, tenant: TenantId) -> Result<u32, CacheError> {
-        let key = KeyBuf::tenant(self.prefix.as_str(), &tenant);
+        let key = KeyBuf::tenant(&self.prefix, &tenant);
         let since = self.clock.now().saturating_sub(self.slot.window);
         let used = self.store.count_since(key.as_str(), since).await?;
         Ok(u32::try_from(u64::from(self.slot.limit).saturating_sub(used)).unwrap_or(0))
@@ -690,7 +686,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             return self.conclude_tokens(tenant, request.now, ask, refusal, DecidedBy::Local);
         }
         let request = self.slot_request();
-        let key = KeyBuf::tenant(self.prefix.as_str(), &tenant);
+        let key = KeyBuf::tenant(&self.prefix, &tenant);
         match self.store.acquire_with_tokens(key.as_str(), request, ask).await {
             Ok(outcome) => self.conclude_tokens(tenant, request.now, ask, outcome, DecidedBy::Store),
             Err(error) if error.is_transient() => {
@@ -728,14 +724,14 @@ impl<S: LimiterStore> RateLimiter<S> {
     {
         // A server's usage is outside input: held to what a window can count.
         let actual = actual.min(MAX_TOKENS_PER_WINDOW);
-        let key = KeyBuf::tenant(self.prefix.as_str(), &tenant);
+        let key = KeyBuf::tenant(&self.prefix, &tenant);
         let found = match (reservation.decided_by, &self.local) {
             (DecidedBy::Local, Some(local)) => local.settle_tokens(key.as_str(), reservation.id, actual).await?,
             (DecidedBy::Local | DecidedBy::Unlimited, _) => false,
             (DecidedBy::Store, _) => self.store.settle_tokens(key.as_str(), reservation.id, actual).await?,
         };
         self.emit(|| Event::TokensSettled {
-            limiter: self.prefix.text().clone(),
+            limiter: self.prefix.clone(),
             tenant,
             estimate: reservation.estimate,
             actual,
@@ -768,7 +764,7 @@ impl<S: LimiterStore> RateLimiter<S> {
         };
         if clamped {
             self.emit(|| Event::StampClamped {
-                limiter: self.prefix.text().clone(),
+                limiter: self.prefix.clone(),
                 tenant,
                 asked,
                 used: outcome.at(),
@@ -782,14 +778,14 @@ impl<S: LimiterStore> RateLimiter<S> {
                 ..
             } => {
                 self.emit(|| Event::RateLimitAdmitted {
-                    limiter: self.prefix.text().clone(),
+                    limiter: self.prefix.clone(),
                     tenant,
                     remaining,
                     at: reservation.at,
                     decided_by,
                 });
                 self.emit(|| Event::TokensReserved {
-                    limiter: self.prefix.text().clone(),
+                    limiter: self.prefix.clone(),
                     tenant,
                     estimate: ask.tokens,
                     used_before: tokens_used,
@@ -814,7 +810,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 ..
             } => {
                 self.emit(|| Event::RateLimitRefused {
-                    limiter: self.prefix.text().clone(),
+                    limiter: self.prefix.clone(),
                     tenant,
                     retry_after,
                     at,
@@ -835,7 +831,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 ..
             } => {
                 self.emit(|| Event::TokensRefused {
-                    limiter: self.prefix.text().clone(),
+                    limiter: self.prefix.clone(),
                     tenant,
                     estimate: ask.tokens,
                     used: tokens_used,

@@ -524,19 +524,6 @@ impl BreakerStore for MemoryCache {
         let held = breaker::Held::lock(self, keys, clock_now)?;
         Ok((held.snapshot(clock_now), now))
     }
-
-    /// Keys that all begin with a hash tag: they live on the tagged shard.
-    fn breaker_quiet_covers(&self, keys: &BreakerKeys) -> bool {
-        keys.all().iter().all(|key| key.starts_with('{'))
-    }
-
-    /// Whether the tagged shard holds no value at all (expired ones not yet
-    /// dropped count), asked under its lock, and the cache is open: no clock
-    /// is read.
-    fn breaker_quiet(&self) -> bool {
-        let table = self.shared.shards[TAGGED].lock();
-        table.values.is_empty() && !self.is_closed()
-    }
 }
 
 #[cfg(test)]
@@ -545,7 +532,7 @@ mod tests {
 
     use super::*;
     use crate::ManualClock;
-    use crate::cache::{KeyBuf, TenantPrefix};
+    use crate::cache::KeyBuf;
     use crate::decide::breaker::{CircuitState, Origin, StoredState};
     use crate::tenant::TenantId;
 
@@ -692,8 +679,7 @@ mod tests {
             ttl: short,
             max_ahead: Duration::ZERO,
         };
-        let prefix = TenantPrefix::new("kg:ratelimit");
-        ready(cache.acquire_tenant_slot(&prefix, TenantId::from_u128(7), request)).unwrap();
+        tenant_slot(&cache, "kg:ratelimit", TenantId::from_u128(7), request).unwrap();
         let ask = TokenAsk {
             tokens: 1,
             limit: 10,
@@ -746,41 +732,6 @@ mod tests {
         assert!(matches!(ready(cache.end_in_flight("d", 1)), Err(CacheError::Closed)));
     }
 
-    #[test]
-    fn a_tenants_slot_and_its_key_name_one_series() {
-        let (clock, cache) = manual();
-        let now = clock.now();
-        let request = SlotRequest {
-            now,
-            window: Duration::from_secs(60),
-            limit: 2,
-            ttl: Duration::from_secs(121),
-            max_ahead: Duration::from_secs(1),
-        };
-        for prefix in ["kg:ratelimit", "{tagged}", &"p".repeat(120)] {
-            let tenant = TenantId::from_u128(9);
-            let key = KeyBuf::tenant(prefix, &tenant);
-            let key = key.as_str();
-            let resolved = cache.resolve_prefix(Arc::from(prefix));
-            ready(cache.acquire_tenant_slot(&resolved, tenant, request)).unwrap();
-            assert_eq!(ready(cache.count_since(key, now)).unwrap(), 1, "{prefix}");
-            ready(cache.record_hit(key, now, request.ttl)).unwrap();
-            assert!(
-                matches!(
-                    ready(cache.acquire_tenant_slot(&resolved, tenant, request)).unwrap(),
-                    SlotOutcome::Refused { used: 2, .. }
-                ),
-                "{prefix}: the hit recorded by key counts against the tenant"
-            );
-            ready(cache.delete(key)).unwrap();
-            assert_eq!(ready(cache.count_since(key, now)).unwrap(), 0, "{prefix}");
-            assert!(matches!(
-                ready(cache.acquire_slot(key, request)).unwrap(),
-                SlotOutcome::Admitted { remaining: 1, .. }
-            ));
-        }
-    }
-
     fn breaker_params(failure_threshold: u32) -> BreakerParams {
         BreakerParams {
             failure_threshold,
@@ -820,68 +771,6 @@ mod tests {
         assert_eq!(snapshot.state, StoredState::Valid(CircuitState::Open));
         assert_eq!(snapshot.opened_at, Some(now));
         assert_eq!(snapshot.failures, None);
-    }
-
-    #[test]
-    fn the_quiet_test_covers_tagged_keys_and_reads_the_tagged_shard() {
-        let (clock, cache) = manual();
-        let keys = BreakerKeys::new("kg:circuit");
-        let mut untagged = keys.clone();
-        untagged.probes = "probes".to_owned();
-        assert!(cache.breaker_quiet_covers(&keys));
-        assert!(!cache.breaker_quiet_covers(&untagged), "one key off the tagged shard");
-        let now = clock.now();
-        let fail = BreakerCommand::RecordFailure(Origin::Untracked);
-        let success = BreakerCommand::RecordSuccess(Origin::Untracked);
-        assert!(cache.breaker_quiet());
-        // A failure stored at keys it does not cover is not its business…
-        ready(cache.breaker_step(&spread_keys(), fail, breaker_params(3), now)).unwrap();
-        assert!(cache.breaker_quiet());
-        // …one at covered keys is.
-        ready(cache.breaker_step(&keys, fail, breaker_params(3), now)).unwrap();
-        assert!(!cache.breaker_quiet());
-        ready(cache.breaker_step(&keys, success, breaker_params(3), now)).unwrap();
-        assert!(cache.breaker_quiet(), "the failure count cleared");
-        ready(Cache::close(&cache)).unwrap();
-        assert!(!cache.breaker_quiet(), "a closed cache answers no step");
-        assert!(matches!(
-            ready(cache.breaker_step(&keys, BreakerCommand::Allow, breaker_params(3), now)),
-            Err(CacheError::Closed)
-        ));
-    }
-
-    #[test]
-    fn a_prefix_resolved_by_another_cache_names_the_same_tenants() {
-        let (clock, a) = manual();
-        let b = MemoryCache::new(clock.clone());
-        let first = a.resolve_prefix(Arc::from("first"));
-        let second_by_b = b.resolve_prefix(Arc::from("second"));
-        let tenant = TenantId::from_u128(9);
-        let request = SlotRequest {
-            now: clock.now(),
-            window: Duration::from_secs(60),
-            limit: 1,
-            ttl: Duration::from_secs(120),
-            max_ahead: Duration::ZERO,
-        };
-        let admitted = |r: Result<SlotOutcome, CacheError>| matches!(r, Ok(SlotOutcome::Admitted { .. }));
-        assert!(admitted(ready(a.acquire_tenant_slot(&first, tenant, request))));
-        assert!(
-            !admitted(ready(a.acquire_tenant_slot(&first, tenant, request))),
-            "at its limit"
-        );
-        assert!(admitted(ready(a.acquire_tenant_slot(&second_by_b, tenant, request))));
-        assert!(!admitted(ready(a.acquire_tenant_slot(
-            &TenantPrefix::new("first"),
-            tenant,
-            request
-        ))));
-        let now = clock.now();
-        for prefix in ["first", "second"] {
-            let key = KeyBuf::tenant(prefix, &tenant);
-            assert_eq!(ready(a.count_since(key.as_str(), now)).unwrap(), 1, "{prefix}");
-            assert_eq!(ready(b.count_since(key.as_str(), now)).unwrap(), 0, "{prefix}");
-        }
     }
 
     #[test]
