@@ -20,10 +20,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::cache::redis::RedisCache;
 use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
-use redstring::limiter::SlotOutcome;
+use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
+use redstring::decide::window::SlotOutcome;
 use redstring::{CircuitBreaker, Clock, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId, Timestamp};
 use support::{RPM, STEP, WINDOW, acquire_race, request, stamp};
 

@@ -76,6 +76,7 @@ pub use breaker::{
 };
 pub use cache::{Cache, MemoryCache, TimeSource};
 pub use clock::{Clock, ManualClock, SYSTEM_CLOCK_ANCHOR, Sleep, SystemClock};
+pub use decide::DecidedBy;
 pub use error::{CacheError, ConfigError};
 pub use limiter::{AcquireError, Admission, OnCacheUnavailable, RateLimitExceeded, RateLimiter, RateLimiterBuilder};
 pub use observe::{Event, Interest, NoopObserver, Observer, RecordingObserver, TracingObserver};

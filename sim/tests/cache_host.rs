@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redstring::cache::{KeyValue, LimiterStore, SlotRequest};
-use redstring::limiter::SlotOutcome;
+use redstring::decide::window::SlotOutcome;
 use redstring::testing::{Harness, run_all};
 use redstring::{CacheError, Clock, TimeSource, Timestamp};
 use redstring_sim::hosts::cache_host::{RemoteCache, cache_host};

@@ -30,7 +30,7 @@
 //! open timestamp means recovery is due, and (by default) an unreachable cache
 //! admits the call.
 
-pub use crate::decide::breaker as machine;
+use crate::decide::breaker as machine;
 
 use std::sync::Arc;
 use std::time::Duration;

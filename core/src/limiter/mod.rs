@@ -21,13 +21,13 @@ mod error;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::decide::DecidedBy;
-pub use crate::decide::tokens;
-pub use crate::decide::window::{SlotOutcome, clamp_stamp, decide, skew_bound};
 pub use error::{AcquireError, RateLimitExceeded, TokenAcquireError, TokenLimitExceeded};
 
 use crate::cache::{Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TokenStore};
 use crate::clock::{Clock, SystemClock};
+use crate::decide::DecidedBy;
+use crate::decide::tokens;
+use crate::decide::window::{SlotOutcome, decide};
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Listener, Observer, TracingObserver};
 use crate::tenant::TenantId;
@@ -274,7 +274,8 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
     /// [`DEFAULT_MAX_CLOCK_AHEAD`], or the window if shorter; at most the
     /// window). A decision stamped
     /// further ahead is taken at this lead and reported as
-    /// [`Event::StampClamped`]; see [`clamp_stamp`] and [`skew_bound`] for
+    /// [`Event::StampClamped`]; see [`clamp_stamp`](crate::decide::window::clamp_stamp) and
+    /// [`skew_bound`](crate::decide::window::skew_bound) for
     /// what a skewed fleet can then admit. Series live
     /// `2 × window + max_clock_ahead`.
     ///

@@ -169,7 +169,7 @@ pub enum ProviderError {
     /// (`The model produced output that does not match the expected
     /// peg-native format`). The server is up and answered; the same request
     /// costs the same generation again. Permanent, and not a breaker failure.
-    /// See [`wire`](super::wire) for the bodies recognised.
+    /// `core/src/provider/wire.rs` lists the bodies recognised.
     #[error("model server could not use its model's output ({status}): {message}")]
     UnusableOutput {
         /// The HTTP status.

@@ -476,7 +476,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore + InFlightStore> HardenedPro
     /// Routes each call first to the deployment with the fewest calls in
     /// flight per weight, counted for the whole fleet in the first
     /// deployment's breaker store (one atomic pick that also leases the
-    /// call; see [`route`](super::route)); the others follow in order. A
+    /// call: [`InFlightStore::pick_least_loaded`]); the others follow in order. A
     /// call counts until it ends. Its lease — how long it counts if its
     /// future is dropped — is `lease`, or until the call's deadline when
     /// that is later; with no deadline, choose a `lease` longer than the

@@ -10,8 +10,8 @@
 //! - [`OpenAiCompatible`] speaks the chat-completions wire format that
 //!   llama.cpp, llama-swap, vLLM, Ollama and OpenAI share, over a small
 //!   [`HttpTransport`] seam ([`ReqwestTransport`] in production, feature
-//!   `openai`, on by default). Parsing and classification live in [`wire`],
-//!   independent of any HTTP client.
+//!   `openai`, on by default). Parsing and classification live in a module of
+//!   their own, independent of any HTTP client.
 //! - [`HardenedProvider`] composes the crate's three layers around any
 //!   provider — breaker outermost, limiter next, retry innermost — and is an
 //!   `LlmProvider` itself.
@@ -45,10 +45,10 @@ mod hardened;
 mod openai;
 #[cfg(feature = "openai")]
 mod reqwest_transport;
-pub mod route;
+mod route;
 mod schema;
 mod transport;
-pub mod wire;
+mod wire;
 
 use std::future::Future;
 use std::time::Duration;
@@ -67,7 +67,7 @@ pub use openai::{
 };
 #[cfg(feature = "openai")]
 pub use reqwest_transport::ReqwestTransport;
-pub use route::{DEPLOYMENT_LIMIT_TENANT, Deployment};
+pub use route::{DEPLOYMENT_LIMIT_TENANT, Deployment, IN_FLIGHT_PREFIX};
 pub use schema::{OutputSchema, make_strict};
 pub use transport::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError};
 pub use wire::{QuotaSignal, QuotaSource};

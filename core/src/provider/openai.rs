@@ -336,7 +336,12 @@ mod tests {
     struct Never;
     impl HttpTransport for Never {
         fn post(&self, _: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
-            Box::pin(async { Err(wire::failed(super::super::TransportErrorKind::Connect, "unreachable")) })
+            Box::pin(async {
+                Err(TransportError::failed(
+                    super::super::TransportErrorKind::Connect,
+                    "unreachable",
+                ))
+            })
         }
     }
 

@@ -10,7 +10,6 @@ use std::error::Error as StdError;
 
 use super::error::TransportErrorKind;
 use super::transport::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError};
-use super::wire::failed;
 
 /// An [`HttpTransport`] over a shared `reqwest::Client`.
 #[derive(Clone, Debug)]
@@ -29,7 +28,7 @@ impl ReqwestTransport {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| failed(TransportErrorKind::Other, describe(&e)))?;
+            .map_err(|e| TransportError::failed(TransportErrorKind::Other, describe(&e)))?;
         Ok(ReqwestTransport { client })
     }
 
@@ -96,7 +95,7 @@ fn classify(error: &reqwest::Error) -> TransportError {
     } else {
         TransportErrorKind::Other
     };
-    failed(kind, describe(error))
+    TransportError::failed(kind, describe(error))
 }
 
 /// Whether a cause of `error` is hyper failing to parse the reply as HTTP

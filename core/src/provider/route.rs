@@ -46,7 +46,7 @@ use crate::provider::BoxFuture;
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
-pub use crate::decide::pick::{MAX_DEPLOYMENTS, Pick, PickRequest, least_loaded};
+pub(crate) use crate::decide::pick::{MAX_DEPLOYMENTS, Pick, PickRequest};
 
 /// The prefix of the in-flight keys a least-loaded provider counts calls
 /// at, one per deployment (`{redstring:in_flight}:kg:circuit:a`). The hash

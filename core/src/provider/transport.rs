@@ -88,6 +88,17 @@ pub enum TransportError {
     },
 }
 
+impl TransportError {
+    /// A failure of `kind` described by `detail` (without credentials): the
+    /// error a transport returns when the wire failed.
+    pub fn failed(kind: TransportErrorKind, detail: impl Into<String>) -> Self {
+        TransportError::Failed {
+            kind,
+            detail: detail.into(),
+        }
+    }
+}
+
 /// Posts JSON and returns what came back. Implementations must return `Ok` for
 /// every HTTP status — classifying 4xx and 5xx is the adapter's job — and must
 /// stop reading at `body_limit`.

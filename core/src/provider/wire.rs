@@ -45,7 +45,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::error::{ProviderError, TransportErrorKind};
+use super::error::ProviderError;
 use super::schema::OutputSchema;
 use super::transport::{HttpResponse, TransportError};
 use crate::time::Timestamp;
@@ -65,7 +65,7 @@ const UNUSABLE_OUTPUT_MESSAGES: &[&str] = &["the model produced output that does
 /// The system prompt, when given, is sent exactly as given as the first
 /// message; nothing is added to it and no default is supplied. `max_tokens`
 /// is omitted when `None`, leaving the server's default.
-pub fn request_body(
+pub(crate) fn request_body(
     model: &str,
     text: &str,
     system_prompt: Option<&str>,
@@ -97,7 +97,7 @@ pub fn request_body(
 
 /// What the adapter knows when it reads a response.
 #[derive(Clone, Copy, Debug)]
-pub struct ResponseContext<'a> {
+pub(crate) struct ResponseContext<'a> {
     /// The model id the request named (for 404 messages).
     pub model: &'a str,
     /// The schema the content must validate against.
@@ -124,7 +124,7 @@ struct Completion {
 
 /// A chat completion read successfully.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Completed {
+pub(crate) struct Completed {
     /// The content, parsed and checked against the schema.
     pub value: Value,
     /// The response's `model` field, when it was a non-empty string (cleaned
@@ -171,7 +171,7 @@ pub enum QuotaSource {
 /// The quota signal a response carries: for a 429 or 503, its non-zero
 /// `Retry-After` ([`retry_after`]); otherwise, on any response, the longest
 /// reset of a limit whose remaining count is `0` ([`exhausted_limit`]).
-pub fn quota_signal(response: &HttpResponse, now: Timestamp) -> Option<QuotaSignal> {
+pub(crate) fn quota_signal(response: &HttpResponse, now: Timestamp) -> Option<QuotaSignal> {
     if matches!(response.status, 429 | 503)
         && let Some(wait) = retry_after(response, now).filter(|d| !d.is_zero())
     {
@@ -185,7 +185,7 @@ pub fn quota_signal(response: &HttpResponse, now: Timestamp) -> Option<QuotaSign
 
 /// The longest reset among the `x-ratelimit-*` limits whose remaining count
 /// is exactly `0` and whose reset parses (and is non-zero); `None` otherwise.
-pub fn exhausted_limit(response: &HttpResponse) -> Option<QuotaSignal> {
+pub(crate) fn exhausted_limit(response: &HttpResponse) -> Option<QuotaSignal> {
     [("requests", QuotaSource::Requests), ("tokens", QuotaSource::Tokens)]
         .into_iter()
         .filter_map(|(limit, source)| {
@@ -204,7 +204,7 @@ pub fn exhausted_limit(response: &HttpResponse) -> Option<QuotaSignal> {
 /// `us` / `µs`, `ns` (`6m0s`, `1.5s`, `20ms`, `23h18m29.144s`), or a bare
 /// `0`. No sign, no spaces; anything else, or a total beyond `u64` seconds,
 /// is `None`.
-pub fn parse_reset(text: &str) -> Option<Duration> {
+pub(crate) fn parse_reset(text: &str) -> Option<Duration> {
     let text = text.trim();
     if text == "0" {
         return Some(Duration::ZERO);
@@ -272,7 +272,7 @@ struct Message {
 
 /// Reads a response into the validated JSON value and the model the server
 /// says produced it, or the error it means.
-pub fn parse_response(response: &HttpResponse, cx: &ResponseContext<'_>) -> Result<Completed, ProviderError> {
+pub(crate) fn parse_response(response: &HttpResponse, cx: &ResponseContext<'_>) -> Result<Completed, ProviderError> {
     if response.status == 200 {
         let mut completed = parse_completion(&response.body, cx)?;
         completed.quota = quota_signal(response, cx.now);
@@ -473,7 +473,7 @@ fn says_output_unusable(message: &str) -> bool {
 /// The server's requested wait: `retry-after-ms` (milliseconds), else
 /// `retry-after` as seconds or as an HTTP date (measured from `now`). Negative,
 /// non-finite and unparsable values are ignored.
-pub fn retry_after(response: &HttpResponse, now: Timestamp) -> Option<Duration> {
+pub(crate) fn retry_after(response: &HttpResponse, now: Timestamp) -> Option<Duration> {
     let seconds = |v: &str, scale: f64| {
         v.trim()
             .parse::<f64>()
@@ -493,28 +493,20 @@ pub fn retry_after(response: &HttpResponse, now: Timestamp) -> Option<Duration> 
 /// crate, which checks every field's range (years 1970–9999, a weekday that
 /// matches the date). Anything else — a year past any calendar included — is
 /// `None`, never an overflow.
-pub fn parse_http_date(text: &str) -> Option<Timestamp> {
+pub(crate) fn parse_http_date(text: &str) -> Option<Timestamp> {
     let at = httpdate::parse_http_date(text).ok()?;
     let since_epoch = at.duration_since(std::time::UNIX_EPOCH).ok()?;
     u64::try_from(since_epoch.as_micros()).ok().map(Timestamp::from_micros)
 }
 
 /// The error a transport failure means.
-pub fn transport_error(error: TransportError, api_key: &str) -> ProviderError {
+pub(crate) fn transport_error(error: TransportError, api_key: &str) -> ProviderError {
     match error {
         TransportError::BodyTooLarge { limit } => ProviderError::ResponseTooLarge { limit },
         TransportError::Failed { kind, detail } => ProviderError::Transport {
             kind,
             detail: clean(&detail, api_key),
         },
-    }
-}
-
-/// A transport failure of `kind` (for transports building their errors).
-pub fn failed(kind: TransportErrorKind, detail: impl Into<String>) -> TransportError {
-    TransportError::Failed {
-        kind,
-        detail: detail.into(),
     }
 }
 
@@ -540,6 +532,9 @@ fn quote(body: &[u8], api_key: &str) -> String {
     let text = String::from_utf8_lossy(head);
     format!("{:?}", clean(text.trim(), api_key))
 }
+
+#[cfg(test)]
+mod header_properties;
 
 #[cfg(test)]
 mod tests {
@@ -993,7 +988,10 @@ mod tests {
     #[test]
     fn transport_errors_keep_their_kind_and_lose_the_key() {
         let e = transport_error(
-            failed(TransportErrorKind::Timeout, "timed out with sk-secret-key"),
+            TransportError::failed(
+                crate::provider::TransportErrorKind::Timeout,
+                "timed out with sk-secret-key",
+            ),
             "sk-secret-key",
         );
         assert_eq!(e.kind(), "transport_timeout");

@@ -21,9 +21,10 @@ use std::time::Duration;
 
 use crate::cache::{BudgetStore, MemoryCache, StoreSlot};
 use crate::clock::{Clock, SystemClock};
+use crate::decide::DecidedBy;
 use crate::decide::budget::{BudgetCommand, BudgetParams, BudgetStep, MICROS_PER_RETRY};
 use crate::error::{CacheError, ConfigError};
-use crate::limiter::{DecidedBy, OnCacheUnavailable};
+use crate::limiter::OnCacheUnavailable;
 use crate::observe::{Event, Observer, TracingObserver};
 use crate::time::Timestamp;
 

@@ -25,9 +25,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::decide::budget::{
-    BudgetCommand, BudgetParams, BudgetState, BudgetStep, MICROS_PER_RETRY, clamp_budget_stamp, step as budget_step,
-};
 pub use budget::{
     DEFAULT_KEY as DEFAULT_BUDGET_KEY, DEFAULT_MAX_BALANCE, DEFAULT_MIN_RETRIES_PER_SEC, DEFAULT_RATIO,
     MAX_MAX_BALANCE, MAX_MIN_RETRIES_PER_SEC, MAX_RATIO, RetryBudget, RetryBudgetBuilder,

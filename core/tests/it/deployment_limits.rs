@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::provider::{Reply, TestServer};
-use redstring::limiter::tokens::RefusedBy;
+use redstring::decide::tokens::RefusedBy;
 use redstring::provider::{
     Deployment, DeploymentLimited, ExtractError, HardenedProvider, HardenedProviderBuilder, LlmProviderExt,
     OpenAiCompatible, ReqwestTransport,

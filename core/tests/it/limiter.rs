@@ -467,7 +467,7 @@ async fn one_fast_clock_cannot_lift_a_shared_limit() {
 #[tokio::test]
 async fn a_memory_cache_stamps_with_its_own_clock_by_default() {
     use redstring::cache::{LimiterStore, SlotRequest};
-    use redstring::limiter::SlotOutcome;
+    use redstring::decide::window::SlotOutcome;
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = MemoryCache::new(clock.clone());
     let request = SlotRequest {
@@ -488,7 +488,7 @@ async fn a_memory_cache_stamps_with_its_own_clock_by_default() {
 }
 
 mod tokens {
-    use redstring::limiter::tokens::RefusedBy;
+    use redstring::decide::tokens::RefusedBy;
     use redstring::limiter::{TokenAcquireError, TokenLimitExceeded};
 
     use super::*;

@@ -27,7 +27,6 @@ mod observer;
 mod properties;
 #[cfg(feature = "openai")]
 mod provider_hardened;
-mod provider_headers;
 #[cfg(feature = "openai")]
 mod provider_openai;
 mod provider_router;

@@ -308,7 +308,7 @@ proptest! {
         runtime().block_on(async {
             let clock = Arc::new(ManualClock::at_fixed_epoch());
             let store = redstring::MemoryCache::with_time_source(clock.clone(), redstring::TimeSource::Caller);
-            let keys = redstring::breaker::machine::BreakerKeys::new("prop");
+            let keys = redstring::decide::breaker::BreakerKeys::new("prop");
             let start = redstring::Clock::now(&*clock);
             support::lease::run(&store, &keys, support::lease::params(threshold, probes, lease_s), start, &actions).await;
         });
@@ -329,7 +329,7 @@ proptest! {
         steps in prop::collection::vec((any::<bool>(), 0u64..3_000_000), 1..200),
     ) {
         use redstring::cache::BudgetStore;
-        use redstring::retry::BudgetCommand;
+        use redstring::decide::budget::BudgetCommand;
         let clock = Arc::new(ManualClock::at_fixed_epoch());
         let budget = redstring::RetryBudget::builder()
             .ratio(ratio)

@@ -827,7 +827,7 @@ async fn a_call_the_server_refused_releases_its_tokens_and_an_oversized_one_is_r
     let ExtractError::TokenLimited(refusal) = &big else {
         panic!("{big:?}")
     };
-    assert_eq!(refusal.by, redstring::limiter::tokens::RefusedBy::TooLarge);
+    assert_eq!(refusal.by, redstring::decide::tokens::RefusedBy::TooLarge);
     assert_eq!(big.retry_after(), None, "no wait makes 5000 fit in 1000");
     assert_eq!(rig.server.count(), sent, "nothing was sent");
 }

@@ -9,9 +9,9 @@ use std::time::Duration;
 use crate::support;
 use crate::support::redis::cluster::Cluster;
 use crate::support::redis::{OnLive, probe_fleet, race_for_probes};
-use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams};
 use redstring::cache::redis::RedisCache;
 use redstring::cache::{BreakerStore, KeyValue};
+use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams};
 use redstring::testing::run_all;
 use redstring::{CacheError, CircuitState, Clock, ManualClock, SystemClock, TenantId};
 

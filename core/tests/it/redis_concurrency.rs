@@ -163,7 +163,7 @@ async fn fifty_tasks_over_five_connections_reserve_exactly_the_tokens_per_window
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleets_least_loaded_picks_over_five_connections_never_herd() {
     use redstring::cache::InFlightStore;
-    use redstring::provider::route::PickRequest;
+    use redstring::decide::pick::PickRequest;
     let Some(server) = RedisServer::start() else { return };
     let caches: Vec<Arc<RedisCache>> = (0..5).map(|_| Arc::new(server.cache())).collect();
     const KEYS: [&str; 2] = ["{router}:gpu-a", "{router}:gpu-b"];

@@ -9,9 +9,9 @@ use std::time::Duration;
 use crate::support;
 use crate::support::cooldown::{rate_limited, worker};
 use crate::support::redis::{RedisServer, bounded};
-use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Write};
 use redstring::cache::BreakerStore;
 use redstring::cache::redis::RedisCache;
+use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Write};
 use redstring::provider::LlmProviderExt;
 use redstring::{Clock, ManualClock, Permit, RecordingObserver, Refusal, SystemClock, TimeSource, Timestamp};
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::redis::{RedisServer, bounded, wait};
-use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::cache::redis::{ConnectionManager, RedisCache};
 use redstring::cache::{BreakerStore, KeyValue, LimiterStore, SlotRequest};
-use redstring::limiter::SlotOutcome;
+use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
+use redstring::decide::window::SlotOutcome;
 use redstring::{
     AcquireError, Cache, CacheError, CircuitBreaker, Clock, Event, ManualClock, OnCacheError, OnCacheUnavailable,
     RateLimiter, RecordingObserver, SystemClock, TenantId,

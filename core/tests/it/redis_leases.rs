@@ -6,7 +6,7 @@
 
 use crate::support;
 use crate::support::redis::RedisServer;
-use redstring::breaker::machine::BreakerKeys;
+use redstring::decide::breaker::BreakerKeys;
 use redstring::{Clock, SystemClock};
 
 #[test]

@@ -12,9 +12,9 @@ use std::time::Duration;
 use crate::support;
 use crate::support::redis::sentinel::SentinelGroup;
 use crate::support::redis::{OnLive, wait};
+use redstring::DecidedBy;
 use redstring::cache::KeyValue;
 use redstring::cache::redis::RedisCache;
-use redstring::limiter::DecidedBy;
 use redstring::testing::run_all;
 use redstring::{
     AcquireError, CacheError, Clock, Event, OnCacheUnavailable, RateLimiter, RecordingObserver, SystemClock, TenantId,

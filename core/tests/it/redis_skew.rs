@@ -1,7 +1,7 @@
 //! The skew property on a real Redis: callers with random clock offsets race
 //! for one tenant's slots on a caller-stamped `RedisCache`; the admitted
 //! stamps never hold more than the limit in any window, and admissions in any
-//! window of real time stay within `limiter::skew_bound`. Real time passes
+//! window of real time stay within `decide::window::skew_bound`. Real time passes
 //! for real here, so the window is short and the cases few.
 
 use std::time::Duration;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::redis::RedisServer;
 use redstring::cache::redis::RedisCache;
 use redstring::cache::{LimiterStore, SlotRequest};
-use redstring::limiter::{SlotOutcome, skew_bound};
+use redstring::decide::window::{SlotOutcome, skew_bound};
 use redstring::{
     CircuitBreaker, Clock, Event, ManualClock, NoopObserver, RateLimiter, RecordingObserver, SystemClock, TenantId,
     TimeSource,

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use redstring::DecidedBy;
 use redstring::cache::{HitWindow, LimiterStore, SlotRequest, TokenStore};
-use redstring::limiter::DecidedBy;
-use redstring::limiter::SlotOutcome;
-use redstring::limiter::tokens::{ReservationId, TokenAsk, TokenOutcome};
+use redstring::decide::tokens::{ReservationId, TokenAsk, TokenOutcome};
+use redstring::decide::window::SlotOutcome;
 use redstring::{
     AcquireError, Cache, CacheError, Event, ManualClock, MemoryCache, OnCacheUnavailable, RateLimiter,
     RecordingObserver, TenantId, Timestamp,

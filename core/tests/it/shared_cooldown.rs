@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::cooldown::{PREFIX, Worker, ok, rate_limited, worker};
-use redstring::breaker::machine::BreakerKeys;
 use redstring::cache::KeyValue;
+use redstring::decide::breaker::BreakerKeys;
 use redstring::provider::{ExtractError, LlmProviderExt};
 use redstring::{CircuitState, Event, ManualClock, MemoryCache, RecordingObserver, Refusal};
 

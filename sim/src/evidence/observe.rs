@@ -7,7 +7,7 @@
 //! text — this function is the edit, and nothing downstream reads a core
 //! event directly.
 
-use redstring::limiter::DecidedBy;
+use redstring::DecidedBy;
 use redstring::{Event, Interest, Observer};
 
 use crate::evidence::trace::{Decider, Kind, Trace};

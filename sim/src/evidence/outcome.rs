@@ -254,8 +254,8 @@ mod tests {
 
     use std::time::Duration;
 
+    use redstring::decide::tokens::RefusedBy;
     use redstring::limiter::TokenLimitExceeded;
-    use redstring::limiter::tokens::RefusedBy;
     use redstring::provider::DeploymentLimited;
 
     /// One error of each kind the classification tells apart, with the

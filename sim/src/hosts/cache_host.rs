@@ -50,14 +50,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use redstring::cache::{
     BreakerStore, BudgetStore, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TokenStore,
 };
-use redstring::limiter::SlotOutcome;
-use redstring::limiter::tokens::{ReservationId, TokenAsk, TokenOutcome};
-use redstring::provider::route::{Pick, PickRequest};
-use redstring::retry::{BudgetCommand, BudgetParams, BudgetStep};
+use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
+use redstring::decide::budget::{BudgetCommand, BudgetParams, BudgetStep};
+use redstring::decide::pick::{Pick, PickRequest};
+use redstring::decide::tokens::{ReservationId, TokenAsk, TokenOutcome};
+use redstring::decide::window::SlotOutcome;
 use redstring::{Cache, CacheError, MemoryCache, TimeSource, Timestamp};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};

@@ -43,7 +43,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use redstring::provider::wire::failed;
 use redstring::provider::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError, TransportErrorKind};
 use turmoil::net::TcpStream;
 
@@ -320,7 +319,7 @@ struct Target {
 /// Parses `http://host[:port][/path]`; the port defaults to 80.
 fn parse_url(url: &str) -> Result<Target, TransportError> {
     let rest = url.strip_prefix("http://").ok_or_else(|| {
-        failed(
+        TransportError::failed(
             TransportErrorKind::Other,
             format!("{url}: only http:// URLs are simulated"),
         )
@@ -333,13 +332,16 @@ fn parse_url(url: &str) -> Result<Target, TransportError> {
         Some((host, port)) => {
             let port = port
                 .parse()
-                .map_err(|_| failed(TransportErrorKind::Other, format!("{url}: bad port {port:?}")))?;
+                .map_err(|_| TransportError::failed(TransportErrorKind::Other, format!("{url}: bad port {port:?}")))?;
             (host, port)
         }
         None => (authority, 80),
     };
     if host.is_empty() {
-        return Err(failed(TransportErrorKind::Other, format!("{url}: no host")));
+        return Err(TransportError::failed(
+            TransportErrorKind::Other,
+            format!("{url}: no host"),
+        ));
     }
     Ok(Target {
         host: host.to_owned(),
@@ -363,7 +365,7 @@ impl HttpTransport for SimTransport {
             // Giving up drops the exchange, and the connection with it.
             match tokio::time::timeout(timeout, self.exchange(&target, request)).await {
                 Ok(result) => result,
-                Err(_) => Err(failed(
+                Err(_) => Err(TransportError::failed(
                     TransportErrorKind::Timeout,
                     format!("no response from {} within {timeout:?}", target.authority),
                 )),
@@ -435,7 +437,7 @@ impl SimTransport {
         let permit = match self.open.take() {
             Ok(permit) => permit,
             Err(exhausted) => {
-                return Err(failed(
+                return Err(TransportError::failed(
                     TransportErrorKind::Connect,
                     format!("{} {exhausted}", self.host),
                 ));
@@ -444,7 +446,7 @@ impl SimTransport {
         let stream = TcpStream::connect((target.host.as_str(), target.port))
             .await
             .map_err(|e| {
-                failed(
+                TransportError::failed(
                     TransportErrorKind::Connect,
                     format!("connecting to {}: {e}", target.authority),
                 )
@@ -452,7 +454,7 @@ impl SimTransport {
         let (sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
             .await
             .map_err(|e| {
-                failed(
+                TransportError::failed(
                     TransportErrorKind::Connect,
                     format!("handshake with {}: {e}", target.authority),
                 )
@@ -475,7 +477,7 @@ fn build(target: &Target, request: &HttpRequest) -> Result<Request<Full<Bytes>>,
     }
     builder
         .body(Full::new(Bytes::from(request.body.clone())))
-        .map_err(|e| failed(TransportErrorKind::Other, format!("building the request: {e}")))
+        .map_err(|e| TransportError::failed(TransportErrorKind::Other, format!("building the request: {e}")))
 }
 
 /// A hyper client error as the adapter's kinds: anything that cut the
@@ -493,7 +495,7 @@ fn hyper_failure(e: &hyper::Error) -> TransportError {
         detail.push_str(&c.to_string());
         cause = c.source();
     }
-    failed(kind, detail)
+    TransportError::failed(kind, detail)
 }
 
 #[cfg(test)]

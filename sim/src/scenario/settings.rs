@@ -81,7 +81,7 @@ fn routing_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Rout
 }
 
 /// `hardening.routing`: the policy a worker's provider picks a call's first
-/// server by (see `redstring::provider::route`).
+/// server by (see `redstring::provider::HardenedProviderBuilder`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Routing {

@@ -330,7 +330,7 @@ impl Scenario {
                 e.at_most(
                     &at("servers"),
                     w.servers.len() as u64,
-                    redstring::provider::route::MAX_DEPLOYMENTS as u64,
+                    redstring::decide::pick::MAX_DEPLOYMENTS as u64,
                     "servers a routed worker calls",
                 )?;
                 if let Some((k, s)) = w.servers.iter().enumerate().find(|(k, s)| w.servers[..*k].contains(s)) {

@@ -5,8 +5,8 @@
 -- Returns {1, remaining, at, clamped, healed} when admitted, {0, used,
 -- retry_after_us, at, clamped, healed} when refused; healed is 1 when a
 -- foreign value (another type, scores beyond 2^53 µs) was removed first.
--- The decision is limiter::decide's, line for line; a caller's stamp is
--- clamped as limiter::clamp_stamp clamps it.
+-- The decision is decide::window::decide's, line for line; a caller's stamp is
+-- clamped as decide::window::clamp_stamp clamps it.
 local w = KEYS[1]
 local healed = heal_window(w)
 local store_now = server_now()

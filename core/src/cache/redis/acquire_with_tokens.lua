@@ -9,8 +9,8 @@
 -- Returns {1, remaining, tokens_used, at, seq, clamped, healed} when admitted,
 -- {0, by, requests_used, tokens_used, retry_after_us, at, clamped, healed}
 -- when refused, by being 1 requests, 2 tokens, 3 both, 4 too large.
--- The decisions are limiter::decide's and limiter::tokens::decide_tokens',
--- combined as limiter::tokens::combine combines them, line for line.
+-- The decisions are decide::window::decide's and decide::tokens::decide_tokens',
+-- combined as decide::tokens::combine combines them, line for line.
 local w, l = KEYS[1], KEYS[2]
 local healed = heal_window(w)
 if not window_readable(l) then
@@ -28,7 +28,7 @@ if since < 0 then
   since = 0
 end
 
--- The slot, as limiter::decide.
+-- The slot, as decide::window::decide.
 local count = redis.call('ZCOUNT', w, int(since), MAX_SCORE)
 local slot_ok = count < limit
 local wait_for_slot = 0

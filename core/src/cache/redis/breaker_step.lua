@@ -1,5 +1,5 @@
 -- BreakerStore::breaker_step: read the breaker's five keys, run one transition
--- of breaker::machine::step, write what it says, in one atomic step.
+-- of decide::breaker::step, write what it says, in one atomic step.
 -- KEYS: state, failures, opened_at, probes, cooldown_until (one hash tag, one
 --       slot).
 -- ARGV: command ('allow' | 'success' | 'failure' | 'release' | 'reset' |

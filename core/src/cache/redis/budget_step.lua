@@ -5,8 +5,8 @@
 --       'withdraw'), deposit, refill per µs, max balance (millionths of a
 --       retry), ttl (ms), max_ahead (µs).
 -- Returns {granted, balance, stamp, at, healed}.
--- The decision is retry::budget_step's, line for line; a caller's stamp is
--- clamped as retry::clamp_budget_stamp clamps it.
+-- The decision is decide::budget::step's, line for line; a caller's stamp is
+-- clamped as decide::budget::clamp_budget_stamp clamps it.
 local k = KEYS[1]
 local store_now = server_now()
 local now = store_now

@@ -101,7 +101,7 @@ local function record(w, at, ttl_us, ttl_ms, store_now)
   end
 end
 
--- limiter::clamp_stamp: the instant a slot is decided at — the server's
+-- decide::window::clamp_stamp: the instant a slot is decided at — the server's
 -- clock when the caller sent '' (TimeSource::Store), else the caller's,
 -- clamped into [store_now - window, store_now + max_ahead] — and 1 when it
 -- was clamped.
@@ -123,7 +123,7 @@ local function slot_stamp(arg, store_now, window, max_ahead)
   return now, 0
 end
 
--- limiter::decide's wait for a refused slot: until the oldest hit in the
+-- decide::window::decide's wait for a refused slot: until the oldest hit in the
 -- window has left the inclusive window, (oldest + window) - now plus one
 -- microsecond, never less than one microsecond; the full window if there is
 -- no oldest hit.

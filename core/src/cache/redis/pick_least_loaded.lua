@@ -5,9 +5,9 @@
 -- ARGV: now (µs, or '' for the server's TIME), the call's id, its lease
 --       (µs), its lease (ms, rounded up), max_ahead (µs), then one weight
 --       per key. A caller's now is clamped to at most max_ahead past the
---       server's clock, as retry::clamp_budget_stamp clamps it.
+--       server's clock, as decide::budget::clamp_budget_stamp clamps it.
 -- Returns {index (0-based), count per key...}. The pick is
--- provider::route::least_loaded's, line for line.
+-- decide::pick::least_loaded's, line for line.
 local now = server_now()
 if ARGV[1] ~= '' then
   local ceiling = now + tonumber(ARGV[5])

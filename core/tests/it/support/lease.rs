@@ -9,8 +9,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use redstring::CircuitState;
 use redstring::Timestamp;
-use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin, Permit};
 use redstring::cache::BreakerStore;
+use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Origin, Permit};
 
 /// One thing a caller does.
 #[derive(Clone, Copy, Debug)]

@@ -2,7 +2,7 @@
 //! whose clocks are off by random amounts race for one tenant's slots on one
 //! store; the admitted stamps must never hold more than `limit` in any window
 //! (the limit is exact in stamp time), and the admissions in any window of the
-//! store's (true) time must stay within `limiter::skew_bound` for the spread
+//! store's (true) time must stay within `decide::window::skew_bound` for the spread
 //! of the callers' clamped offsets.
 
 use std::time::Duration;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use redstring::Timestamp;
 use redstring::cache::{LimiterStore, SlotRequest};
-use redstring::limiter::{SlotOutcome, skew_bound};
+use redstring::decide::window::{SlotOutcome, skew_bound};
 
 /// One case: the callers' clock offsets (µs, may be far off) and the calls,
 /// each a caller and the true time that passes before it.

@@ -4,7 +4,7 @@
 //! The core's budget is a token bucket ([`redstring::RetryBudget`]), so over
 //! any interval of its clock, the retries it grants are at most
 //! `max_balance + ratio × deposits + min_retries_per_sec × interval`
-//! ([`redstring::retry::BudgetParams::bound`]). This checker reads every
+//! ([`redstring::decide::budget::BudgetParams::bound`]). This checker reads every
 //! budget step in the trace, bucket by bucket (each worker's own, or the
 //! fleet's in a shared cache, and each worker's local fallback), and checks
 //! that bound over every interval — and that no call sent a retry the budget
@@ -17,7 +17,7 @@ use crate::evidence::trace::{Decider, Kind, TraceEvent};
 use crate::scenario::{CACHE_HOST, Fault};
 
 /// Millionths of a retry, the bucket's unit.
-const MICRO: i128 = redstring::retry::MICROS_PER_RETRY as i128;
+const MICRO: i128 = redstring::decide::budget::MICROS_PER_RETRY as i128;
 
 /// One bucket's steps that share a stamp.
 struct Instant {
@@ -190,7 +190,7 @@ fn unchecked_clocks(ctx: &Ctx) -> Option<&'static str> {
 /// minimum of `Q` checks every interval in one pass.
 fn first_excess<'a>(
     steps: impl Iterator<Item = &'a Instant>,
-    params: &redstring::retry::BudgetParams,
+    params: &redstring::decide::budget::BudgetParams,
 ) -> Option<(usize, i128)> {
     let deposit = i128::from(params.deposit);
     let floor = i128::from(params.refill_per_sec);

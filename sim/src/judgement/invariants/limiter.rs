@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use redstring::limiter::{default_max_clock_ahead, skew_bound};
+use redstring::decide::window::skew_bound;
+use redstring::limiter::default_max_clock_ahead;
 use redstring::{TenantId, TimeSource};
 
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
@@ -185,7 +186,7 @@ pub fn wait_growth_bound(
 /// The largest difference, over the run, between two workers' clocks as the
 /// shared cache takes them: each worker's offset from the cache host's clock
 /// (offset, drift and steps on both sides), clamped into `[−window, ahead]`
-/// as `limiter::clamp_stamp` clamps a stamp. Offsets move linearly between
+/// as `decide::window::clamp_stamp` clamps a stamp. Offsets move linearly between
 /// steps, so a worker's extremes are at the start, the end and either side
 /// of its own or the cache host's steps. Each host's steps are summed once
 /// (a schedule may hold thousands), so this is O(steps · log steps).

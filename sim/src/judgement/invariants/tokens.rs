@@ -9,7 +9,7 @@
 //! window of the deciding ledger's stamps, the tokens the calls in it were
 //! finally charged (their settled use, or their estimate when never settled)
 //! are at most `tokens_per_window + Σ (used − estimate)⁺` over those calls
-//! ([`redstring::limiter::tokens`] states the bound) — times one more per
+//! ([`redstring::decide::tokens`] states the bound) — times one more per
 //! restart of a shared cache within a window, which forgets its ledgers.
 
 use std::collections::BTreeMap;

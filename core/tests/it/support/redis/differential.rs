@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use redstring::breaker::machine::{BreakerCommand, BreakerKeys, BreakerParams, Origin, ProbeId};
 use redstring::cache::{
     BreakerStore, BudgetStore, HitWindow, InFlightStore, KeyValue, LimiterStore, SlotRequest, TokenStore,
 };
-use redstring::limiter::tokens::{ReservationId, TokenAsk};
-use redstring::provider::route::PickRequest;
-use redstring::retry::{BudgetCommand, BudgetParams, MICROS_PER_RETRY};
+use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Origin, ProbeId};
+use redstring::decide::budget::{BudgetCommand, BudgetParams, MICROS_PER_RETRY};
+use redstring::decide::pick::PickRequest;
+use redstring::decide::tokens::{ReservationId, TokenAsk};
 use redstring::{CacheError, Clock, ManualClock, MemoryCache, SystemClock, Timestamp};
 
 /// Keys for values and windows; the fourth is also the breaker's state key,

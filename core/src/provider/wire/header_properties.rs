@@ -1,19 +1,23 @@
 //! Property tests for the header parsers: no header a server sends can make
 //! them panic, and what they return is always a wait the client can sleep on.
 //!
-//! `PROPTEST_CASES=20000 cargo test -p redstring --test it provider_headers::`
+//! `PROPTEST_CASES=20000 cargo test -p redstring --lib header_properties`
 //! runs a deeper search.
 
 use std::time::Duration;
 
 use proptest::prelude::*;
-use redstring::Timestamp;
-use redstring::provider::HttpResponse;
-use redstring::provider::wire::{parse_http_date, retry_after};
+
+use super::{parse_http_date, retry_after};
+use crate::provider::HttpResponse;
+use crate::time::Timestamp;
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: crate::support::proptest_cases(512),
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(512),
         ..ProptestConfig::default()
     }
 }
