@@ -348,7 +348,7 @@ fn settled_tokens(scenario: &Scenario, member: &super::FleetMember, t: &super::T
 /// Calls per second each tenant of each fleet member gets past its limiter,
 /// steadily, in fleet then tenant order: its arrivals, capped by the
 /// tenant's allowance — `rpm` per `window_s`, and with `tokens_per_window`
-/// also the calls whose settled tokens ([`settled_tokens`]) fit it — per
+/// also the calls whose settled tokens (`settled_tokens`) fit it — per
 /// worker with per-worker caches; fleet-wide with a shared one, each
 /// worker getting the share its arrivals are of the tenant's total.
 pub fn admitted_per_s(scenario: &Scenario) -> Vec<Vec<f64>> {
