@@ -49,7 +49,7 @@ const RULES: &[(&str, &[&str])] = &[
         "tower",
         &["decide", "cache", "observe", "limiter", "breaker", "retry", "provider"],
     ),
-    ("metrics", &["decide", "observe", "breaker", "retry"]),
+    ("metrics", &["decide", "observe"]),
     ("import_rules", &[]),
 ];
 

@@ -37,9 +37,9 @@ use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
 
-use crate::breaker::CircuitState;
+use crate::decide::breaker::CircuitState;
+use crate::decide::budget::MICROS_PER_RETRY;
 use crate::observe::{Event, Observer};
-use crate::retry::MICROS_PER_RETRY;
 
 /// An [`Observer`] that records the crate's events as metrics (see the
 /// module's table), through the installed [`metrics`] recorder.
