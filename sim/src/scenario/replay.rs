@@ -189,13 +189,13 @@ fn read(
     let mut out = Vec::new();
     let mut columns: Option<[usize; 3]> = None;
     let mut lines = input;
-    let mut buf = String::new();
+    let mut buf = Vec::new();
     let mut n = 0;
     loop {
         buf.clear();
         let read = (&mut lines)
             .take(MAX_LINE + 1)
-            .read_line(&mut buf)
+            .read_until(b'\n', &mut buf)
             .map_err(|source| ReplayError::Io {
                 file: file.to_owned(),
                 source,
@@ -207,13 +207,29 @@ fn read(
         if read as u64 > MAX_LINE {
             return Err(bad(n, format!("longer than {MAX_LINE} bytes")));
         }
-        let line = buf.trim();
+        let line = std::str::from_utf8(&buf).map_err(|e| {
+            bad(
+                n,
+                format!(
+                    "not UTF-8 text (an invalid byte at column {}); save the trace as UTF-8",
+                    e.valid_up_to() + 1
+                ),
+            )
+        })?;
+        // A UTF-8 byte-order mark starts the file, not its first row.
+        let line = if n == 1 {
+            line.trim_start_matches('\u{feff}')
+        } else {
+            line
+        };
+        let line = line.trim();
         if line.is_empty() {
             continue;
         }
         let (t_s, prompt, output) = match format {
             TraceFormat::Burstgpt => {
-                let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+                let fields = csv_fields(line).map_err(|m| bad(n, m))?;
+                let fields: Vec<&str> = fields.iter().map(|f| f.trim()).collect();
                 let Some([t, p, o]) = columns else {
                     columns = Some(burstgpt_columns(&fields).map_err(|m| bad(n, m))?);
                     continue;
@@ -234,6 +250,12 @@ fn read(
                 (t_s, prompt, output)
             }
             TraceFormat::Mooncake => {
+                if !line.starts_with('{') {
+                    return Err(bad(
+                        n,
+                        "not a Mooncake row: each line must be a JSON object with timestamp, input_length and output_length".into(),
+                    ));
+                }
                 let row: MooncakeRow =
                     serde_json::from_str(line).map_err(|e| bad(n, format!("not a Mooncake row: {e}")))?;
                 (row.timestamp / 1000.0, row.input_length, row.output_length)
@@ -298,6 +320,67 @@ fn burstgpt_columns(header: &[&str]) -> Result<[usize; 3], String> {
             })
     };
     Ok([find("Timestamp")?, find("Request tokens")?, find("Response tokens")?])
+}
+
+/// The fields of one CSV line as RFC 4180 writes them: separated by commas,
+/// a field in double quotes may hold commas, and `""` inside it is one
+/// quote. A quoted field must close on its own line — a field spanning
+/// lines is refused rather than misread as two rows — and only spaces may
+/// follow its closing quote. A quote inside an unquoted field is kept as
+/// written.
+fn csv_fields(line: &str) -> Result<Vec<std::borrow::Cow<'_, str>>, String> {
+    use std::borrow::Cow;
+    let mut out = Vec::new();
+    let mut rest = line;
+    loop {
+        let field = rest.trim_start_matches([' ', '\t']);
+        if let Some(quoted) = field.strip_prefix('"') {
+            let mut text = String::new();
+            let mut chars = quoted.char_indices();
+            let after = loop {
+                match chars.next() {
+                    None => {
+                        return Err(format!(
+                            "field {} opens a quote that does not close on this line (a field spanning lines is not read)",
+                            out.len() + 1
+                        ));
+                    }
+                    Some((i, '"')) => {
+                        if quoted[i + 1..].starts_with('"') {
+                            text.push('"');
+                            chars.next();
+                        } else {
+                            break &quoted[i + 1..];
+                        }
+                    }
+                    Some((_, c)) => text.push(c),
+                }
+            };
+            out.push(Cow::Owned(text));
+            let after = after.trim_start_matches([' ', '\t']);
+            match after.strip_prefix(',') {
+                Some(next) => rest = next,
+                None if after.is_empty() => return Ok(out),
+                None => {
+                    return Err(format!(
+                        "field {} has text after its closing quote (a quote inside a quoted field is written \"\")",
+                        out.len()
+                    ));
+                }
+            }
+        } else {
+            match rest.split_once(',') {
+                Some((field, next)) => {
+                    out.push(Cow::Borrowed(field));
+                    rest = next;
+                }
+                None => {
+                    out.push(Cow::Borrowed(rest));
+                    return Ok(out);
+                }
+            }
+        }
+    }
 }
 
 /// Parses one field; an error quotes at most its first 32 characters,
@@ -417,5 +500,82 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("line 2") && e.contains("longer than"), "{e}");
+    }
+
+    #[test]
+    fn quoted_csv_fields_are_read_as_rfc_4180_writes_them() {
+        let csv = "\"Timestamp\",Model,Request tokens,Response tokens,Total tokens,Log Type\n\
+                   5,\"Chat, GPT\",20,30,50,\"a \"\"quoted\"\" log\"\n\
+                   6, \"ChatGPT\" ,\"21\",31,52,API log\n";
+        let got = read(csv.as_bytes(), TraceFormat::Burstgpt, window(0.0, 1.0, 60), "t.csv").unwrap();
+        assert_eq!(
+            got.iter()
+                .map(|r| (r.prompt_tokens, r.output_tokens))
+                .collect::<Vec<_>>(),
+            [(20, 30), (21, 31)]
+        );
+        assert_eq!(csv_fields("a,\"b,c\",\"d\"\"e\",").unwrap(), ["a", "b,c", "d\"e", ""]);
+    }
+
+    #[test]
+    fn a_quoted_field_spanning_lines_is_refused_with_its_line() {
+        let csv = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n\
+                   5,ChatGPT,20,30,50,\"a log\nthat goes on\"\n";
+        let e = read(csv.as_bytes(), TraceFormat::Burstgpt, window(0.0, 1.0, 60), "t.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("t.csv: line 2") && e.contains("field 6") && e.contains("spanning lines"),
+            "{e}"
+        );
+        let e = read(
+            "Timestamp,Request tokens,Response tokens\n1,\"2\"x,3\n".as_bytes(),
+            TraceFormat::Burstgpt,
+            window(0.0, 1.0, 60),
+            "t.csv",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("line 2") && e.contains("field 2"), "{e}");
+    }
+
+    #[test]
+    fn invalid_utf8_is_refused_with_its_line() {
+        let mut csv = b"Timestamp,Request tokens,Response tokens\n1,2,3\n4,5,".to_vec();
+        csv.extend_from_slice(&[0xff, 0xfe, b'\n']);
+        let e = read(&csv[..], TraceFormat::Burstgpt, window(0.0, 1.0, 60), "t.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("t.csv: line 3") && e.contains("UTF-8") && e.contains("column 5"),
+            "{e}"
+        );
+        let jsonl = b"{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"x\": \"\xc3\"}\n";
+        let e = read(&jsonl[..], TraceFormat::Mooncake, window(0.0, 1.0, 60), "t.jsonl")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("t.jsonl: line 1") && e.contains("UTF-8"), "{e}");
+    }
+
+    #[test]
+    fn a_mooncake_row_that_is_an_array_is_refused() {
+        let e = read(
+            "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n[1000, 10, 2]\n".as_bytes(),
+            TraceFormat::Mooncake,
+            window(0.0, 1.0, 60),
+            "t.jsonl",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("t.jsonl: line 2") && e.contains("JSON object"), "{e}");
+        // A byte-order mark before the first row is not part of it.
+        let got = read(
+            "\u{feff}{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n".as_bytes(),
+            TraceFormat::Mooncake,
+            window(0.0, 1.0, 60),
+            "t.jsonl",
+        )
+        .unwrap();
+        assert_eq!(got.len(), 1);
     }
 }
