@@ -40,4 +40,5 @@ pub mod judgement;
 pub mod merge;
 pub mod scenario;
 pub mod search;
+pub mod terminal;
 pub mod world;

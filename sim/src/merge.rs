@@ -207,12 +207,12 @@ pub fn merge(files: &[(String, String)]) -> Result<Merged, ShardError> {
         Ok(())
     };
     // Text a shard's file carries is printed: lines only, no other control
-    // character.
+    // character and no bidirectional control.
     let plain = |file: &str, text: &str| {
-        if text.chars().any(|c| c.is_control() && c != '\n') {
+        if text.chars().any(|c| crate::terminal::is_unsafe(c) && c != '\n') {
             return Err(mismatch(
                 file,
-                "it holds a control character in a name or load line".into(),
+                "it holds a control character or a bidirectional control in a name or load line".into(),
             ));
         }
         Ok(())
@@ -423,6 +423,14 @@ mod tests {
         assert!(w.contains("control character"), "{w}");
         let w = why(forge(&|r| r.summary.per_seed[0].error = Some("ok\nFORGED".into())));
         assert!(w.contains("control character"), "{w}");
+        // A bidirectional control is no control character, but reorders
+        // what the terminal shows.
+        let w = why(forge(&|r| r.scenario = "s\u{202e}lmot.toml".into()));
+        assert!(w.contains("bidirectional control"), "{w}");
+        let w = why(forge(&|r| {
+            r.summary.per_seed[0].error = Some("ok\u{2066}FORGED".into())
+        }));
+        assert!(w.contains("bidirectional control"), "{w}");
         let w = why(forge(&|r| r.shard = Some(Shard { index: 0, count: 2 })));
         assert!(w.contains("is not a shard"), "{w}");
         let w = why(forge(&|r| r.preamble = "   load gpu: forged\n".into()));

@@ -127,3 +127,22 @@ fn a_mooncake_row_that_is_an_array_is_refused() {
         &[&scenario, &trace],
     );
 }
+
+#[test]
+fn a_name_with_a_bidirectional_control_is_refused() {
+    for c in ['\u{202E}', '\u{2066}', '\u{200F}', '\u{061C}'] {
+        let text = REPLAYED
+            .replace("name = \"replayed\"", &format!("name = \"ok{c}deyalper\""))
+            .replace(
+                "{ id = 1, replay = { file = \"FILE\" } }",
+                "{ id = 1, calls_per_min = 6 }",
+            );
+        let scenario = temp_file("bidi/name.toml", &text);
+        expect(
+            &["run", s(&scenario)],
+            2,
+            &["line 2: field `name`", "bidirectional"],
+            &[&scenario],
+        );
+    }
+}

@@ -54,14 +54,15 @@ pub fn judge(scenario: &crate::scenario::Scenario, evidence: crate::evidence::Ev
 /// `word` as one POSIX shell word, for a command printed to be pasted: as
 /// it is when every character is safe, in single quotes when it has none
 /// that a terminal acts on, else in bash's `$'…'` with every control
-/// character escaped — a file named `a b;touch PWNED;.toml`, or one with an
-/// ANSI escape, is neither run nor drawn.
+/// character and bidirectional control ([`crate::terminal::is_unsafe`])
+/// escaped — a file named `a b;touch PWNED;.toml`, or one with an ANSI
+/// escape or a right-to-left override, is neither run nor drawn.
 pub fn shell_word(word: &str) -> String {
     let safe = |c: char| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c);
     if !word.is_empty() && word.chars().all(safe) {
         return word.to_owned();
     }
-    if !word.chars().any(char::is_control) {
+    if !crate::terminal::has_unsafe(word) {
         return format!("'{}'", word.replace('\'', r"'\''"));
     }
     let mut out = String::from("$'");
@@ -69,7 +70,7 @@ pub fn shell_word(word: &str) -> String {
         match c {
             '\'' => out.push_str(r"\'"),
             '\\' => out.push_str(r"\\"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c if crate::terminal::is_unsafe(c) => out.push_str(&format!("\\u{:04x}", u32::from(c))),
             c => out.push(c),
         }
     }
@@ -97,6 +98,7 @@ mod tests {
         assert_eq!(shell_word("a b;touch PWNED;.toml"), "'a b;touch PWNED;.toml'");
         assert_eq!(shell_word("it's.toml"), r"'it'\''s.toml'");
         assert_eq!(shell_word("\u{1b}[31mred.toml"), r"$'\u001b[31mred.toml'");
+        assert_eq!(shell_word("a\u{202e}lmot.toml"), r"$'a\u202elmot.toml'");
         assert_eq!(shell_word(""), "''");
     }
 

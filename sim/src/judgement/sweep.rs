@@ -293,8 +293,10 @@ impl SeedRecord {
             .chain(self.episodes.iter().map(|e| e.episode.as_str()))
             .chain(self.servers.keys().map(String::as_str));
         for text in texts {
-            if text.chars().any(char::is_control) {
-                return Err(format!("seed {seed}: a name or message holds a control character"));
+            if crate::terminal::has_unsafe(text) {
+                return Err(format!(
+                    "seed {seed}: a name or message holds a control character or a bidirectional control"
+                ));
             }
         }
         let figure = |name: &str, v: f64, known: &[&str]| -> Result<(), String> {

@@ -112,11 +112,12 @@ impl Scenario {
             return Err(e.bad("name", "must not be empty".into()));
         }
         // Printed at the head of every report: a control character (an
-        // ANSI escape, a newline) would forge report lines.
-        if self.name.chars().any(char::is_control) || self.name.chars().count() > MAX_NAME_CHARS {
+        // ANSI escape, a newline) would forge report lines, a bidirectional
+        // control reorder them.
+        if crate::terminal::has_unsafe(&self.name) || self.name.chars().count() > MAX_NAME_CHARS {
             return Err(e.bad(
                 "name",
-                format!("must be at most {MAX_NAME_CHARS} characters with no control characters (escapes, newlines), got {:?}", self.name.chars().take(40).collect::<String>()),
+                format!("must be at most {MAX_NAME_CHARS} characters with no control characters (escapes, newlines) or bidirectional controls (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C), got {:?}", self.name.chars().take(40).collect::<String>()),
             ));
         }
         e.positive("duration_s", self.duration_s)?;
