@@ -146,3 +146,183 @@ fn a_name_with_a_bidirectional_control_is_refused() {
         );
     }
 }
+
+/// A plain scenario for the warnings: one group of two workers calling one
+/// generic server.
+const PLAIN: &str = r#"
+name = "plain"
+duration_s = 20
+[[servers]]
+name = "gpu"
+[[workers]]
+name = "worker"
+count = 2
+servers = ["gpu"]
+tenants = [{ id = 1, calls_per_min = 6 }]
+"#;
+
+/// Runs `text` with `--strict`, expecting it refused on the line written as
+/// `line` naming `field` and saying `says`; without `--strict`, the same is
+/// a warning and the run goes ahead.
+fn strict_refuses(dir: &str, text: &str, line: &str, field: &str, says: &str) {
+    let path = temp_file(&format!("{dir}/odd.toml"), text);
+    let n = text
+        .lines()
+        .position(|l| l.trim() == line)
+        .unwrap_or_else(|| panic!("{line:?} not in {text}"))
+        + 1;
+    let at = format!("line {n}: field `{field}`");
+    expect(&["run", s(&path), "--strict"], 2, &[&at, says], &[&path]);
+    expect(
+        &["run", s(&path)],
+        0,
+        &[&format!("warning: {}: {at}", path.display())],
+        &[&path],
+    );
+}
+
+#[test]
+fn a_tenant_listed_twice_in_one_group_is_warned_about() {
+    let text = PLAIN.replace(
+        "tenants = [{ id = 1, calls_per_min = 6 }]",
+        "tenants = [\n  { id = 1, calls_per_min = 6 },\n  { id = 1, calls_per_min = 3 },\n]",
+    );
+    strict_refuses(
+        "dup",
+        &text,
+        // An inline array's entries are found by the line of the array.
+        "tenants = [",
+        "workers[0].tenants[1].id",
+        "listed twice",
+    );
+}
+
+#[test]
+fn a_burst_of_no_calls_is_warned_about() {
+    let text = format!("{PLAIN}\n[[faults]]\nkind = \"burst\"\nat_s = 5\ntenant = 1\ncalls = 0\n");
+    strict_refuses("burst0", &text, "calls = 0", "faults[0].calls", "0 calls fires nothing");
+}
+
+#[test]
+fn a_heal_with_no_partition_before_it_is_warned_about() {
+    let heal = "\n[[faults]]\nkind = \"heal\"\nat_s = 5\na = \"worker-0\"\nb = \"gpu\"\n";
+    strict_refuses(
+        "heal",
+        &format!("{PLAIN}{heal}"),
+        "kind = \"heal\"",
+        "faults[0].kind",
+        "does nothing",
+    );
+    // After a partition of the same link, either way round, it heals it.
+    let partition = "\n[[faults]]\nkind = \"partition\"\nat_s = 2\na = \"gpu\"\nb = \"worker-0\"\n";
+    let path = temp_file("heal/ok.toml", &format!("{PLAIN}{heal}{partition}"));
+    expect(&["run", s(&path), "--strict"], 0, &[], &[&path]);
+}
+
+#[test]
+fn a_link_fault_between_a_host_and_itself_is_warned_about() {
+    for (kind, extra) in [("partition", ""), ("heal", ""), ("latency", "ms = 100\n")] {
+        let text = format!("{PLAIN}\n[[faults]]\nkind = \"{kind}\"\nat_s = 5\na = \"gpu\"\nb = \"gpu\"\n{extra}");
+        strict_refuses("self", &text, "b = \"gpu\"", "faults[0].b", "and itself does nothing");
+    }
+}
+
+#[test]
+fn a_tenant_that_starts_no_call_is_warned_about() {
+    // 0.5 a minute on two workers over 20 s: a third of a call expected.
+    let text = PLAIN.replace("calls_per_min = 6", "calls_per_min = 0.5");
+    strict_refuses(
+        "nocalls",
+        &text,
+        "tenants = [{ id = 1, calls_per_min = 0.5 }]",
+        "workers[0].tenants[0].calls_per_min",
+        "starts no call",
+    );
+    // A burst for it is calls.
+    let burst = format!("{text}\n[[faults]]\nkind = \"burst\"\nat_s = 5\ntenant = 1\ncalls = 3\n");
+    let path = temp_file("nocalls/burst.toml", &burst);
+    expect(&["run", s(&path), "--strict"], 0, &[], &[&path]);
+    // A replay whose requests all fall after the run.
+    let csv = format!("{HEADER}50,ChatGPT,20,30,50,API log\n");
+    let text = PLAIN.replace("calls_per_min = 6", "replay = { file = \"late.csv\" }");
+    let scenario = temp_file("nocalls/replay.toml", &text);
+    let trace = write_bytes(&scenario, "late.csv", csv.as_bytes());
+    let n = text.lines().position(|l| l.contains("late.csv")).unwrap() + 1;
+    expect(
+        &["run", s(&scenario), "--strict"],
+        2,
+        &[
+            &format!("line {n}: field `workers[0].tenants[0].replay`"),
+            "starts no call",
+        ],
+        &[&scenario, &trace],
+    );
+}
+
+#[test]
+fn settings_a_per_worker_cache_ignores_are_warned_about() {
+    for (text, line, field) in [
+        (
+            format!("{PLAIN}\n[hardening]\non_cache_unavailable = \"refuse\"\n"),
+            "on_cache_unavailable = \"refuse\"",
+            "hardening.on_cache_unavailable",
+        ),
+        (
+            format!("{PLAIN}\n[hardening]\non_cache_error = \"refuse\"\n"),
+            "on_cache_error = \"refuse\"",
+            "hardening.on_cache_error",
+        ),
+        (
+            format!("{PLAIN}\n[cache]\ntimeout_ms = 100\n"),
+            "timeout_ms = 100",
+            "cache.timeout_ms",
+        ),
+    ] {
+        strict_refuses("cache", &text, line, field, "shared cache only");
+        // With a shared cache they are what they say.
+        let shared = if text.contains("[cache]") {
+            text.replace("[cache]", "[cache]\nkind = \"shared\"")
+        } else {
+            format!("{text}\n[cache]\nkind = \"shared\"\n")
+        };
+        let path = temp_file("cache/shared.toml", &shared);
+        expect(&["run", s(&path), "--strict"], 0, &[], &[&path]);
+    }
+}
+
+#[test]
+fn a_queue_or_slots_the_server_kind_ignores_is_warned_about() {
+    let vllm = PLAIN.replace("name = \"gpu\"", "name = \"gpu\"\nkind = \"vllm\"");
+    strict_refuses(
+        "kind",
+        &vllm.replace("kind = \"vllm\"", "kind = \"vllm\"\nqueue = 8"),
+        "queue = 8",
+        "servers[0].queue",
+        "kind \"vllm\" ignores it",
+    );
+    strict_refuses(
+        "kind",
+        &vllm.replace("kind = \"vllm\"", "kind = \"vllm\"\nslots = 8"),
+        "slots = 8",
+        "servers[0].slots",
+        "max_seqs",
+    );
+    // A generic server uses both.
+    let path = temp_file(
+        "kind/generic.toml",
+        &PLAIN.replace("name = \"gpu\"", "name = \"gpu\"\nslots = 8\nqueue = 8"),
+    );
+    expect(&["run", s(&path), "--strict"], 0, &[], &[&path]);
+}
+
+#[test]
+fn think_time_without_clients_is_warned_about() {
+    let text = PLAIN.replace("calls_per_min = 6 }", "calls_per_min = 6, think_s = 5 }");
+    strict_refuses(
+        "think",
+        &text,
+        "tenants = [{ id = 1, calls_per_min = 6, think_s = 5 }]",
+        "workers[0].tenants[0].think_s",
+        "clients",
+    );
+}

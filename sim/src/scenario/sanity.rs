@@ -101,6 +101,54 @@ pub enum Oddity {
         /// Why, in words.
         why: String,
     },
+    /// A tenant id listed twice in one worker group: its workers run both
+    /// loads as one tenant, under one limiter and one token budget.
+    DuplicateTenant {
+        /// The group's name.
+        group: String,
+        /// The tenant id.
+        tenant: u64,
+    },
+    /// A burst of `calls = 0`: it fires nothing.
+    EmptyBurst,
+    /// A `partition`, `heal` or `latency` of a host with itself: there is
+    /// no link between a host and itself, so it does nothing.
+    LinkToItself {
+        /// The fault's kind.
+        kind: FaultKind,
+        /// The host.
+        host: String,
+    },
+    /// A `heal` of a link no earlier `partition` cut (or one already
+    /// healed): it does nothing.
+    HealWithoutPartition {
+        /// One end of the link.
+        a: String,
+        /// The other.
+        b: String,
+    },
+    /// A tenant that starts no call in the run: no clients, no request of
+    /// its replay inside the run, no burst, and open-loop arrivals expected
+    /// fewer than once over the run on all of its group's workers.
+    NoCalls {
+        /// The tenant id.
+        tenant: u64,
+        /// Its open-loop calls expected over the run, all workers together.
+        expected: f64,
+    },
+    /// A setting the cache layout ignores: a per-worker cache is in the
+    /// worker's own process, never unreachable and never waited for.
+    IgnoredByCache,
+    /// A server setting its kind ignores.
+    IgnoredByKind {
+        /// The server's kind.
+        kind: super::ServerKind,
+        /// What the kind uses instead, in words.
+        instead: &'static str,
+    },
+    /// `think_s` on a tenant without `clients`: only closed-loop clients
+    /// think.
+    ThinkWithoutClients,
 }
 
 impl fmt::Display for Oddity {
@@ -153,6 +201,39 @@ impl fmt::Display for Oddity {
                 "a {kind} at the end of the run, when arrivals have stopped, changes nothing the invariants see"
             ),
             Oddity::NoCallCanSucceed { why } => write!(f, "{why}"),
+            Oddity::DuplicateTenant { group, tenant } => write!(
+                f,
+                "tenant {tenant} is listed twice in worker group {group:?}: its workers run both loads as one tenant, under one limiter; add the rates into one entry or give each its own id"
+            ),
+            Oddity::EmptyBurst => write!(f, "a burst of 0 calls fires nothing"),
+            Oddity::LinkToItself { kind, host } => write!(
+                f,
+                "a {kind} between {host:?} and itself does nothing: a fault acts on the link between two different hosts"
+            ),
+            Oddity::HealWithoutPartition { a, b } => write!(
+                f,
+                "heals {a:?}–{b:?}, which no earlier `partition` still in effect cut: a heal only repairs a partitioned link, so this one does nothing"
+            ),
+            Oddity::NoCalls { tenant, expected } => write!(
+                f,
+                "tenant {tenant} starts no call in the run: no clients, no replayed request inside it, no burst, and {expected:.2} open-loop calls expected over the whole run"
+            ),
+            Oddity::IgnoredByCache => write!(
+                f,
+                "applies to a shared cache only (cache.kind = \"shared\"): a per-worker cache is in the worker's own process, never unreachable, so this setting has no effect"
+            ),
+            Oddity::IgnoredByKind { kind, instead } => write!(
+                f,
+                "kind {:?} ignores it; {instead}",
+                serde_json::to_value(kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| format!("{kind:?}"))
+            ),
+            Oddity::ThinkWithoutClients => write!(
+                f,
+                "only closed-loop clients think between calls, and this tenant has none (set `clients`), so think_s has no effect"
+            ),
         }
     }
 }
@@ -535,11 +616,117 @@ pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
     for (field, why) in hopeless(scenario) {
         warn(field, Oddity::NoCallCanSucceed { why });
     }
+    // Tenants some burst fires calls for.
+    let burst_tenants: BTreeSet<u64> = scenario
+        .faults
+        .iter()
+        .filter_map(|f| match f {
+            Fault::Burst { tenant, calls, .. } if *calls > 0 => Some(*tenant),
+            _ => None,
+        })
+        .collect();
     for (i, w) in scenario.workers.iter().enumerate() {
         if w.tenants.is_empty() {
             warn(
                 format!("workers[{i}].tenants"),
                 Oddity::NoTenants { group: w.name.clone() },
+            );
+        }
+        let written_tenants = written_at(&written, "workers", i)
+            .and_then(|g| g.get("tenants"))
+            .and_then(toml::Value::as_array);
+        for (j, t) in w.tenants.iter().enumerate() {
+            let at = |f: &str| format!("workers[{i}].tenants[{j}].{f}");
+            if w.tenants[..j].iter().any(|u| u.id == t.id) {
+                warn(
+                    at("id"),
+                    Oddity::DuplicateTenant {
+                        group: w.name.clone(),
+                        tenant: t.id,
+                    },
+                );
+            }
+            let expected = t.calls_per_min * f64::from(w.count) * scenario.duration_s / 60.0;
+            let replays = t.replay.as_ref().is_some_and(|r| !r.requests.is_empty());
+            if t.clients == 0 && !replays && expected < 1.0 && !burst_tenants.contains(&t.id) {
+                let field = if t.replay.is_some() && t.calls_per_min == 0.0 {
+                    "replay"
+                } else {
+                    "calls_per_min"
+                };
+                warn(at(field), Oddity::NoCalls { tenant: t.id, expected });
+            }
+            let think_written = match written_tenants {
+                Some(list) => list.get(j).and_then(|t| t.get("think_s")).is_some(),
+                None => t.think_s != super::TenantLoad::open(t.id, 0.0).think_s,
+            };
+            if t.clients == 0 && think_written {
+                warn(at("think_s"), Oddity::ThinkWithoutClients);
+            }
+        }
+    }
+    if scenario.cache.kind == CacheKind::PerWorker {
+        let hardening = written.as_ref().and_then(|w| w.get("hardening"));
+        let defaults = super::Hardening::default();
+        let h = &scenario.hardening;
+        for (key, differs) in [
+            (
+                "on_cache_unavailable",
+                h.on_cache_unavailable != defaults.on_cache_unavailable,
+            ),
+            ("on_cache_error", h.on_cache_error != defaults.on_cache_error),
+        ] {
+            let set = match &written {
+                Some(_) => hardening.and_then(|t| t.get(key)).is_some(),
+                None => differs,
+            };
+            if set {
+                warn(format!("hardening.{key}"), Oddity::IgnoredByCache);
+            }
+        }
+        if scenario.cache.timeout_ms.is_some() {
+            warn("cache.timeout_ms".into(), Oddity::IgnoredByCache);
+        }
+    }
+    for (i, spec) in scenario.servers.iter().enumerate() {
+        let table = written_at(&written, "servers", i);
+        let set = |key: &str, differs: bool| match table {
+            Some(t) => t.get(key).is_some(),
+            None if written.is_some() => false,
+            None => differs,
+        };
+        let defaults = super::ServerSpec::named("");
+        if spec.kind.batches() && set("queue", spec.queue != defaults.queue) {
+            warn(
+                format!("servers[{i}].queue"),
+                Oddity::IgnoredByKind {
+                    kind: spec.kind,
+                    instead: match spec.kind {
+                        super::ServerKind::Vllm | super::ServerKind::Ollama => {
+                            "its waiting queue is unbounded unless `max_queue` is set"
+                        }
+                        _ => "its waiting queue is unbounded",
+                    },
+                },
+            );
+        }
+        // The slots are a routing weight, and llama.cpp's default `max_seqs`.
+        let weighted = matches!(
+            scenario.hardening.routing,
+            Some(super::Routing::Weighted | super::Routing::LeastLoaded)
+        );
+        let slots_unused = match spec.kind {
+            super::ServerKind::Generic => false,
+            super::ServerKind::LlamaCpp | super::ServerKind::LlamaSwap => spec.max_seqs.is_some(),
+            super::ServerKind::Vllm | super::ServerKind::OpenAi | super::ServerKind::Ollama => true,
+        };
+        if slots_unused && !weighted && set("slots", spec.slots != defaults.slots) {
+            warn(
+                format!("servers[{i}].slots"),
+                Oddity::IgnoredByKind {
+                    kind: spec.kind,
+                    instead: "`max_seqs` sets the sequences it batches together (the slots only weigh it under weighted or least-loaded routing)",
+                },
             );
         }
     }
@@ -568,6 +755,14 @@ pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
                     known: tenants.iter().copied().collect(),
                 },
             ),
+            Fault::Burst { calls: 0, .. } => warn(format!("faults[{i}].calls"), Oddity::EmptyBurst),
+            Fault::Partition { a, b, .. } | Fault::Heal { a, b, .. } | Fault::Latency { a, b, .. } if a == b => warn(
+                format!("faults[{i}].b"),
+                Oddity::LinkToItself {
+                    kind: f.kind(),
+                    host: a.clone(),
+                },
+            ),
             Fault::Behave { behaviour, .. }
                 if ignores_retry_after(
                     behaviour.mode,
@@ -586,10 +781,26 @@ pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
             warn(format!("faults[{i}].at_s"), Oddity::FaultAtEnd { kind: f.kind() });
         }
     }
-    // Restarts, in the order the faults apply.
+    // Restarts and heals, in the order the faults apply.
     let mut down = BTreeSet::new();
+    let mut cut: BTreeSet<(&str, &str)> = BTreeSet::new();
     for f in fault::in_order(&scenario.faults) {
         match f {
+            Fault::Partition { a, b, .. } => {
+                cut.insert(pair(a, b));
+            }
+            // A heal of a link nothing cut (one of a host with itself is
+            // warned about above).
+            Fault::Heal { a, b, .. } if a != b && !cut.remove(&pair(a, b)) => {
+                let i = scenario.faults.iter().position(|g| std::ptr::eq(g, f)).unwrap_or(0);
+                warn(
+                    format!("faults[{i}].kind"),
+                    Oddity::HealWithoutPartition {
+                        a: a.clone(),
+                        b: b.clone(),
+                    },
+                );
+            }
             Fault::Crash { server, .. } => {
                 down.insert(server.as_str());
             }
@@ -607,6 +818,11 @@ pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
         }
     }
     out
+}
+
+/// A link's two ends in one order, whichever way the fault names them.
+fn pair<'s>(a: &'s str, b: &'s str) -> (&'s str, &'s str) {
+    if a <= b { (a, b) } else { (b, a) }
 }
 
 /// The `i`th table of the array `key` as the file wrote it.
