@@ -404,4 +404,97 @@ mod tests {
         assert_eq!(parse_seeds("100000", None).map(|r| r.end - r.start), Ok(MAX_SEEDS));
         assert!(parse_seeds("100001", None).is_err());
     }
+
+    mod parsers {
+        //! `--seeds`, `--set` and `--vary` take any text a user types: each
+        //! parser returns a bounded result or an error, and never panics.
+
+        use proptest::prelude::*;
+        use redstring_sim::judgement::compare::{MAX_KEY_DEPTH, parse_set, set_field};
+        use redstring_sim::search::tune::{Dim, MAX_LEVELS};
+
+        use super::*;
+
+        /// Text made of the pieces these flags are written with, so that
+        /// near-misses (`1..`, `..=5`, `a.b=1,,2`, `0..1:1e-300`) come up
+        /// often, and any text at all besides.
+        fn flag_text() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                Just("..".to_owned()),
+                Just("..=".to_owned()),
+                Just("=".to_owned()),
+                Just(",".to_owned()),
+                Just(":".to_owned()),
+                Just(".".to_owned()),
+                Just("-".to_owned()),
+                Just(" ".to_owned()),
+                Just("0".to_owned()),
+                Just("1".to_owned()),
+                Just("100000".to_owned()),
+                Just("100001".to_owned()),
+                Just("18446744073709551615".to_owned()),
+                Just("18446744073709551616".to_owned()),
+                Just("9223372036854775807".to_owned()),
+                Just("-9223372036854775808".to_owned()),
+                Just("1e308".to_owned()),
+                Just("-1e308".to_owned()),
+                Just("1e-320".to_owned()),
+                Just("nan".to_owned()),
+                Just("inf".to_owned()),
+                Just("0.1".to_owned()),
+                Just("hardening".to_owned()),
+                Just("servers".to_owned()),
+                Just("rpm".to_owned()),
+                Just("\"x\"".to_owned()),
+                Just("[".to_owned()),
+                Just("{".to_owned()),
+                Just("\u{202e}".to_owned()),
+                "\\PC{0,8}",
+            ];
+            prop_oneof![
+                prop::collection::vec(piece, 0..10).prop_map(|p| p.concat()),
+                any::<String>(),
+            ]
+        }
+
+        const SCENARIO: &str = "name = \"x\"\nduration_s = 10\n[hardening]\nrpm = 60\n[[servers]]\nname = \"gpu\"\n";
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+            #[test]
+            fn seeds_are_a_bounded_range_or_an_error(text in flag_text(), first in prop::option::of(any::<u64>())) {
+                if let Ok(r) = parse_seeds(&text, first) {
+                    prop_assert!(r.start < r.end, "{text:?}: {r:?}");
+                    prop_assert!(r.end - r.start <= MAX_SEEDS, "{text:?}: {r:?}");
+                }
+            }
+
+            #[test]
+            fn a_set_is_a_key_and_values_or_an_error(text in flag_text()) {
+                if let Ok((key, values)) = parse_set(&text) {
+                    prop_assert!(!key.is_empty() && !values.is_empty());
+                    prop_assert!(values.len() <= text.len());
+                    for v in &values {
+                        // Whatever the key and value, setting it in a
+                        // scenario's text is a text or an error.
+                        if let Ok(out) = set_field(SCENARIO, &key, v) {
+                            prop_assert!(key.split('.').count() <= MAX_KEY_DEPTH);
+                            prop_assert!(out.parse::<toml::Table>().is_ok(), "{key}={v}: {out}");
+                        }
+                    }
+                }
+            }
+
+            #[test]
+            fn a_vary_is_a_bounded_dimension_or_an_error(text in flag_text()) {
+                if let Ok(dim) = Dim::parse(&text) {
+                    prop_assert!(!dim.key.is_empty());
+                    if let Some(levels) = dim.levels() {
+                        prop_assert!((1..=MAX_LEVELS.max(text.len() as u64)).contains(&levels), "{text:?}: {levels}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -45,8 +45,9 @@ pub struct Dim {
     pub spec: Spec,
 }
 
-/// Most values a stepped range may have (a larger one is a typo, not a design).
-pub(super) const MAX_LEVELS: u64 = 1_000_000;
+/// Most values a stepped or integer range may have (a larger one is a
+/// typo, not a design).
+pub const MAX_LEVELS: u64 = 1_000_000;
 
 pub(super) fn decimals_of(text: &str) -> usize {
     text.split_once('.').map_or(0, |(_, d)| d.len())
