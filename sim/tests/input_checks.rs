@@ -326,3 +326,28 @@ fn think_time_without_clients_is_warned_about() {
         "clients",
     );
 }
+
+#[test]
+fn fuzz_bounds_that_would_draw_invalid_scenarios_are_refused_by_the_bound() {
+    // Each bound in range, but 50 workers × 8 tenants × 60 000 calls a
+    // minute is beyond what a scenario may ask of its fleet.
+    let text = "workers = [1, 50]\ntenants = [1, 8]\ncalls_per_min = [1.0, 60000.0]\n";
+    let bounds = temp_file("fuzzbounds/bounds.toml", text);
+    let out_dir = bounds.with_file_name("regressions");
+    expect(
+        &[
+            "fuzz",
+            s(&bounds),
+            "--cases",
+            "4",
+            "--shrink",
+            "1",
+            "--out",
+            s(&out_dir),
+        ],
+        2,
+        &["line 3: field `calls_per_min`", "600000"],
+        &[&bounds],
+    );
+    assert!(!out_dir.exists(), "no regression is written");
+}

@@ -268,6 +268,20 @@ impl Bounds {
         if self.workers[1] > 50 || self.servers[1] > 8 || self.tenants[1] > 8 {
             return Err(bad("workers", "at most 50 workers, 8 servers and 8 tenants".into()));
         }
+        // A case may draw the most of each: every worker has every tenant.
+        let fleet_calls = f64::from(self.workers[1]) * f64::from(self.tenants[1]) * self.calls_per_min[1];
+        if fleet_calls > limits::MAX_FLEET_CALLS_PER_MIN {
+            return Err(bad(
+                "calls_per_min",
+                format!(
+                    "max {} on each of up to {} tenants on each of up to {} workers draws fleets calling {fleet_calls} times a minute, above the {} a scenario may; lower one of the three",
+                    self.calls_per_min[1],
+                    self.tenants[1],
+                    self.workers[1],
+                    limits::MAX_FLEET_CALLS_PER_MIN
+                ),
+            ));
+        }
         if self.tick_ms == 0 || self.tick_ms > 1000 {
             return Err(bad(
                 "tick_ms",
@@ -857,4 +871,94 @@ pub fn write(dir: &Path, case: &Regression) -> std::io::Result<PathBuf> {
     let path = dir.join(&case.file_name);
     std::fs::write(&path, &case.toml)?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::strategy::ValueTree as _;
+    use proptest::test_runner::TestRunner;
+
+    use super::*;
+
+    /// `n` cases drawn from `bounds`, without running them.
+    fn draws(bounds: &Bounds, n: usize) -> Vec<Scenario> {
+        let strategy = scenarios(bounds);
+        let mut runner = TestRunner::deterministic();
+        (0..n)
+            .map(|_| strategy.new_tree(&mut runner).unwrap().current())
+            .collect()
+    }
+
+    #[test]
+    fn bounds_that_load_draw_only_valid_scenarios_even_at_their_limits() {
+        let most = Bounds {
+            duration_s: [24.0 * 3600.0; 2],
+            tick_ms: 1000,
+            workers: [50, 50],
+            servers: [8, 8],
+            tenants: [8, 8],
+            calls_per_min: [1500.0; 2],
+            rpm: [u32::MAX; 2],
+            window_s: [limits::MAX_SECONDS; 2],
+            failure_threshold: [u32::MAX; 2],
+            recovery_timeout_s: [limits::MAX_SECONDS; 2],
+            half_open_max_calls: [u32::MAX; 2],
+            max_retries: [limits::MAX_RETRIES; 2],
+            initial_delay_s: [limits::MAX_SECONDS / 8.0; 2],
+            jitter: [1.0; 2],
+            request_timeout_s: [limits::MAX_SECONDS; 2],
+            max_clock_offset_ms: (limits::MAX_CLOCK_MS / 2) as i64,
+            max_drift_ppm: limits::MAX_DRIFT_PPM as i64,
+            max_faults: MAX_FAULTS,
+            budgets: true,
+            routing: true,
+            ..Bounds::default()
+        };
+        let least = Bounds {
+            duration_s: [1.0; 2],
+            tick_ms: 1000,
+            workers: [1, 1],
+            servers: [1, 1],
+            tenants: [1, 1],
+            calls_per_min: [0.0; 2],
+            rpm: [1, 1],
+            window_s: [0.001; 2],
+            failure_threshold: [1, 1],
+            recovery_timeout_s: [0.001; 2],
+            half_open_max_calls: [1, 1],
+            max_retries: [0, 0],
+            initial_delay_s: [0.001; 2],
+            jitter: [0.0; 2],
+            request_timeout_s: [0.001; 2],
+            max_clock_offset_ms: 0,
+            max_drift_ppm: 0,
+            max_faults: MAX_FAULTS,
+            budgets: true,
+            routing: true,
+            ..Bounds::default()
+        };
+        for (name, bounds) in [("most", most), ("least", least), ("default", Bounds::default())] {
+            bounds.validate(name).unwrap();
+            for s in draws(&bounds, 24) {
+                s.validate(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn bounds_whose_fleets_would_call_too_often_are_refused_naming_the_rate() {
+        let bounds = Bounds {
+            workers: [1, 50],
+            tenants: [1, 8],
+            calls_per_min: [1.0, 1501.0],
+            ..Bounds::default()
+        };
+        match bounds.validate("b.toml") {
+            Err(ScenarioError::Invalid { field, message, .. }) => {
+                assert_eq!(field, "calls_per_min");
+                assert!(message.contains("600000"), "{message}");
+            }
+            other => panic!("expected the rate refused, got {other:?}"),
+        }
+    }
 }
