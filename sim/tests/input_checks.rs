@@ -351,3 +351,91 @@ fn fuzz_bounds_that_would_draw_invalid_scenarios_are_refused_by_the_bound() {
     );
     assert!(!out_dir.exists(), "no regression is written");
 }
+
+#[test]
+fn a_nan_time_scale_is_named_as_the_time_scale() {
+    // The service time it makes is NaN too; the field to fix is the scale.
+    let text = PLAIN.replace("name = \"gpu\"", "name = \"gpu\"\nkind = \"vllm\"\ntime_scale = nan");
+    let path = temp_file("fields/scale.toml", &text);
+    let n = text.lines().position(|l| l == "time_scale = nan").unwrap() + 1;
+    expect(
+        &["run", s(&path)],
+        2,
+        &[&format!("line {n}: field `servers[0].time_scale`"), "got NaN"],
+        &[&path],
+    );
+}
+
+#[test]
+fn a_prompt_that_takes_a_day_to_prefill_is_named_as_the_prompt() {
+    let text = PLAIN.replace(
+        "name = \"gpu\"",
+        "name = \"gpu\"\nprefill_tokens_per_s = 0.01\nprompt_tokens = 4000",
+    );
+    let path = temp_file("fields/prompt.toml", &text);
+    let n = text.lines().position(|l| l == "prompt_tokens = 4000").unwrap() + 1;
+    expect(
+        &["run", s(&path)],
+        2,
+        &[
+            &format!("line {n}: field `servers[0].prompt_tokens`"),
+            "at most 86400 s",
+        ],
+        &[&path],
+    );
+}
+
+#[test]
+fn a_negative_drift_bound_is_named_as_the_drift() {
+    let bounds = temp_file("fields/bounds.toml", "max_clock_offset_ms = 10\nmax_drift_ppm = -5\n");
+    expect(
+        &["fuzz", s(&bounds), "--cases", "1"],
+        2,
+        &["line 2: field `max_drift_ppm`", "must not be negative, got -5"],
+        &[&bounds],
+    );
+}
+
+#[test]
+fn a_behaviour_out_of_range_is_named_by_its_own_field() {
+    let text = PLAIN.replace(
+        "name = \"gpu\"",
+        "name = \"gpu\"\nbehaviour = { mode = \"error\", probability = 2.0 }",
+    );
+    let path = temp_file("fields/behaviour.toml", &text);
+    let n = text.lines().position(|l| l.starts_with("behaviour = ")).unwrap() + 1;
+    expect(
+        &["run", s(&path)],
+        2,
+        &[
+            &format!("line {n}: field `servers[0].behaviour.probability`"),
+            "between 0 and 1",
+        ],
+        &[&path],
+    );
+}
+
+#[test]
+fn a_worker_named_like_a_server_is_named_by_its_group() {
+    let text = format!("{PLAIN}\n[[workers]]\nname = \"gpu\"\nservers = [\"gpu\"]\ntenants = []\n");
+    let path = temp_file("fields/worker.toml", &text);
+    let lines: Vec<&str> = text.lines().collect();
+    let n = lines.iter().rposition(|l| *l == "name = \"gpu\"").unwrap() + 1;
+    expect(
+        &["run", s(&path)],
+        2,
+        &[&format!("line {n}: field `workers[1].name`"), "used twice"],
+        &[&path],
+    );
+}
+
+#[test]
+fn too_many_servers_in_fuzz_bounds_is_named_as_the_servers() {
+    let bounds = temp_file("fields/servers.toml", "workers = [1, 2]\nservers = [1, 9]\n");
+    expect(
+        &["fuzz", s(&bounds), "--cases", "1"],
+        2,
+        &["line 2: field `servers`", "at most 8, got 9"],
+        &[&bounds],
+    );
+}

@@ -270,10 +270,14 @@ impl Scenario {
             for (field, v) in [("prompt_tokens", s.prompt_tokens), ("output_tokens", s.output_tokens)] {
                 e.at_most(&at(field), u64::from(v), MAX_TRACE_TOKENS, "tokens per request")?;
             }
+            // The kind's own fields first: the service time below is
+            // computed from them (a `time_scale` of NaN is that field's
+            // error, not the token counts').
+            crate::scenario::kinds::validate(s).map_err(|(f, m)| e.bad(&at(&f), m))?;
             let service = s.service_time_s();
             if !(service.is_finite() && service <= MAX_SERVICE_TIME_S) {
                 return Err(e.bad(
-                    &at("output_tokens"),
+                    &at(slow_field(s)),
                     format!(
                         "one request would hold a slot for {service} s (prompt_tokens / prefill_tokens_per_s + output_tokens / decode_tokens_per_s); at most {MAX_SERVICE_TIME_S} s"
                     ),
@@ -283,8 +287,7 @@ impl Scenario {
                 return Err(e.bad(&at("reload_s"), format!("must not be negative, got {}", s.reload_s)));
             }
             e.within(&at("reload_s"), s.reload_s, 0.0, MAX_SECONDS, " s")?;
-            check_behaviour(&s.behaviour).map_err(|m| e.bad(&at("behaviour"), m))?;
-            crate::scenario::kinds::validate(s).map_err(|(f, m)| e.bad(&at(&f), m))?;
+            check_behaviour(&s.behaviour).map_err(|(f, m)| e.bad(&at(&format!("behaviour.{f}")), m))?;
         }
         Ok(hosts)
     }
@@ -407,10 +410,19 @@ impl Scenario {
             }
         }
         let mut workers = BTreeSet::new();
-        for member in self.fleet() {
+        // The fleet lists each group's workers in turn: the group of each.
+        let groups = self
+            .workers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, w)| std::iter::repeat_n(i, w.count as usize));
+        for (member, i) in self.fleet().into_iter().zip(groups) {
             let w = member.name;
             if !valid_host(&w) || !hosts.insert(w.clone()) {
-                return Err(e.bad("workers", format!("host name {w:?} is invalid or used twice")));
+                return Err(e.bad(
+                    &format!("workers[{i}].name"),
+                    format!("host name {w:?} is invalid or used twice"),
+                ));
             }
             workers.insert(w);
         }
@@ -451,7 +463,7 @@ impl Scenario {
                 Fault::Crash { server, .. } | Fault::Restart { server, .. } => known_server(server)?,
                 Fault::Behave { server, behaviour, .. } => {
                     known_server(server)?;
-                    check_behaviour(behaviour).map_err(|m| e.bad(&at("behaviour"), m))?;
+                    check_behaviour(behaviour).map_err(|(f, m)| e.bad(&at(&format!("behaviour.{f}")), m))?;
                 }
                 Fault::Partition { a, b, .. } | Fault::Heal { a, b, .. } | Fault::Latency { a, b, .. } => {
                     for (side, h) in [("a", a), ("b", b)] {
@@ -590,17 +602,43 @@ pub(crate) fn locate(text: &str, field: &str) -> Option<usize> {
     at.map(|i| i + 1)
 }
 
-fn check_behaviour(b: &Behaviour) -> Result<(), String> {
+/// The field that makes a server's request take too long: a batching
+/// kind's `time_scale` when it slows every step, else the larger of the
+/// prefill and decode terms' token counts.
+fn slow_field(s: &super::ServerSpec) -> &'static str {
+    if s.kind.batches() && s.time_scale.is_some_and(|t| t > 1.0) {
+        return "time_scale";
+    }
+    let (prompt, output) = s.mean_tokens();
+    let prefill = prompt as f64 / s.prefill_tokens_per_s;
+    let decode = output as f64 / s.decode_tokens_per_s;
+    match (prefill > decode, s.kind.batches()) {
+        (true, true) if s.prompt_tokens_dist.is_some() => "prompt_tokens_dist",
+        (false, true) if s.output_tokens_dist.is_some() => "output_tokens_dist",
+        (true, _) => "prompt_tokens",
+        (false, _) => "output_tokens",
+    }
+}
+
+/// A behaviour's numbers in range; an error names its field (`probability`,
+/// `retry_after_s`) and what is wrong.
+fn check_behaviour(b: &Behaviour) -> Result<(), (&'static str, String)> {
     if !(0.0..=1.0).contains(&b.probability) {
-        return Err(format!("probability must be between 0 and 1, got {}", b.probability));
+        return Err((
+            "probability",
+            format!("probability must be between 0 and 1, got {}", b.probability),
+        ));
     }
     if !(b.retry_after_s.is_finite() && b.retry_after_s >= 0.0) {
-        return Err(format!("retry_after_s must not be negative, got {}", b.retry_after_s));
+        return Err((
+            "retry_after_s",
+            format!("retry_after_s must not be negative, got {}", b.retry_after_s),
+        ));
     }
     if b.retry_after_s > MAX_SECONDS {
-        return Err(format!(
-            "retry_after_s must be at most {MAX_SECONDS} s, got {}",
-            b.retry_after_s
+        return Err((
+            "retry_after_s",
+            format!("retry_after_s must be at most {MAX_SECONDS} s, got {}", b.retry_after_s),
         ));
     }
     Ok(())

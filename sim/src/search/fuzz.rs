@@ -265,8 +265,14 @@ impl Bounds {
                 ));
             }
         }
-        if self.workers[1] > 50 || self.servers[1] > 8 || self.tenants[1] > 8 {
-            return Err(bad("workers", "at most 50 workers, 8 servers and 8 tenants".into()));
+        for (field, [_, most], limit) in [
+            ("workers", self.workers, 50),
+            ("servers", self.servers, 8),
+            ("tenants", self.tenants, 8),
+        ] {
+            if most > limit {
+                return Err(bad(field, format!("max must be at most {limit}, got {most}")));
+            }
         }
         // A case may draw the most of each: every worker has every tenant.
         let fleet_calls = f64::from(self.workers[1]) * f64::from(self.tenants[1]) * self.calls_per_min[1];
@@ -300,8 +306,13 @@ impl Bounds {
         if self.on_cache_error.is_empty() {
             return Err(bad("on_cache_error", "name at least one policy".into()));
         }
-        if self.max_clock_offset_ms < 0 || self.max_drift_ppm < 0 {
-            return Err(bad("max_clock_offset_ms", "must not be negative".into()));
+        for (field, v) in [
+            ("max_clock_offset_ms", self.max_clock_offset_ms),
+            ("max_drift_ppm", self.max_drift_ppm),
+        ] {
+            if v < 0 {
+                return Err(bad(field, format!("must not be negative, got {v}")));
+            }
         }
         if let Some(kind) = self.fault_kinds.iter().find(|k| k.episode() != **k) {
             let known: Vec<&str> = episode_kinds().into_iter().map(FaultKind::name).collect();
