@@ -388,3 +388,23 @@ fn the_cli_prints_the_load_and_warnings_and_strict_refuses_them() {
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("WARN") && stdout.contains("ok "), "{stdout}");
 }
+
+#[test]
+fn without_the_text_a_setting_counts_as_written_when_it_is_not_the_default() {
+    let mut s = Scenario::parse("sane.toml", BASE).unwrap();
+    assert_eq!(sanity::warnings(&s, None), []);
+    s.hardening.on_cache_error = redstring::OnCacheError::Refuse;
+    s.servers[0].kind = redstring_sim::scenario::ServerKind::Vllm;
+    s.servers[0].queue = 8;
+    s.workers[0].tenants[0].think_s = 5.0;
+    let fields: Vec<String> = sanity::warnings(&s, None).into_iter().map(|w| w.field).collect();
+    assert_eq!(
+        fields,
+        [
+            "workers[0].tenants[0].think_s",
+            "hardening.on_cache_error",
+            "servers[0].queue"
+        ]
+    );
+    assert!(sanity::warnings(&s, None).iter().all(|w| w.line.is_none()));
+}
