@@ -27,7 +27,7 @@ use crate::cache::{Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, Slo
 use crate::clock::{Clock, SystemClock};
 use crate::decide::DecidedBy;
 use crate::decide::tokens;
-use crate::decide::window::{SlotOutcome, decide};
+use crate::decide::window::SlotOutcome;
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Listener, Observer, TracingObserver};
 use crate::tenant::TenantId;
@@ -466,6 +466,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// falls back, as any other.
     #[cfg(feature = "mutants")]
     async fn mutated_slot(&self, key: &str, request: SlotRequest) -> Option<Result<SlotOutcome, CacheError>> {
+        use crate::decide::window::decide;
         use crate::mutants::{Mutant, injected};
         let mutant = injected()?;
         Some(match mutant {
