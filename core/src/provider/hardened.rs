@@ -1545,25 +1545,30 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> LlmProvider for HardenedPro
         timeout: Option<Duration>,
     ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
         Box::pin(async move {
-            let start = self.clock.now();
-            self.observer.on_event(&Event::CallStarted {
-                model: self.model_of(0),
-                tenant: self.tenant,
+            // Nobody listening: no event to build, no clock to read.
+            let start = self.observer.enabled().then(|| {
+                self.observer.on_event(&Event::CallStarted {
+                    model: self.model_of(0),
+                    tenant: self.tenant,
+                });
+                self.clock.now()
             });
             let (result, attempts, at) = self.run(request, timeout).await;
-            let usage = result.as_ref().ok().and_then(|a| a.usage);
-            self.observer.on_event(&Event::CallFinished {
-                model: self.model_of(at),
-                tenant: self.tenant,
-                outcome: match &result {
-                    Ok(_) => "ok",
-                    Err(e) => e.kind(),
-                },
-                attempts,
-                duration: self.clock.now().saturating_duration_since(start),
-                input_tokens: usage.map(|u| u.prompt_tokens),
-                output_tokens: usage.map(|u| u.completion_tokens),
-            });
+            if let Some(start) = start {
+                let usage = result.as_ref().ok().and_then(|a| a.usage);
+                self.observer.on_event(&Event::CallFinished {
+                    model: self.model_of(at),
+                    tenant: self.tenant,
+                    outcome: match &result {
+                        Ok(_) => "ok",
+                        Err(e) => e.kind(),
+                    },
+                    attempts,
+                    duration: self.clock.now().saturating_duration_since(start),
+                    input_tokens: usage.map(|u| u.prompt_tokens),
+                    output_tokens: usage.map(|u| u.completion_tokens),
+                });
+            }
             result
         })
     }
