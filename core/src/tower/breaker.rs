@@ -194,10 +194,7 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        // The service polled ready goes with the call; its clone waits for
-        // the next poll_ready.
-        let fresh = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, fresh);
+        let mut inner = super::take_polled(&mut self.inner);
         let breaker = self.breaker.clone();
         let classify = self.classify.clone();
         let observer = self.observer.clone();

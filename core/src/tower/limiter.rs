@@ -124,10 +124,7 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let tenant = (self.tenant_of)(&request);
-        // The service polled ready goes with the call; its clone waits for
-        // the next poll_ready.
-        let fresh = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, fresh);
+        let mut inner = super::take_polled(&mut self.inner);
         let limiter = self.limiter.clone();
         ResponseFuture::new(async move {
             match limiter.acquire(tenant).await {

@@ -107,6 +107,14 @@ use crate::limiter::{AcquireError, RateLimitExceeded};
 /// The error the layers' services answer: tower's `BoxError`, the same type.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The inner service polled ready, taken for the call, leaving a clone in
+/// its place for the next `poll_ready` — as tower's guidance says a layer
+/// that calls its inner service from its response future must.
+fn take_polled<S: Clone>(inner: &mut S) -> S {
+    let fresh = inner.clone();
+    std::mem::replace(inner, fresh)
+}
+
 /// Whether `error` is a refusal by one of these layers (or a limiter that
 /// could not reach its cache): the call never reached the server.
 fn is_refusal(error: &BoxError) -> bool {

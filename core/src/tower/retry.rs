@@ -201,10 +201,7 @@ where
     }
 
     fn call(&mut self, request: Req) -> Self::Future {
-        // The service polled ready makes the first attempt; its clone waits
-        // for the next poll_ready.
-        let fresh = self.inner.clone();
-        let polled = std::mem::replace(&mut self.inner, fresh);
+        let polled = super::take_polled(&mut self.inner);
         let template = polled.clone();
         let mut polled = Some(polled);
         let (retry, classify, operation) = (self.retry.clone(), self.classify.clone(), self.operation.clone());
