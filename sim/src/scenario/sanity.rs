@@ -432,8 +432,7 @@ fn settled_tokens(scenario: &Scenario, member: &super::FleetMember, t: &super::T
 /// also the calls whose settled tokens (`settled_tokens`) fit it — per
 /// worker with per-worker caches; fleet-wide with a shared one, each
 /// worker getting the share its arrivals are of the tenant's total.
-pub fn admitted_per_s(scenario: &Scenario) -> Vec<Vec<f64>> {
-    let fleet = scenario.fleet();
+pub fn admitted_per_s(scenario: &Scenario, fleet: &[super::FleetMember]) -> Vec<Vec<f64>> {
     let h = &scenario.hardening;
     let calls_allowed = f64::from(h.rpm) / h.window_s;
     let tokens_allowed = h.tokens_per_window.map(|t| t as f64 / h.window_s);
@@ -453,7 +452,7 @@ pub fn admitted_per_s(scenario: &Scenario) -> Vec<Vec<f64>> {
     };
     // Totals per tenant for a shared cache, summed once (fleets may be large).
     let mut totals: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
-    for m in &fleet {
+    for m in fleet {
         for t in &m.tenants {
             let total = totals.entry(t.id).or_default();
             total.0 += rate(t);
@@ -484,31 +483,36 @@ pub fn admitted_per_s(scenario: &Scenario) -> Vec<Vec<f64>> {
 pub fn loads(scenario: &Scenario) -> Vec<ServerLoad> {
     let fleet = scenario.fleet();
     let h = &scenario.hardening;
-    let admitted = admitted_per_s(scenario);
+    let admitted = admitted_per_s(scenario, &fleet);
     let rate = |t: &super::TenantLoad| t.most_calls_per_min(scenario.duration_s) / 60.0;
     let mut burst_per_tenant: BTreeMap<u64, u64> = BTreeMap::new();
     for b in scenario.bursts() {
         let calls = burst_per_tenant.entry(b.tenant).or_default();
         *calls = calls.saturating_add(u64::from(b.calls));
     }
-    // The calls per second each server is offered while `down` (or none) is down.
+    // The calls per second each server is offered while `down` (or none) is
+    // down: a member offers only the servers it routes over.
     let offered_with = |down: Option<&str>| -> BTreeMap<&str, f64> {
         let mut out = BTreeMap::new();
         for (m, tenants) in fleet.iter().zip(&admitted) {
             let member: f64 = tenants.iter().sum();
-            for spec in &scenario.servers {
-                let share = scenario.share_while_down(m, &spec.name, down);
-                *out.entry(spec.name.as_str()).or_default() += member * share;
+            for name in &m.servers {
+                let share = scenario.share_while_down(m, name, down);
+                *out.entry(name.as_str()).or_default() += member * share;
             }
         }
         out
     };
     let healthy = offered_with(None);
-    let while_down: Vec<(&str, BTreeMap<&str, f64>)> = scenario
-        .servers
-        .iter()
-        .map(|down| (down.name.as_str(), offered_with(Some(&down.name))))
-        .collect();
+    // Without routing no call moves when a server is down.
+    let while_down: Vec<(&str, BTreeMap<&str, f64>)> = match scenario.hardening.routing {
+        None => Vec::new(),
+        Some(_) => scenario
+            .servers
+            .iter()
+            .map(|down| (down.name.as_str(), offered_with(Some(&down.name))))
+            .collect(),
+    };
     scenario
         .servers
         .iter()
