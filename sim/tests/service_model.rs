@@ -8,7 +8,7 @@
 //! `cargo test -p redstring-sim --test service_model -- --ignored --nocapture`.
 
 use plotters::prelude::*;
-use redstring_sim::hosts::server::batching::{EngineParams, Expectation, Measured, expectation, measure};
+use redstring_sim::hosts::server::batching::{EngineParams, Expectation, Measured, StepCost, expectation, measure};
 
 const PROMPT: u64 = 400;
 const OUTPUT: u64 = 60;
@@ -19,7 +19,7 @@ fn params() -> EngineParams {
         max_seqs: 64,
         kv_tokens: 100_000,
         max_batched_tokens: 8192,
-        time_scale: 1.0,
+        cost: StepCost::Polynomial { time_scale: 1.0 },
         preempt: true,
         reject_prompts_from: None,
     }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ClockSpec;
 use crate::hosts::server::kinds::Preset;
-pub use crate::scenario::kinds::{Quota, ServerKind, Spread};
+pub use crate::scenario::kinds::{LinearStep, Quota, ServerKind, Spread};
 
 /// One GPU model server.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -80,6 +80,10 @@ pub struct ServerSpec {
     /// Multiplies every step's time: 2 is a GPU half as fast (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_scale: Option<f64>,
+    /// A measured step-time model in place of Dynamo's polynomials (as
+    /// `redstring-sim calibrate` writes it); excludes `time_scale`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_ms: Option<LinearStep>,
     /// Sigma of each step's lognormal time factor (mean 1; default 0.05).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_sigma: Option<f64>,
@@ -132,6 +136,7 @@ impl ServerSpec {
             max_batched_tokens: None,
             context_tokens: None,
             time_scale: None,
+            step_ms: None,
             step_sigma: None,
             concurrency_limit: None,
             health_check_timeout_s: None,

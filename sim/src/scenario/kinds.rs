@@ -184,6 +184,68 @@ impl Spread {
     }
 }
 
+/// A measured step-time model: what one forward pass costs, linear in the
+/// prompt tokens it prefills and the sequences it decodes.
+///
+/// Dynamo's polynomials (the default) describe a GPU, whose decode step
+/// barely grows with the batch; a server on CPUs computes each sequence's
+/// token in turn, so its step grows with the batch. `redstring-sim
+/// calibrate` fits these four numbers to a running server's latencies; a
+/// step takes `decode_base_ms + decode_per_sequence_ms × B`, plus
+/// `prefill_base_ms + prefill_per_token_ms × T` when it prefills `T > 0`
+/// prompt tokens, for `B` sequences in the batch.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinearStep {
+    /// Milliseconds a step that prefills takes beyond its decode (a
+    /// request's fixed cost: parsing, tokenising, the grammar's setup).
+    pub prefill_base_ms: f64,
+    /// Milliseconds per prompt token prefilled.
+    pub prefill_per_token_ms: f64,
+    /// Milliseconds of every step, whatever its batch.
+    pub decode_base_ms: f64,
+    /// Milliseconds per sequence in the batch.
+    pub decode_per_sequence_ms: f64,
+}
+
+/// The most milliseconds any term of a [`LinearStep`] may take.
+pub const MAX_STEP_MS: f64 = 60_000.0;
+
+impl LinearStep {
+    /// Milliseconds of a step that prefills `tokens` prompt tokens and
+    /// decodes `batch` sequences.
+    pub fn step_ms(&self, tokens: u64, batch: usize) -> f64 {
+        let prefill = if tokens == 0 {
+            0.0
+        } else {
+            self.prefill_base_ms + self.prefill_per_token_ms * tokens as f64
+        };
+        prefill + self.decode_base_ms + self.decode_per_sequence_ms * batch as f64
+    }
+
+    /// Each term finite, not negative and at most [`MAX_STEP_MS`], and a
+    /// decode step that takes some time; the error names the term.
+    pub(crate) fn check(&self) -> Result<(), (String, String)> {
+        for (field, v) in [
+            ("prefill_base_ms", self.prefill_base_ms),
+            ("prefill_per_token_ms", self.prefill_per_token_ms),
+            ("decode_base_ms", self.decode_base_ms),
+            ("decode_per_sequence_ms", self.decode_per_sequence_ms),
+        ] {
+            if !(v.is_finite() && (0.0..=MAX_STEP_MS).contains(&v)) {
+                return Err((field.into(), format!("must be between 0 and {MAX_STEP_MS} ms, got {v}")));
+            }
+        }
+        if self.decode_base_ms + self.decode_per_sequence_ms < 0.001 {
+            return Err((
+                "decode_per_sequence_ms".into(),
+                "a decode step must take at least 0.001 ms with its base".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A hosted endpoint's quotas per API key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -221,6 +283,7 @@ pub fn validate(spec: &ServerSpec) -> Result<(), (String, String)> {
         ("max_batched_tokens", spec.max_batched_tokens.is_some()),
         ("context_tokens", spec.context_tokens.is_some()),
         ("time_scale", spec.time_scale.is_some()),
+        ("step_ms", spec.step_ms.is_some()),
         ("step_sigma", spec.step_sigma.is_some()),
         ("prompt_tokens_dist", spec.prompt_tokens_dist.is_some()),
         ("output_tokens_dist", spec.output_tokens_dist.is_some()),
@@ -270,6 +333,12 @@ pub fn validate(spec: &ServerSpec) -> Result<(), (String, String)> {
         && !(t.is_finite() && (0.01..=1000.0).contains(&t))
     {
         return bad("time_scale", format!("must be between 0.01 and 1000, got {t}"));
+    }
+    if let Some(step) = &spec.step_ms {
+        if spec.time_scale.is_some() {
+            return bad("step_ms", "replaces `time_scale`: give one or the other".into());
+        }
+        step.check().map_err(|(f, m)| (format!("step_ms.{f}"), m))?;
     }
     if let Some(s) = spec.step_sigma
         && !(s.is_finite() && (0.0..=1.0).contains(&s))

@@ -603,11 +603,15 @@ pub(crate) fn locate(text: &str, field: &str) -> Option<usize> {
 }
 
 /// The field that makes a server's request take too long: a batching
-/// kind's `time_scale` when it slows every step, else the larger of the
+/// kind's `time_scale` when it slows every step, or its measured `step_ms`,
+/// else the larger of the
 /// prefill and decode terms' token counts.
 fn slow_field(s: &super::ServerSpec) -> &'static str {
     if s.kind.batches() && s.time_scale.is_some_and(|t| t > 1.0) {
         return "time_scale";
+    }
+    if s.kind.batches() && s.step_ms.is_some() {
+        return "step_ms";
     }
     let (prompt, output) = s.mean_tokens();
     let prefill = prompt as f64 / s.prefill_tokens_per_s;

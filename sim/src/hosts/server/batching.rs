@@ -28,14 +28,17 @@
 //!    sequence per step) lasts. A sequence too long for the context
 //!    (`reject_prompts_from`) is rejected when it would be admitted, as
 //!    llama.cpp does when a task gets its slot.
-//! 3. **Time.** The step takes `prefill_ms(T) + decode_ms(u)` milliseconds,
-//!    times `time_scale` and the caller's variance factor: `T` is the prompt
-//!    (and recomputed) tokens admitted this step, `u` the fraction of the KV
-//!    cache in use. The coefficients are the Dynamo mocker's polynomial model
+//! 3. **Time.** The step's [`StepCost`] times the caller's variance factor.
+//!    By default it is `prefill_ms(T) + decode_ms(u)` milliseconds, times
+//!    `time_scale`: `T` is the prompt (and recomputed) tokens admitted this
+//!    step, `u` the fraction of the KV cache in use. The coefficients are the
+//!    Dynamo mocker's polynomial model
 //!    (`ai-dynamo/dynamo@f80944a4 lib/mocker/src/common/perf_model.rs`):
 //!    `prefill_ms(T) = 4.209989e-7·T² + 0.01518344·T + 16.50142` (0 when
 //!    `T = 0`) and `decode_ms(u) = −25.74·u² + 54.01·u + 5.74`, floored at
-//!    1 ms, with `u` clamped to `[0, 1]`.
+//!    1 ms, with `u` clamped to `[0, 1]`. A measured server's cost is
+//!    instead linear in `T` and in the batch ([`LinearStep`], as
+//!    `redstring-sim calibrate` fits it).
 //! 4. **Tokens.** At the step's end every running sequence has one more output
 //!    token (a newly admitted one gets its first: its time to first token);
 //!    a sequence that reached its output length finishes and frees its KV.
@@ -45,6 +48,8 @@
 
 use std::collections::VecDeque;
 use std::time::Duration;
+
+pub use crate::scenario::kinds::LinearStep;
 
 /// Dynamo mocker prefill polynomial, milliseconds for `tokens` new prompt
 /// tokens in one forward pass (0 for none).
@@ -74,8 +79,8 @@ pub struct EngineParams {
     /// Prompt tokens one step may prefill (at least one sequence is admitted
     /// whatever its length).
     pub max_batched_tokens: u64,
-    /// Multiplies every step's time: above 1 a slower GPU, below 1 a faster one.
-    pub time_scale: f64,
+    /// What a step costs.
+    pub cost: StepCost,
     /// Whether a full cache preempts running sequences (vLLM) rather than
     /// letting them run over it (llama.cpp).
     pub preempt: bool,
@@ -84,13 +89,57 @@ pub struct EngineParams {
     pub reject_prompts_from: Option<u64>,
 }
 
-impl EngineParams {
-    /// Milliseconds of one step that prefills `new_tokens` and decodes at
-    /// KV utilisation `u`, before `time_scale` and variance.
-    pub fn step_ms(new_tokens: u64, u: f64) -> f64 {
-        prefill_ms(new_tokens) + decode_ms(u)
+/// What one forward pass costs: Dynamo's polynomials scaled, or a measured
+/// linear model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StepCost {
+    /// [`prefill_ms`] + [`decode_ms`], times `time_scale` (above 1 a slower
+    /// GPU, below 1 a faster one).
+    Polynomial {
+        /// The multiplier.
+        time_scale: f64,
+    },
+    /// A measured server's cost, linear in prompt tokens and batch.
+    Linear(LinearStep),
+}
+
+impl StepCost {
+    /// Milliseconds of a step that prefills `tokens`, decodes `batch`
+    /// sequences, at KV utilisation `u`, before variance.
+    pub fn step_ms(&self, tokens: u64, u: f64, batch: usize) -> f64 {
+        match self {
+            StepCost::Polynomial { time_scale } => (prefill_ms(tokens) + decode_ms(u)) * time_scale,
+            StepCost::Linear(l) => l.step_ms(tokens, batch),
+        }
     }
 
+    /// Milliseconds a request's prefill adds to its step.
+    fn prefill_ms(&self, tokens: u64) -> f64 {
+        self.step_ms(tokens, 0.0, 0) - self.step_ms(0, 0.0, 0)
+    }
+
+    /// Milliseconds of a decode step of `batch` sequences at utilisation `u`.
+    fn decode_ms(&self, u: f64, batch: f64) -> f64 {
+        match self {
+            StepCost::Polynomial { time_scale } => decode_ms(u) * time_scale,
+            StepCost::Linear(l) => l.decode_base_ms + l.decode_per_sequence_ms * batch,
+        }
+    }
+
+    /// The prefill's `a·T² + b·T + c` coefficients (scaled).
+    fn prefill_coefficients(&self) -> (f64, f64, f64) {
+        match self {
+            StepCost::Polynomial { time_scale } => (
+                4.209989e-07 * time_scale,
+                1.518344e-02 * time_scale,
+                1.650142e+01 * time_scale,
+            ),
+            StepCost::Linear(l) => (0.0, l.prefill_per_token_ms, l.prefill_base_ms),
+        }
+    }
+}
+
+impl EngineParams {
     /// The mean KV tokens a sequence of `prompt` + `output` tokens holds
     /// while it runs.
     fn mean_footprint(prompt: u64, output: u64) -> f64 {
@@ -98,10 +147,11 @@ impl EngineParams {
     }
 
     /// Seconds one request of `prompt` and `output` tokens takes on an idle
-    /// engine: its prefill step and `output` decode steps.
+    /// engine: its prefill step and `output` decode steps, each of a batch
+    /// of one.
     pub fn unloaded_latency_s(&self, prompt: u64, output: u64) -> f64 {
         let u = Self::mean_footprint(prompt, output) / self.kv_tokens.max(1) as f64;
-        (prefill_ms(prompt) + output.max(1) as f64 * decode_ms(u)) * self.time_scale / 1000.0
+        (self.cost.prefill_ms(prompt) + output.max(1) as f64 * self.cost.decode_ms(u, 1.0)) / 1000.0
     }
 
     /// The largest batch the engine holds in steady state: `max_seqs`, or
@@ -113,13 +163,14 @@ impl EngineParams {
 
     /// Requests per second the engine completes in steady state at its
     /// largest batch `B`: each request needs its own prefill step and `output`
-    /// decode steps shared by `B`, so `1 / (prefill + output·decode(u) / B)`.
+    /// decode steps shared by `B`, so `1 / (prefill + output·decode(u, B) / B)`.
     /// An estimate: it ignores that prefills batch together.
     pub fn capacity_per_s(&self, prompt: u64, output: u64) -> f64 {
         let batch = self.steady_batch(prompt, output);
         let u = batch * Self::mean_footprint(prompt, output) / self.kv_tokens.max(1) as f64;
-        let per_request_ms = prefill_ms(prompt) + output.max(1) as f64 * decode_ms(u) / batch;
-        1000.0 / (per_request_ms * self.time_scale)
+        let per_request_ms =
+            self.cost.prefill_ms(prompt) + output.max(1) as f64 * self.cost.decode_ms(u, batch) / batch;
+        1000.0 / per_request_ms
     }
 }
 
@@ -324,7 +375,7 @@ impl Engine {
             return;
         }
         let u = self.kv_used as f64 / p.kv_tokens.max(1) as f64;
-        let ms = EngineParams::step_ms(new_tokens, u) * p.time_scale * sanitize(factor);
+        let ms = p.cost.step_ms(new_tokens, u, self.running.len()) * sanitize(factor);
         // A step too long to represent never ends: an infinitely slow GPU, not
         // an infinitely fast one.
         // And no step takes no time: a run of steps always moves the clock.
@@ -412,8 +463,9 @@ pub fn expectation(params: &EngineParams, prompt: u64, output: u64, rate_per_s: 
     let (p, o) = (prompt as f64, output.max(1) as f64);
     let lambda = rate_per_s / 1000.0;
     let footprint = EngineParams::mean_footprint(prompt, output);
-    let (a, b, c) = (4.209989e-07, 1.518344e-02, 1.650142e+01);
-    let mut s = decode_ms(0.0) + prefill_ms(prompt);
+    let cost = params.cost;
+    let (a, b, c) = cost.prefill_coefficients();
+    let mut s = cost.decode_ms(0.0, 1.0) + cost.prefill_ms(prompt);
     let mut result = None;
     for _ in 0..500 {
         let m = lambda * s;
@@ -421,20 +473,20 @@ pub fn expectation(params: &EngineParams, prompt: u64, output: u64, rate_per_s: 
         let busy_wait = |batch: f64| (1.0 - (-batch).exp()) * s / 2.0;
         let mut batch = lambda * o * s;
         let mut u = batch * footprint / params.kv_tokens.max(1) as f64;
-        let ttft = busy_wait(batch) + decode_ms(u) + prefill_ms((p * (1.0 + m)).round() as u64);
+        let ttft =
+            busy_wait(batch) + cost.decode_ms(u, batch.max(1.0)) + cost.prefill_ms((p * (1.0 + m)).round() as u64);
         let latency = ttft + (o - 1.0) * s;
         batch = lambda * latency;
         u = batch * footprint / params.kv_tokens.max(1) as f64;
         if batch > f64::from(params.max_seqs) || u > 1.0 || !latency.is_finite() {
             return None;
         }
-        let next = decode_ms(u) + c * (1.0 - (-m).exp()) + b * p * m + a * p * p * (m + m * m);
-        let scale = params.time_scale;
+        let next = cost.decode_ms(u, batch.max(1.0)) + c * (1.0 - (-m).exp()) + b * p * m + a * p * p * (m + m * m);
         result = Some(Expectation {
-            latency_s: latency * scale / 1000.0,
-            ttft_s: ttft * scale / 1000.0,
+            latency_s: latency / 1000.0,
+            ttft_s: ttft / 1000.0,
             batch,
-            step_ms: s * scale,
+            step_ms: s,
         });
         if (next - s).abs() < 1e-9 {
             break;
@@ -534,7 +586,7 @@ mod tests {
             max_seqs: 8,
             kv_tokens: 10_000,
             max_batched_tokens: 8192,
-            time_scale: 1.0,
+            cost: StepCost::Polynomial { time_scale: 1.0 },
             preempt: true,
             reject_prompts_from: None,
         }
@@ -555,6 +607,39 @@ mod tests {
     }
 
     #[test]
+    fn a_linear_step_grows_with_the_batch_it_decodes() {
+        let linear = LinearStep {
+            prefill_base_ms: 10.0,
+            prefill_per_token_ms: 0.5,
+            decode_base_ms: 2.0,
+            decode_per_sequence_ms: 3.0,
+        };
+        let p = EngineParams {
+            cost: StepCost::Linear(linear),
+            ..params()
+        };
+        let run = |requests: u64| {
+            let mut engine = Engine::new(p);
+            for id in 0..requests {
+                engine.submit(id, 20, 4, Duration::ZERO);
+            }
+            let mut events = Vec::new();
+            engine.run_until(Duration::from_secs(10), || 1.0, &mut events);
+            ms(finished(&events)[0].1)
+        };
+        // Alone: one step prefilling 20 tokens and decoding 1 (10 + 10 + 5),
+        // then three decode steps of one sequence (5 each).
+        assert!((run(1) - 40.0).abs() < 1e-6, "{}", run(1));
+        // Two together: the same prefill of 40 tokens, each step decoding 2.
+        assert!((run(2) - (10.0 + 20.0 + 8.0 + 3.0 * 8.0)).abs() < 1e-6, "{}", run(2));
+        assert!((p.unloaded_latency_s(20, 4) - 0.040).abs() < 1e-9);
+        // Capacity at the steady batch of 8: per request 20 ms of prefill and
+        // 4 × (2 + 3·8) / 8 ms of decode.
+        let expected = 1000.0 / (20.0 + 4.0 * 26.0 / 8.0);
+        assert!((p.capacity_per_s(20, 4) - expected).abs() < 1e-9);
+    }
+
+    #[test]
     fn the_polynomials_match_their_published_points() {
         assert_eq!(prefill_ms(0), 0.0);
         assert!((prefill_ms(1000) - 32.1).abs() < 0.1, "{}", prefill_ms(1000));
@@ -571,7 +656,7 @@ mod tests {
         engine.submit(1, 400, 3, Duration::ZERO);
         let mut events = Vec::new();
         engine.run_until(Duration::from_secs(10), || 1.0, &mut events);
-        let first = EngineParams::step_ms(400, 400.0 / 10_000.0);
+        let first = params().cost.step_ms(400, 400.0 / 10_000.0, 1);
         let second = decode_ms(401.0 / 10_000.0);
         let third = decode_ms(402.0 / 10_000.0);
         let [(1, at)] = finished(&events)[..] else {
@@ -701,7 +786,7 @@ mod tests {
     fn time_scale_and_variance_stretch_steps() {
         let end = |scale: f64, factor: f64| {
             let mut engine = Engine::new(EngineParams {
-                time_scale: scale,
+                cost: StepCost::Polynomial { time_scale: scale },
                 ..params()
             });
             engine.submit(1, 400, 10, Duration::ZERO);

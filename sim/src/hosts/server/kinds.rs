@@ -10,7 +10,7 @@
 //! The misbehaviour modes of `Behaviour` apply on every kind, after the
 //! kind's own gate and before the engine.
 
-use super::batching::EngineParams;
+use super::batching::{EngineParams, StepCost};
 use crate::scenario::ServerSpec;
 use crate::scenario::kinds::*;
 
@@ -61,7 +61,12 @@ impl Preset {
                 max_seqs: max_seqs.max(1),
                 kv_tokens,
                 max_batched_tokens: spec.max_batched_tokens.unwrap_or(DEFAULT_MAX_BATCHED_TOKENS),
-                time_scale: spec.time_scale.unwrap_or(1.0),
+                cost: match spec.step_ms {
+                    Some(linear) => StepCost::Linear(linear),
+                    None => StepCost::Polynomial {
+                        time_scale: spec.time_scale.unwrap_or(1.0),
+                    },
+                },
                 preempt: matches!(kind, ServerKind::Vllm | ServerKind::OpenAi),
                 reject_prompts_from: context,
             },
@@ -144,6 +149,44 @@ mod tests {
         spec.health_check_timeout_s = Some(5.0);
         let swap = Preset::of(&spec).unwrap();
         assert_eq!((swap.concurrency_limit, swap.health_check_timeout_s), (10, 15.0));
+    }
+
+    #[test]
+    fn a_measured_step_model_is_checked_term_by_term_and_excludes_time_scale() {
+        let linear = LinearStep {
+            prefill_base_ms: 10.0,
+            prefill_per_token_ms: 0.05,
+            decode_base_ms: 2.0,
+            decode_per_sequence_ms: 1.5,
+        };
+        let mut spec = ServerSpec::named("cpu");
+        spec.step_ms = Some(linear);
+        assert_eq!(validate(&spec).unwrap_err().0, "step_ms", "generic has no steps");
+        spec.kind = ServerKind::LlamaCpp;
+        assert_eq!(validate(&spec), Ok(()));
+        assert_eq!(Preset::of(&spec).unwrap().engine.cost, StepCost::Linear(linear));
+        spec.time_scale = Some(2.0);
+        assert_eq!(validate(&spec).unwrap_err().0, "step_ms");
+        spec.time_scale = None;
+        for (bad, field) in [
+            (f64::NAN, "step_ms.prefill_base_ms"),
+            (-1.0, "step_ms.prefill_base_ms"),
+            (1e9, "step_ms.prefill_base_ms"),
+        ] {
+            spec.step_ms = Some(LinearStep {
+                prefill_base_ms: bad,
+                ..linear
+            });
+            let (name, message) = validate(&spec).unwrap_err();
+            assert_eq!(name, field);
+            assert!(message.contains("between 0 and"), "{message}");
+        }
+        spec.step_ms = Some(LinearStep {
+            decode_base_ms: 0.0,
+            decode_per_sequence_ms: 0.0,
+            ..linear
+        });
+        assert_eq!(validate(&spec).unwrap_err().0, "step_ms.decode_per_sequence_ms");
     }
 
     #[test]
