@@ -25,7 +25,9 @@
 //!   judgement for one seed);
 //! - [`search`] — looking for the scenario that breaks a configuration, and
 //!   for the numbers that meet the objectives: the fuzzer and `tune`;
-//! - [`merge`] — the shards of any of those joined back into one result.
+//! - [`merge`] — the shards of any of those joined back into one result;
+//! - [`lab`] — real servers measured, to give a scenario's servers their
+//!   real speed.
 //!
 //! The judgement never runs a world, and the world never judges: what runs
 //! (`world`, `hosts`) hands `evidence` up, `judgement` reads it, and
@@ -37,6 +39,7 @@ pub mod campaign;
 pub mod evidence;
 pub mod hosts;
 pub mod judgement;
+pub mod lab;
 pub mod merge;
 pub mod scenario;
 pub mod search;

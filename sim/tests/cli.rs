@@ -549,3 +549,41 @@ fn a_run_estimated_past_max_wall_is_refused_with_the_estimate_and_the_flag() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "no run may take no time at all");
 }
+
+#[test]
+fn calibrate_against_nothing_listening_says_every_request_failed_and_writes_nothing() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out_file = temp_file("calibrated.toml", "kept\n");
+    let out = bin()
+        .args(["calibrate", "--base-url", &format!("http://127.0.0.1:{port}/v1")])
+        .args(["--max-concurrency", "1", "--requests-per-client", "2", "--out"])
+        .arg(&out_file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("2 of 2 requests failed"), "{err}");
+    assert!(err.contains("nothing to fit"), "{err}");
+    assert_eq!(std::fs::read_to_string(&out_file).unwrap(), "kept\n");
+}
+
+#[test]
+fn calibrate_refuses_a_plan_out_of_range_naming_its_flag() {
+    let out = bin()
+        .args([
+            "calibrate",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--requests-per-client",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--requests-per-client must be 2 to 1000, got 1"), "{err}");
+}

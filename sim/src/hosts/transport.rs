@@ -40,8 +40,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::Request;
 use hyper::client::conn::http1::SendRequest;
+use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use redstring::provider::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError, TransportErrorKind};
 use turmoil::net::TcpStream;
@@ -361,25 +361,59 @@ impl HttpTransport for SimTransport {
                     server: target.host.clone(),
                 },
             );
-            let timeout = request.timeout;
-            // Giving up drops the exchange, and the connection with it.
-            match tokio::time::timeout(timeout, self.exchange(&target, request)).await {
-                Ok(result) => result,
-                Err(_) => Err(TransportError::failed(
-                    TransportErrorKind::Timeout,
-                    format!("no response from {} within {timeout:?}", target.authority),
-                )),
-            }
+            self.send(&target, Method::POST, request).await
         })
     }
 }
 
 impl SimTransport {
+    /// A `GET` of `url` (a server's `/props`, say) on the same pooled
+    /// connections as the adapter's posts.
+    pub async fn get_owned(
+        &self,
+        url: String,
+        timeout: Duration,
+        body_limit: usize,
+    ) -> Result<HttpResponse, TransportError> {
+        let target = parse_url(&url)?;
+        let request = HttpRequest {
+            url,
+            headers: Vec::new(),
+            body: Vec::new(),
+            body_limit,
+            timeout,
+        };
+        self.send(&target, Method::GET, request).await
+    }
+
+    /// `request` with `method`, given up after its timeout.
+    async fn send(
+        &self,
+        target: &Target,
+        method: Method,
+        request: HttpRequest,
+    ) -> Result<HttpResponse, TransportError> {
+        let timeout = request.timeout;
+        // Giving up drops the exchange, and the connection with it.
+        match tokio::time::timeout(timeout, self.exchange(target, method, request)).await {
+            Ok(result) => result,
+            Err(_) => Err(TransportError::failed(
+                TransportErrorKind::Timeout,
+                format!("no response from {} within {timeout:?}", target.authority),
+            )),
+        }
+    }
+
     /// One request and its response on a pooled or a new connection; the
     /// connection goes back to the pool only if the response was read to
     /// its end.
-    async fn exchange(&self, target: &Target, request: HttpRequest) -> Result<HttpResponse, TransportError> {
-        let mut http_request = build(target, &request)?;
+    async fn exchange(
+        &self,
+        target: &Target,
+        method: Method,
+        request: HttpRequest,
+    ) -> Result<HttpResponse, TransportError> {
+        let mut http_request = build(target, method, &request)?;
         let (mut conn, response) = loop {
             let (mut conn, pooled) = match self.checkout(&target.authority) {
                 Some(conn) => (conn, true),
@@ -470,8 +504,11 @@ impl SimTransport {
 }
 
 /// The hyper request for `request` to `target`.
-fn build(target: &Target, request: &HttpRequest) -> Result<Request<Full<Bytes>>, TransportError> {
-    let mut builder = Request::post(target.path.as_str()).header(hyper::header::HOST, target.authority.as_str());
+fn build(target: &Target, method: Method, request: &HttpRequest) -> Result<Request<Full<Bytes>>, TransportError> {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(target.path.as_str())
+        .header(hyper::header::HOST, target.authority.as_str());
     for (name, value) in &request.headers {
         builder = builder.header(name.as_str(), value.as_str());
     }

@@ -9,6 +9,7 @@
 //! redstring-sim check [scenarios/] [--strict]
 //! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--shrink N] [--out scenarios/regressions] [--json F] [--shard i/n]
 //! redstring-sim merge shard-1.json shard-2.json … [--json F] [--out scenarios/regressions]
+//! redstring-sim calibrate --base-url http://127.0.0.1:8080 [--model M] [--name N] [--max-concurrency C] [--requests-per-client R] [--out F]
 //! ```
 //!
 //! One file per command; what they share (exit codes, `--seeds`, `--jobs`,
@@ -26,6 +27,7 @@
 //! flags name it), 5 every invariant held but an objective (`[objectives]`)
 //! was missed. A command that fails leaves every existing file as it was.
 
+mod calibrate;
 mod check;
 mod compare;
 mod fuzz;
@@ -87,6 +89,10 @@ enum Command {
     /// Run every scenario under a directory (subdirectories included, bounds
     /// directories skipped) with its own seed and check its invariants.
     Check(check::CheckArgs),
+    /// Measure a running OpenAI-compatible server (latency against
+    /// concurrency, prompt and output tokens; its slots from `/props`) and
+    /// print the `[[servers]]` section that gives a scenario its speed.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -104,6 +110,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "mutants")]
         Command::Mutants(args) => mutants::run(args),
         Command::Check(args) => check::check(args),
+        Command::Calibrate(args) => calibrate::calibrate(args),
     };
     result.unwrap_or_else(|code| code)
 }

@@ -136,6 +136,9 @@ pub const PORT: u16 = 8080;
 /// The only path served.
 pub const PATH: &str = "/v1/chat/completions";
 
+/// The path of llama.cpp's server properties (`GET`), which say its slots.
+pub const PROPS_PATH: &str = "/props";
+
 /// The largest request body read; a larger one is answered `400`.
 const MAX_BODY: usize = 1 << 20;
 
@@ -520,6 +523,9 @@ impl Start {
     }
 
     async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Reply {
+        if request.method() == Method::GET && request.uri().path() == PROPS_PATH {
+            return Ok(self.props());
+        }
         self.handle.lock().stats.received += 1;
         if request.method() != Method::POST || request.uri().path() != PATH {
             self.record(Answer::NotFound);
@@ -636,6 +642,29 @@ impl Start {
 
     /// Whether this start is still loading its model (answered `503 Loading
     /// model` by the generic and llama.cpp kinds).
+    /// llama.cpp's `GET /props`, with the two fields `calibrate` reads: the
+    /// slots, and the context each slot has (`-c` over the slots, as
+    /// llama.cpp 0c1e570 reports it with its KV cache not unified). `503
+    /// Loading model` during a load, as every endpoint but `/health` answers
+    /// then; `404` on the other kinds, which have no such endpoint. Not a
+    /// request of the trace: nothing is recorded.
+    fn props(&self) -> Response<Full<Bytes>> {
+        match self.batching.as_ref().map(|b| &b.preset) {
+            Some(p) if p.kind == ServerKind::LlamaCpp => {
+                if self.loading_now() {
+                    return loading();
+                }
+                let slots = p.engine.max_seqs.max(1);
+                let n_ctx = p.context_tokens.unwrap_or(p.engine.kv_tokens) / u64::from(slots);
+                json_response(
+                    StatusCode::OK,
+                    &json!({"total_slots": slots, "default_generation_settings": {"n_ctx": n_ctx}}),
+                )
+            }
+            _ => error_response(StatusCode::NOT_FOUND, "not found", "not_found_error"),
+        }
+    }
+
     fn loading_now(&self) -> bool {
         self.loads && sim_elapsed().saturating_sub(self.started_at).as_secs_f64() < self.reload_s
     }

@@ -1,0 +1,726 @@
+//! Measuring a running model server and fitting the simulator's step model
+//! to it.
+//!
+//! A simulated figure is only as good as the server model under it, and a
+//! server's speed is a fact of its hardware, model and settings that no
+//! default can know. `calibrate` asks the server itself: it sends the
+//! requests a worker sends (a chat completion with a JSON schema), from one
+//! client and then from several at once, with prompts and output caps of
+//! several sizes, times each answer and reads its token counts; then it fits
+//! the four numbers of a [`LinearStep`] by least squares (non-negative, so
+//! every term keeps its meaning) and says how well they predict the latencies
+//! it measured. The result is a `[[servers]]` section to paste into a
+//! scenario.
+//!
+//! The measuring half ([`measure`]) speaks to the server through
+//! [`Endpoint`], so the same code runs against a real server over real HTTP
+//! and, in the tests, against the simulator's own server model inside turmoil
+//! — where the numbers to recover are known.
+//!
+//! # The fit
+//!
+//! The step model is the simulator's own engine ([`Engine`]) with a
+//! [`LinearStep`]. Given the requests in the order and at the instants they
+//! were sent, with their token counts, the engine says when each would have
+//! finished; the fit is the step that makes those latencies closest to the
+//! measured ones (least squared relative error), so a scenario given it
+//! replays the server's dynamics — its batching, its queueing past its slots
+//! — and not only its speed alone. The search (Nelder–Mead) starts from
+//! least squares over the one-client requests, which cost exactly
+//! `prefill_base + P·prefill_per_token + O·(decode_base +
+//! decode_per_sequence)` for `P` prompt and `O` output tokens.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redstring::provider::{BoxFuture, HttpResponse, TransportError};
+use serde_json::{Value, json};
+
+use crate::hosts::server::batching::{Engine, EngineEvent, EngineParams, StepCost};
+use crate::scenario::kinds::LinearStep;
+
+/// Where a calibration sends its requests: a server's base URL, over some
+/// HTTP client.
+pub trait Endpoint: Send + Sync + 'static {
+    /// `GET` of `path` (like `/props`).
+    fn get<'a>(&'a self, path: &'a str, timeout: Duration) -> BoxFuture<'a, Result<HttpResponse, TransportError>>;
+    /// `POST` of the JSON `body` to `path`.
+    fn post<'a>(
+        &'a self,
+        path: &'a str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<HttpResponse, TransportError>>;
+}
+
+/// What to send.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The `model` of each request.
+    pub model: String,
+    /// The most clients at once (the levels are 1, 2, … up to this and the
+    /// server's slots).
+    pub max_concurrency: u32,
+    /// Requests each client sends at each level.
+    pub requests_per_client: u32,
+    /// Prompt sizes, in words of filler text.
+    pub prompt_words: Vec<u32>,
+    /// `max_tokens` of the requests, cycled with the prompt sizes.
+    pub max_tokens: Vec<u32>,
+    /// How long one request may take.
+    pub timeout: Duration,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            model: "default".into(),
+            max_concurrency: 4,
+            requests_per_client: 9,
+            prompt_words: vec![4, 40, 160],
+            max_tokens: vec![8, 24, 256],
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The most clients, requests per client and prompt words a plan may ask
+/// for: a calibration stays a few hundred requests.
+pub const MAX_CONCURRENCY: u32 = 64;
+/// See [`MAX_CONCURRENCY`].
+pub const MAX_REQUESTS_PER_CLIENT: u32 = 1000;
+/// See [`MAX_CONCURRENCY`].
+pub const MAX_PROMPT_WORDS: u32 = 100_000;
+
+/// One timed answer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    /// Clients busy when it was sent.
+    pub concurrency: u32,
+    /// Its prompt tokens, as the server counted them.
+    pub prompt_tokens: u64,
+    /// Its output tokens, as the server counted them.
+    pub completion_tokens: u64,
+    /// The `max_tokens` it asked for.
+    pub max_tokens: u32,
+    /// Seconds from the start of the measurement to sending it.
+    pub sent_at_s: f64,
+    /// Seconds from sending to the whole answer.
+    pub latency_s: f64,
+}
+
+/// What the server says of itself (llama.cpp's `/props`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Props {
+    /// Decode slots (`total_slots`).
+    pub slots: Option<u32>,
+    /// Context per slot (`default_generation_settings.n_ctx`).
+    pub slot_context: Option<u64>,
+}
+
+/// Everything measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    /// What the server said of itself.
+    pub props: Props,
+    /// Every answered request.
+    pub samples: Vec<Sample>,
+    /// Requests that got no `200` with token counts.
+    pub failed: u32,
+}
+
+/// Why a calibration could not be made.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CalibrateError {
+    /// The plan asks for nothing or for too much.
+    #[error("the plan's {field} {problem}")]
+    Plan {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// Too few requests were answered to fit anything.
+    #[error("{failed} of {sent} requests failed (last: {last}); nothing to fit")]
+    Unanswered {
+        /// Requests that failed.
+        failed: u32,
+        /// Requests sent.
+        sent: u32,
+        /// What the last failure was.
+        last: String,
+    },
+    /// The answers do not vary enough to tell the four terms apart.
+    #[error("the answers cannot be fitted: {0}")]
+    Degenerate(String),
+}
+
+impl Plan {
+    /// The plan's numbers in range.
+    pub fn check(&self) -> Result<(), CalibrateError> {
+        let bad = |field, problem: String| Err(CalibrateError::Plan { field, problem });
+        if !(1..=MAX_CONCURRENCY).contains(&self.max_concurrency) {
+            return bad(
+                "max_concurrency",
+                format!("must be 1 to {MAX_CONCURRENCY}, got {}", self.max_concurrency),
+            );
+        }
+        if !(2..=MAX_REQUESTS_PER_CLIENT).contains(&self.requests_per_client) {
+            return bad(
+                "requests_per_client",
+                format!(
+                    "must be 2 to {MAX_REQUESTS_PER_CLIENT}, got {}",
+                    self.requests_per_client
+                ),
+            );
+        }
+        if self.prompt_words.is_empty() || self.prompt_words.iter().any(|w| !(1..=MAX_PROMPT_WORDS).contains(w)) {
+            return bad(
+                "prompt_words",
+                format!(
+                    "must be 1 to {MAX_PROMPT_WORDS} words each, got {:?}",
+                    self.prompt_words
+                ),
+            );
+        }
+        if self.max_tokens.is_empty() || self.max_tokens.contains(&0) {
+            return bad("max_tokens", format!("must be positive, got {:?}", self.max_tokens));
+        }
+        if self.timeout.is_zero() {
+            return bad("timeout", "must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The request body of client `client`'s `n`th request at a level: a
+    /// prompt that starts with its own numbers (so no server reuses another
+    /// request's cached prefix) and a JSON-schema answer, as workers ask.
+    fn body(&self, level: u32, client: u32, n: u32) -> (Vec<u8>, u32) {
+        let turn = (client + n) as usize;
+        let words = self.prompt_words[turn % self.prompt_words.len()];
+        let max_tokens = self.max_tokens[(turn / self.prompt_words.len()) % self.max_tokens.len()];
+        let mut text = format!("Request {level}.{client}.{n}. Extract the entity from:");
+        for i in 0..words {
+            text.push(' ');
+            text.push_str(FILLER[(i as usize + n as usize) % FILLER.len()]);
+        }
+        let body = json!({
+            "model": self.model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": max_tokens,
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "Extraction",
+                "schema": {"type": "object", "properties": {
+                    "name": {"type": "string"}, "confidence": {"type": "number"}
+                }, "required": ["name", "confidence"]}
+            }}
+        });
+        (body.to_string().into_bytes(), max_tokens)
+    }
+}
+
+const FILLER: [&str; 12] = [
+    "Ada", "Lovelace", "wrote", "the", "first", "program", "for", "an", "engine", "that", "was", "never",
+];
+
+/// Reads `/props` (when the server has one), then sends the plan's requests
+/// at each level of concurrency, one level after another.
+pub async fn measure(endpoint: Arc<dyn Endpoint>, plan: &Plan) -> Result<Measurement, CalibrateError> {
+    plan.check()?;
+    let props = props(endpoint.as_ref(), plan.timeout).await;
+    let top = props
+        .slots
+        .map_or(plan.max_concurrency, |s| s.clamp(1, plan.max_concurrency));
+    let mut samples = Vec::new();
+    let (mut failed, mut sent, mut last) = (0u32, 0u32, String::new());
+    let origin = tokio::time::Instant::now();
+    for level in 1..=top {
+        let mut clients = tokio::task::JoinSet::new();
+        for client in 0..level {
+            let endpoint = endpoint.clone();
+            let plan = plan.clone();
+            clients.spawn(async move {
+                let mut results = Vec::new();
+                for n in 0..plan.requests_per_client {
+                    results.push(one(endpoint.as_ref(), &plan, origin, (level, client, n)).await);
+                }
+                results
+            });
+        }
+        while let Some(joined) = clients.join_next().await {
+            for result in joined.unwrap_or_default() {
+                sent += 1;
+                match result {
+                    Ok(sample) => samples.push(sample),
+                    Err(e) => {
+                        failed += 1;
+                        last = e;
+                    }
+                }
+            }
+        }
+    }
+    if samples.len() < 8 {
+        return Err(CalibrateError::Unanswered { failed, sent, last });
+    }
+    Ok(Measurement { props, samples, failed })
+}
+
+/// The server's `/props`, or nothing when it has none or says no more.
+async fn props(endpoint: &dyn Endpoint, timeout: Duration) -> Props {
+    let Ok(response) = endpoint.get("/props", timeout).await else {
+        return Props::default();
+    };
+    let Ok(v) = serde_json::from_slice::<Value>(&response.body) else {
+        return Props::default();
+    };
+    if response.status != 200 {
+        return Props::default();
+    }
+    Props {
+        slots: v
+            .get("total_slots")
+            .and_then(Value::as_u64)
+            .and_then(|s| u32::try_from(s).ok())
+            .filter(|s| *s > 0),
+        slot_context: v
+            .pointer("/default_generation_settings/n_ctx")
+            .and_then(Value::as_u64)
+            .filter(|n| *n > 0),
+    }
+}
+
+/// One request, timed.
+async fn one(
+    endpoint: &dyn Endpoint,
+    plan: &Plan,
+    origin: tokio::time::Instant,
+    (level, client, n): (u32, u32, u32),
+) -> Result<Sample, String> {
+    let (body, max_tokens) = plan.body(level, client, n);
+    let start = tokio::time::Instant::now();
+    let sent_at_s = start.duration_since(origin).as_secs_f64();
+    let response = endpoint
+        .post("/v1/chat/completions", body, plan.timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    let latency_s = start.elapsed().as_secs_f64();
+    if response.status != 200 {
+        return Err(format!("HTTP {}", response.status));
+    }
+    let v: Value = serde_json::from_slice(&response.body).map_err(|e| format!("a body that is not JSON: {e}"))?;
+    let count = |field: &str| v.pointer(&format!("/usage/{field}")).and_then(Value::as_u64);
+    match (count("prompt_tokens"), count("completion_tokens")) {
+        (Some(prompt_tokens), Some(completion_tokens)) => Ok(Sample {
+            concurrency: level,
+            prompt_tokens,
+            completion_tokens,
+            max_tokens,
+            sent_at_s,
+            latency_s,
+        }),
+        _ => Err("an answer without usage.prompt_tokens and usage.completion_tokens".into()),
+    }
+}
+
+/// The fitted model and how well it predicts what was measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Calibration {
+    /// What the server said of itself.
+    pub props: Props,
+    /// The fitted step model.
+    pub step: LinearStep,
+    /// Requests the fit rests on.
+    pub samples: usize,
+    /// Requests that failed while measuring.
+    pub failed: u32,
+    /// The most clients at once.
+    pub max_concurrency: u32,
+    /// Mean absolute error of the predicted latencies, relative to the
+    /// measured ones.
+    pub mean_error: f64,
+    /// The largest such error.
+    pub worst_error: f64,
+    /// Mean output tokens of the answers that were not cut off by their
+    /// `max_tokens` (the model's own length), if any.
+    pub output_tokens: Option<f64>,
+    /// Mean prompt tokens.
+    pub prompt_tokens: f64,
+}
+
+/// Fits a [`LinearStep`] to `measurement`: the step whose engine, given
+/// the requests as they were sent, finishes each when it was measured to
+/// finish (least squared relative error, by Nelder–Mead from a start that
+/// least squares finds in the one-client requests).
+pub fn fit(measurement: &Measurement) -> Result<Calibration, CalibrateError> {
+    let samples = &measurement.samples;
+    let slots = measurement
+        .props
+        .slots
+        .unwrap_or_else(|| samples.iter().map(|s| s.concurrency).max().unwrap_or(1));
+    // One client: latency = prefill_base + P·per_token + O·(decode_base + decode_per_sequence).
+    let alone: Vec<([f64; 4], f64)> = samples
+        .iter()
+        .filter(|s| s.concurrency == 1)
+        .map(|s| {
+            let o = s.completion_tokens.max(1) as f64;
+            ([1.0, s.prompt_tokens as f64, o, 0.0], s.latency_s * 1000.0)
+        })
+        .collect();
+    let start = nonnegative_least_squares(&alone)?;
+    let start = [start[0], start[1], start[2] / 2.0, start[2] / 2.0];
+    let objective = |x: &[f64; 4]| {
+        let predicted = replay(samples, slots, &step_of(x));
+        samples
+            .iter()
+            .zip(&predicted)
+            .map(|(s, p)| ((p - s.latency_s) / s.latency_s.max(1e-6)).powi(2))
+            .sum::<f64>()
+    };
+    let best = nelder_mead(start, objective);
+    let step = step_of(&best);
+    let predicted = replay(samples, slots, &step);
+    let errors: Vec<f64> = samples
+        .iter()
+        .zip(&predicted)
+        .map(|(s, p)| ((p - s.latency_s) / s.latency_s.max(1e-6)).abs())
+        .collect();
+    let uncapped: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.completion_tokens < u64::from(s.max_tokens))
+        .map(|s| s.completion_tokens as f64)
+        .collect();
+    Ok(Calibration {
+        props: measurement.props,
+        step,
+        samples: samples.len(),
+        failed: measurement.failed,
+        max_concurrency: samples.iter().map(|s| s.concurrency).max().unwrap_or(1),
+        mean_error: errors.iter().sum::<f64>() / errors.len().max(1) as f64,
+        worst_error: errors.iter().copied().fold(0.0, f64::max),
+        output_tokens: (!uncapped.is_empty()).then(|| uncapped.iter().sum::<f64>() / uncapped.len() as f64),
+        prompt_tokens: samples.iter().map(|s| s.prompt_tokens as f64).sum::<f64>() / samples.len().max(1) as f64,
+    })
+}
+
+/// The step whose terms are `x` (a negative term, which the search may
+/// try, is taken as 0).
+fn step_of(x: &[f64; 4]) -> LinearStep {
+    LinearStep {
+        prefill_base_ms: x[0].max(0.0),
+        prefill_per_token_ms: x[1].max(0.0),
+        decode_base_ms: x[2].max(0.0),
+        decode_per_sequence_ms: x[3].max(0.0),
+    }
+}
+
+/// The latency, in seconds, the engine with `step` and `slots` gives each
+/// sample, sent when it was sent.
+fn replay(samples: &[Sample], slots: u32, step: &LinearStep) -> Vec<f64> {
+    let mut engine = Engine::new(EngineParams {
+        max_seqs: slots.max(1),
+        kv_tokens: u64::MAX / 4,
+        max_batched_tokens: u64::MAX / 4,
+        cost: StepCost::Linear(*step),
+        preempt: false,
+        reject_prompts_from: None,
+    });
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    order.sort_by(|a, b| samples[*a].sent_at_s.total_cmp(&samples[*b].sent_at_s));
+    let at = |s: &Sample| Duration::try_from_secs_f64(s.sent_at_s).unwrap_or_default();
+    for i in order {
+        let s = &samples[i];
+        engine.submit(i as u64, s.prompt_tokens, s.completion_tokens, at(s));
+    }
+    let mut events = Vec::new();
+    engine.run_until(Duration::MAX, || 1.0, &mut events);
+    let mut latency = vec![f64::INFINITY; samples.len()];
+    for event in events {
+        if let EngineEvent::Finished { id, at: end, .. } = event
+            && let Some(s) = samples.get(id as usize)
+        {
+            latency[id as usize] = end.saturating_sub(at(s)).as_secs_f64();
+        }
+    }
+    latency
+}
+
+/// The minimum of `f` near `start`, by the Nelder–Mead simplex (reflection
+/// 1, expansion 2, contraction ½, shrink ½), from a simplex that steps each
+/// coordinate by half its start (or 1 where it is 0), for at most 600
+/// evaluations.
+fn nelder_mead(start: [f64; 4], f: impl Fn(&[f64; 4]) -> f64) -> [f64; 4] {
+    let mut simplex: Vec<([f64; 4], f64)> = vec![(start, f(&start))];
+    for i in 0..4 {
+        let mut x = start;
+        x[i] += if x[i].abs() > 1e-9 { x[i] / 2.0 } else { 1.0 };
+        simplex.push((x, f(&x)));
+    }
+    let mut evaluations = 5;
+    let along = |a: &[f64; 4], b: &[f64; 4], t: f64| -> [f64; 4] { std::array::from_fn(|i| a[i] + t * (b[i] - a[i])) };
+    while evaluations < 600 {
+        simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (best, worst) = (simplex[0].1, simplex[4].1);
+        if (worst - best).abs() <= 1e-10 * best.abs().max(1e-12) {
+            break;
+        }
+        let centroid: [f64; 4] = std::array::from_fn(|i| simplex[..4].iter().map(|(x, _)| x[i]).sum::<f64>() / 4.0);
+        let reflected = along(&centroid, &simplex[4].0, -1.0);
+        let fr = f(&reflected);
+        evaluations += 1;
+        if fr < simplex[0].1 {
+            let expanded = along(&centroid, &simplex[4].0, -2.0);
+            let fe = f(&expanded);
+            evaluations += 1;
+            simplex[4] = if fe < fr { (expanded, fe) } else { (reflected, fr) };
+        } else if fr < simplex[3].1 {
+            simplex[4] = (reflected, fr);
+        } else {
+            let contracted = along(&centroid, &simplex[4].0, 0.5);
+            let fc = f(&contracted);
+            evaluations += 1;
+            if fc < simplex[4].1 {
+                simplex[4] = (contracted, fc);
+            } else {
+                let best = simplex[0].0;
+                for point in simplex.iter_mut().skip(1) {
+                    point.0 = along(&best, &point.0, 0.5);
+                    point.1 = f(&point.0);
+                }
+                evaluations += 4;
+            }
+        }
+    }
+    simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+    simplex[0].0
+}
+
+/// Least squares with every coefficient at least 0: the unconstrained
+/// solution over each subset of the terms (the others held at 0), the best
+/// of those that are all non-negative. Four terms make sixteen subsets.
+fn nonnegative_least_squares(rows: &[([f64; 4], f64)]) -> Result<[f64; 4], CalibrateError> {
+    let mut best: Option<([f64; 4], f64)> = None;
+    for mask in 1u32..16 {
+        let terms: Vec<usize> = (0..4).filter(|i| mask & (1 << i) != 0).collect();
+        let Some(solution) = solve_subset(rows, &terms) else {
+            continue;
+        };
+        if solution.iter().any(|b| *b < 0.0) {
+            continue;
+        }
+        let residual: f64 = rows
+            .iter()
+            .map(|(x, y)| {
+                let predicted: f64 = x.iter().zip(solution).map(|(x, b)| x * b).sum();
+                (predicted - y).powi(2)
+            })
+            .sum();
+        if best.is_none_or(|(_, r)| residual < r) {
+            best = Some((solution, residual));
+        }
+    }
+    best.map(|(b, _)| b).ok_or_else(|| {
+        CalibrateError::Degenerate("no combination of the terms has a non-negative least-squares fit".into())
+    })
+}
+
+/// The least-squares coefficients of `terms` (the rest 0), by the normal
+/// equations; `None` when they are singular.
+fn solve_subset(rows: &[([f64; 4], f64)], terms: &[usize]) -> Option<[f64; 4]> {
+    let k = terms.len();
+    let mut a = vec![vec![0.0; k + 1]; k];
+    for (x, y) in rows {
+        for (i, &ti) in terms.iter().enumerate() {
+            for (j, &tj) in terms.iter().enumerate() {
+                a[i][j] += x[ti] * x[tj];
+            }
+            a[i][k] += x[ti] * y;
+        }
+    }
+    // Gaussian elimination with partial pivoting.
+    for col in 0..k {
+        let pivot = (col..k).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        let scale = a.iter().map(|r| r[col].abs()).fold(0.0, f64::max);
+        if a[pivot][col].abs() <= 1e-12 * scale.max(1e-300) {
+            return None;
+        }
+        a.swap(col, pivot);
+        let pivot_row = a[col].clone();
+        for (row, r) in a.iter_mut().enumerate() {
+            if row != col {
+                let f = r[col] / pivot_row[col];
+                for (x, p) in r.iter_mut().zip(&pivot_row).skip(col) {
+                    *x -= f * p;
+                }
+            }
+        }
+    }
+    let mut out = [0.0; 4];
+    for (i, &t) in terms.iter().enumerate() {
+        out[t] = a[i][k] / a[i][i];
+        if !out[t].is_finite() {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+impl Calibration {
+    /// The `[[servers]]` section for a scenario: `kind` (llama.cpp when the
+    /// server answered `/props`, else vLLM's engine), its slots and context,
+    /// its output length and the fitted step, with the fit's error in a
+    /// comment above.
+    pub fn server_section(&self, name: &str, source: &str) -> String {
+        let round = |v: f64| (v * 1e4).round() / 1e4;
+        let mut out = format!(
+            "# calibrated against {source}: {} requests ({} failed), 1 to {} clients at once;\n\
+             # the fitted step predicts their latencies within {:.1} % on average, {:.1} % at worst.\n\
+             [[servers]]\nname = \"{name}\"\n",
+            self.samples,
+            self.failed,
+            self.max_concurrency,
+            self.mean_error * 100.0,
+            self.worst_error * 100.0,
+        );
+        match self.props.slots {
+            Some(slots) => {
+                out.push_str(&format!("kind = \"llama_cpp\"\nslots = {slots}\n"));
+                if let Some(n_ctx) = self.props.slot_context {
+                    out.push_str(&format!(
+                        "context_tokens = {}\n",
+                        n_ctx.saturating_mul(u64::from(slots))
+                    ));
+                }
+            }
+            None => out.push_str(&format!("kind = \"vllm\"\nmax_seqs = {}\n", self.max_concurrency)),
+        }
+        out.push_str(&format!("prompt_tokens = {}\n", self.prompt_tokens.round() as u64));
+        if let Some(o) = self.output_tokens {
+            out.push_str(&format!("output_tokens = {}\n", o.round().max(1.0) as u64));
+        }
+        let s = self.step;
+        out.push_str(&format!(
+            "step_ms = {{ prefill_base_ms = {}, prefill_per_token_ms = {}, decode_base_ms = {}, decode_per_sequence_ms = {} }}\n",
+            round(s.prefill_base_ms),
+            round(s.prefill_per_token_ms),
+            round(s.decode_base_ms),
+            round(s.decode_per_sequence_ms),
+        ));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Requests sent one at a time, then in pairs, then in threes, each
+    /// with the latency `step`'s engine gives it.
+    fn engine_samples(step: &LinearStep, slots: u32) -> Vec<Sample> {
+        let shapes = [(20, 5), (200, 30), (80, 60), (120, 10), (300, 20), (50, 40)];
+        let mut samples = Vec::new();
+        let mut at = 0.0;
+        for level in 1..=3u32 {
+            for round in 0..6usize {
+                for k in 0..level as usize {
+                    let (p, o) = shapes[(round + k) % shapes.len()];
+                    samples.push(Sample {
+                        concurrency: level,
+                        prompt_tokens: p,
+                        completion_tokens: o,
+                        max_tokens: 256,
+                        sent_at_s: at,
+                        latency_s: 0.0,
+                    });
+                }
+                at += 10.0;
+            }
+        }
+        let latencies = replay(&samples, slots, step);
+        for (s, l) in samples.iter_mut().zip(latencies) {
+            s.latency_s = l;
+        }
+        samples
+    }
+
+    #[test]
+    fn the_fit_recovers_the_step_that_made_the_latencies() {
+        let step = LinearStep {
+            prefill_base_ms: 12.0,
+            prefill_per_token_ms: 0.4,
+            decode_base_ms: 3.0,
+            decode_per_sequence_ms: 7.0,
+        };
+        let measurement = Measurement {
+            props: Props {
+                slots: Some(4),
+                slot_context: Some(1024),
+            },
+            samples: engine_samples(&step, 4),
+            failed: 0,
+        };
+        let fitted = fit(&measurement).unwrap();
+        for (got, want) in [
+            (fitted.step.prefill_base_ms, 12.0),
+            (fitted.step.prefill_per_token_ms, 0.4),
+            (fitted.step.decode_base_ms, 3.0),
+            (fitted.step.decode_per_sequence_ms, 7.0),
+        ] {
+            assert!((got - want).abs() < 0.01 * want, "{:?}", fitted.step);
+        }
+        assert!(fitted.mean_error < 0.001, "{fitted:?}");
+        let section = fitted.server_section("cpu", "test");
+        assert!(
+            section.contains("kind = \"llama_cpp\"\nslots = 4\ncontext_tokens = 4096\n"),
+            "{section}"
+        );
+    }
+
+    #[test]
+    fn a_term_the_data_would_make_negative_is_held_at_zero() {
+        // Latency that falls with the prompt: no non-negative fit uses it.
+        let rows: Vec<([f64; 4], f64)> = (1..=12)
+            .map(|i| ([1.0, 10.0 * f64::from(i), 20.0, 0.0], 200.0 - f64::from(i)))
+            .collect();
+        let b = nonnegative_least_squares(&rows).unwrap();
+        assert_eq!(b[1], 0.0);
+        assert!(b.iter().all(|b| *b >= 0.0), "{b:?}");
+        assert!((b[0] + 20.0 * b[2] - 193.5).abs() < 1e-6, "the mean is kept: {b:?}");
+    }
+
+    #[test]
+    fn plans_out_of_range_name_their_field() {
+        let field = |plan: Plan| match plan.check() {
+            Err(CalibrateError::Plan { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            field(Plan {
+                max_concurrency: 0,
+                ..Plan::default()
+            }),
+            "max_concurrency"
+        );
+        assert_eq!(
+            field(Plan {
+                requests_per_client: 1,
+                ..Plan::default()
+            }),
+            "requests_per_client"
+        );
+        assert_eq!(
+            field(Plan {
+                prompt_words: vec![],
+                ..Plan::default()
+            }),
+            "prompt_words"
+        );
+        assert_eq!(
+            field(Plan {
+                max_tokens: vec![0],
+                ..Plan::default()
+            }),
+            "max_tokens"
+        );
+    }
+}

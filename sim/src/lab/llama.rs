@@ -1,0 +1,230 @@
+//! A real llama.cpp `llama-server`, as a child process the laboratory owns.
+//!
+//! The laboratory's claims rest on a real server, so starting one must be
+//! plain and safe: the binary and the generated models are found where
+//! `lab/setup.sh` puts them (or refused up front with the command that puts
+//! them there), the server listens on a free loopback port only, its output
+//! goes to a log whose end is quoted when it fails to come up, and dropping
+//! the handle kills the process, so no server outlives its owner.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The llama-cpp-python release whose vendored llama.cpp `lab/setup.sh`
+/// builds (llama.cpp 0c1e570).
+pub const LLAMA_CPP_PYTHON: &str = "0.3.36";
+
+/// The model the laboratory serves unless told otherwise: 512 dimensions,
+/// 8 layers, about 3 to 15 ms a token on one core (`lab/make-model.py`).
+pub const DEFAULT_MODEL: &str = "lab-512x8.gguf";
+
+/// Why a real server could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// Something the laboratory needs is not installed.
+    #[error("{what} not found at {}; run `{fix}` (see docs/lab.md)", at.display())]
+    Missing {
+        /// What is missing.
+        what: &'static str,
+        /// Where it was looked for.
+        at: PathBuf,
+        /// The command that provides it.
+        fix: &'static str,
+    },
+    /// The process could not be started.
+    #[error("cannot start {}: {source}", binary.display())]
+    Spawn {
+        /// The binary.
+        binary: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The server did not come up.
+    #[error("llama-server on port {port} {problem}; the end of its log:\n{log}")]
+    NotReady {
+        /// Its port.
+        port: u16,
+        /// What happened (it exited, or it was not ready in time).
+        problem: String,
+        /// The last lines it printed.
+        log: String,
+    },
+}
+
+/// Where `lab/setup.sh` puts what the laboratory runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tools {
+    /// The `llama-server` binary.
+    pub llama_server: PathBuf,
+    /// The directory of generated models.
+    pub models: PathBuf,
+}
+
+impl Tools {
+    /// The cache directory: `$REDSTRING_CACHE`, else
+    /// `$XDG_CACHE_HOME/redstring`, else `~/.cache/redstring`.
+    pub fn cache_dir() -> PathBuf {
+        if let Some(dir) = std::env::var_os("REDSTRING_CACHE") {
+            return PathBuf::from(dir);
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(|| PathBuf::from(".cache"));
+        base.join("redstring")
+    }
+
+    /// The binary (`$REDSTRING_LLAMA_SERVER`, else the cache's build) and
+    /// the models, each checked to be there.
+    pub fn find() -> Result<Tools, LabError> {
+        let cache = Self::cache_dir();
+        let llama_server = std::env::var_os("REDSTRING_LLAMA_SERVER").map_or_else(
+            || {
+                cache
+                    .join(format!("llama-server-{LLAMA_CPP_PYTHON}"))
+                    .join("llama-server")
+            },
+            PathBuf::from,
+        );
+        if !llama_server.is_file() {
+            return Err(LabError::Missing {
+                what: "llama-server",
+                at: llama_server,
+                fix: "lab/setup.sh",
+            });
+        }
+        let models = cache.join("models");
+        if !models.join(DEFAULT_MODEL).is_file() {
+            return Err(LabError::Missing {
+                what: "the laboratory's models",
+                at: models,
+                fix: "lab/setup.sh",
+            });
+        }
+        Ok(Tools { llama_server, models })
+    }
+}
+
+/// How to run one server.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaSpec {
+    /// The model file.
+    pub model: PathBuf,
+    /// Decode slots (`-np`).
+    pub slots: u32,
+    /// Context over all slots (`-c`); a larger one takes longer to load,
+    /// since the server allocates and clears its KV cache before it is
+    /// ready.
+    pub context: u64,
+    /// Threads (`-t`): one is steadiest on a busy machine.
+    pub threads: u32,
+}
+
+/// A running `llama-server`, killed when dropped.
+pub struct LlamaServer {
+    child: Child,
+    port: u16,
+    log: tempfile::NamedTempFile,
+}
+
+impl LlamaServer {
+    /// Starts `spec` under `tools` on a free loopback port. The server binds
+    /// its port at once and answers `503 Loading model` until its model is
+    /// loaded: see [`LlamaServer::ready`].
+    pub fn start(tools: &Tools, spec: &LlamaSpec) -> Result<LlamaServer, LabError> {
+        let spawn_error = |source| LabError::Spawn {
+            binary: tools.llama_server.clone(),
+            source,
+        };
+        let port = free_port().map_err(spawn_error)?;
+        let log = tempfile::NamedTempFile::new().map_err(spawn_error)?;
+        let out = log.reopen().map_err(spawn_error)?;
+        let err = log.reopen().map_err(spawn_error)?;
+        let child = Command::new(&tools.llama_server)
+            .arg("--model")
+            .arg(&spec.model)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--parallel", &spec.slots.to_string()])
+            .args(["--ctx-size", &spec.context.to_string()])
+            .args(["--threads", &spec.threads.to_string()])
+            .args(["--load-mode", "none"])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(spawn_error)?;
+        Ok(LlamaServer { child, port, log })
+    }
+
+    /// Its loopback port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Waits until `/health` answers 200, polling every 20 ms, and says how
+    /// long that took; fails when the process exits or `within` passes.
+    pub async fn ready(&mut self, within: Duration) -> Result<Duration, LabError> {
+        let start = tokio::time::Instant::now();
+        let client = super::http_client().map_err(|e| self.not_ready(format!("cannot be asked: {e}")))?;
+        let url = format!("{}/health", self.base_url());
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(self.not_ready(format!("exited ({status})")));
+            }
+            let answer = client.get(&url).timeout(Duration::from_secs(1)).send().await;
+            if answer.is_ok_and(|r| r.status().as_u16() == 200) {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > within {
+                return Err(self.not_ready(format!("was not ready within {within:?}")));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn not_ready(&self, problem: String) -> LabError {
+        LabError::NotReady {
+            port: self.port,
+            problem,
+            log: tail(self.log.path(), 12),
+        }
+    }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A loopback port nothing listens on now.
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The last `lines` lines of the file at `path` (at most 64 KiB of it read).
+fn tail(path: &Path, lines: usize) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map_or(0, |m| m.len());
+        let _ = std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(len.saturating_sub(64 * 1024)));
+        let mut bytes = Vec::new();
+        let _ = f.read_to_end(&mut bytes);
+        text = String::from_utf8_lossy(&bytes).into_owned();
+    }
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

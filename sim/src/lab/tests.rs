@@ -1,0 +1,146 @@
+//! The laboratory's measuring code against the simulator's own server,
+//! whose numbers are known, and against a real llama-server.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::calibrate::{self, Plan};
+use super::llama::{DEFAULT_MODEL, LlamaServer, LlamaSpec, Tools};
+use super::{HttpEndpoint, SimEndpoint};
+use crate::evidence::trace::Trace;
+use crate::hosts::server::{PORT, ServerHandle, server_host};
+use crate::hosts::transport::SimTransport;
+use crate::scenario::kinds::{LinearStep, ServerKind, Spread};
+use crate::scenario::{Network, Scenario, ServerSpec};
+use crate::world::sim_builder;
+
+/// Measures a llama.cpp-kind server of `step` with `plan`, on a 1 ms tick.
+fn measure_simulated(step: LinearStep, slots: u32, plan: Plan) -> calibrate::Measurement {
+    let mut sim = sim_builder(
+        7,
+        Duration::from_millis(1),
+        &Network::default(),
+        Duration::from_secs(3600),
+    )
+    .build();
+    let spec = ServerSpec {
+        kind: ServerKind::LlamaCpp,
+        slots,
+        reload_s: 0.0,
+        step_sigma: Some(0.02),
+        step_ms: Some(step),
+        prompt_tokens_dist: Some(Spread::Uniform { low: 20.0, high: 400.0 }),
+        output_tokens_dist: Some(Spread::Uniform { low: 4.0, high: 60.0 }),
+        ..ServerSpec::named("gpu")
+    };
+    let trace = Trace::new();
+    sim.host("gpu", server_host(spec, ServerHandle::default(), trace.clone(), 11));
+    let out = Arc::new(Mutex::new(None));
+    let result = out.clone();
+    sim.client("lab", async move {
+        let endpoint = Arc::new(SimEndpoint::new(
+            &format!("http://gpu:{PORT}"),
+            SimTransport::new("lab", trace),
+        ));
+        *result.lock().unwrap() = Some(calibrate::measure(endpoint, &plan).await);
+        Ok(())
+    });
+    sim.run().unwrap();
+    let measured = out.lock().unwrap().take().unwrap();
+    measured.unwrap()
+}
+
+#[test]
+fn calibrate_recovers_the_step_of_the_simulated_server_it_measures() {
+    let step = LinearStep {
+        prefill_base_ms: 15.0,
+        prefill_per_token_ms: 0.2,
+        decode_base_ms: 4.0,
+        decode_per_sequence_ms: 6.0,
+    };
+    let plan = Plan {
+        requests_per_client: 12,
+        ..Plan::default()
+    };
+    let measured = measure_simulated(step, 3, plan.clone());
+    assert_eq!(measured.props.slots, Some(3), "read from /props");
+    assert_eq!(measured.props.slot_context, Some(16_384 / 3));
+    assert_eq!(measured.failed, 0);
+    assert_eq!(measured.samples.len(), 12 * (1 + 2 + 3), "levels 1 to the slots");
+    let fitted = calibrate::fit(&measured).unwrap();
+    let close = |got: f64, want: f64, within: f64| (got - want).abs() <= within * want;
+    let s = fitted.step;
+    assert!(close(s.prefill_per_token_ms, 0.2, 0.1), "{s:?}");
+    assert!(close(s.decode_per_sequence_ms, 6.0, 0.1), "{s:?}");
+    // The bases are the smaller terms; the prefill's also takes in the
+    // network's round trips (1–5 ms links).
+    assert!(close(s.prefill_base_ms, 15.0, 0.35), "{s:?}");
+    assert!(close(s.decode_base_ms, 4.0, 0.35), "{s:?}");
+    assert!(fitted.mean_error < 0.05, "{fitted:?}");
+}
+
+/// The laboratory's tools, or `None` after saying why when they are not
+/// installed — unless `REDSTRING_REQUIRE_LLAMA=1`, which makes their
+/// absence a failure (as CI sets it).
+fn tools_or_skip() -> Option<Tools> {
+    match Tools::find() {
+        Ok(tools) => Some(tools),
+        Err(e) if std::env::var("REDSTRING_REQUIRE_LLAMA").as_deref() == Ok("1") => {
+            panic!("REDSTRING_REQUIRE_LLAMA=1 but {e}")
+        }
+        Err(e) => {
+            eprintln!("SKIPPED (set REDSTRING_REQUIRE_LLAMA=1 to fail instead): {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn calibrate_measures_a_real_llama_server_and_writes_a_server_a_scenario_accepts() {
+    let Some(tools) = tools_or_skip() else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (measured, section) = runtime.block_on(async {
+        let spec = LlamaSpec {
+            model: tools.models.join(DEFAULT_MODEL),
+            slots: 2,
+            context: 4096,
+            threads: 1,
+        };
+        let mut server = LlamaServer::start(&tools, &spec).unwrap();
+        server.ready(Duration::from_secs(120)).await.unwrap();
+        let endpoint = Arc::new(HttpEndpoint::new(&server.base_url(), None).unwrap());
+        let plan = Plan {
+            requests_per_client: 6,
+            ..Plan::default()
+        };
+        let measured = calibrate::measure(endpoint, &plan).await.unwrap();
+        let fitted = calibrate::fit(&measured).unwrap();
+        (measured, fitted.server_section("cpu", &server.base_url()))
+    });
+    assert_eq!(measured.props.slots, Some(2), "from /props");
+    assert_eq!(measured.props.slot_context, Some(2048), "-c 4096 over 2 slots");
+    assert_eq!(measured.failed, 0);
+    assert_eq!(measured.samples.len(), 6 * (1 + 2));
+    assert!(
+        measured
+            .samples
+            .iter()
+            .all(|s| s.completion_tokens > 0 && s.prompt_tokens > 0),
+        "{measured:?}"
+    );
+    let text = format!(
+        "name = \"calibrated\"\nseed = 1\nduration_s = 10\n{section}\n[[workers]]\nname = \"w\"\nservers = [\"cpu\"]\ntenants = [{{ id = 1, calls_per_min = 15 }}]\n"
+    );
+    let scenario = Scenario::parse("calibrated.toml", &text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let server = scenario.server("cpu").unwrap();
+    assert_eq!(server.kind, ServerKind::LlamaCpp);
+    assert_eq!((server.slots, server.context_tokens), (2, Some(4096)));
+    assert!(
+        server
+            .step_ms
+            .is_some_and(|s| s.decode_base_ms + s.decode_per_sequence_ms > 0.0)
+    );
+}
