@@ -195,7 +195,7 @@ impl Plan {
     /// The request body of client `client`'s `n`th request at a level: a
     /// prompt that starts with its own numbers (so no server reuses another
     /// request's cached prefix) and a JSON-schema answer, as workers ask.
-    fn body(&self, level: u32, client: u32, n: u32) -> (Vec<u8>, u32) {
+    pub(crate) fn body(&self, level: u32, client: u32, n: u32) -> (Vec<u8>, u32) {
         let turn = (client + n) as usize;
         let words = self.prompt_words[turn % self.prompt_words.len()];
         let max_tokens = self.max_tokens[(turn / self.prompt_words.len()) % self.max_tokens.len()];

@@ -127,6 +127,8 @@ pub struct LlamaServer {
     child: Child,
     port: u16,
     log: tempfile::NamedTempFile,
+    tools: Tools,
+    spec: LlamaSpec,
 }
 
 impl LlamaServer {
@@ -140,22 +142,57 @@ impl LlamaServer {
         };
         let port = free_port().map_err(spawn_error)?;
         let log = tempfile::NamedTempFile::new().map_err(spawn_error)?;
-        let out = log.reopen().map_err(spawn_error)?;
-        let err = log.reopen().map_err(spawn_error)?;
-        let child = Command::new(&tools.llama_server)
-            .arg("--model")
-            .arg(&spec.model)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--parallel", &spec.slots.to_string()])
-            .args(["--ctx-size", &spec.context.to_string()])
-            .args(["--threads", &spec.threads.to_string()])
-            .args(["--load-mode", "none"])
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(spawn_error)?;
-        Ok(LlamaServer { child, port, log })
+        let child = spawn(tools, spec, port, &log)?;
+        Ok(LlamaServer {
+            child,
+            port,
+            log,
+            tools: tools.clone(),
+            spec: spec.clone(),
+        })
+    }
+
+    /// Kills the process if it runs and starts it again on the same port:
+    /// a restart, with its load.
+    pub fn restart(&mut self) -> Result<(), LabError> {
+        self.kill();
+        self.child = spawn(&self.tools, &self.spec, self.port, &self.log)?;
+        Ok(())
+    }
+
+    /// Whether the process is still running (stopped counts as running).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Stops the process (SIGSTOP): it holds its connections and answers
+    /// nothing, as a hung server does, until [`LlamaServer::resume`].
+    pub fn hang(&self) -> Result<(), LabError> {
+        self.signal("-STOP")
+    }
+
+    /// Lets a hung process go on (SIGCONT).
+    pub fn resume(&self) -> Result<(), LabError> {
+        self.signal("-CONT")
+    }
+
+    /// Sends `signal` with `kill(1)`, which every Linux has (the crate
+    /// forbids the unsafe call it would otherwise take).
+    fn signal(&self, signal: &str) -> Result<(), LabError> {
+        let failed = |problem: String| LabError::NotReady {
+            port: self.port,
+            problem,
+            log: String::new(),
+        };
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .map_err(|e| failed(format!("could not be sent {signal}: {e}")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(failed(format!("could not be sent {signal}: kill exited {status}")))
+        }
     }
 
     /// Its loopback port.
@@ -197,8 +234,10 @@ impl LlamaServer {
         }
     }
 
-    /// Kills the process (SIGKILL) and reaps it.
+    /// Kills the process (SIGKILL) and reaps it: a crash. Connections to
+    /// its port are refused until [`LlamaServer::restart`].
     pub fn kill(&mut self) {
+        // A stopped process dies of SIGKILL too.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -208,6 +247,29 @@ impl Drop for LlamaServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// `spec`'s server on `port`, its output appended to `log`.
+fn spawn(tools: &Tools, spec: &LlamaSpec, port: u16, log: &tempfile::NamedTempFile) -> Result<Child, LabError> {
+    let spawn_error = |source| LabError::Spawn {
+        binary: tools.llama_server.clone(),
+        source,
+    };
+    let out = log.reopen().map_err(spawn_error)?;
+    let err = log.reopen().map_err(spawn_error)?;
+    Command::new(&tools.llama_server)
+        .arg("--model")
+        .arg(&spec.model)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--parallel", &spec.slots.to_string()])
+        .args(["--ctx-size", &spec.context.to_string()])
+        .args(["--threads", &spec.threads.to_string()])
+        .args(["--load-mode", "none"])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(spawn_error)
 }
 
 /// A loopback port nothing listens on now.

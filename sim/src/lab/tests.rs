@@ -4,7 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::calibrate::{self, Plan};
+use redstring::provider::{TransportError, TransportErrorKind};
+
+use super::calibrate::{self, Endpoint as _, Plan};
 use super::llama::{DEFAULT_MODEL, LlamaServer, LlamaSpec, Tools};
 use super::{HttpEndpoint, SimEndpoint};
 use crate::evidence::trace::Trace;
@@ -143,4 +145,80 @@ fn calibrate_measures_a_real_llama_server_and_writes_a_server_a_scenario_accepts
             .step_ms
             .is_some_and(|s| s.decode_base_ms + s.decode_per_sequence_ms > 0.0)
     );
+}
+
+/// What one chat completion got: a status and body, or the transport's
+/// failure.
+async fn ask(endpoint: &HttpEndpoint, timeout: Duration) -> Result<(u16, serde_json::Value), TransportError> {
+    let (body, _) = Plan::default().body(1, 0, 0);
+    let r = endpoint.post("/v1/chat/completions", body, timeout).await?;
+    Ok((r.status, serde_json::from_slice(&r.body).unwrap_or_default()))
+}
+
+#[test]
+fn a_real_llama_server_loads_crashes_restarts_and_hangs_as_the_llama_cpp_kind_claims() {
+    let Some(tools) = tools_or_skip() else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        // A large context makes a load of seconds: the KV cache is
+        // allocated and cleared before the server is ready.
+        let spec = LlamaSpec {
+            model: tools.models.join(DEFAULT_MODEL),
+            slots: 1,
+            context: 65_536,
+            threads: 1,
+        };
+        let mut server = LlamaServer::start(&tools, &spec).unwrap();
+        let endpoint = HttpEndpoint::new(&server.base_url(), None).unwrap();
+        // While it loads: the kind's 503, body for body.
+        let loading = loop {
+            match ask(&endpoint, Duration::from_secs(5)).await {
+                Ok((503, body)) => break body,
+                Ok((status, body)) => panic!("answered {status} {body} before any 503"),
+                // Not listening yet.
+                Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        };
+        assert_eq!(loading, crate::hosts::server::loading_body());
+        server.ready(Duration::from_secs(120)).await.unwrap();
+        assert_eq!(ask(&endpoint, Duration::from_secs(60)).await.unwrap().0, 200);
+
+        // A crash: connections refused, as the kind's killed process.
+        server.kill();
+        let refused = ask(&endpoint, Duration::from_secs(5)).await.unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                TransportError::Failed {
+                    kind: TransportErrorKind::Connect,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        // A restart loads again, on the same port.
+        server.restart().unwrap();
+        server.ready(Duration::from_secs(120)).await.unwrap();
+        assert_eq!(ask(&endpoint, Duration::from_secs(60)).await.unwrap().0, 200);
+
+        // A hang: nothing answers within the timeout; resumed, it answers.
+        server.hang().unwrap();
+        let hung = ask(&endpoint, Duration::from_millis(500)).await.unwrap_err();
+        assert!(
+            matches!(
+                hung,
+                TransportError::Failed {
+                    kind: TransportErrorKind::Timeout,
+                    ..
+                }
+            ),
+            "{hung:?}"
+        );
+        server.resume().unwrap();
+        assert_eq!(ask(&endpoint, Duration::from_secs(60)).await.unwrap().0, 200);
+        assert!(server.is_running());
+    });
 }

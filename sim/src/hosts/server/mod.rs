@@ -1108,7 +1108,13 @@ fn context_exceeded(prompt: u64, n_ctx: u64) -> Response<Full<Bytes>> {
 }
 
 fn loading() -> Response<Full<Bytes>> {
-    error_response(StatusCode::SERVICE_UNAVAILABLE, "Loading model", "unavailable_error")
+    json_response(StatusCode::SERVICE_UNAVAILABLE, &loading_body())
+}
+
+/// The body of llama.cpp's `503` while its model loads, which every kind
+/// that loads answers (the laboratory checks it against a real server).
+pub fn loading_body() -> Value {
+    json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
 }
 
 fn rate_limited(retry_after_s: f64) -> Response<Full<Bytes>> {
