@@ -587,3 +587,14 @@ fn calibrate_refuses_a_plan_out_of_range_naming_its_flag() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--requests-per-client must be 2 to 1000, got 1"), "{err}");
 }
+
+#[test]
+fn lab_refuses_a_scenario_it_cannot_run_for_real_naming_the_field() {
+    // A generic server is the simulator's model, not a real server.
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/container-restart.toml");
+    let out = bin().arg("lab").arg(shipped).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("field `servers[0].kind`"), "{err}");
+    assert!(err.contains("llama_cpp"), "{err}");
+}

@@ -54,9 +54,38 @@ impl SimClock {
     }
 }
 
-/// True simulated time since the run began (zero outside a simulated host).
+/// True simulated time since the run began: turmoil's on a simulated host,
+/// real time since [`RealTime`] began on a thread the laboratory runs in
+/// real time, and zero elsewhere.
 pub fn sim_elapsed() -> Duration {
-    turmoil::sim_elapsed().unwrap_or_default()
+    turmoil::sim_elapsed()
+        .or_else(|| REAL_EPOCH.with(|e| e.get()).map(|epoch| epoch.elapsed()))
+        .unwrap_or_default()
+}
+
+thread_local! {
+    /// When this thread's real-time run began, if it runs one.
+    static REAL_EPOCH: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// While it lives, this thread's time outside a simulation is real time
+/// since it was made: the laboratory runs the simulator's workers, clocks
+/// and trace on a real runtime this way, unchanged.
+#[derive(Debug)]
+pub struct RealTime(());
+
+impl RealTime {
+    /// Starts real time at zero on this thread.
+    pub fn begin() -> RealTime {
+        REAL_EPOCH.with(|e| e.set(Some(std::time::Instant::now())));
+        RealTime(())
+    }
+}
+
+impl Drop for RealTime {
+    fn drop(&mut self) {
+        REAL_EPOCH.with(|e| e.set(None));
+    }
 }
 
 impl Clock for SimClock {

@@ -32,7 +32,6 @@ use crate::evidence::outcome::CallOutcome;
 use crate::evidence::trace::{self, Kind, Trace};
 use crate::hosts::RequestTokens;
 use crate::hosts::clock::{SimClock, sim_elapsed};
-use crate::hosts::server::PORT;
 use crate::hosts::transport::{ConnectionLimit, SimTransport};
 use crate::scenario::limits::MAX_TRACE_TOKENS;
 use crate::scenario::{Burst, Hardening, Routing, Spread, TenantLoad};
@@ -47,6 +46,12 @@ pub struct Extraction {
     /// How sure the model is.
     pub confidence: f64,
 }
+
+/// The text every simulated extraction sends.
+pub const REQUEST_TEXT: &str = "Ada Lovelace wrote the first program.";
+
+/// The system prompt every simulated extraction sends.
+pub const REQUEST_SYSTEM_PROMPT: &str = "Extract the person named.";
 
 tokio::task_local! {
     /// Requests the current call has sent, counted by [`CountingTransport`].
@@ -69,7 +74,7 @@ fn call_estimate(request: &redstring::provider::ExtractRequest<'_>, max_tokens: 
 
 /// Counts each request against the call whose task sends it, and tells the
 /// server the call's own token counts.
-struct CountingTransport(SimTransport, String);
+struct CountingTransport(Box<dyn HttpTransport>, String);
 
 impl HttpTransport for CountingTransport {
     fn post(&self, mut request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
@@ -111,9 +116,34 @@ pub struct WorkerPlan {
     pub until: Duration,
     /// Synchronised bursts this worker fires with the rest of the fleet.
     pub bursts: Vec<Burst>,
-    /// The ports of the turmoil host it runs on, which it may share with
-    /// other workers.
-    pub ports: Arc<ConnectionLimit>,
+    /// The network it reaches its servers over.
+    pub net: Net,
+}
+
+/// The network between a worker and its servers.
+#[derive(Clone)]
+pub enum Net {
+    /// turmoil's, with the ports of the host it runs on, which it may share
+    /// with other workers.
+    Sim(Arc<ConnectionLimit>),
+    /// A real one (the laboratory): each server's transport made by the
+    /// factory.
+    Real(Arc<dyn RealTransports>),
+}
+
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Net::Sim(ports) => f.debug_tuple("Sim").field(ports).finish(),
+            Net::Real(_) => f.write_str("Real"),
+        }
+    }
+}
+
+/// Makes the transport a worker on a real network reaches a server with.
+pub trait RealTransports: Send + Sync {
+    /// The transport worker `host` uses for `server`.
+    fn transport(&self, host: &str, server: &str) -> Box<dyn HttpTransport>;
 }
 
 /// One model server a worker may call.
@@ -121,6 +151,8 @@ pub struct WorkerPlan {
 pub struct Target {
     /// Its host name.
     pub server: String,
+    /// Its OpenAI-compatible base URL (`http://gpu:8080/v1`).
+    pub url: String,
     /// The model id it serves.
     pub model: String,
     /// Its weight under routing: its slots.
@@ -280,12 +312,13 @@ fn deployment<S: BreakerStore>(
         breaker = breaker.probe_lease(secs(lease));
     }
     let breaker = Arc::new(breaker.cache(store.clone()).build()?);
-    let transport = CountingTransport(
-        SimTransport::on(&plan.name, trace.clone(), plan.ports.clone()),
-        plan.name.clone(),
-    );
+    let inner: Box<dyn HttpTransport> = match &plan.net {
+        Net::Sim(ports) => Box::new(SimTransport::on(&plan.name, trace.clone(), ports.clone())),
+        Net::Real(factory) => factory.transport(&plan.name, &target.server),
+    };
+    let transport = CountingTransport(inner, plan.name.clone());
     let adapter = Arc::new(
-        OpenAiCompatible::builder(format!("http://{}:{PORT}/v1", target.server), target.model.clone())
+        OpenAiCompatible::builder(target.url.clone(), target.model.clone())
             .timeout(secs(h.request_timeout_s))
             .max_tokens(h.max_tokens)
             .clock(clock.clone())
@@ -341,8 +374,8 @@ impl Calls {
             let started = sim_elapsed();
             let work = async {
                 let request = ExtractRequest {
-                    text: "Ada Lovelace wrote the first program.",
-                    system_prompt: Some("Extract the person named."),
+                    text: REQUEST_TEXT,
+                    system_prompt: Some(REQUEST_SYSTEM_PROMPT),
                     schema: &this.schema,
                 };
                 let result = provider.extract_value(request).await;

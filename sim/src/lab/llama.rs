@@ -41,6 +41,14 @@ pub enum LabError {
         /// Why.
         source: std::io::Error,
     },
+    /// The scenario asks for what the laboratory cannot run for real.
+    #[error("field `{field}` {problem}")]
+    Unsupported {
+        /// The field.
+        field: String,
+        /// Why.
+        problem: String,
+    },
     /// The server did not come up.
     #[error("llama-server on port {port} {problem}; the end of its log:\n{log}")]
     NotReady {

@@ -10,7 +10,9 @@
 //! are known.
 
 pub mod calibrate;
+pub mod fidelity;
 pub mod llama;
+pub mod run;
 
 use std::time::Duration;
 

@@ -9,7 +9,8 @@ use redstring::provider::{TransportError, TransportErrorKind};
 use super::calibrate::{self, Endpoint as _, Plan};
 use super::llama::{DEFAULT_MODEL, LlamaServer, LlamaSpec, Tools};
 use super::{HttpEndpoint, SimEndpoint};
-use crate::evidence::trace::Trace;
+use crate::evidence::outcome::Answer;
+use crate::evidence::trace::{Kind, Trace};
 use crate::hosts::server::{PORT, ServerHandle, server_host};
 use crate::hosts::transport::SimTransport;
 use crate::scenario::kinds::{LinearStep, ServerKind, Spread};
@@ -221,4 +222,50 @@ fn a_real_llama_server_loads_crashes_restarts_and_hangs_as_the_llama_cpp_kind_cl
         assert_eq!(ask(&endpoint, Duration::from_secs(60)).await.unwrap().0, 200);
         assert!(server.is_running());
     });
+}
+
+/// The shipped laboratory scenario: two workers calling one llama.cpp
+/// server that crashes at 6 s and restarts at 8 s; about 25 s for real.
+const CRASH_RESTART: &str = include_str!("../../../scenarios/lab/crash-restart.toml");
+
+#[test]
+fn a_scenario_run_for_real_records_the_trace_a_simulation_records_and_is_judged_alike() {
+    let Some(tools) = tools_or_skip() else { return };
+    let scenario = Scenario::parse("lab-crash-restart.toml", CRASH_RESTART).unwrap();
+    let evidence = super::run::run(&scenario, &tools, 1).unwrap();
+    let count = |f: &dyn Fn(&Kind) -> bool| evidence.events.iter().filter(|e| f(&e.kind)).count();
+    assert!(
+        evidence.simulated >= Duration::from_secs(25),
+        "{:?}",
+        evidence.simulated
+    );
+    assert!(
+        count(&|k| matches!(k, Kind::Arrival { .. })) >= 20,
+        "about 40 calls arrive"
+    );
+    assert_eq!(count(&|k| matches!(k, Kind::Fault { .. })), 2);
+    assert_eq!(count(&|k| matches!(k, Kind::Loaded)), 1, "the restart's load");
+    let ok = count(&|k| {
+        matches!(
+            k,
+            Kind::Served {
+                outcome: Answer::Ok,
+                ..
+            }
+        )
+    });
+    assert!(ok >= 10, "{ok} answered");
+    // The crash: requests the dead server refused were sent but never served.
+    assert!(count(&|k| matches!(k, Kind::Request { .. })) > ok);
+    let loaded = evidence.events.iter().find(|e| matches!(e.kind, Kind::Loaded)).unwrap();
+    assert!(
+        loaded.t_us > 8_000_000,
+        "loaded after the restart at 8 s: {}",
+        loaded.t_us
+    );
+    let run = crate::judgement::judge(&scenario, evidence);
+    let report = crate::judgement::report::Report::new(&scenario, "lab-crash-restart.toml", &run);
+    let text = report.render(None);
+    assert!(text.contains("gpu"), "{text}");
+    assert!(!report.failed(), "every invariant holds for real too:\n{text}");
 }

@@ -33,9 +33,9 @@ use crate::evidence::Evidence;
 use crate::evidence::trace::{DRIVER, Kind, Trace, TraceEvent};
 use crate::hosts::cache_host::{RemoteCache, cache_host};
 use crate::hosts::clock::{EPOCH, SimClock};
-use crate::hosts::server::{ServerHandle, server_host};
+use crate::hosts::server::{PORT, ServerHandle, server_host};
 use crate::hosts::transport::{ConnectionLimit, EPHEMERAL_PORTS};
-use crate::hosts::worker::{Target, WorkerPlan, run_worker};
+use crate::hosts::worker::{Net, Target, WorkerPlan, run_worker};
 use crate::scenario::{CACHE_HOST, CacheKind, CacheLayout, Fault, FleetMember, Network, Scenario, fault};
 
 /// Connection backlog per host: turmoil panics ("server socket buffer full")
@@ -257,7 +257,7 @@ fn hosts(scenario: &Scenario) -> u64 {
 
 /// Simulated time a run of `scenario` covers: its duration and a grace
 /// period for calls in flight to end.
-fn run_length(scenario: &Scenario) -> Duration {
+pub fn run_length(scenario: &Scenario) -> Duration {
     secs(scenario.duration_s).saturating_add(Duration::from_secs(5))
 }
 
@@ -321,6 +321,44 @@ async fn worker(
             let store = Arc::new(MemoryCache::new(Arc::new(plan.clock.clone())));
             run_worker(plan, store, trace).await
         }
+    }
+}
+
+/// The plan of fleet member `member` of `scenario` for a run with `seed`
+/// until `until`, over `net`, each server at the base URL `url` gives it:
+/// the one way a worker is set up, simulated or in the laboratory.
+pub fn worker_plan(
+    scenario: &Scenario,
+    member: FleetMember,
+    seed: u64,
+    until: Duration,
+    net: Net,
+    url: impl Fn(&str) -> String,
+) -> WorkerPlan {
+    let deployments = member
+        .servers
+        .iter()
+        .map(|name| {
+            let spec = scenario.server(name);
+            Target {
+                server: name.clone(),
+                url: url(name),
+                model: spec.map(|x| x.model.clone()).unwrap_or_default(),
+                weight: spec.map_or(1, |x| x.slots),
+            }
+        })
+        .collect();
+    WorkerPlan {
+        deployments,
+        name: member.name,
+        index: member.index,
+        tenants: member.tenants,
+        clock: SimClock::new(member.clock),
+        hardening: scenario.hardening.clone(),
+        seed,
+        until,
+        bursts: scenario.bursts(),
+        net,
     }
 }
 
@@ -403,33 +441,11 @@ impl<'s> World<'s> {
 
     /// The plan of one fleet member, whose clock the driver may then step.
     fn plan(&mut self, member: FleetMember, seed: u64, until: Duration, ports: Arc<ConnectionLimit>) -> WorkerPlan {
-        let s = self.scenario;
-        let clock = SimClock::new(member.clock);
-        self.clocks.insert(member.name.clone(), clock.clone());
-        let deployments = member
-            .servers
-            .iter()
-            .map(|name| {
-                let spec = s.server(name);
-                Target {
-                    server: name.clone(),
-                    model: spec.map(|x| x.model.clone()).unwrap_or_default(),
-                    weight: spec.map_or(1, |x| x.slots),
-                }
-            })
-            .collect();
-        WorkerPlan {
-            deployments,
-            name: member.name,
-            index: member.index,
-            tenants: member.tenants,
-            clock,
-            hardening: s.hardening.clone(),
-            seed,
-            until,
-            bursts: s.bursts(),
-            ports,
-        }
+        let plan = worker_plan(self.scenario, member, seed, until, Net::Sim(ports), |server| {
+            format!("http://{server}:{PORT}/v1")
+        });
+        self.clocks.insert(plan.name.clone(), plan.clock.clone());
+        plan
     }
 
     /// Applies `fault` now and records it in the trace.

@@ -9,6 +9,7 @@
 //! redstring-sim check [scenarios/] [--strict]
 //! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--shrink N] [--out scenarios/regressions] [--json F] [--shard i/n]
 //! redstring-sim merge shard-1.json shard-2.json … [--json F] [--out scenarios/regressions]
+//! redstring-sim lab scenarios/lab/crash-restart.toml [--repeat M] [--seeds N] [--no-calibrate] [--json F]
 //! redstring-sim calibrate --base-url http://127.0.0.1:8080 [--model M] [--name N] [--max-concurrency C] [--requests-per-client R] [--out F]
 //! ```
 //!
@@ -31,6 +32,7 @@ mod calibrate;
 mod check;
 mod compare;
 mod fuzz;
+mod lab;
 mod merge;
 #[cfg(feature = "mutants")]
 mod mutants;
@@ -93,6 +95,11 @@ enum Command {
     /// concurrency, prompt and output tokens; its slots from `/props`) and
     /// print the `[[servers]]` section that gives a scenario its speed.
     Calibrate(calibrate::CalibrateArgs),
+    /// Run a scenario for real, in real time, against real llama-server
+    /// processes (`lab/setup.sh` builds them), report each repetition as
+    /// `run` does, then set the simulator's prediction beside what was
+    /// measured, figure by figure.
+    Lab(lab::LabArgs),
 }
 
 fn main() -> ExitCode {
@@ -111,6 +118,7 @@ fn main() -> ExitCode {
         Command::Mutants(args) => mutants::run(args),
         Command::Check(args) => check::check(args),
         Command::Calibrate(args) => calibrate::calibrate(args),
+        Command::Lab(args) => lab::lab(args),
     };
     result.unwrap_or_else(|code| code)
 }

@@ -1,0 +1,111 @@
+//! `lab`: a scenario run for real against real `llama-server` processes,
+//! then predicted against measured.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use redstring_sim::campaign::run_seeds;
+use redstring_sim::judgement::report::Report;
+use redstring_sim::judgement::sweep::SeedRecord;
+use redstring_sim::lab::fidelity;
+use redstring_sim::lab::llama::Tools;
+use redstring_sim::lab::run::{self as lab_run, calibrated, unsupported};
+
+use crate::shared::{BAD_SCENARIO, Outcome, Outputs, SIM_FAILED, fail, inputs_of, jobs_or_cores, load, progress};
+
+/// The most repetitions one `lab` runs.
+const MAX_REPEAT: u64 = 100;
+
+/// The arguments of `lab`.
+#[derive(clap::Args)]
+pub struct LabArgs {
+    /// The scenario file (servers of kind `llama_cpp`; faults crash,
+    /// restart and burst).
+    scenario: PathBuf,
+    /// Times the scenario runs for real, each a repetition with its own
+    /// arrivals (seeds 1, 2, …).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_REPEAT))]
+    repeat: u64,
+    /// Seeds the calibrated scenario is simulated over for the prediction.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    seeds: u64,
+    /// Simulate the scenario as written instead of calibrating its servers
+    /// first (the prediction then tests its server model's speed too).
+    #[arg(long)]
+    no_calibrate: bool,
+    /// Simulations run at once (default: every core).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Write the predicted-against-measured rows as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Runs `lab`.
+pub fn lab(args: LabArgs) -> Outcome {
+    let path = args.scenario.as_path();
+    let mut outputs = Outputs::reserve([("--json", args.json.clone())])?;
+    let scenario = load(path, false)?;
+    outputs.refuse_inputs(&inputs_of(path, &scenario))?;
+    if let Some((field, problem)) = unsupported(&scenario) {
+        return Err(fail(
+            BAD_SCENARIO,
+            &format!("{}: field `{field}` {problem}", path.display()),
+        ));
+    }
+    let tools = Tools::find().map_err(|e| fail(BAD_SCENARIO, &e))?;
+    let shown = path.display().to_string();
+    println!(
+        "== lab {shown}: {} repetition(s) of {} s for real, the prediction over {} simulated seeds",
+        args.repeat, scenario.duration_s, args.seeds
+    );
+    let predicted = if args.no_calibrate {
+        scenario.clone()
+    } else {
+        let (predicted, found) = calibrated(&scenario, &tools).map_err(|e| fail(SIM_FAILED, &e))?;
+        for c in &found {
+            let s = c.fit.step;
+            println!(
+                "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B ms decode (fit within {:.1} % on average); load {:.2} s; the workers' request {} prompt + {} output tokens",
+                c.server,
+                s.prefill_base_ms,
+                s.prefill_per_token_ms,
+                s.decode_base_ms,
+                s.decode_per_sequence_ms,
+                c.fit.mean_error * 100.0,
+                c.reload_s,
+                c.tokens.0,
+                c.tokens.1
+            );
+        }
+        predicted
+    };
+    let mut measured: Vec<SeedRecord> = Vec::new();
+    for repetition in 1..=args.repeat {
+        let start = Instant::now();
+        let evidence = lab_run::run(&scenario, &tools, repetition).map_err(|e| fail(SIM_FAILED, &e))?;
+        let run = redstring_sim::judgement::judge(&scenario, evidence);
+        let mut report = Report::new(&scenario, &shown, &run);
+        // A real run cannot be replayed; the simulation of its arrivals can.
+        report.replay = format!("{} (its arrivals, simulated)", report.replay);
+        println!("\n-- repetition {repetition}, run for real");
+        print!("{}", report.render(Some(start.elapsed())));
+        measured.push(SeedRecord::of(&report));
+    }
+    let seeds: Vec<u64> = (1..=args.seeds).collect();
+    let bar = progress(seeds.len() as u64, "seeds");
+    let simulated = run_seeds(&predicted, &shown, &seeds, jobs_or_cores(args.jobs), || bar.inc(1));
+    bar.finish();
+    let rows = fidelity::compare(&simulated, &measured);
+    println!(
+        "\n== predicted ({} simulated seeds{}) against measured ({} repetitions for real)",
+        args.seeds,
+        if args.no_calibrate { "" } else { ", servers calibrated" },
+        args.repeat
+    );
+    print!("{}", fidelity::render(&rows));
+    outputs.write("--json", || serde_json::to_string_pretty(&rows).unwrap_or_default())?;
+    outputs.commit()?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,192 @@
+//! Predicted against measured: the simulator's figures for a scenario over
+//! many seeds beside the same figures from repetitions run for real.
+//!
+//! A prediction is trusted as far as it has been checked. This module puts
+//! one figure's simulated distribution next to its measured mean and says
+//! whether they agree, by the rule the laboratory holds the simulator to:
+//! the measured mean within 20 % of the simulated median (a count below 10
+//! within ±2), or inside the simulated 10th–90th percentile.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::judgement::sweep::SeedRecord;
+
+/// The relative error within which a figure agrees.
+pub const WITHIN: f64 = 0.2;
+
+/// How one figure's prediction fared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Within 20 % of the simulated median (a small count within ±2).
+    Within,
+    /// Not within, but inside the simulated 10th–90th percentile.
+    Inside,
+    /// Neither: the model misses here.
+    Miss,
+}
+
+/// One figure, predicted and measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Row {
+    /// The figure (an episode's is prefixed by the episode's name).
+    pub figure: String,
+    /// Its 10th percentile over the simulated seeds (nearest rank).
+    pub p10: f64,
+    /// Its median over the simulated seeds.
+    pub median: f64,
+    /// Its 90th percentile over the simulated seeds.
+    pub p90: f64,
+    /// Seeds that measured it.
+    pub seeds: usize,
+    /// Its mean over the repetitions run for real.
+    pub measured: f64,
+    /// The smallest and largest measured value.
+    pub measured_range: (f64, f64),
+    /// Repetitions that measured it.
+    pub repetitions: usize,
+    /// `(measured − median) / median`; `None` when the median is 0.
+    pub error: Option<f64>,
+    /// How it fared.
+    pub verdict: Verdict,
+}
+
+/// The nearest-rank `p`th percentile of sorted `values` (not empty).
+fn percentile(sorted: &[f64], p: usize) -> f64 {
+    sorted[(sorted.len() * p).div_ceil(100).max(1) - 1]
+}
+
+/// Every figure both sides measured, whole-run first, then each episode's:
+/// one row each.
+pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
+    let gather = |records: &[SeedRecord]| {
+        let mut by: BTreeMap<(u8, String), Vec<f64>> = BTreeMap::new();
+        for r in records.iter().filter(|r| r.error.is_none()) {
+            for (name, v) in &r.figures {
+                by.entry((0, name.clone())).or_default().push(*v);
+            }
+            for ep in &r.episodes {
+                for (name, v) in &ep.figures {
+                    by.entry((1, format!("{}: {name}", ep.episode))).or_default().push(*v);
+                }
+            }
+        }
+        by
+    };
+    let (sim, real) = (gather(simulated), gather(measured));
+    let mut rows = Vec::new();
+    for (key, mut values) in sim {
+        let Some(seen) = real.get(&key) else { continue };
+        values.sort_by(f64::total_cmp);
+        let (p10, median, p90) = (
+            percentile(&values, 10),
+            percentile(&values, 50),
+            percentile(&values, 90),
+        );
+        let mean = seen.iter().sum::<f64>() / seen.len() as f64;
+        let range = seen.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(*v), hi.max(*v))
+        });
+        let error = (median != 0.0).then(|| (mean - median) / median);
+        let count = values.iter().chain(seen).all(|v| v.fract() == 0.0);
+        let within = if count && median.abs() < 10.0 {
+            (mean - median).abs() <= 2.0
+        } else {
+            error.is_some_and(|e| e.abs() <= WITHIN) || (median == 0.0 && mean == 0.0)
+        };
+        let verdict = if within {
+            Verdict::Within
+        } else if (p10..=p90).contains(&mean) {
+            Verdict::Inside
+        } else {
+            Verdict::Miss
+        };
+        rows.push(Row {
+            figure: key.1,
+            p10,
+            median,
+            p90,
+            seeds: values.len(),
+            measured: mean,
+            measured_range: range,
+            repetitions: seen.len(),
+            error,
+            verdict,
+        });
+    }
+    rows
+}
+
+/// The rows as a table, with a last line counting the verdicts.
+pub fn render(rows: &[Row]) -> String {
+    let mut out = format!(
+        "{:<52} {:>9} {:>9} {:>9} {:>10} {:>8}  verdict\n",
+        "figure", "sim p10", "median", "p90", "measured", "error"
+    );
+    let g = |v: f64| format!("{v:.3}");
+    for r in rows {
+        let error = r
+            .error
+            .map_or_else(|| "-".to_owned(), |e| format!("{:+.0} %", e * 100.0));
+        let verdict = match r.verdict {
+            Verdict::Within => "within",
+            Verdict::Inside => "inside spread",
+            Verdict::Miss => "MISS",
+        };
+        out.push_str(&format!(
+            "{:<52} {:>9} {:>9} {:>9} {:>10} {:>8}  {verdict}\n",
+            r.figure,
+            g(r.p10),
+            g(r.median),
+            g(r.p90),
+            g(r.measured),
+            error
+        ));
+    }
+    let count = |v: Verdict| rows.iter().filter(|r| r.verdict == v).count();
+    out.push_str(&format!(
+        "{} figures: {} within 20 % (small counts ±2), {} inside the simulated 10th–90th percentile, {} missed\n",
+        rows.len(),
+        count(Verdict::Within),
+        count(Verdict::Inside),
+        count(Verdict::Miss)
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(figures: &[(&str, f64)]) -> SeedRecord {
+        SeedRecord {
+            figures: figures.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+            ..SeedRecord::default()
+        }
+    }
+
+    #[test]
+    fn a_figure_is_within_inside_or_missed_by_the_laboratory_s_rule() {
+        let simulated: Vec<SeedRecord> = (1..=10)
+            .map(|i| record(&[("latency", f64::from(i) / 10.0 + 0.45), ("failed", f64::from(i % 3))]))
+            .collect();
+        // Simulated latency: 0.55 … 1.45, median 0.95, p10 0.55, p90 1.35.
+        let rows =
+            |latency: f64, failed: f64| compare(&simulated, &[record(&[("latency", latency), ("failed", failed)])]);
+        let verdicts = |r: Vec<Row>| r.iter().map(|r| (r.figure.clone(), r.verdict)).collect::<Vec<_>>();
+        assert_eq!(
+            verdicts(rows(1.0, 3.0)),
+            [("failed".into(), Verdict::Within), ("latency".into(), Verdict::Within)],
+            "a count of 3 against a median of 1 is within ±2"
+        );
+        assert_eq!(verdicts(rows(1.3, 4.0))[1], ("latency".into(), Verdict::Inside));
+        assert_eq!(
+            verdicts(rows(2.0, 4.0)),
+            [("failed".into(), Verdict::Miss), ("latency".into(), Verdict::Miss)]
+        );
+        let table = render(&rows(2.0, 4.0));
+        assert!(table.contains("2 figures: 0 within 20 %"), "{table}");
+    }
+}

@@ -1,0 +1,508 @@
+//! A scenario run for real: real `llama-server` processes, the simulator's
+//! own workers over real HTTP, the faults applied to the processes, in real
+//! time, recording the same trace a simulation records.
+//!
+//! Whether a simulated figure would happen in reality can only be answered
+//! by running the same scenario both ways and judging both traces alike.
+//! So nothing here re-implements a worker: the workers are
+//! [`run_worker`]'s, planned by [`worker_plan`] exactly as the simulator
+//! plans them, on a real tokio runtime whose clock is real time
+//! ([`RealTime`]); only the network and the servers are real. A server's
+//! `served` events are recorded from the answers its clients read (on
+//! loopback, the same answers at the same instants, less a loopback hop),
+//! and its `loaded` event when its `/health` first answers 200 after a
+//! restart.
+//!
+//! What it runs: servers of kind `llama_cpp` (each a `llama-server` with the
+//! spec's slots and context), faults `crash` (SIGKILL), `restart` (a new
+//! process on the same port, which loads) and `burst`, and both cache
+//! layouts, in-process (a shared cache is one in-process store the workers
+//! share, exact as a fleet's Redis is; the network to it is not modelled).
+//! Anything else is refused up front, naming the field.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redstring::MemoryCache;
+use redstring::provider::{
+    BoxFuture, HttpRequest, HttpResponse, HttpTransport, ReqwestTransport, TransportError, TransportErrorKind,
+};
+use serde_json::Value;
+
+use super::llama::{DEFAULT_MODEL, LabError, LlamaServer, LlamaSpec, Tools};
+use crate::evidence::Evidence;
+use crate::evidence::outcome::Answer;
+use crate::evidence::trace::{DRIVER, Kind, Trace};
+use crate::hosts::CALL_HEADER;
+use crate::hosts::clock::{RealTime, SimClock, sim_elapsed};
+use crate::hosts::worker::{Net, RealTransports, run_worker};
+use crate::scenario::kinds::{DEFAULT_CONTEXT_TOKENS, ServerKind};
+use crate::scenario::{Behaviour, CacheKind, Fault, Scenario, fault};
+use crate::world::{run_length, worker_plan};
+
+/// The most workers a laboratory run takes: each is a task of this process
+/// making real requests.
+pub const MAX_LAB_WORKERS: usize = 64;
+
+/// The longest scenario a laboratory run takes, seconds: it runs in real
+/// time.
+pub const MAX_LAB_SECONDS: f64 = 3600.0;
+
+/// Why `scenario` cannot be run for real, naming the field; `None` when it
+/// can.
+pub fn unsupported(scenario: &Scenario) -> Option<(String, String)> {
+    for (i, s) in scenario.servers.iter().enumerate() {
+        let at = |field: &str| format!("servers[{i}].{field}");
+        if s.kind != ServerKind::LlamaCpp {
+            return Some((
+                at("kind"),
+                format!(
+                    "is {:?}; the laboratory runs real llama.cpp servers only (kind = \"llama_cpp\")",
+                    s.kind
+                ),
+            ));
+        }
+        if s.behaviour != Behaviour::default() {
+            return Some((
+                at("behaviour"),
+                "a real server cannot be told to misbehave; remove it".into(),
+            ));
+        }
+        if s.cold_start {
+            return Some((
+                at("cold_start"),
+                "the laboratory starts its servers loaded; remove it".into(),
+            ));
+        }
+    }
+    for (i, f) in scenario.faults.iter().enumerate() {
+        if !matches!(f, Fault::Crash { .. } | Fault::Restart { .. } | Fault::Burst { .. }) {
+            return Some((
+                format!("faults[{i}].kind"),
+                format!(
+                    "is {}; the laboratory applies crash, restart and burst only",
+                    f.kind().name()
+                ),
+            ));
+        }
+    }
+    for (i, w) in scenario.workers.iter().enumerate() {
+        for (j, t) in w.tenants.iter().enumerate() {
+            if t.prompt_tokens.is_some() || t.output_tokens.is_some() || t.replay.is_some() {
+                return Some((
+                    format!("workers[{i}].tenants[{j}]"),
+                    "brings its own token counts, which a real server does not read; remove them".into(),
+                ));
+            }
+        }
+    }
+    let workers = scenario.fleet().len();
+    if workers > MAX_LAB_WORKERS {
+        return Some((
+            "workers".into(),
+            format!("make {workers} workers; the laboratory runs at most {MAX_LAB_WORKERS}"),
+        ));
+    }
+    if scenario.duration_s > MAX_LAB_SECONDS {
+        return Some((
+            "duration_s".into(),
+            format!(
+                "is {} s of real time; the laboratory runs at most {MAX_LAB_SECONDS} s",
+                scenario.duration_s
+            ),
+        ));
+    }
+    None
+}
+
+/// Runs `scenario` for real once, as repetition `repetition` (which seeds
+/// the workers' arrivals as a simulation's seed does), and returns its
+/// evidence. Blocks for the scenario's duration plus the servers' loads.
+pub fn run(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result<Evidence, LabError> {
+    if let Some((field, problem)) = unsupported(scenario) {
+        return Err(LabError::Unsupported { field, problem });
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| LabError::Spawn {
+            binary: "a tokio runtime".into(),
+            source: e,
+        })?;
+    let local = tokio::task::LocalSet::new();
+    runtime.block_on(local.run_until(run_here(scenario, tools, repetition)))
+}
+
+/// What calibrating one server found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Calibrated {
+    /// The server.
+    pub server: String,
+    /// The fit of its step.
+    pub fit: super::calibrate::Calibration,
+    /// Seconds from a restart to `/health` answering 200.
+    pub reload_s: f64,
+    /// Prompt and output tokens of the request every worker sends, as the
+    /// server counted them.
+    pub tokens: (u64, u64),
+}
+
+/// `scenario` with each server measured for real, as the laboratory
+/// predicts with it: the step `calibrate` fits, the load a restart takes,
+/// and the token counts of the request every worker sends (the real server
+/// counts them; the simulated one is told), each server started alone with
+/// the laboratory's settings.
+pub fn calibrated(scenario: &Scenario, tools: &Tools) -> Result<(Scenario, Vec<Calibrated>), LabError> {
+    if let Some((field, problem)) = unsupported(scenario) {
+        return Err(LabError::Unsupported { field, problem });
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| LabError::Spawn {
+            binary: "a tokio runtime".into(),
+            source: e,
+        })?;
+    let mut out = scenario.clone();
+    let mut found = Vec::new();
+    for spec in &mut out.servers {
+        let c = runtime.block_on(calibrate_one(spec, tools, scenario))?;
+        spec.step_ms = Some(c.fit.step);
+        spec.time_scale = None;
+        spec.reload_s = c.reload_s;
+        spec.reload = None;
+        spec.prompt_tokens = u32::try_from(c.tokens.0).unwrap_or(u32::MAX);
+        spec.output_tokens = u32::try_from(c.tokens.1).unwrap_or(u32::MAX);
+        spec.prompt_tokens_dist = None;
+        spec.output_tokens_dist = None;
+        found.push(c);
+    }
+    Ok((out, found))
+}
+
+/// The laboratory's settings for `spec`'s server.
+fn llama_spec(spec: &crate::scenario::ServerSpec, tools: &Tools) -> LlamaSpec {
+    LlamaSpec {
+        model: tools.models.join(DEFAULT_MODEL),
+        slots: spec.max_seqs.unwrap_or(spec.slots).max(1),
+        context: spec.context_tokens.unwrap_or(DEFAULT_CONTEXT_TOKENS),
+        threads: 1,
+    }
+}
+
+async fn calibrate_one(
+    spec: &crate::scenario::ServerSpec,
+    tools: &Tools,
+    scenario: &Scenario,
+) -> Result<Calibrated, LabError> {
+    use redstring::provider::{ExtractRequest, LlmProvider, OpenAiCompatible, OutputSchema};
+
+    use crate::hosts::worker::{Extraction, REQUEST_SYSTEM_PROMPT, REQUEST_TEXT};
+
+    let failed = |problem: String| LabError::Unsupported {
+        field: format!("servers.{}", spec.name),
+        problem,
+    };
+    let mut server = LlamaServer::start(tools, &llama_spec(spec, tools))?;
+    server.ready(Duration::from_secs(300)).await?;
+    let base = server.base_url();
+    // The worker's request, through the worker's adapter.
+    let transport = ReqwestTransport::new().map_err(|e| failed(format!("cannot be reached: {e}")))?;
+    let adapter = OpenAiCompatible::builder(format!("{base}/v1"), spec.model.clone())
+        .max_tokens(scenario.hardening.max_tokens)
+        .build_with(transport)
+        .map_err(|e| failed(format!("cannot be called: {e}")))?;
+    let schema = OutputSchema::for_type::<Extraction>();
+    let (mut prompt, mut output, mut n) = (0u64, 0u64, 0u64);
+    for _ in 0..3 {
+        let request = ExtractRequest {
+            text: REQUEST_TEXT,
+            system_prompt: Some(REQUEST_SYSTEM_PROMPT),
+            schema: &schema,
+        };
+        let answer = adapter
+            .extract_answer(request, Some(Duration::from_secs(120)))
+            .await
+            .map_err(|e| failed(format!("did not answer the workers' request: {e}")))?;
+        if let Some(u) = answer.usage {
+            prompt += u.prompt_tokens;
+            output += u.completion_tokens;
+            n += 1;
+        }
+    }
+    if n == 0 {
+        return Err(failed("answers without usage counts".into()));
+    }
+    let plan = super::calibrate::Plan {
+        model: spec.model.clone(),
+        max_concurrency: llama_spec(spec, tools).slots.min(super::calibrate::MAX_CONCURRENCY),
+        requests_per_client: 6,
+        ..super::calibrate::Plan::default()
+    };
+    let endpoint = Arc::new(super::HttpEndpoint::new(&base, None).map_err(|e| failed(e.to_string()))?);
+    let measured = super::calibrate::measure(endpoint, &plan)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let fit = super::calibrate::fit(&measured).map_err(|e| failed(e.to_string()))?;
+    server.restart()?;
+    let reload = server.ready(Duration::from_secs(300)).await?;
+    Ok(Calibrated {
+        server: spec.name.clone(),
+        fit,
+        reload_s: reload.as_secs_f64(),
+        tokens: (prompt.div_ceil(n), output.div_ceil(n)),
+    })
+}
+
+/// One server of the run: its process, and which of its starts is current
+/// (a load cut short by a crash records nothing).
+struct Server {
+    process: RefCell<LlamaServer>,
+    generation: Cell<u64>,
+}
+
+async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result<Evidence, LabError> {
+    let mut servers: BTreeMap<String, Rc<Server>> = BTreeMap::new();
+    for s in &scenario.servers {
+        let mut process = LlamaServer::start(tools, &llama_spec(s, tools))?;
+        process.ready(Duration::from_secs(300)).await?;
+        servers.insert(
+            s.name.clone(),
+            Rc::new(Server {
+                process: RefCell::new(process),
+                generation: Cell::new(0),
+            }),
+        );
+    }
+    let urls: BTreeMap<String, String> = servers
+        .iter()
+        .map(|(name, s)| (name.clone(), format!("{}/v1", s.process.borrow().base_url())))
+        .collect();
+
+    let trace = Trace::new();
+    let _real_time = RealTime::begin();
+    let duration = Duration::try_from_secs_f64(scenario.duration_s).unwrap_or(Duration::MAX);
+    let transports: Arc<dyn RealTransports> = Arc::new(Observed {
+        trace: trace.clone(),
+        http: ReqwestTransport::new().map_err(|e| LabError::Spawn {
+            binary: "an HTTP client".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?,
+    });
+    let shared = (scenario.cache.kind == CacheKind::Shared)
+        .then(|| Arc::new(MemoryCache::new(Arc::new(SimClock::new(scenario.cache.clock)))));
+    let mut workers = Vec::new();
+    for member in scenario.fleet() {
+        let plan = worker_plan(
+            scenario,
+            member,
+            repetition,
+            duration,
+            Net::Real(transports.clone()),
+            |server| urls.get(server).cloned().unwrap_or_default(),
+        );
+        let store = shared
+            .clone()
+            .unwrap_or_else(|| Arc::new(MemoryCache::new(Arc::new(plan.clock.clone()))));
+        workers.push(tokio::task::spawn_local(run_worker(plan, store, trace.clone())));
+    }
+
+    for f in fault::in_order(&scenario.faults) {
+        let at = Duration::try_from_secs_f64(f.at_s()).unwrap_or(Duration::MAX);
+        tokio::time::sleep(at.saturating_sub(sim_elapsed())).await;
+        apply(f, &servers, &trace)?;
+    }
+    tokio::time::sleep(run_length(scenario).saturating_sub(sim_elapsed())).await;
+    for w in workers {
+        w.abort();
+    }
+    let simulated = sim_elapsed();
+    drop(servers);
+    Ok(Evidence {
+        seed: repetition,
+        simulated,
+        events: trace.take(),
+    })
+}
+
+/// Applies `fault` to the real servers now and records it.
+fn apply(fault: &Fault, servers: &BTreeMap<String, Rc<Server>>, trace: &Trace) -> Result<(), LabError> {
+    match fault {
+        Fault::Crash { server, .. } => {
+            if let Some(s) = servers.get(server) {
+                s.generation.set(s.generation.get() + 1);
+                s.process.borrow_mut().kill();
+            }
+        }
+        Fault::Restart { server, .. } => {
+            if let Some(s) = servers.get(server) {
+                let generation = s.generation.get() + 1;
+                s.generation.set(generation);
+                s.process.borrow_mut().restart()?;
+                let health = format!("{}/health", s.process.borrow().base_url());
+                tokio::task::spawn_local(loaded_when_healthy(
+                    health,
+                    server.clone(),
+                    s.clone(),
+                    generation,
+                    trace.clone(),
+                ));
+            }
+        }
+        // Load: each worker fires it on its own timer.
+        _ => {}
+    }
+    trace.record(DRIVER, Kind::Fault { fault: fault.clone() });
+    Ok(())
+}
+
+/// Records `Loaded` for `name` when `health` first answers 200, unless the
+/// server was crashed or restarted again meanwhile.
+async fn loaded_when_healthy(health: String, name: String, server: Rc<Server>, generation: u64, trace: Trace) {
+    let Ok(client) = super::http_client() else { return };
+    while server.generation.get() == generation {
+        let answer = client.get(&health).timeout(Duration::from_secs(1)).send().await;
+        if answer.is_ok_and(|r| r.status().as_u16() == 200) {
+            if server.generation.get() == generation {
+                trace.record(&name, Kind::Loaded);
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The real network's transports: reqwest, with each request and each
+/// answer recorded as the simulated network and servers record them.
+struct Observed {
+    trace: Trace,
+    http: ReqwestTransport,
+}
+
+impl RealTransports for Observed {
+    fn transport(&self, host: &str, server: &str) -> Box<dyn HttpTransport> {
+        Box::new(ObservedTransport {
+            host: host.to_owned(),
+            server: server.to_owned(),
+            trace: self.trace.clone(),
+            http: self.http.clone(),
+        })
+    }
+}
+
+/// One worker's transport to one real server.
+struct ObservedTransport {
+    host: String,
+    server: String,
+    trace: Trace,
+    http: ReqwestTransport,
+}
+
+impl HttpTransport for ObservedTransport {
+    fn post(&self, request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
+        Box::pin(async move {
+            let caller = request
+                .headers
+                .iter()
+                .find(|(n, _)| n == CALL_HEADER)
+                .map(|(_, v)| v.clone());
+            self.trace.record(
+                &self.host,
+                Kind::Request {
+                    server: self.server.clone(),
+                },
+            );
+            let result = self.http.post(request).await;
+            let answer = match &result {
+                Ok(response) => Some(answer_of(response.status, &response.body)),
+                Err(TransportError::Failed { kind, .. }) => match kind {
+                    // It never reached the server.
+                    TransportErrorKind::Connect => None,
+                    TransportErrorKind::Timeout => Some(Answer::Hang),
+                    _ => Some(Answer::Drop),
+                },
+                Err(_) => Some(Answer::Error),
+            };
+            if let Some(answer) = answer {
+                self.trace.record(&self.server, Kind::served_for(answer, caller));
+            }
+            result
+        })
+    }
+}
+
+/// What llama.cpp's answer was, in the simulated servers' terms.
+fn answer_of(status: u16, body: &[u8]) -> Answer {
+    let v: Value = serde_json::from_slice(body).unwrap_or_default();
+    let text = |pointer: &str| v.pointer(pointer).and_then(Value::as_str).unwrap_or("").to_owned();
+    match status {
+        200 if text("/choices/0/finish_reason") == "length" => Answer::Truncated,
+        200 => Answer::Ok,
+        503 if text("/error/message") == "Loading model" => Answer::Loading,
+        503 => Answer::QueueFull,
+        429 => Answer::Throttled,
+        400 if text("/error/type") == "exceed_context_size_error" => Answer::ContextExceeded,
+        400 => Answer::BadRequest,
+        404 => Answer::NotFound,
+        _ => Answer::Error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_cpp_answers_read_as_the_simulated_servers_record_them() {
+        let body = |v: Value| v.to_string().into_bytes();
+        assert_eq!(
+            answer_of(503, &body(crate::hosts::server::loading_body())),
+            Answer::Loading
+        );
+        assert_eq!(
+            answer_of(200, &body(serde_json::json!({"choices": [{"finish_reason": "stop"}]}))),
+            Answer::Ok
+        );
+        assert_eq!(
+            answer_of(
+                200,
+                &body(serde_json::json!({"choices": [{"finish_reason": "length"}]}))
+            ),
+            Answer::Truncated
+        );
+        assert_eq!(
+            answer_of(
+                400,
+                &body(serde_json::json!({"error": {"type": "exceed_context_size_error"}}))
+            ),
+            Answer::ContextExceeded
+        );
+        assert_eq!(answer_of(500, b"not json"), Answer::Error);
+    }
+
+    #[test]
+    fn what_cannot_be_run_for_real_is_named() {
+        let text = |extra: &str| {
+            format!(
+                "name = \"t\"\nseed = 1\nduration_s = 10\n[[servers]]\nname = \"gpu\"\n{extra}\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 15 }}]\n"
+            )
+        };
+        let field = |extra: &str| {
+            let s = Scenario::parse("t.toml", &text(extra)).unwrap();
+            unsupported(&s).map(|(f, _)| f)
+        };
+        assert_eq!(field(""), Some("servers[0].kind".into()), "generic is a model");
+        assert_eq!(field("kind = \"llama_cpp\""), None);
+        assert_eq!(
+            field("kind = \"llama_cpp\"\ncold_start = true"),
+            Some("servers[0].cold_start".into())
+        );
+        assert_eq!(
+            field("kind = \"llama_cpp\"\n[[faults]]\nkind = \"partition\"\nat_s = 1\na = \"w\"\nb = \"gpu\""),
+            Some("faults[0].kind".into())
+        );
+    }
+}
