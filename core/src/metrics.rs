@@ -62,12 +62,10 @@ impl MetricsObserver {
     }
 }
 
-/// `openai-compatible/qwen3` as (`openai-compatible`, `qwen3`).
+/// `openai-compatible/qwen3` as (`openai-compatible`, `qwen3`), owned for labels.
 fn provider_and_model(model: &str) -> (String, String) {
-    match model.split_once('/') {
-        Some((provider, model)) => (provider.to_owned(), model.to_owned()),
-        None => (String::new(), model.to_owned()),
-    }
+    let (provider, model) = crate::observe::provider_and_model(model);
+    (provider.to_owned(), model.to_owned())
 }
 
 fn seconds(d: Duration) -> f64 {

@@ -14,6 +14,15 @@ use crate::decide::budget::{BudgetCommand, MICROS_PER_RETRY};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
+/// A provenance (`openai-compatible/qwen3`) as OpenTelemetry's GenAI
+/// attributes name its parts: `gen_ai.provider.name` (`openai-compatible`,
+/// empty without a `/`) and `gen_ai.request.model` (`qwen3`). The metrics
+/// and the spans both read a model through this one function, so their
+/// attributes agree.
+pub(crate) fn provider_and_model(model: &str) -> (&str, &str) {
+    model.split_once('/').unwrap_or(("", model))
+}
+
 /// One thing a component decided or saw.
 ///
 /// Names (`breaker`, `limiter`) are the component's key prefix, shared as an

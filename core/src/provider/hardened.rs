@@ -115,9 +115,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::error::{DeadlineExceeded, DeadlineWait, DeploymentLimited, ExtractError, ProviderError};
 use super::route::{Deployment, IN_FLIGHT_PREFIX, InFlight, PickRequest, Policy, call_order, live_weights};
+use super::spans;
 use super::transport::BoxFuture;
 use super::{ExtractRequest, Extracted, LlmProvider};
 use crate::breaker::{CircuitBreaker, CircuitOpen, Permit, Refusal};
@@ -183,6 +185,38 @@ fn answer_tokens(estimate: u64, answer: &Extracted<Value>) -> u64 {
 /// tenant's traffic count against its own allowance and one outage trip every
 /// tenant's circuit. Give the limiter, the breaker and this provider the same
 /// clock.
+///
+/// # Traces
+///
+/// Each call is a `tracing` span at level `INFO`, and each attempt sent to
+/// a model server a span inside it, so the backoff between attempts is the
+/// gap between them. Their fields are named as OpenTelemetry's semantic
+/// conventions for GenAI client spans name them
+/// (<https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/>) —
+/// the call span is that inference span, covering the logical operation
+/// with its retries — and the rest under `redstring.`; the `otel.*` fields
+/// are the ones `tracing-opentelemetry` reads as the span's name, kind and
+/// status, so its layer exports the spans unchanged. Models are split as
+/// the metrics split them (`openai-compatible/qwen3`: provider
+/// `openai-compatible`, model `qwen3`), and `error.type` and
+/// `redstring.outcome` are the metrics' `outcome` (an error's
+/// [`kind`](ExtractError::kind)).
+///
+/// | span | field | value |
+/// |---|---|---|
+/// | `chat` (the call) | `otel.name` | `chat {gen_ai.request.model}` |
+/// | | `otel.kind` | `client` |
+/// | | `gen_ai.operation.name` | `chat` |
+/// | | `gen_ai.provider.name`, `gen_ai.request.model` | the primary deployment's |
+/// | | `gen_ai.response.model` | the model that answered (a success) |
+/// | | `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens` | the answer's `usage`, when the server sent one |
+/// | | `error.type`, `otel.status_code` = `error` | a failed call's kind |
+/// | | `redstring.outcome` | `ok` or the error's kind |
+/// | | `redstring.attempts` | attempts sent to a model server (0: refused unsent) |
+/// | | `redstring.tenant` | the tenant (a span attribute, never a metric label) |
+/// | `redstring.attempt` (each attempt) | `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model` | the deployment it was sent to |
+/// | | `redstring.attempt` | its number, from 1 |
+/// | | `gen_ai.response.model`, `gen_ai.usage.*`, `error.type`, `otel.status_code`, `redstring.outcome` | as on the call, for this attempt |
 pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
     /// Where calls may go, never empty; the first is the primary.
     deployments: Vec<Deployment<P, B>>,
@@ -729,7 +763,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                         // The attempt may take no longer than the deadline leaves.
                         let left = deadline.map(|d| d.saturating_duration_since(self.clock.now()));
                         sent.fetch_add(1, Ordering::Relaxed);
-                        let result = self.attempt(at, request, left, spent).await;
+                        let result = self.attempt(at, attempt, request, left, spent).await;
                         if let Some(reservation) = reservation {
                             let actual = match &result {
                                 Ok(answer) => answer_tokens(reservation.estimate, answer),
@@ -1337,10 +1371,28 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         None
     }
 
-    /// One attempt on deployment `at`; a quota signal in its answer becomes
-    /// that deployment's fleet-wide cooldown (one breaker step) before the
-    /// answer is handed back.
+    /// Attempt `number` of the call, on deployment `at`, in its own span; a
+    /// quota signal in its answer becomes that deployment's fleet-wide
+    /// cooldown (one breaker step) before the answer is handed back.
     async fn attempt(
+        &self,
+        at: usize,
+        number: u32,
+        request: ExtractRequest<'_>,
+        left: Option<Duration>,
+        spent: &AtomicU32,
+    ) -> Result<Extracted<Value>, ExtractError> {
+        let span = spans::attempt_span(self.deployments[at].inner.model(), number);
+        let result = self
+            .attempt_in_span(at, request, left, spent)
+            .instrument(span.clone())
+            .await;
+        spans::record_result(&span, &result);
+        result
+    }
+
+    /// [`attempt`](Self::attempt)'s work, inside its span.
+    async fn attempt_in_span(
         &self,
         at: usize,
         request: ExtractRequest<'_>,
@@ -1544,33 +1596,40 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> LlmProvider for HardenedPro
         request: ExtractRequest<'a>,
         timeout: Option<Duration>,
     ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
-        Box::pin(async move {
-            // Nobody listening: no event to build, no clock to read.
-            let start = self.observer.enabled().then(|| {
-                self.observer.on_event(&Event::CallStarted {
-                    model: self.model_of(0),
-                    tenant: self.tenant,
+        let span = spans::call_span(self.model(), self.tenant);
+        let recorded = span.clone();
+        Box::pin(
+            async move {
+                // Nobody listening: no event to build, no clock to read.
+                let start = self.observer.enabled().then(|| {
+                    self.observer.on_event(&Event::CallStarted {
+                        model: self.model_of(0),
+                        tenant: self.tenant,
+                    });
+                    self.clock.now()
                 });
-                self.clock.now()
-            });
-            let (result, attempts, at) = self.run(request, timeout).await;
-            if let Some(start) = start {
-                let usage = result.as_ref().ok().and_then(|a| a.usage);
-                self.observer.on_event(&Event::CallFinished {
-                    model: self.model_of(at),
-                    tenant: self.tenant,
-                    outcome: match &result {
-                        Ok(_) => "ok",
-                        Err(e) => e.kind(),
-                    },
-                    attempts,
-                    duration: self.clock.now().saturating_duration_since(start),
-                    input_tokens: usage.map(|u| u.prompt_tokens),
-                    output_tokens: usage.map(|u| u.completion_tokens),
-                });
+                let (result, attempts, at) = self.run(request, timeout).await;
+                spans::record_result(&recorded, &result);
+                recorded.record("redstring.attempts", attempts);
+                if let Some(start) = start {
+                    let usage = result.as_ref().ok().and_then(|a| a.usage);
+                    self.observer.on_event(&Event::CallFinished {
+                        model: self.model_of(at),
+                        tenant: self.tenant,
+                        outcome: match &result {
+                            Ok(_) => "ok",
+                            Err(e) => e.kind(),
+                        },
+                        attempts,
+                        duration: self.clock.now().saturating_duration_since(start),
+                        input_tokens: usage.map(|u| u.prompt_tokens),
+                        output_tokens: usage.map(|u| u.completion_tokens),
+                    });
+                }
+                result
             }
-            result
-        })
+            .instrument(span),
+        )
     }
 }
 

@@ -47,6 +47,7 @@ mod openai;
 mod reqwest_transport;
 mod route;
 mod schema;
+mod spans;
 mod transport;
 mod wire;
 

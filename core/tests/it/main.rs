@@ -64,3 +64,5 @@ mod router_edges;
 mod shared_cooldown;
 #[cfg(feature = "tower")]
 mod tower;
+#[cfg(feature = "openai")]
+mod traces;
