@@ -58,6 +58,8 @@ mod redis_skew;
 mod redis_time_source;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;
+#[cfg(all(feature = "redis", feature = "tower"))]
+mod redis_tower;
 mod redis_unavailable_policy;
 mod retry;
 mod router_edges;

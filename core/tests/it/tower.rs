@@ -17,10 +17,10 @@ use tower::Service;
 use tower_test::mock::{self, Handle, Spawn};
 
 /// A request: the tenant's number and a text.
-type Req = (u128, &'static str);
-type Inner = Handle<Req, &'static str>;
+pub(crate) type Req = (u128, &'static str);
+pub(crate) type Inner = Handle<Req, &'static str>;
 
-fn secs(n: u64) -> Duration {
+pub(crate) fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
@@ -38,17 +38,17 @@ fn limiter(clock: &Arc<ManualClock>, rpm: u32) -> Arc<RateLimiter> {
     Arc::new(RateLimiter::builder(rpm).clock(clock.clone()).build().unwrap())
 }
 
-fn tenant_of(req: &Req) -> TenantId {
+pub(crate) fn tenant_of(req: &Req) -> TenantId {
     TenantId::from_u128(req.0)
 }
 
 /// What the scripted inner service answers.
-enum Reply {
+pub(crate) enum Reply {
     Ok(&'static str),
     Err(&'static str),
 }
 
-fn ready<S>(svc: &mut Spawn<S>)
+pub(crate) fn ready<S>(svc: &mut Spawn<S>)
 where
     S: Service<Req, Error = BoxError>,
 {
@@ -60,7 +60,12 @@ where
 }
 
 /// A call the layers admit: the inner service sees `req` and answers `reply`.
-async fn through<S>(svc: &mut Spawn<S>, inner: &mut Inner, req: Req, reply: Reply) -> Result<&'static str, BoxError>
+pub(crate) async fn through<S>(
+    svc: &mut Spawn<S>,
+    inner: &mut Inner,
+    req: Req,
+    reply: Reply,
+) -> Result<&'static str, BoxError>
 where
     S: Service<Req, Response = &'static str, Error = BoxError>,
     S::Future: Send + 'static,
@@ -80,7 +85,7 @@ where
 }
 
 /// A call the layers refuse: its error, and the inner service never sees it.
-async fn refused<S>(svc: &mut Spawn<S>, inner: &mut Inner, req: Req) -> BoxError
+pub(crate) async fn refused<S>(svc: &mut Spawn<S>, inner: &mut Inner, req: Req) -> BoxError
 where
     S: Service<Req, Response = &'static str, Error = BoxError>,
 {
@@ -434,5 +439,43 @@ async fn a_retry_layer_outside_the_breaker_waits_out_the_open_circuit() {
     assert_eq!(result.unwrap(), "done");
     assert_eq!(attempts, 2, "the refused attempt never reached the server");
     assert_eq!(clock.sleeps(), [secs(1), secs(9)]);
+    assert_eq!(breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn a_probe_dropped_during_its_retry_goes_back_through_the_whole_stack() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let breaker = breaker(&clock, 1, secs(30));
+    // The breaker outermost, the retry loop within one admission, the
+    // limiter innermost: the stack a service built in the spec's order has.
+    let layers = tower::ServiceBuilder::new()
+        .layer(CircuitBreakerLayer::new(breaker.clone(), ErrIsFailure))
+        .layer(RetryLayer::new(retrying(&clock, 3), busy_is_transient))
+        .layer(RateLimitLayer::new(limiter(&clock, 100), tenant_of));
+    let (mut svc, mut inner) = mock::spawn_layer(layers);
+    through(&mut svc, &mut inner, (1, "a"), Reply::Err("boom"))
+        .await
+        .unwrap_err();
+    clock.advance(secs(30));
+
+    // The probe's first attempt finds the server busy; its retry is in
+    // flight when the caller gives up.
+    ready(&mut svc);
+    let probe = tokio::spawn(svc.call((1, "probe")));
+    let (_, respond) = inner.next_request().await.unwrap();
+    respond.send_error("busy");
+    let (_, unanswered) = inner.next_request().await.unwrap();
+    assert_eq!(breaker.state().await.unwrap(), CircuitState::HalfOpen);
+    let error = refused(&mut svc, &mut inner, (2, "b")).await;
+    assert!(error.is::<CircuitOpen>(), "{error}");
+    probe.abort();
+    assert!(probe.await.unwrap_err().is_cancelled());
+    drop(unanswered);
+
+    // Handed back through every layer, with the clock still: the next
+    // call is the probe, and it closes the circuit.
+    through(&mut svc, &mut inner, (2, "c"), Reply::Ok("fine"))
+        .await
+        .unwrap();
     assert_eq!(breaker.state().await.unwrap(), CircuitState::Closed);
 }
