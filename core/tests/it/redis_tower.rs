@@ -1,6 +1,7 @@
 //! A fleet of two services, each its own stack of tower layers over its own
-//! connection to one real Redis: a probe one of them drops goes back to the
-//! whole fleet at once.
+//! connection to one real Redis: they share one circuit and one per-tenant
+//! limit, and a probe one of them drops goes back to the whole fleet at
+//! once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,9 @@ use redstring::cache::redis::RedisCache;
 use redstring::tower::{
     BoxError, CircuitBreakerLayer, CircuitBreakerService, ErrIsFailure, RateLimitLayer, RateLimitService,
 };
-use redstring::{CircuitBreaker, CircuitOpen, CircuitState, Clock, ManualClock, RateLimiter, SystemClock};
+use redstring::{
+    CircuitBreaker, CircuitOpen, CircuitState, Clock, ManualClock, RateLimitExceeded, RateLimiter, SystemClock,
+};
 
 type Member = CircuitBreakerService<
     RateLimitService<mock::Mock<Req, &'static str>, fn(&Req) -> redstring::TenantId, RedisCache>,
@@ -57,6 +60,60 @@ fn member(
 /// Caller-stamped on a manual clock at the present, so the test moves time.
 fn fleet_clock() -> Arc<ManualClock> {
     Arc::new(ManualClock::new(SystemClock.now()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_services_share_one_limit_and_one_circuit_through_redis() {
+    let Some(server) = RedisServer::start() else { return };
+    let clock = fleet_clock();
+    let (mut a, mut a_inner, a_breaker) = member(&server, &clock, 2, 3);
+    let (mut b, mut b_inner, b_breaker) = member(&server, &clock, 2, 3);
+
+    // One limit: tenant 1 has three calls a minute, whichever member makes
+    // them; the fourth is refused on either, another tenant is not.
+    bounded(through(&mut a, &mut a_inner, (1, "q"), Reply::Ok("ok")))
+        .await
+        .unwrap();
+    bounded(through(&mut b, &mut b_inner, (1, "q"), Reply::Ok("ok")))
+        .await
+        .unwrap();
+    bounded(through(&mut a, &mut a_inner, (1, "q"), Reply::Ok("ok")))
+        .await
+        .unwrap();
+    for error in [
+        bounded(refused(&mut b, &mut b_inner, (1, "q"))).await,
+        bounded(refused(&mut a, &mut a_inner, (1, "q"))).await,
+    ] {
+        assert!(error.is::<RateLimitExceeded>(), "{error}");
+    }
+
+    // One circuit: a failure on each member is the fleet's two (threshold
+    // 2), and it is open for both.
+    bounded(through(&mut a, &mut a_inner, (2, "q"), Reply::Err("boom")))
+        .await
+        .unwrap_err();
+    assert_eq!(b_breaker.state().await.unwrap(), CircuitState::Closed);
+    bounded(through(&mut b, &mut b_inner, (3, "q"), Reply::Err("boom")))
+        .await
+        .unwrap_err();
+    assert_eq!(a_breaker.state().await.unwrap(), CircuitState::Open);
+    let error = bounded(refused(&mut a, &mut a_inner, (4, "q"))).await;
+    assert!(error.is::<CircuitOpen>(), "{error}");
+
+    // After the recovery timeout one probe goes through for the fleet: while
+    // b's is in flight, a is refused; b's success closes the circuit for a.
+    clock.advance(secs(30));
+    ready(&mut b);
+    let probe = tokio::spawn(b.call((4, "probe")));
+    let (_, respond) = bounded(b_inner.next_request()).await.unwrap();
+    let error = bounded(refused(&mut a, &mut a_inner, (5, "q"))).await;
+    assert!(error.is::<CircuitOpen>(), "{error}");
+    respond.send_response("ok");
+    assert_eq!(bounded(probe).await.unwrap().unwrap(), "ok");
+    assert_eq!(a_breaker.state().await.unwrap(), CircuitState::Closed);
+    bounded(through(&mut a, &mut a_inner, (5, "q"), Reply::Ok("ok")))
+        .await
+        .unwrap();
 }
 
 /// Calls `svc` until the layers let a call reach the inner service, for at
