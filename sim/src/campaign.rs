@@ -38,6 +38,20 @@ pub fn simulate_watched(scenario: &Scenario, seed: u64, watch: Watch<'_>) -> Res
     run_watched(scenario, seed, Budget::DEFAULT, watch).map(|evidence| crate::judgement::judge(scenario, evidence))
 }
 
+/// Like [`simulate_watched`], the workers' events also recorded as the
+/// production metrics into `metrics`
+/// ([`crate::evidence::metrics::MetricLog`]).
+pub fn simulate_metered(
+    scenario: &Scenario,
+    seed: u64,
+    watch: Watch<'_>,
+    metrics: &crate::evidence::metrics::MetricLog,
+) -> Result<Run, SimError> {
+    let trace = crate::evidence::trace::Trace::metered(metrics.clone());
+    crate::world::run_traced(scenario, seed, Budget::DEFAULT, watch, trace)
+        .map(|evidence| crate::judgement::judge(scenario, evidence))
+}
+
 /// Runs `scenario` over `seeds` on `jobs` threads and returns each seed's
 /// record (shown as `shown` in its replay command) in the order given,
 /// calling `done` after each.

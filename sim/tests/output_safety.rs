@@ -50,7 +50,7 @@ fn refused(out: &Output, code: i32, what: &str, file: &Path, before: &str) {
 #[test]
 fn an_output_naming_the_scenario_is_refused_and_the_scenario_kept() {
     let path = temp_file("keep/base.toml", SMALL);
-    for flag in ["--json", "--trace", "--svg"] {
+    for flag in ["--json", "--trace", "--svg", "--metrics"] {
         let out = run(&["run", s(&path), flag, s(&path)]);
         refused(&out, 4, "an input of this command", &path, SMALL);
     }
@@ -107,6 +107,8 @@ fn a_failed_command_leaves_the_previous_report_as_it_was() {
     let bad = temp_file("failed/bad.toml", &SMALL.replace("duration_s = 20", "duration_s = -1"));
     let out = run(&["run", s(&bad), "--json", s(&old)]);
     refused(&out, 2, "duration_s", &old, "{\"previous\": \"report\"}");
+    let out = run(&["run", s(&bad), "--metrics", s(&old)]);
+    refused(&out, 2, "duration_s", &old, "{\"previous\": \"report\"}");
     let good = temp_file("failed/good.toml", SMALL);
     let out = run(&["compare", s(&good), "--seeds", "5..2", "--json", s(&old)]);
     refused(&out, 2, "the range is empty", &old, "{\"previous\": \"report\"}");
@@ -150,6 +152,8 @@ fn two_flags_naming_one_file_are_refused() {
     let out_file = path.with_file_name("out.json");
     std::fs::write(&out_file, "old").unwrap();
     let out = run(&["run", s(&path), "--json", s(&out_file), "--trace", s(&out_file)]);
+    refused(&out, 4, "name one file", &out_file, "old");
+    let out = run(&["run", s(&path), "--trace", s(&out_file), "--metrics", s(&out_file)]);
     refused(&out, 4, "name one file", &out_file, "old");
 }
 

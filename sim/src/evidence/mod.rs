@@ -5,10 +5,12 @@
 //! the core's `Event`s become trace entries; [`timeline`] is the one fold of
 //! breaker and limiter state over the trace that the invariants and the plots
 //! read; [`episodes`] finds each server's fault episodes and when it was
-//! ready again. [`Evidence`] is what one run hands on: no verdict, which is
+//! ready again; [`metrics`] keeps the workers' events as the production
+//! metrics, when a run is asked for them. [`Evidence`] is what one run hands on: no verdict, which is
 //! [`crate::judgement`]'s to give.
 
 pub mod episodes;
+pub mod metrics;
 pub mod observe;
 pub mod outcome;
 pub mod timeline;

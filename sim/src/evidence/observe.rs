@@ -31,6 +31,9 @@ impl HostObserver {
 
 impl Observer for HostObserver {
     fn on_event(&self, event: &Event) {
+        if let Some(metrics) = self.trace.metrics() {
+            metrics.observe(&self.host, event);
+        }
         if let Some(kind) = to_trace(event) {
             self.trace.record(&self.host, kind);
         }

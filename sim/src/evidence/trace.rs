@@ -15,6 +15,7 @@ use redstring::{CircuitState, TenantId};
 use serde::{Serialize, Serializer};
 
 use crate::evidence::episodes::ReadyBasis;
+use crate::evidence::metrics::MetricLog;
 use crate::evidence::outcome::{Answer, CallOutcome};
 use crate::hosts::clock::sim_elapsed;
 use crate::scenario::Fault;
@@ -374,12 +375,28 @@ impl Kind {
 #[derive(Clone, Debug, Default)]
 pub struct Trace {
     events: Arc<Mutex<Vec<TraceEvent>>>,
+    /// Where the workers' events also go as metrics, when asked for.
+    metrics: Option<MetricLog>,
 }
 
 impl Trace {
     /// An empty trace.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty trace whose workers also record their events as metrics
+    /// into `metrics`.
+    pub fn metered(metrics: MetricLog) -> Self {
+        Trace {
+            metrics: Some(metrics),
+            ..Self::default()
+        }
+    }
+
+    /// The metrics the workers record into, if the run keeps any.
+    pub fn metrics(&self) -> Option<&MetricLog> {
+        self.metrics.as_ref()
     }
 
     /// Appends an event at the current simulated time (inside a host).

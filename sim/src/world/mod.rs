@@ -271,8 +271,20 @@ pub fn run_within(scenario: &Scenario, seed: u64, budget: Budget) -> Result<Evid
 /// Like [`run_within`], with `watch` told the simulated time as the run
 /// goes ([`World::run_watched`]).
 pub fn run_watched(scenario: &Scenario, seed: u64, budget: Budget, watch: Watch<'_>) -> Result<Evidence, SimError> {
+    run_traced(scenario, seed, budget, watch, Trace::new())
+}
+
+/// Like [`run_watched`], the hosts writing into `trace` (one
+/// [`Trace::metered`] keeps the run's metrics too).
+pub fn run_traced(
+    scenario: &Scenario,
+    seed: u64,
+    budget: Budget,
+    watch: Watch<'_>,
+    trace: Trace,
+) -> Result<Evidence, SimError> {
     budget.check(scenario)?;
-    let (simulated, events) = World::build(scenario, seed).run_watched(budget, watch)?;
+    let (simulated, events) = World::build_traced(scenario, seed, trace).run_watched(budget, watch)?;
     Ok(Evidence {
         seed,
         simulated,
@@ -374,6 +386,12 @@ pub struct World<'s> {
 impl<'s> World<'s> {
     /// Builds the hosts of `scenario` for a run with `seed`.
     pub fn build(scenario: &'s Scenario, seed: u64) -> World<'s> {
+        Self::build_traced(scenario, seed, Trace::new())
+    }
+
+    /// Like [`World::build`], the hosts writing into `trace`, which should
+    /// be empty.
+    pub fn build_traced(scenario: &'s Scenario, seed: u64, trace: Trace) -> World<'s> {
         let duration = secs(scenario.duration_s);
         let sim = sim_builder(
             seed,
@@ -385,7 +403,7 @@ impl<'s> World<'s> {
         let mut world = World {
             scenario,
             sim,
-            trace: Trace::new(),
+            trace,
             servers: BTreeMap::new(),
             clocks: BTreeMap::new(),
         };

@@ -1,5 +1,5 @@
-//! `run`: one scenario, one seed, its report, and optionally its JSON, trace
-//! and timeline.
+//! `run`: one scenario, one seed, its report, and optionally its JSON, trace,
+//! timeline and metrics.
 //!
 //! A run's wall time is estimated before it starts ([`Work::wall_estimate`]):
 //! one estimated past `--max-wall` is refused with the estimate and the flag
@@ -12,9 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use redstring_sim::campaign::simulate_watched;
+use redstring_sim::campaign::{simulate_metered, simulate_watched};
 use redstring_sim::evidence::episodes;
+use redstring_sim::evidence::metrics::MetricLog;
 use redstring_sim::evidence::trace::Trace;
+use redstring_sim::hosts::clock::EPOCH;
 use redstring_sim::judgement::report::{self, Report};
 use redstring_sim::judgement::{plots, shell_word};
 use redstring_sim::scenario::Scenario;
@@ -25,6 +27,10 @@ use crate::shared::{BAD_SCENARIO, Outcome, Outputs, SIM_FAILED, inputs_of, load,
 /// A run estimated to take longer than this says so before it starts, and
 /// shows a progress bar on a terminal.
 const ANNOUNCE_AFTER: Duration = Duration::from_secs(3);
+
+/// The latest `--metrics-at`: 2100-01-01, past which a stamp plus a run is
+/// no instant Prometheus takes.
+const METRICS_AT_MAX: u64 = 4_102_444_800;
 
 /// The arguments of `run`.
 #[derive(clap::Args)]
@@ -43,6 +49,15 @@ pub struct RunArgs {
     /// Write an SVG timeline here.
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// Write the run's metrics here as OpenMetrics text: the series the
+    /// hardening exports in production (`redstring::metrics`), one sample a
+    /// simulated second, for `promtool tsdb create-blocks-from openmetrics`.
+    #[arg(long)]
+    metrics: Option<PathBuf>,
+    /// The Unix time, in seconds, the run's first instant is stamped with in
+    /// `--metrics` (default: the simulation's epoch, 1700000000).
+    #[arg(long, value_name = "UNIX_S", requires = "metrics", value_parser = clap::value_parser!(u64).range(0..=METRICS_AT_MAX))]
+    metrics_at: Option<u64>,
     /// Refuse (exit 2) a scenario with any warning.
     #[arg(long)]
     strict: bool,
@@ -63,7 +78,12 @@ pub fn run(args: RunArgs) -> Outcome {
     #[cfg(feature = "mutants")]
     let _injected = redstring::mutants::inject(args.mutant);
     let path = args.scenario.as_path();
-    let mut outputs = Outputs::reserve([("--json", args.json), ("--trace", args.trace), ("--svg", args.svg)])?;
+    let mut outputs = Outputs::reserve([
+        ("--json", args.json),
+        ("--trace", args.trace),
+        ("--svg", args.svg),
+        ("--metrics", args.metrics),
+    ])?;
     let scenario = load(path, args.strict)?;
     outputs.refuse_inputs(&inputs_of(path, &scenario))?;
     let seed = args.seed.unwrap_or(scenario.seed);
@@ -103,7 +123,11 @@ pub fn run(args: RunArgs) -> Outcome {
             ControlFlow::Continue(())
         }
     };
-    let result = simulate_watched(&scenario, seed, &mut watch);
+    let metrics = outputs.has("--metrics").then(MetricLog::new);
+    let result = match &metrics {
+        Some(log) => simulate_metered(&scenario, seed, &mut watch, log),
+        None => simulate_watched(&scenario, seed, &mut watch),
+    };
     let wall = started.elapsed();
     if let Some(bar) = bar {
         bar.finish_and_clear();
@@ -119,6 +143,10 @@ pub fn run(args: RunArgs) -> Outcome {
         Trace::to_json_lines(&episodes::with_ready_marks(&scenario, &run.events))
     })?;
     outputs.write("--svg", || plots::render(&scenario, &run.events))?;
+    if let Some(log) = &metrics {
+        let start = args.metrics_at.unwrap_or(EPOCH.as_micros() / 1_000_000);
+        outputs.write("--metrics", || log.to_openmetrics(run.simulated, start))?;
+    }
     outputs.commit()?;
     Ok(verdict(report.failed(), report.missed()))
 }
