@@ -31,7 +31,11 @@
 //!
 //! A model is named as providers name it (`openai-compatible/qwen3`): the
 //! part before the first `/` is `gen_ai.provider.name`, the rest
-//! `gen_ai.request.model`.
+//! `gen_ai.request.model`. A hardened call's `tracing` spans carry the same
+//! attributes ([`HardenedProvider`](crate::HardenedProvider), "Traces"), and
+//! `redstring-sim run --metrics` writes a simulated run under these names;
+//! the repository's `docs/metrics.md` has all three, and a test holds this
+//! table to the series the Prometheus exporter serves.
 
 use std::time::Duration;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use redstring::decide::budget::BudgetCommand;
 use redstring::metrics::MetricsObserver;
 use redstring::{CircuitState, DecidedBy, Event, Observer, TenantId, Timestamp};
-use redstring_sim::evidence::metrics::MetricLog;
+use redstring_sim::evidence::metrics::{MetricLog, metric_name};
 use support::{bin, temp_file};
 
 /// One worker calling one server that crashes at 5 s and restarts at 20 s.
@@ -269,4 +269,34 @@ fn the_export_names_every_series_and_label_as_the_prometheus_exporter_does() {
         assert_eq!(simulated_types[family], expected, "{family}");
     }
     assert_eq!(label_names(&live), label_names(&simulated), "{live}\n{simulated}");
+}
+
+/// The series a table lists: the name in backticks opening each row
+/// that starts `prefix` (which ends in the opening backtick), as the
+/// exporter writes it.
+fn listed(table: &str, prefix: &str) -> BTreeSet<String> {
+    table
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .filter_map(|row| row.split('`').next())
+        .map(metric_name)
+        .collect()
+}
+
+#[test]
+fn the_docs_list_every_series_the_exporter_serves() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        for event in &every_recorded_event() {
+            MetricsObserver::new().on_event(event);
+        }
+    });
+    let live = handle.render();
+    let served: BTreeSet<String> = families(&live).keys().map(|f| (*f).to_owned()).collect();
+    let guide = include_str!("../../docs/metrics.md");
+    let metrics_section = &guide[guide.find("## Metrics").unwrap()..guide.find("## Traces").unwrap()];
+    assert_eq!(listed(metrics_section, "| `"), served, "docs/metrics.md");
+    let module = include_str!("../../core/src/metrics.rs");
+    assert_eq!(listed(module, "//! | `"), served, "core/src/metrics.rs");
 }
