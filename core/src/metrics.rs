@@ -18,7 +18,7 @@
 //! |---|---|---|---|
 //! | `gen_ai.client.operation.duration` | histogram, s | `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model`, `error.type` (failed calls) | a hardened call from start to end, waits and retries included |
 //! | `gen_ai.client.token.usage` | histogram, tokens | as above, and `gen_ai.token.type` (`input`, `output`) | tokens an answer reported |
-//! | `redstring.calls` | counter | `gen_ai.provider.name`, `gen_ai.request.model`, `outcome` | calls ended, by outcome (`ok` or the error kind) |
+//! | `redstring.calls` | counter | `gen_ai.provider.name`, `gen_ai.request.model`, `outcome` | calls ended, by outcome (`ok`, the error kind, or `cancelled`: dropped by the caller) |
 //! | `redstring.calls.in_flight` | gauge | `gen_ai.provider.name`, `gen_ai.request.model` | calls started and not yet ended |
 //! | `redstring.attempts` | counter | `gen_ai.provider.name`, `gen_ai.request.model` | requests sent to model servers |
 //! | `redstring.retries` | counter | `operation` | retries scheduled |

@@ -287,7 +287,8 @@ pub enum Event {
         model: Arc<str>,
         /// The tenant the call was made for.
         tenant: TenantId,
-        /// `ok`, or the error kind that ended the call.
+        /// `ok`, the error kind that ended the call, or `cancelled` when
+        /// the caller dropped the call before it ended.
         outcome: &'static str,
         /// Calls that reached the model server for this one extraction.
         attempts: u32,

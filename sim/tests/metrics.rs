@@ -115,6 +115,14 @@ fn a_simulated_outage_is_written_as_timestamped_openmetrics() {
         let end = samples.iter().rfind(|(s, _, _)| *s == series).map(|&(_, v, _)| v);
         assert_eq!(end, calls.as_f64(), "{series}");
     }
+    // The calls in flight at the end are the report's: none is counted
+    // ended by the teardown that drops them after the run.
+    let in_flight = samples
+        .iter()
+        .rfind(|(s, _, _)| s.starts_with("redstring_calls_in_flight{"))
+        .map(|&(_, v, _)| v);
+    assert_eq!(in_flight, report["in_flight"].as_f64());
+    assert!(!text.contains("outcome=\"cancelled\""), "{text}");
 }
 
 #[test]

@@ -36,7 +36,8 @@
 //! Every report names the [`Permit`] the call was admitted with, so a probe
 //! reports exactly its own lease and a late report changes nothing. The call
 //! is cancellation-safe: a future dropped mid-call (a caller's timeout, a
-//! `select!`, an aborted task) reports nothing, and a probe it held stops
+//! `select!`, an aborted task) reports nothing to the breaker (its observer
+//! hears the call end with outcome `cancelled`), and a probe it held stops
 //! counting when its lease ends
 //! ([`probe_lease`](crate::CircuitBreakerBuilder::probe_lease)) — the circuit
 //! probes again instead of staying half-open for good.
@@ -211,7 +212,7 @@ fn answer_tokens(estimate: u64, answer: &Extracted<Value>) -> u64 {
 /// | | `gen_ai.response.model` | the model that answered (a success) |
 /// | | `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens` | the answer's `usage`, when the server sent one |
 /// | | `error.type`, `otel.status_code` = `error` | a failed call's kind |
-/// | | `redstring.outcome` | `ok` or the error's kind |
+/// | | `redstring.outcome` | `ok`, the error's kind, or `cancelled` (the caller dropped the call; `error.type` too) |
 /// | | `redstring.attempts` | attempts sent to a model server (0: refused unsent) |
 /// | | `redstring.tenant` | the tenant (a span attribute, never a metric label) |
 /// | `redstring.attempt` (each attempt) | `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model` | the deployment it was sent to |
@@ -697,16 +698,18 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         Arc::from(self.deployments[i].inner.model())
     }
 
-    /// The whole call, returning the outcome, the attempts that reached an
-    /// inner provider, and the deployment the last one went to.
-    /// `timeout`, a caller's bound on the whole call, tightens the deadline.
+    /// The whole call, returning the outcome and the deployment the last
+    /// attempt went to, counting into `sent` each attempt that reached an
+    /// inner provider. `timeout`, a caller's bound on the whole call,
+    /// tightens the deadline.
     async fn run(
         &self,
         request: ExtractRequest<'_>,
         timeout: Option<Duration>,
-    ) -> (Result<Extracted<Value>, ExtractError>, u32, usize) {
+        sent: &AtomicU32,
+    ) -> (Result<Extracted<Value>, ExtractError>, usize) {
         if request.is_blank() {
-            return (Err(ProviderError::BlankText.into()), 0, 0);
+            return (Err(ProviderError::BlankText.into()), 0);
         }
         let start = self.clock.now();
         let deadline = match (self.deadline, timeout) {
@@ -717,20 +720,19 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         let mut route = self.plan(deadline).await;
         if let Err(refused) = self.admit(deadline, &mut route).await {
             self.end_lease(route.lease.take()).await;
-            return (Err(refused), 0, route.current());
+            return (Err(refused), route.current());
         }
 
         let reservation = match self.acquire(deadline, &request, route.current()).await {
             Ok(reservation) => reservation,
             Err(e) => {
                 self.report_all(&mut route, BreakerReport::Release).await;
-                return (Err(e), 0, route.current());
+                return (Err(e), route.current());
             }
         };
 
         let mut attempts = 0u32;
         let spent = AtomicU32::new(0);
-        let sent = AtomicU32::new(0);
         let route = std::sync::Mutex::new(route);
         let outcome = self
             .retry
@@ -743,7 +745,6 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                     let attempt = attempts;
                     let route = &route;
                     let spent = &spent;
-                    let sent = &sent;
                     async move {
                         let reservation = match self.place(route, &request, deadline, attempt > 1).await {
                             Ok(reservation) => reservation,
@@ -834,7 +835,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                 .await;
         }
         self.report_all(&mut route, report).await;
-        (result, sent.load(Ordering::Relaxed), route.current())
+        (result, route.current())
     }
 
     /// The call's route before its admission: every deployment, the first
@@ -1608,28 +1609,85 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> LlmProvider for HardenedPro
                     });
                     self.clock.now()
                 });
-                let (result, attempts, at) = self.run(request, timeout).await;
-                spans::record_result(&recorded, &result);
-                recorded.record("redstring.attempts", attempts);
-                if let Some(start) = start {
-                    let usage = result.as_ref().ok().and_then(|a| a.usage);
-                    self.observer.on_event(&Event::CallFinished {
-                        model: self.model_of(at),
-                        tenant: self.tenant,
-                        outcome: match &result {
-                            Ok(_) => "ok",
-                            Err(e) => e.kind(),
-                        },
-                        attempts,
-                        duration: self.clock.now().saturating_duration_since(start),
-                        input_tokens: usage.map(|u| u.prompt_tokens),
-                        output_tokens: usage.map(|u| u.completion_tokens),
-                    });
-                }
+                let end = CallEnd {
+                    observer: &*self.observer,
+                    clock: &*self.clock,
+                    primary: self.model(),
+                    tenant: self.tenant,
+                    start,
+                    sent: AtomicU32::new(0),
+                    span: recorded,
+                    done: false,
+                };
+                let (result, at) = self.run(request, timeout, &end.sent).await;
+                end.finish(&result, self.deployments[at].inner.model());
                 result
             }
             .instrument(span),
         )
+    }
+}
+
+/// The outcome of a dropped call, in its `CallFinished` event and its span.
+const CANCELLED: &str = "cancelled";
+
+/// A started call's end, told exactly once — to the observer
+/// ([`Event::CallFinished`], matching its `CallStarted`) and on the call's
+/// span: by [`finish`](CallEnd::finish) with the call's result, or, when
+/// the caller drops the call first (a timeout, a `select!`), by the drop,
+/// with outcome `cancelled`. So a count of calls in flight never keeps a
+/// call nobody is waiting for.
+struct CallEnd<'p> {
+    observer: &'p dyn Observer,
+    clock: &'p dyn Clock,
+    /// The primary deployment's model: where a dropped call is counted.
+    primary: &'p str,
+    tenant: TenantId,
+    /// When the call started; `None` when the observer listens to nothing.
+    start: Option<Timestamp>,
+    /// Attempts that reached an inner provider so far.
+    sent: AtomicU32,
+    span: tracing::Span,
+    done: bool,
+}
+
+impl CallEnd<'_> {
+    /// Ends the call with `result`, its last attempt sent to `model`.
+    fn finish(mut self, result: &Result<Extracted<Value>, ExtractError>, model: &str) {
+        self.done = true;
+        let attempts = self.sent.load(Ordering::Relaxed);
+        spans::record_result(&self.span, result);
+        self.span.record("redstring.attempts", attempts);
+        let usage = result.as_ref().ok().and_then(|a| a.usage);
+        let outcome = match result {
+            Ok(_) => "ok",
+            Err(e) => e.kind(),
+        };
+        self.tell(model, outcome, attempts, usage);
+    }
+
+    fn tell(&self, model: &str, outcome: &'static str, attempts: u32, usage: Option<super::Usage>) {
+        let Some(start) = self.start else { return };
+        self.observer.on_event(&Event::CallFinished {
+            model: Arc::from(model),
+            tenant: self.tenant,
+            outcome,
+            attempts,
+            duration: self.clock.now().saturating_duration_since(start),
+            input_tokens: usage.map(|u| u.prompt_tokens),
+            output_tokens: usage.map(|u| u.completion_tokens),
+        });
+    }
+}
+
+impl Drop for CallEnd<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let attempts = self.sent.load(Ordering::Relaxed);
+        spans::record_cancelled(&self.span, CANCELLED, attempts);
+        self.tell(self.primary, CANCELLED, attempts, None);
     }
 }
 

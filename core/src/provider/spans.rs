@@ -93,3 +93,15 @@ pub(crate) fn record_result(span: &Span, result: &Result<Extracted<Value>, Extra
         }
     }
 }
+
+/// Records on a call's span that its caller dropped it after `attempts`
+/// attempts: `outcome` as its `error.type` and `redstring.outcome`.
+pub(crate) fn record_cancelled(span: &Span, outcome: &str, attempts: u32) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("error.type", outcome);
+    span.record("otel.status_code", "error");
+    span.record("redstring.outcome", outcome);
+    span.record("redstring.attempts", attempts);
+}

@@ -132,3 +132,50 @@ fn a_scripted_outage_scrapes_as_the_documented_series() {
     };
     assert_eq!((tokens("input"), tokens("output")), (Some(10.0), Some(5.0)), "{text}");
 }
+
+#[test]
+fn a_call_its_caller_drops_is_counted_cancelled_and_not_left_in_flight() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let server = TestServer::start().await;
+            server.push(Reply::Hang);
+            let clock = Arc::new(ManualClock::at_fixed_epoch());
+            let breaker = CircuitBreaker::builder().clock(clock.clone()).build().unwrap();
+            let limiter = RateLimiter::builder(100).clock(clock.clone()).build().unwrap();
+            let adapter = OpenAiCompatible::builder(server.base_url(), "qwen3").build().unwrap();
+            let provider =
+                HardenedProvider::builder(adapter, TenantId::from_u128(1), Arc::new(limiter), Arc::new(breaker))
+                    .clock(clock)
+                    .observer(Arc::new(MetricsObserver::new()))
+                    .build();
+            // The caller gives up on a server that never answers.
+            let call = provider.extract::<Person>("Ann.", None);
+            tokio::time::timeout(Duration::from_millis(200), call)
+                .await
+                .unwrap_err();
+        });
+    });
+    let text = handle.render();
+    let model = r#"gen_ai_provider_name="openai-compatible",gen_ai_request_model="qwen3""#;
+    assert_eq!(
+        sample(&text, &format!("redstring_calls_in_flight{{{model}}}")),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, &format!(r#"redstring_calls{{{model},outcome="cancelled"}}"#)),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, &format!("redstring_attempts{{{model}}}")),
+        Some(1.0),
+        "{text}"
+    );
+}

@@ -110,9 +110,10 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
 }
 
 /// The spans named `chat` or `redstring.attempt` that `calls` leaves, each
-/// call made on a fresh provider over `replies` (breaker threshold 1, one
-/// retry without jitter, a manual clock).
-fn spans_of(replies: Vec<Reply>, calls: usize) -> (Vec<Seen>, String) {
+/// call made on one provider over `replies` (breaker threshold 1, one
+/// retry without jitter, a manual clock) and, with `give_up`, dropped by
+/// its caller after that much real time.
+fn spans_of(replies: Vec<Reply>, calls: usize, give_up: Option<Duration>) -> (Vec<Seen>, String) {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -144,7 +145,11 @@ fn spans_of(replies: Vec<Reply>, calls: usize) -> (Vec<Seen>, String) {
                 .rng(Arc::new(SeededRandom::from_seed(7)))
                 .build();
             for _ in 0..calls {
-                let _ = provider.extract::<Person>("Ann.", None).await;
+                let call = provider.extract::<Person>("Ann.", None);
+                match give_up {
+                    Some(after) => drop(tokio::time::timeout(after, call).await),
+                    None => drop(call.await),
+                }
             }
         });
     });
@@ -160,7 +165,11 @@ fn spans_of(replies: Vec<Reply>, calls: usize) -> (Vec<Seen>, String) {
 
 #[test]
 fn a_retried_call_is_one_call_span_over_two_attempt_spans_with_the_genai_attributes() {
-    let (spans, tenant) = spans_of(vec![Reply::status(503, LOADING), Reply::answered_by("qwen3-q4", 31)], 1);
+    let (spans, tenant) = spans_of(
+        vec![Reply::status(503, LOADING), Reply::answered_by("qwen3-q4", 31)],
+        1,
+        None,
+    );
     let names: Vec<_> = spans.iter().map(|s| s.name).collect();
     assert_eq!(names, ["chat", "redstring.attempt", "redstring.attempt"]);
     let (call, first, second) = (&spans[0], &spans[1], &spans[2]);
@@ -209,7 +218,7 @@ fn a_retried_call_is_one_call_span_over_two_attempt_spans_with_the_genai_attribu
 fn a_call_the_open_circuit_refuses_is_a_failed_call_span_without_attempts() {
     // Two 503s spend the first call's retry and open the circuit; the
     // second call is refused unsent.
-    let (spans, _) = spans_of(vec![Reply::status(503, LOADING), Reply::status(503, LOADING)], 2);
+    let (spans, _) = spans_of(vec![Reply::status(503, LOADING), Reply::status(503, LOADING)], 2, None);
     let names: Vec<_> = spans.iter().map(|s| s.name).collect();
     assert_eq!(names, ["chat", "redstring.attempt", "redstring.attempt", "chat"]);
     let (failed, refused) = (&spans[0], &spans[3]);
@@ -222,4 +231,18 @@ fn a_call_the_open_circuit_refuses_is_a_failed_call_span_without_attempts() {
     assert_eq!(refused.field("otel.status_code"), Some("error"));
     assert_eq!(refused.field("redstring.attempts"), Some("0"));
     assert_eq!(refused.field("gen_ai.request.model"), Some("qwen3"));
+}
+
+#[test]
+fn a_call_its_caller_drops_ends_its_span_cancelled() {
+    // The server never answers; the caller gives up after 200 ms.
+    let (spans, _) = spans_of(vec![Reply::Hang], 1, Some(Duration::from_millis(200)));
+    let names: Vec<_> = spans.iter().map(|s| s.name).collect();
+    assert_eq!(names, ["chat", "redstring.attempt"]);
+    let call = &spans[0];
+    assert_eq!(call.field("redstring.outcome"), Some("cancelled"));
+    assert_eq!(call.field("error.type"), Some("cancelled"));
+    assert_eq!(call.field("otel.status_code"), Some("error"));
+    assert_eq!(call.field("redstring.attempts"), Some("1"));
+    assert!(call.closed.is_some() && spans[1].closed.is_some());
 }

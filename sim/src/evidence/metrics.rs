@@ -74,6 +74,9 @@ type Changes = Vec<(u64, Change)>;
 struct Log {
     /// Each series' type and its changes.
     series: BTreeMap<SeriesKey, (Type, Changes)>,
+    /// Set when the run has ended: what its teardown reports (calls still
+    /// in flight, dropped with their hosts) happened after it.
+    sealed: bool,
 }
 
 /// The series sharing one sanitised name, written under one `# TYPE`.
@@ -101,9 +104,17 @@ impl MetricLog {
         metrics::with_local_recorder(&recorder, || MetricsObserver::new().on_event(event));
     }
 
+    /// Ends the run's metrics: nothing recorded from now on is kept.
+    pub fn seal(&self) {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).sealed = true;
+    }
+
     fn push(&self, key: &SeriesKey, kind: Type, change: Change) {
         let at = u64::try_from(sim_elapsed().as_micros()).unwrap_or(u64::MAX);
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        if log.sealed {
+            return;
+        }
         log.series
             .entry(key.clone())
             .or_insert_with(|| (kind, Vec::new()))

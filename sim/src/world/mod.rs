@@ -564,6 +564,10 @@ impl<'s> World<'s> {
             }
         }
         let simulated = self.sim.elapsed();
+        // Calls still in flight end with their hosts, after the run.
+        if let Some(metrics) = self.trace.metrics() {
+            metrics.seal();
+        }
         // The hosts go first: whatever they hold of the run is freed before
         // the evidence is judged.
         drop(self.sim);
