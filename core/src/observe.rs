@@ -98,19 +98,24 @@ pub enum Event {
         /// How long until a probe may be admitted (zero when unknown).
         retry_after: Duration,
     },
-    /// A quota signal put the breaker's server into a shared cooldown (or
-    /// extended it): every admission is refused until `until`. Reported only
-    /// when the step wrote it; a shorter signal under a longer cooldown
-    /// changes nothing.
+    /// A quota signal asked for a shared cooldown: every admission is
+    /// refused until `until` at least. Reported for every signal, whether it
+    /// put the server into a cooldown, extended one, or fell under a longer
+    /// one already stored (`extended: false`; that one is kept), so a reader
+    /// of the events can check that no cooldown ended before a signal asked.
     BreakerCooldown {
         /// The breaker's key prefix.
         breaker: Arc<str>,
         /// The wait the signal asked for.
         duration: Duration,
-        /// When the cooldown ends, on the clock that decided.
+        /// When the cooldown this signal asked for ends, on the clock that
+        /// decided (the one stored ends no earlier).
         until: Timestamp,
-        /// When it was written, on the clock that decided.
+        /// When it was asked, on the clock that decided.
         at: Timestamp,
+        /// Whether the step wrote it: `false` when a cooldown ending no
+        /// earlier was already stored.
+        extended: bool,
     },
     /// `allow_request` said no because a shared cooldown is in force (the
     /// server is up but its quota is spent), not because of the circuit.
@@ -490,8 +495,9 @@ impl Observer for TracingObserver {
                 duration,
                 until,
                 at,
+                extended,
             } => {
-                tracing::info!(%breaker, duration = duration.as_secs_f64(), %until, %at, "shared cooldown after a quota signal")
+                tracing::info!(%breaker, duration = duration.as_secs_f64(), %until, %at, extended, "shared cooldown after a quota signal")
             }
             Event::BreakerCooldownRefused {
                 breaker,

@@ -577,15 +577,19 @@ impl<S: BreakerStore> CircuitBreaker<S> {
                 at: step.at,
             });
         }
-        if let (BreakerCommand::CoolDown { duration }, machine::Write::Set(until)) =
-            (command, step.writes.cooldown_until)
-        {
-            self.observer.on_event(&Event::BreakerCooldown {
-                breaker: self.prefix.clone(),
-                duration,
-                until,
-                at: step.at,
-            });
+        if let BreakerCommand::CoolDown { duration } = command {
+            // Every signal is reported with the end it asked for, written or
+            // not, so a longer cooldown left unwritten is visible.
+            let until = machine::cooldown_end(step.at, duration);
+            if until > step.at {
+                self.observer.on_event(&Event::BreakerCooldown {
+                    breaker: self.prefix.clone(),
+                    duration,
+                    until,
+                    at: step.at,
+                    extended: matches!(step.writes.cooldown_until, machine::Write::Set(_)),
+                });
+            }
         }
         if step.before != step.after {
             self.observer.on_event(&Event::BreakerTransition {

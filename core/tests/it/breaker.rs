@@ -565,6 +565,51 @@ fn a_circuit_open_message_says_when_the_next_probe_is_due() {
     );
 }
 
+/// Every quota signal is reported with the end it asked for: one under a
+/// longer cooldown as not written (the longer one is kept, never
+/// shortened), and a longer one as extending it.
+#[tokio::test]
+async fn every_cooldown_signal_is_reported_and_only_a_longer_one_extends() {
+    let r = rig(2, 60, 1);
+    let at = r.clock.now();
+    r.breaker.cool_down(secs(30)).await.unwrap();
+    r.clock.advance(secs(1));
+    assert_eq!(
+        r.breaker.cool_down(secs(5)).await.unwrap(),
+        None,
+        "a shorter signal writes nothing"
+    );
+    assert_eq!(
+        r.observer.events().last(),
+        Some(&Event::BreakerCooldown {
+            breaker: "kg:circuit".into(),
+            duration: secs(5),
+            until: at.saturating_add(secs(6)),
+            at: at.saturating_add(secs(1)),
+            extended: false,
+        })
+    );
+    r.clock.advance(secs(10));
+    assert_eq!(
+        r.breaker.admit().await,
+        Permit::Refused {
+            state: CircuitState::Closed,
+            retry_after: secs(19),
+            reason: Refusal::Cooldown,
+        },
+        "the first, longer cooldown still refuses"
+    );
+    let later = r.clock.now();
+    assert_eq!(
+        r.breaker.cool_down(secs(40)).await.unwrap(),
+        Some(later.saturating_add(secs(40)))
+    );
+    assert!(matches!(
+        r.observer.events().last(),
+        Some(Event::BreakerCooldown { extended: true, until, .. }) if *until == later.saturating_add(secs(40))
+    ));
+}
+
 #[tokio::test]
 async fn a_cooldown_refuses_as_data_and_reports_itself_apart_from_the_circuit() {
     let r = rig(2, 60, 1);
@@ -580,6 +625,7 @@ async fn a_cooldown_refuses_as_data_and_reports_itself_apart_from_the_circuit() 
             duration: secs(30),
             until: at.saturating_add(secs(30)),
             at,
+            extended: true,
         })
     );
     r.clock.advance(secs(10));

@@ -50,6 +50,49 @@ async fn a_429_seen_by_one_worker_stops_another_workers_next_call_through_redis(
     assert_eq!(b.server.calls(), 1);
 }
 
+/// On Redis as in memory: a later, shorter signal leaves the longer
+/// cooldown in place (reported, not written), and a longer one extends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_signal_never_shortens_a_cooldown_on_redis_and_a_longer_one_extends_it() {
+    let Some(server) = RedisServer::start() else { return };
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let observer = Arc::new(RecordingObserver::new());
+    let breaker = redstring::CircuitBreaker::builder()
+        .key_prefix("kg:circuit:cooldown-grows")
+        .clock(clock.clone())
+        .cache(Arc::new(server.cache()))
+        .observer(observer.clone())
+        .build()
+        .unwrap();
+    let at = clock.now();
+    assert_eq!(
+        bounded(breaker.cool_down(secs(30))).await.unwrap(),
+        Some(at.saturating_add(secs(30)))
+    );
+    clock.advance(secs(1));
+    assert_eq!(bounded(breaker.cool_down(secs(5))).await.unwrap(), None);
+    assert!(matches!(
+        observer.events().last(),
+        Some(redstring::Event::BreakerCooldown { extended: false, until, .. }) if *until == at.saturating_add(secs(6))
+    ));
+    clock.advance(secs(10));
+    match bounded(breaker.admit()).await {
+        Permit::Refused {
+            retry_after, reason, ..
+        } => assert_eq!((retry_after, reason), (secs(19), Refusal::Cooldown)),
+        other => panic!("{other:?}"),
+    }
+    let later = clock.now();
+    assert_eq!(
+        bounded(breaker.cool_down(secs(40))).await.unwrap(),
+        Some(later.saturating_add(secs(40)))
+    );
+    assert!(matches!(
+        observer.events().last(),
+        Some(redstring::Event::BreakerCooldown { extended: true, .. })
+    ));
+}
+
 /// 32 tasks admit in a loop while one writes a cooldown. Judged by the
 /// store's clock, which stamped every step: every admission stamped after
 /// the write is refused with exactly the rest of the cooldown until it ends,

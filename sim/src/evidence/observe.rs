@@ -99,10 +99,17 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             breaker: breaker.to_string(),
             seq: probe.seq,
         },
-        Event::BreakerCooldown { breaker, until, at, .. } => Kind::Cooldown {
+        Event::BreakerCooldown {
+            breaker,
+            until,
+            at,
+            extended,
+            ..
+        } => Kind::Cooldown {
             breaker: breaker.to_string(),
             until_us: until.as_micros(),
             at_us: at.as_micros(),
+            extended: *extended,
         },
         Event::BreakerCooldownRefused {
             breaker,
@@ -291,6 +298,7 @@ mod tests {
                     breaker: "kg:circuit:api".into(),
                     until_us: at + 3_000_000,
                     at_us: at,
+                    extended: true,
                 },
                 Kind::CooldownRefused {
                     breaker: "kg:circuit:api".into(),

@@ -172,16 +172,21 @@ pub enum Kind {
         /// How long it said until a probe may be admitted, microseconds.
         retry_after_us: u64,
     },
-    /// A quota signal put a breaker's server into a shared cooldown, or
-    /// extended it: the store refuses every admission stamped before
-    /// `until_us`.
+    /// A quota signal asked for a shared cooldown: the store refuses every
+    /// admission stamped before `until_us` — the one it wrote, or a longer
+    /// one it already held.
     Cooldown {
         /// The breaker's key prefix.
         breaker: String,
-        /// When the cooldown ends, on the deciding clock, epoch microseconds.
+        /// When the cooldown this signal asked for ends, on the deciding
+        /// clock, epoch microseconds.
         until_us: u64,
-        /// The write's stamp, epoch microseconds.
+        /// The step's stamp, epoch microseconds.
         at_us: u64,
+        /// Whether the step wrote it (written only when it did not: a
+        /// cooldown ending no earlier was already stored).
+        #[serde(skip_serializing_if = "is_true")]
+        extended: bool,
     },
     /// A breaker refused a call because a shared cooldown was in force.
     CooldownRefused {
@@ -333,6 +338,10 @@ pub enum Kind {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 fn described<S: Serializer>(fault: &Fault, s: S) -> Result<S::Ok, S::Error> {

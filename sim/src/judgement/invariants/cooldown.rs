@@ -22,10 +22,14 @@ struct Written {
 }
 
 /// Invariant 12: no call is admitted by a breaker whose store holds a
-/// cooldown in force — per worker, or fleet-wide with a shared cache. The
-/// store compares the admission's stamp with the recorded end, so that is
-/// the claim: an admission stamped before `until` of a cooldown written
-/// before it is a violation. Every call reaches a server only through an
+/// cooldown in force — per worker, or fleet-wide with a shared cache — and
+/// no cooldown ends before a signal asked: every quota signal is traced
+/// with the end it asked for, whether the step wrote it or kept a longer
+/// one, so a store that kept a shorter one (or let a later, shorter signal
+/// overwrite a longer one) admits inside a traced end. The store compares
+/// the admission's stamp with the recorded end, so that is the claim: an
+/// admission stamped before `until` of a cooldown asked before it is a
+/// violation. Every call reaches a server only through an
 /// admission, so none of its requests reach the server in a cooldown it was
 /// admitted after; retries of a call admitted before the write are that
 /// call's own (the server's delay is their floor) and are not judged.
@@ -42,7 +46,7 @@ struct Written {
 pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut breakers = Breakers::new(ctx.scopes);
     let mut recorded: BTreeMap<String, Vec<Written>> = BTreeMap::new();
-    let (mut written, mut refused, mut admitted_within) = (0u64, 0u64, 0u64);
+    let (mut written, mut kept, mut refused, mut admitted_within) = (0u64, 0u64, 0u64, 0u64);
     let mut verdict = Verdict::Held;
     let shared = ctx.scopes.shared();
     let trip = ctx.round_trip_us;
@@ -52,8 +56,13 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 breaker,
                 until_us,
                 at_us,
+                extended,
             } => {
-                written += 1;
+                if *extended {
+                    written += 1;
+                } else {
+                    kept += 1;
+                }
                 recorded
                     .entry(ctx.scopes.breaker(e, breaker))
                     .or_default()
@@ -102,12 +111,19 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             recorded.clear();
         }
     }
-    if written == 0 {
+    if written + kept == 0 {
         return not_applicable("no quota signal wrote a cooldown");
     }
+    let kept = if kept == 0 {
+        String::new()
+    } else {
+        format!(" ({kept} more signals under a longer one)")
+    };
     (
         verdict,
-        format!("{written} cooldowns written; {refused} calls refused by one; {admitted_within} admitted within one"),
+        format!(
+            "{written} cooldowns written{kept}; {refused} calls refused by one; {admitted_within} admitted within one"
+        ),
     )
 }
 
@@ -151,6 +167,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 breaker: "kg:circuit:gpu".into(),
                 until_us: until,
                 at_us: t,
+                extended: true,
             },
         )
     }
@@ -180,6 +197,34 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             Verdict::Violated { t_us, detail, .. } => {
                 assert_eq!(t_us, 10 * S);
                 assert!(detail.contains("12000 ms left"), "{detail}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_admission_before_the_end_a_kept_signal_asked_is_caught() {
+        let s = Scenario::parse("synthetic.toml", PER_WORKER).unwrap();
+        // A short cooldown written, then a longer signal the store did not
+        // write (as a store keeping the first, shorter deadline would not).
+        let kept = event(
+            3 * S,
+            "w",
+            Some(2),
+            Kind::Cooldown {
+                breaker: "kg:circuit:gpu".into(),
+                until_us: 30 * S,
+                at_us: 3 * S,
+                extended: false,
+            },
+        );
+        let held = [cooldown(2 * S, 5 * S), kept.clone(), allowed(30 * S, 3)];
+        assert_eq!(verdict(&s, &held), Verdict::Held);
+        let broken = [cooldown(2 * S, 5 * S), kept, allowed(6 * S, 3)];
+        match verdict(&s, &broken) {
+            Verdict::Violated { t_us, detail, .. } => {
+                assert_eq!(t_us, 6 * S);
+                assert!(detail.contains("24000 ms left"), "{detail}");
             }
             other => panic!("{other:?}"),
         }
