@@ -67,11 +67,32 @@ pub enum Mutant {
     /// A success report never clears a closed circuit's failure count (the
     /// store ignores the clear the state machine asks for).
     SuccessKeepsFailures,
+    /// Each worker keeps its limiter and breaker state in its own process
+    /// while the fleet is configured to share one store: every replica
+    /// admits a full window, so a fleet of `N` admits `N × rpm`. (Injected
+    /// by the simulator's world, which builds the stores; no core code
+    /// reads it.)
+    PerReplicaLimits,
+    /// The token budget checks a call's estimate against the window but
+    /// reserves nothing: tokens are charged only when the call settles to
+    /// the server's `usage`, so every call in flight passes the check at once.
+    TokensChargedAfterCall,
+    /// A cooldown already stored is kept when a later quota signal asks for
+    /// a longer one: the first, shorter deadline wins, and calls resume
+    /// while the server still asks to be left alone.
+    CooldownNotExtended,
+    /// Every deployment a call falls over to retries it on its own
+    /// schedule: a call over `D` deployments may send `D × (max_retries + 1)`
+    /// requests instead of `max_retries + 1`.
+    FallbackRetriesAnew,
+    /// Backoff is jittered but a server's `Retry-After` is waited exactly,
+    /// so every caller told the same wait comes back at the same instant.
+    ExactRetryAfter,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 18] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -85,6 +106,11 @@ impl Mutant {
         Mutant::NoJitter,
         Mutant::ProbeNeverReports,
         Mutant::SuccessKeepsFailures,
+        Mutant::PerReplicaLimits,
+        Mutant::TokensChargedAfterCall,
+        Mutant::CooldownNotExtended,
+        Mutant::FallbackRetriesAnew,
+        Mutant::ExactRetryAfter,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -103,6 +129,11 @@ impl Mutant {
             Mutant::NoJitter => "no_jitter",
             Mutant::ProbeNeverReports => "probe_never_reports",
             Mutant::SuccessKeepsFailures => "success_keeps_failures",
+            Mutant::PerReplicaLimits => "per_replica_limits",
+            Mutant::TokensChargedAfterCall => "tokens_charged_after_call",
+            Mutant::CooldownNotExtended => "cooldown_not_extended",
+            Mutant::FallbackRetriesAnew => "fallback_retries_anew",
+            Mutant::ExactRetryAfter => "exact_retry_after",
         }
     }
 
@@ -153,6 +184,21 @@ impl Mutant {
             }
             Mutant::SuccessKeepsFailures => {
                 "the failure count reset only in half-open, not by a closed circuit's success (App-vNext/Polly#131)"
+            }
+            Mutant::PerReplicaLimits => {
+                "in-memory limits per worker: \"100 requests per minute across 4 workers really lets through 400\" (BerriAI/litellm#27736 and LiteLLM's own docs)"
+            }
+            Mutant::TokensChargedAfterCall => {
+                "tokens counted from usage after the response, so concurrent calls overspend a TPM limit 6x (BerriAI/litellm#18730)"
+            }
+            Mutant::CooldownNotExtended => {
+                "re-cooling a deployment keeps \"the first, shorter cooldown deadline\" (BerriAI/litellm#40130)"
+            }
+            Mutant::FallbackRetriesAnew => {
+                "each fallback retries on its own, so a call's attempts multiply and \"repeat indefinitely\" (BerriAI/litellm#19985, #35303)"
+            }
+            Mutant::ExactRetryAfter => {
+                "capped Retry-After waits taken exactly: 19 of 20 retries waited exactly 600.0 s (NousResearch/hermes-agent PR #109234)"
             }
         }
     }

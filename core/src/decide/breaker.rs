@@ -629,7 +629,9 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
         }
         (BreakerCommand::CoolDown { duration }, _) => {
             let until = cooldown_end(now, duration);
-            if until > now && stored.cooldown_until().is_none_or(|stored| until > stored) {
+            // The later signal wins only when it ends later: never shortened.
+            let extends = |stored: Timestamp| until > stored && !mutants::active(Mutant::CooldownNotExtended);
+            if until > now && stored.cooldown_until().is_none_or(extends) {
                 writes.cooldown_until = Write::Set(until);
             }
             before

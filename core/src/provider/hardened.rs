@@ -765,6 +765,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                         let left = deadline.map(|d| d.saturating_duration_since(self.clock.now()));
                         sent.fetch_add(1, Ordering::Relaxed);
                         let result = self.attempt(at, attempt, request, left, spent).await;
+                        #[cfg(feature = "mutants")]
+                        let result = self.retried_anew(at, request, left, spent, sent, result).await;
                         if let Some(reservation) = reservation {
                             let actual = match &result {
                                 Ok(answer) => answer_tokens(reservation.estimate, answer),
@@ -1370,6 +1372,37 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             }
         }
         None
+    }
+
+    /// The [`FallbackRetriesAnew`](crate::mutants::Mutant::FallbackRetriesAnew)
+    /// mutant: when a call routes over several deployments, each one it
+    /// reaches retries a transient failure on its own, up to the schedule's
+    /// `max_retries` more attempts there at once, before the fallback moves
+    /// on — attempts multiply by the deployments instead of being bounded
+    /// by one schedule.
+    #[cfg(feature = "mutants")]
+    async fn retried_anew(
+        &self,
+        at: usize,
+        request: ExtractRequest<'_>,
+        left: Option<Duration>,
+        spent: &AtomicU32,
+        sent: &AtomicU32,
+        mut result: Result<Extracted<Value>, ExtractError>,
+    ) -> Result<Extracted<Value>, ExtractError> {
+        use crate::mutants::{Mutant, active};
+        if self.deployments.len() < 2 || !active(Mutant::FallbackRetriesAnew) {
+            return result;
+        }
+        for _ in 0..self.retry.policy().max_retries() {
+            match &result {
+                Err(e) if !matches!(self.classify(e), Retryable::No) => {}
+                _ => break,
+            }
+            let number = sent.fetch_add(1, Ordering::Relaxed);
+            result = self.attempt(at, number, request, left, spent).await;
+        }
+        result
     }
 
     /// Attempt `number` of the call, on deployment `at`, in its own span; a

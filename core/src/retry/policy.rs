@@ -264,7 +264,7 @@ impl RetryPolicy {
         if scheduled >= floor || floor.is_zero() {
             return scheduled;
         }
-        if self.jitter == 0.0 || mutants::active(Mutant::NoJitter) {
+        if self.jitter == 0.0 || mutants::active(Mutant::NoJitter) || mutants::active(Mutant::ExactRetryAfter) {
             return floor;
         }
         let spread = floor.as_secs_f64() * self.jitter * rng.next_f64();

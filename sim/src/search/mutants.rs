@@ -27,9 +27,16 @@ use crate::search::fuzz::{self, Bounds};
 use crate::world::SimError;
 
 /// The directory, under the scenarios directory, that holds the scenarios
-/// written to expose each variant (the correct hardening passes them all,
-/// and `check` runs them like any other).
+/// written to expose each variant of the library's own defects (the
+/// correct hardening passes them all, and `check` runs them like any
+/// other).
 pub const SCENARIO_DIR: &str = "mutants";
+
+/// The directory, under the scenarios directory, of the conformance suite:
+/// one scenario per failure users report in LLM gateways, each the
+/// targeted scenario of the variant that behaves as the gateway did
+/// (`docs/conformance.md`).
+pub const CONFORMANCE_DIR: &str = "conformance";
 
 /// One variant of the catalogue: the defect, the invariant that names it,
 /// and the scenario written to expose it.
@@ -39,76 +46,115 @@ pub struct Variant {
     pub mutant: Mutant,
     /// The invariant whose failure names this defect.
     pub named_by: Invariant,
-    /// The targeted scenario's file name in [`SCENARIO_DIR`].
+    /// The targeted scenario's path under the scenarios directory: in
+    /// [`SCENARIO_DIR`], or in [`CONFORMANCE_DIR`] for a gateway's reported
+    /// failure.
     pub scenario: &'static str,
 }
 
+impl Variant {
+    /// Whether this variant is a gateway's reported failure, hunted by its
+    /// conformance scenario (the fuzzer's bounds do not draw the fleets,
+    /// budgets or routing those scenarios need, so no committed fuzz catch
+    /// is kept for it).
+    pub fn is_conformance(&self) -> bool {
+        self.scenario
+            .strip_prefix(CONFORMANCE_DIR)
+            .is_some_and(|rest| rest.starts_with('/'))
+    }
+}
+
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 13] = [
+pub const CATALOGUE: [Variant; 18] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
-        scenario: "limiter-race.toml",
+        scenario: "mutants/limiter-race.toml",
     },
     Variant {
         mutant: Mutant::RefusalsRecorded,
         named_by: Invariant::RetryAfterMonotone,
-        scenario: "limiter-waits.toml",
+        scenario: "mutants/limiter-waits.toml",
     },
     Variant {
         mutant: Mutant::FailureTtlRefreshed,
         named_by: Invariant::SparseFailures,
-        scenario: "sparse-errors.toml",
+        scenario: "mutants/sparse-errors.toml",
     },
     Variant {
         mutant: Mutant::UnlimitedProbes,
         named_by: Invariant::HalfOpenProbes,
-        scenario: "hung-server.toml",
+        scenario: "mutants/hung-server.toml",
     },
     Variant {
         mutant: Mutant::TransitionNotProbe,
         named_by: Invariant::HalfOpenProbes,
-        scenario: "hung-server.toml",
+        scenario: "mutants/hung-server.toml",
     },
     Variant {
         mutant: Mutant::ReadThenWriteBreaker,
         named_by: Invariant::HalfOpenProbes,
-        scenario: "hung-server-fleet.toml",
+        scenario: "mutants/hung-server-fleet.toml",
     },
     Variant {
         mutant: Mutant::CallerStampedTime,
         named_by: Invariant::RpmPerWindow,
-        scenario: "skewed-store.toml",
+        scenario: "mutants/skewed-store.toml",
     },
     Variant {
         mutant: Mutant::RetryOutsideLimiter,
         named_by: Invariant::OncePerCall,
-        scenario: "retries-under-errors.toml",
+        scenario: "mutants/retries-under-errors.toml",
     },
     Variant {
         mutant: Mutant::RetryOutsideBreaker,
         named_by: Invariant::OncePerCall,
-        scenario: "retries-under-errors.toml",
+        scenario: "mutants/retries-under-errors.toml",
     },
     Variant {
         mutant: Mutant::FixedWindowLimiter,
         named_by: Invariant::RpmPerWindow,
-        scenario: "window-boundary.toml",
+        scenario: "mutants/window-boundary.toml",
     },
     Variant {
         mutant: Mutant::NoJitter,
         named_by: Invariant::RetryJitter,
-        scenario: "retries-under-errors.toml",
+        scenario: "mutants/retries-under-errors.toml",
     },
     Variant {
         mutant: Mutant::ProbeNeverReports,
         named_by: Invariant::NoWedgedCircuit,
-        scenario: "hung-server.toml",
+        scenario: "mutants/hung-server.toml",
     },
     Variant {
         mutant: Mutant::SuccessKeepsFailures,
         named_by: Invariant::OpensAtThreshold,
-        scenario: "interleaved-failures.toml",
+        scenario: "mutants/interleaved-failures.toml",
+    },
+    Variant {
+        mutant: Mutant::PerReplicaLimits,
+        named_by: Invariant::RpmPerWindow,
+        scenario: "conformance/replicas-multiply-a-limit.toml",
+    },
+    Variant {
+        mutant: Mutant::TokensChargedAfterCall,
+        named_by: Invariant::TokensPerWindow,
+        scenario: "conformance/concurrent-token-overspend.toml",
+    },
+    Variant {
+        mutant: Mutant::CooldownNotExtended,
+        named_by: Invariant::NoCallInCooldown,
+        scenario: "conformance/cooldown-never-shortened.toml",
+    },
+    Variant {
+        mutant: Mutant::FallbackRetriesAnew,
+        named_by: Invariant::Accounting,
+        scenario: "conformance/bounded-fallback.toml",
+    },
+    Variant {
+        mutant: Mutant::ExactRetryAfter,
+        named_by: Invariant::RetryJitter,
+        scenario: "conformance/synchronised-retry-waits.toml",
     },
 ];
 
@@ -285,7 +331,7 @@ pub fn hunt(
 
 /// Loads the targeted scenario of `variant` from `scenarios_dir`.
 pub fn targeted(scenarios_dir: &Path, variant: &Variant) -> Result<Scenario, String> {
-    let path = scenarios_dir.join(SCENARIO_DIR).join(variant.scenario);
+    let path = scenarios_dir.join(variant.scenario);
     Scenario::load(&path).map_err(|e| e.to_string())
 }
 

@@ -64,6 +64,22 @@ fn stamping(scenario: &Scenario) -> redstring::TimeSource {
     scenario.cache.time_source
 }
 
+/// The stores the workers are built over: the scenario's layout, unless
+/// the [`PerReplicaLimits`](redstring::mutants::Mutant::PerReplicaLimits)
+/// mutant is injected on this thread, which gives every worker an
+/// in-process store of its own while the checkers still believe the fleet
+/// shares one (a gateway's replicas each counting in memory).
+fn layout_of(scenario: &Scenario) -> CacheLayout {
+    #[cfg(feature = "mutants")]
+    if redstring::mutants::injected() == Some(redstring::mutants::Mutant::PerReplicaLimits) {
+        return CacheLayout {
+            kind: CacheKind::PerWorker,
+            ..scenario.cache.clone()
+        };
+    }
+    scenario.cache.clone()
+}
+
 /// The simulation itself failed (not an invariant).
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -443,7 +459,7 @@ impl<'s> World<'s> {
                 .map(|member| self.plan(member, seed, until, ports.clone()))
                 .collect();
             let trace = self.trace.clone();
-            let cache = self.scenario.cache.clone();
+            let cache = layout_of(self.scenario);
             self.sim.client(host.name.as_str(), async move {
                 let workers: Vec<_> = plans
                     .into_iter()

@@ -416,9 +416,16 @@ impl TokenStore for MemoryCache {
             table
                 .record(key, now, request.ttl, clock_now)
                 .map_err(|_| full("acquire_with_tokens", key))?;
+            // The mutant checks the estimate but holds nothing until the
+            // call settles to what it used.
+            let held = if crate::mutants::active(crate::mutants::Mutant::TokensChargedAfterCall) {
+                0
+            } else {
+                ask.tokens
+            };
             let entry = TokenEntry {
                 id: reservation,
-                tokens: ask.tokens,
+                tokens: held,
                 lease_end: Some(now.saturating_add(ask.lease)),
             };
             table.reserve(key, entry, clock_now.saturating_add(request.ttl), clock_now);

@@ -23,7 +23,8 @@ pub struct MutantsArgs {
     /// The bounds file the fuzzer draws from.
     #[arg(long, default_value = "scenarios/bounds/default.toml")]
     bounds: PathBuf,
-    /// The scenarios directory (the targeted scenarios are in its `mutants/`).
+    /// The scenarios directory (the targeted scenarios are in its `mutants/`
+    /// and `conformance/`).
     #[arg(long, default_value = "scenarios")]
     scenarios: PathBuf,
     /// Where the cases the fuzzer caught a variant with are written
@@ -91,11 +92,7 @@ fn mutants(run: &MutantsArgs, bounds: &Path, scenarios: &Path, out: &Path, only:
         let caught = hunt.caught_by_name(v.named_by);
         all_caught &= caught;
         let written = match (&hunt.stage, &hunt.case) {
-            (Some(Stage::Targeted), _) => scenarios
-                .join(mutants::SCENARIO_DIR)
-                .join(v.scenario)
-                .display()
-                .to_string(),
+            (Some(Stage::Targeted), _) => scenarios.join(v.scenario).display().to_string(),
             (Some(Stage::Fuzzed(_)), Some(case)) => match mutants::write_case(out, v.mutant, case) {
                 Ok(p) => p.display().to_string(),
                 Err(e) => return Err(fail(IO_FAILED, &format!("cannot write {}: {e}", out.display()))),
@@ -140,7 +137,7 @@ fn mutants(run: &MutantsArgs, bounds: &Path, scenarios: &Path, out: &Path, only:
         started.elapsed().as_secs_f64()
     );
     println!(
-        "{:<24} {:<20} {:<36} {:<10} {:>5} {:>10}  case",
+        "{:<25} {:<20} {:<36} {:<10} {:>5} {:>10}  case",
         "variant", "named by", "caught by", "stage", "sims", "simulated"
     );
     for (v, hunt, caught, written) in &rows {
@@ -155,7 +152,7 @@ fn mutants(run: &MutantsArgs, bounds: &Path, scenarios: &Path, out: &Path, only:
             names(&hunt.failed)
         };
         println!(
-            "{:<24} {:<20} {:<36} {:<10} {:>5} {:>8.0} s  {written}{}",
+            "{:<25} {:<20} {:<36} {:<10} {:>5} {:>8.0} s  {written}{}",
             v.mutant.name(),
             v.named_by.name(),
             by,
