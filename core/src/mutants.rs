@@ -88,11 +88,14 @@ pub enum Mutant {
     /// Backoff is jittered but a server's `Retry-After` is waited exactly,
     /// so every caller told the same wait comes back at the same instant.
     ExactRetryAfter,
+    /// A deployment known to refuse is routed past with no event: calls
+    /// skip it, and nobody can see that they do, nor why.
+    SkipsUnreported,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 18] = [
+    pub const ALL: [Mutant; 19] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -111,6 +114,7 @@ impl Mutant {
         Mutant::CooldownNotExtended,
         Mutant::FallbackRetriesAnew,
         Mutant::ExactRetryAfter,
+        Mutant::SkipsUnreported,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -134,6 +138,7 @@ impl Mutant {
             Mutant::CooldownNotExtended => "cooldown_not_extended",
             Mutant::FallbackRetriesAnew => "fallback_retries_anew",
             Mutant::ExactRetryAfter => "exact_retry_after",
+            Mutant::SkipsUnreported => "skips_unreported",
         }
     }
 
@@ -199,6 +204,9 @@ impl Mutant {
             }
             Mutant::ExactRetryAfter => {
                 "capped Retry-After waits taken exactly: 19 of 20 retries waited exactly 600.0 s (NousResearch/hermes-agent PR #109234)"
+            }
+            Mutant::SkipsUnreported => {
+                "calls routed past a failing target with nothing to show it: \"what is the current state of the circuit breaker\" (Portkey-AI/gateway#1289)"
             }
         }
     }

@@ -319,6 +319,23 @@ pub enum Event {
         /// `failed`: its attempt there failed and the retry went on.
         reason: &'static str,
     },
+    /// A hardened provider over several deployments asks this one last for
+    /// a call, after those not known to refuse: its last admission refused
+    /// (or its server answered about itself), for a wait that has not
+    /// passed. Reported for each call that routes past it, so no call passes
+    /// over a deployment unseen.
+    DeploymentDeferred {
+        /// The tenant the call was made for.
+        tenant: TenantId,
+        /// The breaker key prefix of the deployment asked last.
+        breaker: Arc<str>,
+        /// Why: `open` (its circuit), `cooldown` (a quota signal's shared
+        /// cooldown), `limited` (its own limit), `unusable` (its server
+        /// answered about itself: its quota, its key, its model).
+        state: &'static str,
+        /// Until when it is known to refuse, on the provider's clock.
+        until: Timestamp,
+    },
     /// A hardened provider is sleeping off a rate-limit refusal before asking
     /// the limiter again.
     RateLimitWait {
@@ -619,6 +636,14 @@ impl Observer for TracingObserver {
                 reason,
             } => {
                 tracing::debug!(%tenant, %from, %to, reason, "call sent to another deployment")
+            }
+            Event::DeploymentDeferred {
+                tenant,
+                breaker,
+                state,
+                until,
+            } => {
+                tracing::debug!(%tenant, %breaker, state, %until, "deployment asked last: known to refuse")
             }
             Event::CallStarted { model, tenant } => tracing::trace!(%model, %tenant, "model call started"),
             Event::CallFinished {

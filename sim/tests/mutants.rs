@@ -78,6 +78,7 @@ caught! {
     cooldown_not_extended_is_caught_by_no_call_in_cooldown => CooldownNotExtended,
     fallback_retries_anew_is_caught_by_accounting => FallbackRetriesAnew,
     exact_retry_after_is_caught_by_retry_jitter => ExactRetryAfter,
+    skips_unreported_is_caught_by_skips_visible => SkipsUnreported,
 }
 
 #[test]
@@ -100,6 +101,7 @@ fn each_new_invariant_names_at_least_one_variant() {
         Invariant::RetryJitter,
         Invariant::NoWedgedCircuit,
         Invariant::OpensAtThreshold,
+        Invariant::SkipsVisible,
     ] {
         assert!(
             CATALOGUE.iter().any(|v| v.named_by == named),

@@ -66,7 +66,8 @@
 //! [`least_loaded`](HardenedProviderBuilder::least_loaded) fleet-wide),
 //! admits the call at the first whose breaker admits it — a refusal is data
 //! from that one admission, remembered until its wait passes so later calls
-//! ask that deployment last — and sends each retry after a transient
+//! ask that deployment last, each reporting it
+//! ([`Event::DeploymentDeferred`], naming it and why) — and sends each retry after a transient
 //! failure to the next deployment that admits it, cycling back when every
 //! other refuses. A fallover is a retry: the schedule's backoff, the
 //! deadline and the retry budget bound it (as Envoy's retry policy picks
@@ -119,7 +120,7 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::error::{DeadlineExceeded, DeadlineWait, DeploymentLimited, ExtractError, ProviderError};
-use super::route::{Deployment, IN_FLIGHT_PREFIX, InFlight, PickRequest, Policy, call_order, live_weights};
+use super::route::{Deferral, Deployment, IN_FLIGHT_PREFIX, InFlight, PickRequest, Policy, call_order, live_weights};
 use super::spans;
 use super::transport::BoxFuture;
 use super::{ExtractRequest, Extracted, LlmProvider};
@@ -905,7 +906,31 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             }
         };
         route.order = call_order(&self.deployments, now, first);
+        self.report_deferred(&route.order, now);
         route
+    }
+
+    /// Reports each deployment a call's order asks last because it is known
+    /// to refuse — those after the first one not known to: the call passes
+    /// over them unless every other refuses, and the events say so, naming
+    /// each and why.
+    fn report_deferred(&self, order: &[usize], now: Timestamp) {
+        if !self.observer.enabled() || crate::mutants::active(crate::mutants::Mutant::SkipsUnreported) {
+            return;
+        }
+        let Some(live) = order.iter().position(|&i| self.deployments[i].deferral(now).is_none()) else {
+            return;
+        };
+        for &i in &order[live + 1..] {
+            if let Some((why, until)) = self.deployments[i].deferral(now) {
+                self.observer.on_event(&Event::DeploymentDeferred {
+                    tenant: self.tenant,
+                    breaker: Arc::from(self.deployments[i].breaker.key_prefix()),
+                    state: why.name(),
+                    until,
+                });
+            }
+        }
     }
 
     /// The first admission of the call: each deployment in the route's
@@ -1063,8 +1088,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                         return Ok(reservation);
                     }
                     Err((error, wait)) => {
-                        if wait.is_some() {
-                            self.hear(i, wait);
+                        if let Some(wait) = wait {
+                            self.hear(i, Some((wait, Deferral::Limited)));
                         }
                         if let Some(permit) = admitted_now {
                             lock(route).held[self.holders[i]] = None;
@@ -1140,7 +1165,13 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             .map(|wait| self.clock.now().saturating_add(wait));
         lock(route).asked[self.holders[at]] = asked;
         if error.is_some_and(|e| self.about_deployment(e)) {
-            self.hear(at, Some(self.deployments[at].breaker.params().recovery_timeout));
+            self.hear(
+                at,
+                Some((
+                    self.deployments[at].breaker.params().recovery_timeout,
+                    Deferral::Unusable,
+                )),
+            );
         }
     }
 
@@ -1309,7 +1340,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
 
     /// Remembers what deployment `i`'s admission said (see
     /// [`Deployment::heard`]); with one deployment there is nothing to order.
-    fn hear(&self, i: usize, refused_for: Option<Duration>) {
+    fn hear(&self, i: usize, refused_for: Option<(Duration, Deferral)>) {
         if self.deployments.len() > 1 {
             self.deployments[i].heard(self.clock.now(), refused_for);
         }
@@ -1320,8 +1351,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// half-open circuit's wait is only until a live probe's lease ends —
     /// the probe may close it at any moment — so it is not remembered.
     fn hear_refusal(&self, i: usize, state: crate::breaker::CircuitState, reason: Refusal, wait: Duration) {
-        if reason == Refusal::Cooldown || state == crate::breaker::CircuitState::Open {
-            self.hear(i, Some(wait));
+        if reason == Refusal::Cooldown {
+            self.hear(i, Some((wait, Deferral::Cooldown)));
+        } else if state == crate::breaker::CircuitState::Open {
+            self.hear(i, Some((wait, Deferral::Open)));
         }
     }
 
@@ -1449,7 +1482,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         let wait = wait.filter(|w| !w.is_zero());
         if let Some(wait) = wait {
             // The cooldown just written refuses this deployment until then.
-            self.hear(at, Some(wait.min(self.max_server_delay)));
+            self.hear(at, Some((wait.min(self.max_server_delay), Deferral::Cooldown)));
         }
         if let Some(wait) = wait
             && let Err(error) = deployment.breaker.cool_down(wait.min(self.max_server_delay)).await

@@ -8,7 +8,8 @@
 //! circuit admits it, and moves a retry to the next one that admits. A
 //! refusal is data from the admission itself, so skipping a deployment costs
 //! no extra round trip, and the wait it carries is remembered: a deployment
-//! known to refuse is tried last until that wait has passed.
+//! known to refuse is tried last until that wait has passed, and every call
+//! that routes past it reports it, with why, so no skip goes unseen.
 //!
 //! A router that sends each call to the deployment with the fewest calls in
 //! flight balances load only if it sees every worker's calls. Counting them
@@ -35,7 +36,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::breaker::CircuitBreaker;
@@ -70,6 +71,46 @@ pub struct Deployment<P, B = MemoryCache> {
     /// admission said it refuses; zero when it admitted. Only a hint: a
     /// deployment known to refuse is tried last, never skipped.
     refused_until: AtomicU64,
+    /// Why it refuses: a [`Deferral`] as its `u8`.
+    refused_why: AtomicU8,
+}
+
+/// Why a deployment is known to refuse, and so is asked last: the state a
+/// call routing past it reports ([`Event::DeploymentDeferred`](crate::observe::Event::DeploymentDeferred)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Deferral {
+    /// Its circuit is open.
+    Open = 1,
+    /// A quota signal's shared cooldown is in force.
+    Cooldown = 2,
+    /// Its own limit refused.
+    Limited = 3,
+    /// Its server answered about itself (its quota, its key, its model).
+    Unusable = 4,
+}
+
+impl Deferral {
+    /// The spelling events use.
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            Deferral::Open => "open",
+            Deferral::Cooldown => "cooldown",
+            Deferral::Limited => "limited",
+            Deferral::Unusable => "unusable",
+        }
+    }
+
+    fn from_u8(n: u8) -> Option<Deferral> {
+        [
+            Deferral::Open,
+            Deferral::Cooldown,
+            Deferral::Limited,
+            Deferral::Unusable,
+        ]
+        .into_iter()
+        .find(|d| *d as u8 == n)
+    }
 }
 
 impl<P: fmt::Debug, B> fmt::Debug for Deployment<P, B> {
@@ -92,6 +133,7 @@ impl<P, B> Deployment<P, B> {
             weight: 1,
             limit: None,
             refused_until: AtomicU64::new(0),
+            refused_why: AtomicU8::new(0),
         }
     }
 
@@ -133,11 +175,21 @@ impl<P, B> Deployment<P, B> {
         self.refused_until.load(Ordering::Relaxed) > now.as_micros()
     }
 
-    /// Remembers what an admission at `now` said: refused for `wait` (a
-    /// zero wait says nothing), or admitted.
-    pub(crate) fn heard(&self, now: Timestamp, refused_for: Option<Duration>) {
+    /// Why and until when this deployment is known to refuse at `now`.
+    pub(crate) fn deferral(&self, now: Timestamp) -> Option<(Deferral, Timestamp)> {
+        let until = self.refused_until.load(Ordering::Relaxed);
+        (until > now.as_micros())
+            .then(|| Deferral::from_u8(self.refused_why.load(Ordering::Relaxed)))
+            .flatten()
+            .map(|why| (why, Timestamp::from_micros(until)))
+    }
+
+    /// Remembers what an admission at `now` said: refused for `wait` and
+    /// why (a zero wait says nothing), or admitted.
+    pub(crate) fn heard(&self, now: Timestamp, refused_for: Option<(Duration, Deferral)>) {
         match refused_for {
-            Some(wait) if !wait.is_zero() => {
+            Some((wait, why)) if !wait.is_zero() => {
+                self.refused_why.store(why as u8, Ordering::Relaxed);
                 self.refused_until
                     .store(now.saturating_add(wait).as_micros(), Ordering::Relaxed);
             }
@@ -291,8 +343,13 @@ mod tests {
             (0..4).map(|_| Deployment::new((), breaker.clone())).collect();
         let now = Timestamp::from_secs(100);
         assert_eq!(call_order(&deployments, now, None), [0, 1, 2, 3]);
-        deployments[1].heard(now, Some(Duration::from_secs(5)));
+        deployments[1].heard(now, Some((Duration::from_secs(5), Deferral::Open)));
         assert_eq!(call_order(&deployments, now, None), [0, 2, 3, 1]);
+        assert_eq!(
+            deployments[1].deferral(now),
+            Some((Deferral::Open, Timestamp::from_secs(105)))
+        );
+        assert_eq!(deployments[0].deferral(now), None);
         assert_eq!(call_order(&deployments, now, Some(3)), [3, 0, 2, 1]);
         assert_eq!(live_weights(&deployments, now), [1, 0, 1, 1]);
         // The hint ends with the refusal's wait, or with an admission.
@@ -300,11 +357,11 @@ mod tests {
         deployments[1].heard(now, None);
         assert_eq!(call_order(&deployments, now, None), [0, 1, 2, 3]);
         // A refusal with no estimate says nothing.
-        deployments[2].heard(now, Some(Duration::ZERO));
+        deployments[2].heard(now, Some((Duration::ZERO, Deferral::Cooldown)));
         assert_eq!(call_order(&deployments, now, None), [0, 1, 2, 3]);
         // When every one refuses, the weights are their own.
         for d in &deployments {
-            d.heard(now, Some(Duration::from_secs(1)));
+            d.heard(now, Some((Duration::from_secs(1), Deferral::Limited)));
         }
         assert_eq!(live_weights(&deployments, now), [1, 1, 1, 1]);
     }

@@ -204,6 +204,41 @@ async fn an_open_primary_is_skipped_at_once_and_then_not_even_asked_until_its_pr
     assert_eq!(rig.breakers[0].state().await.unwrap(), CircuitState::Closed);
 }
 
+/// A call that passes over a deployment known to refuse says so: one
+/// event per call, naming the deployment, why (its open circuit) and until
+/// when — so no skip is invisible, though the open circuit is not asked.
+#[tokio::test]
+async fn every_call_routed_past_an_open_primary_reports_it_and_its_state() {
+    let rig = Rig::new(1).await;
+    rig.fallback.otherwise(Reply::answered_by("small", 15));
+    rig.breakers[0].record_failure().await.unwrap();
+    let provider = rig.provider(3).build();
+    for _ in 0..3 {
+        provider.extract::<Person>("Ann.", None).await.unwrap();
+    }
+    let deferred: Vec<(String, &'static str, redstring::Timestamp)> = rig
+        .observer
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            redstring::Event::DeploymentDeferred {
+                breaker, state, until, ..
+            } => Some((breaker.to_string(), *state, *until)),
+            _ => None,
+        })
+        .collect();
+    let due = redstring::Clock::now(&*rig.clock).saturating_add(Duration::from_secs(30));
+    assert_eq!(
+        deferred,
+        [
+            ("kg:circuit:primary".to_owned(), "open", due),
+            ("kg:circuit:primary".to_owned(), "open", due)
+        ],
+        "the first call asked and was refused (a breaker event); the next two passed it over"
+    );
+    assert_eq!(rig.refusals("kg:circuit:primary"), 1);
+}
+
 #[tokio::test]
 async fn a_permanent_failure_does_not_fall_over() {
     let rig = Rig::new(5).await;

@@ -244,6 +244,13 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
         | Event::DeadlineExceeded { .. } => return None,
         // Where a routed call went shows in its requests, each naming its server.
         Event::Rerouted { .. } => return None,
+        Event::DeploymentDeferred {
+            breaker, state, until, ..
+        } => Kind::Deferred {
+            breaker: breaker.to_string(),
+            state,
+            until_us: until.as_micros(),
+        },
         // `Event` is `#[non_exhaustive]`: an event the core adds later is not
         // traced until it is given a case above.
         _ => return None,

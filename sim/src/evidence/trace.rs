@@ -199,6 +199,17 @@ pub enum Kind {
         /// The decision's stamp, epoch microseconds.
         at_us: u64,
     },
+    /// A call over several deployments asks this one last: it is known to
+    /// refuse (`state`: `open`, `cooldown`, `limited` or `unusable`) until
+    /// `until_us` on the worker's clock.
+    Deferred {
+        /// The deployment's breaker key prefix.
+        breaker: String,
+        /// Why it is known to refuse.
+        state: &'static str,
+        /// Until when, epoch microseconds.
+        until_us: u64,
+    },
     /// A breaker was told a call failed.
     FailureRecorded {
         /// The breaker's key prefix.

@@ -65,7 +65,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 18] = [
+pub const CATALOGUE: [Variant; 19] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -155,6 +155,11 @@ pub const CATALOGUE: [Variant; 18] = [
         mutant: Mutant::ExactRetryAfter,
         named_by: Invariant::RetryJitter,
         scenario: "conformance/synchronised-retry-waits.toml",
+    },
+    Variant {
+        mutant: Mutant::SkipsUnreported,
+        named_by: Invariant::SkipsVisible,
+        scenario: "conformance/breaker-skips-visible.toml",
     },
 ];
 

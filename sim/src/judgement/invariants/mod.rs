@@ -16,7 +16,7 @@
 //! and `Invariant::check` is the one match that maps each to its checker,
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
 //! `breaker` (3–5, 10–11), `liveness` (6), `accounting` (7), `calls`
-//! (8–9), `cooldown` (12), `budget` (13) and `tokens` (14).
+//! (8–9), `cooldown` (12), `budget` (13), `tokens` (14) and `routing` (15).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -29,6 +29,7 @@ mod calls;
 mod cooldown;
 mod limiter;
 mod liveness;
+mod routing;
 mod tokens;
 
 use std::fmt;
@@ -87,11 +88,15 @@ pub enum Invariant {
     /// With a token budget, no window of a tenant's ledger charges more than
     /// `tokens_per_window` plus what its calls used beyond their estimates.
     TokensPerWindow,
+    /// Under ordered routing, a call that goes past a deployment ahead of
+    /// the one it is sent to leaves an event naming that deployment and
+    /// why: its breaker's refusal (with the state), or its deferral.
+    SkipsVisible,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 14] = [
+    pub const ALL: [Invariant; 15] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -106,6 +111,7 @@ impl Invariant {
         Invariant::NoCallInCooldown,
         Invariant::RetryBudget,
         Invariant::TokensPerWindow,
+        Invariant::SkipsVisible,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -126,6 +132,7 @@ impl Invariant {
             Invariant::NoCallInCooldown => 11,
             Invariant::RetryBudget => 12,
             Invariant::TokensPerWindow => 13,
+            Invariant::SkipsVisible => 14,
         }
     }
 
@@ -146,6 +153,7 @@ impl Invariant {
             Invariant::NoCallInCooldown => "no_call_in_cooldown",
             Invariant::RetryBudget => "retry_budget",
             Invariant::TokensPerWindow => "tokens_per_window",
+            Invariant::SkipsVisible => "skips_visible",
         }
     }
 
@@ -166,6 +174,7 @@ impl Invariant {
             Invariant::NoCallInCooldown => cooldown::no_call_in_cooldown(ctx, events),
             Invariant::RetryBudget => budget::retry_budget(ctx, events),
             Invariant::TokensPerWindow => tokens::tokens_per_window(ctx, events),
+            Invariant::SkipsVisible => routing::skips_visible(ctx, events),
         }
     }
 }
