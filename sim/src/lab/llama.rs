@@ -41,6 +41,9 @@ pub enum LabError {
         /// Why.
         source: std::io::Error,
     },
+    /// Ctrl-C ended the run; every server it started was killed.
+    #[error("interrupted; every server the laboratory started was stopped")]
+    Interrupted,
     /// The scenario asks for what the laboratory cannot run for real.
     #[error("field `{field}` {problem}")]
     Unsupported {

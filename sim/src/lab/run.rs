@@ -133,7 +133,16 @@ pub fn run(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result<Eviden
             source: e,
         })?;
     let local = tokio::task::LocalSet::new();
-    runtime.block_on(local.run_until(run_here(scenario, tools, repetition)))
+    runtime.block_on(local.run_until(until_interrupted(run_here(scenario, tools, repetition))))
+}
+
+/// `work`, or [`LabError::Interrupted`] at Ctrl-C, which drops it: every
+/// server it started is killed on the way out, never left running.
+async fn until_interrupted<T>(work: impl Future<Output = Result<T, LabError>>) -> Result<T, LabError> {
+    tokio::select! {
+        result = work => result,
+        _ = tokio::signal::ctrl_c() => Err(LabError::Interrupted),
+    }
 }
 
 /// What calibrating one server found.
@@ -169,7 +178,7 @@ pub fn calibrated(scenario: &Scenario, tools: &Tools) -> Result<(Scenario, Vec<C
     let mut out = scenario.clone();
     let mut found = Vec::new();
     for spec in &mut out.servers {
-        let c = runtime.block_on(calibrate_one(spec, tools, scenario))?;
+        let c = runtime.block_on(until_interrupted(calibrate_one(spec, tools, scenario)))?;
         spec.step_ms = Some(c.fit.step);
         spec.time_scale = None;
         spec.reload_s = c.reload_s;
