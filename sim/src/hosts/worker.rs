@@ -1,6 +1,8 @@
 //! Workers: one fleet member, its tenants' load, and the real hardened
 //! provider between them and a model server, on a turmoil host it may share
-//! with other workers (`world::layout`).
+//! with other workers (`world::layout`) — or, in the laboratory
+//! (`lab::run`), on a real runtime over real HTTP ([`Net::Real`]), the same
+//! code on real time.
 //!
 //! Each worker builds exactly what a production process would — a limiter, a
 //! breaker, the OpenAI-compatible adapter and the hardened provider composing
