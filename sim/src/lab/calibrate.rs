@@ -235,27 +235,33 @@ pub async fn measure(endpoint: Arc<dyn Endpoint>, plan: &Plan) -> Result<Measure
     let (mut failed, mut sent, mut last) = (0u32, 0u32, String::new());
     let origin = tokio::time::Instant::now();
     for level in 1..=top {
+        // Each answer is kept as it comes, so a client that dies takes
+        // only its request in flight with it.
+        let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut clients = tokio::task::JoinSet::new();
         for client in 0..level {
-            let endpoint = endpoint.clone();
-            let plan = plan.clone();
+            let (endpoint, plan, answers) = (endpoint.clone(), plan.clone(), answers.clone());
             clients.spawn(async move {
-                let mut results = Vec::new();
                 for n in 0..plan.requests_per_client {
-                    results.push(one(endpoint.as_ref(), &plan, origin, (level, client, n)).await);
+                    let answer = one(endpoint.as_ref(), &plan, origin, (level, client, n)).await;
+                    answers.lock().unwrap_or_else(|p| p.into_inner()).push(answer);
                 }
-                results
             });
         }
         while let Some(joined) = clients.join_next().await {
-            for result in joined.unwrap_or_default() {
+            if let Err(e) = joined {
                 sent += 1;
-                match result {
-                    Ok(sample) => samples.push(sample),
-                    Err(e) => {
-                        failed += 1;
-                        last = e;
-                    }
+                failed += 1;
+                last = format!("a client stopped: {e}");
+            }
+        }
+        for result in std::mem::take(&mut *answers.lock().unwrap_or_else(|p| p.into_inner())) {
+            sent += 1;
+            match result {
+                Ok(sample) => samples.push(sample),
+                Err(e) => {
+                    failed += 1;
+                    last = e;
                 }
             }
         }
@@ -686,6 +692,60 @@ mod tests {
         assert_eq!(b[1], 0.0);
         assert!(b.iter().all(|b| *b >= 0.0), "{b:?}");
         assert!((b[0] + 20.0 * b[2] - 193.5).abs() < 1e-6, "the mean is kept: {b:?}");
+    }
+
+    /// Answers every post with token counts, has no `/props`, and panics
+    /// on its `panic_at`th post.
+    struct Flaky {
+        posts: std::sync::atomic::AtomicU32,
+        panic_at: u32,
+    }
+
+    impl Endpoint for Flaky {
+        fn get<'a>(&'a self, _: &'a str, _: Duration) -> BoxFuture<'a, Result<HttpResponse, TransportError>> {
+            Box::pin(async {
+                Ok(HttpResponse {
+                    status: 404,
+                    headers: Vec::new(),
+                    body: Vec::new(),
+                })
+            })
+        }
+
+        fn post<'a>(
+            &'a self,
+            _: &'a str,
+            _: Vec<u8>,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<HttpResponse, TransportError>> {
+            Box::pin(async move {
+                let n = self.posts.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                assert!(n != self.panic_at, "the endpoint fails as a bug would");
+                Ok(HttpResponse {
+                    status: 200,
+                    headers: Vec::new(),
+                    body: br#"{"usage":{"prompt_tokens":40,"completion_tokens":20}}"#.to_vec(),
+                })
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_that_dies_keeps_the_answers_it_had_and_counts_as_a_failure() {
+        let endpoint = Arc::new(Flaky {
+            posts: std::sync::atomic::AtomicU32::new(0),
+            panic_at: 5,
+        });
+        let plan = Plan {
+            max_concurrency: 2,
+            ..Plan::default()
+        };
+        let measured = measure(endpoint, &plan).await.unwrap();
+        // Level 1: four answers, then the fifth request's panic ends the
+        // client; level 2: both clients' nine.
+        assert_eq!(measured.samples.len(), 4 + 2 * 9);
+        assert_eq!(measured.failed, 1);
+        assert_eq!(measured.props, Props::default(), "no /props");
     }
 
     #[test]
