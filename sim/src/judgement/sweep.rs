@@ -377,15 +377,20 @@ impl Distribution {
     pub fn of(mut values: Vec<f64>) -> Option<Distribution> {
         values.sort_by(f64::total_cmp);
         let n = values.len();
-        let rank = |p: usize| values[(n * p).div_ceil(100).max(1) - 1];
         (n > 0).then(|| Distribution {
             seeds: n as u64,
             min: values[0],
-            median: rank(50),
-            p95: rank(95),
+            median: nearest_rank(&values, 50),
+            p95: nearest_rank(&values, 95),
             max: values[n - 1],
         })
     }
+}
+
+/// The `p`th percentile of `sorted` (ascending, not empty) by nearest rank:
+/// the smallest value with at least `p` % of the values at or below it.
+pub fn nearest_rank(sorted: &[f64], p: usize) -> f64 {
+    sorted[(sorted.len() * p).div_ceil(100).max(1) - 1]
 }
 
 /// How often one invariant or objective passed.

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::judgement::sweep::SeedRecord;
+use crate::judgement::sweep::{SeedRecord, nearest_rank};
 
 /// The relative error within which a figure agrees.
 pub const WITHIN: f64 = 0.2;
@@ -53,11 +53,6 @@ pub struct Row {
     pub verdict: Verdict,
 }
 
-/// The nearest-rank `p`th percentile of sorted `values` (not empty).
-fn percentile(sorted: &[f64], p: usize) -> f64 {
-    sorted[(sorted.len() * p).div_ceil(100).max(1) - 1]
-}
-
 /// Every figure both sides measured, whole-run first, then each episode's:
 /// one row each.
 pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
@@ -81,9 +76,9 @@ pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
         let Some(seen) = real.get(&key) else { continue };
         values.sort_by(f64::total_cmp);
         let (p10, median, p90) = (
-            percentile(&values, 10),
-            percentile(&values, 50),
-            percentile(&values, 90),
+            nearest_rank(&values, 10),
+            nearest_rank(&values, 50),
+            nearest_rank(&values, 90),
         );
         let mean = seen.iter().sum::<f64>() / seen.len() as f64;
         let range = seen.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {

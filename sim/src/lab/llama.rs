@@ -226,14 +226,13 @@ impl LlamaServer {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(self.not_ready(format!("exited ({status})")));
             }
-            let answer = client.get(&url).timeout(Duration::from_secs(1)).send().await;
-            if answer.is_ok_and(|r| r.status().as_u16() == 200) {
+            if healthy(&client, &url).await {
                 return Ok(start.elapsed());
             }
             if start.elapsed() > within {
                 return Err(self.not_ready(format!("was not ready within {within:?}")));
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(HEALTH_POLL).await;
         }
     }
 
@@ -281,6 +280,15 @@ fn spawn(tools: &Tools, spec: &LlamaSpec, port: u16, log: &tempfile::NamedTempFi
         .stderr(err)
         .spawn()
         .map_err(spawn_error)
+}
+
+/// How often `/health` is asked while a server loads.
+pub(crate) const HEALTH_POLL: Duration = Duration::from_millis(20);
+
+/// Whether `health` (a server's `/health` URL) answers 200 within a second.
+pub(crate) async fn healthy(client: &reqwest::Client, health: &str) -> bool {
+    let answer = client.get(health).timeout(Duration::from_secs(1)).send().await;
+    answer.is_ok_and(|r| r.status().as_u16() == 200)
 }
 
 /// A loopback port nothing listens on now.

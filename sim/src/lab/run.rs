@@ -373,14 +373,13 @@ fn apply(fault: &Fault, servers: &BTreeMap<String, Rc<Server>>, trace: &Trace) -
 async fn loaded_when_healthy(health: String, name: String, server: Rc<Server>, generation: u64, trace: Trace) {
     let Ok(client) = super::http_client() else { return };
     while server.generation.get() == generation {
-        let answer = client.get(&health).timeout(Duration::from_secs(1)).send().await;
-        if answer.is_ok_and(|r| r.status().as_u16() == 200) {
+        if super::llama::healthy(&client, &health).await {
             if server.generation.get() == generation {
                 trace.record(&name, Kind::Loaded);
             }
             return;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(super::llama::HEALTH_POLL).await;
     }
 }
 
