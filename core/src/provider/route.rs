@@ -18,7 +18,7 @@
 //! worker reads the same counts and picks the same deployment). Here the
 //! count, the pick and the new lease are one atomic step in the store
 //! ([`InFlightStore::pick_least_loaded`]),
-//! deciding by [`least_loaded`], the one definition every adapter runs.
+//! deciding by [`least_loaded`](crate::decide::pick::least_loaded), the one definition every adapter runs.
 //!
 //! Each call in flight is a **lease** at its deployment's key, ended by
 //! [`InFlightStore::end_in_flight`]

@@ -319,9 +319,7 @@ impl Retry {
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
-        if let Some(budget) = &self.budget {
-            budget.deposit().await;
-        }
+        self.begin().await;
         let mut attempts = 0u32;
         loop {
             attempts = attempts.saturating_add(1);
@@ -329,55 +327,83 @@ impl Retry {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
-            let floor = match is_retryable(&error) {
-                Retryable::No => return Err(RetryError::Permanent(error)),
-                Retryable::Yes => Duration::ZERO,
-                Retryable::After(d) => d,
-            };
-            let retry = attempts - 1;
-            if retry >= self.policy.max_retries() {
-                self.observer.on_event(&Event::RetryExhausted {
-                    operation: Arc::from(operation),
-                    attempts,
-                    error: error.to_string(),
-                });
-                return Err(RetryError::Exhausted(RetryExhausted {
-                    attempts,
-                    max_retries: self.policy.max_retries(),
-                    operation: operation.to_owned(),
-                    last: error,
-                }));
-            }
-            let delay = self.policy.delay_at_least(retry, floor, &*self.rng);
-            if let Some(deadline) = deadline {
-                let remaining = deadline.saturating_duration_since(self.clock.now());
-                if delay > remaining {
-                    return Err(RetryError::Deadline(DeadlineExceeded {
-                        attempts,
-                        needed: delay,
-                        remaining,
-                        operation: operation.to_owned(),
-                        last: error,
-                    }));
-                }
-            }
-            if let Some(budget) = &self.budget
-                && !budget.try_withdraw().await
-            {
-                return Err(RetryError::Denied(RetryDenied {
-                    attempts,
-                    operation: operation.to_owned(),
-                    last: error,
-                }));
-            }
-            self.observer.on_event(&Event::RetryScheduled {
+            let verdict = is_retryable(&error);
+            self.back_off(attempts, error, verdict, deadline, operation).await?;
+        }
+    }
+
+    /// Opens one run: its deposit into the retry budget, before the first
+    /// attempt.
+    pub(crate) async fn begin(&self) {
+        if let Some(budget) = &self.budget {
+            budget.deposit().await;
+        }
+    }
+
+    /// The step after attempt number `attempts` (from 1) failed with
+    /// `error`, judged `verdict`: the run's end — the error itself when
+    /// permanent, or exhausted, past `deadline`, or denied by the budget —
+    /// or, when another attempt may follow, the schedule's delay slept on
+    /// this loop's clock. [`run_until`](Self::run_until) is this step in a
+    /// loop; a caller that keeps its own per-attempt state (the hardened
+    /// provider) calls it directly.
+    pub(crate) async fn back_off<E: fmt::Display>(
+        &self,
+        attempts: u32,
+        error: E,
+        verdict: Retryable,
+        deadline: Option<Timestamp>,
+        operation: &str,
+    ) -> Result<(), RetryError<E>> {
+        let floor = match verdict {
+            Retryable::No => return Err(RetryError::Permanent(error)),
+            Retryable::Yes => Duration::ZERO,
+            Retryable::After(d) => d,
+        };
+        let retry = attempts.saturating_sub(1);
+        if retry >= self.policy.max_retries() {
+            self.observer.on_event(&Event::RetryExhausted {
                 operation: Arc::from(operation),
-                attempt: attempts,
-                delay,
-                floor,
+                attempts,
                 error: error.to_string(),
             });
-            self.clock.sleep(delay).await;
+            return Err(RetryError::Exhausted(RetryExhausted {
+                attempts,
+                max_retries: self.policy.max_retries(),
+                operation: operation.to_owned(),
+                last: error,
+            }));
         }
+        let delay = self.policy.delay_at_least(retry, floor, &*self.rng);
+        if let Some(deadline) = deadline {
+            let remaining = deadline.saturating_duration_since(self.clock.now());
+            if delay > remaining {
+                return Err(RetryError::Deadline(DeadlineExceeded {
+                    attempts,
+                    needed: delay,
+                    remaining,
+                    operation: operation.to_owned(),
+                    last: error,
+                }));
+            }
+        }
+        if let Some(budget) = &self.budget
+            && !budget.try_withdraw().await
+        {
+            return Err(RetryError::Denied(RetryDenied {
+                attempts,
+                operation: operation.to_owned(),
+                last: error,
+            }));
+        }
+        self.observer.on_event(&Event::RetryScheduled {
+            operation: Arc::from(operation),
+            attempt: attempts,
+            delay,
+            floor,
+            error: error.to_string(),
+        });
+        self.clock.sleep(delay).await;
+        Ok(())
     }
 }

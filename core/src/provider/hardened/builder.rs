@@ -1,0 +1,284 @@
+//! How a [`HardenedProvider`] is configured: the deployments, the retry
+//! policy and budget, the waits a call may sleep off, and the environment
+//! it reads time, randomness and its observer from.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    Classifier, DEFAULT_COOLDOWN_WAITS, DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, HardenedProvider,
+    TokenEstimate,
+};
+use crate::breaker::CircuitBreaker;
+use crate::cache::{BreakerStore, BudgetStore, InFlightStore, TokenStore};
+use crate::clock::{Clock, SystemClock};
+use crate::limiter::RateLimiter;
+use crate::observe::{Observer, TracingObserver};
+use crate::provider::route::{Deployment, IN_FLIGHT_PREFIX, InFlight, Policy};
+use crate::provider::{ExtractError, ExtractRequest, LlmProvider};
+use crate::random::{RandomSource, SeededRandom};
+use crate::retry::{Retry, RetryBudget, RetryPolicy, Retryable};
+use crate::tenant::TenantId;
+
+/// Configures a [`HardenedProvider`]; unset options take the defaults.
+pub struct HardenedProviderBuilder<P, L, B> {
+    deployments: Vec<Deployment<P, B>>,
+    routing: Policy,
+    tenant: TenantId,
+    limiter: Arc<RateLimiter<L>>,
+    policy: RetryPolicy,
+    clock: Option<Arc<dyn Clock>>,
+    rng: Option<Arc<dyn RandomSource>>,
+    observer: Option<Arc<dyn Observer>>,
+    classifier: Option<Classifier>,
+    limiter_waits: u32,
+    cooldown_waits: u32,
+    deadline: Option<Duration>,
+    refusals_trip_breaker: bool,
+    max_server_delay: Duration,
+    /// Applies the retry budget to the loop, when one was given.
+    budget: Option<Box<dyn FnOnce(Retry) -> Retry + Send>>,
+    token_estimate: Option<TokenEstimate>,
+}
+
+impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
+    /// Starts configuring a hardened `inner` for `tenant`, over a shared
+    /// `limiter` and `breaker`.
+    pub fn builder(
+        inner: P,
+        tenant: TenantId,
+        limiter: Arc<RateLimiter<L>>,
+        breaker: Arc<CircuitBreaker<B>>,
+    ) -> HardenedProviderBuilder<P, L, B> {
+        Self::over(Deployment::new(inner, breaker), tenant, limiter)
+    }
+
+    /// Starts configuring a provider for `tenant` over deployments, `first`
+    /// the primary; add the others with
+    /// [`fallback`](HardenedProviderBuilder::fallback) or
+    /// [`deployment`](HardenedProviderBuilder::deployment).
+    pub fn over(
+        first: Deployment<P, B>,
+        tenant: TenantId,
+        limiter: Arc<RateLimiter<L>>,
+    ) -> HardenedProviderBuilder<P, L, B> {
+        HardenedProviderBuilder {
+            deployments: vec![first],
+            routing: Policy::Ordered,
+            tenant,
+            limiter,
+            policy: RetryPolicy::default(),
+            clock: None,
+            rng: None,
+            observer: None,
+            classifier: None,
+            limiter_waits: DEFAULT_LIMITER_WAITS,
+            cooldown_waits: DEFAULT_COOLDOWN_WAITS,
+            deadline: None,
+            refusals_trip_breaker: false,
+            max_server_delay: DEFAULT_MAX_SERVER_DELAY,
+            budget: None,
+            token_estimate: None,
+        }
+    }
+}
+
+impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, L, B> {
+    /// Adds a deployment a call may go to, after those already given.
+    pub fn deployment(mut self, deployment: Deployment<P, B>) -> Self {
+        self.deployments.push(deployment);
+        self
+    }
+
+    /// Adds `inner` behind its own `breaker` at weight 1: where a call goes
+    /// when the deployments before it refuse, and where a retry goes after
+    /// a transient failure.
+    pub fn fallback(self, inner: P, breaker: Arc<CircuitBreaker<B>>) -> Self {
+        self.deployment(Deployment::new(inner, breaker))
+    }
+
+    /// Routes each call first to a deployment drawn by weight (from the
+    /// [`rng`](Self::rng)), the others following in order (default: the
+    /// order given).
+    pub fn weighted(mut self) -> Self {
+        self.routing = Policy::Weighted;
+        self
+    }
+
+    /// The retry schedule (default [`RetryPolicy::default`]: 3 retries, 1 s, ×2, ±10 %).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The clock every wait is slept on and the deadline measured by (default
+    /// [`SystemClock`]). Use the limiter's and the breaker's.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Where backoff jitter is drawn from (default: OS-seeded).
+    pub fn rng(mut self, rng: Arc<dyn RandomSource>) -> Self {
+        self.rng = Some(rng);
+        self
+    }
+
+    /// Where events go (default [`TracingObserver`]).
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Replaces the default retry verdict ([`ExtractError::retryable`], with
+    /// server delays over [`max_server_delay`](Self::max_server_delay)
+    /// refused). Return [`Retryable::After`] to set a floor under the backoff.
+    pub fn classifier(mut self, classifier: impl Fn(&ExtractError) -> Retryable + Send + Sync + 'static) -> Self {
+        self.classifier = Some(Arc::new(classifier));
+        self
+    }
+
+    /// How many rate-limit refusals are slept off (each for exactly its
+    /// `retry_after`) before the refusal is returned (default
+    /// [`DEFAULT_LIMITER_WAITS`]; `0` returns the first refusal).
+    pub fn limiter_waits(mut self, n: u32) -> Self {
+        self.limiter_waits = n;
+        self
+    }
+
+    /// How many refusals by a shared cooldown are slept off (each for exactly
+    /// its `retry_after`, when that fits the deadline) before the refusal is
+    /// returned (default [`DEFAULT_COOLDOWN_WAITS`]; `0` returns the first).
+    pub fn cooldown_waits(mut self, n: u32) -> Self {
+        self.cooldown_waits = n;
+        self
+    }
+
+    /// A budget for each call, measured on the clock from its start: no wait
+    /// may end after it, and each attempt is sent with what it leaves as its
+    /// timeout (the inner provider's own timeout still applies when it is
+    /// shorter), so a slow answer cannot outlast it either (default: none).
+    pub fn deadline(mut self, budget: Duration) -> Self {
+        self.deadline = Some(budget);
+        self
+    }
+
+    /// Whether a refusal by the model (`message.refusal`, `content_filter`)
+    /// counts as a breaker failure (default `false`: refusals are about the
+    /// content, not the server). Turn it on where a refusal means a
+    /// misconfigured endpoint.
+    pub fn refusals_trip_breaker(mut self, yes: bool) -> Self {
+        self.refusals_trip_breaker = yes;
+        self
+    }
+
+    /// The longest `Retry-After` the default classifier waits for (default
+    /// [`DEFAULT_MAX_SERVER_DELAY`]); a server asking for more gets its error
+    /// returned at once. Also the longest shared cooldown a quota signal
+    /// writes: a longer signal cools the deployment down for this long.
+    pub fn max_server_delay(mut self, d: Duration) -> Self {
+        self.max_server_delay = d;
+        self
+    }
+
+    /// A retry budget shared with other providers (default: none): each call
+    /// deposits once and asks the budget before each retry, and a denied
+    /// retry ends the call with [`ExtractError::RetryDenied`], its last error
+    /// as `source()`, reported to the breaker as a failure. Give every
+    /// provider calling one model server the same budget (over a shared
+    /// cache, the whole fleet's) to bound the retries a recovering server
+    /// receives.
+    pub fn retry_budget<S: BudgetStore>(mut self, budget: Arc<RetryBudget<S>>) -> Self {
+        self.budget = Some(Box::new(move |retry: Retry| retry.budget(budget)));
+        self
+    }
+
+    /// How many tokens a call may use, reserved when the limiter has a token
+    /// budget ([`tokens_per_window`](crate::RateLimiterBuilder::tokens_per_window);
+    /// default [`default_token_estimate`](super::default_token_estimate) with the inner provider's
+    /// `max_tokens`). Estimate from above: a call that uses more than its
+    /// estimate is charged the difference, and that is what the budget's
+    /// bound allows beyond its limit.
+    pub fn token_estimate(mut self, estimate: impl Fn(&ExtractRequest<'_>) -> u64 + Send + Sync + 'static) -> Self {
+        self.token_estimate = Some(Arc::new(estimate));
+        self
+    }
+
+    /// Builds the provider. More than
+    /// [`MAX_DEPLOYMENTS`](crate::provider::route::MAX_DEPLOYMENTS) deployments
+    /// under least-loaded routing are counted in order instead: the
+    /// store's pick weighs at most that many.
+    pub fn build(self) -> HardenedProvider<P, L, B> {
+        let clock = self.clock.unwrap_or_else(SystemClock::calibrated);
+        let observer = self.observer.unwrap_or_else(|| Arc::new(TracingObserver));
+        let rng = self
+            .rng
+            .unwrap_or_else(|| Arc::new(SeededRandom::from_os_entropy()) as Arc<dyn RandomSource>);
+        let mut retry = Retry::new(self.policy)
+            .clock(clock.clone())
+            .rng(rng.clone())
+            .observer(observer.clone());
+        if let Some(budget) = self.budget {
+            retry = budget(retry);
+        }
+        let routing = match self.routing {
+            Policy::LeastLoaded { .. } if self.deployments.len() > crate::provider::route::MAX_DEPLOYMENTS => {
+                Policy::Ordered
+            }
+            routing => routing,
+        };
+        let in_flight_keys = match routing {
+            Policy::LeastLoaded { .. } => self
+                .deployments
+                .iter()
+                .map(|d| format!("{IN_FLIGHT_PREFIX}:{}", d.breaker.key_prefix()))
+                .collect(),
+            Policy::Ordered | Policy::Weighted => Vec::new(),
+        };
+        let holders = (0..self.deployments.len())
+            .map(|i| {
+                let prefix = self.deployments[i].breaker.key_prefix();
+                (0..i)
+                    .find(|&j| self.deployments[j].breaker.key_prefix() == prefix)
+                    .unwrap_or(i)
+            })
+            .collect();
+        HardenedProvider {
+            limited: self.deployments.iter().any(|d| d.limit.is_some()),
+            deployments: self.deployments,
+            policy: routing,
+            in_flight_keys,
+            holders,
+            tenant: self.tenant,
+            limiter: self.limiter,
+            retry,
+            rng,
+            clock,
+            observer,
+            classifier: self.classifier,
+            limiter_waits: self.limiter_waits,
+            cooldown_waits: self.cooldown_waits,
+            deadline: self.deadline,
+            refusals_trip_breaker: self.refusals_trip_breaker,
+            max_server_delay: self.max_server_delay,
+            token_estimate: self.token_estimate,
+        }
+    }
+}
+
+impl<P: LlmProvider, L: TokenStore, B: BreakerStore + InFlightStore> HardenedProviderBuilder<P, L, B> {
+    /// Routes each call first to the deployment with the fewest calls in
+    /// flight per weight, counted for the whole fleet in the first
+    /// deployment's breaker store (one atomic pick that also leases the
+    /// call: [`InFlightStore::pick_least_loaded`]); the others follow in order. A
+    /// call counts until it ends. Its lease — how long it counts if its
+    /// future is dropped — is `lease`, or until the call's deadline when
+    /// that is later; with no deadline, choose a `lease` longer than the
+    /// slowest call, or a call still running stops counting when its lease
+    /// ends.
+    pub fn least_loaded(mut self, lease: Duration) -> Self {
+        let store: Arc<dyn InFlight> = self.deployments[0].breaker.cache().clone();
+        self.routing = Policy::LeastLoaded { store, lease };
+        self
+    }
+}

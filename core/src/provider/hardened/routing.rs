@@ -1,0 +1,503 @@
+//! Where a call goes: its route over the deployments, planned by the
+//! routing policy, admitted by their breakers, placed attempt by attempt
+//! within their own limits and the waits their servers asked for, and the
+//! fleet-wide in-flight lease that follows it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::HardenedProvider;
+use super::call::Call;
+use super::report::BreakerReport;
+use crate::breaker::{CircuitOpen, Permit, Refusal};
+use crate::cache::{BreakerStore, TokenStore};
+use crate::decide::pick::weighted_pick;
+use crate::limiter::Reservation;
+use crate::observe::Event;
+use crate::provider::route::{Deferral, IN_FLIGHT_PREFIX, PickRequest, Policy, call_order, live_weights};
+use crate::provider::{ExtractError, Extracted, LlmProvider};
+use crate::time::Timestamp;
+
+/// admissions it holds, where its attempts go now, and its in-flight lease.
+pub(super) struct CallRoute {
+    /// Deployment indices, in the order this call tries them.
+    pub(super) order: Vec<usize>,
+    /// The position in `order` of the deployment attempts go to.
+    pub(super) at: usize,
+    /// The admission held from each breaker, by the index of the first
+    /// deployment behind it (`holders`).
+    pub(super) held: Vec<Option<Permit>>,
+    /// What each breaker hears for the call, from the last attempt at a
+    /// deployment behind it (same index as `held`).
+    pub(super) reports: Vec<Option<BreakerReport>>,
+    /// The least-loaded lease: the deployment it counts at, and its id.
+    pub(super) lease: Option<(usize, u64)>,
+    /// Refusals by deployments' own limits slept off so far.
+    pub(super) limit_waits: u32,
+    /// Until when each breaker's server asked this call to wait
+    /// (`Retry-After`), from the last attempt at a deployment behind it
+    /// (same index as `held`): a retry that comes back there sleeps it off
+    /// first, as a retry at one deployment would.
+    pub(super) asked: Vec<Option<Timestamp>>,
+    /// Shared cooldowns and asked waits slept off so far in this call.
+    pub(super) cooldown_waits: u32,
+    /// Set when a retry found nowhere to go but a deployment whose asked
+    /// wait it could not sleep (over `max_server_delay`, or past the
+    /// deadline): that wait, for the retry loop's verdict.
+    pub(super) stuck: Option<Duration>,
+}
+
+impl CallRoute {
+    /// A route over `n` deployments, before the call's plan: the primary
+    /// first, nothing held.
+    pub(super) fn new(n: usize) -> Self {
+        CallRoute {
+            order: vec![0],
+            at: 0,
+            held: vec![None; n],
+            reports: vec![None; n],
+            lease: None,
+            limit_waits: 0,
+            asked: vec![None; n],
+            cooldown_waits: 0,
+            stuck: None,
+        }
+    }
+
+    /// The deployment attempts go to.
+    pub(super) fn current(&self) -> usize {
+        self.order[self.at]
+    }
+}
+
+/// Locks a call's route (a poisoned lock still holds a consistent route:
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hold {
+    /// Its own limit refused the attempt.
+    Limit,
+    /// Its server asked the call's last attempt to wait (`Retry-After`).
+    Asked,
+}
+
+impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
+    /// The call's route before its admission: every deployment, the first
+    /// chosen by the policy (the least-loaded pick also leases the call
+    /// there), the rest in order, those known to refuse last.
+    pub(super) async fn plan(&mut self) {
+        let p = self.provider;
+        let n = p.deployments.len();
+        if n == 1 && !matches!(p.policy, Policy::LeastLoaded { .. }) {
+            return;
+        }
+        let deadline = self.deadline;
+        let now = p.clock.now();
+        let first = match &p.policy {
+            Policy::Ordered => None,
+            Policy::Weighted => weighted_pick(&live_weights(&p.deployments, now), p.rng.next_u64()),
+            Policy::LeastLoaded { store, lease } => {
+                let weights = live_weights(&p.deployments, now);
+                let keys: Vec<&str> = p.in_flight_keys.iter().map(String::as_str).collect();
+                let id = p.rng.next_u64();
+                let request = PickRequest {
+                    now,
+                    id,
+                    lease: p.lease_for(*lease, deadline),
+                    max_ahead: crate::limiter::DEFAULT_MAX_CLOCK_AHEAD,
+                };
+                if weights.iter().all(|w| *w == 0) {
+                    None
+                } else {
+                    let picked = store.pick(&keys, &weights, request).await.and_then(|pick| {
+                        if pick.index < n {
+                            Ok(pick.index)
+                        } else {
+                            Err(crate::error::CacheError::Protocol {
+                                operation: "pick_least_loaded",
+                                detail: format!("picked deployment {} of {n}", pick.index),
+                            })
+                        }
+                    });
+                    match picked {
+                        Ok(index) => {
+                            self.route.lease = Some((index, id));
+                            Some(index)
+                        }
+                        Err(error) => {
+                            p.observer.on_event(&Event::CacheUnavailable {
+                                component: Arc::from(IN_FLIGHT_PREFIX),
+                                operation: "pick_least_loaded",
+                                fallback: "routed in order",
+                                error: error.to_string(),
+                            });
+                            None
+                        }
+                    }
+                }
+            }
+        };
+        self.route.order = call_order(&p.deployments, now, first);
+        p.report_deferred(&self.route.order, now);
+    }
+
+    /// The first admission of the call: each deployment in the route's
+    /// order until one admits (a refusal is remembered, and costs nothing
+    /// more than the admission that said it). When all refuse and the
+    /// soonest to admit again is a shared cooldown, up to `cooldown_waits`
+    /// of them are slept off within the deadline; otherwise that refusal is
+    /// the call's error.
+    pub(super) async fn admit(&mut self) -> Result<(), ExtractError> {
+        let p = self.provider;
+        let deadline = self.deadline;
+        loop {
+            // The refusal that ends soonest (an unknown, zero wait last), the first on a tie.
+            let mut soonest: Option<(usize, Duration, Refusal)> = None;
+            for at in 0..self.route.order.len() {
+                let i = self.route.order[at];
+                let deployment = &p.deployments[i];
+                let permit = deployment.breaker.admit().await;
+                let Permit::Refused {
+                    state,
+                    retry_after,
+                    reason,
+                } = permit
+                else {
+                    p.hear(i, None);
+                    self.route.at = at;
+                    self.route.held[p.holders[i]] = Some(permit);
+                    if at > 0 {
+                        p.rerouted(self.route.order[0], i, "refused");
+                        self.route.lease = p.follow_lease(self.route.lease.take(), i, deadline).await;
+                    }
+                    return Ok(());
+                };
+                p.hear_refusal(i, state, reason, retry_after);
+                let sooner = |(_, wait, _): (usize, Duration, Refusal)| {
+                    !retry_after.is_zero() && (wait.is_zero() || retry_after < wait)
+                };
+                if soonest.is_none_or(sooner) {
+                    soonest = Some((i, retry_after, reason));
+                }
+            }
+            let Some((i, retry_after, reason)) = soonest else {
+                return Err(CircuitOpen::new("no deployment to call", Duration::ZERO).into());
+            };
+            let fits = deadline.is_none_or(|d| retry_after <= d.saturating_duration_since(p.clock.now()));
+            // The call's first admission: every cooldown wait so far was slept here.
+            let waits = self.route.cooldown_waits;
+            if reason != Refusal::Cooldown || waits >= p.cooldown_waits || !fits || retry_after.is_zero() {
+                // The call ends with this refusal: its events name this deployment.
+                self.route.at = self.route.order.iter().position(|&j| j == i).unwrap_or(0);
+                return Err(CircuitOpen::refused(p.deployments[i].inner.model(), retry_after, reason).into());
+            }
+            self.route.cooldown_waits = waits + 1;
+            p.observer.on_event(&Event::CooldownWait {
+                model: p.model_of(i),
+                tenant: p.tenant,
+                wait: retry_after,
+                waits: waits + 1,
+            });
+            p.clock.sleep(retry_after).await;
+        }
+    }
+
+    /// Before each attempt: where it goes, and its reservation at that
+    /// deployment's own limit. The first attempt goes where the call was
+    /// admitted and a retry to the next deployment in the call's order,
+    /// cycling back to where it was when every other refuses; a deployment
+    /// is taken only when its breaker admits the call (or already has) and
+    /// its own limit admits the attempt. A limit's refusal is remembered,
+    /// an admission taken only to be refused by the limit is handed back —
+    /// as is the call's admission where it leaves or waits without having
+    /// sent anything there, so a probe is never held idle — and the next
+    /// deployment is asked. A deployment whose server asked this call to
+    /// wait (`Retry-After`, at it or at another deployment behind its
+    /// breaker) is not called before the wait ends. When every deployment
+    /// asked refuses or waits, the soonest wait is slept off — a limit's up
+    /// to `limiter_waits` times per call, a server's when it is within
+    /// `max_server_delay` — within the deadline; otherwise the attempt ends
+    /// unsent with that refusal (a server's wait as a cooldown refusal, and
+    /// the retry loop then gets one deployment's verdict on that wait:
+    /// [`CallRoute::stuck`]).
+    pub(super) async fn place(&mut self, retry: bool) -> Result<Option<Reservation>, ExtractError> {
+        let p = self.provider;
+        let deadline = self.deadline;
+        let (from, start, n) = (self.route.current(), self.route.at, self.route.order.len());
+        if !p.limited && (!retry || n == 1) {
+            return Ok(None);
+        }
+        // A retry asks the others first and its own deployment last.
+        let steps = if retry { 1..n + 1 } else { 0..n };
+        loop {
+            // The refusal that ends soonest (no wait last), the first on a
+            // tie — a limit's, or the wait a server asked the last attempt
+            // for — and, should neither have been met, a breaker's.
+            let mut soonest: Option<(usize, ExtractError, Option<Duration>, Hold)> = None;
+            let mut circuit: Option<ExtractError> = None;
+            for step in steps.clone() {
+                let at = (start + step) % n;
+                let i = self.route.order[at];
+                let held = self.route.held[p.holders[i]].is_some();
+                if let Some(wait) = self.asked_wait(i) {
+                    // Its server asked to be left alone for `wait`: it is
+                    // not called before then.
+                    if soonest
+                        .as_ref()
+                        .is_none_or(|(_, _, known, _)| known.is_none_or(|k| wait < k))
+                    {
+                        let refusal = CircuitOpen::refused(p.deployments[i].inner.model(), wait, Refusal::Cooldown);
+                        soonest = Some((i, refusal.into(), Some(wait), Hold::Asked));
+                    }
+                    continue;
+                }
+                let mut admitted_now = None;
+                if !held {
+                    let permit = p.deployments[i].breaker.admit().await;
+                    if let Permit::Refused {
+                        state,
+                        retry_after,
+                        reason,
+                    } = permit
+                    {
+                        p.hear_refusal(i, state, reason, retry_after);
+                        circuit.get_or_insert_with(|| {
+                            CircuitOpen::refused(p.deployments[i].inner.model(), retry_after, reason).into()
+                        });
+                        continue;
+                    }
+                    p.hear(i, None);
+                    self.route.held[p.holders[i]] = Some(permit);
+                    admitted_now = Some(permit);
+                }
+                match p.take_limit(i, &self.request).await {
+                    Ok(reservation) => {
+                        if i != from {
+                            if p.holders[i] != p.holders[from] {
+                                self.hand_back_unused(from).await;
+                            }
+                            self.route.at = at;
+                            p.rerouted(from, i, if retry { "failed" } else { "limited" });
+                            self.route.lease = p.follow_lease(self.route.lease.take(), i, deadline).await;
+                        }
+                        return Ok(reservation);
+                    }
+                    Err((error, wait)) => {
+                        if let Some(wait) = wait {
+                            p.hear(i, Some((wait, Deferral::Limited)));
+                        }
+                        if let Some(permit) = admitted_now {
+                            self.route.held[p.holders[i]] = None;
+                            p.report_to_breaker(&p.deployments[i].breaker, &permit, BreakerReport::Release)
+                                .await;
+                        }
+                        let sooner =
+                            |(_, _, known, _): &(usize, ExtractError, Option<Duration>, Hold)| match (wait, known) {
+                                (Some(w), Some(k)) => w < *k,
+                                (Some(_), None) => true,
+                                (None, _) => false,
+                            };
+                        if soonest.as_ref().is_none_or(sooner) {
+                            soonest = Some((i, error, wait, Hold::Limit));
+                        }
+                    }
+                }
+            }
+            let Some((i, error, wait, hold)) = soonest else {
+                // Every breaker refused, the call's own too (its admission
+                // was handed back while it waited).
+                return Err(circuit.unwrap_or_else(|| CircuitOpen::new("no deployment to call", Duration::ZERO).into()));
+            };
+            let fits = |w: Duration| deadline.is_none_or(|d| w <= d.saturating_duration_since(p.clock.now()));
+            let (waits, cooldown_waits) = (self.route.limit_waits, self.route.cooldown_waits);
+            match (wait, hold) {
+                // As the retry at one deployment would: a wait over
+                // `max_server_delay` or past the deadline is not slept.
+                (Some(wait), Hold::Asked) if wait <= p.max_server_delay && fits(wait) => {
+                    self.route.cooldown_waits = cooldown_waits + 1;
+                    p.observer.on_event(&Event::CooldownWait {
+                        model: p.model_of(i),
+                        tenant: p.tenant,
+                        wait,
+                        waits: cooldown_waits + 1,
+                    });
+                    p.clock.sleep(wait).await;
+                }
+                (Some(wait), Hold::Limit) if waits < p.limiter_waits && !wait.is_zero() && fits(wait) => {
+                    self.route.limit_waits = waits + 1;
+                    self.hand_back_unused(from).await;
+                    p.observer.on_event(&Event::RateLimitWait {
+                        model: p.model_of(i),
+                        tenant: p.tenant,
+                        wait,
+                        waits: waits + 1,
+                    });
+                    p.clock.sleep(wait).await;
+                }
+                (wait, hold) => {
+                    if hold == Hold::Asked {
+                        self.route.stuck = wait;
+                    }
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    /// What an attempt at deployment `at` tells later routing: the wait its
+    /// server asked for, which a retry coming back there sleeps off first;
+    /// and a failure about the deployment itself (its quota, its key, its
+    /// model), after which later calls ask it last for one recovery timeout
+    /// of its breaker — its server answered, so its circuit never opens,
+    /// and every call would otherwise pay its failed round trip first.
+    pub(super) fn heed(&mut self, at: usize, result: &Result<Extracted<Value>, ExtractError>) {
+        let p = self.provider;
+        let error = result.as_ref().err();
+        let asked = error
+            .and_then(|e| p.server_wait(e))
+            .map(|wait| p.clock.now().saturating_add(wait));
+        self.route.asked[p.holders[at]] = asked;
+        if error.is_some_and(|e| p.about_deployment(e)) {
+            p.hear(
+                at,
+                Some((p.deployments[at].breaker.params().recovery_timeout, Deferral::Unusable)),
+            );
+        }
+    }
+
+    /// The rest of the wait the server behind deployment `i`'s breaker
+    /// asked the call's last attempt there for, if it has not passed.
+    fn asked_wait(&self, i: usize) -> Option<Duration> {
+        let p = self.provider;
+        let until = self.route.asked[p.holders[i]]?;
+        let left = until.saturating_duration_since(p.clock.now());
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// Hands back the call's admission at deployment `i` when no attempt
+    /// was sent there (its breaker has nothing to hear), so a probe is not
+    /// held while the call is elsewhere or asleep.
+    async fn hand_back_unused(&mut self, i: usize) {
+        let p = self.provider;
+        let h = p.holders[i];
+        if matches!(
+            self.route.reports[h],
+            Some(BreakerReport::Success | BreakerReport::Failure)
+        ) {
+            return;
+        }
+        if let Some(permit) = self.route.held[h].take() {
+            p.report_to_breaker(&p.deployments[i].breaker, &permit, BreakerReport::Release)
+                .await;
+        }
+    }
+}
+
+impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
+    /// Reports each deployment a call's order asks last because it is known
+    /// to refuse — those after the first one not known to: the call passes
+    /// over them unless every other refuses, and the events say so, naming
+    /// each and why.
+    pub(super) fn report_deferred(&self, order: &[usize], now: Timestamp) {
+        if !self.observer.enabled() || crate::mutants::active(crate::mutants::Mutant::SkipsUnreported) {
+            return;
+        }
+        let Some(live) = order.iter().position(|&i| self.deployments[i].deferral(now).is_none()) else {
+            return;
+        };
+        for &i in &order[live + 1..] {
+            if let Some((why, until)) = self.deployments[i].deferral(now) {
+                self.observer.on_event(&Event::DeploymentDeferred {
+                    tenant: self.tenant,
+                    breaker: Arc::from(self.deployments[i].breaker.key_prefix()),
+                    state: why.name(),
+                    until,
+                });
+            }
+        }
+    }
+
+    /// Moves a call's least-loaded `lease` to deployment `to`, so the
+    /// fleet's counts follow where the call really is; the lease it holds
+    /// then.
+    pub(super) async fn follow_lease(
+        &self,
+        held: Option<(usize, u64)>,
+        to: usize,
+        deadline: Option<Timestamp>,
+    ) -> Option<(usize, u64)> {
+        let Policy::LeastLoaded { store, lease } = &self.policy else {
+            return None;
+        };
+        if held.is_some_and(|(at, _)| at == to) {
+            return held;
+        }
+        self.end_lease(held).await;
+        let key = self.in_flight_keys[to].as_str();
+        let id = self.rng.next_u64();
+        let request = PickRequest {
+            now: self.clock.now(),
+            id,
+            lease: self.lease_for(*lease, deadline),
+            max_ahead: crate::limiter::DEFAULT_MAX_CLOCK_AHEAD,
+        };
+        match store.pick(&[key], &[1], request).await {
+            Ok(_) => Some((to, id)),
+            Err(error) => {
+                self.observer.on_event(&Event::CacheUnavailable {
+                    component: Arc::from(IN_FLIGHT_PREFIX),
+                    operation: "pick_least_loaded",
+                    fallback: "not counted",
+                    error: error.to_string(),
+                });
+                None
+            }
+        }
+    }
+
+    /// Ends a call's least-loaded lease, if it holds one.
+    pub(super) async fn end_lease(&self, lease: Option<(usize, u64)>) {
+        let (Policy::LeastLoaded { store, .. }, Some((at, id))) = (&self.policy, lease) else {
+            return;
+        };
+        if let Err(error) = store.end(&self.in_flight_keys[at], id).await {
+            self.observer.on_event(&Event::CacheUnavailable {
+                component: Arc::from(IN_FLIGHT_PREFIX),
+                operation: "end_in_flight",
+                fallback: "the lease counts until it runs out",
+                error: error.to_string(),
+            });
+        }
+    }
+
+    /// Remembers what deployment `i`'s admission said (see
+    /// [`Deployment::heard`](crate::provider::route::Deployment::heard)); with one deployment there is nothing to order.
+    pub(super) fn hear(&self, i: usize, refused_for: Option<(Duration, Deferral)>) {
+        if self.deployments.len() > 1 {
+            self.deployments[i].heard(self.clock.now(), refused_for);
+        }
+    }
+
+    /// Remembers a refusal by deployment `i`'s breaker: one by an open
+    /// circuit or a cooldown, whose wait is when it may admit again. A
+    /// half-open circuit's wait is only until a live probe's lease ends —
+    /// the probe may close it at any moment — so it is not remembered.
+    pub(super) fn hear_refusal(&self, i: usize, state: crate::breaker::CircuitState, reason: Refusal, wait: Duration) {
+        if reason == Refusal::Cooldown {
+            self.hear(i, Some((wait, Deferral::Cooldown)));
+        } else if state == crate::breaker::CircuitState::Open {
+            self.hear(i, Some((wait, Deferral::Open)));
+        }
+    }
+
+    /// Tells the observer a call moved from deployment `from` to `to`.
+    pub(super) fn rerouted(&self, from: usize, to: usize, reason: &'static str) {
+        self.observer.on_event(&Event::Rerouted {
+            tenant: self.tenant,
+            from: Arc::from(self.deployments[from].breaker.key_prefix()),
+            to: Arc::from(self.deployments[to].breaker.key_prefix()),
+            reason,
+        });
+    }
+}

@@ -1,0 +1,392 @@
+//! The hardened provider's unit tests: routing, token charges and probes
+//! over scripted providers on a manual clock.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::*;
+use crate::breaker::{CircuitBreaker, CircuitOpen, CircuitState};
+use crate::clock::ManualClock;
+use crate::provider::{LlmProviderExt, OutputSchema};
+use crate::random::SeededRandom;
+use crate::retry::RetryPolicy;
+
+/// A provider answering from a queue, counting calls.
+struct Scripted {
+    answers: Mutex<VecDeque<Result<Value, ExtractError>>>,
+    calls: AtomicU32,
+}
+
+impl Scripted {
+    fn new(answers: Vec<Result<Value, ExtractError>>) -> Self {
+        Scripted {
+            answers: Mutex::new(answers.into()),
+            calls: AtomicU32::new(0),
+        }
+    }
+}
+
+impl LlmProvider for Scripted {
+    fn model(&self) -> &str {
+        "scripted/m"
+    }
+    fn extract_answer<'a>(
+        &'a self,
+        _: ExtractRequest<'a>,
+        _: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let next = self
+            .answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+            .unwrap_or(Err(ProviderError::BlankText.into()))
+            .map(|value| Extracted {
+                value,
+                model: "scripted/m".to_owned(),
+                usage: None,
+                quota: None,
+            });
+        Box::pin(async move { next })
+    }
+}
+
+fn unavailable() -> Result<Value, ExtractError> {
+    Err(ProviderError::Unavailable {
+        retry_after: None,
+        message: "Loading model".into(),
+    }
+    .into())
+}
+
+fn harden<P: LlmProvider>(inner: P, clock: &Arc<ManualClock>, threshold: u32) -> HardenedProvider<P> {
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let breaker = Arc::new(
+        CircuitBreaker::builder()
+            .failure_threshold(threshold)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    HardenedProvider::builder(inner, TenantId::from_u128(9), limiter, breaker)
+        .retry_policy(RetryPolicy::builder().max_retries(1).jitter(0.0).build().unwrap())
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .build()
+}
+
+#[tokio::test]
+async fn a_retried_call_is_charged_for_every_attempt_that_may_have_spent_tokens() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let limiter = Arc::new(
+        RateLimiter::builder(100)
+            .tokens_per_window(1000)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let breaker = Arc::new(CircuitBreaker::builder().clock(clock.clone()).build().unwrap());
+    let timeout = || -> Result<Value, ExtractError> {
+        Err(ProviderError::Transport {
+            kind: crate::provider::TransportErrorKind::Timeout,
+            detail: "timed out".into(),
+        }
+        .into())
+    };
+    // A timeout (the server may have generated), then a 503 (it did not).
+    let inner = Scripted::new(vec![timeout(), unavailable(), unavailable(), unavailable()]);
+    let provider = HardenedProvider::builder(inner, TenantId::from_u128(9), limiter.clone(), breaker)
+        .retry_policy(RetryPolicy::builder().max_retries(1).jitter(0.0).build().unwrap())
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .token_estimate(|_| 300)
+        .build();
+    provider.extract::<String>("text", None).await.unwrap_err();
+    let left = limiter
+        .acquire_tokens(TenantId::from_u128(9), 1)
+        .await
+        .unwrap()
+        .tokens_left;
+    assert_eq!(left, 1000 - 300 - 1, "the timed-out attempt's estimate stays charged");
+    // Two 503s generated nothing: the reservation is released.
+    provider.extract::<String>("text", None).await.unwrap_err();
+    let left = limiter
+        .acquire_tokens(TenantId::from_u128(9), 1)
+        .await
+        .unwrap()
+        .tokens_left;
+    assert_eq!(left, 1000 - 300 - 2);
+}
+
+/// Answers at once, naming its own model, counting calls; hangs instead
+/// while `hang` is set.
+struct Named {
+    model: &'static str,
+    calls: AtomicU32,
+    hang: std::sync::atomic::AtomicBool,
+}
+
+impl Named {
+    fn new(model: &'static str) -> Arc<Named> {
+        Arc::new(Named {
+            model,
+            calls: AtomicU32::new(0),
+            hang: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+}
+
+impl LlmProvider for Named {
+    fn model(&self) -> &str {
+        self.model
+    }
+    fn extract_answer<'a>(
+        &'a self,
+        _: ExtractRequest<'a>,
+        _: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.hang.load(Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
+        let model = self.model.to_owned();
+        Box::pin(async move {
+            Ok(Extracted {
+                value: Value::from("v"),
+                model,
+                usage: None,
+                quota: None,
+            })
+        })
+    }
+}
+
+fn breaker_named(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str) -> Arc<CircuitBreaker> {
+    Arc::new(
+        CircuitBreaker::builder()
+            .key_prefix(format!("kg:circuit:{name}"))
+            .clock(clock.clone())
+            .cache(cache.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn weighted_routing_shares_first_choices_by_weight() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let (a, b) = (Named::new("a"), Named::new("b"));
+    let limiter = Arc::new(RateLimiter::builder(100_000).clock(clock.clone()).build().unwrap());
+    let p = HardenedProvider::over(
+        Deployment::new(a.clone(), breaker_named(&clock, &cache, "a")).weight(3),
+        TenantId::from_u128(9),
+        limiter,
+    )
+    .deployment(Deployment::new(b.clone(), breaker_named(&clock, &cache, "b")).weight(1))
+    .weighted()
+    .clock(clock.clone())
+    .rng(Arc::new(SeededRandom::from_seed(11)))
+    .build();
+    for _ in 0..4000 {
+        p.extract::<String>("t", None).await.unwrap();
+    }
+    let (a, b) = (a.calls.load(Ordering::SeqCst), b.calls.load(Ordering::SeqCst));
+    assert_eq!(a + b, 4000);
+    // 3:1 of 4000 is 3000 ± 27 (one standard deviation); allow 4.
+    assert!(
+        (2890..=3110).contains(&a),
+        "{a} first choices of the weight-3 deployment"
+    );
+}
+
+#[tokio::test]
+async fn least_loaded_routing_sends_a_call_where_fewest_are_in_flight_and_ends_its_lease() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let (a, b) = (Named::new("a"), Named::new("b"));
+    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let build = || {
+        HardenedProvider::builder(
+            a.clone(),
+            TenantId::from_u128(9),
+            limiter.clone(),
+            breaker_named(&clock, &cache, "a"),
+        )
+        .fallback(b.clone(), breaker_named(&clock, &cache, "b"))
+        .least_loaded(Duration::from_secs(60))
+        .clock(clock.clone())
+        .rng(Arc::new(SeededRandom::from_seed(5)))
+        .build()
+    };
+    // Two providers (two workers) over one store: the count is the fleet's.
+    let (p1, p2) = (build(), build());
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+
+    a.hang.store(true, Ordering::SeqCst);
+    let mut held = Box::pin(p1.extract_with_model::<String>("t", None));
+    assert!(held.as_mut().poll(&mut cx).is_pending(), "one call in flight at a");
+    let answer = p2.extract_with_model::<String>("t", None).await.unwrap();
+    assert_eq!(answer.model, "b", "the other worker's call goes to the idle deployment");
+
+    // A call that ends stops counting: ties go to the first again.
+    let answer = p2.extract_with_model::<String>("t", None).await.unwrap();
+    assert_eq!(answer.model, "b", "still one in flight at a");
+    drop(held);
+    clock.advance(Duration::from_secs(61));
+    a.hang.store(false, Ordering::SeqCst);
+    let answer = p2.extract_with_model::<String>("t", None).await.unwrap();
+    assert_eq!(answer.model, "a", "the dropped call's lease ran out");
+    let answer = p1.extract_with_model::<String>("t", None).await.unwrap();
+    assert_eq!(answer.model, "a", "the finished call's lease was ended");
+}
+
+#[tokio::test]
+async fn wrappers_nest_and_the_outer_one_never_retries_the_inner_ones_verdicts() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let inner = harden(Scripted::new(vec![unavailable(), unavailable()]), &clock, 1);
+    let outer = harden(inner, &clock, 5);
+    assert_eq!(outer.model(), "scripted/m");
+
+    let e = outer.extract::<String>("text", None).await.unwrap_err();
+    assert_eq!(e.kind(), "retry_exhausted", "the inner wrapper exhausted its schedule");
+    assert_eq!(
+        clock.sleeps(),
+        [Duration::from_secs(1)],
+        "and the outer one did not retry it"
+    );
+    let e = outer.extract::<String>("text", None).await.unwrap_err();
+    assert_eq!(e.kind(), "circuit_open", "the inner circuit opened at threshold 1");
+    assert_eq!(outer.inner().inner().calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_probe_that_ends_with_nothing_to_report_is_released_and_the_next_call_probes() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let inner_refusal = Err(CircuitOpen::new("inner is unavailable", Duration::ZERO).into());
+    let p = harden(
+        Scripted::new(vec![unavailable(), unavailable(), inner_refusal, Ok(Value::from("up"))]),
+        &clock,
+        1,
+    );
+    let e = p.extract::<String>("t", None).await.unwrap_err();
+    assert_eq!(e.kind(), "retry_exhausted");
+    assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::Open);
+
+    clock.advance(Duration::from_secs(60));
+    let e = p.extract::<String>("t", None).await.unwrap_err();
+    assert_eq!(e.kind(), "circuit_open", "the inner wrapper's refusal, passed on");
+    assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::HalfOpen);
+
+    // Not wedged: the probe was released, so the very next call probes.
+    assert_eq!(p.extract::<String>("t", None).await.unwrap(), "up");
+    assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn the_default_classifier_refuses_server_delays_over_the_cap() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let p = harden(Scripted::new(vec![]), &clock, 5);
+    let asks = |d: Duration| -> ExtractError {
+        ProviderError::RateLimited {
+            retry_after: Some(d),
+            message: String::new(),
+        }
+        .into()
+    };
+    assert_eq!(
+        p.classify(&asks(Duration::from_secs(120))),
+        Retryable::After(Duration::from_secs(120))
+    );
+    assert_eq!(p.classify(&asks(Duration::from_secs(121))), Retryable::No);
+    assert_eq!(p.classify(&ProviderError::BlankText.into()), Retryable::No);
+}
+
+#[tokio::test]
+async fn a_success_after_a_transient_failure_is_one_call_and_a_success_report() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let p = harden(Scripted::new(vec![unavailable(), Ok(Value::from("done"))]), &clock, 1);
+    let schema = OutputSchema::for_type::<String>();
+    let v = p
+        .extract_value(ExtractRequest {
+            text: "t",
+            system_prompt: None,
+            schema: &schema,
+        })
+        .await
+        .unwrap();
+    assert_eq!(v, Value::from("done"));
+    assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::Closed);
+    assert_eq!(p.limiter.remaining(p.tenant()).await.unwrap(), 99);
+}
+
+/// Hangs on its first call (a probe to a server that never answers),
+/// answers at once after that.
+struct HangsOnce {
+    calls: AtomicU32,
+}
+
+impl LlmProvider for HangsOnce {
+    fn model(&self) -> &str {
+        "hangs/m"
+    }
+    fn extract_answer<'a>(
+        &'a self,
+        _: ExtractRequest<'a>,
+        _: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            Box::pin(std::future::pending())
+        } else {
+            Box::pin(async {
+                Ok(Extracted {
+                    value: Value::from("up"),
+                    model: "hangs/m".to_owned(),
+                    usage: None,
+                    quota: None,
+                })
+            })
+        }
+    }
+}
+
+/// Issue: dropping a call's future while it held the half-open probe (a
+/// caller's timeout, `select!`, an aborted task) left the circuit half-open
+/// with its probe spent, refusing every later call for good.
+#[tokio::test]
+async fn a_dropped_probe_future_cannot_wedge_the_circuit() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let p = harden(
+        HangsOnce {
+            calls: AtomicU32::new(0),
+        },
+        &clock,
+        1,
+    );
+    p.deployments[0].breaker.record_failure().await.unwrap();
+    clock.advance(Duration::from_secs(60));
+
+    let mut hung = Box::pin(p.extract::<String>("t", None));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(hung.as_mut().poll(&mut cx).is_pending(), "the probe is in flight");
+    drop(hung);
+    assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::HalfOpen);
+
+    let e = p.extract::<String>("t", None).await.unwrap_err();
+    assert_eq!(e.kind(), "circuit_open");
+    assert_eq!(
+        e.to_string(),
+        "hangs/m is unavailable; the next probe is due in 60.00s",
+        "refused while the lost probe's lease lives, saying until when"
+    );
+
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        p.extract::<String>("t", None).await.unwrap(),
+        "up",
+        "a fresh probe after the lease"
+    );
+    assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::Closed);
+}
