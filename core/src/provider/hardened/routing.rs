@@ -82,6 +82,14 @@ enum Hold {
     Asked,
 }
 
+/// Whether a refusal's `wait` ends sooner than `known`'s: a zero wait
+/// (unknown, or a probe due at any moment) is never sooner, and any known
+/// wait is sooner than a zero one — so a call refused everywhere is handed
+/// back the soonest instant a deployment admits again.
+fn sooner(wait: Duration, known: Duration) -> bool {
+    !wait.is_zero() && (known.is_zero() || wait < known)
+}
+
 impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
     /// The call's route before its admission: every deployment, the first
     /// chosen by the policy (the least-loaded pick also leases the call
@@ -174,10 +182,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                     return Ok(());
                 };
                 p.hear_refusal(i, state, reason, retry_after);
-                let sooner = |(_, wait, _): (usize, Duration, Refusal)| {
-                    !retry_after.is_zero() && (wait.is_zero() || retry_after < wait)
-                };
-                if soonest.is_none_or(sooner) {
+                if soonest.is_none_or(|(_, wait, _)| sooner(retry_after, wait)) {
                     soonest = Some((i, retry_after, reason));
                 }
             }
@@ -235,7 +240,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
             // tie — a limit's, or the wait a server asked the last attempt
             // for — and, should neither have been met, a breaker's.
             let mut soonest: Option<(usize, ExtractError, Option<Duration>, Hold)> = None;
-            let mut circuit: Option<ExtractError> = None;
+            // The breaker refusal that ends soonest, by the same rule.
+            let mut circuit: Option<(Duration, ExtractError)> = None;
             for step in steps.clone() {
                 let at = (start + step) % n;
                 let i = self.route.order[at];
@@ -262,9 +268,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                     } = permit
                     {
                         p.hear_refusal(i, state, reason, retry_after);
-                        circuit.get_or_insert_with(|| {
-                            CircuitOpen::refused(p.deployments[i].inner.model(), retry_after, reason).into()
-                        });
+                        if circuit.as_ref().is_none_or(|(wait, _)| sooner(retry_after, *wait)) {
+                            let refusal = CircuitOpen::refused(p.deployments[i].inner.model(), retry_after, reason);
+                            circuit = Some((retry_after, refusal.into()));
+                        }
                         continue;
                     }
                     p.hear(i, None);
@@ -307,7 +314,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
             let Some((i, error, wait, hold)) = soonest else {
                 // Every breaker refused, the call's own too (its admission
                 // was handed back while it waited).
-                return Err(circuit.unwrap_or_else(|| CircuitOpen::new("no deployment to call", Duration::ZERO).into()));
+                return Err(circuit.map_or_else(
+                    || CircuitOpen::new("no deployment to call", Duration::ZERO).into(),
+                    |(_, refusal)| refusal,
+                ));
             };
             let fits = |w: Duration| deadline.is_none_or(|d| w <= d.saturating_duration_since(p.clock.now()));
             let (waits, cooldown_waits) = (self.route.limit_waits, self.route.cooldown_waits);

@@ -390,3 +390,95 @@ async fn a_dropped_probe_future_cannot_wedge_the_circuit() {
     );
     assert_eq!(p.deployments[0].breaker.state().await.unwrap(), CircuitState::Closed);
 }
+
+/// A clock that opens `breaker` (threshold 1) at the end of every sleep:
+/// the circuit a call waited beside has opened by the time it wakes.
+struct OpensOnWake {
+    clock: Arc<ManualClock>,
+    breaker: Arc<CircuitBreaker>,
+}
+
+impl Clock for OpensOnWake {
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    fn sleep(&self, duration: Duration) -> crate::clock::Sleep {
+        let slept = self.clock.sleep(duration);
+        let breaker = self.breaker.clone();
+        Box::pin(async move {
+            slept.await;
+            let permit = breaker.admit().await;
+            breaker.record_failure_for(&permit).await.unwrap();
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_call_every_breaker_refuses_while_placing_is_handed_back_the_soonest_wait() {
+    let manual = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(manual.clone()));
+    let breaker = |name: &str, recovery: u64| {
+        Arc::new(
+            CircuitBreaker::builder()
+                .key_prefix(format!("kg:circuit:{name}"))
+                .failure_threshold(1)
+                .recovery_timeout(Duration::from_secs(recovery))
+                .clock(manual.clone())
+                .cache(cache.clone())
+                .build()
+                .unwrap(),
+        )
+    };
+    // The primary's own limit is spent for 5 s; the two others are open,
+    // for 30 s and 10 s. The call is admitted at the primary, sleeps its
+    // limit off, and wakes to find the primary's circuit open for 50 s.
+    let (a, b, c) = (breaker("a", 50), breaker("b", 30), breaker("c", 10));
+    for open in [&b, &c] {
+        let permit = open.admit().await;
+        open.record_failure_for(&permit).await.unwrap();
+    }
+    let limit = Arc::new(
+        RateLimiter::builder(1)
+            .window(Duration::from_secs(5))
+            .key_prefix("deployment:a")
+            .clock(manual.clone())
+            .cache(cache.clone())
+            .build()
+            .unwrap(),
+    );
+    limit
+        .acquire(super::super::route::DEPLOYMENT_LIMIT_TENANT)
+        .await
+        .unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(OpensOnWake {
+        clock: manual.clone(),
+        breaker: a.clone(),
+    });
+    let tenants = Arc::new(RateLimiter::builder(100).clock(manual.clone()).build().unwrap());
+    let named = [Named::new("a"), Named::new("b"), Named::new("c")];
+    let p = HardenedProvider::over(
+        Deployment::new(named[0].clone(), a).limit(limit),
+        TenantId::from_u128(9),
+        tenants,
+    )
+    .deployment(Deployment::new(named[1].clone(), b))
+    .deployment(Deployment::new(named[2].clone(), c))
+    .clock(clock)
+    .rng(Arc::new(SeededRandom::from_seed(3)))
+    .build();
+    let result = p.extract::<String>("t", None).await;
+    let Err(ExtractError::CircuitOpen(open)) = result else {
+        panic!(
+            "every deployment refuses: {result:?} after sleeps {:?}",
+            manual.sleeps()
+        );
+    };
+    assert!(named.iter().all(|n| n.calls.load(Ordering::SeqCst) == 0));
+    // One sleep: the primary's limit, about 5 s.
+    assert_eq!(manual.sleeps().len(), 1);
+    // c's circuit admits again first: 10 s after it opened, about 5 s after
+    // the call woke — not the primary's 50 s nor b's 25 s.
+    let soonest = Duration::from_secs(10) - manual.slept();
+    assert_eq!(open.retry_after, soonest, "{}", open.message);
+}
