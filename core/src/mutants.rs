@@ -91,11 +91,14 @@ pub enum Mutant {
     /// A deployment known to refuse is routed past with no event: calls
     /// skip it, and nobody can see that they do, nor why.
     SkipsUnreported,
+    /// A call every deployment refuses ends with no wait: the caller (and
+    /// a gateway's own caller) is not told when any deployment admits again.
+    RetryAfterWithheld,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 19] = [
+    pub const ALL: [Mutant; 20] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -115,6 +118,7 @@ impl Mutant {
         Mutant::FallbackRetriesAnew,
         Mutant::ExactRetryAfter,
         Mutant::SkipsUnreported,
+        Mutant::RetryAfterWithheld,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -139,6 +143,7 @@ impl Mutant {
             Mutant::FallbackRetriesAnew => "fallback_retries_anew",
             Mutant::ExactRetryAfter => "exact_retry_after",
             Mutant::SkipsUnreported => "skips_unreported",
+            Mutant::RetryAfterWithheld => "retry_after_withheld",
         }
     }
 
@@ -207,6 +212,9 @@ impl Mutant {
             }
             Mutant::SkipsUnreported => {
                 "calls routed past a failing target with nothing to show it: \"what is the current state of the circuit breaker\" (Portkey-AI/gateway#1289)"
+            }
+            Mutant::RetryAfterWithheld => {
+                "every deployment cooling down and the request failed with no word of when one returns (BerriAI/litellm#3646, #27823)"
             }
         }
     }

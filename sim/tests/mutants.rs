@@ -79,6 +79,7 @@ caught! {
     fallback_retries_anew_is_caught_by_accounting => FallbackRetriesAnew,
     exact_retry_after_is_caught_by_retry_jitter => ExactRetryAfter,
     skips_unreported_is_caught_by_skips_visible => SkipsUnreported,
+    retry_after_withheld_is_caught_by_retry_after_returned => RetryAfterWithheld,
 }
 
 #[test]

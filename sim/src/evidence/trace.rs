@@ -107,6 +107,12 @@ pub enum Kind {
         attempts: u32,
         /// Simulated milliseconds from arrival to end.
         latency_ms: u64,
+        /// For a call every breaker refused (outcome `circuit_open` or
+        /// `cooldown`), the wait its error handed back to the caller
+        /// ([`ExtractError::retry_after`](redstring::provider::ExtractError::retry_after)),
+        /// microseconds; absent for every other outcome.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        retry_after_us: Option<u64>,
     },
     /// The limiter granted a slot, stamped `at_us` by the clock that decided.
     /// Every call past the limiter is one of these, so they are also the

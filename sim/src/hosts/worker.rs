@@ -392,6 +392,12 @@ impl Calls {
                 outcome: CallOutcome::of(&result),
                 attempts,
                 latency_ms,
+                retry_after_us: match &result {
+                    Err(redstring::provider::ExtractError::CircuitOpen(open)) => {
+                        Some(u64::try_from(open.retry_after.as_micros()).unwrap_or(u64::MAX))
+                    }
+                    _ => None,
+                },
             };
             this.trace.record(&this.host, end);
         }

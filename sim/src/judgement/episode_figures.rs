@@ -312,6 +312,7 @@ server = "gpu"
                 outcome,
                 attempts: 1,
                 latency_ms,
+                retry_after_us: None,
             },
         ));
     }

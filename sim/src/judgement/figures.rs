@@ -302,6 +302,7 @@ mod tests {
                 outcome,
                 attempts: 1,
                 latency_ms,
+                retry_after_us: None,
             },
         )
     }

@@ -372,6 +372,7 @@ mod tests {
                 outcome,
                 attempts: 0,
                 latency_ms: 1,
+                retry_after_us: None,
             })
         };
         let refused = || {

@@ -65,7 +65,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 19] = [
+pub const CATALOGUE: [Variant; 20] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -160,6 +160,11 @@ pub const CATALOGUE: [Variant; 19] = [
         mutant: Mutant::SkipsUnreported,
         named_by: Invariant::SkipsVisible,
         scenario: "conformance/breaker-skips-visible.toml",
+    },
+    Variant {
+        mutant: Mutant::RetryAfterWithheld,
+        named_by: Invariant::RetryAfterReturned,
+        scenario: "conformance/every-deployment-cooling.toml",
     },
 ];
 

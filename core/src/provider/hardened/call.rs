@@ -75,6 +75,8 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
     /// call, tightens the deadline.
     pub(super) async fn run(mut self, timeout: Option<Duration>) -> Result<Extracted<Value>, ExtractError> {
         let result = self.steps(timeout).await;
+        #[cfg(feature = "mutants")]
+        let result = withheld(result);
         let model = self.provider.deployments[self.route.current()].inner.model();
         self.end.finish(&result, model);
         result
@@ -393,5 +395,20 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             });
         }
         result
+    }
+}
+
+/// The [`RetryAfterWithheld`](crate::mutants::Mutant::RetryAfterWithheld)
+/// mutant: a call every breaker refused ends with no wait to come back
+/// after.
+#[cfg(feature = "mutants")]
+fn withheld(result: Result<Extracted<Value>, ExtractError>) -> Result<Extracted<Value>, ExtractError> {
+    use crate::mutants::{Mutant, active};
+    match result {
+        Err(ExtractError::CircuitOpen(mut open)) if active(Mutant::RetryAfterWithheld) => {
+            open.retry_after = Duration::ZERO;
+            Err(ExtractError::CircuitOpen(open))
+        }
+        other => other,
     }
 }

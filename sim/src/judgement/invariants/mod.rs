@@ -16,7 +16,7 @@
 //! and `Invariant::check` is the one match that maps each to its checker,
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
 //! `breaker` (3–5, 10–11), `liveness` (6), `accounting` (7), `calls`
-//! (8–9), `cooldown` (12), `budget` (13), `tokens` (14) and `routing` (15).
+//! (8–9), `cooldown` (12), `budget` (13), `tokens` (14) and `routing` (15–16).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -92,11 +92,15 @@ pub enum Invariant {
     /// the one it is sent to leaves an event naming that deployment and
     /// why: its breaker's refusal (with the state), or its deferral.
     SkipsVisible,
+    /// A call every breaker refused ends with a wait to come back after,
+    /// never zero and never past the soonest a refusal said a breaker
+    /// would admit again.
+    RetryAfterReturned,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 15] = [
+    pub const ALL: [Invariant; 16] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -112,6 +116,7 @@ impl Invariant {
         Invariant::RetryBudget,
         Invariant::TokensPerWindow,
         Invariant::SkipsVisible,
+        Invariant::RetryAfterReturned,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -133,6 +138,7 @@ impl Invariant {
             Invariant::RetryBudget => 12,
             Invariant::TokensPerWindow => 13,
             Invariant::SkipsVisible => 14,
+            Invariant::RetryAfterReturned => 15,
         }
     }
 
@@ -154,6 +160,7 @@ impl Invariant {
             Invariant::RetryBudget => "retry_budget",
             Invariant::TokensPerWindow => "tokens_per_window",
             Invariant::SkipsVisible => "skips_visible",
+            Invariant::RetryAfterReturned => "retry_after_returned",
         }
     }
 
@@ -175,6 +182,7 @@ impl Invariant {
             Invariant::RetryBudget => budget::retry_budget(ctx, events),
             Invariant::TokensPerWindow => tokens::tokens_per_window(ctx, events),
             Invariant::SkipsVisible => routing::skips_visible(ctx, events),
+            Invariant::RetryAfterReturned => routing::retry_after_returned(ctx, events),
         }
     }
 }
@@ -778,6 +786,7 @@ by_ms = -3000
                     outcome: CallOutcome::Ok,
                     attempts: 1,
                     latency_ms: 1,
+                    retry_after_us: None,
                 },
             )
         };

@@ -1,5 +1,5 @@
-//! The router's promise to whoever operates it: no call passes over a
-//! deployment unseen.
+//! The router's promises to whoever operates it: no call passes over a
+//! deployment unseen, and a call refused everywhere says when to come back.
 //!
 //! A router that skips a failing deployment without saying so leaves its
 //! operators asking whether the breaker works at all and what state it is
@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
+use crate::evidence::outcome::CallOutcome;
 use crate::evidence::trace::{Kind, TraceEvent};
 use crate::hosts::worker::breaker_prefix;
 use crate::scenario::Routing;
@@ -85,6 +86,109 @@ pub(super) fn skips_visible(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     (
         verdict,
         format!("{routed_past} calls went past a server ahead of theirs; {unseen} without an event naming it"),
+    )
+}
+
+/// A call's refusals so far: each breaker's latest, as (when, wait), µs.
+type Refusals = BTreeMap<String, (u64, u64)>;
+
+/// Invariant 16: a call every breaker refused ends with an error that says
+/// when to come back — its [`retry_after`](redstring::provider::ExtractError::retry_after)
+/// is not zero, and no later than the soonest instant a refusal in the call
+/// said a breaker would admit again (each breaker's latest refusal, its
+/// instant plus its wait; a zero wait says nothing and is not counted),
+/// allowing the time the call's last refusals took to arrive. So a gateway
+/// in front of redstring can answer its own caller with `Retry-After`, and
+/// that instant is the first at which a deployment may take the call.
+pub(super) fn retry_after_returned(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
+    let mut calls: BTreeMap<(&str, u64), Refusals> = BTreeMap::new();
+    let (mut judged, mut silent, mut late) = (0u64, 0u64, 0u64);
+    let mut verdict = Verdict::Held;
+    for e in events {
+        // A call's own events carry its number; its end names it itself.
+        let call = match &e.kind {
+            Kind::CallEnd { call, .. } => *call,
+            _ => match e.call {
+                Some(call) => call,
+                None => continue,
+            },
+        };
+        let key = (e.host.as_str(), call);
+        match &e.kind {
+            Kind::Rejected {
+                breaker,
+                retry_after_us,
+                ..
+            }
+            | Kind::CooldownRefused {
+                breaker,
+                retry_after_us,
+                ..
+            } => {
+                calls
+                    .entry(key)
+                    .or_default()
+                    .insert(breaker.clone(), (e.t_us, *retry_after_us));
+            }
+            Kind::Allowed { breaker, .. } => {
+                if let Some(refusals) = calls.get_mut(&key) {
+                    refusals.remove(breaker);
+                }
+            }
+            Kind::CallEnd {
+                outcome: CallOutcome::CircuitOpen | CallOutcome::Cooldown,
+                retry_after_us,
+                ..
+            } => {
+                let refusals = calls.remove(&key).unwrap_or_default();
+                let known = refusals.values().filter(|(_, wait)| *wait > 0);
+                let Some(soonest) = known.clone().map(|(t, wait)| t.saturating_add(*wait)).min() else {
+                    continue;
+                };
+                let first = known.map(|(t, _)| *t).min().unwrap_or(e.t_us);
+                judged += 1;
+                let handed = retry_after_us.unwrap_or(0);
+                // The refusals took `e.t_us - first` to arrive; a wait is
+                // counted from its own refusal. One millisecond of rounding.
+                let allowed = soonest
+                    .saturating_add(e.t_us.saturating_sub(first))
+                    .saturating_add(1_000);
+                let problem = if handed == 0 {
+                    silent += 1;
+                    Some(format!(
+                        "call {call} was refused by every breaker and handed back no wait; one admits again in {} ms",
+                        soonest.saturating_sub(e.t_us) / 1000
+                    ))
+                } else if e.t_us.saturating_add(handed) > allowed {
+                    late += 1;
+                    Some(format!(
+                        "call {call} was told to come back in {} ms; a breaker admits again in {} ms",
+                        handed / 1000,
+                        soonest.saturating_sub(e.t_us) / 1000
+                    ))
+                } else {
+                    None
+                };
+                if let Some(detail) = problem
+                    && verdict == Verdict::Held
+                {
+                    verdict = violated(e, detail);
+                }
+            }
+            Kind::CallEnd { .. } => {
+                calls.remove(&key);
+            }
+            _ => {}
+        }
+    }
+    if judged == 0 {
+        return not_applicable("no call was refused by every breaker with a known wait");
+    }
+    (
+        verdict,
+        format!(
+            "{judged} calls refused by every breaker; {silent} handed back no wait, {late} a later one than the soonest"
+        ),
     )
 }
 
@@ -167,5 +271,85 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         }
         let weighted = ROUTED.replace("\"ordered\"", "\"weighted\"");
         assert!(matches!(verdict(&weighted, &unseen), Verdict::NotApplicable { .. }));
+    }
+
+    fn refused(t: u64, breaker: &str, wait_us: u64) -> TraceEvent {
+        event(
+            t,
+            "w",
+            Some(1),
+            Kind::Rejected {
+                breaker: format!("kg:circuit:{breaker}"),
+                state: CircuitState::Open,
+                retry_after_us: wait_us,
+            },
+        )
+    }
+
+    fn ended(t: u64, retry_after_us: Option<u64>) -> TraceEvent {
+        event(
+            t,
+            "w",
+            None,
+            Kind::CallEnd {
+                call: 1,
+                tenant: redstring::TenantId::from_u128(1),
+                outcome: CallOutcome::CircuitOpen,
+                attempts: 0,
+                latency_ms: 0,
+                retry_after_us,
+            },
+        )
+    }
+
+    fn returned(events: &[TraceEvent]) -> Verdict {
+        let s = Scenario::parse("synthetic.toml", ROUTED).unwrap();
+        check_all(&s, events)
+            .into_iter()
+            .find(|c| c.name == Invariant::RetryAfterReturned)
+            .map(|c| c.verdict)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_call_every_breaker_refuses_is_told_the_soonest_wait() {
+        // a refuses for 9 s at 1 s, b for 3 s at 2 s: b admits first, at 5 s.
+        let refusals = [refused(1_000_000, "a", 9_000_000), refused(2_000_000, "b", 3_000_000)];
+        let with = |end: TraceEvent| {
+            let mut events = refusals.to_vec();
+            events.push(end);
+            returned(&events)
+        };
+        assert_eq!(with(ended(2_000_000, Some(3_000_000))), Verdict::Held);
+        match with(ended(2_000_000, Some(8_000_000))) {
+            Verdict::Violated { detail, .. } => {
+                assert_eq!(
+                    detail,
+                    "call 1 was told to come back in 8000 ms; a breaker admits again in 3000 ms"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match with(ended(2_000_000, None)) {
+            Verdict::Violated { detail, .. } => assert!(detail.contains("handed back no wait"), "{detail}"),
+            other => panic!("{other:?}"),
+        }
+        // A breaker that admitted the call since its refusal says nothing
+        // of when the call may come back.
+        let mut admitted = refusals.to_vec();
+        admitted.push(event(
+            2_500_000,
+            "w",
+            Some(1),
+            Kind::Allowed {
+                breaker: "kg:circuit:b".into(),
+                state: CircuitState::Closed,
+                probe: None,
+                at_us: 2_500_000,
+            },
+        ));
+        admitted.push(ended(3_000_000, Some(7_000_000)));
+        assert_eq!(returned(&admitted), Verdict::Held);
+        assert!(matches!(returned(&refusals), Verdict::NotApplicable { .. }));
     }
 }
