@@ -23,7 +23,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use redstring::{CircuitBreaker, Clock, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId};
+use redstring::{CircuitBreaker, Env, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId};
 
 const RPM: u32 = 1_000;
 const WINDOW: Duration = Duration::from_secs(60);
@@ -40,18 +40,15 @@ fn ready<F: Future>(f: F) -> F::Output {
 /// A limiter and a breaker on the production clock; the limiter admits every
 /// call and keeps about three milliseconds of hits per tenant.
 fn ours_system() -> (RateLimiter, CircuitBreaker) {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let env = Env::default()
+        .with_clock(Arc::new(SystemClock))
+        .with_observer(Arc::new(NoopObserver));
     let limiter = RateLimiter::builder(u32::MAX)
         .window(Duration::from_millis(1))
-        .clock(clock.clone())
-        .observer(Arc::new(NoopObserver))
+        .env(env.clone())
         .build()
         .unwrap();
-    let breaker = CircuitBreaker::builder()
-        .clock(clock)
-        .observer(Arc::new(NoopObserver))
-        .build()
-        .unwrap();
+    let breaker = CircuitBreaker::builder().env(env).build().unwrap();
     (limiter, breaker)
 }
 
@@ -74,17 +71,15 @@ fn on_two_threads(iters: u64, op: impl Fn(usize, u64) + Sync) -> Duration {
 
 fn ours() -> (Arc<ManualClock>, RateLimiter, CircuitBreaker) {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let env = Env::default()
+        .with_clock(clock.clone())
+        .with_observer(Arc::new(NoopObserver));
     let limiter = RateLimiter::builder(RPM)
         .window(WINDOW)
-        .clock(clock.clone())
-        .observer(Arc::new(NoopObserver))
+        .env(env.clone())
         .build()
         .unwrap();
-    let breaker = CircuitBreaker::builder()
-        .clock(clock.clone())
-        .observer(Arc::new(NoopObserver))
-        .build()
-        .unwrap();
+    let breaker = CircuitBreaker::builder().env(env).build().unwrap();
     (clock, limiter, breaker)
 }
 

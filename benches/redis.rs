@@ -24,7 +24,7 @@ use redstring::cache::redis::RedisCache;
 use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
 use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::decide::window::SlotOutcome;
-use redstring::{CircuitBreaker, Clock, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId, Timestamp};
+use redstring::{CircuitBreaker, Clock, Env, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId, Timestamp};
 use support::{RPM, STEP, WINDOW, acquire_race, request, stamp};
 
 struct Server {
@@ -265,11 +265,11 @@ fn bench(c: &mut Criterion) {
 
     let tenant = TenantId::from_u128(42);
     let clock = Arc::new(ManualClock::new(t0));
+    let quiet = Env::default().with_observer(Arc::new(NoopObserver));
     let limiter = RateLimiter::builder(RPM)
         .window(WINDOW)
         .cache(cache.clone())
-        .clock(clock.clone())
-        .observer(Arc::new(NoopObserver))
+        .env(quiet.clone().with_clock(clock.clone()))
         .build()
         .unwrap();
     let mut g = c.benchmark_group("redis_acquire");
@@ -292,7 +292,7 @@ fn bench(c: &mut Criterion) {
 
     let breaker = CircuitBreaker::builder()
         .cache(cache.clone())
-        .observer(Arc::new(NoopObserver))
+        .env(quiet)
         .build()
         .unwrap();
     let mut g = c.benchmark_group("redis_breaker");

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use redstring::{CircuitBreaker, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId};
+use redstring::{CircuitBreaker, Env, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId};
 
 const RPM: u32 = 1_000;
 const WINDOW: Duration = Duration::from_secs(60);
@@ -44,11 +44,15 @@ fn ready<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// `clock`, and no observer.
+fn quiet(clock: Arc<dyn redstring::Clock>) -> Env {
+    Env::default().with_clock(clock).with_observer(Arc::new(NoopObserver))
+}
+
 fn limiter(clock: Arc<dyn redstring::Clock>, rpm: u32, window: Duration) -> RateLimiter {
     RateLimiter::builder(rpm)
         .window(window)
-        .clock(clock)
-        .observer(Arc::new(NoopObserver))
+        .env(quiet(clock))
         .build()
         .expect("valid limiter")
 }
@@ -61,8 +65,7 @@ fn system_limiter() -> RateLimiter {
 
 fn breaker(clock: Arc<dyn redstring::Clock>) -> CircuitBreaker {
     CircuitBreaker::builder()
-        .clock(clock)
-        .observer(Arc::new(NoopObserver))
+        .env(quiet(clock))
         .build()
         .expect("valid breaker")
 }

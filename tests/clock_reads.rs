@@ -14,8 +14,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use redstring::{
-    CircuitBreaker, Clock, ManualClock, MemoryCache, NoopObserver, Observer, RateLimiter, RecordingObserver, Sleep,
-    TenantId, TimeSource, Timestamp,
+    CircuitBreaker, Clock, Env, ManualClock, MemoryCache, NoopObserver, Observer, RateLimiter, RecordingObserver,
+    Sleep, TenantId, TimeSource, Timestamp,
 };
 
 fn ready<F: Future>(f: F) -> F::Output {
@@ -57,17 +57,16 @@ fn cache(clock: &Arc<Counted>, time_source: TimeSource) -> Arc<MemoryCache> {
 fn a_store_stamped_decision_reads_the_clock_once() {
     let clock = Arc::new(Counted::default());
     let store = cache(&clock, TimeSource::Store);
+    let env = Env::default().with_clock(clock.clone());
     let limiter = RateLimiter::builder(10)
-        .clock(clock.clone())
+        .env(env.clone().with_observer(Arc::new(NoopObserver)))
         .cache(store.clone())
-        .observer(Arc::new(NoopObserver))
         .build()
         .unwrap();
     let breaker = |observer: Arc<dyn Observer>| {
         CircuitBreaker::builder()
-            .clock(clock.clone())
+            .env(env.clone().with_observer(observer))
             .cache(store.clone())
-            .observer(observer)
             .build()
             .unwrap()
     };
@@ -91,9 +90,12 @@ fn a_caller_stamped_decision_still_gets_the_callers_reading() {
     let clock = Arc::new(Counted::default());
     let store = cache(&clock, TimeSource::Caller);
     let limiter = RateLimiter::builder(10)
-        .clock(clock.clone())
+        .env(
+            Env::default()
+                .with_clock(clock.clone())
+                .with_observer(Arc::new(NoopObserver)),
+        )
         .cache(store)
-        .observer(Arc::new(NoopObserver))
         .build()
         .unwrap();
     let before = clock.reads();

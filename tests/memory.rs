@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use redstring::{ManualClock, NoopObserver, RateLimiter, TenantId};
+use redstring::{Env, ManualClock, NoopObserver, RateLimiter, TenantId};
 
 struct Counting;
 
@@ -76,8 +76,11 @@ fn bytes_held(rpm: u32) -> (usize, usize) {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let limiter = RateLimiter::builder(rpm)
         .window(WINDOW)
-        .clock(clock.clone())
-        .observer(Arc::new(NoopObserver))
+        .env(
+            Env::default()
+                .with_clock(clock.clone())
+                .with_observer(Arc::new(NoopObserver)),
+        )
         .build()
         .unwrap();
     let before = HELD.load(Ordering::SeqCst);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use redstring::{CircuitBreaker, Event, ManualClock, Observer, RateLimiter, TenantId};
+use redstring::{CircuitBreaker, Env, Event, ManualClock, Observer, RateLimiter, TenantId};
 
 struct Counting;
 
@@ -83,13 +83,12 @@ fn the_success_path_allocates_nothing_per_call() {
 
 fn success_path_allocations(observer: Option<Arc<dyn Observer>>) {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let mut limiter = RateLimiter::builder(100).clock(clock.clone());
-    let mut breaker = CircuitBreaker::builder().clock(clock.clone());
+    let mut env = Env::default().with_clock(clock.clone());
     if let Some(observer) = observer {
-        limiter = limiter.observer(observer.clone());
-        breaker = breaker.observer(observer);
+        env = env.with_observer(observer);
     }
-    let (limiter, breaker) = (limiter.build().unwrap(), breaker.build().unwrap());
+    let limiter = RateLimiter::builder(100).env(env.clone()).build().unwrap();
+    let breaker = CircuitBreaker::builder().env(env).build().unwrap();
     let tenant = TenantId::from_u128(1);
     let call = || {
         clock.advance(Duration::from_millis(700));
@@ -117,7 +116,10 @@ fn success_path_allocations(observer: Option<Arc<dyn Observer>>) {
 #[test]
 fn a_thousand_tenants_at_their_limits_allocate_nothing_per_call() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let limiter = RateLimiter::builder(10).clock(clock.clone()).build().unwrap();
+    let limiter = RateLimiter::builder(10)
+        .env(Env::default().with_clock(clock.clone()))
+        .build()
+        .unwrap();
     let tenants: Vec<TenantId> = (0..1_000u128).map(TenantId::from_u128).collect();
     let round = || {
         // One admission per tenant every window / rpm: each at its limit.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll, Waker};
 
-use redstring::{ManualClock, NoopObserver, RateLimiter, TenantId};
+use redstring::{Env, ManualClock, NoopObserver, RateLimiter, TenantId};
 
 fn ready<F: Future>(f: F) -> F::Output {
     let mut f = pin!(f);
@@ -22,8 +22,11 @@ fn ready<F: Future>(f: F) -> F::Output {
 
 fn limiter(rpm: u32) -> RateLimiter {
     RateLimiter::builder(rpm)
-        .clock(Arc::new(ManualClock::at_fixed_epoch()))
-        .observer(Arc::new(NoopObserver))
+        .env(
+            Env::default()
+                .with_clock(Arc::new(ManualClock::at_fixed_epoch()))
+                .with_observer(Arc::new(NoopObserver)),
+        )
         .build()
         .unwrap()
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use redstring::{
-    CircuitBreaker, CircuitState, Clock, Event, ManualClock, Observer, Permit, RateLimiter, Retry, RetryError,
+    CircuitBreaker, CircuitState, Clock, Env, Event, ManualClock, Observer, Permit, RateLimiter, Retry, RetryError,
     RetryPolicy, Retryable, SeededRandom, TenantId, Timestamp,
 };
 
@@ -57,21 +57,17 @@ struct Refused;
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let start = clock.now();
-    let observer = Arc::new(Printer { start });
+    let env = Env::default()
+        .with_clock(clock.clone())
+        .with_rng(Arc::new(SeededRandom::from_seed(1)))
+        .with_observer(Arc::new(Printer { start }));
     let breaker = CircuitBreaker::builder()
         .failure_threshold(3)
         .recovery_timeout(Duration::from_secs(30))
-        .clock(clock.clone())
-        .observer(observer.clone())
+        .env(env.clone())
         .build()?;
-    let limiter = RateLimiter::builder(60)
-        .clock(clock.clone())
-        .observer(observer.clone())
-        .build()?;
-    let retry = Retry::new(RetryPolicy::builder().max_retries(2).build()?)
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
-        .observer(observer);
+    let limiter = RateLimiter::builder(60).env(env.clone()).build()?;
+    let retry = Retry::new(RetryPolicy::builder().max_retries(2).build()?).env(env);
     let tenant = TenantId::from_u128(1);
 
     // The server is down from t = 0 s until t = 45 s.

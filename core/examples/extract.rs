@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redstring::provider::{HardenedProvider, LlmProvider, LlmProviderExt, OpenAiCompatible};
-use redstring::{CircuitBreaker, Event, Observer, RateLimiter, RetryPolicy, TenantId};
+use redstring::{CircuitBreaker, Env, Event, Observer, RateLimiter, RetryPolicy, TenantId};
 
 /// The record the model is asked for.
 #[derive(Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -154,14 +154,14 @@ async fn run(args: Args) -> Result<Contact, Box<dyn std::error::Error>> {
     if let Some(n) = args.max_tokens {
         adapter = adapter.max_tokens(n);
     }
-    let observer: Arc<dyn Observer> = Arc::new(Stderr);
-    let adapter = adapter.observer(observer.clone()).build()?;
+    let env = Env::default().with_observer(Arc::new(Stderr));
+    let adapter = adapter.env(env.clone()).build()?;
 
-    let limiter = Arc::new(RateLimiter::builder(60).observer(observer.clone()).build()?);
-    let breaker = Arc::new(CircuitBreaker::builder().observer(observer.clone()).build()?);
+    let limiter = Arc::new(RateLimiter::builder(60).env(env.clone()).build()?);
+    let breaker = Arc::new(CircuitBreaker::builder().env(env.clone()).build()?);
     let provider = HardenedProvider::builder(adapter, TenantId::from_u128(1), limiter, breaker)
         .retry_policy(RetryPolicy::builder().max_retries(args.max_retries).build()?)
-        .observer(observer)
+        .env(env)
         .build();
 
     eprintln!("extracting with {}", provider.model());

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
 use redstring::metrics::MetricsObserver;
-use redstring::{CircuitBreaker, ManualClock, RateLimiter, TenantId};
+use redstring::{CircuitBreaker, Env, ManualClock, RateLimiter, TenantId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::main(flavor = "current_thread")]
@@ -24,14 +24,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let address = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:9464".into());
     let handle = PrometheusBuilder::new().install_recorder()?;
 
-    let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let observer = Arc::new(MetricsObserver::new());
+    let env = Env::default()
+        .with_clock(Arc::new(ManualClock::at_fixed_epoch()))
+        .with_observer(Arc::new(MetricsObserver::new()));
     let breaker = CircuitBreaker::builder()
         .failure_threshold(3)
         .recovery_timeout(Duration::from_secs(30))
         .key_prefix("kg:circuit:gpu")
-        .clock(clock.clone())
-        .observer(observer.clone())
+        .env(env.clone())
         .build()?;
     for _ in 0..4 {
         let permit = breaker.admit().await;
@@ -39,7 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             breaker.record_failure_for(&permit).await?;
         }
     }
-    let limiter = RateLimiter::builder(2).clock(clock).observer(observer).build()?;
+    let limiter = RateLimiter::builder(2).env(env).build()?;
     for _ in 0..3 {
         let _ = limiter.acquire(TenantId::from_u128(7)).await;
     }

@@ -3,7 +3,8 @@
 //!
 //! The crate's top-level modules are layered: the leaf modules, then the
 //! pure decisions (`decide`), then the cache port and the observer, then the
-//! components that use them. A module names only modules below it, so the
+//! environment (`env`: clock, randomness, observer), then the components that
+//! use them. A module names only modules below it, so the
 //! port never depends on its consumers and there is no import cycle. Nothing
 //! in the compiler keeps it so — a `use` in the wrong direction compiles — so
 //! this test reads every `.rs` file under `src/` and fails, naming the file
@@ -34,20 +35,25 @@ const RULES: &[(&str, &[&str])] = &[
     ("decide", &[]),
     ("cache", &["decide"]),
     ("observe", &["decide"]),
-    ("limiter", &["decide", "cache", "observe"]),
-    ("breaker", &["decide", "cache", "observe"]),
-    ("retry", &["decide", "cache", "observe", "limiter"]),
+    ("env", &["observe"]),
+    ("limiter", &["decide", "cache", "observe", "env"]),
+    ("breaker", &["decide", "cache", "observe", "env"]),
+    ("retry", &["decide", "cache", "observe", "env", "limiter"]),
     (
         "provider",
-        &["decide", "cache", "observe", "limiter", "breaker", "retry"],
+        &["decide", "cache", "observe", "env", "limiter", "breaker", "retry"],
     ),
     (
         "testing",
-        &["decide", "cache", "observe", "limiter", "breaker", "retry", "provider"],
+        &[
+            "decide", "cache", "observe", "env", "limiter", "breaker", "retry", "provider",
+        ],
     ),
     (
         "tower",
-        &["decide", "cache", "observe", "limiter", "breaker", "retry", "provider"],
+        &[
+            "decide", "cache", "observe", "env", "limiter", "breaker", "retry", "provider",
+        ],
     ),
     ("metrics", &["decide", "observe"]),
     ("import_rules", &[]),

@@ -17,19 +17,20 @@
 //! [`RandomSource`]; nothing in this crate reads the OS clock or entropy except
 //! [`SystemClock`] and [`SeededRandom::from_os_entropy`], so a test or a
 //! simulation is a pure function of its inputs. Every decision is reported to
-//! an [`Observer`].
+//! an [`Observer`]. The three travel together as an [`Env`], which every
+//! builder takes.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use redstring::{CircuitBreaker, CircuitState, ManualClock};
+//! use redstring::{CircuitBreaker, CircuitState, Env, ManualClock};
 //!
 //! let clock = Arc::new(ManualClock::at_fixed_epoch());
 //! let breaker = CircuitBreaker::builder()
 //!     .failure_threshold(2)
 //!     .recovery_timeout(Duration::from_secs(30))
-//!     .clock(clock.clone())
+//!     .env(Env::default().with_clock(clock.clone()))
 //!     .build()
 //!     .unwrap();
 //! for _ in 0..2 {
@@ -50,6 +51,7 @@ pub mod breaker;
 pub mod cache;
 mod clock;
 pub mod decide;
+mod env;
 mod error;
 #[cfg(test)]
 mod import_rules;
@@ -77,6 +79,7 @@ pub use breaker::{
 pub use cache::{Cache, MemoryCache, TimeSource};
 pub use clock::{Clock, ManualClock, SYSTEM_CLOCK_ANCHOR, Sleep, SystemClock};
 pub use decide::DecidedBy;
+pub use env::Env;
 pub use error::{CacheError, ConfigError};
 pub use limiter::{AcquireError, Admission, OnCacheUnavailable, RateLimitExceeded, RateLimiter, RateLimiterBuilder};
 pub use observe::{Event, Interest, NoopObserver, Observer, RecordingObserver, TracingObserver};

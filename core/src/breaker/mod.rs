@@ -39,9 +39,10 @@ use crate::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, MAX_HAL
 pub use crate::decide::breaker::{CircuitState, Origin, Permit, ProbeId, Refusal};
 
 use crate::cache::{BreakerStore, MemoryCache, StoreSlot};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
+use crate::env::Env;
 use crate::error::{CacheError, ConfigError};
-use crate::observe::{Event, Listener, Observer, TracingObserver};
+use crate::observe::{Event, Listener};
 use crate::time::Timestamp;
 
 /// The default failure threshold.
@@ -174,8 +175,7 @@ impl CircuitBreaker<MemoryCache> {
             prefix: DEFAULT_KEY_PREFIX.to_owned(),
             on_cache_error: OnCacheError::default(),
             store: StoreSlot::Own(MemoryCache::new),
-            clock: None,
-            observer: None,
+            env: None,
         }
     }
 }
@@ -189,8 +189,7 @@ pub struct CircuitBreakerBuilder<S> {
     prefix: String,
     on_cache_error: OnCacheError,
     store: StoreSlot<S>,
-    clock: Option<Arc<dyn Clock>>,
-    observer: Option<Arc<dyn Observer>>,
+    env: Option<Env>,
 }
 
 impl<S: BreakerStore> CircuitBreakerBuilder<S> {
@@ -249,20 +248,14 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
             prefix: self.prefix,
             on_cache_error: self.on_cache_error,
             store: StoreSlot::Shared(cache),
-            clock: self.clock,
-            observer: self.observer,
+            env: self.env,
         }
     }
 
-    /// The clock (default [`SystemClock`]).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-
-    /// Where events go (default [`TracingObserver`]).
-    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observer = Some(observer);
+    /// The clock the breaker reads and the observer its events go to
+    /// (default [`Env::system`]).
+    pub fn env(mut self, env: Env) -> Self {
+        self.env = Some(env);
         self
     }
 
@@ -302,7 +295,8 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
         if self.prefix.is_empty() {
             return Err(ConfigError::new("key_prefix", "non-empty", "\"\""));
         }
-        let clock = self.clock.unwrap_or_else(SystemClock::calibrated);
+        let env = self.env.unwrap_or_default();
+        let clock = env.clock().clone();
         let (store, owns_store) = self.store.resolve(&clock);
         let params = BreakerParams {
             failure_threshold: self.failure_threshold,
@@ -319,7 +313,7 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
             prefix: Arc::from(self.prefix),
             on_cache_error: self.on_cache_error,
             clock,
-            observer: Listener::new(self.observer.unwrap_or_else(|| Arc::new(TracingObserver))),
+            observer: Listener::new(env.observer().clone()),
         })
     }
 }

@@ -24,12 +24,13 @@ use std::time::Duration;
 pub use error::{AcquireError, RateLimitExceeded, TokenAcquireError, TokenLimitExceeded};
 
 use crate::cache::{Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TokenStore};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::decide::DecidedBy;
 use crate::decide::tokens;
 use crate::decide::window::SlotOutcome;
+use crate::env::Env;
 use crate::error::{CacheError, ConfigError};
-use crate::observe::{Event, Listener, Observer, TracingObserver};
+use crate::observe::{Event, Listener};
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -136,10 +137,11 @@ pub struct Reservation {
 /// # tokio_test_block_on(async {
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use redstring::{ManualClock, RateLimiter, TenantId};
+/// use redstring::{Env, ManualClock, RateLimiter, TenantId};
 ///
 /// let clock = Arc::new(ManualClock::at_fixed_epoch());
-/// let limiter = RateLimiter::builder(2).clock(clock.clone()).build().unwrap();
+/// let env = Env::default().with_clock(clock.clone());
+/// let limiter = RateLimiter::builder(2).env(env).build().unwrap();
 /// let tenant = TenantId::from_u128(1);
 /// limiter.acquire(tenant).await.unwrap();
 /// clock.advance(Duration::from_secs(10));
@@ -212,8 +214,7 @@ impl RateLimiter<MemoryCache> {
             window: DEFAULT_WINDOW,
             prefix: DEFAULT_KEY_PREFIX.to_owned(),
             store: StoreSlot::Own(MemoryCache::new),
-            clock: None,
-            observer: None,
+            env: None,
             on_cache_unavailable: OnCacheUnavailable::default(),
             max_ahead: None,
             tokens: None,
@@ -228,8 +229,7 @@ pub struct RateLimiterBuilder<S> {
     window: Duration,
     prefix: String,
     store: StoreSlot<S>,
-    clock: Option<Arc<dyn Clock>>,
-    observer: Option<Arc<dyn Observer>>,
+    env: Option<Env>,
     on_cache_unavailable: OnCacheUnavailable,
     max_ahead: Option<Duration>,
     tokens: Option<u64>,
@@ -260,8 +260,7 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             window: self.window,
             prefix: self.prefix,
             store: StoreSlot::Shared(cache),
-            clock: self.clock,
-            observer: self.observer,
+            env: self.env,
             on_cache_unavailable: self.on_cache_unavailable,
             max_ahead: self.max_ahead,
             tokens: self.tokens,
@@ -309,15 +308,10 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
         self
     }
 
-    /// The clock (default [`SystemClock`]).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-
-    /// Where events go (default [`TracingObserver`]).
-    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observer = Some(observer);
+    /// The clock the limiter reads and the observer its events go to
+    /// (default [`Env::system`]).
+    pub fn env(mut self, env: Env) -> Self {
+        self.env = Some(env);
         self
     }
 }
@@ -367,7 +361,8 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
                 crate::time::secs(token_lease),
             ));
         }
-        let clock = self.clock.unwrap_or_else(SystemClock::calibrated);
+        let env = self.env.unwrap_or_default();
+        let clock = env.clock().clone();
         let (store, owns_store) = self.store.resolve(&clock);
         let local =
             (self.on_cache_unavailable == OnCacheUnavailable::LocalLimit).then(|| MemoryCache::new(clock.clone()));
@@ -376,7 +371,7 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             store,
             owns_store,
             clock,
-            observer: Listener::new(self.observer.unwrap_or_else(|| Arc::new(TracingObserver))),
+            observer: Listener::new(env.observer().clone()),
             on_cache_unavailable: self.on_cache_unavailable,
             tokens: self.tokens,
             token_lease,

@@ -23,9 +23,10 @@ use super::error::{ExtractError, ProviderError};
 use super::transport::{BoxFuture, HttpRequest, HttpTransport};
 use super::wire::{self, ResponseContext};
 use super::{ExtractRequest, Extracted, LlmProvider};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
+use crate::env::Env;
 use crate::error::ConfigError;
-use crate::observe::{Event, Observer, TracingObserver};
+use crate::observe::{Event, Observer};
 use crate::time::secs;
 
 /// The key sent when none is configured: local servers ignore it, and some
@@ -74,8 +75,7 @@ pub struct OpenAiCompatibleBuilder {
     timeout: Duration,
     max_tokens: Option<u32>,
     max_response_bytes: usize,
-    clock: Option<Arc<dyn Clock>>,
-    observer: Option<Arc<dyn Observer>>,
+    env: Option<Env>,
 }
 
 impl fmt::Debug for OpenAiCompatibleBuilder {
@@ -103,8 +103,7 @@ impl OpenAiCompatible<()> {
             timeout: DEFAULT_TIMEOUT,
             max_tokens: None,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-            clock: None,
-            observer: None,
+            env: None,
         }
     }
 }
@@ -139,17 +138,11 @@ impl OpenAiCompatibleBuilder {
         self
     }
 
-    /// The clock `Retry-After` dates are measured against (default
-    /// [`SystemClock`]).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-
-    /// Where [`Event::ServedModelDiffers`] is reported (default
-    /// [`TracingObserver`], a warning).
-    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observer = Some(observer);
+    /// The clock `Retry-After` dates are measured against and the observer
+    /// [`Event::ServedModelDiffers`] is reported to (default
+    /// [`Env::system`]; its observer logs a warning).
+    pub fn env(mut self, env: Env) -> Self {
+        self.env = Some(env);
         self
     }
 
@@ -179,6 +172,7 @@ impl OpenAiCompatibleBuilder {
         if self.max_response_bytes == 0 {
             return Err(ConfigError::new("max_response_bytes", "positive", 0));
         }
+        let env = self.env.unwrap_or_default();
         Ok(OpenAiCompatible {
             transport,
             url: format!("{base_url}/chat/completions"),
@@ -189,8 +183,8 @@ impl OpenAiCompatibleBuilder {
             timeout: self.timeout,
             max_tokens: self.max_tokens,
             max_response_bytes: self.max_response_bytes,
-            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
-            observer: self.observer.unwrap_or_else(|| Arc::new(TracingObserver)),
+            clock: env.clock().clone(),
+            observer: env.observer().clone(),
         })
     }
 }

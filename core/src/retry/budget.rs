@@ -20,12 +20,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cache::{BudgetStore, MemoryCache, StoreSlot};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::decide::DecidedBy;
 use crate::decide::budget::{BudgetCommand, BudgetParams, BudgetStep, MICROS_PER_RETRY};
+use crate::env::Env;
 use crate::error::{CacheError, ConfigError};
 use crate::limiter::OnCacheUnavailable;
-use crate::observe::{Event, Observer, TracingObserver};
+use crate::observe::{Event, Observer};
 use crate::time::Timestamp;
 
 /// The default ratio: a fifth of first attempts may be retried (Envoy's
@@ -63,10 +64,11 @@ pub const MAX_MAX_BALANCE: u32 = 1_000_000;
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// use std::sync::Arc;
-/// use redstring::{ManualClock, retry::RetryBudget};
+/// use redstring::{Env, ManualClock, retry::RetryBudget};
 ///
 /// let clock = Arc::new(ManualClock::at_fixed_epoch());
-/// let budget = RetryBudget::builder().ratio(0.5).min_retries_per_sec(0).clock(clock).build().unwrap();
+/// let env = Env::default().with_clock(clock);
+/// let budget = RetryBudget::builder().ratio(0.5).min_retries_per_sec(0).env(env).build().unwrap();
 /// budget.deposit().await; // two first attempts earn one retry
 /// budget.deposit().await;
 /// assert!(budget.try_withdraw().await);
@@ -105,8 +107,7 @@ pub struct RetryBudgetBuilder<S> {
     max_balance: u32,
     key: String,
     store: StoreSlot<S>,
-    clock: Option<Arc<dyn Clock>>,
-    observer: Option<Arc<dyn Observer>>,
+    env: Option<Env>,
     on_cache_unavailable: OnCacheUnavailable,
     max_ahead: Duration,
 }
@@ -122,8 +123,7 @@ impl RetryBudget<MemoryCache> {
             max_balance: DEFAULT_MAX_BALANCE,
             key: DEFAULT_KEY.to_owned(),
             store: StoreSlot::Own(MemoryCache::new),
-            clock: None,
-            observer: None,
+            env: None,
             on_cache_unavailable: OnCacheUnavailable::default(),
             max_ahead: Duration::from_secs(1),
         }
@@ -167,8 +167,7 @@ impl<S: BudgetStore> RetryBudgetBuilder<S> {
             max_balance: self.max_balance,
             key: self.key,
             store: StoreSlot::Shared(cache),
-            clock: self.clock,
-            observer: self.observer,
+            env: self.env,
             on_cache_unavailable: self.on_cache_unavailable,
             max_ahead: self.max_ahead,
         }
@@ -189,15 +188,10 @@ impl<S: BudgetStore> RetryBudgetBuilder<S> {
         self
     }
 
-    /// The clock (default [`SystemClock`]).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-
-    /// Where events go (default [`TracingObserver`]).
-    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observer = Some(observer);
+    /// The clock the budget refills by and the observer its events go to
+    /// (default [`Env::system`]).
+    pub fn env(mut self, env: Env) -> Self {
+        self.env = Some(env);
         self
     }
 
@@ -246,7 +240,8 @@ impl<S: BudgetStore> RetryBudgetBuilder<S> {
             ttl,
             max_ahead: self.max_ahead,
         };
-        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        let env = self.env.unwrap_or_default();
+        let clock = env.clock().clone();
         let (store, owns_store) = self.store.resolve(&clock);
         let local =
             (self.on_cache_unavailable == OnCacheUnavailable::LocalLimit).then(|| MemoryCache::new(clock.clone()));
@@ -257,7 +252,7 @@ impl<S: BudgetStore> RetryBudgetBuilder<S> {
             params,
             ratio: self.ratio,
             clock,
-            observer: self.observer.unwrap_or_else(|| Arc::new(TracingObserver)),
+            observer: env.observer().clone(),
             on_cache_unavailable: self.on_cache_unavailable,
             local,
         })

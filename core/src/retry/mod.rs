@@ -34,9 +34,8 @@ pub use policy::{
     RetryPolicy, RetryPolicyBuilder,
 };
 
-use crate::clock::{Clock, SystemClock};
-use crate::observe::{Event, Observer, TracingObserver};
-use crate::random::{RandomSource, SeededRandom};
+use crate::env::Env;
+use crate::observe::Event;
 use crate::time::{Timestamp, secs};
 
 /// A predicate's verdict on one failure.
@@ -226,9 +225,7 @@ impl<E: StdError + 'static> StdError for RetryError<E> {
 #[derive(Clone)]
 pub struct Retry {
     policy: RetryPolicy,
-    clock: Arc<dyn Clock>,
-    rng: Arc<dyn RandomSource>,
-    observer: Arc<dyn Observer>,
+    env: Env,
     budget: Option<Arc<dyn budget::Gate>>,
 }
 
@@ -242,13 +239,12 @@ impl fmt::Debug for Retry {
 }
 
 impl Retry {
-    /// A loop with `policy` on the system clock, OS-seeded jitter and `tracing`.
+    /// A loop with `policy` in [`Env::system`]: the system clock, OS-seeded
+    /// jitter and `tracing`.
     pub fn new(policy: RetryPolicy) -> Self {
         Retry {
             policy,
-            clock: Arc::new(SystemClock),
-            rng: Arc::new(SeededRandom::from_os_entropy()),
-            observer: Arc::new(TracingObserver),
+            env: Env::system(),
             budget: None,
         }
     }
@@ -262,21 +258,10 @@ impl Retry {
         self
     }
 
-    /// Sleeps on `clock` instead.
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Draws jitter from `rng` instead.
-    pub fn rng(mut self, rng: Arc<dyn RandomSource>) -> Self {
-        self.rng = rng;
-        self
-    }
-
-    /// Reports to `observer` instead.
-    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observer = observer;
+    /// Sleeps on `env`'s clock, draws jitter from its random source and
+    /// reports to its observer instead.
+    pub fn env(mut self, env: Env) -> Self {
+        self.env = env;
         self
     }
 
@@ -362,7 +347,7 @@ impl Retry {
         };
         let retry = attempts.saturating_sub(1);
         if retry >= self.policy.max_retries() {
-            self.observer.on_event(&Event::RetryExhausted {
+            self.env.observer().on_event(&Event::RetryExhausted {
                 operation: Arc::from(operation),
                 attempts,
                 error: error.to_string(),
@@ -374,9 +359,9 @@ impl Retry {
                 last: error,
             }));
         }
-        let delay = self.policy.delay_at_least(retry, floor, &*self.rng);
+        let delay = self.policy.delay_at_least(retry, floor, &**self.env.rng());
         if let Some(deadline) = deadline {
-            let remaining = deadline.saturating_duration_since(self.clock.now());
+            let remaining = deadline.saturating_duration_since(self.env.clock().now());
             if delay > remaining {
                 return Err(RetryError::Deadline(DeadlineExceeded {
                     attempts,
@@ -396,14 +381,14 @@ impl Retry {
                 last: error,
             }));
         }
-        self.observer.on_event(&Event::RetryScheduled {
+        self.env.observer().on_event(&Event::RetryScheduled {
             operation: Arc::from(operation),
             attempt: attempts,
             delay,
             floor,
             error: error.to_string(),
         });
-        self.clock.sleep(delay).await;
+        self.env.clock().sleep(delay).await;
         Ok(())
     }
 }

@@ -11,6 +11,7 @@ use tower_service::Service;
 use super::{BoxError, ResponseFuture, is_refusal};
 use crate::breaker::{CircuitBreaker, CircuitOpen, Permit};
 use crate::cache::{BreakerStore, MemoryCache};
+use crate::env::Env;
 use crate::observe::{Event, Observer, TracingObserver};
 
 /// What a call's result tells the breaker.
@@ -95,10 +96,11 @@ impl<C, B: BreakerStore> CircuitBreakerLayer<C, B> {
         }
     }
 
-    /// Where a report the store could not take is told (default
-    /// [`TracingObserver`]). The breaker's own events go to its own observer.
-    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observer = observer;
+    /// Tells a report the store could not take to `env`'s observer (default
+    /// [`TracingObserver`]); the layer reads no clock and draws nothing. The
+    /// breaker's own events go to its own observer.
+    pub fn env(mut self, env: Env) -> Self {
+        self.observer = env.observer().clone();
         self
     }
 

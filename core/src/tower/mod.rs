@@ -57,16 +57,16 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use redstring::tower::{BoxError, CircuitBreakerLayer, ErrIsFailure, RateLimitLayer};
-//! use redstring::{CircuitBreaker, ManualClock, RateLimitExceeded, RateLimiter, TenantId};
+//! use redstring::{CircuitBreaker, Env, ManualClock, RateLimitExceeded, RateLimiter, TenantId};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! struct Ask {
 //!     tenant: TenantId,
 //!     prompt: String,
 //! }
-//! let clock = Arc::new(ManualClock::at_fixed_epoch());
-//! let breaker = Arc::new(CircuitBreaker::builder().clock(clock.clone()).build().unwrap());
-//! let limiter = Arc::new(RateLimiter::builder(1).clock(clock.clone()).build().unwrap());
+//! let env = Env::default().with_clock(Arc::new(ManualClock::at_fixed_epoch()));
+//! let breaker = Arc::new(CircuitBreaker::builder().env(env.clone()).build().unwrap());
+//! let limiter = Arc::new(RateLimiter::builder(1).env(env).build().unwrap());
 //! let model = service_fn(|ask: Ask| async move { Ok::<_, BoxError>(ask.prompt.len()) });
 //! let service = ServiceBuilder::new()
 //!     .layer(CircuitBreakerLayer::new(breaker, ErrIsFailure))

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redstring::cache::KeyValue;
 use redstring::{
-    CacheError, CircuitBreaker, CircuitOpen, CircuitState, Clock, Event, ManualClock, MemoryCache, OnCacheError,
+    CacheError, CircuitBreaker, CircuitOpen, CircuitState, Clock, Env, Event, ManualClock, MemoryCache, OnCacheError,
     Permit, ProbeId, RecordingObserver, Refusal,
 };
 
@@ -28,9 +28,8 @@ fn rig(threshold: u32, timeout: u64, probes: u32) -> Rig {
         .failure_threshold(threshold)
         .recovery_timeout(secs(timeout))
         .half_open_max_calls(probes)
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()).with_observer(observer.clone()))
         .cache(cache.clone())
-        .observer(observer.clone())
         .build()
         .unwrap();
     Rig {
@@ -282,14 +281,14 @@ async fn breakers_sharing_a_cache_and_prefix_are_one_breaker() {
     let r = rig(2, 60, 1);
     let twin = CircuitBreaker::builder()
         .failure_threshold(2)
-        .clock(r.clock.clone())
+        .env(Env::default().with_clock(r.clock.clone()))
         .cache(r.cache.clone())
         .build()
         .unwrap();
     let other = CircuitBreaker::builder()
         .failure_threshold(2)
         .key_prefix("kg:embed")
-        .clock(r.clock.clone())
+        .env(Env::default().with_clock(r.clock.clone()))
         .cache(r.cache.clone())
         .build()
         .unwrap();
@@ -323,9 +322,8 @@ async fn an_unreachable_cache_admits_by_default_and_refuses_when_configured() {
         let observer = Arc::new(RecordingObserver::new());
         let b = CircuitBreaker::builder()
             .on_cache_error(policy)
-            .clock(clock.clone())
+            .env(Env::default().with_clock(clock.clone()).with_observer(observer.clone()))
             .cache(cache.clone())
-            .observer(observer.clone())
             .build()
             .unwrap();
         redstring::Cache::close(&*cache).await.unwrap();

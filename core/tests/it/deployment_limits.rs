@@ -16,7 +16,7 @@ use redstring::provider::{
     OpenAiCompatible, ReqwestTransport,
 };
 use redstring::{
-    CircuitBreaker, CircuitState, Event, ManualClock, MemoryCache, RateLimiter, RecordingObserver, RetryPolicy,
+    CircuitBreaker, CircuitState, Env, Event, ManualClock, MemoryCache, RateLimiter, RecordingObserver, RetryPolicy,
     SeededRandom, TenantId,
 };
 
@@ -42,6 +42,8 @@ struct Rig {
     fallback: TestServer,
     clock: Arc<ManualClock>,
     observer: Arc<RecordingObserver>,
+    /// The clock and the observer, for the rig's builders.
+    env: Env,
     breakers: [Arc<CircuitBreaker>; 2],
     /// The primary's own limit.
     limit: Arc<RateLimiter>,
@@ -52,10 +54,8 @@ impl Rig {
     async fn new(rpm: u32, tokens: Option<u64>) -> Self {
         let clock = Arc::new(ManualClock::at_fixed_epoch());
         let observer = Arc::new(RecordingObserver::new());
-        let mut limit = RateLimiter::builder(rpm)
-            .key_prefix("deployment:big")
-            .clock(clock.clone())
-            .observer(observer.clone());
+        let env = Env::default().with_clock(clock.clone()).with_observer(observer.clone());
+        let mut limit = RateLimiter::builder(rpm).key_prefix("deployment:big").env(env.clone());
         if let Some(tokens) = tokens {
             limit = limit.tokens_per_window(tokens);
         }
@@ -64,8 +64,7 @@ impl Rig {
                 CircuitBreaker::builder()
                     .failure_threshold(1)
                     .key_prefix(format!("kg:circuit:{name}"))
-                    .clock(clock.clone())
-                    .observer(observer.clone())
+                    .env(env.clone())
                     .build()
                     .unwrap(),
             )
@@ -77,6 +76,7 @@ impl Rig {
             limit: Arc::new(limit.build().unwrap()),
             clock,
             observer,
+            env,
         }
     }
 
@@ -88,7 +88,12 @@ impl Rig {
         fallback: bool,
         max_retries: u32,
     ) -> HardenedProviderBuilder<OpenAiCompatible<ReqwestTransport>, MemoryCache, MemoryCache> {
-        let tenants = Arc::new(RateLimiter::builder(1_000).clock(self.clock.clone()).build().unwrap());
+        let tenants = Arc::new(
+            RateLimiter::builder(1_000)
+                .env(Env::default().with_clock(self.clock.clone()))
+                .build()
+                .unwrap(),
+        );
         let primary =
             Deployment::new(adapter(&self.primary, "big"), self.breakers[0].clone()).limit(self.limit.clone());
         let mut builder = HardenedProvider::over(primary, tenant, tenants)
@@ -100,9 +105,7 @@ impl Rig {
                     .unwrap(),
             )
             .token_estimate(|_| ESTIMATE)
-            .clock(self.clock.clone())
-            .rng(Arc::new(SeededRandom::from_seed(5)))
-            .observer(self.observer.clone());
+            .env(self.env.clone().with_rng(Arc::new(SeededRandom::from_seed(5))));
         if fallback {
             builder = builder.fallback(adapter(&self.fallback, "small"), self.breakers[1].clone());
         }
@@ -340,7 +343,12 @@ async fn a_probe_admitted_where_the_limit_refuses_is_handed_back_before_the_call
         })
     };
     let (big, small) = (asking("big", &rig.breakers[1]), asking("small", &rig.breakers[0]));
-    let tenants = Arc::new(RateLimiter::builder(10).clock(rig.clock.clone()).build().unwrap());
+    let tenants = Arc::new(
+        RateLimiter::builder(10)
+            .env(Env::default().with_clock(rig.clock.clone()))
+            .build()
+            .unwrap(),
+    );
     let provider = HardenedProvider::over(
         Deployment::new(big.clone(), rig.breakers[0].clone()).limit(rig.limit.clone()),
         TenantId::from_u128(1),
@@ -348,8 +356,7 @@ async fn a_probe_admitted_where_the_limit_refuses_is_handed_back_before_the_call
     )
     .fallback(small.clone(), rig.breakers[1].clone())
     .limiter_waits(0)
-    .clock(rig.clock.clone())
-    .observer(rig.observer.clone())
+    .env(rig.env.clone())
     .build();
 
     let answer = provider.extract_with_model::<String>("Ann.", None).await.unwrap();

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use redstring::cache::{HitWindow, KeyValue};
 use redstring::{
-    AcquireError, Clock, Event, ManualClock, MemoryCache, RateLimitExceeded, RateLimiter, RecordingObserver, TenantId,
-    Timestamp,
+    AcquireError, Clock, Env, Event, ManualClock, MemoryCache, RateLimitExceeded, RateLimiter, RecordingObserver,
+    TenantId, Timestamp,
 };
 
 const A: TenantId = TenantId::from_u128(0xA);
@@ -20,7 +20,10 @@ fn secs(n: u64) -> Duration {
 }
 
 fn limiter(rpm: u32, clock: &Arc<ManualClock>) -> RateLimiter {
-    RateLimiter::builder(rpm).clock(clock.clone()).build().unwrap()
+    RateLimiter::builder(rpm)
+        .env(Env::default().with_clock(clock.clone()))
+        .build()
+        .unwrap()
 }
 
 fn refused(result: Result<redstring::Admission, AcquireError>) -> RateLimitExceeded {
@@ -214,7 +217,7 @@ async fn remaining_is_never_negative_even_when_a_fleet_overshot() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
     let l = RateLimiter::builder(2)
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()))
         .cache(cache.clone())
         .build()
         .unwrap();
@@ -230,7 +233,7 @@ async fn rpm_means_per_window() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let l = RateLimiter::builder(10)
         .window(secs(1))
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()))
         .build()
         .unwrap();
     for _ in 0..10 {
@@ -299,19 +302,20 @@ async fn a_busy_tenant_keeps_at_most_two_windows_of_hits() {
 async fn limiters_sharing_a_cache_and_prefix_share_an_allowance() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let env = Env::default().with_clock(clock);
     let one = RateLimiter::builder(2)
-        .clock(clock.clone())
+        .env(env.clone())
         .cache(cache.clone())
         .build()
         .unwrap();
     let two = RateLimiter::builder(2)
-        .clock(clock.clone())
+        .env(env.clone())
         .cache(cache.clone())
         .build()
         .unwrap();
     let other = RateLimiter::builder(2)
         .key_prefix("kg:embed")
-        .clock(clock.clone())
+        .env(env)
         .cache(cache.clone())
         .build()
         .unwrap();
@@ -351,8 +355,11 @@ async fn one_clock_read_per_acquire_stamps_count_oldest_and_hit_alike() {
     ));
     let l = RateLimiter::builder(1)
         .cache(cache)
-        .clock(Arc::new(TickingClock(manual.clone())))
-        .observer(observer.clone())
+        .env(
+            Env::default()
+                .with_clock(Arc::new(TickingClock(manual.clone())))
+                .with_observer(observer.clone()),
+        )
         .build()
         .unwrap();
     let start = manual.now();
@@ -387,7 +394,7 @@ async fn close_releases_only_a_cache_the_limiter_built() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let shared = Arc::new(MemoryCache::new(clock.clone()));
     let given = RateLimiter::builder(1)
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()))
         .cache(shared.clone())
         .build()
         .unwrap();
@@ -435,8 +442,11 @@ async fn one_fast_clock_cannot_lift_a_shared_limit() {
     let events = Arc::new(RecordingObserver::new());
     let fast = RateLimiter::builder(3)
         .cache(shared.clone())
-        .clock(Arc::new(ManualClock::new(store_clock.now().saturating_add(secs(3600)))))
-        .observer(events.clone())
+        .env(
+            Env::default()
+                .with_clock(Arc::new(ManualClock::new(store_clock.now().saturating_add(secs(3600)))))
+                .with_observer(events.clone()),
+        )
         .build()
         .unwrap();
     fast.acquire(A).await.unwrap();
@@ -449,7 +459,7 @@ async fn one_fast_clock_cannot_lift_a_shared_limit() {
     );
     let sane = RateLimiter::builder(3)
         .cache(shared)
-        .clock(store_clock.clone())
+        .env(Env::default().with_clock(store_clock.clone()))
         .build()
         .unwrap();
     let mut admitted = 0;
@@ -494,7 +504,9 @@ mod tokens {
     use super::*;
 
     fn token_limiter(clock: &Arc<ManualClock>, lease: Option<Duration>) -> RateLimiter {
-        let mut b = RateLimiter::builder(100).tokens_per_window(1000).clock(clock.clone());
+        let mut b = RateLimiter::builder(100)
+            .tokens_per_window(1000)
+            .env(Env::default().with_clock(clock.clone()));
         if let Some(lease) = lease {
             b = b.token_lease(lease);
         }
@@ -556,7 +568,7 @@ mod tokens {
         let clock = Arc::new(ManualClock::at_fixed_epoch());
         let limiter = RateLimiter::builder(1)
             .tokens_per_window(1000)
-            .clock(clock.clone())
+            .env(Env::default().with_clock(clock.clone()))
             .build()
             .unwrap();
         let huge = tokens_refused(limiter.acquire_tokens(A, 1001).await);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::support::provider::{Reply, TestServer};
 use redstring::metrics::MetricsObserver;
 use redstring::provider::{HardenedProvider, LlmProviderExt, OpenAiCompatible};
-use redstring::{CircuitBreaker, ManualClock, RateLimiter, RetryPolicy, SeededRandom, TenantId};
+use redstring::{CircuitBreaker, Env, ManualClock, RateLimiter, RetryPolicy, SeededRandom, TenantId};
 
 const LOADING: &str = r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
 
@@ -43,21 +43,18 @@ fn a_scripted_outage_scrapes_as_the_documented_series() {
             server.push(Reply::completion(r#"{"name":"Ann"}"#));
             server.push(Reply::status(503, LOADING));
             server.push(Reply::status(503, LOADING));
-            let clock = Arc::new(ManualClock::at_fixed_epoch());
-            let observer = Arc::new(MetricsObserver::new());
+            let env = Env::default()
+                .with_clock(Arc::new(ManualClock::at_fixed_epoch()))
+                .with_rng(Arc::new(SeededRandom::from_seed(7)))
+                .with_observer(Arc::new(MetricsObserver::new()));
             let breaker = CircuitBreaker::builder()
                 .failure_threshold(1)
                 .recovery_timeout(Duration::from_secs(30))
                 .key_prefix("kg:circuit:gpu")
-                .clock(clock.clone())
-                .observer(observer.clone())
+                .env(env.clone())
                 .build()
                 .unwrap();
-            let limiter = RateLimiter::builder(100)
-                .clock(clock.clone())
-                .observer(observer.clone())
-                .build()
-                .unwrap();
+            let limiter = RateLimiter::builder(100).env(env.clone()).build().unwrap();
             let adapter = OpenAiCompatible::builder(server.base_url(), "qwen3")
                 .timeout(Duration::from_secs(5))
                 .build()
@@ -65,9 +62,7 @@ fn a_scripted_outage_scrapes_as_the_documented_series() {
             let provider =
                 HardenedProvider::builder(adapter, TenantId::from_u128(1), Arc::new(limiter), Arc::new(breaker))
                     .retry_policy(RetryPolicy::builder().max_retries(1).jitter(0.0).build().unwrap())
-                    .clock(clock.clone())
-                    .rng(Arc::new(SeededRandom::from_seed(7)))
-                    .observer(observer)
+                    .env(env)
                     .build();
             let ann = provider.extract::<Person>("Ann.", None).await.unwrap();
             assert_eq!(ann.name, "Ann");
@@ -145,14 +140,13 @@ fn a_call_its_caller_drops_is_counted_cancelled_and_not_left_in_flight() {
         runtime.block_on(async {
             let server = TestServer::start().await;
             server.push(Reply::Hang);
-            let clock = Arc::new(ManualClock::at_fixed_epoch());
-            let breaker = CircuitBreaker::builder().clock(clock.clone()).build().unwrap();
-            let limiter = RateLimiter::builder(100).clock(clock.clone()).build().unwrap();
+            let env = Env::default().with_clock(Arc::new(ManualClock::at_fixed_epoch()));
+            let breaker = CircuitBreaker::builder().env(env.clone()).build().unwrap();
+            let limiter = RateLimiter::builder(100).env(env.clone()).build().unwrap();
             let adapter = OpenAiCompatible::builder(server.base_url(), "qwen3").build().unwrap();
             let provider =
                 HardenedProvider::builder(adapter, TenantId::from_u128(1), Arc::new(limiter), Arc::new(breaker))
-                    .clock(clock)
-                    .observer(Arc::new(MetricsObserver::new()))
+                    .env(env.with_observer(Arc::new(MetricsObserver::new())))
                     .build();
             // The caller gives up on a server that never answers.
             let call = provider.extract::<Person>("Ann.", None);

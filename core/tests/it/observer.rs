@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redstring::{
-    CircuitBreaker, CircuitState, Event, Interest, ManualClock, Observer, Permit, RateLimiter, RecordingObserver,
+    CircuitBreaker, CircuitState, Env, Event, Interest, ManualClock, Observer, Permit, RateLimiter, RecordingObserver,
     TenantId, TracingObserver,
 };
 
@@ -31,16 +31,12 @@ impl Observer for Deaf {
 /// threshold 1, as `(admitted by the limiter, state after each step)`.
 async fn decisions(observer: Arc<dyn Observer>) -> (Vec<bool>, Vec<CircuitState>) {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
-    let limiter = RateLimiter::builder(2)
-        .clock(clock.clone())
-        .observer(observer.clone())
-        .build()
-        .unwrap();
+    let env = Env::default().with_clock(clock.clone()).with_observer(observer);
+    let limiter = RateLimiter::builder(2).env(env.clone()).build().unwrap();
     let breaker = CircuitBreaker::builder()
         .failure_threshold(1)
         .recovery_timeout(Duration::from_secs(5))
-        .clock(clock.clone())
-        .observer(observer)
+        .env(env)
         .build()
         .unwrap();
     let mut admitted = Vec::new();
@@ -150,8 +146,7 @@ async fn an_observer_whose_interest_may_change_is_asked_every_decision_and_heard
     let sometimes = Declared::new(Interest::Sometimes, false);
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let limiter = RateLimiter::builder(10)
-        .clock(clock)
-        .observer(sometimes.clone())
+        .env(Env::default().with_clock(clock).with_observer(sometimes.clone()))
         .build()
         .unwrap();
     let tenant = TenantId::from_u128(1);
@@ -201,8 +196,11 @@ fn the_tracing_observer_wants_events_only_while_a_subscriber_listens() {
 /// A breaker with default settings on a manual clock, observed by `observer`.
 fn breaker_heard_by(observer: &Arc<Declared>) -> CircuitBreaker {
     CircuitBreaker::builder()
-        .clock(Arc::new(ManualClock::at_fixed_epoch()))
-        .observer(observer.clone())
+        .env(
+            Env::default()
+                .with_clock(Arc::new(ManualClock::at_fixed_epoch()))
+                .with_observer(observer.clone()),
+        )
         .build()
         .unwrap()
 }

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use crate::support;
 use proptest::prelude::*;
-use redstring::{AcquireError, CircuitBreaker, CircuitState, Clock, ManualClock, RateLimiter, TenantId, Timestamp};
+use redstring::{
+    AcquireError, CircuitBreaker, CircuitState, Clock, Env, ManualClock, RateLimiter, TenantId, Timestamp,
+};
 
 const T: TenantId = TenantId::from_u128(7);
 
@@ -45,7 +47,7 @@ proptest! {
         let window = Duration::from_secs(window_s);
         let admitted = runtime().block_on(async {
             let clock = Arc::new(ManualClock::at_fixed_epoch());
-            let l = RateLimiter::builder(rpm).window(window).clock(clock.clone()).build().unwrap();
+            let l = RateLimiter::builder(rpm).window(window).env(Env::default().with_clock(clock.clone())).build().unwrap();
             let mut admitted: Vec<Timestamp> = Vec::new();
             for gap in gaps {
                 clock.advance(gap);
@@ -69,7 +71,7 @@ proptest! {
     fn retry_after_never_grows_between_admissions(rpm in 1u32..6, window_s in 1u64..90, gaps in gaps()) {
         runtime().block_on(async {
             let clock = Arc::new(ManualClock::at_fixed_epoch());
-            let l = RateLimiter::builder(rpm).window(Duration::from_secs(window_s)).clock(clock.clone()).build().unwrap();
+            let l = RateLimiter::builder(rpm).window(Duration::from_secs(window_s)).env(Env::default().with_clock(clock.clone())).build().unwrap();
             let mut last: Option<Duration> = None;
             for gap in gaps {
                 clock.advance(gap);
@@ -133,7 +135,7 @@ proptest! {
                 .failure_threshold(threshold)
                 .recovery_timeout(Duration::from_secs(timeout_s))
                 .half_open_max_calls(probes)
-                .clock(clock.clone())
+                .env(Env::default().with_clock(clock.clone()))
                 .build()
                 .unwrap();
             // When each probe of the current half-open episode still in flight
@@ -185,7 +187,7 @@ proptest! {
             let b = CircuitBreaker::builder()
                 .failure_threshold(threshold)
                 .recovery_timeout(timeout)
-                .clock(clock.clone())
+                .env(Env::default().with_clock(clock.clone()))
                 .build()
                 .unwrap();
             for (extra_ms, success_between) in spacing {
@@ -219,7 +221,7 @@ proptest! {
     fn racing_tasks_never_exceed_rpm(rpm in 1u32..30, tasks in 2usize..64) {
         let admitted = multi_thread().block_on(async {
             let clock = Arc::new(ManualClock::at_fixed_epoch());
-            let l = Arc::new(RateLimiter::builder(rpm).clock(clock).build().unwrap());
+            let l = Arc::new(RateLimiter::builder(rpm).env(Env::default().with_clock(clock)).build().unwrap());
             let handles: Vec<_> = (0..tasks)
                 .map(|_| {
                     let l = l.clone();
@@ -246,7 +248,7 @@ proptest! {
                     .failure_threshold(1)
                     .recovery_timeout(Duration::from_secs(10))
                     .half_open_max_calls(probes)
-                    .clock(clock.clone())
+                    .env(Env::default().with_clock(clock.clone()))
                     .build()
                     .unwrap(),
             );
@@ -335,7 +337,7 @@ proptest! {
             .ratio(ratio)
             .min_retries_per_sec(floor)
             .max_balance(cap)
-            .clock(clock.clone())
+            .env(Env::default().with_clock(clock.clone()))
             .build()
             .unwrap();
         let params = *budget.params();
@@ -381,7 +383,7 @@ proptest! {
         ),
     ) {
         let clock = Arc::new(ManualClock::at_fixed_epoch());
-        let limiter = RateLimiter::builder(10_000).tokens_per_window(limit).clock(clock.clone()).build().unwrap();
+        let limiter = RateLimiter::builder(10_000).tokens_per_window(limit).env(Env::default().with_clock(clock.clone())).build().unwrap();
         let window = limiter.window();
         let rt = runtime();
         // (at, estimate, settled actual, reservation) per admitted call.

@@ -11,8 +11,8 @@ use redstring::provider::{
     LlmProviderExt, OpenAiCompatible, ProviderError, ReqwestTransport, TransportError,
 };
 use redstring::{
-    CircuitBreaker, CircuitState, Clock, Event, ManualClock, RateLimiter, RecordingObserver, RetryPolicy, Retryable,
-    SeededRandom, TenantId,
+    CircuitBreaker, CircuitState, Clock, Env, Event, ManualClock, RateLimiter, RecordingObserver, RetryPolicy,
+    Retryable, SeededRandom, TenantId,
 };
 
 const KEY: &str = "sk-hardened-5ecret";
@@ -29,6 +29,8 @@ struct Rig {
     server: TestServer,
     clock: Arc<ManualClock>,
     observer: Arc<RecordingObserver>,
+    /// The clock and the observer, for the rig's builders.
+    env: Env,
     limiter: Arc<RateLimiter>,
     breaker: Arc<CircuitBreaker>,
 }
@@ -41,19 +43,13 @@ impl Rig {
     fn on(server: TestServer, rpm: u32, failure_threshold: u32) -> Self {
         let clock = Arc::new(ManualClock::at_fixed_epoch());
         let observer = Arc::new(RecordingObserver::new());
-        let limiter = Arc::new(
-            RateLimiter::builder(rpm)
-                .clock(clock.clone())
-                .observer(observer.clone())
-                .build()
-                .unwrap(),
-        );
+        let env = Env::default().with_clock(clock.clone()).with_observer(observer.clone());
+        let limiter = Arc::new(RateLimiter::builder(rpm).env(env.clone()).build().unwrap());
         let breaker = Arc::new(
             CircuitBreaker::builder()
                 .failure_threshold(failure_threshold)
                 .recovery_timeout(Duration::from_secs(30))
-                .clock(clock.clone())
-                .observer(observer.clone())
+                .env(env.clone())
                 .build()
                 .unwrap(),
         );
@@ -61,6 +57,7 @@ impl Rig {
             server,
             clock,
             observer,
+            env,
             limiter,
             breaker,
         }
@@ -110,9 +107,7 @@ impl Rig {
                 .build()
                 .unwrap(),
         )
-        .clock(self.clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(7)))
-        .observer(self.observer.clone())
+        .env(self.env.clone().with_rng(Arc::new(SeededRandom::from_seed(7))))
     }
 
     fn finished(&self) -> Vec<(&'static str, u32)> {
@@ -234,8 +229,7 @@ async fn a_retry_budget_bounds_a_storms_retries_across_providers() {
         redstring::RetryBudget::builder()
             .ratio(0.2)
             .min_retries_per_sec(0)
-            .clock(rig.clock.clone())
-            .observer(rig.observer.clone())
+            .env(rig.env.clone())
             .build()
             .unwrap(),
     );
@@ -672,8 +666,11 @@ async fn the_deadline_bounds_each_attempt_in_flight() {
         .unwrap();
     let provider = HardenedProvider::builder(adapter, A, rig.limiter.clone(), rig.breaker.clone())
         .retry_policy(RetryPolicy::builder().jitter(0.0).build().unwrap())
-        .clock(rig.clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(7)))
+        .env(
+            Env::default()
+                .with_clock(rig.clock.clone())
+                .with_rng(Arc::new(SeededRandom::from_seed(7))),
+        )
         .deadline(secs(3))
         .build();
     let _: Person = provider.extract("Ann.", None).await.unwrap();
@@ -691,7 +688,7 @@ async fn the_deadline_bounds_each_attempt_in_flight() {
         rig.limiter.clone(),
         rig.breaker.clone(),
     )
-    .clock(rig.clock.clone())
+    .env(Env::default().with_clock(rig.clock.clone()))
     .build();
     let _: Person = unbounded.extract("Ann.", None).await.unwrap();
     assert_eq!(transport.timeouts.lock().unwrap().last(), Some(&secs(20)));
@@ -756,8 +753,7 @@ fn token_rig(server: TestServer) -> (Rig, Arc<RateLimiter>) {
     let limiter = Arc::new(
         RateLimiter::builder(1000)
             .tokens_per_window(1000)
-            .clock(rig.clock.clone())
-            .observer(rig.observer.clone())
+            .env(rig.env.clone())
             .build()
             .unwrap(),
     );
@@ -774,8 +770,7 @@ async fn a_token_budget_reserves_the_estimate_and_settles_to_the_servers_usage()
         limiter.clone(),
         rig.breaker.clone(),
     )
-    .clock(rig.clock.clone())
-    .observer(rig.observer.clone())
+    .env(rig.env.clone())
     .token_estimate(|_| 600)
     .build();
     // Each call reserves 600 of 1000 and settles to the 15 the server used:
@@ -812,7 +807,7 @@ async fn a_call_the_server_refused_releases_its_tokens_and_an_oversized_one_is_r
         rig.breaker.clone(),
     )
     .retry_policy(RetryPolicy::builder().max_retries(1).jitter(0.0).build().unwrap())
-    .clock(rig.clock.clone())
+    .env(Env::default().with_clock(rig.clock.clone()))
     .token_estimate(|r| if r.text.len() > 10 { 5000 } else { 900 })
     .build();
     let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::provider::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
+use redstring::Env;
 use redstring::provider::{
     ExtractError, LlmProvider, LlmProviderExt, OpenAiCompatible, ProviderError, ReqwestTransport, TransportErrorKind,
 };
@@ -511,7 +512,7 @@ async fn provenance_is_the_model_that_answered_and_a_stranger_is_reported() {
         ));
     let observer = Arc::new(redstring::RecordingObserver::new());
     let provider = OpenAiCompatible::builder(server.base_url(), "qwen3")
-        .observer(observer.clone())
+        .env(Env::default().with_observer(observer.clone()))
         .build()
         .unwrap();
 

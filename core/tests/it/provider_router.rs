@@ -12,7 +12,7 @@ use redstring::provider::{
     ReqwestTransport,
 };
 use redstring::{
-    CircuitBreaker, CircuitState, Event, ManualClock, MemoryCache, RateLimiter, RecordingObserver, RetryBudget,
+    CircuitBreaker, CircuitState, Env, Event, ManualClock, MemoryCache, RateLimiter, RecordingObserver, RetryBudget,
     RetryPolicy, SeededRandom, TenantId,
 };
 
@@ -34,6 +34,8 @@ struct Rig {
     fallback: TestServer,
     clock: Arc<ManualClock>,
     observer: Arc<RecordingObserver>,
+    /// The clock and the observer, for the rig's builders.
+    env: Env,
     limiter: Arc<RateLimiter>,
     breakers: [Arc<CircuitBreaker>; 2],
 }
@@ -42,21 +44,15 @@ impl Rig {
     async fn new(threshold: u32) -> Self {
         let clock = Arc::new(ManualClock::at_fixed_epoch());
         let observer = Arc::new(RecordingObserver::new());
-        let limiter = Arc::new(
-            RateLimiter::builder(100)
-                .clock(clock.clone())
-                .observer(observer.clone())
-                .build()
-                .unwrap(),
-        );
+        let env = Env::default().with_clock(clock.clone()).with_observer(observer.clone());
+        let limiter = Arc::new(RateLimiter::builder(100).env(env.clone()).build().unwrap());
         let breaker = |name: &str| {
             Arc::new(
                 CircuitBreaker::builder()
                     .failure_threshold(threshold)
                     .recovery_timeout(Duration::from_secs(30))
                     .key_prefix(format!("kg:circuit:{name}"))
-                    .clock(clock.clone())
-                    .observer(observer.clone())
+                    .env(env.clone())
                     .build()
                     .unwrap(),
             )
@@ -67,6 +63,7 @@ impl Rig {
             breakers: [breaker("primary"), breaker("fallback")],
             clock,
             observer,
+            env,
             limiter,
         }
     }
@@ -94,9 +91,7 @@ impl Rig {
                 .build()
                 .unwrap(),
         )
-        .clock(self.clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(3)))
-        .observer(self.observer.clone())
+        .env(self.env.clone().with_rng(Arc::new(SeededRandom::from_seed(3))))
     }
 
     /// Each call's move to another deployment: (from, to, reason).
@@ -283,7 +278,7 @@ async fn fallover_is_a_retry_bounded_by_the_schedule_the_deadline_and_the_budget
             .ratio(0.0)
             .min_retries_per_sec(0)
             .max_balance(1)
-            .clock(rig.clock.clone())
+            .env(Env::default().with_clock(rig.clock.clone()))
             .build()
             .unwrap(),
     );

@@ -13,7 +13,7 @@ use redstring::cache::BreakerStore;
 use redstring::cache::redis::RedisCache;
 use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Write};
 use redstring::provider::LlmProviderExt;
-use redstring::{Clock, ManualClock, Permit, RecordingObserver, Refusal, SystemClock, TimeSource, Timestamp};
+use redstring::{Clock, Env, ManualClock, Permit, RecordingObserver, Refusal, SystemClock, TimeSource, Timestamp};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -59,9 +59,8 @@ async fn a_shorter_signal_never_shortens_a_cooldown_on_redis_and_a_longer_one_ex
     let observer = Arc::new(RecordingObserver::new());
     let breaker = redstring::CircuitBreaker::builder()
         .key_prefix("kg:circuit:cooldown-grows")
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()).with_observer(observer.clone()))
         .cache(Arc::new(server.cache()))
-        .observer(observer.clone())
         .build()
         .unwrap();
     let at = clock.now();

@@ -12,7 +12,7 @@ use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequ
 use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::decide::window::SlotOutcome;
 use redstring::{
-    AcquireError, CacheError, CircuitBreaker, CircuitState, Clock, Event, ManualClock, OnCacheError,
+    AcquireError, CacheError, CircuitBreaker, CircuitState, Clock, Env, Event, ManualClock, OnCacheError,
     OnCacheUnavailable, RateLimiter, RecordingObserver, SystemClock, TenantId,
 };
 
@@ -107,8 +107,7 @@ async fn a_server_out_of_memory_is_unavailable_and_the_policies_apply() {
     let observer = Arc::new(RecordingObserver::new());
     let limiter = RateLimiter::builder(2)
         .cache(Arc::new(server.cache()))
-        .clock(clock.clone())
-        .observer(observer.clone())
+        .env(Env::default().with_clock(clock.clone()).with_observer(observer.clone()))
         .on_cache_unavailable(OnCacheUnavailable::LocalLimit)
         .build()
         .unwrap();
@@ -132,9 +131,12 @@ async fn a_server_out_of_memory_is_unavailable_and_the_policies_apply() {
         .recovery_timeout(Duration::from_micros(1))
         .key_prefix("oom-breaker")
         .cache(Arc::new(server.cache()))
-        .clock(clock.clone())
+        .env(
+            Env::default()
+                .with_clock(clock.clone())
+                .with_observer(breaker_events.clone()),
+        )
         .on_cache_error(OnCacheError::Refuse)
-        .observer(breaker_events.clone())
         .build()
         .unwrap();
     breaker.record_failure().await.unwrap();
@@ -215,7 +217,7 @@ async fn a_wrong_or_missing_password_is_one_clear_permanent_error() {
         let observer = Arc::new(RecordingObserver::new());
         let limiter = RateLimiter::builder(2)
             .cache(Arc::new(cache))
-            .observer(observer.clone())
+            .env(Env::default().with_observer(observer.clone()))
             .on_cache_unavailable(OnCacheUnavailable::LocalLimit)
             .build()
             .unwrap();
@@ -241,7 +243,7 @@ async fn wrong_typed_breaker_keys_are_reported_and_replaced() {
         .failure_threshold(2)
         .key_prefix("corrupt")
         .cache(cache.clone())
-        .observer(observer.clone())
+        .env(Env::default().with_observer(observer.clone()))
         .build()
         .unwrap();
     assert_eq!(breaker.state().await.unwrap(), CircuitState::Closed);
@@ -282,7 +284,7 @@ async fn a_wrong_typed_window_is_replaced_by_the_next_hit() {
     // The limiter's window, corrupted under a running limiter.
     let limiter = RateLimiter::builder(2)
         .cache(cache.clone())
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()))
         .build()
         .unwrap();
     let tenant = TenantId::from_u128(5);

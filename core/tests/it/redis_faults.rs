@@ -12,7 +12,7 @@ use redstring::cache::{BreakerStore, KeyValue, LimiterStore, SlotRequest};
 use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
 use redstring::decide::window::SlotOutcome;
 use redstring::{
-    AcquireError, Cache, CacheError, CircuitBreaker, Clock, Event, ManualClock, OnCacheError, OnCacheUnavailable,
+    AcquireError, Cache, CacheError, CircuitBreaker, Clock, Env, Event, ManualClock, OnCacheError, OnCacheUnavailable,
     RateLimiter, RecordingObserver, SystemClock, TenantId,
 };
 
@@ -170,8 +170,7 @@ async fn the_limiters_policy_applies_while_redis_is_down_and_stops_when_it_retur
     let limiter = |policy: OnCacheUnavailable, observer: Arc<RecordingObserver>| {
         RateLimiter::builder(2)
             .cache(Arc::new(server.cache()))
-            .clock(clock.clone())
-            .observer(observer)
+            .env(Env::default().with_clock(clock.clone()).with_observer(observer))
             .on_cache_unavailable(policy)
             .build()
             .unwrap()
@@ -243,7 +242,7 @@ async fn the_breakers_cache_error_policy_holds_against_a_dead_redis() {
             .failure_threshold(1)
             .cache(Arc::new(server.cache()))
             .on_cache_error(policy)
-            .observer(observer)
+            .env(Env::default().with_observer(observer))
             .build()
             .unwrap()
     };

@@ -15,7 +15,7 @@ use redstring::cache::redis::RedisCache;
 use redstring::provider::{
     BoxFuture, Deployment, ExtractError, ExtractRequest, Extracted, HardenedProvider, LlmProvider, LlmProviderExt,
 };
-use redstring::{CircuitBreaker, RateLimiter, TenantId};
+use redstring::{CircuitBreaker, Env, RateLimiter, TenantId};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
@@ -86,7 +86,7 @@ fn a_fleet_routing_least_loaded_on_redis_splits_calls_in_flight_exactly() {
             let provider = HardenedProvider::builder(a.clone(), TenantId::from_u128(1), limiter, breaker("a"))
                 .fallback(b.clone(), breaker("b"))
                 .least_loaded(Duration::from_secs(60))
-                .rng(Arc::new(redstring::SeededRandom::from_seed(worker)))
+                .env(Env::default().with_rng(Arc::new(redstring::SeededRandom::from_seed(worker))))
                 .build();
             fleet.push(Arc::new(provider));
         }
@@ -163,7 +163,7 @@ fn a_deployments_own_token_limit_on_redis_admits_exactly_its_tokens_across_tenan
             let provider = HardenedProvider::over(primary, TenantId::from_u128(worker + 1), tenants)
                 .fallback(b.clone(), breaker("b"))
                 .token_estimate(|_| 100)
-                .rng(Arc::new(redstring::SeededRandom::from_seed(worker as u64)))
+                .env(Env::default().with_rng(Arc::new(redstring::SeededRandom::from_seed(worker as u64))))
                 .build();
             fleet.push(Arc::new(provider));
         }

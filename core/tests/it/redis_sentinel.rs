@@ -17,8 +17,8 @@ use redstring::cache::KeyValue;
 use redstring::cache::redis::RedisCache;
 use redstring::testing::run_all;
 use redstring::{
-    AcquireError, CacheError, Clock, Event, OnCacheUnavailable, RateLimiter, RecordingObserver, SystemClock, TenantId,
-    Timestamp,
+    AcquireError, CacheError, Clock, Env, Event, OnCacheUnavailable, RateLimiter, RecordingObserver, SystemClock,
+    TenantId, Timestamp,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -106,7 +106,7 @@ async fn failover_under(policy: OnCacheUnavailable) -> Option<Failover> {
                     .window(Duration::from_secs(60))
                     .cache(Arc::new(group.cache()))
                     .on_cache_unavailable(policy)
-                    .observer(observer.clone())
+                    .env(Env::default().with_observer(observer.clone()))
                     .build()
                     .unwrap(),
             )

@@ -9,8 +9,8 @@ use redstring::cache::redis::RedisCache;
 use redstring::cache::{LimiterStore, SlotRequest};
 use redstring::decide::window::{SlotOutcome, skew_bound};
 use redstring::{
-    CircuitBreaker, Clock, Event, ManualClock, NoopObserver, RateLimiter, RecordingObserver, SystemClock, TenantId,
-    TimeSource,
+    CircuitBreaker, Clock, Env, Event, ManualClock, NoopObserver, RateLimiter, RecordingObserver, SystemClock,
+    TenantId, TimeSource,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -35,8 +35,7 @@ async fn skewed_fleet_admissions(server: &RedisServer, time_source: TimeSource) 
     for clock in [behind, ahead] {
         let limiter = RateLimiter::builder(3)
             .cache(cache(server, time_source))
-            .clock(clock)
-            .observer(Arc::new(NoopObserver))
+            .env(Env::default().with_clock(clock).with_observer(Arc::new(NoopObserver)))
             .build()
             .unwrap();
         for _ in 0..5 {
@@ -75,8 +74,11 @@ async fn one_fast_clock_cannot_lift_a_shared_limit() {
         let events = Arc::new(RecordingObserver::default());
         let fast = RateLimiter::builder(3)
             .cache(cache(&server, time_source))
-            .clock(Arc::new(ManualClock::new(real.saturating_add(HOUR))))
-            .observer(events.clone())
+            .env(
+                Env::default()
+                    .with_clock(Arc::new(ManualClock::new(real.saturating_add(HOUR))))
+                    .with_observer(events.clone()),
+            )
             .build()
             .unwrap();
         fast.acquire(TenantId::from_u128(1)).await.unwrap();
@@ -85,8 +87,11 @@ async fn one_fast_clock_cannot_lift_a_shared_limit() {
 
         let sane = RateLimiter::builder(3)
             .cache(cache(&server, time_source))
-            .clock(Arc::new(SystemClock))
-            .observer(Arc::new(NoopObserver))
+            .env(
+                Env::default()
+                    .with_clock(Arc::new(SystemClock))
+                    .with_observer(Arc::new(NoopObserver)),
+            )
             .build()
             .unwrap();
         let mut admitted = 0;
@@ -136,8 +141,7 @@ async fn store_time_keeps_a_fast_worker_from_probing_early() {
                 .failure_threshold(1)
                 .recovery_timeout(Duration::from_secs(60))
                 .cache(cache(&server, time_source))
-                .clock(clock)
-                .observer(Arc::new(NoopObserver))
+                .env(Env::default().with_clock(clock).with_observer(Arc::new(NoopObserver)))
                 .build()
                 .unwrap()
         };

@@ -15,7 +15,7 @@ use redstring::tower::{
     BoxError, CircuitBreakerLayer, CircuitBreakerService, ErrIsFailure, RateLimitLayer, RateLimitService,
 };
 use redstring::{
-    CircuitBreaker, CircuitOpen, CircuitState, Clock, ManualClock, RateLimitExceeded, RateLimiter, SystemClock,
+    CircuitBreaker, CircuitOpen, CircuitState, Clock, Env, ManualClock, RateLimitExceeded, RateLimiter, SystemClock,
 };
 
 type Member = CircuitBreakerService<
@@ -39,14 +39,14 @@ fn member(
         .recovery_timeout(secs(30))
         .key_prefix("fleet:circuit:gpu")
         .cache(cache.clone())
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()))
         .build()
         .unwrap();
     let breaker = Arc::new(breaker);
     let limiter = RateLimiter::builder(rpm)
         .key_prefix("fleet:rpm")
         .cache(cache)
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()))
         .build()
         .unwrap();
     let tenant: fn(&Req) -> redstring::TenantId = tenant_of;

@@ -11,7 +11,7 @@ use redstring::cache::{HitWindow, LimiterStore, SlotRequest, TokenStore};
 use redstring::decide::tokens::{ReservationId, TokenAsk, TokenOutcome};
 use redstring::decide::window::SlotOutcome;
 use redstring::{
-    AcquireError, Cache, CacheError, Event, ManualClock, MemoryCache, OnCacheUnavailable, RateLimiter,
+    AcquireError, Cache, CacheError, Env, Event, ManualClock, MemoryCache, OnCacheUnavailable, RateLimiter,
     RecordingObserver, TenantId, Timestamp,
 };
 
@@ -95,8 +95,7 @@ fn setup(policy: Option<OnCacheUnavailable>) -> (Arc<Flaky>, RateLimiter<Flaky>,
     let observer = Arc::new(RecordingObserver::new());
     let mut builder = RateLimiter::builder(2)
         .cache(store.clone())
-        .clock(clock)
-        .observer(observer.clone());
+        .env(Env::default().with_clock(clock).with_observer(observer.clone()));
     if let Some(policy) = policy {
         builder = builder.on_cache_unavailable(policy);
     }
@@ -213,8 +212,7 @@ async fn token_reservations_follow_the_policy_while_the_cache_is_down() {
             .tokens_per_window(1000)
             .on_cache_unavailable(policy)
             .cache(store.clone())
-            .clock(clock)
-            .observer(observer.clone())
+            .env(Env::default().with_clock(clock).with_observer(observer.clone()))
             .build()
             .unwrap();
         (store, limiter, observer)

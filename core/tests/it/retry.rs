@@ -7,7 +7,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use redstring::{
-    Clock, Event, ManualClock, RecordingObserver, Retry, RetryError, RetryPolicy, Retryable, SeededRandom, Timestamp,
+    Clock, Env, Event, ManualClock, RecordingObserver, Retry, RetryError, RetryPolicy, Retryable, SeededRandom,
+    Timestamp,
 };
 
 #[derive(Debug, PartialEq, thiserror::Error)]
@@ -33,10 +34,12 @@ fn exact(max_retries: u32) -> RetryPolicy {
 fn rig(policy: RetryPolicy) -> (Retry, Arc<ManualClock>, Arc<RecordingObserver>) {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let observer = Arc::new(RecordingObserver::new());
-    let retry = Retry::new(policy)
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(7)))
-        .observer(observer.clone());
+    let retry = Retry::new(policy).env(
+        Env::default()
+            .with_clock(clock.clone())
+            .with_rng(Arc::new(SeededRandom::from_seed(7)))
+            .with_observer(observer.clone()),
+    );
     (retry, clock, observer)
 }
 
@@ -172,9 +175,11 @@ async fn a_wait_that_would_overrun_the_deadline_is_not_slept() {
 async fn jittered_delays_are_reproducible_from_the_seed() {
     let schedule = |seed| async move {
         let clock = Arc::new(ManualClock::at_fixed_epoch());
-        let retry = Retry::new(RetryPolicy::default())
-            .clock(clock.clone())
-            .rng(Arc::new(SeededRandom::from_seed(seed)));
+        let retry = Retry::new(RetryPolicy::default()).env(
+            Env::default()
+                .with_clock(clock.clone())
+                .with_rng(Arc::new(SeededRandom::from_seed(seed))),
+        );
         let calls = AtomicU32::new(0);
         let _ = retry.run("x", transient, flaky(u32::MAX, &calls)).await;
         clock.sleeps()
@@ -217,7 +222,7 @@ impl Clock for StuckClock {
 
 #[test]
 fn dropping_the_future_mid_sleep_stops_the_loop() {
-    let retry = Retry::new(exact(3)).clock(Arc::new(StuckClock));
+    let retry = Retry::new(exact(3)).env(Env::default().with_clock(Arc::new(StuckClock)));
     let calls = AtomicU32::new(0);
     let mut fut = Box::pin(retry.run("extract", transient, flaky(u32::MAX, &calls)));
     let mut cx = Context::from_waker(Waker::noop());

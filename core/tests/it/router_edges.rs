@@ -16,7 +16,8 @@ use redstring::provider::{
     ProviderError, TransportErrorKind,
 };
 use redstring::{
-    CircuitBreaker, CircuitState, Clock, ManualClock, MemoryCache, RateLimiter, RetryPolicy, SeededRandom, TenantId,
+    CircuitBreaker, CircuitState, Clock, Env, ManualClock, MemoryCache, RateLimiter, RetryPolicy, SeededRandom,
+    TenantId,
 };
 use serde_json::Value;
 
@@ -109,7 +110,7 @@ fn breaker(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str, thres
         CircuitBreaker::builder()
             .key_prefix(format!("kg:circuit:{name}"))
             .failure_threshold(threshold)
-            .clock(clock.clone())
+            .env(Env::default().with_clock(clock.clone()))
             .cache(cache.clone())
             .build()
             .unwrap(),
@@ -118,10 +119,22 @@ fn breaker(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str, thres
 
 /// A manual clock, the breakers' cache on it, and a tenant limiter no test
 /// here reaches.
+/// `clock`, and a stream seeded with `seed`.
+fn env(clock: &Arc<ManualClock>, seed: u64) -> Env {
+    Env::default()
+        .with_clock(clock.clone())
+        .with_rng(Arc::new(SeededRandom::from_seed(seed)))
+}
+
 fn setup() -> (Arc<ManualClock>, Arc<MemoryCache>, Arc<RateLimiter>) {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let limiter = Arc::new(
+        RateLimiter::builder(100)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
     (clock, cache, limiter)
 }
 
@@ -147,8 +160,7 @@ async fn a_primarys_retry_after_does_not_hold_or_forbid_the_fallover() {
         .deployment(Deployment::new(b.clone(), breaker(&clock, &cache, "b", 5)))
         .retry_policy(policy(2))
         .deadline(Duration::from_secs(10))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     let answer = p.extract_with_model::<String>("t", None).await;
     assert_eq!(b.calls(), 1, "the fallback was never tried: {answer:?}");
@@ -172,8 +184,7 @@ async fn a_primarys_long_retry_after_does_not_end_the_call_before_the_fallback()
     let p = HardenedProvider::over(Deployment::new(a.clone(), breaker(&clock, &cache, "a", 5)), T, limiter)
         .deployment(Deployment::new(b.clone(), breaker(&clock, &cache, "b", 5)))
         .retry_policy(policy(2))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     let answer = p.extract_with_model::<String>("t", None).await;
     assert_eq!(b.calls(), 1, "the fallback was never tried: {answer:?}");
@@ -190,7 +201,7 @@ async fn a_fallover_to_a_bigger_max_tokens_is_charged_by_that_deployments_estima
     let limiter = Arc::new(
         RateLimiter::builder(100)
             .tokens_per_window(100_000)
-            .clock(clock.clone())
+            .env(Env::default().with_clock(clock.clone()))
             .build()
             .unwrap(),
     );
@@ -203,8 +214,7 @@ async fn a_fallover_to_a_bigger_max_tokens_is_charged_by_that_deployments_estima
     )
     .deployment(Deployment::new(b.clone(), breaker(&clock, &cache, "b", 5)))
     .retry_policy(policy(1))
-    .clock(clock.clone())
-    .rng(Arc::new(SeededRandom::from_seed(1)))
+    .env(env(&clock, 1))
     .build();
     p.extract::<String>("t", None).await.unwrap_err();
     assert_eq!((a.calls(), b.calls()), (1, 1));
@@ -230,8 +240,7 @@ async fn two_deployments_sharing_a_breaker_hear_one_report_per_call() {
     let p = HardenedProvider::over(Deployment::new(a.clone(), shared.clone()), T, limiter)
         .deployment(Deployment::new(b.clone(), shared.clone()))
         .retry_policy(policy(1))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     p.extract::<String>("t", None).await.unwrap_err();
     assert_eq!((a.calls(), b.calls()), (1, 1));
@@ -255,9 +264,7 @@ async fn when_every_deployment_refuses_the_finished_event_names_the_refusal_retu
     ba.record_failure().await.unwrap();
     let p = HardenedProvider::over(Deployment::new(Scripted::new("a", vec![]), ba), T, limiter)
         .deployment(Deployment::new(Scripted::new("b", vec![]), bb))
-        .clock(clock.clone())
-        .observer(observer.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1).with_observer(observer.clone()))
         .build();
     let e = p.extract::<String>("t", None).await.unwrap_err();
     assert!(e.to_string().starts_with("b is unavailable"), "{e}");
@@ -285,8 +292,7 @@ async fn a_half_open_refusal_does_not_keep_a_recovered_primary_last_for_a_whole_
     let (a, b) = (Scripted::new("a", vec![]), Scripted::new("b", vec![]));
     let p = HardenedProvider::over(Deployment::new(a.clone(), ba.clone()), T, limiter)
         .deployment(Deployment::new(b.clone(), bb))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     // Another worker's probe.
     let probe = ba.admit().await;
@@ -320,8 +326,7 @@ async fn a_failure_about_the_deployment_falls_over_and_one_about_the_request_doe
     let p = HardenedProvider::builder(a.clone(), T, limiter.clone(), breaker(&clock, &cache, "a", 1))
         .fallback(b.clone(), breaker(&clock, &cache, "b", 1))
         .retry_policy(policy(1))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     let answer = p.extract_with_model::<String>("t", None).await.unwrap();
     assert_eq!(answer.model, "b");
@@ -338,8 +343,7 @@ async fn a_failure_about_the_deployment_falls_over_and_one_about_the_request_doe
     let p = HardenedProvider::builder(a.clone(), T, limiter, breaker(&clock, &cache, "a2", 1))
         .fallback(b.clone(), breaker(&clock, &cache, "b2", 1))
         .retry_policy(policy(1))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     assert_eq!(p.extract::<String>("t", None).await.unwrap_err().kind(), "bad_request");
     assert_eq!((a.calls(), b.calls()), (1, 0));
@@ -362,9 +366,7 @@ async fn a_retry_that_comes_back_to_a_cooling_deployment_waits_out_its_retry_aft
     let p = HardenedProvider::over(Deployment::new(a.clone(), ba), T, limiter)
         .deployment(Deployment::new(b.clone(), bb))
         .retry_policy(policy(2))
-        .clock(clock.clone())
-        .observer(observer.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1).with_observer(observer.clone()))
         .build();
     let start = clock.now();
     let answer = p.extract_with_model::<String>("t", None).await.unwrap();
@@ -400,8 +402,7 @@ async fn a_retry_that_comes_back_to_a_cooling_deployment_past_its_deadline_does_
         .deployment(Deployment::new(b.clone(), bb))
         .retry_policy(policy(2))
         .deadline(Duration::from_secs(10))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     let start = clock.now();
     let e = p.extract::<String>("t", None).await.unwrap_err();
@@ -423,8 +424,7 @@ async fn a_deployment_failing_for_its_own_reasons_is_asked_last_until_its_recove
     let p = HardenedProvider::builder(a.clone(), T, limiter, breaker(&clock, &cache, "a", 1))
         .fallback(b.clone(), breaker(&clock, &cache, "b", 1))
         .retry_policy(policy(0))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     p.extract::<String>("t", None).await.unwrap_err();
     assert_eq!((a.calls(), b.calls()), (1, 0));
@@ -483,8 +483,7 @@ async fn a_least_loaded_call_counts_until_it_ends_within_its_deadline_whatever_t
     .deployment(Deployment::new(Scripted::new("b", vec![]), bb.clone()))
     .least_loaded(Duration::from_secs(10))
     .deadline(Duration::from_secs(60))
-    .clock(clock.clone())
-    .rng(Arc::new(SeededRandom::from_seed(2)))
+    .env(env(&clock, 2))
     .build();
     let slow = |model, then| {
         Arc::new(Slow {
@@ -500,8 +499,7 @@ async fn a_least_loaded_call_counts_until_it_ends_within_its_deadline_whatever_t
         .deployment(Deployment::new(b, bb))
         .least_loaded(Duration::from_secs(10))
         .deadline(Duration::from_secs(60))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     assert_eq!(p.extract_with_model::<String>("t", None).await.unwrap().model, "a");
     assert_eq!(
@@ -524,8 +522,7 @@ async fn an_asked_wait_outlives_an_attempt_elsewhere() {
     let p = HardenedProvider::over(Deployment::new(a.clone(), breaker(&clock, &cache, "a", 5)), T, limiter)
         .deployment(Deployment::new(b.clone(), breaker(&clock, &cache, "b", 5)))
         .retry_policy(policy(2))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     let start = clock.now();
     let answer = p.extract_with_model::<String>("t", None).await.unwrap();
@@ -557,8 +554,7 @@ async fn an_asked_wait_holds_every_deployment_behind_that_breaker() {
         .deployment(Deployment::new(a2.clone(), shared))
         .deployment(Deployment::new(b.clone(), bb))
         .retry_policy(policy(2))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     let start = clock.now();
     let answer = p.extract_with_model::<String>("t", None).await.unwrap();
@@ -589,9 +585,7 @@ async fn cooldown_waits_are_counted_across_the_call() {
     let p = HardenedProvider::over(Deployment::new(a.clone(), ba), T, limiter)
         .deployment(Deployment::new(Scripted::new("b", vec![]), bb))
         .retry_policy(policy(2))
-        .clock(clock.clone())
-        .observer(observer.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1).with_observer(observer.clone()))
         .build();
     assert_eq!(p.extract_with_model::<String>("t", None).await.unwrap().model, "a");
     let waits: Vec<u32> = observer
@@ -624,8 +618,7 @@ async fn a_retry_with_nowhere_to_go_but_an_unhonourable_wait_ends_the_call() {
     let p = HardenedProvider::over(Deployment::new(a.clone(), ba), T, limiter)
         .deployment(Deployment::new(b.clone(), bb))
         .retry_policy(policy(4))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .build();
     let e = p.extract::<String>("t", None).await.unwrap_err();
     assert_eq!((a.calls(), b.calls()), (1, 0));

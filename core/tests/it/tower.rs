@@ -10,7 +10,7 @@ use redstring::tower::{
     AttemptError, BoxError, CircuitBreakerLayer, ErrIsFailure, Outcome, RateLimitLayer, RetryLayer, retry_after_of,
 };
 use redstring::{
-    CircuitBreaker, CircuitOpen, CircuitState, ManualClock, RateLimitExceeded, RateLimiter, Refusal, Retry,
+    CircuitBreaker, CircuitOpen, CircuitState, Env, ManualClock, RateLimitExceeded, RateLimiter, Refusal, Retry,
     RetryBudget, RetryDenied, RetryExhausted, RetryPolicy, Retryable, TenantId,
 };
 use tower::Service;
@@ -28,14 +28,19 @@ fn breaker(clock: &Arc<ManualClock>, threshold: u32, recovery: Duration) -> Arc<
     let breaker = CircuitBreaker::builder()
         .failure_threshold(threshold)
         .recovery_timeout(recovery)
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()))
         .build()
         .unwrap();
     Arc::new(breaker)
 }
 
 fn limiter(clock: &Arc<ManualClock>, rpm: u32) -> Arc<RateLimiter> {
-    Arc::new(RateLimiter::builder(rpm).clock(clock.clone()).build().unwrap())
+    Arc::new(
+        RateLimiter::builder(rpm)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    )
 }
 
 pub(crate) fn tenant_of(req: &Req) -> TenantId {
@@ -300,7 +305,7 @@ fn retrying(clock: &Arc<ManualClock>, max_retries: u32) -> Retry {
         .jitter(0.0)
         .build()
         .unwrap();
-    Retry::new(policy).clock(clock.clone())
+    Retry::new(policy).env(Env::default().with_clock(clock.clone()))
 }
 
 /// Retries `busy` and `slow down` (the server asking for 5 s), nothing else.
@@ -406,7 +411,7 @@ async fn the_retry_budget_bounds_the_layers_retries() {
         .ratio(1.0)
         .min_retries_per_sec(0)
         .max_balance(1)
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()))
         .build()
         .unwrap();
     let retry = retrying(&clock, 5).budget(Arc::new(budget));

@@ -15,7 +15,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 use crate::support::provider::{Reply, TestServer};
 use redstring::provider::{HardenedProvider, LlmProviderExt, OpenAiCompatible};
-use redstring::{CircuitBreaker, ManualClock, RateLimiter, RetryPolicy, SeededRandom, TenantId};
+use redstring::{CircuitBreaker, Env, ManualClock, RateLimiter, RetryPolicy, SeededRandom, TenantId};
 
 const LOADING: &str = r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
 
@@ -127,22 +127,23 @@ fn spans_of(replies: Vec<Reply>, calls: usize, give_up: Option<Duration>) -> (Ve
             for reply in replies {
                 server.push(reply);
             }
-            let clock = Arc::new(ManualClock::at_fixed_epoch());
+            let env = Env::default()
+                .with_clock(Arc::new(ManualClock::at_fixed_epoch()))
+                .with_rng(Arc::new(SeededRandom::from_seed(7)));
             let breaker = CircuitBreaker::builder()
                 .failure_threshold(1)
                 .recovery_timeout(Duration::from_secs(30))
-                .clock(clock.clone())
+                .env(env.clone())
                 .build()
                 .unwrap();
-            let limiter = RateLimiter::builder(100).clock(clock.clone()).build().unwrap();
+            let limiter = RateLimiter::builder(100).env(env.clone()).build().unwrap();
             let adapter = OpenAiCompatible::builder(server.base_url(), "qwen3")
                 .timeout(Duration::from_secs(5))
                 .build()
                 .unwrap();
             let provider = HardenedProvider::builder(adapter, tenant, Arc::new(limiter), Arc::new(breaker))
                 .retry_policy(RetryPolicy::builder().max_retries(1).jitter(0.0).build().unwrap())
-                .clock(clock)
-                .rng(Arc::new(SeededRandom::from_seed(7)))
+                .env(env)
                 .build();
             for _ in 0..calls {
                 let call = provider.extract::<Person>("Ann.", None);

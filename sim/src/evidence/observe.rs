@@ -262,7 +262,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
 mod tests {
     use std::sync::Arc;
 
-    use redstring::{CircuitBreaker, ManualClock, MemoryCache, OnCacheError};
+    use redstring::{CircuitBreaker, Env, ManualClock, MemoryCache, OnCacheError};
 
     use super::*;
 
@@ -273,9 +273,12 @@ mod tests {
         let trace = Trace::new();
         let breaker = CircuitBreaker::builder()
             .on_cache_error(policy)
-            .clock(clock)
+            .env(
+                Env::default()
+                    .with_clock(clock)
+                    .with_observer(Arc::new(HostObserver::new("w", trace.clone()))),
+            )
             .cache(cache.clone())
-            .observer(Arc::new(HostObserver::new("w", trace.clone())))
             .build()
             .unwrap();
         redstring::Cache::close(&*cache).await.unwrap();
@@ -289,8 +292,11 @@ mod tests {
         let trace = Trace::new();
         let breaker = CircuitBreaker::builder()
             .key_prefix("kg:circuit:api")
-            .clock(clock.clone())
-            .observer(Arc::new(HostObserver::new("w", trace.clone())))
+            .env(
+                Env::default()
+                    .with_clock(clock.clone())
+                    .with_observer(Arc::new(HostObserver::new("w", trace.clone()))),
+            )
             .build()
             .unwrap();
         let at = redstring::Clock::now(&*clock).as_micros();

@@ -26,7 +26,7 @@ use redstring::provider::{
     BoxFuture, Deployment, ExtractRequest, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, LlmProvider,
     OpenAiCompatible, OutputSchema, TransportError,
 };
-use redstring::{CircuitBreaker, Clock, RateLimiter, SeededRandom, TenantId};
+use redstring::{CircuitBreaker, Env, RateLimiter, SeededRandom, TenantId};
 use tokio::task::JoinHandle;
 
 use crate::evidence::observe::HostObserver;
@@ -221,12 +221,12 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
     trace: &Trace,
 ) -> Result<Vec<Provider<S>>, Box<dyn std::error::Error>> {
     let h = &plan.hardening;
-    let clock: Arc<dyn Clock> = Arc::new(plan.clock.clone());
-    let observer = Arc::new(HostObserver::new(&plan.name, trace.clone()));
+    let env = Env::default()
+        .with_clock(Arc::new(plan.clock.clone()))
+        .with_observer(Arc::new(HostObserver::new(&plan.name, trace.clone())));
     let mut limiter = RateLimiter::builder(h.rpm)
         .window(secs(h.window_s))
-        .clock(clock.clone())
-        .observer(observer.clone())
+        .env(env.clone())
         .on_cache_unavailable(h.on_cache_unavailable);
     if let Some(tokens) = h.tokens_per_window {
         limiter = limiter.tokens_per_window(tokens);
@@ -243,8 +243,7 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
                 .max_balance(b.max_balance)
                 .key(format!("kg:retrybudget:{primary}"))
                 .on_cache_unavailable(h.on_cache_unavailable)
-                .clock(clock.clone())
-                .observer(observer.clone())
+                .env(env.clone())
                 .cache(store.clone())
                 .build()?,
         )),
@@ -253,7 +252,7 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
     let policy = h.retry_policy()?;
     let mut deployments: Vec<Shared<S>> = Vec::new();
     for target in &plan.deployments {
-        deployments.push(deployment(plan, target, &store, &clock, &observer, trace)?);
+        deployments.push(deployment(plan, target, &store, &env, trace)?);
     }
     let mut providers = Vec::new();
     for (i, t) in plan.tenants.iter().enumerate() {
@@ -273,9 +272,7 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
         };
         builder = builder
             .retry_policy(policy)
-            .clock(clock.clone())
-            .rng(Arc::new(jitter))
-            .observer(observer.clone())
+            .env(env.clone().with_rng(Arc::new(jitter)))
             .limiter_waits(h.limiter_waits);
         if let Some(d) = h.deadline_s {
             builder = builder.deadline(secs(d));
@@ -297,8 +294,7 @@ fn deployment<S: BreakerStore>(
     plan: &WorkerPlan,
     target: &Target,
     store: &Arc<S>,
-    clock: &Arc<dyn Clock>,
-    observer: &Arc<HostObserver>,
+    env: &Env,
     trace: &Trace,
 ) -> Result<Shared<S>, Box<dyn std::error::Error>> {
     let h = &plan.hardening;
@@ -307,8 +303,7 @@ fn deployment<S: BreakerStore>(
         .recovery_timeout(secs(h.recovery_timeout_s))
         .half_open_max_calls(h.half_open_max_calls)
         .key_prefix(breaker_prefix(&target.server))
-        .clock(clock.clone())
-        .observer(observer.clone())
+        .env(env.clone())
         .on_cache_error(h.on_cache_error);
     if let Some(lease) = h.probe_lease_s {
         breaker = breaker.probe_lease(secs(lease));
@@ -323,7 +318,7 @@ fn deployment<S: BreakerStore>(
         OpenAiCompatible::builder(target.url.clone(), target.model.clone())
             .timeout(secs(h.request_timeout_s))
             .max_tokens(h.max_tokens)
-            .clock(clock.clone())
+            .env(Env::default().with_clock(env.clock().clone()))
             .build_with(transport)?,
     );
     Ok((adapter, breaker))

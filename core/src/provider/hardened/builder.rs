@@ -11,12 +11,10 @@ use super::{
 };
 use crate::breaker::CircuitBreaker;
 use crate::cache::{BreakerStore, BudgetStore, InFlightStore, TokenStore};
-use crate::clock::{Clock, SystemClock};
+use crate::env::Env;
 use crate::limiter::RateLimiter;
-use crate::observe::{Observer, TracingObserver};
 use crate::provider::route::{Deployment, IN_FLIGHT_PREFIX, InFlight, Policy};
 use crate::provider::{ExtractError, ExtractRequest, LlmProvider};
-use crate::random::{RandomSource, SeededRandom};
 use crate::retry::{Retry, RetryBudget, RetryPolicy, Retryable};
 use crate::tenant::TenantId;
 
@@ -27,9 +25,7 @@ pub struct HardenedProviderBuilder<P, L, B> {
     tenant: TenantId,
     limiter: Arc<RateLimiter<L>>,
     policy: RetryPolicy,
-    clock: Option<Arc<dyn Clock>>,
-    rng: Option<Arc<dyn RandomSource>>,
-    observer: Option<Arc<dyn Observer>>,
+    env: Option<Env>,
     classifier: Option<Classifier>,
     limiter_waits: u32,
     cooldown_waits: u32,
@@ -68,9 +64,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             tenant,
             limiter,
             policy: RetryPolicy::default(),
-            clock: None,
-            rng: None,
-            observer: None,
+            env: None,
             classifier: None,
             limiter_waits: DEFAULT_LIMITER_WAITS,
             cooldown_waits: DEFAULT_COOLDOWN_WAITS,
@@ -98,7 +92,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
     }
 
     /// Routes each call first to a deployment drawn by weight (from the
-    /// [`rng`](Self::rng)), the others following in order (default: the
+    /// [`env`](Self::env)'s random source), the others following in order (default: the
     /// order given).
     pub fn weighted(mut self) -> Self {
         self.routing = Policy::Weighted;
@@ -111,22 +105,11 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
         self
     }
 
-    /// The clock every wait is slept on and the deadline measured by (default
-    /// [`SystemClock`]). Use the limiter's and the breaker's.
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-
-    /// Where backoff jitter is drawn from (default: OS-seeded).
-    pub fn rng(mut self, rng: Arc<dyn RandomSource>) -> Self {
-        self.rng = Some(rng);
-        self
-    }
-
-    /// Where events go (default [`TracingObserver`]).
-    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
-        self.observer = Some(observer);
+    /// The clock every wait is slept on and the deadline measured by, the
+    /// source of backoff jitter and routing draws, and where events go
+    /// (default [`Env::system`]). Use the limiter's and the breaker's clock.
+    pub fn env(mut self, env: Env) -> Self {
+        self.env = Some(env);
         self
     }
 
@@ -209,15 +192,12 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
     /// under least-loaded routing are counted in order instead: the
     /// store's pick weighs at most that many.
     pub fn build(self) -> HardenedProvider<P, L, B> {
-        let clock = self.clock.unwrap_or_else(SystemClock::calibrated);
-        let observer = self.observer.unwrap_or_else(|| Arc::new(TracingObserver));
-        let rng = self
-            .rng
-            .unwrap_or_else(|| Arc::new(SeededRandom::from_os_entropy()) as Arc<dyn RandomSource>);
-        let mut retry = Retry::new(self.policy)
-            .clock(clock.clone())
-            .rng(rng.clone())
-            .observer(observer.clone());
+        let env = self.env.unwrap_or_default();
+        // Made here, once, so the retry loop and routing share them.
+        let clock = env.clock().clone();
+        let rng = env.rng().clone();
+        let observer = env.observer().clone();
+        let mut retry = Retry::new(self.policy).env(env);
         if let Some(budget) = self.budget {
             retry = budget(retry);
         }

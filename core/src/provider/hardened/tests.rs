@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use super::*;
 use crate::breaker::{CircuitBreaker, CircuitOpen, CircuitState};
 use crate::clock::ManualClock;
+use crate::env::Env;
 use crate::provider::{LlmProviderExt, OutputSchema};
 use crate::random::SeededRandom;
 use crate::retry::RetryPolicy;
@@ -61,19 +62,30 @@ fn unavailable() -> Result<Value, ExtractError> {
     .into())
 }
 
+/// `clock` and a stream seeded with `seed`.
+fn env(clock: &Arc<ManualClock>, seed: u64) -> Env {
+    Env::default()
+        .with_clock(clock.clone())
+        .with_rng(Arc::new(SeededRandom::from_seed(seed)))
+}
+
 fn harden<P: LlmProvider>(inner: P, clock: &Arc<ManualClock>, threshold: u32) -> HardenedProvider<P> {
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let limiter = Arc::new(
+        RateLimiter::builder(100)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
     let breaker = Arc::new(
         CircuitBreaker::builder()
             .failure_threshold(threshold)
-            .clock(clock.clone())
+            .env(Env::default().with_clock(clock.clone()))
             .build()
             .unwrap(),
     );
     HardenedProvider::builder(inner, TenantId::from_u128(9), limiter, breaker)
         .retry_policy(RetryPolicy::builder().max_retries(1).jitter(0.0).build().unwrap())
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(clock, 1))
         .build()
 }
 
@@ -83,11 +95,16 @@ async fn a_retried_call_is_charged_for_every_attempt_that_may_have_spent_tokens(
     let limiter = Arc::new(
         RateLimiter::builder(100)
             .tokens_per_window(1000)
-            .clock(clock.clone())
+            .env(Env::default().with_clock(clock.clone()))
             .build()
             .unwrap(),
     );
-    let breaker = Arc::new(CircuitBreaker::builder().clock(clock.clone()).build().unwrap());
+    let breaker = Arc::new(
+        CircuitBreaker::builder()
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
     let timeout = || -> Result<Value, ExtractError> {
         Err(ProviderError::Transport {
             kind: crate::provider::TransportErrorKind::Timeout,
@@ -99,8 +116,7 @@ async fn a_retried_call_is_charged_for_every_attempt_that_may_have_spent_tokens(
     let inner = Scripted::new(vec![timeout(), unavailable(), unavailable(), unavailable()]);
     let provider = HardenedProvider::builder(inner, TenantId::from_u128(9), limiter.clone(), breaker)
         .retry_policy(RetryPolicy::builder().max_retries(1).jitter(0.0).build().unwrap())
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(1)))
+        .env(env(&clock, 1))
         .token_estimate(|_| 300)
         .build();
     provider.extract::<String>("text", None).await.unwrap_err();
@@ -167,7 +183,7 @@ fn breaker_named(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str)
     Arc::new(
         CircuitBreaker::builder()
             .key_prefix(format!("kg:circuit:{name}"))
-            .clock(clock.clone())
+            .env(Env::default().with_clock(clock.clone()))
             .cache(cache.clone())
             .build()
             .unwrap(),
@@ -179,7 +195,12 @@ async fn weighted_routing_shares_first_choices_by_weight() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
     let (a, b) = (Named::new("a"), Named::new("b"));
-    let limiter = Arc::new(RateLimiter::builder(100_000).clock(clock.clone()).build().unwrap());
+    let limiter = Arc::new(
+        RateLimiter::builder(100_000)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
     let p = HardenedProvider::over(
         Deployment::new(a.clone(), breaker_named(&clock, &cache, "a")).weight(3),
         TenantId::from_u128(9),
@@ -187,8 +208,7 @@ async fn weighted_routing_shares_first_choices_by_weight() {
     )
     .deployment(Deployment::new(b.clone(), breaker_named(&clock, &cache, "b")).weight(1))
     .weighted()
-    .clock(clock.clone())
-    .rng(Arc::new(SeededRandom::from_seed(11)))
+    .env(env(&clock, 11))
     .build();
     for _ in 0..4000 {
         p.extract::<String>("t", None).await.unwrap();
@@ -207,7 +227,12 @@ async fn least_loaded_routing_sends_a_call_where_fewest_are_in_flight_and_ends_i
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
     let (a, b) = (Named::new("a"), Named::new("b"));
-    let limiter = Arc::new(RateLimiter::builder(100).clock(clock.clone()).build().unwrap());
+    let limiter = Arc::new(
+        RateLimiter::builder(100)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
     let build = || {
         HardenedProvider::builder(
             a.clone(),
@@ -217,8 +242,7 @@ async fn least_loaded_routing_sends_a_call_where_fewest_are_in_flight_and_ends_i
         )
         .fallback(b.clone(), breaker_named(&clock, &cache, "b"))
         .least_loaded(Duration::from_secs(60))
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(5)))
+        .env(env(&clock, 5))
         .build()
     };
     // Two providers (two workers) over one store: the count is the fleet's.
@@ -424,7 +448,7 @@ async fn a_call_every_breaker_refuses_while_placing_is_handed_back_the_soonest_w
                 .key_prefix(format!("kg:circuit:{name}"))
                 .failure_threshold(1)
                 .recovery_timeout(Duration::from_secs(recovery))
-                .clock(manual.clone())
+                .env(Env::default().with_clock(manual.clone()))
                 .cache(cache.clone())
                 .build()
                 .unwrap(),
@@ -442,7 +466,7 @@ async fn a_call_every_breaker_refuses_while_placing_is_handed_back_the_soonest_w
         RateLimiter::builder(1)
             .window(Duration::from_secs(5))
             .key_prefix("deployment:a")
-            .clock(manual.clone())
+            .env(Env::default().with_clock(manual.clone()))
             .cache(cache.clone())
             .build()
             .unwrap(),
@@ -455,7 +479,12 @@ async fn a_call_every_breaker_refuses_while_placing_is_handed_back_the_soonest_w
         clock: manual.clone(),
         breaker: a.clone(),
     });
-    let tenants = Arc::new(RateLimiter::builder(100).clock(manual.clone()).build().unwrap());
+    let tenants = Arc::new(
+        RateLimiter::builder(100)
+            .env(Env::default().with_clock(manual.clone()))
+            .build()
+            .unwrap(),
+    );
     let named = [Named::new("a"), Named::new("b"), Named::new("c")];
     let p = HardenedProvider::over(
         Deployment::new(named[0].clone(), a).limit(limit),
@@ -464,8 +493,11 @@ async fn a_call_every_breaker_refuses_while_placing_is_handed_back_the_soonest_w
     )
     .deployment(Deployment::new(named[1].clone(), b))
     .deployment(Deployment::new(named[2].clone(), c))
-    .clock(clock)
-    .rng(Arc::new(SeededRandom::from_seed(3)))
+    .env(
+        Env::default()
+            .with_clock(clock)
+            .with_rng(Arc::new(SeededRandom::from_seed(3))),
+    )
     .build();
     let result = p.extract::<String>("t", None).await;
     let Err(ExtractError::CircuitOpen(open)) = result else {

@@ -13,7 +13,9 @@ use redstring::cache::{BreakerStore, TokenStore};
 use redstring::provider::{
     BoxFuture, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, OpenAiCompatible, TransportError,
 };
-use redstring::{CircuitBreaker, ManualClock, RateLimiter, RecordingObserver, RetryPolicy, SeededRandom, TenantId};
+use redstring::{
+    CircuitBreaker, Env, ManualClock, RateLimiter, RecordingObserver, RetryPolicy, SeededRandom, TenantId,
+};
 
 /// The breaker prefix both workers share: one deployment.
 pub const PREFIX: &str = "kg:circuit:qwen3";
@@ -91,10 +93,10 @@ pub fn worker<C: BreakerStore + TokenStore>(
     tenant: u128,
     cooldown_waits: u32,
 ) -> Worker<C> {
+    let env = Env::default().with_clock(clock.clone()).with_observer(observer.clone());
     let limiter = Arc::new(
         RateLimiter::builder(100)
-            .clock(clock.clone())
-            .observer(observer.clone())
+            .env(env.clone())
             .cache(cache.clone())
             .build()
             .unwrap(),
@@ -103,22 +105,19 @@ pub fn worker<C: BreakerStore + TokenStore>(
         CircuitBreaker::builder()
             .failure_threshold(2)
             .key_prefix(PREFIX)
-            .clock(clock.clone())
-            .observer(observer.clone())
+            .env(env.clone())
             .cache(cache)
             .build()
             .unwrap(),
     );
     let server = Scripted::default();
     let adapter = OpenAiCompatible::builder("http://deployment.test/v1", "qwen3")
-        .clock(clock.clone())
+        .env(Env::default().with_clock(clock.clone()))
         .build_with(server.clone())
         .unwrap();
     let provider = HardenedProvider::builder(adapter, TenantId::from_u128(tenant), limiter, breaker.clone())
         .retry_policy(RetryPolicy::builder().max_retries(0).jitter(0.0).build().unwrap())
-        .clock(clock.clone())
-        .rng(Arc::new(SeededRandom::from_seed(tenant as u64)))
-        .observer(observer.clone())
+        .env(env.with_rng(Arc::new(SeededRandom::from_seed(tenant as u64))))
         .cooldown_waits(cooldown_waits)
         .deadline(Duration::from_secs(60))
         .build();

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use redstring::Env;
 use redstring::cache::redis::RedisCache;
 
 #[cfg(feature = "redis-cluster")]
@@ -279,7 +280,7 @@ pub async fn race_one_tenant(
             Arc::new(
                 redstring::RateLimiter::builder(rpm)
                     .cache(Arc::new(cache()))
-                    .observer(Arc::new(redstring::NoopObserver))
+                    .env(Env::default().with_observer(Arc::new(redstring::NoopObserver)))
                     .build()
                     .unwrap(),
             )
@@ -367,8 +368,11 @@ pub fn probe_fleet(
                     .recovery_timeout(Duration::from_secs(30))
                     .half_open_max_calls(3)
                     .cache(std::sync::Arc::new(make()))
-                    .clock(clock.clone())
-                    .observer(std::sync::Arc::new(redstring::NoopObserver))
+                    .env(
+                        Env::default()
+                            .with_clock(clock.clone())
+                            .with_observer(std::sync::Arc::new(redstring::NoopObserver)),
+                    )
                     .build()
                     .expect("a valid breaker"),
             )
