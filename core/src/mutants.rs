@@ -94,11 +94,16 @@ pub enum Mutant {
     /// A call every deployment refuses ends with no wait: the caller (and
     /// a gateway's own caller) is not told when any deployment admits again.
     RetryAfterWithheld,
+    /// A spent quota is taken for a per-minute rate limit: a reset hours
+    /// away cools the deployment for `max_server_delay` only, and
+    /// `insufficient_quota` not at all, so routing keeps coming back to a
+    /// deployment that answers 429 to every request.
+    HardQuotaAsRateLimit,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 20] = [
+    pub const ALL: [Mutant; 21] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -119,6 +124,7 @@ impl Mutant {
         Mutant::ExactRetryAfter,
         Mutant::SkipsUnreported,
         Mutant::RetryAfterWithheld,
+        Mutant::HardQuotaAsRateLimit,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -144,6 +150,7 @@ impl Mutant {
             Mutant::ExactRetryAfter => "exact_retry_after",
             Mutant::SkipsUnreported => "skips_unreported",
             Mutant::RetryAfterWithheld => "retry_after_withheld",
+            Mutant::HardQuotaAsRateLimit => "hard_quota_as_rate_limit",
         }
     }
 
@@ -215,6 +222,9 @@ impl Mutant {
             }
             Mutant::RetryAfterWithheld => {
                 "every deployment cooling down and the request failed with no word of when one returns (BerriAI/litellm#3646, #27823)"
+            }
+            Mutant::HardQuotaAsRateLimit => {
+                "a hard quota taken for a per-minute limit: routing stayed on a provider answering 429 to every request for over 4 hours (langwatch/langwatch#7027)"
             }
         }
     }

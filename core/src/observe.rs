@@ -348,6 +348,29 @@ pub enum Event {
         /// Waits so far in this call, this one included.
         waits: u32,
     },
+    /// A deployment's server said its quota is spent, not merely paced: a
+    /// 429 `insufficient_quota`, or a quota signal whose reset is further
+    /// away than the provider's `max_server_delay` (a daily or monthly
+    /// limit). The deployment cools down fleet-wide until `until` — the
+    /// reset, at most `max_quota_cooldown`, or `quota_cooldown` when none
+    /// was given — and the call goes elsewhere at once. Reported whatever
+    /// cooldown was already stored, so a reader can check that nothing was
+    /// admitted there before it ended.
+    QuotaExhausted {
+        /// The deployment's breaker key prefix.
+        breaker: Arc<str>,
+        /// The tenant whose call heard it.
+        tenant: TenantId,
+        /// How long the deployment cools down.
+        wait: Duration,
+        /// When the cooldown ends, on the provider's clock.
+        until: Timestamp,
+        /// When it was heard, on the provider's clock.
+        at: Timestamp,
+        /// Whether the server gave the reset (`false`: `insufficient_quota`,
+        /// cooled for `quota_cooldown`).
+        reset_given: bool,
+    },
     /// A hardened provider refused by a shared cooldown sleeps it off before
     /// asking the breaker again.
     CooldownWait {
@@ -671,6 +694,16 @@ impl Observer for TracingObserver {
                 waits,
             } => {
                 tracing::debug!(%model, %tenant, wait = wait.as_secs_f64(), waits, "waiting out a shared cooldown")
+            }
+            Event::QuotaExhausted {
+                breaker,
+                tenant,
+                wait,
+                until,
+                reset_given,
+                ..
+            } => {
+                tracing::warn!(%breaker, %tenant, wait = wait.as_secs_f64(), %until, reset_given, "quota spent: the deployment cools down until its reset")
             }
             Event::DeadlineExceeded {
                 model,

@@ -458,6 +458,7 @@ fn openai_quota_answers_429_whose_headers_match_the_bucket() {
             rpm: 3,
             tpm: 100_000,
             credit_tokens: None,
+            rpd: None,
         }),
         ..spec(ServerKind::OpenAi)
     };
@@ -508,6 +509,7 @@ fn openai_answers_insufficient_quota_once_the_credit_is_spent() {
             rpm: 100,
             tpm: 100_000,
             credit_tokens: Some(400),
+            rpd: None,
         }),
         ..spec(ServerKind::OpenAi)
     };

@@ -150,9 +150,15 @@ pub enum ProviderError {
         /// The server's message.
         message: String,
     },
-    /// HTTP 429 `insufficient_quota`: the account is out of credit. Permanent.
-    #[error("model server quota exhausted: {message}")]
+    /// HTTP 429 `insufficient_quota`: the account is out of credit — or,
+    /// as a [`HardenedProvider`](super::HardenedProvider) sees it, any quota
+    /// signal whose reset is further away than its `max_server_delay` (a
+    /// daily or monthly limit). Permanent: not retried at the deployment
+    /// that said it.
+    #[error("model server quota exhausted{}: {message}", retry_after.map(|d| format!(" (resets in {}s)", secs(d))).unwrap_or_default())]
     QuotaExhausted {
+        /// When the quota resets, when the server said.
+        retry_after: Option<Duration>,
         /// The server's message.
         message: String,
     },
@@ -282,9 +288,9 @@ impl ProviderError {
     /// The wait the server asked for, if any.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            ProviderError::RateLimited { retry_after, .. } | ProviderError::Unavailable { retry_after, .. } => {
-                *retry_after
-            }
+            ProviderError::RateLimited { retry_after, .. }
+            | ProviderError::Unavailable { retry_after, .. }
+            | ProviderError::QuotaExhausted { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
@@ -594,7 +600,10 @@ mod tests {
                 reasoning: true,
             },
             ProviderError::Refused { reason: "no".into() },
-            ProviderError::QuotaExhausted { message: String::new() },
+            ProviderError::QuotaExhausted {
+                retry_after: None,
+                message: String::new(),
+            },
             ProviderError::Authentication {
                 status: 401,
                 message: String::new(),

@@ -413,11 +413,15 @@ fn classify_status(response: &HttpResponse, cx: &ResponseContext<'_>) -> Provide
     match status {
         429 => {
             let quota = [error.code.as_deref(), error.kind.as_deref()].contains(&Some("insufficient_quota"));
+            let retry_after = retry_after(response, cx.now).or_else(|| exhausted_limit(response).map(|q| q.wait));
             if quota {
-                ProviderError::QuotaExhausted { message: error.message }
+                ProviderError::QuotaExhausted {
+                    retry_after,
+                    message: error.message,
+                }
             } else {
                 ProviderError::RateLimited {
-                    retry_after: retry_after(response, cx.now).or_else(|| exhausted_limit(response).map(|q| q.wait)),
+                    retry_after,
                     message: error.message,
                 }
             }

@@ -272,20 +272,105 @@ async fn the_servers_retry_after_is_the_floor_of_the_backoff() {
     assert_eq!(rig.finished(), [("ok", 3)]);
 }
 
+/// The cooldown a later call is refused with, unsent: its reason and wait.
+async fn refused_by_cooldown(rig: &Rig, provider: &impl LlmProvider) -> Duration {
+    let sent = rig.server.count();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert_eq!(rig.server.count(), sent, "a call inside the cooldown is not sent");
+    match e {
+        ExtractError::CircuitOpen(open) if open.reason == redstring::Refusal::Cooldown => open.retry_after,
+        other => panic!("refused by a cooldown: {other:?}"),
+    }
+}
+
+fn quota_events(rig: &Rig) -> Vec<(Duration, bool)> {
+    rig.observer
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::QuotaExhausted { wait, reset_given, .. } => Some((wait, reset_given)),
+            _ => None,
+        })
+        .collect()
+}
+
 #[tokio::test]
-async fn a_retry_after_beyond_the_cap_ends_the_call_at_once() {
+async fn a_reset_beyond_the_cap_is_a_spent_quota_that_cools_the_deployment_until_it() {
     let rig = Rig::new(10, 5).await;
     rig.server
         .push(Reply::status(429, r#"{"error":{"message":"come back tomorrow"}}"#).header("retry-after", "86400"));
     let provider = rig.provider(A, 3).max_server_delay(secs(60)).build();
     let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
     assert!(
-        matches!(&e, ExtractError::Provider(ProviderError::RateLimited { retry_after: Some(d), .. }) if *d == secs(86_400)),
+        matches!(&e, ExtractError::Provider(ProviderError::QuotaExhausted { retry_after: Some(d), .. }) if *d == secs(86_400)),
         "{e:?}"
     );
+    assert_eq!(e.kind(), "quota_exhausted");
     assert_eq!(e.retry_after(), Some(secs(86_400)));
     assert_eq!(rig.server.count(), 1);
     assert!(rig.clock.sleeps().is_empty());
+    // The whole day, not max_server_delay's minute: nothing is sent there
+    // until the reset, and the server's answer opened no circuit.
+    assert_eq!(quota_events(&rig), [(secs(86_400), true)]);
+    rig.clock.advance(secs(3_600));
+    assert_eq!(refused_by_cooldown(&rig, &provider).await, secs(86_400 - 3_600));
+    assert_eq!(rig.breaker.state().await.unwrap(), CircuitState::Closed);
+    assert_eq!(rig.breaker_failures(), 0);
+}
+
+#[tokio::test]
+async fn a_spent_quota_cools_for_its_reset_at_most_max_quota_cooldown() {
+    let rig = Rig::new(10, 5).await;
+    rig.server.push(
+        Reply::status(429, r#"{"error":{"message":"requests per day"}}"#)
+            .header("x-ratelimit-remaining-requests", "0")
+            .header("x-ratelimit-reset-requests", "5h0m0s"),
+    );
+    let provider = rig.provider(A, 3).max_quota_cooldown(secs(7_200)).build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert_eq!(e.kind(), "quota_exhausted", "{e:?}");
+    assert_eq!(quota_events(&rig), [(secs(7_200), true)]);
+    assert_eq!(refused_by_cooldown(&rig, &provider).await, secs(7_200));
+}
+
+#[tokio::test]
+async fn insufficient_quota_cools_the_deployment_for_quota_cooldown() {
+    let rig = Rig::new(10, 5).await;
+    let spent = r#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    rig.server
+        .push(Reply::status(429, spent))
+        .push(Reply::status(429, spent));
+    let provider = rig.provider(A, 3).build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert_eq!(e.kind(), "quota_exhausted");
+    assert_eq!(quota_events(&rig), [(secs(3_600), false)]);
+    assert_eq!(refused_by_cooldown(&rig, &provider).await, secs(3_600));
+
+    // Zero writes no cooldown: the next call is sent, and spent again.
+    rig.clock.advance(secs(3_600));
+    let unguarded = rig.provider(A, 3).quota_cooldown(Duration::ZERO).build();
+    assert_eq!(
+        unguarded.extract::<Person>("Ann.", None).await.unwrap_err().kind(),
+        "quota_exhausted"
+    );
+    assert_eq!(rig.server.count(), 2);
+}
+
+#[tokio::test]
+async fn a_per_minute_429_keeps_its_short_cooldown() {
+    let rig = Rig::new(10, 5).await;
+    rig.server
+        .push(Reply::status(429, r#"{"error":{"message":"slow down"}}"#).header("retry-after", "30"))
+        .push(Reply::completion(ANN));
+    // No cooldown slept off, so the next call shows it.
+    let provider = rig.provider(A, 0).cooldown_waits(0).build();
+    let e = provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert_eq!(e.kind(), "retry_exhausted");
+    assert!(quota_events(&rig).is_empty());
+    assert_eq!(refused_by_cooldown(&rig, &provider).await, secs(30));
+    rig.clock.advance(secs(30));
+    let person: Person = provider.extract("Ann.", None).await.unwrap();
+    assert_eq!(person.name, "Ann");
 }
 
 #[tokio::test]

@@ -50,6 +50,33 @@ async fn a_429_seen_by_one_worker_stops_another_workers_next_call_through_redis(
     assert_eq!(b.server.calls(), 1);
 }
 
+/// A daily quota spent (langwatch/langwatch#7027: routing stayed on such a
+/// provider for over four hours): its reset, hours away, cools the
+/// deployment down on Redis for the whole fleet — not for
+/// `max_server_delay`, after which every worker would come back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_daily_quota_keeps_the_whole_fleet_away_until_its_reset_through_redis() {
+    let Some(server) = RedisServer::start() else { return };
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let observer = Arc::new(RecordingObserver::new());
+    let a = worker(Arc::new(server.cache()), &clock, &observer, 1, 0);
+    let b = worker(Arc::new(server.cache()), &clock, &observer, 2, 0);
+    a.server.push(rate_limited(&[("retry-after", "18000")]));
+    let e = bounded(a.provider.extract::<String>("t", None)).await.unwrap_err();
+    assert_eq!((e.kind(), e.retry_after()), ("quota_exhausted", Some(secs(18_000))));
+
+    // Past max_server_delay (120 s), and four hours on.
+    clock.advance(secs(121));
+    let e = bounded(b.provider.extract::<String>("t", None)).await.unwrap_err();
+    assert_eq!((e.kind(), e.retry_after()), ("cooldown", Some(secs(18_000 - 121))));
+    clock.advance(secs(4 * 3_600 - 121));
+    let e = bounded(b.provider.extract::<String>("t", None)).await.unwrap_err();
+    assert_eq!((e.kind(), e.retry_after()), ("cooldown", Some(secs(3_600))));
+    assert_eq!(b.server.calls(), 0, "refused at admission, every time");
+    clock.advance(secs(3_600));
+    assert_eq!(bounded(b.provider.extract::<String>("t", None)).await.unwrap(), "Ann");
+}
+
 /// On Redis as in memory: a later, shorter signal leaves the longer
 /// cooldown in place (reported, not written), and a longer one extends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

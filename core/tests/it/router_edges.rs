@@ -310,6 +310,7 @@ async fn a_half_open_refusal_does_not_keep_a_recovered_primary_last_for_a_whole_
 
 fn quota_exhausted() -> Result<(), ExtractError> {
     Err(ProviderError::QuotaExhausted {
+        retry_after: None,
         message: "You exceeded your current quota".into(),
     }
     .into())
@@ -411,15 +412,23 @@ async fn a_retry_that_comes_back_to_a_cooling_deployment_past_its_deadline_does_
     assert!(clock.now().saturating_duration_since(start) <= Duration::from_secs(10));
 }
 
-/// a's account is out of credit: every call there fails for a reason about
-/// a, not the request, and its server answered (its circuit never opens).
-/// Later calls of this provider ask b first instead of paying a's failed
-/// round trip (and, with no retries, failing) every time — until a's
-/// recovery timeout has passed, when a is asked first again.
+/// a's key is refused: every call there fails for a reason about a, not the
+/// request, and its server answered (its circuit never opens). Later calls
+/// of this provider ask b first instead of paying a's failed round trip
+/// (and, with no retries, failing) every time — until a's recovery timeout
+/// has passed, when a is asked first again. (A spent quota says more: it
+/// cools a down fleet-wide until its reset.)
 #[tokio::test]
 async fn a_deployment_failing_for_its_own_reasons_is_asked_last_until_its_recovery_timeout() {
     let (clock, cache, limiter) = setup();
-    let a = Scripted::new("a", vec![quota_exhausted(), quota_exhausted(), quota_exhausted()]);
+    let refused_key = || -> Result<(), ExtractError> {
+        Err(ProviderError::Authentication {
+            status: 401,
+            message: "invalid key".into(),
+        }
+        .into())
+    };
+    let a = Scripted::new("a", vec![refused_key(), refused_key(), refused_key()]);
     let b = Scripted::new("b", vec![]);
     let p = HardenedProvider::builder(a.clone(), T, limiter, breaker(&clock, &cache, "a", 1))
         .fallback(b.clone(), breaker(&clock, &cache, "b", 1))

@@ -110,7 +110,7 @@ async fn a_refused_call_waits_the_cooldown_out_when_it_fits_its_deadline() {
 }
 
 #[tokio::test]
-async fn an_exhausted_limit_on_a_success_cools_down_for_at_most_the_servers_cap() {
+async fn an_exhausted_limit_on_a_success_resetting_past_the_cap_cools_down_until_its_reset() {
     let f = fleet(1);
     f.a.server.push(ok(&[
         ("x-ratelimit-remaining-requests", "0"),
@@ -125,11 +125,12 @@ async fn an_exhausted_limit_on_a_success_cools_down_for_at_most_the_servers_cap(
         Some(secs(360)),
         "the signal travels with it"
     );
-    assert_eq!(cooldowns(&f.observer), [secs(120)], "bounded by max_server_delay");
+    // Past max_server_delay (120 s) the quota is spent until its reset.
+    assert_eq!(cooldowns(&f.observer), [secs(360)], "the whole reset");
 
-    // 120 s is beyond B's 60 s deadline: refused at once, without sleeping.
+    // Longer than any wait a call sleeps: refused at once, without sleeping.
     let e = f.b.provider.extract::<String>("t", None).await.unwrap_err();
-    assert_eq!((e.kind(), e.retry_after()), ("cooldown", Some(secs(120))));
+    assert_eq!((e.kind(), e.retry_after()), ("cooldown", Some(secs(360))));
     assert!(f.clock.sleeps().is_empty());
     assert_eq!(f.b.server.calls(), 0);
 }

@@ -244,6 +244,11 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
         | Event::DeadlineExceeded { .. } => return None,
         // Where a routed call went shows in its requests, each naming its server.
         Event::Rerouted { .. } => return None,
+        Event::QuotaExhausted { breaker, until, at, .. } => Kind::QuotaSpent {
+            breaker: breaker.to_string(),
+            until_us: until.as_micros(),
+            at_us: at.as_micros(),
+        },
         Event::DeploymentDeferred {
             breaker, state, until, ..
         } => Kind::Deferred {

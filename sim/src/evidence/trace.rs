@@ -194,6 +194,17 @@ pub enum Kind {
         #[serde(skip_serializing_if = "is_true")]
         extended: bool,
     },
+    /// A server said its quota is spent (`insufficient_quota`, or a reset
+    /// further away than the worker's `max_server_delay`): the provider
+    /// cools that deployment down until `until_us`, on its own clock.
+    QuotaSpent {
+        /// The deployment's breaker key prefix.
+        breaker: String,
+        /// When the spent quota's cooldown ends, epoch microseconds.
+        until_us: u64,
+        /// When the provider heard it, epoch microseconds.
+        at_us: u64,
+    },
     /// A breaker refused a call because a shared cooldown was in force.
     CooldownRefused {
         /// The breaker's key prefix.

@@ -258,6 +258,11 @@ pub struct Quota {
     /// before every request gets `429 insufficient_quota`; `None` unlimited.
     #[serde(default)]
     pub credit_tokens: Option<u64>,
+    /// Requests per day per key, counted from the run's start: once spent,
+    /// every request gets a 429 whose `retry-after` is the day's end, hours
+    /// away (a free tier's daily cap); `None` unlimited.
+    #[serde(default)]
+    pub rpd: Option<u32>,
 }
 
 impl Quota {
@@ -267,6 +272,12 @@ impl Quota {
         }
         if self.tpm == 0 {
             return Err(("tpm".into(), "must be positive, got 0".into()));
+        }
+        if self.rpd == Some(0) {
+            return Err((
+                "rpd".into(),
+                "must be positive, got 0 (leave it out for no daily cap)".into(),
+            ));
         }
         Ok(())
     }

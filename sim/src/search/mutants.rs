@@ -65,7 +65,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 20] = [
+pub const CATALOGUE: [Variant; 21] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -165,6 +165,11 @@ pub const CATALOGUE: [Variant; 20] = [
         mutant: Mutant::RetryAfterWithheld,
         named_by: Invariant::RetryAfterReturned,
         scenario: "conformance/every-deployment-cooling.toml",
+    },
+    Variant {
+        mutant: Mutant::HardQuotaAsRateLimit,
+        named_by: Invariant::NoCallInCooldown,
+        scenario: "conformance/hard-quota-mistaken.toml",
     },
 ];
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Classifier, DEFAULT_COOLDOWN_WAITS, DEFAULT_LIMITER_WAITS, DEFAULT_MAX_SERVER_DELAY, HardenedProvider,
-    TokenEstimate,
+    Classifier, DEFAULT_COOLDOWN_WAITS, DEFAULT_LIMITER_WAITS, DEFAULT_MAX_QUOTA_COOLDOWN, DEFAULT_MAX_SERVER_DELAY,
+    DEFAULT_QUOTA_COOLDOWN, HardenedProvider, TokenEstimate,
 };
 use crate::breaker::CircuitBreaker;
 use crate::cache::{BreakerStore, BudgetStore, InFlightStore, TokenStore};
@@ -32,6 +32,8 @@ pub struct HardenedProviderBuilder<P, L, B> {
     deadline: Option<Duration>,
     refusals_trip_breaker: bool,
     max_server_delay: Duration,
+    quota_cooldown: Duration,
+    max_quota_cooldown: Duration,
     /// Applies the retry budget to the loop, when one was given.
     budget: Option<Box<dyn FnOnce(Retry) -> Retry + Send>>,
     token_estimate: Option<TokenEstimate>,
@@ -71,6 +73,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             deadline: None,
             refusals_trip_breaker: false,
             max_server_delay: DEFAULT_MAX_SERVER_DELAY,
+            quota_cooldown: DEFAULT_QUOTA_COOLDOWN,
+            max_quota_cooldown: DEFAULT_MAX_QUOTA_COOLDOWN,
             budget: None,
             token_estimate: None,
         }
@@ -130,8 +134,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
     }
 
     /// How many refusals by a shared cooldown are slept off (each for exactly
-    /// its `retry_after`, when that fits the deadline) before the refusal is
-    /// returned (default [`DEFAULT_COOLDOWN_WAITS`]; `0` returns the first).
+    /// its `retry_after`, when that fits the deadline and is no longer than
+    /// [`max_server_delay`](Self::max_server_delay): a spent quota's is
+    /// never slept) before the refusal is returned (default
+    /// [`DEFAULT_COOLDOWN_WAITS`]; `0` returns the first).
     pub fn cooldown_waits(mut self, n: u32) -> Self {
         self.cooldown_waits = n;
         self
@@ -157,10 +163,34 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
 
     /// The longest `Retry-After` the default classifier waits for (default
     /// [`DEFAULT_MAX_SERVER_DELAY`]); a server asking for more gets its error
-    /// returned at once. Also the longest shared cooldown a quota signal
-    /// writes: a longer signal cools the deployment down for this long.
+    /// returned at once. Also the line between a rate limit and a spent
+    /// quota: a quota signal asking for up to this long cools the
+    /// deployment down for that long, and one asking for more is a **hard
+    /// quota** (a daily or monthly limit, a reset hours away) — see
+    /// [`max_quota_cooldown`](Self::max_quota_cooldown).
     pub fn max_server_delay(mut self, d: Duration) -> Self {
         self.max_server_delay = d;
+        self
+    }
+
+    /// How long a deployment whose account is out of quota with no reset
+    /// given (`429 insufficient_quota`) cools down, fleet-wide (default
+    /// [`DEFAULT_QUOTA_COOLDOWN`], an hour): no call is sent there until it
+    /// ends, and a call there goes to another deployment at once. Zero
+    /// writes no cooldown.
+    pub fn quota_cooldown(mut self, d: Duration) -> Self {
+        self.quota_cooldown = d;
+        self
+    }
+
+    /// The longest cooldown a hard quota writes (default
+    /// [`DEFAULT_MAX_QUOTA_COOLDOWN`], a day): a 429 whose reset is further
+    /// away than [`max_server_delay`](Self::max_server_delay) cools its
+    /// deployment down until that reset, at most this long, instead of for
+    /// `max_server_delay` — so routing leaves a spent daily quota at once
+    /// and does not come back to it every two minutes.
+    pub fn max_quota_cooldown(mut self, d: Duration) -> Self {
+        self.max_quota_cooldown = d;
         self
     }
 
@@ -241,6 +271,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
             deadline: self.deadline,
             refusals_trip_breaker: self.refusals_trip_breaker,
             max_server_delay: self.max_server_delay,
+            quota_cooldown: self.quota_cooldown,
+            max_quota_cooldown: self.max_quota_cooldown,
             token_estimate: self.token_estimate,
         }
     }

@@ -374,27 +374,87 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         left: Option<Duration>,
     ) -> Result<Extracted<Value>, ExtractError> {
         let deployment = &self.deployments[at];
-        let result = deployment.inner.extract_answer(request, left).await;
-        let wait = match &result {
-            Ok(answer) => answer.quota.map(|q| q.wait),
-            Err(e) => e.quota_wait(),
-        };
-        let wait = wait.filter(|w| !w.is_zero());
-        if let Some(wait) = wait {
+        let answer = deployment.inner.extract_answer(request, left).await;
+        let (result, cooldown) = self.quota_heard(at, answer);
+        if let Some(cooldown) = cooldown {
             // The cooldown just written refuses this deployment until then.
-            self.hear(at, Some((wait.min(self.max_server_delay), Deferral::Cooldown)));
-        }
-        if let Some(wait) = wait
-            && let Err(error) = deployment.breaker.cool_down(wait.min(self.max_server_delay)).await
-        {
-            self.observer.on_event(&Event::CacheUnavailable {
-                component: Arc::from(deployment.breaker.key_prefix()),
-                operation: "cool_down",
-                fallback: "not recorded",
-                error: error.to_string(),
-            });
+            self.hear(at, Some((cooldown, Deferral::Cooldown)));
+            if let Err(error) = deployment.breaker.cool_down(cooldown).await {
+                self.observer.on_event(&Event::CacheUnavailable {
+                    component: Arc::from(deployment.breaker.key_prefix()),
+                    operation: "cool_down",
+                    fallback: "not recorded",
+                    error: error.to_string(),
+                });
+            }
         }
         result
+    }
+
+    /// What an attempt's answer says of deployment `at`'s quota: the
+    /// cooldown to write there, and the answer as the call sees it. A rate
+    /// limit — a 429 or 503 asking for a wait, or an exhausted
+    /// `x-ratelimit-*` limit — cools it for that wait, at most
+    /// `max_server_delay`. A spent quota — `insufficient_quota`, or a
+    /// signal whose reset is further away than `max_server_delay` — cools
+    /// it until the reset (at most `max_quota_cooldown`; `quota_cooldown`
+    /// when none was given), is reported ([`Event::QuotaExhausted`]), and a
+    /// 429 saying so becomes [`ProviderError::QuotaExhausted`]: final
+    /// there, so the call goes elsewhere at once.
+    fn quota_heard(
+        &self,
+        at: usize,
+        answer: Result<Extracted<Value>, ExtractError>,
+    ) -> (Result<Extracted<Value>, ExtractError>, Option<Duration>) {
+        let wait = match &answer {
+            Ok(answer) => answer.quota.map(|q| q.wait),
+            Err(e) => e.quota_wait(),
+        }
+        .filter(|w| !w.is_zero());
+        let spent = match answer.as_ref().err().and_then(ExtractError::provider_error) {
+            Some(ProviderError::QuotaExhausted { retry_after, .. }) => Some(*retry_after),
+            _ => None,
+        };
+        let hard = if let Some(reset) = spent {
+            Some(match reset.filter(|r| !r.is_zero()) {
+                Some(reset) => (reset.min(self.max_quota_cooldown), true),
+                None => (self.quota_cooldown, false),
+            })
+        } else {
+            wait.filter(|w| *w > self.max_server_delay)
+                .map(|w| (w.min(self.max_quota_cooldown), true))
+        };
+        let Some((cooldown, reset_given)) = hard else {
+            return (answer, wait.map(|w| w.min(self.max_server_delay)));
+        };
+        let now = self.clock.now();
+        self.observer.on_event(&Event::QuotaExhausted {
+            breaker: Arc::from(self.deployments[at].breaker.key_prefix()),
+            tenant: self.tenant,
+            wait: cooldown,
+            until: now.saturating_add(cooldown),
+            at: now,
+            reset_given,
+        });
+        #[cfg(feature = "mutants")]
+        if crate::mutants::active(crate::mutants::Mutant::HardQuotaAsRateLimit) {
+            // A spent quota taken for a rate limit: its wait capped, or none.
+            return (
+                answer,
+                spent
+                    .is_none()
+                    .then_some(wait)
+                    .flatten()
+                    .map(|w| w.min(self.max_server_delay)),
+            );
+        }
+        let answer = match answer {
+            Err(ExtractError::Provider(ProviderError::RateLimited { retry_after, message })) => {
+                Err(ProviderError::QuotaExhausted { retry_after, message }.into())
+            }
+            other => other,
+        };
+        (answer, (!cooldown.is_zero()).then_some(cooldown))
     }
 }
 

@@ -151,6 +151,13 @@ pub const DEFAULT_COOLDOWN_WAITS: u32 = 1;
 /// honours; a longer one ends the call at once (the OpenAI SDKs' rule).
 pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(120);
 
+/// How long a deployment cools down after a spent quota with no reset
+/// given (`insufficient_quota`).
+pub const DEFAULT_QUOTA_COOLDOWN: Duration = Duration::from_secs(60 * 60);
+/// The longest cooldown a hard quota signal writes, however far away the
+/// reset it gives.
+pub const DEFAULT_MAX_QUOTA_COOLDOWN: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// The retry name in messages: `Exhausted 3 retries for extract`.
 const OPERATION: &str = "extract";
 
@@ -239,6 +246,8 @@ pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
     deadline: Option<Duration>,
     refusals_trip_breaker: bool,
     max_server_delay: Duration,
+    quota_cooldown: Duration,
+    max_quota_cooldown: Duration,
     token_estimate: Option<TokenEstimate>,
 }
 
@@ -255,6 +264,8 @@ impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {
             .field("deadline", &self.deadline)
             .field("refusals_trip_breaker", &self.refusals_trip_breaker)
             .field("max_server_delay", &self.max_server_delay)
+            .field("quota_cooldown", &self.quota_cooldown)
+            .field("max_quota_cooldown", &self.max_quota_cooldown)
             .finish_non_exhaustive()
     }
 }
@@ -288,8 +299,17 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
 
     /// The wait a failure's server asked for (`Retry-After`), as the retry
     /// loop would honour it at one deployment: the classifier's, or under
-    /// the default classifier also one over `max_server_delay`.
+    /// the default classifier also one over `max_server_delay`; for a spent
+    /// quota, until its reset (`quota_cooldown` when none was given).
     pub(super) fn server_wait(&self, error: &ExtractError) -> Option<Duration> {
+        if let Some(ProviderError::QuotaExhausted { retry_after, .. }) = error.provider_error() {
+            // A spent quota: nothing is sent there until it resets.
+            let reset = match retry_after.filter(|r| !r.is_zero()) {
+                Some(reset) => reset.min(self.max_quota_cooldown),
+                None => self.quota_cooldown,
+            };
+            return (!reset.is_zero()).then_some(reset);
+        }
         match self.classify(error) {
             Retryable::After(wait) => Some(wait),
             _ if self.classifier.is_none() => match error.retryable() {

@@ -192,7 +192,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
             let fits = deadline.is_none_or(|d| retry_after <= d.saturating_duration_since(p.clock.now()));
             // The call's first admission: every cooldown wait so far was slept here.
             let waits = self.route.cooldown_waits;
-            if reason != Refusal::Cooldown || waits >= p.cooldown_waits || !fits || retry_after.is_zero() {
+            // A cooldown longer than any wait a server may ask for (a spent
+            // quota's) is not slept off: the call ends, told when it resets.
+            let sleepable = reason == Refusal::Cooldown && !retry_after.is_zero() && retry_after <= p.max_server_delay;
+            if !sleepable || waits >= p.cooldown_waits || !fits {
                 // The call ends with this refusal: its events name this deployment.
                 self.route.at = self.route.order.iter().position(|&j| j == i).unwrap_or(0);
                 return Err(CircuitOpen::refused(p.deployments[i].inner.model(), retry_after, reason).into());

@@ -866,6 +866,11 @@ impl Start {
                         self.spec.quota.map_or(0, |q| u64::from(q.rpm)),
                     ),
                     Limit::Tokens => ("tokens per min (TPM)", "tokens", self.spec.quota.map_or(0, |q| q.tpm)),
+                    Limit::RequestsPerDay => (
+                        "requests per day (RPD)",
+                        "requests",
+                        self.spec.quota.and_then(|q| q.rpd).map_or(0, u64::from),
+                    ),
                 };
                 let message = format!(
                     "Rate limit reached for {model} in organization org-sim on {what}: Limit {limit_value}, Used {used}, Requested {requested}. Please try again in {}. Visit https://platform.openai.com/account/rate-limits to learn more.",

@@ -1,5 +1,6 @@
 //! A hosted endpoint's quotas: requests-per-minute and tokens-per-minute
-//! buckets per API key, a credit budget, and the headers computed from them.
+//! buckets per API key, a daily request cap, a credit budget, and the
+//! headers computed from them.
 //!
 //! Tuning `rpm` against a provider's quota needs a quota that behaves like
 //! one, not a 429 coin flip. OpenAI counts limits per minute in requests and
@@ -13,8 +14,11 @@
 //! Go durations (`1s`, `6m0s`, `120ms`) meaning the time until the bucket is
 //! full again; a 429 adds `retry-after` (whole seconds, rounded up) and
 //! `retry-after-ms`, the time until the bucket holds the charge — the two
-//! headers the core's adapter reads (`retry-after-ms` first). Pure: time is an
-//! argument.
+//! headers the core's adapter reads (`retry-after-ms` first). A daily cap
+//! (`rpd`) is a fixed window from the run's start: once a key has spent it,
+//! every request is refused until the day ends, hours away — as a free
+//! tier's daily cap answers (OpenRouter's `free-models-per-day`,
+//! langwatch/langwatch#7027). Pure: time is an argument.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -78,7 +82,12 @@ pub enum Limit {
     Requests,
     /// Tokens per minute.
     Tokens,
+    /// Requests per day.
+    RequestsPerDay,
 }
+
+/// The length of a daily cap's window.
+pub const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The quota's answer to one request.
 #[derive(Clone, Debug, PartialEq)]
@@ -112,6 +121,10 @@ pub struct KeyBuckets {
     pub requests: Bucket,
     /// Tokens per minute.
     pub tokens: Bucket,
+    /// The day `today` counts (days since the run's start).
+    pub day: u64,
+    /// Requests admitted in that day.
+    pub today: u64,
 }
 
 /// Every key's buckets and the account's remaining credit.
@@ -137,7 +150,14 @@ impl Quotas {
         let buckets = self.keys.entry(key.to_owned()).or_insert_with(|| KeyBuckets {
             requests: Bucket::new(u64::from(q.rpm), now),
             tokens: Bucket::new(q.tpm, now),
+            day: 0,
+            today: 0,
         });
+        let day = now.as_secs() / DAY.as_secs();
+        if buckets.day != day {
+            buckets.day = day;
+            buckets.today = 0;
+        }
         buckets.requests.refill(now);
         buckets.tokens.refill(now);
         buckets
@@ -149,8 +169,19 @@ impl Quotas {
         if self.credit_left == Some(0) {
             return Decision::Exhausted;
         }
-        let tpm = self.quota.tpm;
+        let (tpm, rpd) = (self.quota.tpm, self.quota.rpd);
         let b = self.key(key, now);
+        if let Some(rpd) = rpd
+            && b.today >= u64::from(rpd)
+        {
+            let day_end = DAY.saturating_mul(u32::try_from(b.day.saturating_add(1)).unwrap_or(u32::MAX));
+            return Decision::Limited {
+                limit: Limit::RequestsPerDay,
+                retry_after: day_end.saturating_sub(now),
+                requested: 1,
+                used: b.today,
+            };
+        }
         if b.requests.level < 1.0 {
             return Decision::Limited {
                 limit: Limit::Requests,
@@ -172,6 +203,7 @@ impl Quotas {
         }
         b.requests.level -= 1.0;
         b.tokens.level -= tokens as f64;
+        b.today += 1;
         Decision::Admit
     }
 
@@ -235,7 +267,32 @@ mod tests {
             rpm: 60,
             tpm: 1000,
             credit_tokens: None,
+            rpd: None,
         }
+    }
+
+    #[test]
+    fn a_daily_cap_refuses_until_the_day_ends() {
+        let mut q = Quotas::new(Quota {
+            rpd: Some(3),
+            ..quota()
+        });
+        let t = Duration::from_secs(600);
+        for _ in 0..3 {
+            assert_eq!(q.admit("k", 1, t), Decision::Admit);
+        }
+        let later = t + Duration::from_secs(3_600);
+        assert_eq!(
+            q.admit("k", 1, later),
+            Decision::Limited {
+                limit: Limit::RequestsPerDay,
+                retry_after: DAY - later,
+                requested: 1,
+                used: 3,
+            }
+        );
+        assert_eq!(q.admit("other", 1, later), Decision::Admit, "per key");
+        assert_eq!(q.admit("k", 1, DAY), Decision::Admit, "a new day");
     }
 
     #[test]

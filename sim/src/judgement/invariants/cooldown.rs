@@ -26,7 +26,10 @@ struct Written {
 /// no cooldown ends before a signal asked: every quota signal is traced
 /// with the end it asked for, whether the step wrote it or kept a longer
 /// one, so a store that kept a shorter one (or let a later, shorter signal
-/// overwrite a longer one) admits inside a traced end. The store compares
+/// overwrite a longer one) admits inside a traced end. A spent quota (a
+/// daily cap, `insufficient_quota`) is traced with the end the provider
+/// heard — its reset, at most `max_quota_cooldown` — so a cooldown cut
+/// short to `max_server_delay` admits inside it too. The store compares
 /// the admission's stamp with the recorded end, so that is the claim: an
 /// admission stamped before `until` of a cooldown asked before it is a
 /// violation. Every call reaches a server only through an
@@ -47,6 +50,7 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut breakers = Breakers::new(ctx.scopes);
     let mut recorded: BTreeMap<String, Vec<Written>> = BTreeMap::new();
     let (mut written, mut kept, mut refused, mut admitted_within) = (0u64, 0u64, 0u64, 0u64);
+    let mut spent = 0u64;
     let mut verdict = Verdict::Held;
     let shared = ctx.scopes.shared();
     let trip = ctx.round_trip_us;
@@ -63,6 +67,23 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 } else {
                     kept += 1;
                 }
+                recorded
+                    .entry(ctx.scopes.breaker(e, breaker))
+                    .or_default()
+                    .push(Written {
+                        traced_us: e.t_us,
+                        at_us: *at_us,
+                        until_us: *until_us,
+                    });
+            }
+            Kind::QuotaSpent {
+                breaker,
+                until_us,
+                at_us,
+            } => {
+                // The end the server's spent quota asked for, whatever the
+                // store then kept: a cooldown cut short admits inside it.
+                spent += 1;
                 recorded
                     .entry(ctx.scopes.breaker(e, breaker))
                     .or_default()
@@ -111,7 +132,7 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             recorded.clear();
         }
     }
-    if written + kept == 0 {
+    if written + kept + spent == 0 {
         return not_applicable("no quota signal wrote a cooldown");
     }
     let kept = if kept == 0 {
@@ -119,10 +140,15 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     } else {
         format!(" ({kept} more signals under a longer one)")
     };
+    let spent = if spent == 0 {
+        String::new()
+    } else {
+        format!(", {spent} of them a spent quota's")
+    };
     (
         verdict,
         format!(
-            "{written} cooldowns written{kept}; {refused} calls refused by one; {admitted_within} admitted within one"
+            "{written} cooldowns written{kept}{spent}; {refused} calls refused by one; {admitted_within} admitted within one"
         ),
     )
 }
