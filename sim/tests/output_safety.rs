@@ -498,3 +498,45 @@ fn tune_refuses_a_value_under_which_no_call_can_succeed() {
         "{err}"
     );
 }
+
+/// An output that is a device is written into, never renamed over: as
+/// root, a rename replaced `/dev/full` (or `/dev/null`) with a regular
+/// file. A full device fails the command with the reason, and every other
+/// output is left as it was. The devices are made beside the test's files
+/// (`mknod`, which needs root), never the system's own.
+#[cfg(unix)]
+#[test]
+fn a_device_output_is_written_into_and_a_full_one_fails_leaving_the_rest() {
+    use std::os::unix::fs::FileTypeExt as _;
+    let path = temp_file("devices/s.toml", SMALL);
+    let dir = path.parent().unwrap();
+    let (full, null) = (dir.join("full"), dir.join("null"));
+    for (node, minor) in [(&full, "7"), (&null, "3")] {
+        let _ = std::fs::remove_file(node);
+        let made = std::process::Command::new("mknod")
+            .arg(node)
+            .args(["c", "1", minor])
+            .status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("SKIPPED: mknod is not permitted here (not root); device outputs untested");
+            return;
+        }
+    }
+    let old = path.with_file_name("old.json");
+    std::fs::write(&old, "{\"previous\": \"report\"}").unwrap();
+    let out = run(&["run", s(&path), "--json", s(&old), "--trace", s(&full)]);
+    refused(&out, 4, "No space left on device", &old, "{\"previous\": \"report\"}");
+    assert!(stderr(&out).contains(&format!("cannot write {}", full.display())), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), SMALL);
+    let out = run(&["run", s(&path), "--json", s(&null)]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for node in [&full, &null] {
+        let kind = std::fs::metadata(node).unwrap().file_type();
+        assert!(kind.is_char_device(), "{} was replaced by a file", node.display());
+    }
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.ends_with(".part")), "{names:?}");
+}

@@ -8,7 +8,11 @@
 //! renamed over the target only once every output of the command is complete;
 //! an output that is one of the command's inputs (after symlinks), or that two
 //! flags name, is refused before anything is opened for writing. A command
-//! that fails therefore leaves every existing file as it was.
+//! that fails therefore leaves every existing file as it was. An output that
+//! is not a regular file (`/dev/null`, `/dev/stdout`, a FIFO) is written
+//! straight into once the work is done, before any rename, never renamed
+//! over: a device stays a device, and a write it refuses (`/dev/full`) fails
+//! the command with every other output left as it was.
 
 use std::fs::File;
 use std::io::Write as _;
@@ -207,14 +211,23 @@ pub fn parse_shard(text: &str) -> Result<shard::Shard, String> {
     shard::Shard::parse(text).map_err(|e| e.to_string())
 }
 
-/// One reserved output: where it goes, and the temporary file beside it
-/// that holds it until the command commits.
+/// One reserved output: where it goes, and what holds it until the command
+/// commits.
 struct Slot {
     flag: &'static str,
     shown: PathBuf,
     target: PathBuf,
-    temp: tempfile::NamedTempFile,
+    held: Held,
     written: bool,
+}
+
+/// Where an output waits for the command to commit.
+enum Held {
+    /// A temporary file beside a regular (or new) file, renamed over it.
+    Temp(tempfile::NamedTempFile),
+    /// The text for a device or FIFO, written into it: renaming over
+    /// `/dev/null` would replace the device with a file.
+    Direct(Vec<u8>),
 }
 
 /// A command's output files, reserved before any work and renamed over
@@ -282,6 +295,17 @@ impl Outputs {
             if target.is_dir() {
                 return Err(io_failed(&shown, &"it is a directory"));
             }
+            // Followed through symlinks (`/dev/stdout`): what a write lands in.
+            if std::fs::metadata(&shown).is_ok_and(|m| !m.is_file()) {
+                slots.push(Slot {
+                    flag,
+                    shown,
+                    target,
+                    held: Held::Direct(Vec::new()),
+                    written: false,
+                });
+                continue;
+            }
             let dir = target.parent().unwrap_or(Path::new("."));
             let name = target
                 .file_name()
@@ -300,7 +324,7 @@ impl Outputs {
                 flag,
                 shown,
                 target,
-                temp,
+                held: Held::Temp(temp),
                 written: false,
             });
         }
@@ -337,22 +361,40 @@ impl Outputs {
         let Some(slot) = self.slots.iter_mut().find(|s| s.flag == flag) else {
             return Ok(());
         };
-        let file: &mut File = slot.temp.as_file_mut();
-        file.write_all(contents().as_bytes())
-            .and_then(|()| file.sync_all())
-            .map_err(|e| io_failed(&slot.shown, &e))?;
+        match &mut slot.held {
+            Held::Temp(temp) => {
+                let file: &mut File = temp.as_file_mut();
+                file.write_all(contents().as_bytes())
+                    .and_then(|()| file.sync_all())
+                    .map_err(|e| io_failed(&slot.shown, &e))?;
+            }
+            Held::Direct(text) => *text = contents().into_bytes(),
+        }
         slot.written = true;
         Ok(())
     }
 
-    /// Renames every written output over its target. Called once the
-    /// command's work is done; an output never written is left as it was.
-    /// Every step that can fail but the renames themselves is taken for
-    /// every output before the first rename.
+    /// Writes every written output that is a device or FIFO, then renames
+    /// every other over its target. Called once the command's work is done;
+    /// an output never written is left as it was. Every step that can fail
+    /// but the renames themselves is taken for every output before the
+    /// first rename.
     pub fn commit(self) -> Result<(), ExitCode> {
         let mut ready = Vec::new();
         for slot in self.slots.into_iter().filter(|s| s.written) {
-            let temp = slot.temp.into_temp_path();
+            let temp = match slot.held {
+                Held::Direct(text) => {
+                    // Opened to write, never created or truncated: it exists
+                    // and is no regular file.
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&slot.shown)
+                        .and_then(|mut f| f.write_all(&text).and_then(|()| f.flush()))
+                        .map_err(|e| io_failed(&slot.shown, &e))?;
+                    continue;
+                }
+                Held::Temp(temp) => temp.into_temp_path(),
+            };
             // A file written over keeps its permissions.
             if let Ok(m) = std::fs::metadata(&slot.target) {
                 std::fs::set_permissions(&temp, m.permissions()).map_err(|e| io_failed(&slot.shown, &e))?;
