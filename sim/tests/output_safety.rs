@@ -540,3 +540,63 @@ fn a_device_output_is_written_into_and_a_full_one_fails_leaving_the_rest() {
         .collect();
     assert!(names.iter().all(|n| !n.ends_with(".part")), "{names:?}");
 }
+
+/// `merge` as a process: a shard whose figures were forged, whose seed
+/// range is inverted, or that holds a seed it does not own is refused (exit
+/// 2) naming what is wrong, writing nothing and changing no shard.
+#[test]
+fn merge_refuses_forged_shards_and_changes_none() {
+    let path = temp_file("forged/s.toml", SMALL);
+    let (one, two) = (path.with_file_name("one.json"), path.with_file_name("two.json"));
+    for (i, json) in [(1, &one), (2, &two)] {
+        let out = run(&["sweep", s(&path), "--seeds", "1..5", "--shard", &format!("{i}/2"), "--json", s(json)]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    let honest = std::fs::read_to_string(&one).unwrap();
+    let shard: serde_json::Value = serde_json::from_str(&honest).unwrap();
+    let records = shard["per_seed"].as_array().unwrap().len();
+    assert!(records > 0 && honest.contains("\"failed_fraction\""), "{honest}");
+    let forged = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = shard.clone();
+        f(&mut v);
+        serde_json::to_string(&v).unwrap()
+    };
+    let joined = path.with_file_name("joined.json");
+    for (text, says) in [
+        (
+            forged(&|v| v["per_seed"][0]["figures"]["failed_fraction"] = (-5.0).into()),
+            "failed_fraction = -5",
+        ),
+        // An infinite p99 in a seed's record (JSON has no infinity: the
+        // number is out of range).
+        (
+            {
+                let at = honest.find("\"per_seed\"").unwrap();
+                let (head, tail) = honest.split_at(at);
+                format!(
+                    "{head}{}",
+                    tail.replacen("\"latency_p99_s\": ", "\"latency_p99_s\": 1e999, \"was\": ", 1)
+                )
+            },
+            "not the --json of a sweep",
+        ),
+        (forged(&|v| v["seed_range"] = serde_json::json!([5, 1])), "not a range a command runs"),
+        (
+            forged(&|v| v["seed_range"] = serde_json::json!([0, u64::MAX])),
+            "not a range a command runs",
+        ),
+        (forged(&|v| v["per_seed"][0]["seed"] = 2.into()), "seed 2 is not one this shard runs"),
+        (
+            forged(&|v| {
+                v["per_seed"][0]["invariants"].as_array_mut().unwrap().pop();
+            }),
+            "not the registry's",
+        ),
+        (forged(&|v| v["preamble"] = "   load gpu: forged\n".into()), "load lines differ"),
+    ] {
+        std::fs::write(&one, &text).unwrap();
+        let out = run(&["merge", s(&one), s(&two), "--json", s(&joined)]);
+        refused(&out, 2, says, &one, &text);
+        assert!(!joined.exists(), "{says}: merge wrote {}", joined.display());
+    }
+}
