@@ -439,3 +439,36 @@ fn too_many_servers_in_fuzz_bounds_is_named_as_the_servers() {
         &[&bounds],
     );
 }
+
+/// Values the scenario check once let through and the core's builders then
+/// refused, ending as "simulation failed at 0.000 s" with no field: each is
+/// now refused before the run, by its field and line, from the file and
+/// from `--set` alike.
+#[test]
+fn values_the_core_refuses_are_named_by_their_field_before_the_run() {
+    let base = REPLAYED.replace("tenants = [{ id = 1, replay = { file = \"FILE\" } }]", "tenants = [{ id = 1, calls_per_min = 30 }]");
+    for (edit, field, says) in [
+        ("half_open_max_calls = 5000", "hardening.half_open_max_calls", "between 1 and 1000, got 5000"),
+        ("max_delay_s = 200000", "hardening.max_delay_s", "at most 86400 s (one day)"),
+        ("initial_delay_s = 100000\nmax_delay_s = 200000", "hardening.initial_delay_s", "at most 86400 s (one day)"),
+    ] {
+        let text = base.replace("max_tokens = 1000", &format!("max_tokens = 1000\n{edit}"));
+        let path = temp_file("core/s.toml", &text);
+        let first = edit.lines().next().unwrap();
+        let line = text.lines().position(|l| l == first).unwrap() + 1;
+        let err = expect(&["run", s(&path)], 2, &[&format!("line {line}: field `{field}`"), says], &[&path]);
+        assert!(!err.contains("simulation failed"), "{err}");
+    }
+    let text = base.replace("name = \"gpu\"", "name = \"gpu\"\nmodel = \"\"");
+    let path = temp_file("core/model.toml", &text);
+    expect(&["run", s(&path)], 2, &["line 8: field `servers[0].model`", "non-empty"], &[&path]);
+    // Through --set: refused before any seed runs (exit 2, not a failed
+    // seed's exit 1).
+    let path = temp_file("core/set.toml", &base);
+    expect(
+        &["compare", s(&path), "--seeds", "1", "--set", "hardening.half_open_max_calls=2,5000"],
+        2,
+        &["with --set hardening.half_open_max_calls=5000", "field `hardening.half_open_max_calls`"],
+        &[&path],
+    );
+}

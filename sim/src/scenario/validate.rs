@@ -79,6 +79,7 @@ impl Scenario {
         self.validate_run(&errors)?;
         self.validate_hardening(&errors)?;
         let mut hosts = self.validate_servers(&errors)?;
+        self.validate_with_core(&errors)?;
         let workers = self.validate_workers(&errors, &mut hosts)?;
         // The cache is a host only when it is shared: in a per-worker layout
         // there is no `cache` on the network to cut or slow down.
@@ -241,6 +242,61 @@ impl Scenario {
                     format!("must be {}, got {}", bad.expected, bad.value),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Builds what each worker builds from these settings — its limiter,
+    /// breaker, retry policy and each server's adapter — with the core's own
+    /// builders, so that a value the core refuses (`half_open_max_calls`
+    /// over 1 000, a backoff over a day, an empty `model`) is refused here
+    /// by its field, not by a run that fails at 0 s.
+    fn validate_with_core(&self, e: &Errors) -> Result<(), ScenarioError> {
+        let h = &self.hardening;
+        let refused = |field: String, bad: redstring::ConfigError| {
+            e.bad(&field, format!("must be {}, got {}", bad.expected, bad.value))
+        };
+        let hardening = |core: &str| {
+            let ours = match core {
+                "window_seconds" => "window_s",
+                "recovery_timeout" => "recovery_timeout_s",
+                "probe_lease" => "probe_lease_s",
+                "initial_delay" => "initial_delay_s",
+                "max_delay" => "max_delay_s",
+                "timeout" => "request_timeout_s",
+                other => other,
+            };
+            format!("hardening.{ours}")
+        };
+        let clock: std::sync::Arc<dyn redstring::Clock> = std::sync::Arc::new(redstring::ManualClock::at_fixed_epoch());
+        let mut limiter = redstring::RateLimiter::builder(h.rpm)
+            .window(seconds(h.window_s))
+            .clock(clock.clone());
+        if let Some(tokens) = h.tokens_per_window {
+            limiter = limiter.tokens_per_window(tokens);
+        }
+        limiter.build().map_err(|bad| refused(hardening(bad.field), bad))?;
+        let mut breaker = redstring::CircuitBreaker::builder()
+            .failure_threshold(h.failure_threshold)
+            .recovery_timeout(seconds(h.recovery_timeout_s))
+            .half_open_max_calls(h.half_open_max_calls)
+            .clock(clock.clone());
+        if let Some(lease) = h.probe_lease_s {
+            breaker = breaker.probe_lease(seconds(lease));
+        }
+        breaker.build().map_err(|bad| refused(hardening(bad.field), bad))?;
+        h.retry_policy().map_err(|bad| refused(hardening(bad.field), bad))?;
+        for (i, s) in self.servers.iter().enumerate() {
+            redstring::provider::OpenAiCompatible::builder(format!("http://{}:8080/v1", s.name), s.model.clone())
+                .timeout(seconds(h.request_timeout_s))
+                .max_tokens(h.max_tokens)
+                .clock(clock.clone())
+                .build_with(NoTransport)
+                .map_err(|bad| match bad.field {
+                    "model" => refused(format!("servers[{i}].model"), bad),
+                    "base_url" => refused(format!("servers[{i}].name"), bad),
+                    other => refused(hardening(other), bad),
+                })?;
         }
         Ok(())
     }
@@ -669,4 +725,23 @@ fn valid_host(name: &str) -> bool {
         && name.len() <= 63
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
         && name != CACHE_HOST
+}
+
+/// Seconds as the workers pass them to the core: a value past what a
+/// `Duration` holds is the largest one, for the core to refuse.
+fn seconds(s: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64(s).unwrap_or(std::time::Duration::MAX)
+}
+
+/// The transport of an adapter built only to be checked: it sends nothing.
+struct NoTransport;
+
+impl redstring::provider::HttpTransport for NoTransport {
+    fn post(
+        &self,
+        _: redstring::provider::HttpRequest,
+    ) -> redstring::provider::BoxFuture<'_, Result<redstring::provider::HttpResponse, redstring::provider::TransportError>>
+    {
+        Box::pin(std::future::pending())
+    }
 }
