@@ -472,3 +472,58 @@ fn values_the_core_refuses_are_named_by_their_field_before_the_run() {
         &[&path],
     );
 }
+
+/// `--set` and `--vary` once quoted lines of the scenario as re-serialised
+/// with the value set (line 5 of a file whose line 5 is something else):
+/// an error about the value set names the argument and no line; one about
+/// what the user wrote names the user's line; a warning points at the
+/// user's line too (for an inline array, the array's line).
+#[test]
+fn set_and_vary_errors_name_the_argument_or_the_users_own_line() {
+    let base = REPLAYED.replace("tenants = [{ id = 1, replay = { file = \"FILE\" } }]", "tenants = [{ id = 1, calls_per_min = 30 }]");
+    let path = temp_file("setline/s.toml", &base);
+    for (set, says) in [
+        ("hardening.rpm=-5", "with --set hardening.rpm=-5: "),
+        ("servers.0.slots=abc", "with --set servers.0.slots=abc: "),
+        ("duration_s=-1", "field `duration_s`: must be positive"),
+    ] {
+        let err = expect(&["compare", s(&path), "--seeds", "1", "--set", set], 2, &[says], &[&path]);
+        assert!(!err.contains("line "), "{set}: a line of the re-serialised text: {err}");
+        assert!(!err.contains(" | "), "{set}: a quoted line of the re-serialised text: {err}");
+    }
+    let with_objective = temp_file(
+        "setline/tune.toml",
+        &format!("{base}[objectives]\nfailed_fraction_max = 0.5\n"),
+    );
+    let err = expect(
+        &["tune", s(&with_objective), "--seeds", "1", "--vary", "hardening.failure_threshold=0..3"],
+        2,
+        &["--vary hardening.failure_threshold: 0 is refused", "field `hardening.failure_threshold`"],
+        &[&with_objective],
+    );
+    assert!(!err.contains("line "), "{err}");
+    // What the user wrote wrong is theirs, at their line.
+    let wrong = temp_file("setline/wrong.toml", &base.replace("duration_s = 20", "duration_s = -3"));
+    expect(
+        &["compare", s(&wrong), "--seeds", "1", "--set", "hardening.rpm=50,60"],
+        2,
+        &["line 3: field `duration_s`"],
+        &[&wrong],
+    );
+    // A warning about the user's inline array points at the array's line
+    // in the user's file (line 11), as a plain run's does.
+    let dup = base.replace(
+        "tenants = [{ id = 1, calls_per_min = 30 }]",
+        "tenants = [\n  { id = 1, calls_per_min = 30 },\n  { id = 1, calls_per_min = 30 },\n]",
+    );
+    let path = temp_file("setline/dup.toml", &dup);
+    let err = expect(&["run", s(&path)], 0, &["line 11: field `workers[0].tenants[1].id`"], &[&path]);
+    assert!(err.contains("listed twice"), "{err}");
+    let err = expect(
+        &["compare", s(&path), "--seeds", "1", "--set", "hardening.rpm=50,60"],
+        0,
+        &["hardening.rpm=50: line 11: field `workers[0].tenants[1].id`"],
+        &[&path],
+    );
+    assert!(!err.contains("line 13"), "{err}");
+}

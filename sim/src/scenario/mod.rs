@@ -214,6 +214,56 @@ impl Scenario {
         Ok((scenario, warnings))
     }
 
+    /// Parses and checks `varied`: the text of the user's file `file`,
+    /// `text`, with the dotted `keys` set (by `compare --set` or `tune
+    /// --vary`), re-serialised. Its lines are nobody's: an error or warning
+    /// about a field the user wrote names its line in `text`; one about a
+    /// field a key set names no line (the caller names the argument), and a
+    /// value of the wrong type is the parser's message without the
+    /// re-serialised line it quotes.
+    pub fn parse_varied(
+        file: &str,
+        text: &str,
+        varied: &str,
+        keys: &[&str],
+    ) -> Result<(Scenario, Vec<Warning>), ScenarioError> {
+        let set = |field: &str| {
+            // `servers[0].slots` as a key writes it: `servers.0.slots`.
+            let dotted = field.replace('[', ".").replace(']', "");
+            keys.iter()
+                .any(|k| dotted == *k || dotted.starts_with(&format!("{k}.")))
+        };
+        let line = |field: &str| if set(field) { None } else { validate::locate(text, field) };
+        if let Err(theirs) = toml::from_str::<Scenario>(varied) {
+            let message = match toml::from_str::<Scenario>(text) {
+                // The user's own file says it, at their line.
+                Err(mine) if mine.message() == theirs.message() => mine.to_string().trim_end().to_owned(),
+                _ => theirs.message().trim_end().to_owned(),
+            };
+            return Err(ScenarioError::Parse {
+                file: file.to_owned(),
+                message,
+            });
+        }
+        match Scenario::parse_checked(file, varied) {
+            Ok((scenario, mut warnings)) => {
+                for w in &mut warnings {
+                    w.line = line(&w.field);
+                }
+                Ok((scenario, warnings))
+            }
+            Err(ScenarioError::Invalid {
+                file, field, message, ..
+            }) => Err(ScenarioError::Invalid {
+                line: line(&field),
+                file,
+                field,
+                message,
+            }),
+            Err(other) => Err(other),
+        }
+    }
+
     /// Parses and validates scenario text; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<Scenario, ScenarioError> {
         let scenario: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {

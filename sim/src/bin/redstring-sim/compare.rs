@@ -94,7 +94,9 @@ fn variants(paths: &[PathBuf], sets: &[String], strict: bool) -> Result<Vec<Vari
             _ => compare::setting_flags(&setting),
         };
         let varied = compare::apply(&text, &setting).map_err(|e| bad(&e))?;
-        let parsed = Scenario::parse_checked(&file, &varied).map_err(|e| bad(&format!("with {flags}: {e}")))?;
+        let keys: Vec<&str> = setting.iter().map(|(k, _)| k.as_str()).collect();
+        let parsed =
+            Scenario::parse_varied(&file, &text, &varied, &keys).map_err(|e| bad(&format!("with {flags}: {e}")))?;
         let scenario = warned(&format!("{file} {name}"), parsed, strict)?;
         out.push(Variant {
             name,

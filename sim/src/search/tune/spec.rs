@@ -211,7 +211,9 @@ impl Base<'_> {
     /// The scenario with `values` set, validated; an error says why not.
     pub(super) fn scenario_with(&self, dims: &[Dim], values: &[String]) -> Result<Scenario, String> {
         let text = self.text_with(dims, values).map_err(|e| e.to_string())?;
-        let (scenario, warnings) = Scenario::parse_checked(self.file, &text).map_err(|e| e.to_string())?;
+        let keys: Vec<&str> = dims.iter().map(|d| d.key.as_str()).collect();
+        let (scenario, warnings) =
+            Scenario::parse_varied(self.file, self.text, &text, &keys).map_err(|e| e.to_string())?;
         // A candidate under which no call can succeed would meet objectives
         // by measuring nothing (no call, no failure): it is refused.
         if let Some(w) = warnings
