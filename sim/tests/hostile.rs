@@ -522,3 +522,100 @@ fn an_absurd_retry_budget_is_refused_by_its_field() {
         );
     }
 }
+
+/// Runs `args` under an address-space limit of `bytes` (`prlimit --as`);
+/// `None` when `prlimit` is not installed (the caller skips, saying so).
+fn limited(bytes: u64, args: &[&str]) -> Option<std::process::Output> {
+    let probe = std::process::Command::new("prlimit").arg("--version").output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIPPED: prlimit (util-linux) is not installed; the memory cases are untested");
+        return None;
+    }
+    Some(
+        std::process::Command::new("prlimit")
+            .arg(format!("--as={bytes}"))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_redstring-sim"))
+            .args(args)
+            .output()
+            .unwrap(),
+    )
+}
+
+/// Asserts a clear refusal with exit `code` saying `says`: no signal (an
+/// abort from a failed allocation), no panic.
+fn refused_within(out: &std::process::Output, code: i32, says: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "killed or wrong code ({:?}): {err}", out.status);
+    assert!(!err.contains("panicked") && !err.contains("memory allocation"), "{err}");
+    assert!(err.contains(says), "expected {says:?} in: {err}");
+}
+
+/// Flags and files that once sized an allocation, run under a 1 GB
+/// address-space limit: huge seed ranges (`sweep`, `compare`, `tune`, and a
+/// shard claiming one for `merge`), keys thousands of steps deep, a trace
+/// whose requests all arrive at one instant, and a hundred tenants each
+/// replaying it. Each ends in a clear error — never an abort.
+#[test]
+fn what_once_ran_out_of_memory_is_refused_under_an_address_space_limit() {
+    const LIMIT: u64 = 1 << 30;
+    let path = temp_file("memory/s.toml", &format!("{BASE}[objectives]\nfailed_fraction_max = 0.5\n"));
+    let p = path.to_str().unwrap();
+    let deep = format!("{}=1", vec!["t"; 5000].join("."));
+    let cases: [(&[&str], &str); 6] = [
+        (&["sweep", p, "--seeds", "0..18446744073709551615"], "above the most one command runs"),
+        (&["compare", p, "--seeds", "1..100000000"], "above the most one command runs"),
+        (&["tune", p, "--vary", "hardening.rpm=5,10", "--seeds", "18446744073709551615"], "beyond 2^64"),
+        (&["tune", p, "--vary", "hardening.rpm=5,10", "--seeds", "1..100000000"], "above the most one command runs"),
+        (&["compare", p, "--seeds", "1", "--set", &deep], "5000 dotted steps"),
+        (&["tune", p, "--seeds", "1", "--vary", &deep], "dotted steps"),
+    ];
+    for (args, says) in cases {
+        let Some(out) = limited(LIMIT, args) else { return };
+        refused_within(&out, 2, says);
+    }
+    // A shard claiming every seed there is.
+    let shard = path.with_file_name("huge.json");
+    let out = bin()
+        .args(["sweep", p, "--seeds", "1..3", "--shard", "1/1", "--json"])
+        .arg(&shard)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&shard).unwrap()).unwrap();
+    v["seed_range"] = serde_json::json!([0, u64::MAX]);
+    std::fs::write(&shard, v.to_string()).unwrap();
+    let Some(out) = limited(LIMIT, &["merge", shard.to_str().unwrap()]) else { return };
+    refused_within(&out, 2, "not a range a command runs");
+    // 400 000 requests at one instant: a run would hold them all at once,
+    // about 2.3 GB; refused up front with the figure.
+    let mut csv = String::from("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n");
+    csv.push_str(&"1,m,10,10,20,Conversation log\n".repeat(400_000));
+    let trace = path.with_file_name("same-instant.csv");
+    std::fs::write(&trace, &csv).unwrap();
+    let one = BASE
+        .replace("count = 2\n", "")
+        .replace("{ id = 1, calls_per_min = 30 }", "{ id = 1, replay = { file = \"same-instant.csv\" } }");
+    let replayed = temp_file("memory/replayed.toml", &one);
+    let r = replayed.to_str().unwrap();
+    let Some(out) = limited(LIMIT, &["run", r, "--max-wall", "100000"]) else { return };
+    refused_within(&out, 3, "400000 calls");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("address-space limit of 1.0 GB"));
+    let Some(out) = limited(LIMIT, &["sweep", r, "--seeds", "2", "--jobs", "1"]) else { return };
+    refused_within(&out, 3, "address-space limit");
+    // A hundred tenants replaying it: the requests every replay keeps are
+    // bounded together, not per tenant.
+    let tenants: Vec<String> = (1..=100)
+        .map(|i| format!("{{ id = {i}, replay = {{ file = \"same-instant.csv\" }} }}"))
+        .collect();
+    let many = temp_file(
+        "memory/many.toml",
+        &one.replace(
+            "[{ id = 1, replay = { file = \"same-instant.csv\" } }]",
+            &format!("[{}]", tenants.join(", ")),
+        ),
+    );
+    let Some(out) = limited(LIMIT, &["run", many.to_str().unwrap()]) else { return };
+    refused_within(&out, 2, "with the replays before it, more than 1000000 replayed requests");
+    assert_eq!(std::fs::read_to_string(&trace).unwrap(), csv);
+}

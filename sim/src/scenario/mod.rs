@@ -293,13 +293,18 @@ impl Scenario {
     fn load_replays(&mut self, file: &str) -> Result<(), ScenarioError> {
         let dir = Path::new(file).parent().unwrap_or(Path::new(""));
         let duration = Duration::try_from_secs_f64(self.duration_s).unwrap_or(Duration::MAX);
+        // One allowance for every replay: a hundred tenants replaying a
+        // large trace each hold no more than one may.
+        let mut left = replay::MAX_REQUESTS;
         for (i, w) in self.workers.iter_mut().enumerate() {
             for (j, t) in w.tenants.iter_mut().enumerate() {
                 let Some(replay) = t.replay.as_mut() else {
                     continue;
                 };
                 let path = dir.join(&replay.file);
-                replay.load(&path, duration).map_err(|e| ScenarioError::Invalid {
+                let loaded = replay.load_at_most(&path, duration, left);
+                left -= replay.requests.len().min(left);
+                loaded.map_err(|e| ScenarioError::Invalid {
                     file: file.to_owned(),
                     line: None,
                     field: format!("workers[{i}].tenants[{j}].replay"),

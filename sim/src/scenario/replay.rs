@@ -15,8 +15,9 @@
 //!   fields (`hash_ids`) are ignored.
 //!
 //! The trace's clock is shifted by `start_s` and divided by `speedup`; only
-//! requests that fall inside the run are kept, at most [`MAX_REQUESTS`], so a
-//! file of any size costs bounded memory. A malformed row is an error naming
+//! requests that fall inside the run are kept, at most [`MAX_REQUESTS`] over
+//! all of a scenario's replays, so files of any size, replayed by any number
+//! of tenants, cost bounded memory. A malformed row is an error naming
 //! its line.
 
 use std::io::{BufRead, BufReader, Read};
@@ -123,8 +124,15 @@ impl Replay {
     }
 
     /// Reads the trace at `path` into `self.requests`: the requests that
-    /// arrive within `duration` of the run's start.
+    /// arrive within `duration` of the run's start, at most [`MAX_REQUESTS`].
     pub fn load(&mut self, path: &Path, duration: Duration) -> Result<(), ReplayError> {
+        self.load_at_most(path, duration, MAX_REQUESTS)
+    }
+
+    /// [`Replay::load`], keeping at most `most` requests: what is left of
+    /// [`MAX_REQUESTS`] after the scenario's other replays, so that many
+    /// tenants replaying large traces cost no more memory than one.
+    pub fn load_at_most(&mut self, path: &Path, duration: Duration, most: usize) -> Result<(), ReplayError> {
         if !(self.start_s.is_finite() && self.start_s >= 0.0) {
             return Err(ReplayError::Settings(format!(
                 "start_s must not be negative, got {}",
@@ -147,6 +155,7 @@ impl Replay {
             start_s: self.start_s,
             speedup: self.speedup,
             duration,
+            most: most.min(MAX_REQUESTS),
         };
         let requests = read(BufReader::new(reader), format, window, &file)?;
         self.requests = requests.into();
@@ -160,6 +169,8 @@ struct Window {
     start_s: f64,
     speedup: f64,
     duration: Duration,
+    /// The most requests kept (at most [`MAX_REQUESTS`]).
+    most: usize,
 }
 
 impl Window {
@@ -274,11 +285,15 @@ fn read(
             ));
         }
         if let Some(at) = window.place(t_s) {
-            if out.len() == MAX_REQUESTS {
-                return Err(bad(
-                    n,
-                    format!("more than {MAX_REQUESTS} requests fall inside the run; shorten it or raise start_s"),
-                ));
+            if out.len() == window.most {
+                let why = if window.most < MAX_REQUESTS {
+                    format!(
+                        "with the replays before it, more than {MAX_REQUESTS} replayed requests fall inside the run, the most one run holds; shorten it, raise start_s or replay fewer tenants"
+                    )
+                } else {
+                    format!("more than {MAX_REQUESTS} requests fall inside the run; shorten it or raise start_s")
+                };
+                return Err(bad(n, why));
             }
             out.push(TraceRequest {
                 at,
@@ -403,6 +418,7 @@ mod tests {
             start_s,
             speedup,
             duration: Duration::from_secs(duration_s),
+            most: MAX_REQUESTS,
         }
     }
 

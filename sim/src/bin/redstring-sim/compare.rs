@@ -18,7 +18,7 @@ use redstring_sim::scenario::Scenario;
 use redstring_sim::world::Budget;
 
 use crate::shared::{
-    BAD_SCENARIO, Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, inputs_of, jobs_or_cores, load, loads,
+    BAD_SCENARIO, Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, fits_memory, inputs_of, jobs_or_cores, load, loads,
     progress, verdict, warned,
 };
 use crate::sweep::DEFAULT_SEEDS;
@@ -169,6 +169,7 @@ pub fn compare(args: CompareArgs) -> Outcome {
     let jobs = jobs_or_cores(args.parallel.jobs);
     let shard = args.parallel.shard;
     let seeds = shard::seeds_of(shard, range.start, range.end);
+    fits_memory(variants.iter().map(|v| &v.scenario), jobs.min(seeds.len()))?;
     let bar = progress((seeds.len() as u64).saturating_mul(variants.len() as u64), "runs");
     let mut runs = Vec::new();
     let mut failing = String::new();

@@ -23,7 +23,8 @@
 //!
 //! Exit codes: 0 every invariant held (or was expected not to), 1 an invariant
 //! failed, 2 a scenario (or bounds) file is unusable (or, under `--strict`,
-//! odd), 3 the simulation itself failed or ran over its work budget, 4 an
+//! odd), 3 the simulation itself failed, ran over its work budget or would
+//! not fit the process's address-space limit, 4 an
 //! output file could not be written or was refused (it is an input, or two
 //! flags name it), 5 every invariant held but an objective (`[objectives]`)
 //! was missed. A command that fails leaves every existing file as it was.

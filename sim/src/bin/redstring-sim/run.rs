@@ -22,7 +22,7 @@ use redstring_sim::judgement::{plots, shell_word};
 use redstring_sim::scenario::Scenario;
 use redstring_sim::world::{Budget, Work};
 
-use crate::shared::{BAD_SCENARIO, Outcome, Outputs, SIM_FAILED, inputs_of, load, loads, verdict};
+use crate::shared::{BAD_SCENARIO, Outcome, Outputs, SIM_FAILED, fits_memory, inputs_of, load, loads, verdict};
 
 /// A run estimated to take longer than this says so before it starts, and
 /// shows a progress bar on a terminal.
@@ -96,6 +96,10 @@ pub fn run(args: RunArgs) -> Outcome {
     Budget::DEFAULT.check(&scenario).map_err(|e| {
         eprintln!("error: {e}\n{replay}");
         ExitCode::from(SIM_FAILED)
+    })?;
+    fits_memory([&scenario], 1).map_err(|code| {
+        eprintln!("{replay}");
+        code
     })?;
     let work = Work::of(&scenario);
     let estimate = work.wall_estimate();

@@ -187,6 +187,74 @@ pub fn parse_seeds(text: &str, first: Option<u64>) -> Result<Range<u64>, String>
     Ok(range)
 }
 
+/// Address space a process takes before any run: the binary, its
+/// libraries, the allocator's first arena.
+const BASE_ADDRESS_SPACE: u64 = 256 << 20;
+
+/// Address space each simulation running at once adds besides its data:
+/// its thread's stack and the allocator's arena for it.
+const ADDRESS_SPACE_PER_JOB: u64 = 128 << 20;
+
+/// Refuses (exit 3), before any run, `jobs` runs at once of the largest of
+/// `scenarios` when their estimated memory ([`Work::memory_estimate`])
+/// exceeds the process's address-space limit (`ulimit -v`, `prlimit
+/// --as`): such a run would end in an allocation failure and an abort
+/// after minutes, not an error. Without a limit nothing is refused.
+///
+/// [`Work::memory_estimate`]: redstring_sim::world::Work::memory_estimate
+pub fn fits_memory<'s>(scenarios: impl IntoIterator<Item = &'s Scenario>, jobs: usize) -> Result<(), ExitCode> {
+    let Some(limit) = address_space_limit() else {
+        return Ok(());
+    };
+    fits_within(scenarios, jobs, limit).map_err(|e| fail(SIM_FAILED, &e))
+}
+
+/// [`fits_memory`] against `limit` bytes; the refusal says why.
+fn fits_within<'s>(scenarios: impl IntoIterator<Item = &'s Scenario>, jobs: usize, limit: u64) -> Result<(), String> {
+    let Some(work) = scenarios
+        .into_iter()
+        .map(redstring_sim::world::Work::of)
+        .max_by_key(|w| w.memory_estimate())
+    else {
+        return Ok(());
+    };
+    let jobs = jobs.max(1) as u64;
+    let each = work.memory_estimate();
+    let need = each
+        .saturating_add(ADDRESS_SPACE_PER_JOB)
+        .saturating_mul(jobs)
+        .saturating_add(BASE_ADDRESS_SPACE);
+    if need <= limit {
+        return Ok(());
+    }
+    let gb = |b: u64| b as f64 / f64::from(1u32 << 30);
+    let at_once = if jobs > 1 {
+        format!(", {jobs} at once (--jobs)")
+    } else {
+        String::new()
+    };
+    Err(format!(
+        "a run of this scenario needs about {:.1} GB of memory ({} calls × about {} KB){at_once}, {:.1} GB in all, above this process's address-space limit of {:.1} GB; run fewer calls (a shorter duration_s, lower rates, a replay window with fewer requests){}, or raise the limit",
+        gb(each),
+        work.calls,
+        redstring_sim::world::BYTES_PER_CALL / 1024,
+        gb(need),
+        gb(limit),
+        if jobs > 1 { ", pass a smaller --jobs" } else { "" },
+    ))
+}
+
+/// The soft address-space limit of this process, if it has one.
+fn address_space_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max address space"))?;
+    line.trim_start_matches("Max address space")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// How a command that runs many simulations spreads them.
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct Parallel {
@@ -445,6 +513,20 @@ mod tests {
         assert!(parse_seeds("a..b", None).unwrap_err().contains("must be N"));
         assert_eq!(parse_seeds("100000", None).map(|r| r.end - r.start), Ok(MAX_SEEDS));
         assert!(parse_seeds("100001", None).is_err());
+    }
+
+    #[test]
+    fn a_run_past_the_address_space_limit_is_refused_with_its_figures() {
+        let text = "name = \"x\"\nduration_s = 60\n[[servers]]\nname = \"gpu\"\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{ id = 1, calls_per_min = 60000 }]\n";
+        let scenario = Scenario::parse("x.toml", text).unwrap();
+        // 60 000 calls, about 352 MB.
+        assert_eq!(fits_within([&scenario], 1, 1 << 30), Ok(()));
+        let why = fits_within([&scenario], 1, 512 << 20).unwrap_err();
+        assert!(why.contains("60000 calls × about 6 KB") && why.contains("limit of 0.5 GB"), "{why}");
+        assert!(!why.contains("--jobs"), "{why}");
+        let why = fits_within([&scenario], 4, 1 << 30).unwrap_err();
+        assert!(why.contains("4 at once (--jobs)") && why.contains("a smaller --jobs"), "{why}");
+        assert_eq!(fits_within(std::iter::empty(), 4, 0), Ok(()));
     }
 
     mod parsers {

@@ -9,7 +9,7 @@ use redstring_sim::judgement::sweep::{SweepRun, SweepSummary};
 use redstring_sim::world::Budget;
 
 use crate::shared::{
-    Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, inputs_of, jobs_or_cores, load, loads, progress, verdict,
+    Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, fits_memory, inputs_of, jobs_or_cores, load, loads, progress, verdict,
 };
 
 /// Seeds `sweep` and `compare` run when `--seeds` is not given.
@@ -46,9 +46,11 @@ pub fn sweep(args: SweepArgs) -> Outcome {
     Budget::DEFAULT.check(&scenario).map_err(|e| fail(SIM_FAILED, &e))?;
     let shard = args.parallel.shard;
     let seeds = shard::seeds_of(shard, range.start, range.end);
+    let jobs = jobs_or_cores(args.parallel.jobs);
+    fits_memory([&scenario], jobs.min(seeds.len()))?;
     let bar = progress(seeds.len() as u64, "seeds");
     let shown = path.display().to_string();
-    let records = run_seeds(&scenario, &shown, &seeds, jobs_or_cores(args.parallel.jobs), || {
+    let records = run_seeds(&scenario, &shown, &seeds, jobs, || {
         bar.inc(1)
     });
     bar.finish();

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use redstring_sim::search::{tune, tune_shard};
 
 use crate::shared::{
-    BAD_SCENARIO, Outcome, Outputs, Parallel, SeedArgs, fail, inputs_of, jobs_or_cores, load, loads, progress, verdict,
+    BAD_SCENARIO, Outcome, Outputs, Parallel, SeedArgs, fail, fits_memory, inputs_of, jobs_or_cores, load, loads, progress, verdict,
 };
 
 /// Seeds the final candidates run on when `--seeds` is not given.
@@ -98,6 +98,7 @@ pub fn tune(args: TuneArgs) -> Outcome {
         scenario: &scenario,
     };
     tune::precheck(&base, &dims).map_err(|e| bad(&e))?;
+    fits_memory([&scenario], settings.jobs)?;
     let shard = args.parallel.shard;
     if shard.is_some() && !outputs.has("--json") {
         return Err(bad(&"tune --shard writes its part to --json: give --json FILE"));
