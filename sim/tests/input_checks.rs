@@ -527,3 +527,43 @@ fn set_and_vary_errors_name_the_argument_or_the_users_own_line() {
     );
     assert!(!err.contains("line 13"), "{err}");
 }
+
+#[test]
+fn a_health_check_timeout_llama_swap_raises_is_warned_about() {
+    let text = PLAIN.replace(
+        "name = \"gpu\"\n",
+        "name = \"gpu\"\nkind = \"llama_swap\"\nhealth_check_timeout_s = 0\n",
+    );
+    strict_refuses(
+        "healthcheck",
+        &text,
+        "health_check_timeout_s = 0",
+        "servers[0].health_check_timeout_s",
+        "raises it to 15 s",
+    );
+    let path = temp_file(
+        "healthcheck/ok.toml",
+        &text.replace("health_check_timeout_s = 0", "health_check_timeout_s = 15"),
+    );
+    expect(&["run", s(&path), "--strict"], 0, &[], &[&path]);
+}
+
+#[test]
+fn a_cache_up_with_no_cache_down_before_it_is_warned_about() {
+    let shared = format!("{PLAIN}[cache]\nkind = \"shared\"\n");
+    let up = "[[faults]]\nkind = \"cache_up\"\nat_s = 5\n";
+    strict_refuses(
+        "cacheup",
+        &format!("{shared}{up}"),
+        "kind = \"cache_up\"",
+        "faults[0].kind",
+        "restarts it at once, losing every limiter count",
+    );
+    // After a cache_down it ends the outage; a second cache_up does not.
+    let down = "[[faults]]\nkind = \"cache_down\"\nat_s = 3\n";
+    let path = temp_file("cacheup/ok.toml", &format!("{shared}{down}{up}"));
+    expect(&["run", s(&path), "--strict"], 0, &[], &[&path]);
+    let again = "[[faults]]\nkind = \"cache_up\"\nat_s = 8\n";
+    let path = temp_file("cacheup/twice.toml", &format!("{shared}{down}{up}{again}"));
+    expect(&["run", s(&path), "--strict"], 2, &["field `faults[2].kind`"], &[&path]);
+}

@@ -149,6 +149,18 @@ pub enum Oddity {
     /// `think_s` on a tenant without `clients`: only closed-loop clients
     /// think.
     ThinkWithoutClients,
+    /// A value the server kind raises to its minimum, as the real server
+    /// does, so the run uses another value than the one written.
+    RaisedTo {
+        /// The value written.
+        value: f64,
+        /// What the server uses.
+        to: f64,
+    },
+    /// A `cache_up` while the shared cache is up (no earlier `cache_down`
+    /// still in effect): it restarts the cache at once, losing its state,
+    /// with no outage before it.
+    CacheUpWhileUp,
 }
 
 impl fmt::Display for Oddity {
@@ -233,6 +245,14 @@ impl fmt::Display for Oddity {
             Oddity::ThinkWithoutClients => write!(
                 f,
                 "only closed-loop clients think between calls, and this tenant has none (set `clients`), so think_s has no effect"
+            ),
+            Oddity::RaisedTo { value, to } => write!(
+                f,
+                "{value} s is below the {to} s llama-swap allows, and it raises it to {to} s, as the run does; write {to} or more"
+            ),
+            Oddity::CacheUpWhileUp => write!(
+                f,
+                "the shared cache is up here (no earlier `cache_down` still in effect): `cache_up` restarts it at once, losing every limiter count and breaker state, with no outage before it; put a `cache_down` before it for an outage"
             ),
         }
     }
@@ -724,6 +744,18 @@ pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
             super::ServerKind::LlamaCpp | super::ServerKind::LlamaSwap => spec.max_seqs.is_some(),
             super::ServerKind::Vllm | super::ServerKind::OpenAi | super::ServerKind::Ollama => true,
         };
+        if let Some(value) = spec
+            .health_check_timeout_s
+            .filter(|v| *v < super::kinds::MIN_HEALTH_CHECK_TIMEOUT_S)
+        {
+            warn(
+                format!("servers[{i}].health_check_timeout_s"),
+                Oddity::RaisedTo {
+                    value,
+                    to: super::kinds::MIN_HEALTH_CHECK_TIMEOUT_S,
+                },
+            );
+        }
         if slots_unused && !weighted && set("slots", spec.slots != defaults.slots) {
             warn(
                 format!("servers[{i}].slots"),
@@ -788,6 +820,7 @@ pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
     // Restarts and heals, in the order the faults apply.
     let mut down = BTreeSet::new();
     let mut cut: BTreeSet<(&str, &str)> = BTreeSet::new();
+    let mut cache_down = false;
     for f in fault::in_order(&scenario.faults) {
         match f {
             Fault::Partition { a, b, .. } => {
@@ -807,6 +840,13 @@ pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
             }
             Fault::Crash { server, .. } => {
                 down.insert(server.as_str());
+            }
+            Fault::CacheDown { .. } => cache_down = true,
+            Fault::CacheUp { .. } => {
+                if !std::mem::take(&mut cache_down) {
+                    let i = scenario.faults.iter().position(|g| std::ptr::eq(g, f)).unwrap_or(0);
+                    warn(format!("faults[{i}].kind"), Oddity::CacheUpWhileUp);
+                }
             }
             Fault::Restart { server, .. } => {
                 let was_down = down.remove(server.as_str());
