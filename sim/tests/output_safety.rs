@@ -219,6 +219,26 @@ fn check_does_not_follow_a_symlink_loop() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     assert_eq!(text.matches("ok    ").count(), 1, "{text}");
+    // /proc/self/task once never ended: each task's directory leads back
+    // into the process's. It ends, with nothing to check.
+    let mut child = bin()
+        .args(["check", "/proc/self/task"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("check /proc/self/task ran for a minute");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(2));
 }
 
 /// The trust issue's third defect: `--set cache.kind=per_worker,shared`

@@ -186,12 +186,18 @@ fn a_round_missing_a_shard_or_resumed_into_another_tune_is_refused() {
     let (code, text, err) = sim(&strings(&["merge", &one, &two, "--json", &state]));
     assert_eq!(code, Some(0), "{text}{err}");
     assert!(text.contains("rung 2 is next"), "{text}");
-    let mut other = args(&["--shard", "1/2", "--json", &at(&dir, "x.json"), "--resume", &state]);
+    let previous = at(&dir, "x.json");
+    std::fs::write(&previous, "{\"previous\": \"round\"}").unwrap();
+    let state_text = std::fs::read(&state).unwrap();
+    let mut other = args(&["--shard", "1/2", "--json", &previous, "--resume", &state]);
     let budget = other.iter().position(|a| a == "6").unwrap();
     other[budget] = "7".into();
     let (code, _, err) = sim(&other);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--resume") && err.contains("--budget 7"), "{err}");
+    // The refused round leaves its output and the state as they were.
+    assert_eq!(std::fs::read_to_string(&previous).unwrap(), "{\"previous\": \"round\"}");
+    assert_eq!(std::fs::read(&state).unwrap(), state_text);
     // A rung's state merged again without its round: incomplete.
     let (code, _, err) = sim(&strings(&["merge", &state]));
     assert_eq!(code, Some(2), "{err}");
