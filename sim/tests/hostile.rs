@@ -546,7 +546,12 @@ fn limited(bytes: u64, args: &[&str]) -> Option<std::process::Output> {
 /// abort from a failed allocation), no panic.
 fn refused_within(out: &std::process::Output, code: i32, says: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "killed or wrong code ({:?}): {err}", out.status);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "killed or wrong code ({:?}): {err}",
+        out.status
+    );
     assert!(!err.contains("panicked") && !err.contains("memory allocation"), "{err}");
     assert!(err.contains(says), "expected {says:?} in: {err}");
 }
@@ -559,14 +564,36 @@ fn refused_within(out: &std::process::Output, code: i32, says: &str) {
 #[test]
 fn what_once_ran_out_of_memory_is_refused_under_an_address_space_limit() {
     const LIMIT: u64 = 1 << 30;
-    let path = temp_file("memory/s.toml", &format!("{BASE}[objectives]\nfailed_fraction_max = 0.5\n"));
+    let path = temp_file(
+        "memory/s.toml",
+        &format!("{BASE}[objectives]\nfailed_fraction_max = 0.5\n"),
+    );
     let p = path.to_str().unwrap();
     let deep = format!("{}=1", vec!["t"; 5000].join("."));
     let cases: [(&[&str], &str); 6] = [
-        (&["sweep", p, "--seeds", "0..18446744073709551615"], "above the most one command runs"),
-        (&["compare", p, "--seeds", "1..100000000"], "above the most one command runs"),
-        (&["tune", p, "--vary", "hardening.rpm=5,10", "--seeds", "18446744073709551615"], "beyond 2^64"),
-        (&["tune", p, "--vary", "hardening.rpm=5,10", "--seeds", "1..100000000"], "above the most one command runs"),
+        (
+            &["sweep", p, "--seeds", "0..18446744073709551615"],
+            "above the most one command runs",
+        ),
+        (
+            &["compare", p, "--seeds", "1..100000000"],
+            "above the most one command runs",
+        ),
+        (
+            &[
+                "tune",
+                p,
+                "--vary",
+                "hardening.rpm=5,10",
+                "--seeds",
+                "18446744073709551615",
+            ],
+            "beyond 2^64",
+        ),
+        (
+            &["tune", p, "--vary", "hardening.rpm=5,10", "--seeds", "1..100000000"],
+            "above the most one command runs",
+        ),
         (&["compare", p, "--seeds", "1", "--set", &deep], "5000 dotted steps"),
         (&["tune", p, "--seeds", "1", "--vary", &deep], "dotted steps"),
     ];
@@ -585,7 +612,9 @@ fn what_once_ran_out_of_memory_is_refused_under_an_address_space_limit() {
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&shard).unwrap()).unwrap();
     v["seed_range"] = serde_json::json!([0, u64::MAX]);
     std::fs::write(&shard, v.to_string()).unwrap();
-    let Some(out) = limited(LIMIT, &["merge", shard.to_str().unwrap()]) else { return };
+    let Some(out) = limited(LIMIT, &["merge", shard.to_str().unwrap()]) else {
+        return;
+    };
     refused_within(&out, 2, "not a range a command runs");
     // 400 000 requests at one instant: a run would hold them all at once,
     // about 2.3 GB; refused up front with the figure.
@@ -593,15 +622,20 @@ fn what_once_ran_out_of_memory_is_refused_under_an_address_space_limit() {
     csv.push_str(&"1,m,10,10,20,Conversation log\n".repeat(400_000));
     let trace = path.with_file_name("same-instant.csv");
     std::fs::write(&trace, &csv).unwrap();
-    let one = BASE
-        .replace("count = 2\n", "")
-        .replace("{ id = 1, calls_per_min = 30 }", "{ id = 1, replay = { file = \"same-instant.csv\" } }");
+    let one = BASE.replace("count = 2\n", "").replace(
+        "{ id = 1, calls_per_min = 30 }",
+        "{ id = 1, replay = { file = \"same-instant.csv\" } }",
+    );
     let replayed = temp_file("memory/replayed.toml", &one);
     let r = replayed.to_str().unwrap();
-    let Some(out) = limited(LIMIT, &["run", r, "--max-wall", "100000"]) else { return };
+    let Some(out) = limited(LIMIT, &["run", r, "--max-wall", "100000"]) else {
+        return;
+    };
     refused_within(&out, 3, "400000 calls");
     assert!(String::from_utf8_lossy(&out.stderr).contains("address-space limit of 1.0 GB"));
-    let Some(out) = limited(LIMIT, &["sweep", r, "--seeds", "2", "--jobs", "1"]) else { return };
+    let Some(out) = limited(LIMIT, &["sweep", r, "--seeds", "2", "--jobs", "1"]) else {
+        return;
+    };
     refused_within(&out, 3, "address-space limit");
     // A hundred tenants replaying it: the requests every replay keeps are
     // bounded together, not per tenant.
@@ -615,7 +649,13 @@ fn what_once_ran_out_of_memory_is_refused_under_an_address_space_limit() {
             &format!("[{}]", tenants.join(", ")),
         ),
     );
-    let Some(out) = limited(LIMIT, &["run", many.to_str().unwrap()]) else { return };
-    refused_within(&out, 2, "with the replays before it, more than 1000000 replayed requests");
+    let Some(out) = limited(LIMIT, &["run", many.to_str().unwrap()]) else {
+        return;
+    };
+    refused_within(
+        &out,
+        2,
+        "with the replays before it, more than 1000000 replayed requests",
+    );
     assert_eq!(std::fs::read_to_string(&trace).unwrap(), csv);
 }

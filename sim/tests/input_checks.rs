@@ -446,29 +446,64 @@ fn too_many_servers_in_fuzz_bounds_is_named_as_the_servers() {
 /// from `--set` alike.
 #[test]
 fn values_the_core_refuses_are_named_by_their_field_before_the_run() {
-    let base = REPLAYED.replace("tenants = [{ id = 1, replay = { file = \"FILE\" } }]", "tenants = [{ id = 1, calls_per_min = 30 }]");
+    let base = REPLAYED.replace(
+        "tenants = [{ id = 1, replay = { file = \"FILE\" } }]",
+        "tenants = [{ id = 1, calls_per_min = 30 }]",
+    );
     for (edit, field, says) in [
-        ("half_open_max_calls = 5000", "hardening.half_open_max_calls", "between 1 and 1000, got 5000"),
-        ("max_delay_s = 200000", "hardening.max_delay_s", "at most 86400 s (one day)"),
-        ("initial_delay_s = 100000\nmax_delay_s = 200000", "hardening.initial_delay_s", "at most 86400 s (one day)"),
+        (
+            "half_open_max_calls = 5000",
+            "hardening.half_open_max_calls",
+            "between 1 and 1000, got 5000",
+        ),
+        (
+            "max_delay_s = 200000",
+            "hardening.max_delay_s",
+            "at most 86400 s (one day)",
+        ),
+        (
+            "initial_delay_s = 100000\nmax_delay_s = 200000",
+            "hardening.initial_delay_s",
+            "at most 86400 s (one day)",
+        ),
     ] {
         let text = base.replace("max_tokens = 1000", &format!("max_tokens = 1000\n{edit}"));
         let path = temp_file("core/s.toml", &text);
         let first = edit.lines().next().unwrap();
         let line = text.lines().position(|l| l == first).unwrap() + 1;
-        let err = expect(&["run", s(&path)], 2, &[&format!("line {line}: field `{field}`"), says], &[&path]);
+        let err = expect(
+            &["run", s(&path)],
+            2,
+            &[&format!("line {line}: field `{field}`"), says],
+            &[&path],
+        );
         assert!(!err.contains("simulation failed"), "{err}");
     }
     let text = base.replace("name = \"gpu\"", "name = \"gpu\"\nmodel = \"\"");
     let path = temp_file("core/model.toml", &text);
-    expect(&["run", s(&path)], 2, &["line 8: field `servers[0].model`", "non-empty"], &[&path]);
+    expect(
+        &["run", s(&path)],
+        2,
+        &["line 8: field `servers[0].model`", "non-empty"],
+        &[&path],
+    );
     // Through --set: refused before any seed runs (exit 2, not a failed
     // seed's exit 1).
     let path = temp_file("core/set.toml", &base);
     expect(
-        &["compare", s(&path), "--seeds", "1", "--set", "hardening.half_open_max_calls=2,5000"],
+        &[
+            "compare",
+            s(&path),
+            "--seeds",
+            "1",
+            "--set",
+            "hardening.half_open_max_calls=2,5000",
+        ],
         2,
-        &["with --set hardening.half_open_max_calls=5000", "field `hardening.half_open_max_calls`"],
+        &[
+            "with --set hardening.half_open_max_calls=5000",
+            "field `hardening.half_open_max_calls`",
+        ],
         &[&path],
     );
 }
@@ -480,30 +515,54 @@ fn values_the_core_refuses_are_named_by_their_field_before_the_run() {
 /// user's line too (for an inline array, the array's line).
 #[test]
 fn set_and_vary_errors_name_the_argument_or_the_users_own_line() {
-    let base = REPLAYED.replace("tenants = [{ id = 1, replay = { file = \"FILE\" } }]", "tenants = [{ id = 1, calls_per_min = 30 }]");
+    let base = REPLAYED.replace(
+        "tenants = [{ id = 1, replay = { file = \"FILE\" } }]",
+        "tenants = [{ id = 1, calls_per_min = 30 }]",
+    );
     let path = temp_file("setline/s.toml", &base);
     for (set, says) in [
         ("hardening.rpm=-5", "with --set hardening.rpm=-5: "),
         ("servers.0.slots=abc", "with --set servers.0.slots=abc: "),
         ("duration_s=-1", "field `duration_s`: must be positive"),
     ] {
-        let err = expect(&["compare", s(&path), "--seeds", "1", "--set", set], 2, &[says], &[&path]);
+        let err = expect(
+            &["compare", s(&path), "--seeds", "1", "--set", set],
+            2,
+            &[says],
+            &[&path],
+        );
         assert!(!err.contains("line "), "{set}: a line of the re-serialised text: {err}");
-        assert!(!err.contains(" | "), "{set}: a quoted line of the re-serialised text: {err}");
+        assert!(
+            !err.contains(" | "),
+            "{set}: a quoted line of the re-serialised text: {err}"
+        );
     }
     let with_objective = temp_file(
         "setline/tune.toml",
         &format!("{base}[objectives]\nfailed_fraction_max = 0.5\n"),
     );
     let err = expect(
-        &["tune", s(&with_objective), "--seeds", "1", "--vary", "hardening.failure_threshold=0..3"],
+        &[
+            "tune",
+            s(&with_objective),
+            "--seeds",
+            "1",
+            "--vary",
+            "hardening.failure_threshold=0..3",
+        ],
         2,
-        &["--vary hardening.failure_threshold: 0 is refused", "field `hardening.failure_threshold`"],
+        &[
+            "--vary hardening.failure_threshold: 0 is refused",
+            "field `hardening.failure_threshold`",
+        ],
         &[&with_objective],
     );
     assert!(!err.contains("line "), "{err}");
     // What the user wrote wrong is theirs, at their line.
-    let wrong = temp_file("setline/wrong.toml", &base.replace("duration_s = 20", "duration_s = -3"));
+    let wrong = temp_file(
+        "setline/wrong.toml",
+        &base.replace("duration_s = 20", "duration_s = -3"),
+    );
     expect(
         &["compare", s(&wrong), "--seeds", "1", "--set", "hardening.rpm=50,60"],
         2,
@@ -517,7 +576,12 @@ fn set_and_vary_errors_name_the_argument_or_the_users_own_line() {
         "tenants = [\n  { id = 1, calls_per_min = 30 },\n  { id = 1, calls_per_min = 30 },\n]",
     );
     let path = temp_file("setline/dup.toml", &dup);
-    let err = expect(&["run", s(&path)], 0, &["line 11: field `workers[0].tenants[1].id`"], &[&path]);
+    let err = expect(
+        &["run", s(&path)],
+        0,
+        &["line 11: field `workers[0].tenants[1].id`"],
+        &[&path],
+    );
     assert!(err.contains("listed twice"), "{err}");
     let err = expect(
         &["compare", s(&path), "--seeds", "1", "--set", "hardening.rpm=50,60"],

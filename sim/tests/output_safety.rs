@@ -546,7 +546,11 @@ fn a_device_output_is_written_into_and_a_full_one_fails_leaving_the_rest() {
     std::fs::write(&old, "{\"previous\": \"report\"}").unwrap();
     let out = run(&["run", s(&path), "--json", s(&old), "--trace", s(&full)]);
     refused(&out, 4, "No space left on device", &old, "{\"previous\": \"report\"}");
-    assert!(stderr(&out).contains(&format!("cannot write {}", full.display())), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("cannot write {}", full.display())),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), SMALL);
     let out = run(&["run", s(&path), "--json", s(&null)]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -569,7 +573,16 @@ fn merge_refuses_forged_shards_and_changes_none() {
     let path = temp_file("forged/s.toml", SMALL);
     let (one, two) = (path.with_file_name("one.json"), path.with_file_name("two.json"));
     for (i, json) in [(1, &one), (2, &two)] {
-        let out = run(&["sweep", s(&path), "--seeds", "1..5", "--shard", &format!("{i}/2"), "--json", s(json)]);
+        let out = run(&[
+            "sweep",
+            s(&path),
+            "--seeds",
+            "1..5",
+            "--shard",
+            &format!("{i}/2"),
+            "--json",
+            s(json),
+        ]);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     }
     let honest = std::fs::read_to_string(&one).unwrap();
@@ -600,19 +613,28 @@ fn merge_refuses_forged_shards_and_changes_none() {
             },
             "not the --json of a sweep",
         ),
-        (forged(&|v| v["seed_range"] = serde_json::json!([5, 1])), "not a range a command runs"),
+        (
+            forged(&|v| v["seed_range"] = serde_json::json!([5, 1])),
+            "not a range a command runs",
+        ),
         (
             forged(&|v| v["seed_range"] = serde_json::json!([0, u64::MAX])),
             "not a range a command runs",
         ),
-        (forged(&|v| v["per_seed"][0]["seed"] = 2.into()), "seed 2 is not one this shard runs"),
+        (
+            forged(&|v| v["per_seed"][0]["seed"] = 2.into()),
+            "seed 2 is not one this shard runs",
+        ),
         (
             forged(&|v| {
                 v["per_seed"][0]["invariants"].as_array_mut().unwrap().pop();
             }),
             "not the registry's",
         ),
-        (forged(&|v| v["preamble"] = "   load gpu: forged\n".into()), "load lines differ"),
+        (
+            forged(&|v| v["preamble"] = "   load gpu: forged\n".into()),
+            "load lines differ",
+        ),
     ] {
         std::fs::write(&one, &text).unwrap();
         let out = run(&["merge", s(&one), s(&two), "--json", s(&joined)]);

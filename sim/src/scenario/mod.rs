@@ -233,7 +233,13 @@ impl Scenario {
             keys.iter()
                 .any(|k| dotted == *k || dotted.starts_with(&format!("{k}.")))
         };
-        let line = |field: &str| if set(field) { None } else { validate::locate(text, field) };
+        let line = |field: &str| {
+            if set(field) {
+                None
+            } else {
+                validate::locate(text, field)
+            }
+        };
         if let Err(theirs) = toml::from_str::<Scenario>(varied) {
             let message = match toml::from_str::<Scenario>(text) {
                 // The user's own file says it, at their line.

@@ -843,7 +843,8 @@ pub fn warnings(scenario: &Scenario, text: Option<&str>) -> Vec<Warning> {
             }
             Fault::CacheDown { .. } => cache_down = true,
             Fault::CacheUp { .. } => {
-                if !std::mem::take(&mut cache_down) {
+                let was_down = std::mem::take(&mut cache_down);
+                if !was_down {
                     let i = scenario.faults.iter().position(|g| std::ptr::eq(g, f)).unwrap_or(0);
                     warn(format!("faults[{i}].kind"), Oddity::CacheUpWhileUp);
                 }

@@ -740,8 +740,10 @@ impl redstring::provider::HttpTransport for NoTransport {
     fn post(
         &self,
         _: redstring::provider::HttpRequest,
-    ) -> redstring::provider::BoxFuture<'_, Result<redstring::provider::HttpResponse, redstring::provider::TransportError>>
-    {
+    ) -> redstring::provider::BoxFuture<
+        '_,
+        Result<redstring::provider::HttpResponse, redstring::provider::TransportError>,
+    > {
         Box::pin(std::future::pending())
     }
 }

@@ -18,8 +18,8 @@ use redstring_sim::scenario::Scenario;
 use redstring_sim::world::Budget;
 
 use crate::shared::{
-    BAD_SCENARIO, Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, fits_memory, inputs_of, jobs_or_cores, load, loads,
-    progress, verdict, warned,
+    BAD_SCENARIO, Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, fits_memory, inputs_of, jobs_or_cores, load,
+    loads, progress, verdict, warned,
 };
 use crate::sweep::DEFAULT_SEEDS;
 

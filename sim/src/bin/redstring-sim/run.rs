@@ -97,10 +97,7 @@ pub fn run(args: RunArgs) -> Outcome {
         eprintln!("error: {e}\n{replay}");
         ExitCode::from(SIM_FAILED)
     })?;
-    fits_memory([&scenario], 1).map_err(|code| {
-        eprintln!("{replay}");
-        code
-    })?;
+    fits_memory([&scenario], 1).inspect_err(|_| eprintln!("{replay}"))?;
     let work = Work::of(&scenario);
     let estimate = work.wall_estimate();
     let max_wall = Duration::from_secs(args.max_wall);

@@ -522,10 +522,16 @@ mod tests {
         // 60 000 calls, about 352 MB.
         assert_eq!(fits_within([&scenario], 1, 1 << 30), Ok(()));
         let why = fits_within([&scenario], 1, 512 << 20).unwrap_err();
-        assert!(why.contains("60000 calls × about 6 KB") && why.contains("limit of 0.5 GB"), "{why}");
+        assert!(
+            why.contains("60000 calls × about 6 KB") && why.contains("limit of 0.5 GB"),
+            "{why}"
+        );
         assert!(!why.contains("--jobs"), "{why}");
         let why = fits_within([&scenario], 4, 1 << 30).unwrap_err();
-        assert!(why.contains("4 at once (--jobs)") && why.contains("a smaller --jobs"), "{why}");
+        assert!(
+            why.contains("4 at once (--jobs)") && why.contains("a smaller --jobs"),
+            "{why}"
+        );
         assert_eq!(fits_within(std::iter::empty(), 4, 0), Ok(()));
     }
 

@@ -9,7 +9,8 @@ use redstring_sim::judgement::sweep::{SweepRun, SweepSummary};
 use redstring_sim::world::Budget;
 
 use crate::shared::{
-    Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, fits_memory, inputs_of, jobs_or_cores, load, loads, progress, verdict,
+    Outcome, Outputs, Parallel, SIM_FAILED, SeedArgs, fail, fits_memory, inputs_of, jobs_or_cores, load, loads,
+    progress, verdict,
 };
 
 /// Seeds `sweep` and `compare` run when `--seeds` is not given.
@@ -50,9 +51,7 @@ pub fn sweep(args: SweepArgs) -> Outcome {
     fits_memory([&scenario], jobs.min(seeds.len()))?;
     let bar = progress(seeds.len() as u64, "seeds");
     let shown = path.display().to_string();
-    let records = run_seeds(&scenario, &shown, &seeds, jobs, || {
-        bar.inc(1)
-    });
+    let records = run_seeds(&scenario, &shown, &seeds, jobs, || bar.inc(1));
     bar.finish();
     let run = SweepRun {
         command: "sweep",

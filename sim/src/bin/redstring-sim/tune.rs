@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use redstring_sim::search::{tune, tune_shard};
 
 use crate::shared::{
-    BAD_SCENARIO, Outcome, Outputs, Parallel, SeedArgs, fail, fits_memory, inputs_of, jobs_or_cores, load, loads, progress, verdict,
+    BAD_SCENARIO, Outcome, Outputs, Parallel, SeedArgs, fail, fits_memory, inputs_of, jobs_or_cores, load, loads,
+    progress, verdict,
 };
 
 /// Seeds the final candidates run on when `--seeds` is not given.
