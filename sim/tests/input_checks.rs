@@ -350,6 +350,29 @@ fn fuzz_bounds_that_would_draw_invalid_scenarios_are_refused_by_the_bound() {
         &[&bounds],
     );
     assert!(!out_dir.exists(), "no regression is written");
+    // Bounds the scenario check once allowed and the core then refused in
+    // every drawn case: more probes than a breaker admits, and a first
+    // delay whose eightfold cap is more than a day.
+    for (text, says) in [
+        (
+            "half_open_max_calls = [1, 5000]\n",
+            "max must be at most 1000, got 5000",
+        ),
+        (
+            "initial_delay_s = [1.0, 20000.0]\n",
+            "max must be at most 10800, got 20000",
+        ),
+    ] {
+        let bounds = temp_file("fuzzbounds/core.toml", text);
+        let field = text.split(' ').next().unwrap();
+        expect(
+            &["fuzz", s(&bounds), "--cases", "2", "--out", s(&out_dir)],
+            2,
+            &[&format!("line 1: field `{field}`"), says],
+            &[&bounds],
+        );
+        assert!(!out_dir.exists(), "no regression is written");
+    }
 }
 
 #[test]

@@ -210,8 +210,13 @@ impl Bounds {
             ("calls_per_min", self.calls_per_min, limits::MAX_CALLS_PER_MIN),
             ("window_s", self.window_s, limits::MAX_SECONDS),
             ("recovery_timeout_s", self.recovery_timeout_s, limits::MAX_SECONDS),
-            // The generator sets max_delay_s to eight times the first delay.
-            ("initial_delay_s", self.initial_delay_s, limits::MAX_SECONDS / 8.0),
+            // The generator sets max_delay_s to eight times the first delay,
+            // and the core's retry policy allows a day at most.
+            (
+                "initial_delay_s",
+                self.initial_delay_s,
+                redstring::retry::MAX_DELAY_LIMIT.as_secs_f64() / 8.0,
+            ),
             ("request_timeout_s", self.request_timeout_s, limits::MAX_SECONDS),
         ] {
             if b > max {
@@ -269,6 +274,12 @@ impl Bounds {
             ("workers", self.workers, 50),
             ("servers", self.servers, 8),
             ("tenants", self.tenants, 8),
+            // The core's breaker admits at most this many probes.
+            (
+                "half_open_max_calls",
+                self.half_open_max_calls,
+                redstring::decide::breaker::MAX_HALF_OPEN_CALLS,
+            ),
         ] {
             if most > limit {
                 return Err(bad(field, format!("max must be at most {limit}, got {most}")));
@@ -913,9 +924,9 @@ mod tests {
             window_s: [limits::MAX_SECONDS; 2],
             failure_threshold: [u32::MAX; 2],
             recovery_timeout_s: [limits::MAX_SECONDS; 2],
-            half_open_max_calls: [u32::MAX; 2],
+            half_open_max_calls: [redstring::decide::breaker::MAX_HALF_OPEN_CALLS; 2],
             max_retries: [limits::MAX_RETRIES; 2],
-            initial_delay_s: [limits::MAX_SECONDS / 8.0; 2],
+            initial_delay_s: [redstring::retry::MAX_DELAY_LIMIT.as_secs_f64() / 8.0; 2],
             jitter: [1.0; 2],
             request_timeout_s: [limits::MAX_SECONDS; 2],
             max_clock_offset_ms: (limits::MAX_CLOCK_MS / 2) as i64,
