@@ -192,8 +192,10 @@ pub fn parse_seeds(text: &str, first: Option<u64>) -> Result<Range<u64>, String>
 const BASE_ADDRESS_SPACE: u64 = 256 << 20;
 
 /// Address space each simulation running at once adds besides its data:
-/// its thread's stack and the allocator's arena for it.
-const ADDRESS_SPACE_PER_JOB: u64 = 128 << 20;
+/// its thread's stack and the allocator's arena for it (glibc reserves
+/// 64 MB an arena). Kept small, so that a machine of many cores is not
+/// refused for its cores alone.
+const ADDRESS_SPACE_PER_JOB: u64 = 64 << 20;
 
 /// Refuses (exit 3), before any run, `jobs` runs at once of the largest of
 /// `scenarios` when their estimated memory ([`Work::memory_estimate`])
