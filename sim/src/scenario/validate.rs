@@ -268,10 +268,11 @@ impl Scenario {
             };
             format!("hardening.{ours}")
         };
-        let clock: std::sync::Arc<dyn redstring::Clock> = std::sync::Arc::new(redstring::ManualClock::at_fixed_epoch());
+        // A manual clock: checking never calibrates the production one.
+        let env = redstring::Env::default().with_clock(std::sync::Arc::new(redstring::ManualClock::at_fixed_epoch()));
         let mut limiter = redstring::RateLimiter::builder(h.rpm)
             .window(seconds(h.window_s))
-            .clock(clock.clone());
+            .env(env.clone());
         if let Some(tokens) = h.tokens_per_window {
             limiter = limiter.tokens_per_window(tokens);
         }
@@ -280,7 +281,7 @@ impl Scenario {
             .failure_threshold(h.failure_threshold)
             .recovery_timeout(seconds(h.recovery_timeout_s))
             .half_open_max_calls(h.half_open_max_calls)
-            .clock(clock.clone());
+            .env(env.clone());
         if let Some(lease) = h.probe_lease_s {
             breaker = breaker.probe_lease(seconds(lease));
         }
@@ -290,7 +291,7 @@ impl Scenario {
             redstring::provider::OpenAiCompatible::builder(format!("http://{}:8080/v1", s.name), s.model.clone())
                 .timeout(seconds(h.request_timeout_s))
                 .max_tokens(h.max_tokens)
-                .clock(clock.clone())
+                .env(env.clone())
                 .build_with(NoTransport)
                 .map_err(|bad| match bad.field {
                     "model" => refused(format!("servers[{i}].model"), bad),
