@@ -7,6 +7,11 @@
 //! limiter's series lifetime (`2 × window + max_clock_ahead`) allows: about
 //! `2 × rpm` hits of 8 bytes, in a ring buffer (`VecDeque`) whose capacity
 //! is a power of two.
+//!
+//! A test binary of its own, not a module of `tests/it`: the allocator
+//! counts the bytes every thread holds, so another test running beside it
+//! in a shared binary would change the figures, and every test there would
+//! allocate through the counter.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;

@@ -5,6 +5,10 @@
 //! thousands of times on the default observer and on one that listens, and
 //! while one limiter serves a thousand tenants (every shard of its
 //! `MemoryCache`) at their limits.
+//!
+//! A test binary of its own, not a module of `tests/it`: a
+//! `#[global_allocator]` serves the whole binary, so every test there would
+//! allocate through the counter.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -4,9 +4,10 @@
 //!
 //! The default run is a few dozen cases from a fixed seed, so CI is
 //! repeatable. The deep search: `REDSTRING_FUZZ_CASES=2000
-//! REDSTRING_FUZZ_SEED=random cargo test -p redstring-suite --test fuzz`
+//! REDSTRING_FUZZ_SEED=random cargo test -p redstring-suite --test it fuzz::`
 //! (or `redstring-sim fuzz scenarios/bounds/default.toml --cases 2000`).
-//! Failing inputs are kept in `tests/fuzz.proptest-regressions` and rerun first.
+//! Failing inputs are kept in `tests/proptest-regressions/fuzz.txt` (where
+//! proptest keeps a test file's cases) and rerun first.
 
 use std::path::Path;
 
@@ -43,7 +44,7 @@ fn no_generated_outage_breaks_a_claimed_invariant() {
         cases: cases(24),
         rng_seed: RngSeed::Fixed(seed),
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "tests/fuzz.proptest-regressions",
+            "tests/proptest-regressions/fuzz.txt",
         ))),
         ..Config::default()
     });

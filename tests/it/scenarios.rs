@@ -66,7 +66,7 @@ macro_rules! scenario_tests {
             let tested = [$($file),*];
             for path in scenarios() {
                 let file = path.file_name().unwrap().to_str().unwrap();
-                assert!(tested.contains(&file), "{file} has no test in tests/scenarios.rs");
+                assert!(tested.contains(&file), "{file} has no test in tests/it/scenarios.rs");
             }
         }
     };
