@@ -2,38 +2,15 @@
 //! processes running at once — and merged prints and writes byte for byte
 //! what the run on one machine does.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 
-use support::{bin, temp_file};
+use crate::support::{bin, outage, temp_file};
 
-/// A generic server that crashes at 5 s and is back at 8 s, with an
-/// objective, so that figures, pass rates and missed objectives all vary
-/// by seed.
-const OUTAGE: &str = r#"
-name = "shard-outage"
-duration_s = 40
-[hardening]
-failure_threshold = 3
-recovery_timeout_s = 5
-[[servers]]
-name = "gpu"
-[[workers]]
-name = "w"
-servers = ["gpu"]
-tenants = [{ id = 1, calls_per_min = 30 }]
-[[faults]]
-kind = "crash"
-at_s = 5
-server = "gpu"
-[[faults]]
-kind = "restart"
-at_s = 8
-server = "gpu"
-[objectives]
-goodput_recovery_s = 4
-"#;
+/// `support::outage` with an objective that some seeds miss, so that
+/// figures, pass rates and missed objectives all vary by seed.
+fn scenario() -> String {
+    outage("shard-outage", "[objectives]\ngoodput_recovery_s = 4\n")
+}
 
 /// Runs the binary; its exit code, stdout and the `--json` it wrote.
 fn run(args: &[&str], json: &Path) -> (Option<i32>, String, Vec<u8>) {
@@ -56,7 +33,7 @@ fn file(dir: &Path, name: &str) -> PathBuf {
 
 /// `cmd` whole, then in `n` shards merged: the same exit code, text and JSON.
 fn whole_equals_merged(cmd: &[&str], n: u64, tag: &str) {
-    let path = temp_file(&format!("{tag}.toml"), OUTAGE);
+    let path = temp_file(&format!("{tag}.toml"), &scenario());
     let p = path.to_str().unwrap();
     let mut args: Vec<&str> = cmd.to_vec();
     args.insert(1, p);
@@ -130,7 +107,7 @@ fn a_comparison_in_shards_merges_into_the_whole_comparison() {
 
 #[test]
 fn merge_refuses_an_incomplete_set_of_shards() {
-    let path = temp_file("partial.toml", OUTAGE);
+    let path = temp_file("partial.toml", &scenario());
     let json = file(&path, "partial-1.json");
     let p = path.to_str().unwrap();
     run(&["sweep", p, "--seeds", "1..4", "--shard", "1/2"], &json);
@@ -147,23 +124,27 @@ fn merge_refuses_an_incomplete_set_of_shards() {
 fn merge_refuses_shards_of_a_scenario_edited_between_them() {
     // The same file, its threshold changed between the two shards: the
     // load lines are the same, the settings are not.
-    let path = temp_file("edited.toml", OUTAGE);
+    let path = temp_file("edited.toml", &scenario());
     let p = path.to_str().unwrap();
     let (one, two) = (file(&path, "edited-1.json"), file(&path, "edited-2.json"));
     run(&["sweep", p, "--seeds", "1..5", "--shard", "1/2"], &one);
-    std::fs::write(&path, OUTAGE.replace("failure_threshold = 3", "failure_threshold = 30")).unwrap();
+    std::fs::write(
+        &path,
+        scenario().replace("failure_threshold = 3", "failure_threshold = 30"),
+    )
+    .unwrap();
     run(&["sweep", p, "--seeds", "1..5", "--shard", "2/2"], &two);
     let out = bin().arg("merge").arg(&one).arg(&two).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("was the scenario edited between shards?"), "{err}");
     // A comparison's shards likewise.
-    std::fs::write(&path, OUTAGE).unwrap();
+    std::fs::write(&path, scenario()).unwrap();
     let set = ["compare", p, "--seeds", "1..5", "--set", "hardening.max_retries=1,2"];
     run(&[&set[..], &["--shard", "1/2"]].concat(), &one);
     std::fs::write(
         &path,
-        OUTAGE.replace("recovery_timeout_s = 5", "recovery_timeout_s = 6"),
+        scenario().replace("recovery_timeout_s = 5", "recovery_timeout_s = 6"),
     )
     .unwrap();
     run(&[&set[..], &["--shard", "2/2"]].concat(), &two);

@@ -1,16 +1,15 @@
 //! Sanity before the run: each warning for what a valid scenario most likely
 //! got wrong, with its field and line; the up-front load figure; `--strict`.
 
-mod support;
-
 use std::path::Path;
-use support::{bin, temp_file};
 
 use redstring_sim::campaign::simulate;
 use redstring_sim::evidence::outcome::Answer;
 use redstring_sim::evidence::trace::Kind;
 use redstring_sim::scenario::sanity::{self, LOAD_WARNING};
 use redstring_sim::scenario::{FaultKind, Mode, Oddity, Scenario, Warning};
+
+use crate::support::{bin, temp_file};
 
 const BASE: &str = r#"
 name = "sane"

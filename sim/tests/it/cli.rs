@@ -1,20 +1,7 @@
 //! The `redstring-sim` binary: exit codes distinguish a bad scenario file from
 //! an invariant failure, and errors name the file and the line.
 
-mod support;
-
-use support::{ERRORS_TO_THE_END, ONE_WORKER, bin, temp_file};
-
-const SMALL: &str = r#"
-name = "small"
-duration_s = 20
-[[servers]]
-name = "gpu"
-[[workers]]
-name = "w"
-servers = ["gpu"]
-tenants = [{ id = 1, calls_per_min = 30 }]
-"#;
+use crate::support::{ERRORS_TO_THE_END, ONE_WORKER, SMALL, bin, outage, temp_file};
 
 #[test]
 fn a_broken_scenario_exits_2_naming_file_and_line() {
@@ -227,18 +214,9 @@ fn a_scenario_that_cannot_recover_is_not_applicable_for_liveness_and_exits_0() {
     );
 }
 
-/// `SMALL` with a crash and a restart, so that the hardening has something
-/// to do and recovery something to measure.
-fn outage() -> String {
-    format!(
-        "{}[hardening]\nfailure_threshold = 3\nrecovery_timeout_s = 5\n[[faults]]\nkind = \"crash\"\nat_s = 5\nserver = \"gpu\"\n[[faults]]\nkind = \"restart\"\nat_s = 8\nserver = \"gpu\"\n",
-        SMALL.replace("duration_s = 20", "duration_s = 40")
-    )
-}
-
 #[test]
 fn compare_sets_variants_side_by_side_and_writes_json() {
-    let path = temp_file("compare.toml", &outage());
+    let path = temp_file("compare.toml", &outage("small", ""));
     let json = path.with_extension("json");
     let svg = path.with_extension("svg");
     let out = bin()
@@ -278,10 +256,10 @@ fn compare_sets_variants_side_by_side_and_writes_json() {
 
 #[test]
 fn compare_of_two_files_names_each() {
-    let a = temp_file("a.toml", &outage());
+    let a = temp_file("a.toml", &outage("small", ""));
     let b = temp_file(
         "b.toml",
-        &outage().replace("failure_threshold = 3", "failure_threshold = 1"),
+        &outage("small", "").replace("failure_threshold = 3", "failure_threshold = 1"),
     );
     let out = bin()
         .args(["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--seeds", "1..3"])
@@ -295,7 +273,7 @@ fn compare_of_two_files_names_each() {
 
 #[test]
 fn a_bad_set_is_refused_naming_the_key() {
-    let path = temp_file("set.toml", &outage());
+    let path = temp_file("set.toml", &outage("small", ""));
     let run = |set: &str| {
         let out = bin()
             .args(["compare", path.to_str().unwrap(), "--seeds", "1..2", "--set", set])
@@ -402,8 +380,8 @@ fn a_factorial_compare_runs_each_combination_as_one_axis_compares_do() {
 
 #[test]
 fn a_factorial_compare_refuses_a_repeated_key_too_many_variants_or_several_files() {
-    let path = temp_file("refuse/set.toml", &outage());
-    let other = temp_file("refuse/other.toml", &outage());
+    let path = temp_file("refuse/set.toml", &outage("small", ""));
+    let other = temp_file("refuse/other.toml", &outage("small", ""));
     let run = |files: &[&std::path::Path], sets: &[&str]| {
         let mut cmd = bin();
         cmd.arg("compare").args(files).args(["--seeds", "1..2"]);
@@ -502,7 +480,7 @@ fn a_failing_seed_of_a_set_variant_prints_a_replay_that_runs() {
 
 #[test]
 fn jobs_do_not_change_the_results() {
-    let path = temp_file("jobs.toml", &outage());
+    let path = temp_file("jobs.toml", &outage("small", ""));
     let json = |cmd: &[&str], jobs: &str, name: &str| {
         let out_file = path.with_file_name(name);
         let out = bin()

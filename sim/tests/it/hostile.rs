@@ -3,9 +3,7 @@
 //! field and its line (exit 2), ends with a typed budget error (exit 3), or
 //! runs to its end without a panic.
 
-mod support;
-
-use support::{bin, temp_file};
+use crate::support::{bin, temp_file};
 
 use redstring_sim::campaign::{simulate, simulate_within};
 use redstring_sim::scenario::{Scenario, ScenarioError};

@@ -5,7 +5,7 @@
 //!
 //! `write_the_validation_figure` (ignored) redraws `docs/service-model.svg`
 //! and prints the table `docs/server-kinds.md` quotes:
-//! `cargo test -p redstring-sim --test service_model -- --ignored --nocapture`.
+//! `cargo test -p redstring-sim --test it service_model:: -- --ignored --nocapture`.
 
 use plotters::prelude::*;
 use redstring_sim::hosts::server::batching::{EngineParams, Expectation, Measured, StepCost, expectation, measure};

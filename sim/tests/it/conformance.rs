@@ -4,18 +4,12 @@
 //! scenario of a catalogued variant that behaves as the gateway did — so
 //! each is proven able to fail (`mutants.rs` catches each variant).
 
-#![cfg(feature = "mutants")]
-
-mod support;
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use redstring_sim::scenario::Scenario;
 use redstring_sim::search::mutants::{CATALOGUE, CONFORMANCE_DIR};
 
-fn scenarios_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
-}
+use crate::support::scenarios_dir;
 
 fn conformance_files() -> Vec<String> {
     let mut files: Vec<String> = std::fs::read_dir(scenarios_dir().join(CONFORMANCE_DIR))
@@ -62,7 +56,7 @@ fn every_conformance_scenario_cites_the_thread_it_reproduces() {
 
 #[test]
 fn check_passes_the_conformance_suite() {
-    let output = support::bin()
+    let output = crate::support::bin()
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
         .args(["check", "scenarios/conformance"])
         .output()

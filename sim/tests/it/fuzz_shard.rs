@@ -3,11 +3,9 @@
 //! when the first failing case is in one shard and another shard fails
 //! only later.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 
-use support::{bin, temp_file};
+use crate::support::{bin, temp_file};
 
 /// A tiny space: one server, one or two workers, short runs, crashes and
 /// misbehaviour, so that a case simulates in a blink.

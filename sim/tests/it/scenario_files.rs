@@ -1,12 +1,12 @@
 //! Every shipped scenario file parses and validates.
 
-use std::path::Path;
-
 use redstring_sim::scenario::Scenario;
+
+use crate::support::scenarios_dir;
 
 #[test]
 fn every_shipped_scenario_loads() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+    let dir = scenarios_dir();
     let mut n = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();

@@ -4,34 +4,13 @@
 //! bounded and refused with the fix, never a panic or an allocation sized by
 //! the flag; `check` does not follow a symlink loop.
 
-mod support;
-
 use std::path::Path;
 use std::process::Output;
 
-use support::{bin, temp_file};
-
-const SMALL: &str = r#"
-name = "small"
-duration_s = 20
-[[servers]]
-name = "gpu"
-[[workers]]
-name = "w"
-servers = ["gpu"]
-tenants = [{ id = 1, calls_per_min = 30 }]
-"#;
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().unwrap()
-}
+use crate::support::{SMALL, run, s, temp_file};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 /// Asserts the command exits `code`, says `what`, and left `file` holding `before`.

@@ -4,8 +4,6 @@
 //! Ollama's load on demand and its full queue, and a hosted endpoint's quota
 //! buckets and headers. Driven over turmoil TCP with a plain hyper client.
 
-mod support;
-
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -19,7 +17,8 @@ use redstring_sim::evidence::trace::{Kind, Trace};
 use redstring_sim::hosts::server::{ServerHandle, server_host};
 use redstring_sim::scenario::{Quota, ServerKind, ServerSpec, Spread};
 use serde_json::{Value, json};
-use support::sim;
+
+use crate::support::sim;
 
 /// What a client saw.
 #[derive(Debug, Clone, PartialEq)]

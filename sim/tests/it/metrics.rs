@@ -2,8 +2,6 @@
 //! and labels production's Prometheus exporter serves, so the two can share
 //! a dashboard.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +10,8 @@ use redstring::decide::budget::BudgetCommand;
 use redstring::metrics::MetricsObserver;
 use redstring::{CircuitState, DecidedBy, Event, Observer, TenantId, Timestamp};
 use redstring_sim::evidence::metrics::{MetricLog, metric_name};
-use support::{bin, temp_file};
+
+use crate::support::{bin, temp_file};
 
 /// One worker calling one server that crashes at 5 s and restarts at 20 s.
 const OUTAGE: &str = r#"
@@ -302,9 +301,9 @@ fn the_docs_list_every_series_the_exporter_serves() {
     });
     let live = handle.render();
     let served: BTreeSet<String> = families(&live).keys().map(|f| (*f).to_owned()).collect();
-    let guide = include_str!("../../docs/metrics.md");
+    let guide = include_str!("../../../docs/metrics.md");
     let metrics_section = &guide[guide.find("## Metrics").unwrap()..guide.find("## Traces").unwrap()];
     assert_eq!(listed(metrics_section, "| `"), served, "docs/metrics.md");
-    let module = include_str!("../../core/src/metrics.rs");
+    let module = include_str!("../../../core/src/metrics.rs");
     assert_eq!(listed(module, "//! | `"), served, "core/src/metrics.rs");
 }

@@ -2,38 +2,11 @@
 //! shards, merged after each, prints and writes byte for byte what the tune
 //! on one machine does.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 
-use support::{bin, temp_file};
+use crate::support::{OUTAGE_OBJECTIVES, bin, outage, temp_file};
 
-/// One generic server that crashes at 5 s and is back at 8 s, with
-/// objectives on recovery and on requests reaching the impaired server.
-const OUTAGE: &str = r#"
-name = "tune-shard-outage"
-duration_s = 40
-[hardening]
-failure_threshold = 3
-recovery_timeout_s = 5
-[[servers]]
-name = "gpu"
-[[workers]]
-name = "w"
-servers = ["gpu"]
-tenants = [{ id = 1, calls_per_min = 30 }]
-[[faults]]
-kind = "crash"
-at_s = 5
-server = "gpu"
-[[faults]]
-kind = "restart"
-at_s = 8
-server = "gpu"
-[objectives]
-goodput_recovery_s = 20
-impaired_requests_max = 30
-"#;
+const NAME: &str = "tune-shard-outage";
 
 /// Runs the binary; its exit code, stdout and stderr.
 fn sim(args: &[String]) -> (Option<i32>, String, String) {
@@ -56,7 +29,7 @@ fn at(dir: &Path, name: &str) -> String {
 /// `tune` with `args` whole, then in `n` shards with a merge after every
 /// rung: the same exit code, text and JSON. Returns the rounds it took.
 fn whole_equals_sharded(tag: &str, args: &[&str], n: u64) -> usize {
-    let path: PathBuf = temp_file(&format!("{tag}/outage.toml"), OUTAGE);
+    let path: PathBuf = temp_file(&format!("{tag}/outage.toml"), &outage(NAME, OUTAGE_OBJECTIVES));
     let dir = path.parent().unwrap().to_path_buf();
     let mut tune = strings(&["tune", path.to_str().unwrap()]);
     tune.extend(strings(args));
@@ -148,7 +121,7 @@ fn a_grid_is_one_round_in_three_shards() {
 
 #[test]
 fn a_round_missing_a_shard_or_resumed_into_another_tune_is_refused() {
-    let path = temp_file("refused/outage.toml", OUTAGE);
+    let path = temp_file("refused/outage.toml", &outage(NAME, OUTAGE_OBJECTIVES));
     let dir = path.parent().unwrap().to_path_buf();
     let p = path.to_str().unwrap();
     let args = |extra: &[&str]| {

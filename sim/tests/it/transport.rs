@@ -1,8 +1,6 @@
 //! `SimTransport` against the simulated model server: statuses, limits,
 //! timeouts and the transport error kinds, and the adapter on top of it.
 
-mod support;
-
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -17,8 +15,9 @@ use redstring_sim::hosts::server::{ServerHandle, server_host};
 use redstring_sim::hosts::transport::SimTransport;
 use redstring_sim::scenario::{Behaviour, Mode};
 use serde_json::{Value, json};
-use support::{sim, spec};
 use turmoil::Builder;
+
+use crate::support::{sim, spec};
 
 fn request(server: &str, body_limit: usize, timeout: Duration) -> HttpRequest {
     let body = json!({

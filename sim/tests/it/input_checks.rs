@@ -6,12 +6,9 @@
 //! which `--strict` refuses); fuzz bounds that draw invalid scenarios; and
 //! errors that once named the wrong field.
 
-mod support;
-
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
-use support::{bin, temp_file};
+use crate::support::{run, s, temp_file};
 
 /// A short run replaying `calls.csv` (or whatever `file` names).
 const REPLAYED: &str = r#"
@@ -26,14 +23,6 @@ name = "w"
 servers = ["gpu"]
 tenants = [{ id = 1, replay = { file = "FILE" } }]
 "#;
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// Writes raw `bytes` beside `near` as `name` and returns its path.
 fn write_bytes(near: &Path, name: &str, bytes: &[u8]) -> PathBuf {

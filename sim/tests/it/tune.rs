@@ -2,39 +2,9 @@
 //! prints the front, the recommendation and its TOML, and gives the same
 //! result whatever the number of threads.
 
-mod support;
+use crate::support::{OUTAGE_OBJECTIVES, bin, outage, temp_file};
 
-use support::{bin, temp_file};
-
-/// One generic server that crashes at 5 s and is back at 8 s, with
-/// objectives on recovery and on requests reaching the impaired server.
-fn outage(objectives: &str) -> String {
-    format!(
-        r#"
-name = "tune-outage"
-duration_s = 40
-[hardening]
-failure_threshold = 3
-recovery_timeout_s = 5
-[[servers]]
-name = "gpu"
-[[workers]]
-name = "w"
-servers = ["gpu"]
-tenants = [{{ id = 1, calls_per_min = 30 }}]
-[[faults]]
-kind = "crash"
-at_s = 5
-server = "gpu"
-[[faults]]
-kind = "restart"
-at_s = 8
-server = "gpu"
-{objectives}"#
-    )
-}
-
-const OBJECTIVES: &str = "[objectives]\ngoodput_recovery_s = 20\nimpaired_requests_max = 30\n";
+const NAME: &str = "tune-outage";
 
 fn tune(path: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
     let out = bin().arg("tune").arg(path).args(args).output().unwrap();
@@ -47,7 +17,7 @@ fn tune(path: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) 
 
 #[test]
 fn a_scenario_without_objectives_is_refused() {
-    let path = temp_file("no-objectives.toml", &outage(""));
+    let path = temp_file("no-objectives.toml", &outage(NAME, ""));
     let (code, _, err) = tune(&path, &["--vary", "hardening.failure_threshold=1..3"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(
@@ -58,7 +28,7 @@ fn a_scenario_without_objectives_is_refused() {
 
 #[test]
 fn a_bad_vary_is_refused_naming_it() {
-    let path = temp_file("bad-vary.toml", &outage(OBJECTIVES));
+    let path = temp_file("bad-vary.toml", &outage(NAME, OUTAGE_OBJECTIVES));
     // A key the scenario does not have.
     let (code, _, err) = tune(&path, &["--vary", "hardening.failure_treshold=1..3"]);
     assert_eq!(code, Some(2), "{err}");
@@ -94,7 +64,7 @@ fn a_bad_vary_is_refused_naming_it() {
 
 #[test]
 fn a_small_grid_is_searched_whole_and_the_recommendation_pasted() {
-    let path = temp_file("grid.toml", &outage(OBJECTIVES));
+    let path = temp_file("grid.toml", &outage(NAME, OUTAGE_OBJECTIVES));
     let toml = path.with_file_name("grid-hardening.toml");
     let svg = path.with_file_name("grid-front.svg");
     let (code, text, err) = tune(
@@ -145,7 +115,7 @@ fn a_small_grid_is_searched_whole_and_the_recommendation_pasted() {
 
 #[test]
 fn threads_do_not_change_the_result_and_the_seed_fixes_it() {
-    let path = temp_file("jobs.toml", &outage(OBJECTIVES));
+    let path = temp_file("jobs.toml", &outage(NAME, OUTAGE_OBJECTIVES));
     let run = |jobs: &str, seed: &str, name: &str| {
         let json = path.with_file_name(name);
         let (code, text, err) = tune(

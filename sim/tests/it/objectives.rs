@@ -4,22 +4,9 @@
 //! invariant fails), and `sweep` prints each figure's distribution and each
 //! pass rate.
 
-mod support;
-
-use support::{ERRORS_TO_THE_END, ONE_WORKER, bin, temp_file};
+use crate::support::{ERRORS_TO_THE_END, ONE_WORKER, SMALL, bin, temp_file};
 
 use redstring_sim::scenario::{Scenario, ScenarioError};
-
-const SMALL: &str = r#"
-name = "small"
-duration_s = 20
-[[servers]]
-name = "gpu"
-[[workers]]
-name = "w"
-servers = ["gpu"]
-tenants = [{ id = 1, calls_per_min = 30 }]
-"#;
 
 /// `SMALL` with `[objectives]` holding `lines`.
 fn with_objectives(lines: &str) -> String {

@@ -1,7 +1,5 @@
 //! The simulated model server, driven over turmoil TCP with a plain hyper client.
 
-mod support;
-
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -14,7 +12,8 @@ use redstring_sim::evidence::trace::{Kind, Trace};
 use redstring_sim::hosts::server::{ServerHandle, server_host};
 use redstring_sim::scenario::{Behaviour, Mode};
 use serde_json::{Value, json};
-use support::{sim, spec};
+
+use crate::support::{sim, spec};
 
 fn with_mode(mode: Mode) -> Behaviour {
     Behaviour {

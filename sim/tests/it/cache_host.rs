@@ -1,8 +1,6 @@
 //! The cache host and `RemoteCache` over turmoil: the port's compliance suite,
 //! partitions, crashes and the store's own clock.
 
-mod support;
-
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -15,7 +13,8 @@ use redstring::{CacheError, Clock, TimeSource, Timestamp};
 use redstring_sim::hosts::cache_host::{RemoteCache, cache_host};
 use redstring_sim::hosts::clock::{EPOCH, SimClock, sim_elapsed};
 use redstring_sim::scenario::ClockSpec;
-use support::sim;
+
+use crate::support::sim;
 
 const TIMEOUT: Duration = Duration::from_millis(250);
 

@@ -2,19 +2,13 @@
 //! by the invariant that names its defect, on its targeted scenario — and the
 //! correct hardening passes every one of those scenarios.
 
-#![cfg(feature = "mutants")]
-
-mod support;
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use redstring_sim::judgement::invariants::Invariant;
 use redstring_sim::search::fuzz::Bounds;
 use redstring_sim::search::mutants::{self, Budget, CATALOGUE, Mutant, Stage};
 
-fn scenarios_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
-}
+use crate::support::scenarios_dir;
 
 fn bounds() -> Bounds {
     Bounds::load(&scenarios_dir().join("bounds/default.toml")).unwrap()
@@ -128,7 +122,7 @@ fn the_injection_ends_with_its_guard() {
 #[test]
 fn the_command_prints_the_table_and_passes_the_correct_hardening() {
     let out = std::env::temp_dir().join(format!("redstring-mutants-{}", std::process::id()));
-    let output = support::bin()
+    let output = crate::support::bin()
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
         .args([
             "mutants",
@@ -210,7 +204,7 @@ fn the_fuzzer_catches_a_variant_its_scenario_misses_and_shrinks_a_replayable_cas
 
 #[test]
 fn an_unknown_mutant_is_refused_naming_the_catalogue() {
-    let output = support::bin()
+    let output = crate::support::bin()
         .args(["run", "scenarios/mutants/hung-server.toml", "--mutant", "no_such"])
         .output()
         .unwrap();
