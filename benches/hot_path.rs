@@ -15,27 +15,17 @@
 //! reaches — like governor's quota here — so every call is an admission and a
 //! series holds about three milliseconds of hits instead of growing.
 
-use std::future::Future;
 use std::num::NonZeroU32;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use redstring::{CircuitBreaker, Env, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId};
+use testkit::ready;
 
 const RPM: u32 = 1_000;
 const WINDOW: Duration = Duration::from_secs(60);
 const STEP: Duration = Duration::from_millis(61);
-
-fn ready<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("MemoryCache operations never suspend"),
-    }
-}
 
 /// A limiter and a breaker on the production clock; the limiter admits every
 /// call and keeps about three milliseconds of hits per tenant.

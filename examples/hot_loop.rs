@@ -22,27 +22,17 @@
 //! governor's two-thread sides `governor_hot2`, `governor_tenants2`,
 //! `governor_tenants2_apart` and `governor_tenants2_disjoint`.
 
-use std::future::Future;
 use std::num::NonZeroU32;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use redstring::{CircuitBreaker, Env, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId};
+use testkit::ready;
 
 const RPM: u32 = 1_000;
 const WINDOW: Duration = Duration::from_secs(60);
 const STEP: Duration = Duration::from_millis(61);
 const WARM_UP: usize = 5_000;
-
-fn ready<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("MemoryCache operations never suspend"),
-    }
-}
 
 /// `clock`, and no observer.
 fn quiet(clock: Arc<dyn redstring::Clock>) -> Env {

@@ -14,14 +14,12 @@
 //! allocate through the counter.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::future::Future;
-use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use redstring::{Env, ManualClock, NoopObserver, RateLimiter, TenantId};
+use testkit::ready;
 
 struct Counting;
 
@@ -50,14 +48,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn ready<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("MemoryCache operations never suspend"),
-    }
-}
 
 const TENANTS: u128 = 100;
 const WINDOW: Duration = Duration::from_secs(60);

@@ -12,13 +12,11 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::future::Future;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use redstring::{CircuitBreaker, Env, Event, ManualClock, Observer, RateLimiter, TenantId};
+use testkit::ready;
 
 struct Counting;
 
@@ -58,14 +56,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn ready<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("MemoryCache operations never suspend"),
-    }
-}
 
 /// An observer that listens to every event and keeps none: every decision
 /// then builds its events.

@@ -6,25 +6,15 @@
 //! OS clock (at an anchor, or where the counter is not used) a system call's
 //! worth. A caller-stamped cache still gets the caller's reading.
 
-use std::future::Future;
-use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use redstring::{
     CircuitBreaker, Clock, Env, ManualClock, MemoryCache, NoopObserver, Observer, RateLimiter, RecordingObserver,
     Sleep, TenantId, TimeSource, Timestamp,
 };
-
-fn ready<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("MemoryCache operations never suspend"),
-    }
-}
+use testkit::ready;
 
 /// A manual clock that counts its readings.
 #[derive(Default)]

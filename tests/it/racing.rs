@@ -4,21 +4,12 @@
 //! both cores through the sharded `MemoryCache`, for one hot tenant and for
 //! tenants spread over every shard.
 
-use std::future::Future;
-use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::task::{Context, Poll, Waker};
 
 use redstring::{Env, ManualClock, NoopObserver, RateLimiter, TenantId};
 
-fn ready<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("MemoryCache operations never suspend"),
-    }
-}
+use testkit::ready;
 
 fn limiter(rpm: u32) -> RateLimiter {
     RateLimiter::builder(rpm)

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::provider::{Reply, TestServer};
 use redstring::decide::tokens::RefusedBy;
 use redstring::provider::{
     Deployment, DeploymentLimited, ExtractError, HardenedProvider, HardenedProviderBuilder, LlmProviderExt,
@@ -19,6 +18,7 @@ use redstring::{
     CircuitBreaker, CircuitState, Env, Event, ManualClock, MemoryCache, RateLimiter, RecordingObserver, RetryPolicy,
     SeededRandom, TenantId,
 };
+use testkit::http::{Reply, TestServer};
 
 const LOADING: &str = r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
 /// Every attempt's token estimate, fixed so the arithmetic is the test's.

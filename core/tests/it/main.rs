@@ -8,8 +8,13 @@
 //! global `tracing` subscriber (`observer`'s is scoped to its thread), sets
 //! an environment variable, or needs its own harness, and each
 //! `#[tokio::test]` builds its own runtime. What the process shares is the
-//! two Redis Clusters (`support::redis::cluster`, plain and TLS, each
+//! two Redis Clusters (`testkit::redis::Cluster`, plain and TLS, each
 //! started by the first test that asks and serialised by its own lock).
+//!
+//! The servers to test against come from the `testkit` crate (redis-server
+//! topologies, the scripted HTTP server), which does not depend on
+//! redstring; what needs redstring's types (a `RedisCache` for each
+//! topology, the compliance harness) is in `support/`.
 //!
 //! A module that needs an optional feature (`openai`, `redis`, `redis-tls`,
 //! `redis-cluster`, `redis-sentinel`, `tower`, `metrics`) is compiled only with

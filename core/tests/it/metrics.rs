@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::provider::{Reply, TestServer};
 use redstring::metrics::MetricsObserver;
 use redstring::provider::{HardenedProvider, LlmProviderExt, OpenAiCompatible};
 use redstring::{CircuitBreaker, Env, ManualClock, RateLimiter, RetryPolicy, SeededRandom, TenantId};
+use testkit::http::{Reply, TestServer};
 
 const LOADING: &str = r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
 

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::provider::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
 use redstring::provider::{
     BoxFuture, DeadlineWait, ExtractError, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, LlmProvider,
     LlmProviderExt, OpenAiCompatible, ProviderError, ReqwestTransport, TransportError,
@@ -14,6 +13,7 @@ use redstring::{
     CircuitBreaker, CircuitState, Clock, Env, Event, ManualClock, RateLimiter, RecordingObserver, RetryPolicy,
     Retryable, SeededRandom, TenantId,
 };
+use testkit::http::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
 
 const KEY: &str = "sk-hardened-5ecret";
 const LOADING: &str = r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;

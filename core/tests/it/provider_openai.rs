@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::provider::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
 use redstring::Env;
 use redstring::provider::{
     ExtractError, LlmProvider, LlmProviderExt, OpenAiCompatible, ProviderError, ReqwestTransport, TransportErrorKind,
 };
 use serde_json::json;
+use testkit::http::{PEG_NATIVE_500, RawServer, Reply, TestServer, refused_base_url};
 
 const KEY: &str = "sk-test-5ecret-key";
 

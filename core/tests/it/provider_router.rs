@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::provider::{Reply, TestServer};
 use redstring::provider::{
     ExtractError, HardenedProvider, HardenedProviderBuilder, LlmProvider, LlmProviderExt, OpenAiCompatible,
     ReqwestTransport,
@@ -15,6 +14,7 @@ use redstring::{
     CircuitBreaker, CircuitState, Env, Event, ManualClock, MemoryCache, RateLimiter, RecordingObserver, RetryBudget,
     RetryPolicy, SeededRandom, TenantId,
 };
+use testkit::http::{Reply, TestServer};
 
 const LOADING: &str = r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
 const BAD_REQUEST: &str = r#"{"error":{"code":400,"message":"bad request","type":"invalid_request_error"}}"#;

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support;
-use crate::support::redis::cluster::Cluster;
-use crate::support::redis::{OnLive, probe_fleet, race_for_probes};
+use crate::support::redis::{LiveRedis, OnLive, probe_fleet, race_for_probes};
 use redstring::cache::redis::RedisCache;
 use redstring::cache::{BreakerStore, KeyValue};
 use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams};
 use redstring::testing::run_all;
 use redstring::{CacheError, CircuitState, Clock, ManualClock, SystemClock, TenantId};
+use testkit::redis::Cluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_cache_passes_the_compliance_suite() {
@@ -159,7 +159,7 @@ async fn bad_cluster_configurations_are_typed_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_cluster_is_unavailable_within_the_timeout() {
-    let port = support::redis::free_port();
+    let port = testkit::redis::free_port();
     let cache = RedisCache::builder()
         .connect_timeout(Duration::from_millis(200))
         .response_timeout(Duration::from_millis(200))

@@ -2,7 +2,8 @@
 //! cluster bus) speak only TLS, through `rediss://` node URLs and a private CA.
 
 use crate::support;
-use crate::support::redis::cluster::Cluster;
+use crate::support::redis::LiveRedis;
+use testkit::redis::Cluster;
 
 #[test]
 fn memory_and_a_tls_cluster_give_identical_answers() {

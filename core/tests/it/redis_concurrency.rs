@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support;
-use crate::support::redis::{RedisServer, probe_fleet, race_for_probes};
+use crate::support::redis::{LiveRedis, probe_fleet, race_for_probes};
 use redstring::cache::redis::RedisCache;
 use redstring::{CircuitState, Clock, ManualClock, SystemClock, TenantId};
+use testkit::redis::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_tasks_over_five_connections_admit_exactly_rpm() {

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use crate::support;
 use crate::support::cooldown::{rate_limited, worker};
-use crate::support::redis::{RedisServer, bounded};
+use crate::support::redis::{LiveRedis, bounded};
 use redstring::cache::BreakerStore;
 use redstring::cache::redis::RedisCache;
 use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Write};
 use redstring::provider::LlmProviderExt;
 use redstring::{Clock, Env, ManualClock, Permit, RecordingObserver, Refusal, SystemClock, TimeSource, Timestamp};
+use testkit::redis::RedisServer;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::redis::{RedisServer, bounded};
+use crate::support::redis::{LiveRedis, bounded};
 use redstring::cache::redis::{RedisCache, window_key};
 use redstring::cache::{BreakerStore, HitWindow, KeyValue, LimiterStore, SlotRequest};
 use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Origin};
@@ -15,6 +15,7 @@ use redstring::{
     AcquireError, CacheError, CircuitBreaker, CircuitState, Clock, Env, Event, ManualClock, OnCacheError,
     OnCacheUnavailable, RateLimiter, RecordingObserver, SystemClock, TenantId,
 };
+use testkit::redis::RedisServer;
 
 fn request(now: redstring::Timestamp) -> SlotRequest {
     SlotRequest {

@@ -4,7 +4,8 @@
 //! `support::redis::differential`, which the cluster tests run too).
 
 use crate::support;
-use crate::support::redis::RedisServer;
+use crate::support::redis::LiveRedis;
+use testkit::redis::RedisServer;
 
 #[test]
 fn memory_and_redis_give_identical_answers() {

@@ -5,9 +5,10 @@
 //! an episode — the same checks `properties.rs` runs on `MemoryCache`.
 
 use crate::support;
-use crate::support::redis::RedisServer;
+use crate::support::redis::LiveRedis;
 use redstring::decide::breaker::BreakerKeys;
 use redstring::{Clock, SystemClock};
+use testkit::redis::RedisServer;
 
 #[test]
 fn probe_leases_hold_on_redis() {

@@ -10,13 +10,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::support;
-use crate::support::redis::RedisServer;
+use crate::support::redis::LiveRedis;
 use redstring::cache::redis::RedisCache;
 use redstring::provider::{
     BoxFuture, Deployment, ExtractError, ExtractRequest, Extracted, HardenedProvider, LlmProvider, LlmProviderExt,
 };
 use redstring::{CircuitBreaker, Env, RateLimiter, TenantId};
 use serde_json::Value;
+use testkit::redis::RedisServer;
 use tokio::sync::Semaphore;
 
 /// A deployment whose calls wait at a gate until released, counting how

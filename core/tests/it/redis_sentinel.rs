@@ -10,8 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::support;
-use crate::support::redis::sentinel::SentinelGroup;
-use crate::support::redis::{OnLive, wait};
+use crate::support::redis::{LiveRedis, OnLive, wait};
 use redstring::DecidedBy;
 use redstring::cache::KeyValue;
 use redstring::cache::redis::RedisCache;
@@ -20,6 +19,7 @@ use redstring::{
     AcquireError, CacheError, Clock, Env, Event, OnCacheUnavailable, RateLimiter, RecordingObserver, SystemClock,
     TenantId, Timestamp,
 };
+use testkit::redis::SentinelGroup;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sentinel_cache_passes_the_compliance_suite() {
@@ -58,7 +58,7 @@ async fn bad_sentinel_configurations_are_typed_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_sentinel_answering_is_unavailable() {
-    let port = support::redis::free_port();
+    let port = testkit::redis::free_port();
     let cache = RedisCache::builder()
         .connect_timeout(Duration::from_millis(200))
         .response_timeout(Duration::from_millis(200))
@@ -157,11 +157,9 @@ async fn failover_under(policy: OnCacheUnavailable) -> Option<Failover> {
     group.kill_primary();
     let group = Arc::new(group);
     let g = group.clone();
-    tokio::task::spawn_blocking(move || {
-        support::redis::nodes::wait_until("the replica is promoted", || g.replica_promoted())
-    })
-    .await
-    .unwrap();
+    tokio::task::spawn_blocking(move || testkit::redis::wait_until("the replica is promoted", || g.replica_promoted()))
+        .await
+        .unwrap();
     let promoted = SystemClock.now();
     // Calls are decided by the store again within 10 s of the promotion.
     let recovered = loop {

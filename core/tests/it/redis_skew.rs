@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use crate::support;
-use crate::support::redis::{RedisServer, wait};
+use crate::support::redis::{LiveRedis, wait};
 use redstring::{Clock, SystemClock};
+use testkit::redis::RedisServer;
 
 const WINDOW: Duration = Duration::from_millis(300);
 const MAX_AHEAD: Duration = Duration::from_millis(30);

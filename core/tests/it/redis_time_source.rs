@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::redis::RedisServer;
 use redstring::cache::redis::RedisCache;
 use redstring::cache::{LimiterStore, SlotRequest};
 use redstring::decide::window::{SlotOutcome, skew_bound};
@@ -12,6 +11,7 @@ use redstring::{
     CircuitBreaker, Clock, Env, Event, ManualClock, NoopObserver, RateLimiter, RecordingObserver, SystemClock,
     TenantId, TimeSource,
 };
+use testkit::redis::RedisServer;
 
 const HOUR: Duration = Duration::from_secs(3600);
 

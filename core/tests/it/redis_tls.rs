@@ -7,12 +7,12 @@
 use std::time::Duration;
 
 use crate::support;
-use crate::support::redis::tls::{ClientAuth, TlsServer, pki_only};
-use crate::support::redis::{OnLive, bounded};
+use crate::support::redis::{LiveRedis, OnLive, bounded};
 use redstring::cache::KeyValue;
 use redstring::cache::redis::RedisCache;
 use redstring::testing::run_all;
 use redstring::{CacheError, TenantId};
+use testkit::redis::{ClientAuth, TlsServer, pki_only};
 
 const PASSWORD: &str = "tls-hunter2-secret";
 

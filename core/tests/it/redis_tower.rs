@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tower_test::mock::{self, Spawn};
 
-use crate::support::redis::{RedisServer, bounded, wait};
+use crate::support::redis::{LiveRedis, bounded, wait};
 use crate::tower::{Inner, Reply, Req, ready, refused, secs, tenant_of, through};
 use redstring::cache::redis::RedisCache;
 use redstring::tower::{
@@ -17,6 +17,7 @@ use redstring::tower::{
 use redstring::{
     CircuitBreaker, CircuitOpen, CircuitState, Clock, Env, ManualClock, RateLimitExceeded, RateLimiter, SystemClock,
 };
+use testkit::redis::RedisServer;
 
 type Member = CircuitBreakerService<
     RateLimitService<mock::Mock<Req, &'static str>, fn(&Req) -> redstring::TenantId, RedisCache>,

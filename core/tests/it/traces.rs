@@ -13,9 +13,9 @@ use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::support::provider::{Reply, TestServer};
 use redstring::provider::{HardenedProvider, LlmProviderExt, OpenAiCompatible};
 use redstring::{CircuitBreaker, Env, ManualClock, RateLimiter, RetryPolicy, SeededRandom, TenantId};
+use testkit::http::{Reply, TestServer};
 
 const LOADING: &str = r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
 

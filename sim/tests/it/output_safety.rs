@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use crate::support::{SMALL, run, s, temp_file};
+use crate::support::{SMALL, bin, run, s, temp_file};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()

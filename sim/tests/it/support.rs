@@ -50,24 +50,9 @@ pub fn scenarios_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
 }
 
-/// Writes `text` to `name` (which may name subdirectories) in a temporary
-/// directory of this process and of the calling module, and returns its
-/// path: modules may use the same names without writing over each other's
-/// files.
-#[track_caller]
-pub fn temp_file(name: &str, text: &str) -> PathBuf {
-    let module = Path::new(std::panic::Location::caller().file())
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("test");
-    let dir = std::env::temp_dir()
-        .join(format!("redstring-sim-it-{}", std::process::id()))
-        .join(module);
-    let path = dir.join(name);
-    std::fs::create_dir_all(path.parent().unwrap_or(&dir)).unwrap();
-    std::fs::write(&path, text).unwrap();
-    path
-}
+/// A file in a temporary directory of this process and of the calling
+/// module, so modules may reuse file names.
+pub use testkit::temp_file;
 
 /// One worker calling one generic server 30 times a minute for 20 s.
 pub const SMALL: &str = r#"

@@ -2,7 +2,6 @@
 
 pub mod cooldown;
 pub mod lease;
-pub mod provider;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod skew;

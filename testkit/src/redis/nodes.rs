@@ -14,6 +14,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use super::{Listen, base_command, command_over, free_port};
+
 /// One redis-server of a group.
 pub struct Node {
     /// The client port (plain TCP, or TLS when the group uses TLS).
@@ -27,7 +29,7 @@ impl Node {
     /// Sends one command over the administration socket; `None` if the node
     /// is not reachable.
     pub fn command(&self, args: &[&str]) -> Option<String> {
-        super::command_over(&self.socket, None, args)
+        command_over(&self.socket, None, args)
     }
 
     /// Kills the node (SIGKILL), as a crash would.
@@ -72,17 +74,24 @@ impl Group {
         }
     }
 
-    /// Starts a redis-server with `args` (beyond port, socket, directory and
-    /// no persistence), waits until it answers `PING` and returns its index.
+    /// Starts a redis-server with `args` (beyond [`base_command`]'s), its
+    /// client port chosen free and given to `listen` (`Listen::Tcp` or
+    /// `Listen::Tls`), waits until it answers `PING` and returns its index.
     /// A port taken between choosing and binding makes the server exit; then
     /// another is tried.
-    pub fn spawn(&mut self, name: &str, args: &[String], port_arg: &str) -> usize {
-        self.spawn_with_config(name, None, args, port_arg)
+    pub fn spawn(&mut self, name: &str, args: &[String], listen: fn(u16) -> Listen) -> usize {
+        self.spawn_with_config(name, None, args, listen)
     }
 
-    /// [`spawn`](Self::spawn) with a config file (which must come first on
-    /// redis-server's command line; a Sentinel needs one it can rewrite).
-    pub fn spawn_with_config(&mut self, name: &str, config: Option<&str>, args: &[String], port_arg: &str) -> usize {
+    /// [`spawn`](Self::spawn) with a config file (a Sentinel needs one it can
+    /// rewrite).
+    pub fn spawn_with_config(
+        &mut self,
+        name: &str,
+        config: Option<&str>,
+        args: &[String],
+        listen: fn(u16) -> Listen,
+    ) -> usize {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(&dir).expect("node dir");
         let socket = dir.join("redis.sock");
@@ -92,24 +101,9 @@ impl Group {
             path
         });
         for _ in 0..5 {
-            let port = super::free_port();
-            let mut child = Command::new("redis-server")
-                .args(config_file.iter())
-                .arg(port_arg)
-                .arg(port.to_string())
-                .args(if port_arg == "--port" {
-                    Vec::new()
-                } else {
-                    vec!["--port".to_owned(), "0".to_owned()]
-                })
-                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .arg("--unixsocket")
-                .arg(&socket)
-                .args(["--unixsocketperm", "700", "--dir"])
-                .arg(&dir)
+            let port = free_port();
+            let mut child = base_command(config_file.as_deref(), listen(port), &socket, &dir)
                 .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
                 .spawn()
                 .expect("spawn redis-server");
             self.register(child.id());

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use redstring::cache::redis::{RedisCache, RedisCacheBuilder};
+use super::{Listen, base_command, command_over, free_port};
 
 /// Whether clients must present a certificate the CA signed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,34 +209,16 @@ impl TlsServer {
     }
 
     fn launch(&mut self) -> bool {
-        self.port = super::free_port();
-        let mut cmd = Command::new("redis-server");
-        cmd.arg("--port")
-            .arg("0")
-            .arg("--bind")
-            .arg("127.0.0.1")
-            .arg("--tls-port")
-            .arg(self.port.to_string())
-            .arg("--tls-cert-file")
+        self.port = free_port();
+        let mut cmd = base_command(None, Listen::Tls(self.port), &self.socket(), self.dir.path());
+        cmd.arg("--tls-cert-file")
             .arg(self.pki.server_cert())
             .arg("--tls-key-file")
             .arg(self.pki.server_key())
             .arg("--tls-ca-cert-file")
             .arg(self.pki.ca())
             .arg("--tls-auth-clients")
-            .arg(if self.auth == ClientAuth::Required { "yes" } else { "no" })
-            .arg("--unixsocket")
-            .arg(self.socket())
-            .arg("--unixsocketperm")
-            .arg("700")
-            .arg("--save")
-            .arg("")
-            .arg("--appendonly")
-            .arg("no")
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .arg(if self.auth == ClientAuth::Required { "yes" } else { "no" });
         if let Some(p) = &self.password {
             cmd.arg("--requirepass").arg(p);
         }
@@ -286,32 +268,15 @@ impl TlsServer {
         }
     }
 
-    /// A builder with short timeouts, stamping with the caller's clock,
-    /// trusting this server's CA and, when the server requires it,
-    /// presenting the client certificate.
-    pub fn builder(&self) -> RedisCacheBuilder {
-        let builder = RedisCache::builder()
-            .time_source(redstring::TimeSource::Caller)
-            .connect_timeout(Duration::from_millis(1000))
-            .response_timeout(Duration::from_millis(1000))
-            .tls_ca_file(self.pki.ca());
-        match self.auth {
-            ClientAuth::Required => builder.tls_client_cert(self.pki.client_cert(), self.pki.client_key()),
-            ClientAuth::Optional => builder,
-        }
-    }
-
-    /// A new cache over TLS owning its own connection.
-    pub fn cache(&self) -> RedisCache {
-        self.builder()
-            .build_from_url(&self.url())
-            .expect("valid TLS configuration")
+    /// Whether clients must present a certificate.
+    pub fn auth(&self) -> ClientAuth {
+        self.auth
     }
 
     /// Sends one command over the administration socket (authenticating first
     /// if needed); `None` if the server is not reachable.
     pub fn command(&self, args: &[&str]) -> Option<String> {
-        super::command_over(&self.socket(), self.password.as_deref(), args)
+        command_over(&self.socket(), self.password.as_deref(), args)
     }
 
     /// Empties the server.
@@ -327,14 +292,5 @@ impl Drop for TlsServer {
             let _ = child.kill();
             let _ = child.wait();
         }
-    }
-}
-
-impl super::LiveRedis for TlsServer {
-    fn cache(&self) -> RedisCache {
-        TlsServer::cache(self)
-    }
-    fn flush(&self) {
-        TlsServer::flush(self)
     }
 }

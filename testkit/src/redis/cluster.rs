@@ -5,23 +5,21 @@
 //! [`Cluster::exclusive`] so that one test's `FLUSHALL` never lands in
 //! another's middle.
 
+use std::path::PathBuf;
 use std::sync::LazyLock;
-use std::time::Duration;
 
-use redstring::cache::redis::{RedisCache, RedisCacheBuilder};
-
+use super::Listen;
 use super::nodes::{Group, redis_cli, wait_until};
+use super::tls::{Pki, pki_only};
 
 /// A running cluster.
 pub struct Cluster {
     group: Group,
-    #[cfg(feature = "redis-tls")]
-    pki: Option<(tempfile::TempDir, super::tls::Pki)>,
+    pki: Option<(tempfile::TempDir, Pki)>,
     lock: tokio::sync::Mutex<()>,
 }
 
 static PLAIN: LazyLock<Option<Cluster>> = LazyLock::new(|| Cluster::start(false));
-#[cfg(feature = "redis-tls")]
 static TLS: LazyLock<Option<Cluster>> = LazyLock::new(|| Cluster::start(true));
 
 impl Cluster {
@@ -32,8 +30,7 @@ impl Cluster {
     }
 
     /// The binary's TLS cluster (nodes and the cluster bus over TLS; clients
-    /// need not present a certificate).
-    #[cfg(feature = "redis-tls")]
+    /// need not present a certificate), or `None` as [`shared`](Self::shared).
     pub fn shared_tls() -> Option<&'static Cluster> {
         TLS.as_ref()
     }
@@ -42,10 +39,7 @@ impl Cluster {
         if !super::available_or_skip() {
             return None;
         }
-        #[cfg(feature = "redis-tls")]
-        let pki = if tls { Some(super::tls::pki_only()?) } else { None };
-        #[cfg(not(feature = "redis-tls"))]
-        assert!(!tls, "a TLS cluster needs the redis-tls feature");
+        let pki = if tls { Some(pki_only()?) } else { None };
         let mut group = Group::new();
         for i in 0..3 {
             let mut args: Vec<String> = [
@@ -60,7 +54,6 @@ impl Cluster {
             args.push(group.dir.join(format!("nodes-{i}.conf")).display().to_string());
             args.push("--cluster-port".to_owned());
             args.push(super::free_port().to_string());
-            #[cfg(feature = "redis-tls")]
             if let Some((_, pki)) = &pki {
                 for (flag, value) in [
                     ("--tls-cert-file", pki.server_cert()),
@@ -76,12 +69,11 @@ impl Cluster {
                 }
                 args.extend(["--tls-auth-clients", "no", "--tls-cluster", "yes"].map(str::to_owned));
             }
-            group.spawn(&format!("node-{i}"), &args, if tls { "--tls-port" } else { "--port" });
+            group.spawn(&format!("node-{i}"), &args, if tls { Listen::Tls } else { Listen::Tcp });
         }
         let mut create: Vec<String> = vec!["--cluster".to_owned(), "create".to_owned()];
         create.extend(group.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
         create.push("--cluster-yes".to_owned());
-        #[cfg(feature = "redis-tls")]
         if let Some((_, pki)) = &pki {
             create.push("--tls".to_owned());
             create.push("--cacert".to_owned());
@@ -96,7 +88,6 @@ impl Cluster {
         }
         Some(Cluster {
             group,
-            #[cfg(feature = "redis-tls")]
             pki,
             lock: tokio::sync::Mutex::new(()),
         })
@@ -114,9 +105,9 @@ impl Cluster {
         self.lock.blocking_lock()
     }
 
-    /// The nodes' URLs.
+    /// The nodes' URLs (`rediss://` when the cluster uses TLS).
     pub fn urls(&self) -> Vec<String> {
-        let scheme = if self.is_tls() { "rediss" } else { "redis" };
+        let scheme = if self.pki.is_some() { "rediss" } else { "redis" };
         self.group
             .nodes
             .iter()
@@ -124,32 +115,9 @@ impl Cluster {
             .collect()
     }
 
-    fn is_tls(&self) -> bool {
-        #[cfg(feature = "redis-tls")]
-        return self.pki.is_some();
-        #[cfg(not(feature = "redis-tls"))]
-        false
-    }
-
-    /// A builder with short timeouts, stamping with the caller's clock, and
-    /// trusting the cluster's CA when it uses TLS.
-    pub fn builder(&self) -> RedisCacheBuilder {
-        let builder = RedisCache::builder()
-            .time_source(redstring::TimeSource::Caller)
-            .connect_timeout(Duration::from_millis(1000))
-            .response_timeout(Duration::from_millis(1000));
-        #[cfg(feature = "redis-tls")]
-        if let Some((_, pki)) = &self.pki {
-            return builder.tls_ca_file(pki.ca());
-        }
-        builder
-    }
-
-    /// A new cache over the cluster, owning its own connections.
-    pub fn cache(&self) -> RedisCache {
-        self.builder()
-            .build_cluster(self.urls())
-            .expect("valid cluster configuration")
+    /// The CA clients must trust, when the cluster uses TLS.
+    pub fn ca(&self) -> Option<PathBuf> {
+        self.pki.as_ref().map(|(_, pki)| pki.ca())
     }
 
     /// Empties every primary.
@@ -167,14 +135,5 @@ impl Cluster {
             .iter()
             .map(|n| n.command(args).expect("node reachable"))
             .collect()
-    }
-}
-
-impl super::LiveRedis for Cluster {
-    fn cache(&self) -> RedisCache {
-        Cluster::cache(self)
-    }
-    fn flush(&self) {
-        Cluster::flush(self)
     }
 }

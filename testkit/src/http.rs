@@ -1,9 +1,10 @@
-//! A scripted OpenAI-compatible HTTP server for the provider tests.
+//! A scripted OpenAI-compatible HTTP server, for tests of the provider.
 //!
-//! Each test starts its own on a free localhost port, queues the replies it
-//! wants (a status with headers and body, a dropped connection, a hang), and
-//! reads back every request the server received. Real HTTP over real
-//! sockets, so the production reqwest transport is what gets exercised.
+//! Each test starts its own on a free localhost port, inside its tokio
+//! runtime, queues the replies it wants (a status with headers and body, a
+//! dropped connection, a hang), and reads back every request the server
+//! received. Real HTTP over real sockets, so the production reqwest transport
+//! is what gets exercised.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -24,13 +25,21 @@ use serde_json::{Value, json};
 pub enum Reply {
     /// Answer with this status, headers and body.
     Respond {
+        /// The HTTP status.
         status: u16,
+        /// Header names and values, in order.
         headers: Vec<(String, String)>,
+        /// The body, as sent.
         body: Vec<u8>,
     },
     /// A 200 whose body is `chunk` repeated `count` times, sent with chunked
     /// transfer encoding: no `content-length` to check up front.
-    Chunked { chunk: Vec<u8>, count: usize },
+    Chunked {
+        /// One frame of the body.
+        chunk: Vec<u8>,
+        /// How many frames.
+        count: usize,
+    },
     /// Close the connection without answering.
     Drop,
     /// Never answer.

@@ -3,11 +3,8 @@
 //! killed when dropped, or by the watchdog when the test binary exits (see
 //! [`super::nodes`]).
 
-use std::time::Duration;
-
-use redstring::cache::redis::{RedisCache, RedisCacheBuilder};
-
-use super::nodes::{Group, wait_until};
+use super::Listen;
+use super::nodes::{Group, Node, wait_until};
 
 /// The name the Sentinel monitors the primary under.
 pub const MASTER_NAME: &str = "redstring";
@@ -31,19 +28,19 @@ impl SentinelGroup {
             return None;
         }
         let mut group = Group::new();
-        group.spawn("primary", &[], "--port");
+        group.spawn("primary", &[], Listen::Tcp);
         let primary_port = group.nodes[PRIMARY].port.to_string();
         group.spawn(
             "replica",
             &["--replicaof".to_owned(), "127.0.0.1".to_owned(), primary_port.clone()],
-            "--port",
+            Listen::Tcp,
         );
         let config = format!(
             "sentinel monitor {MASTER_NAME} 127.0.0.1 {primary_port} 1\n\
              sentinel down-after-milliseconds {MASTER_NAME} 500\n\
              sentinel failover-timeout {MASTER_NAME} 5000\n"
         );
-        group.spawn_with_config("sentinel", Some(&config), &["--sentinel".to_owned()], "--port");
+        group.spawn_with_config("sentinel", Some(&config), &["--sentinel".to_owned()], Listen::Tcp);
         let sentinel = SentinelGroup { group };
         wait_until("the replica is in sync", || {
             sentinel
@@ -60,28 +57,13 @@ impl SentinelGroup {
         Some(sentinel)
     }
 
-    fn node(&self, i: usize) -> &super::nodes::Node {
+    fn node(&self, i: usize) -> &Node {
         &self.group.nodes[i]
     }
 
     /// The Sentinel's URL.
     pub fn sentinel_url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.node(SENTINEL).port)
-    }
-
-    /// A builder with short timeouts, stamping with the caller's clock.
-    pub fn builder(&self) -> RedisCacheBuilder {
-        RedisCache::builder()
-            .time_source(redstring::TimeSource::Caller)
-            .connect_timeout(Duration::from_millis(500))
-            .response_timeout(Duration::from_millis(500))
-    }
-
-    /// A new cache over the primary the Sentinel names.
-    pub fn cache(&self) -> RedisCache {
-        self.builder()
-            .build_sentinel(MASTER_NAME, [self.sentinel_url()])
-            .expect("valid sentinel configuration")
     }
 
     /// Empties the primary (the replica follows).
@@ -120,14 +102,5 @@ impl SentinelGroup {
     /// Sends one command to the replica.
     pub fn replica_command(&self, args: &[&str]) -> Option<String> {
         self.node(REPLICA).command(args)
-    }
-}
-
-impl super::LiveRedis for SentinelGroup {
-    fn cache(&self) -> RedisCache {
-        SentinelGroup::cache(self)
-    }
-    fn flush(&self) {
-        SentinelGroup::flush(self)
     }
 }
