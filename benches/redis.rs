@@ -14,8 +14,6 @@
 
 mod support;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,33 +24,24 @@ use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Ori
 use redstring::decide::window::SlotOutcome;
 use redstring::{CircuitBreaker, Clock, Env, ManualClock, NoopObserver, RateLimiter, SystemClock, TenantId, Timestamp};
 use support::{RPM, STEP, WINDOW, acquire_race, request, stamp};
+use testkit::redis::nodes::Group;
+use testkit::redis::{Listen, available_or_skip};
 
+/// A redis-server on loopback TCP (testkit's launcher), killed on drop.
 struct Server {
-    child: Child,
+    _group: Group,
     port: u16,
-    _dir: tempfile::TempDir,
 }
 
 impl Server {
     fn start() -> Option<Server> {
-        let dir = tempfile::tempdir().ok()?;
-        let port = TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-            .args(["--appendonly", "no", "--dir"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let server = Server { child, port, _dir: dir };
-        for _ in 0..500 {
-            if server.info("server").is_some() {
-                return Some(server);
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if !available_or_skip() {
+            return None;
         }
-        None
+        let mut group = Group::new();
+        let node = group.spawn("bench", &[], Listen::Tcp);
+        let port = group.nodes[node].port;
+        Some(Server { _group: group, port })
     }
 
     fn url(&self) -> String {
@@ -95,13 +84,6 @@ impl Server {
                 Some((name.to_owned(), calls.parse().ok()?))
             })
             .collect()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -16,8 +16,7 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,102 +25,24 @@ use redstring::cache::LimiterStore;
 use redstring::cache::redis::RedisCache;
 use redstring::{Clock, SystemClock};
 use support::{acquire_race, request};
+use testkit::redis::nodes::Group;
+use testkit::redis::{Cluster, Listen, available_or_skip};
 
 const TASKS: u64 = 32;
 
-/// Servers this bench started, killed on drop.
-struct Servers {
-    children: Vec<Child>,
-    ports: Vec<u16>,
-    _dir: tempfile::TempDir,
-}
-
-fn free_port() -> Option<u16> {
-    Some(TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port())
-}
-
-fn answers_ping(port: u16) -> bool {
-    Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "PING"])
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("PONG"))
-}
-
-impl Servers {
-    fn start(n: usize, cluster: bool) -> Option<Servers> {
-        let dir = tempfile::tempdir().ok()?;
-        let mut servers = Servers {
-            children: Vec::new(),
-            ports: Vec::new(),
-            _dir: dir,
-        };
-        for i in 0..n {
-            let port = free_port()?;
-            let node_dir = servers._dir.path().join(format!("node-{i}"));
-            std::fs::create_dir_all(&node_dir).ok()?;
-            let mut cmd = Command::new("redis-server");
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-                .args(["--appendonly", "no", "--dir"])
-                .arg(&node_dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            if cluster {
-                cmd.args(["--cluster-enabled", "yes", "--cluster-port", &free_port()?.to_string()]);
-            }
-            servers.children.push(cmd.spawn().ok()?);
-            servers.ports.push(port);
-            (0..500).find(|_| {
-                let up = answers_ping(port);
-                if !up {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                up
-            })?;
-        }
-        if cluster {
-            let status = Command::new("redis-cli")
-                .args(["--cluster", "create"])
-                .args(servers.ports.iter().map(|p| format!("127.0.0.1:{p}")))
-                .arg("--cluster-yes")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .ok()?;
-            if !status.success() {
-                return None;
-            }
-            for &port in &servers.ports {
-                (0..600).find(|_| {
-                    let ok = Command::new("redis-cli")
-                        .args(["-p", &port.to_string(), "CLUSTER", "INFO"])
-                        .output()
-                        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"));
-                    if !ok {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    ok
-                })?;
-            }
-        }
-        Some(servers)
+/// One redis-server on loopback TCP, killed when the group drops; its port.
+fn single_node() -> Option<(Group, u16)> {
+    if !available_or_skip() {
+        return None;
     }
-
-    fn urls(&self) -> Vec<String> {
-        self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}")).collect()
-    }
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+    let mut group = Group::new();
+    let node = group.spawn("single", &[], Listen::Tcp);
+    let port = group.nodes[node].port;
+    Some((group, port))
 }
 
 fn bench(c: &mut Criterion) {
-    let (Some(single), Some(cluster)) = (Servers::start(1, false), Servers::start(3, true)) else {
+    let (Some((_single, port)), Some(cluster)) = (single_node(), Cluster::shared()) else {
         eprintln!("!!! redis_cluster bench SKIPPED: could not start redis-server / redis-cli (are they on PATH?)");
         return;
     };
@@ -131,7 +52,7 @@ fn bench(c: &mut Criterion) {
         .build()
         .unwrap();
     let caches = rt.block_on(async {
-        let single = RedisCache::from_url(&single.urls()[0]).unwrap();
+        let single = RedisCache::from_url(&format!("redis://127.0.0.1:{port}")).unwrap();
         let cluster = RedisCache::builder().build_cluster(cluster.urls()).unwrap();
         [
             ("single_node", Arc::new(single)),
@@ -155,7 +76,7 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
-    match redis_benchmark(&rt, &caches[0].1, single.ports[0]) {
+    match redis_benchmark(&rt, &caches[0].1, port) {
         Some(line) => eprintln!("{line}"),
         None => eprintln!("!!! redis-benchmark row SKIPPED: could not capture the EVALSHA or run redis-benchmark"),
     }
