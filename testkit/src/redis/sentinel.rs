@@ -72,13 +72,20 @@ impl SentinelGroup {
         assert!(reply.starts_with("+OK"), "FLUSHALL: {reply}");
     }
 
-    /// Waits until the replica has every write the primary acknowledged.
+    /// Waits until the replica has processed every write the primary has
+    /// taken so far: its replication offset reaches the primary's. (`WAIT`
+    /// would not do from here: it waits only for the writes of its own
+    /// connection — none, on a fresh one — and so returns at once, while a
+    /// busy replica may still be applying the test's writes.)
     pub fn sync_replica(&self) {
-        let reply = self
-            .node(PRIMARY)
-            .command(&["WAIT", "1", "5000"])
-            .expect("primary reachable");
-        assert_eq!(reply.trim(), ":1", "WAIT for the replica");
+        let offset = |node: usize, field: &str| -> Option<u64> {
+            let info = self.node(node).command(&["INFO", "replication"])?;
+            info.lines().find_map(|l| l.strip_prefix(field)?.trim().parse().ok())
+        };
+        let target = offset(PRIMARY, "master_repl_offset:").expect("primary reachable");
+        wait_until("the replica has applied the primary's writes", || {
+            offset(REPLICA, "slave_repl_offset:").is_some_and(|done| done >= target)
+        });
     }
 
     /// Kills the primary (SIGKILL), as a crash would.
