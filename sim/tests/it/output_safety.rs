@@ -39,8 +39,19 @@ fn an_output_naming_the_scenario_is_refused_and_the_scenario_kept() {
         let out = run(&["compare", s(&path), "--seeds", "2", flag, s(&path)]);
         refused(&out, 4, "an input of this command", &path, SMALL);
     }
-    let out = run(&["tune", s(&path), "--vary", "hardening.rpm=5,10", "--out", s(&path)]);
-    refused(&out, 4, "an input of this command", &path, SMALL);
+    for flag in ["--out", "--json", "--svg"] {
+        let out = run(&["tune", s(&path), "--vary", "hardening.rpm=5,10", flag, s(&path)]);
+        refused(&out, 4, "an input of this command", &path, SMALL);
+    }
+    // Through a hard link to it: another name for the same file.
+    #[cfg(unix)]
+    {
+        let hard = path.with_file_name("hard.json");
+        let _ = std::fs::remove_file(&hard);
+        std::fs::hard_link(&path, &hard).unwrap();
+        let out = run(&["run", s(&path), "--json", s(&hard)]);
+        refused(&out, 4, "an input of this command", &path, SMALL);
+    }
     // Through a symlink to it.
     #[cfg(unix)]
     {
@@ -133,6 +144,18 @@ fn two_flags_naming_one_file_are_refused() {
     let out = run(&["run", s(&path), "--json", s(&out_file), "--trace", s(&out_file)]);
     refused(&out, 4, "name one file", &out_file, "old");
     let out = run(&["run", s(&path), "--trace", s(&out_file), "--metrics", s(&out_file)]);
+    refused(&out, 4, "name one file", &out_file, "old");
+    // tune would splice its pasteable TOML into its JSON.
+    let out = run(&[
+        "tune",
+        s(&path),
+        "--vary",
+        "hardening.rpm=5,10",
+        "--json",
+        s(&out_file),
+        "--out",
+        s(&out_file),
+    ]);
     refused(&out, 4, "name one file", &out_file, "old");
 }
 
