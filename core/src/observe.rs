@@ -353,7 +353,8 @@ pub enum Event {
     /// away than the provider's `max_server_delay` (a daily or monthly
     /// limit). The deployment cools down fleet-wide until `until` — the
     /// reset, at most `max_quota_cooldown`, or `quota_cooldown` when none
-    /// was given — and the call goes elsewhere at once. Reported whatever
+    /// past `max_server_delay` was given — and no retry is sent there (a
+    /// retry goes to another deployment). Reported whatever
     /// cooldown was already stored, so a reader can check that nothing was
     /// admitted there before it ended.
     QuotaExhausted {

@@ -444,7 +444,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// end when this call extended it, `None` when a longer one was already
     /// in force (or `duration` is zero). The caller bounds `duration`
     /// ([`HardenedProvider`](crate::provider::HardenedProvider) at its
-    /// `max_server_delay`).
+    /// `max_server_delay`, a spent quota's at its `max_quota_cooldown`).
     pub async fn cool_down(&self, duration: Duration) -> Result<Option<Timestamp>, CacheError> {
         let step = self.run(BreakerCommand::CoolDown { duration }).await?;
         Ok(match step.writes.cooldown_until {

@@ -357,6 +357,32 @@ async fn insufficient_quota_cools_the_deployment_for_quota_cooldown() {
 }
 
 #[tokio::test]
+async fn a_short_reset_on_a_spent_account_and_a_long_503_are_not_taken_at_their_word() {
+    let rig = Rig::new(10, 5).await;
+    // Out of credit, with a proxy's one-second Retry-After: the account's
+    // quota_cooldown, not a second.
+    let spent = r#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    rig.server.push(Reply::status(429, spent).header("retry-after", "1"));
+    let provider = rig.provider(A, 0).cooldown_waits(0).build();
+    assert_eq!(
+        provider.extract::<Person>("Ann.", None).await.unwrap_err().kind(),
+        "quota_exhausted"
+    );
+    assert_eq!(quota_events(&rig), [(secs(3_600), false)]);
+    assert_eq!(refused_by_cooldown(&rig, &provider).await, secs(3_600));
+
+    // A server reloading for ten minutes is no spent quota: its cooldown
+    // is capped at max_server_delay, and no quota event is heard.
+    let rig = Rig::new(10, 5).await;
+    rig.server
+        .push(Reply::status(503, LOADING).header("retry-after", "600"));
+    let provider = rig.provider(A, 0).cooldown_waits(0).build();
+    provider.extract::<Person>("Ann.", None).await.unwrap_err();
+    assert!(quota_events(&rig).is_empty());
+    assert_eq!(refused_by_cooldown(&rig, &provider).await, secs(120));
+}
+
+#[tokio::test]
 async fn a_per_minute_429_keeps_its_short_cooldown() {
     let rig = Rig::new(10, 5).await;
     rig.server

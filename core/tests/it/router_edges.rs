@@ -608,12 +608,13 @@ async fn cooldown_waits_are_counted_across_the_call() {
     assert_eq!(waits, [1, 2]);
 }
 
-/// a's 429 asks for 600 s, over `max_server_delay`; b's circuit is half-open
-/// with another worker's probe (never remembered as refusing). A retry has
-/// nowhere to go: b refuses and a's wait is too long to honour. The call
-/// ends then, as one deployment's would on such a 429 — not after spending
-/// every remaining retry (and the fleet's retry budget) on placements that
-/// send nothing.
+/// a's 429 asks for 600 s, over `max_server_delay` (a spent quota); b's
+/// circuit is half-open with another worker's probe (never remembered as
+/// refusing). A retry has nowhere to go: b refuses and a's wait is too long
+/// to honour. The call ends then, as one deployment's would on such a 429 —
+/// not after spending every remaining retry (and the fleet's retry budget)
+/// on placements that send nothing — told to come back when b's probe
+/// lease ends, the sooner of the two.
 #[tokio::test]
 async fn a_retry_with_nowhere_to_go_but_an_unhonourable_wait_ends_the_call() {
     let (clock, cache, limiter) = setup();
@@ -631,7 +632,8 @@ async fn a_retry_with_nowhere_to_go_but_an_unhonourable_wait_ends_the_call() {
         .build();
     let e = p.extract::<String>("t", None).await.unwrap_err();
     assert_eq!((a.calls(), b.calls()), (1, 0));
-    assert_eq!(e.kind(), "cooldown", "{e}");
+    assert_eq!(e.kind(), "circuit_open", "{e}");
+    assert!(e.retry_after().is_some_and(|w| w < Duration::from_secs(600)), "{e}");
     assert_eq!(
         clock.sleeps().len(),
         1,

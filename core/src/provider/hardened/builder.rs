@@ -133,11 +133,14 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
         self
     }
 
-    /// How many refusals by a shared cooldown are slept off (each for exactly
-    /// its `retry_after`, when that fits the deadline and is no longer than
-    /// [`max_server_delay`](Self::max_server_delay): a spent quota's is
-    /// never slept) before the refusal is returned (default
-    /// [`DEFAULT_COOLDOWN_WAITS`]; `0` returns the first).
+    /// How many refusals by a shared cooldown at the call's admission are
+    /// slept off (each for exactly its `retry_after`, when that fits the
+    /// deadline and is no longer than
+    /// [`max_server_delay`](Self::max_server_delay), so a spent quota's day
+    /// is never slept) before the refusal is returned (default
+    /// [`DEFAULT_COOLDOWN_WAITS`]; `0` returns the first). A retry is not
+    /// sent inside a cooldown either: it goes to another deployment, or
+    /// waits out what its server asked within `max_server_delay`.
     pub fn cooldown_waits(mut self, n: u32) -> Self {
         self.cooldown_waits = n;
         self

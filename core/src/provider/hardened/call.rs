@@ -395,12 +395,14 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// cooldown to write there, and the answer as the call sees it. A rate
     /// limit — a 429 or 503 asking for a wait, or an exhausted
     /// `x-ratelimit-*` limit — cools it for that wait, at most
-    /// `max_server_delay`. A spent quota — `insufficient_quota`, or a
-    /// signal whose reset is further away than `max_server_delay` — cools
-    /// it until the reset (at most `max_quota_cooldown`; `quota_cooldown`
-    /// when none was given), is reported ([`Event::QuotaExhausted`]), and a
-    /// 429 saying so becomes [`ProviderError::QuotaExhausted`]: final
-    /// there, so the call goes elsewhere at once.
+    /// `max_server_delay`. A spent quota — `insufficient_quota`, or a 429
+    /// or an answer whose limit resets further away than
+    /// `max_server_delay` — cools it for
+    /// [`spent_cooldown`](HardenedProvider::spent_cooldown), is reported
+    /// ([`Event::QuotaExhausted`]), and a 429 saying so becomes
+    /// [`ProviderError::QuotaExhausted`]: final there. Only the server's
+    /// own answer counts: a hardening layer's outcome wrapping one (an
+    /// inner provider's) is no word from this deployment's server.
     fn quota_heard(
         &self,
         at: usize,
@@ -411,42 +413,36 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             Err(e) => e.quota_wait(),
         }
         .filter(|w| !w.is_zero());
-        let spent = match answer.as_ref().err().and_then(ExtractError::provider_error) {
-            Some(ProviderError::QuotaExhausted { retry_after, .. }) => Some(*retry_after),
+        let past_cap = wait.is_some_and(|w| w > self.max_server_delay);
+        let spent = match &answer {
+            Err(ExtractError::Provider(ProviderError::QuotaExhausted { retry_after, .. })) => {
+                Some(self.spent_cooldown(*retry_after))
+            }
+            // A 503's wait is a server loading or full, never a quota.
+            Err(ExtractError::Provider(ProviderError::RateLimited { .. })) | Ok(_) if past_cap => {
+                Some(self.spent_cooldown(wait))
+            }
             _ => None,
         };
-        let hard = if let Some(reset) = spent {
-            Some(match reset.filter(|r| !r.is_zero()) {
-                Some(reset) => (reset.min(self.max_quota_cooldown), true),
-                None => (self.quota_cooldown, false),
-            })
-        } else {
-            wait.filter(|w| *w > self.max_server_delay)
-                .map(|w| (w.min(self.max_quota_cooldown), true))
-        };
-        let Some((cooldown, reset_given)) = hard else {
+        let Some((cooldown, reset_given)) = spent else {
             return (answer, wait.map(|w| w.min(self.max_server_delay)));
         };
-        let now = self.clock.now();
-        self.observer.on_event(&Event::QuotaExhausted {
-            breaker: Arc::from(self.deployments[at].breaker.key_prefix()),
-            tenant: self.tenant,
-            wait: cooldown,
-            until: now.saturating_add(cooldown),
-            at: now,
-            reset_given,
-        });
+        if self.observer.enabled() {
+            let now = self.clock.now();
+            self.observer.on_event(&Event::QuotaExhausted {
+                breaker: Arc::from(self.deployments[at].breaker.key_prefix()),
+                tenant: self.tenant,
+                wait: cooldown,
+                until: now.saturating_add(cooldown),
+                at: now,
+                reset_given,
+            });
+        }
         #[cfg(feature = "mutants")]
         if crate::mutants::active(crate::mutants::Mutant::HardQuotaAsRateLimit) {
-            // A spent quota taken for a rate limit: its wait capped, or none.
-            return (
-                answer,
-                spent
-                    .is_none()
-                    .then_some(wait)
-                    .flatten()
-                    .map(|w| w.min(self.max_server_delay)),
-            );
+            // A spent quota taken for a rate limit: its wait capped, and
+            // `insufficient_quota` (no rate limit's wait) none.
+            return (answer, wait.map(|w| w.min(self.max_server_delay)));
         }
         let answer = match answer {
             Err(ExtractError::Provider(ProviderError::RateLimited { retry_after, message })) => {

@@ -28,8 +28,8 @@
 //! |---|---|
 //! | success | `record_success` |
 //! | transient failures that exhausted the schedule, or ran out of deadline | `record_failure` |
-//! | a transient failure the classifier refused to retry (a `Retry-After` over the cap) | `record_failure` |
-//! | the server answered unusably: malformed, empty, truncated, 4xx, a redirect, llama.cpp's unusable-output 500, oversized body | `record_success` — the server is up |
+//! | a transient failure the classifier refused to retry (a 503's `Retry-After` over the cap) | `record_failure` |
+//! | the server answered unusably: malformed, empty, truncated, 4xx, a spent quota, a redirect, llama.cpp's unusable-output 500, oversized body | `record_success` — the server is up |
 //! | a refusal | `record_success`, or `record_failure` with [`refusals_trip_breaker`](HardenedProviderBuilder::refusals_trip_breaker) |
 //! | no call made after admission (limiter refusal, every deployment's own limit refusing, an inner wrapper's refusal) | `release` — a half-open probe's lease ends at once, so the next caller probes |
 //!
@@ -51,8 +51,17 @@
 //! [`max_server_delay`](HardenedProviderBuilder::max_server_delay): every
 //! worker sharing the breaker's store is refused at admission until it ends,
 //! with no polling. The call itself then goes on as before (its own retry
-//! waits at least the server's delay). A call refused by a cooldown sleeps
-//! it off when the wait fits its deadline and its
+//! waits at least the server's delay). A **spent quota** — a 429
+//! `insufficient_quota`, or a 429 or an answer whose limit resets further
+//! away than `max_server_delay` (a daily or monthly cap) — cools the
+//! deployment until its reset instead (at most
+//! [`max_quota_cooldown`](HardenedProviderBuilder::max_quota_cooldown);
+//! [`quota_cooldown`](HardenedProviderBuilder::quota_cooldown) when no
+//! reset past the cap is given), reported as
+//! [`Event::QuotaExhausted`](crate::observe::Event::QuotaExhausted); the
+//! attempt ends as [`ProviderError::QuotaExhausted`], never retried there.
+//! A call refused at admission by a cooldown sleeps it off when the wait
+//! fits its deadline, `max_server_delay` and its
 //! [`cooldown_waits`](HardenedProviderBuilder::cooldown_waits) allowance,
 //! and otherwise returns [`CircuitOpen`](crate::CircuitOpen) with reason
 //! [`Refusal::Cooldown`](crate::breaker::Refusal::Cooldown) (kind `cooldown`) and the wait.
@@ -302,12 +311,9 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// the default classifier also one over `max_server_delay`; for a spent
     /// quota, until its reset (`quota_cooldown` when none was given).
     pub(super) fn server_wait(&self, error: &ExtractError) -> Option<Duration> {
-        if let Some(ProviderError::QuotaExhausted { retry_after, .. }) = error.provider_error() {
+        if let ExtractError::Provider(ProviderError::QuotaExhausted { retry_after, .. }) = error {
             // A spent quota: nothing is sent there until it resets.
-            let reset = match retry_after.filter(|r| !r.is_zero()) {
-                Some(reset) => reset.min(self.max_quota_cooldown),
-                None => self.quota_cooldown,
-            };
+            let (reset, _) = self.spent_cooldown(*retry_after);
             return (!reset.is_zero()).then_some(reset);
         }
         match self.classify(error) {
@@ -317,6 +323,18 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                 _ => None,
             },
             _ => None,
+        }
+    }
+
+    /// How long a spent quota keeps its deployment cooling down, and
+    /// whether that is the server's reset: the reset it gave when that is
+    /// further away than `max_server_delay` (at most `max_quota_cooldown`),
+    /// else `quota_cooldown` — a shorter reset on a spent account is a
+    /// per-minute bucket's or a proxy's, not the account's.
+    pub(super) fn spent_cooldown(&self, reset: Option<Duration>) -> (Duration, bool) {
+        match reset.filter(|r| *r > self.max_server_delay) {
+            Some(reset) => (reset.min(self.max_quota_cooldown), true),
+            None => (self.quota_cooldown, false),
         }
     }
 

@@ -17,9 +17,10 @@ use crate::decide::pick::weighted_pick;
 use crate::limiter::Reservation;
 use crate::observe::Event;
 use crate::provider::route::{Deferral, IN_FLIGHT_PREFIX, PickRequest, Policy, call_order, live_weights};
-use crate::provider::{ExtractError, Extracted, LlmProvider};
+use crate::provider::{ExtractError, Extracted, LlmProvider, ProviderError};
 use crate::time::Timestamp;
 
+/// One call's route: the deployments in the order it tries them, the
 /// admissions it holds, where its attempts go now, and its in-flight lease.
 pub(super) struct CallRoute {
     /// Deployment indices, in the order this call tries them.
@@ -72,8 +73,7 @@ impl CallRoute {
     }
 }
 
-/// Locks a call's route (a poisoned lock still holds a consistent route:
-
+/// Why a retry's placement holds back from a deployment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hold {
     /// Its own limit refused the attempt.
@@ -351,6 +351,13 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                 (wait, hold) => {
                     if hold == Hold::Asked {
                         self.route.stuck = wait;
+                        // A breaker that admits again sooner than the
+                        // server's wait ends is when the call may come back.
+                        if let (Some(asked), Some((refused, _))) = (wait, &circuit)
+                            && sooner(*refused, asked)
+                        {
+                            return Err(circuit.map_or(error, |(_, refusal)| refusal));
+                        }
                     }
                     return Err(error);
                 }
@@ -371,7 +378,15 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
             .and_then(|e| p.server_wait(e))
             .map(|wait| p.clock.now().saturating_add(wait));
         self.route.asked[p.holders[at]] = asked;
-        if error.is_some_and(|e| p.about_deployment(e)) {
+        // A spent quota's cooldown, heard when the attempt ended, already
+        // says for how long: an unusable deferral would cut it short.
+        let spent = match error {
+            Some(ExtractError::Provider(ProviderError::QuotaExhausted { retry_after, .. })) => {
+                !p.spent_cooldown(*retry_after).0.is_zero()
+            }
+            _ => false,
+        };
+        if !spent && error.is_some_and(|e| p.about_deployment(e)) {
             p.hear(
                 at,
                 Some((p.deployments[at].breaker.params().recovery_timeout, Deferral::Unusable)),

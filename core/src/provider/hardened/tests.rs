@@ -514,3 +514,49 @@ async fn a_call_every_breaker_refuses_while_placing_is_handed_back_the_soonest_w
     let soonest = Duration::from_secs(10) - manual.slept();
     assert_eq!(open.retry_after, soonest, "{}", open.message);
 }
+
+#[tokio::test]
+async fn a_retry_refused_everywhere_after_a_spent_quota_is_told_the_soonest_breakers_wait() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let breaker = |name: &str| {
+        Arc::new(
+            CircuitBreaker::builder()
+                .key_prefix(format!("kg:circuit:{name}"))
+                .failure_threshold(1)
+                .recovery_timeout(Duration::from_secs(20))
+                .env(Env::default().with_clock(clock.clone()))
+                .cache(cache.clone())
+                .build()
+                .unwrap(),
+        )
+    };
+    let (a, b) = (breaker("a"), breaker("b"));
+    // b's circuit was opened by another worker; this provider has not heard.
+    let permit = b.admit().await;
+    b.record_failure_for(&permit).await.unwrap();
+    let spent = Err(ProviderError::RateLimited {
+        retry_after: Some(Duration::from_secs(5 * 3_600)),
+        message: "requests per day".into(),
+    }
+    .into());
+    let (first, second) = (Scripted::new(vec![spent]), Scripted::new(vec![]));
+    let tenants = Arc::new(RateLimiter::builder(100).env(env(&clock, 1)).build().unwrap());
+    let p = HardenedProvider::over(Deployment::new(first, a), TenantId::from_u128(9), tenants)
+        .deployment(Deployment::new(second, b))
+        .retry_policy(RetryPolicy::builder().max_retries(2).jitter(0.0).build().unwrap())
+        .env(env(&clock, 1))
+        .build();
+    let Err(ExtractError::CircuitOpen(open)) = p.extract::<String>("t", None).await else {
+        panic!("both refuse");
+    };
+    // b admits again 20 s after it opened, less the backoff slept; a not
+    // for five hours.
+    assert_eq!(
+        open.retry_after,
+        Duration::from_secs(20) - clock.slept(),
+        "{}",
+        open.message
+    );
+    assert_eq!(p.deployments()[0].inner.calls.load(Ordering::SeqCst), 1);
+}

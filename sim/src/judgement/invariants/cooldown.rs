@@ -19,6 +19,9 @@ struct Written {
     at_us: u64,
     /// The cooldown's end, on the same clock as the stamp.
     until_us: u64,
+    /// Stamped by the worker's own clock, not the deciding store's: judged
+    /// in true time, whatever the cache.
+    workers_clock: bool,
 }
 
 /// Invariant 12: no call is admitted by a breaker whose store holds a
@@ -74,6 +77,7 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                         traced_us: e.t_us,
                         at_us: *at_us,
                         until_us: *until_us,
+                        workers_clock: false,
                     });
             }
             Kind::QuotaSpent {
@@ -91,22 +95,31 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                         traced_us: e.t_us,
                         at_us: *at_us,
                         until_us: *until_us,
+                        workers_clock: true,
                     });
             }
             Kind::CooldownRefused { .. } => refused += 1,
             Kind::Allowed { breaker, at_us, .. } => {
+                // Judged in true time: the admission reached the trace more
+                // than a round trip after the write did (its step ran
+                // after it), and less than the cooldown's length less a
+                // round trip after it.
+                let in_true_time = |w: &Written| {
+                    let lasts = w.until_us.saturating_sub(w.at_us);
+                    e.t_us > w.traced_us.saturating_add(trip)
+                        && e.t_us.saturating_add(trip) < w.traced_us.saturating_add(lasts)
+                };
                 let in_force = |w: &&Written| {
+                    if w.workers_clock {
+                        return in_true_time(w);
+                    }
                     if *at_us >= w.until_us {
                         return false;
                     }
                     match (shared, ctx.single_clock) {
                         (false, _) => true,
                         (true, true) => w.at_us < *at_us,
-                        (true, false) => {
-                            let lasts = w.until_us.saturating_sub(w.at_us);
-                            e.t_us > w.traced_us.saturating_add(trip)
-                                && e.t_us.saturating_add(trip) < w.traced_us.saturating_add(lasts)
-                        }
+                        (true, false) => in_true_time(w),
                     }
                 };
                 let scope = ctx.scopes.breaker(e, breaker);

@@ -94,15 +94,16 @@ type Refusals = BTreeMap<String, (u64, u64)>;
 
 /// Invariant 16: a call every breaker refused ends with an error that says
 /// when to come back — its [`retry_after`](redstring::provider::ExtractError::retry_after)
-/// is not zero, and no later than the soonest instant a refusal in the call
+/// is not zero, and it ends at the soonest instant a refusal in the call
 /// said a breaker would admit again (each breaker's latest refusal, its
-/// instant plus its wait; a zero wait says nothing and is not counted),
-/// allowing the time the call's last refusals took to arrive. So a gateway
+/// instant plus its wait; a zero wait says nothing and is not counted):
+/// no earlier (one millisecond of rounding), and no later than the time the
+/// call's last refusals took to arrive allows. So a gateway
 /// in front of redstring can answer its own caller with `Retry-After`, and
 /// that instant is the first at which a deployment may take the call.
 pub(super) fn retry_after_returned(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut calls: BTreeMap<(&str, u64), Refusals> = BTreeMap::new();
-    let (mut judged, mut silent, mut late) = (0u64, 0u64, 0u64);
+    let (mut judged, mut silent, mut early, mut late) = (0u64, 0u64, 0u64, 0u64);
     let mut verdict = Verdict::Held;
     for e in events {
         // A call's own events carry its number; its end names it itself.
@@ -159,6 +160,15 @@ pub(super) fn retry_after_returned(_ctx: &Ctx, events: &[TraceEvent]) -> Finding
                         "call {call} was refused by every breaker and handed back no wait; one admits again in {} ms",
                         soonest.saturating_sub(e.t_us) / 1000
                     ))
+                } else if e.t_us.saturating_add(handed).saturating_add(1_000) < soonest {
+                    // The soonest wait was measured before the call ended:
+                    // handed back, it can only end at or after the soonest.
+                    early += 1;
+                    Some(format!(
+                        "call {call} was told to come back in {} ms; no breaker admits again for {} ms",
+                        handed / 1000,
+                        soonest.saturating_sub(e.t_us) / 1000
+                    ))
                 } else if e.t_us.saturating_add(handed) > allowed {
                     late += 1;
                     Some(format!(
@@ -187,7 +197,7 @@ pub(super) fn retry_after_returned(_ctx: &Ctx, events: &[TraceEvent]) -> Finding
     (
         verdict,
         format!(
-            "{judged} calls refused by every breaker; {silent} handed back no wait, {late} a later one than the soonest"
+            "{judged} calls refused by every breaker; {silent} handed back no wait, {early} an earlier one than the soonest, {late} a later one"
         ),
     )
 }
@@ -326,6 +336,15 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 assert_eq!(
                     detail,
                     "call 1 was told to come back in 8000 ms; a breaker admits again in 3000 ms"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match with(ended(2_000_000, Some(1_000_000))) {
+            Verdict::Violated { detail, .. } => {
+                assert_eq!(
+                    detail,
+                    "call 1 was told to come back in 1000 ms; no breaker admits again for 3000 ms"
                 );
             }
             other => panic!("{other:?}"),
