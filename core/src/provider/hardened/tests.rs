@@ -190,6 +190,26 @@ fn breaker_named(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str)
     )
 }
 
+/// A breaker named `name` on `cache` that opens on one failure and stays
+/// open for `recovery_s` seconds.
+fn opens_on_one_failure(
+    clock: &Arc<ManualClock>,
+    cache: &Arc<MemoryCache>,
+    name: &str,
+    recovery_s: u64,
+) -> Arc<CircuitBreaker> {
+    Arc::new(
+        CircuitBreaker::builder()
+            .key_prefix(format!("kg:circuit:{name}"))
+            .failure_threshold(1)
+            .recovery_timeout(Duration::from_secs(recovery_s))
+            .env(Env::default().with_clock(clock.clone()))
+            .cache(cache.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
 #[tokio::test]
 async fn weighted_routing_shares_first_choices_by_weight() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
@@ -442,18 +462,7 @@ impl Clock for OpensOnWake {
 async fn a_call_every_breaker_refuses_while_placing_is_handed_back_the_soonest_wait() {
     let manual = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(manual.clone()));
-    let breaker = |name: &str, recovery: u64| {
-        Arc::new(
-            CircuitBreaker::builder()
-                .key_prefix(format!("kg:circuit:{name}"))
-                .failure_threshold(1)
-                .recovery_timeout(Duration::from_secs(recovery))
-                .env(Env::default().with_clock(manual.clone()))
-                .cache(cache.clone())
-                .build()
-                .unwrap(),
-        )
-    };
+    let breaker = |name: &str, recovery: u64| opens_on_one_failure(&manual, &cache, name, recovery);
     // The primary's own limit is spent for 5 s; the two others are open,
     // for 30 s and 10 s. The call is admitted at the primary, sleeps its
     // limit off, and wakes to find the primary's circuit open for 50 s.
@@ -519,18 +528,7 @@ async fn a_call_every_breaker_refuses_while_placing_is_handed_back_the_soonest_w
 async fn a_retry_refused_everywhere_after_a_spent_quota_is_told_the_soonest_breakers_wait() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let breaker = |name: &str| {
-        Arc::new(
-            CircuitBreaker::builder()
-                .key_prefix(format!("kg:circuit:{name}"))
-                .failure_threshold(1)
-                .recovery_timeout(Duration::from_secs(20))
-                .env(Env::default().with_clock(clock.clone()))
-                .cache(cache.clone())
-                .build()
-                .unwrap(),
-        )
-    };
+    let breaker = |name: &str| opens_on_one_failure(&clock, &cache, name, 20);
     let (a, b) = (breaker("a"), breaker("b"));
     // b's circuit was opened by another worker; this provider has not heard.
     let permit = b.admit().await;
