@@ -160,7 +160,11 @@ pub struct SlotRequest {
 }
 
 /// The limiter's check-and-record as one atomic step.
-pub trait LimiterStore: HitWindow {
+///
+/// The only method a store needs for [`RateLimiter::acquire`](crate::RateLimiter::acquire);
+/// [`HitWindow`] is a separate capability, needed only by
+/// [`RateLimiter::remaining`](crate::RateLimiter::remaining).
+pub trait LimiterStore: Cache {
     /// Atomically: count the hits at `key` in `[now − window, now]`; if fewer
     /// than `limit`, record a hit at `now` (as [`HitWindow::record_hit`] with
     /// `ttl`) and report what remains; otherwise record nothing and report when
@@ -172,6 +176,15 @@ pub trait LimiterStore: HitWindow {
         key: &str,
         request: SlotRequest,
     ) -> impl Future<Output = Result<SlotOutcome, CacheError>> + Send;
+
+    /// This store's [`HitWindow`], if it has one: what the limiter's
+    /// known-bad variants that split the step into separate calls run on
+    /// ([`crate::mutants`]). A store without one runs them as the real step.
+    #[cfg(feature = "mutants")]
+    #[doc(hidden)]
+    fn hit_window(&self) -> Option<&impl HitWindow> {
+        None::<&MemoryCache>
+    }
 }
 
 /// Tokens per window beside requests per window, in the same atomic step.

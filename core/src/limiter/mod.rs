@@ -23,7 +23,9 @@ use std::time::Duration;
 
 pub use error::{AcquireError, RateLimitExceeded, TokenAcquireError, TokenLimitExceeded};
 
-use crate::cache::{Cache, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TokenStore};
+use crate::cache::{
+    Cache, HitWindow, KeyBuf, LimiterStore, MAX_PREFIX_LEN, MemoryCache, SlotRequest, StoreSlot, TokenStore,
+};
 use crate::clock::Clock;
 use crate::decide::DecidedBy;
 use crate::decide::tokens;
@@ -458,7 +460,9 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// The store's step with the limiter's [`Mutant`](crate::mutants::Mutant)
     /// injected, if one is (`None`: none is, and the real step runs). Only
     /// the step changes: the answer is reported, and an unavailable store
-    /// falls back, as any other.
+    /// falls back, as any other. The variants that split the step into
+    /// separate calls need the store's [`HitWindow`]; on a store without
+    /// one (see [`LimiterStore::hit_window`]) the real step runs.
     #[cfg(feature = "mutants")]
     async fn mutated_slot(&self, key: &str, request: SlotRequest) -> Option<Result<SlotOutcome, CacheError>> {
         use crate::decide::window::decide;
@@ -469,35 +473,39 @@ impl<S: LimiterStore> RateLimiter<S> {
             // record — three calls a racing worker can interleave with, all
             // stamped by this worker's clock, as that limiter stamped them.
             Mutant::ThreeCallLimiter => {
+                let hits = self.store.hit_window()?;
                 let now = self.clock.now();
                 let since = now.saturating_sub(self.slot.window);
-                let used = match self.store.count_since(key, since).await {
+                let used = match hits.count_since(key, since).await {
                     Ok(used) => used,
                     Err(e) => return Some(Err(e)),
                 };
                 let oldest = if used < u64::from(self.slot.limit) {
                     None
                 } else {
-                    match self.store.oldest_since(key, since).await {
+                    match hits.oldest_since(key, since).await {
                         Ok(oldest) => oldest,
                         Err(e) => return Some(Err(e)),
                     }
                 };
                 let outcome = decide(used, oldest, self.slot.limit, now, self.slot.window);
                 if matches!(outcome, SlotOutcome::Admitted { .. })
-                    && let Err(e) = self.store.record_hit(key, now, request.ttl).await
+                    && let Err(e) = hits.record_hit(key, now, request.ttl).await
                 {
                     return Some(Err(e));
                 }
                 Ok(outcome)
             }
             // The atomic step, but a refusal is recorded as a hit too.
-            Mutant::RefusalsRecorded => match self.store.acquire_slot(key, request).await {
-                Ok(refused @ SlotOutcome::Refused { at, .. }) => {
-                    self.store.record_hit(key, at, request.ttl).await.map(|()| refused)
+            Mutant::RefusalsRecorded => {
+                let hits = self.store.hit_window()?;
+                match self.store.acquire_slot(key, request).await {
+                    Ok(refused @ SlotOutcome::Refused { at, .. }) => {
+                        hits.record_hit(key, at, request.ttl).await.map(|()| refused)
+                    }
+                    other => other,
                 }
-                other => other,
-            },
+            }
             // A counter per clock-aligned window: the atomic step, counting
             // only the hits since the current window began on this worker's
             // clock.
@@ -628,7 +636,13 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// `max(0, rpm − hits in the window)`. Never negative; takes no slot and
     /// records nothing. A snapshot, not a reservation — only
     /// [`acquire`](Self::acquire) grants.
-    pub async fn remaining(&self, tenant: TenantId) -> Result<u32, CacheError> {
+    ///
+    /// It reads the store's hit series, so it needs a store with the
+    /// [`HitWindow`] capability (both stores this crate ships have it).
+    pub async fn remaining(&self, tenant: TenantId) -> Result<u32, CacheError>
+    where
+        S: HitWindow,
+    {
         let key = KeyBuf::tenant(&self.prefix, &tenant);
         let since = self.clock.now().saturating_sub(self.slot.window);
         let used = self.store.count_since(key.as_str(), since).await?;

@@ -609,3 +609,54 @@ mod tokens {
         assert_eq!(e(RateLimiter::builder(1).token_lease(secs(61))), "token_lease");
     }
 }
+
+/// A store with only the limiter's one atomic step: no hit series, no
+/// key/value. It decides by `decide::window::decide` over its own list, under
+/// one lock, so it is exact.
+struct OneStepStore(std::sync::Mutex<Vec<Timestamp>>);
+
+impl redstring::cache::Cache for OneStepStore {
+    async fn close(&self) -> Result<(), redstring::CacheError> {
+        Ok(())
+    }
+}
+
+impl redstring::cache::LimiterStore for OneStepStore {
+    async fn acquire_slot(
+        &self,
+        _key: &str,
+        request: redstring::cache::SlotRequest,
+    ) -> Result<redstring::decide::window::SlotOutcome, redstring::CacheError> {
+        use redstring::decide::window::{SlotOutcome, decide};
+        let mut hits = self.0.lock().unwrap();
+        let since = request.now.saturating_sub(request.window);
+        hits.retain(|&at| at >= since);
+        let outcome = decide(
+            hits.len() as u64,
+            hits.first().copied(),
+            request.limit,
+            request.now,
+            request.window,
+        );
+        if matches!(outcome, SlotOutcome::Admitted { .. }) {
+            hits.push(request.now);
+        }
+        Ok(outcome)
+    }
+}
+
+#[tokio::test]
+async fn a_store_with_only_the_atomic_step_serves_a_limiter() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_000)));
+    let l = RateLimiter::builder(2)
+        .env(Env::default().with_clock(clock.clone()))
+        .cache(Arc::new(OneStepStore(std::sync::Mutex::new(Vec::new()))))
+        .build()
+        .unwrap();
+    assert_eq!(l.acquire(A).await.unwrap().remaining, 1);
+    assert_eq!(l.acquire(A).await.unwrap().remaining, 0);
+    let wait = refused(l.acquire(A).await).retry_after;
+    assert_eq!(wait, secs(60) + TICK);
+    clock.advance(wait);
+    assert!(l.acquire(A).await.is_ok());
+}

@@ -4,15 +4,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use redstring::DecidedBy;
-use redstring::cache::{HitWindow, LimiterStore, SlotRequest, TokenStore};
+use redstring::cache::{LimiterStore, SlotRequest, TokenStore};
 use redstring::decide::tokens::{ReservationId, TokenAsk, TokenOutcome};
 use redstring::decide::window::SlotOutcome;
 use redstring::{
     AcquireError, Cache, CacheError, Env, Event, ManualClock, MemoryCache, OnCacheUnavailable, RateLimiter,
-    RecordingObserver, TenantId, Timestamp,
+    RecordingObserver, TenantId,
 };
 
 /// A MemoryCache that answers `Unavailable` while `down` is set, or
@@ -44,21 +43,6 @@ impl Flaky {
 impl Cache for Flaky {
     async fn close(&self) -> Result<(), CacheError> {
         self.inner.close().await
-    }
-}
-
-impl HitWindow for Flaky {
-    async fn record_hit(&self, key: &str, at: Timestamp, ttl: Duration) -> Result<(), CacheError> {
-        self.check("record_hit")?;
-        self.inner.record_hit(key, at, ttl).await
-    }
-    async fn count_since(&self, key: &str, since: Timestamp) -> Result<u64, CacheError> {
-        self.check("count_since")?;
-        self.inner.count_since(key, since).await
-    }
-    async fn oldest_since(&self, key: &str, since: Timestamp) -> Result<Option<Timestamp>, CacheError> {
-        self.check("oldest_since")?;
-        self.inner.oldest_since(key, since).await
     }
 }
 

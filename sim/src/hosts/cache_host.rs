@@ -511,6 +511,11 @@ impl LimiterStore for RemoteCache {
             other => Err(unexpected("acquire_slot", &other)),
         }
     }
+
+    #[cfg(feature = "mutants")]
+    fn hit_window(&self) -> Option<&impl HitWindow> {
+        Some(self)
+    }
 }
 
 impl BreakerStore for RemoteCache {

@@ -329,6 +329,11 @@ impl LimiterStore for MemoryCache {
     async fn acquire_slot(&self, key: &str, request: SlotRequest) -> Result<SlotOutcome, CacheError> {
         self.acquire(key, &request)
     }
+
+    #[cfg(feature = "mutants")]
+    fn hit_window(&self) -> Option<&impl HitWindow> {
+        Some(self)
+    }
 }
 
 impl InFlightStore for MemoryCache {

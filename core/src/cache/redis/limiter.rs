@@ -123,6 +123,11 @@ impl LimiterStore for RedisCache {
         };
         outcome.ok_or_else(|| unexpected("acquire_slot", &reply))
     }
+
+    #[cfg(feature = "mutants")]
+    fn hit_window(&self) -> Option<&impl HitWindow> {
+        Some(self)
+    }
 }
 
 impl InFlightStore for RedisCache {
