@@ -200,6 +200,7 @@ fn bench(c: &mut Criterion) {
     let params = BreakerParams {
         failure_threshold: 5,
         recovery_timeout: Duration::from_secs(60),
+        max_recovery_timeout: Duration::from_secs(60),
         half_open_max_calls: 1,
         probe_lease: Duration::from_secs(60),
     };

@@ -99,11 +99,15 @@ pub enum Mutant {
     /// `insufficient_quota` not at all, so routing keeps coming back to a
     /// deployment that answers 429 to every request.
     HardQuotaAsRateLimit,
+    /// Every opening of the circuit lasts `recovery_timeout`, however many
+    /// times in a row its probe failed: escalation is configured but
+    /// ignored, so a server that stays down is probed at the base rate.
+    EscalationForgotten,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 21] = [
+    pub const ALL: [Mutant; 22] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -125,6 +129,7 @@ impl Mutant {
         Mutant::SkipsUnreported,
         Mutant::RetryAfterWithheld,
         Mutant::HardQuotaAsRateLimit,
+        Mutant::EscalationForgotten,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -151,6 +156,7 @@ impl Mutant {
             Mutant::SkipsUnreported => "skips_unreported",
             Mutant::RetryAfterWithheld => "retry_after_withheld",
             Mutant::HardQuotaAsRateLimit => "hard_quota_as_rate_limit",
+            Mutant::EscalationForgotten => "escalation_forgotten",
         }
     }
 
@@ -225,6 +231,9 @@ impl Mutant {
             }
             Mutant::HardQuotaAsRateLimit => {
                 "a hard quota taken for a per-minute limit: routing stayed on a provider answering 429 to every request for over 4 hours (langwatch/langwatch#7027)"
+            }
+            Mutant::EscalationForgotten => {
+                "every cooldown after a failure the same fixed length, however often it recurs (LiteLLM's one `cooldown_time`, BerriAI/litellm#871), where Envoy's outlier detection multiplies the ejection time by the ejections in a row"
             }
         }
     }

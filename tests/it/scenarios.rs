@@ -76,6 +76,7 @@ scenario_tests! {
     cache_partition => "cache-partition.toml",
     container_restart => "container-restart.toml",
     container_restart_objectives => "container-restart-objectives.toml",
+    escalating_breaker => "escalating-breaker.toml",
     flaky_network => "flaky-network.toml",
     hosted_quota => "hosted-quota.toml",
     hosted_quota_cooldown => "hosted-quota-cooldown.toml",

@@ -43,7 +43,7 @@ use crate::clock::Clock;
 use crate::env::Env;
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Listener};
-use crate::time::Timestamp;
+use crate::time::{MAX_STORED, Timestamp};
 
 /// The default failure threshold.
 pub const DEFAULT_FAILURE_THRESHOLD: u32 = 5;
@@ -170,6 +170,7 @@ impl CircuitBreaker<MemoryCache> {
         CircuitBreakerBuilder {
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             recovery_timeout: DEFAULT_RECOVERY_TIMEOUT,
+            max_recovery_timeout: None,
             half_open_max_calls: DEFAULT_HALF_OPEN_MAX_CALLS,
             probe_lease: None,
             prefix: DEFAULT_KEY_PREFIX.to_owned(),
@@ -184,6 +185,7 @@ impl CircuitBreaker<MemoryCache> {
 pub struct CircuitBreakerBuilder<S> {
     failure_threshold: u32,
     recovery_timeout: Duration,
+    max_recovery_timeout: Option<Duration>,
     half_open_max_calls: u32,
     probe_lease: Option<Duration>,
     prefix: String,
@@ -204,6 +206,20 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
     /// lifetime (default 60 s): two settings with one name.
     pub fn recovery_timeout(mut self, d: Duration) -> Self {
         self.recovery_timeout = d;
+        self
+    }
+
+    /// Escalation: the longest the circuit stays open (default:
+    /// `recovery_timeout`, no escalation). A probe that fails re-opens the
+    /// circuit for twice as long as the opening before, up to this; the
+    /// first opening after the circuit closed lasts `recovery_timeout`
+    /// again. A server that stays down is then probed less and less often,
+    /// and calls refused while open are told the longer wait. The count of
+    /// openings is stored with the circuit, so a fleet on one cache
+    /// escalates together. At least `recovery_timeout`, at most 2^53 µs
+    /// (about 285 years).
+    pub fn max_recovery_timeout(mut self, d: Duration) -> Self {
+        self.max_recovery_timeout = Some(d);
         self
     }
 
@@ -243,6 +259,7 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
         CircuitBreakerBuilder {
             failure_threshold: self.failure_threshold,
             recovery_timeout: self.recovery_timeout,
+            max_recovery_timeout: self.max_recovery_timeout,
             half_open_max_calls: self.half_open_max_calls,
             probe_lease: self.probe_lease,
             prefix: self.prefix,
@@ -284,6 +301,25 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
                 self.half_open_max_calls,
             ));
         }
+        let max_recovery_timeout = self.max_recovery_timeout.unwrap_or(self.recovery_timeout);
+        if max_recovery_timeout < self.recovery_timeout {
+            return Err(ConfigError::new(
+                "max_recovery_timeout",
+                "at least recovery_timeout",
+                format!(
+                    "{} (recovery_timeout {})",
+                    crate::time::secs(max_recovery_timeout),
+                    crate::time::secs(self.recovery_timeout)
+                ),
+            ));
+        }
+        if max_recovery_timeout.as_micros() > u128::from(MAX_STORED) {
+            return Err(ConfigError::new(
+                "max_recovery_timeout",
+                "at most 2^53 µs (about 285 years)",
+                crate::time::secs(max_recovery_timeout),
+            ));
+        }
         let probe_lease = self.probe_lease.unwrap_or(self.recovery_timeout);
         if probe_lease.is_zero() {
             return Err(ConfigError::new(
@@ -301,6 +337,7 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
         let params = BreakerParams {
             failure_threshold: self.failure_threshold,
             recovery_timeout: self.recovery_timeout,
+            max_recovery_timeout,
             half_open_max_calls: self.half_open_max_calls,
             probe_lease,
         };
@@ -345,8 +382,10 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// from the one atomic step. Never fails: an unreachable cache answers per
     /// [`OnCacheError`] (a [`Permit::Call`], or a refusal with no estimate).
     ///
-    /// Not a pure read: when the circuit is open and `recovery_timeout` has
-    /// passed, this call moves it to half-open and is itself the first probe.
+    /// Not a pure read: when the circuit is open and its open period (the
+    /// `recovery_timeout`, escalated by
+    /// [`max_recovery_timeout`](CircuitBreakerBuilder::max_recovery_timeout))
+    /// has passed, this call moves it to half-open and is itself the first probe.
     /// Report the call with [`record_success_for`](Self::record_success_for) /
     /// [`record_failure_for`](Self::record_failure_for), or hand it back with
     /// [`release`](Self::release) if it never reached the model.
@@ -383,7 +422,7 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// Whether a call should be made now — the spec's form of
     /// [`admit`](Self::admit). Never fails.
     ///
-    /// When the circuit is open and `recovery_timeout` has passed, this call
+    /// When the circuit is open and its open period has passed, this call
     /// moves it to half-open and is itself the first probe; while half-open,
     /// each `true` holds one of `half_open_max_calls` probe leases until the
     /// call is reported or the lease ends. Use [`state`](Self::state) to look
@@ -468,7 +507,8 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     }
 
     /// Seconds until an open circuit will admit a probe:
-    /// `max(0, recovery_timeout − (now − opened_at))`, zero when nothing is
+    /// `max(0, open period − (now − opened_at))` (the open period is
+    /// `recovery_timeout`, or its escalation), zero when nothing is
     /// stored. A pure read and an estimate — treat it like `Retry-After`. A
     /// refusal from [`admit`](Self::admit) already carries its wait (for a
     /// half-open circuit, until the earliest live lease ends), with no second

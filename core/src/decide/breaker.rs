@@ -27,6 +27,17 @@
 //! `record_success()` / `record_failure()`) acts on whatever state is stored,
 //! as the spec's breaker did.
 //!
+//! **Escalation** (optional): a probe that fails re-opens the circuit for
+//! longer. The openings since the circuit last closed are counted
+//! ([`BreakerKeys::openings`]), and the `n`-th stays open
+//! `min(recovery_timeout × 2^(n−1), max_recovery_timeout)` ([`open_period`]),
+//! as Envoy's outlier detection multiplies its ejection time by the number
+//! of ejections in a row: a server that stays down is probed less and less
+//! often, and one that recovers is back at the base period once a probe
+//! succeeds. The count is written in the same step as the opening, so a
+//! fleet agrees on it. `max_recovery_timeout = recovery_timeout` (the
+//! default) is the spec's fixed period.
+//!
 //! **Cooldowns** sit beside the circuit: a server's quota signal (a 429 or
 //! 503 with `Retry-After`, `x-ratelimit-remaining-*: 0` with its reset)
 //! becomes [`BreakerCommand::CoolDown`], which stores `cooldown_until`, a
@@ -93,8 +104,14 @@ pub const MAX_HALF_OPEN_CALLS: u32 = 1000;
 pub struct BreakerParams {
     /// Failures (within one `recovery_timeout` of the first) that open the circuit.
     pub failure_threshold: u32,
-    /// How long the circuit stays open before probing; also the failure count's TTL.
+    /// How long the circuit stays open before probing after its first
+    /// opening; also the failure count's TTL.
     pub recovery_timeout: Duration,
+    /// The longest an escalated opening lasts: each consecutive opening
+    /// (a failed probe re-opening the circuit) doubles the open period, up
+    /// to this (see [`open_period`]). Equal to `recovery_timeout`: no
+    /// escalation, the spec's behaviour.
+    pub max_recovery_timeout: Duration,
     /// Probes live at once in a half-open episode, the transitioning call included.
     pub half_open_max_calls: u32,
     /// How long a probe counts without reporting or being released.
@@ -104,7 +121,7 @@ pub struct BreakerParams {
 /// The keys one breaker's state lives under.
 ///
 /// The spec's `{key_prefix}:{name}` with the prefix wrapped in braces —
-/// `{kg:circuit}:state` — so that on Redis Cluster all five hash to one slot and
+/// `{kg:circuit}:state` — so that on Redis Cluster all six hash to one slot and
 /// a transition can be one script.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -120,6 +137,9 @@ pub struct BreakerKeys {
     /// The end of a shared cooldown, as decimal epoch microseconds on the
     /// stamping clock; it expires with the cooldown.
     pub cooldown_until: String,
+    /// Consecutive openings since the circuit last closed, as a decimal
+    /// count: what escalates the open period.
+    pub openings: String,
 }
 
 impl BreakerKeys {
@@ -132,18 +152,20 @@ impl BreakerKeys {
             opened_at: k("opened_at"),
             probes: k("probes"),
             cooldown_until: k("cooldown_until"),
+            openings: k("openings"),
         }
     }
 
-    /// All five keys, in the order the stores read them: state, failures,
-    /// opened_at, probes, cooldown_until.
-    pub fn all(&self) -> [&str; 5] {
+    /// All six keys, in the order the stores read them: state, failures,
+    /// opened_at, probes, cooldown_until, openings.
+    pub fn all(&self) -> [&str; 6] {
         [
             &self.state,
             &self.failures,
             &self.opened_at,
             &self.probes,
             &self.cooldown_until,
+            &self.openings,
         ]
     }
 }
@@ -199,6 +221,13 @@ const MAX_STORED_MICROS: u64 = crate::time::MAX_STORED;
 /// Anything else is damage and reads as no cooldown.
 pub fn decode_cooldown(stored: &str) -> Option<Timestamp> {
     stored_number(stored).map(Timestamp::from_micros)
+}
+
+/// Parses a stored count of openings: a stored number (1 to 16 decimal
+/// digits) that fits a `u32`. Anything else is damage and reads as no count
+/// (the first opening).
+pub fn decode_openings(stored: &str) -> Option<u32> {
+    stored_u32(stored)
 }
 
 fn stored_u32(token: &str) -> Option<u32> {
@@ -283,6 +312,9 @@ pub struct BreakerSnapshot {
     pub probes: Option<ProbeLeases>,
     /// When the shared cooldown ends; `None` when absent or damaged.
     pub cooldown_until: Option<Timestamp>,
+    /// Consecutive openings since the circuit last closed; `None` when
+    /// absent or not a number.
+    pub openings: Option<u32>,
 }
 
 impl BreakerSnapshot {
@@ -293,23 +325,20 @@ impl BreakerSnapshot {
         opened_at: None,
         probes: None,
         cooldown_until: None,
+        openings: None,
     };
 
-    /// Decodes the five stored strings (in [`BreakerKeys::all`]'s order), as
+    /// Decodes the six stored strings (in [`BreakerKeys::all`]'s order), as
     /// any adapter reads them.
-    pub fn decode(
-        state: Option<&str>,
-        failures: Option<&str>,
-        opened_at: Option<&str>,
-        probes: Option<&str>,
-        cooldown_until: Option<&str>,
-    ) -> Self {
+    pub fn decode(stored: [Option<&str>; 6]) -> Self {
+        let [state, failures, opened_at, probes, cooldown_until, openings] = stored;
         BreakerSnapshot {
             state: StoredState::read(state),
             failures: failures.and_then(|s| s.parse().ok()),
             opened_at: opened_at.and_then(Timestamp::parse_secs),
             probes: probes.and_then(ProbeLeases::decode),
             cooldown_until: cooldown_until.and_then(decode_cooldown),
+            openings: openings.and_then(decode_openings),
         }
     }
 
@@ -347,6 +376,9 @@ pub trait BreakerView {
     fn probes(&self) -> Option<ProbeLeases>;
     /// When the shared cooldown ends; `None` when absent, expired or damaged.
     fn cooldown_until(&self) -> Option<Timestamp>;
+    /// Consecutive openings since the circuit last closed; `None` when
+    /// absent or damaged.
+    fn openings(&self) -> Option<u32>;
 }
 
 impl BreakerView for BreakerSnapshot {
@@ -364,6 +396,9 @@ impl BreakerView for BreakerSnapshot {
     }
     fn cooldown_until(&self) -> Option<Timestamp> {
         self.cooldown_until
+    }
+    fn openings(&self) -> Option<u32> {
+        self.openings
     }
 }
 
@@ -505,6 +540,8 @@ pub struct Writes {
     /// The cooldown's end; a `Set` carries a TTL of `cooldown_until − now`,
     /// so the key expires with the cooldown.
     pub cooldown_until: Write<Timestamp>,
+    /// The count of consecutive openings.
+    pub openings: Write<u32>,
 }
 
 impl Writes {
@@ -515,6 +552,7 @@ impl Writes {
         opened_at: Write::Keep,
         probes: Write::Keep,
         cooldown_until: Write::Keep,
+        openings: Write::Keep,
     };
 
     /// Whether any key changes.
@@ -551,25 +589,59 @@ impl BreakerStep {
     }
 }
 
-/// Whether an open circuit opened at `opened_at` may probe at `now`. A
-/// missing timestamp means recovery is due.
-pub fn recovery_due(opened_at: Option<Timestamp>, params: &BreakerParams, now: Timestamp) -> bool {
+/// The most doublings an escalated open period takes: past it every
+/// period is the cap (a recovery timeout of 1 µs doubled 64 times is
+/// already 584 000 years).
+pub const MAX_DOUBLINGS: u32 = 64;
+
+/// How long the circuit stays open after its `openings`-th consecutive
+/// opening: `min(recovery_timeout × 2^(openings − 1), max_recovery_timeout)`,
+/// with at most [`MAX_DOUBLINGS`] doublings. No count (absent or damaged)
+/// and a count of zero read as the first opening. With
+/// `max_recovery_timeout ≤ recovery_timeout` it is `recovery_timeout`
+/// whatever the count.
+pub fn open_period(params: &BreakerParams, openings: Option<u32>) -> Duration {
+    let base = params.recovery_timeout;
+    let cap = params.max_recovery_timeout;
+    if cap <= base {
+        return base;
+    }
+    let doublings = openings.unwrap_or(1).saturating_sub(1).min(MAX_DOUBLINGS);
+    let mut escalated = if mutants::active(Mutant::EscalationForgotten) {
+        0
+    } else {
+        base.as_micros() << doublings
+    };
+    escalated = escalated.max(base.as_micros());
+    let micros = escalated.min(cap.as_micros());
+    Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX))
+}
+
+/// Whether an open circuit opened at `opened_at` (its `openings`-th
+/// consecutive opening) may probe at `now`. A missing timestamp means
+/// recovery is due.
+pub fn recovery_due(
+    opened_at: Option<Timestamp>,
+    openings: Option<u32>,
+    params: &BreakerParams,
+    now: Timestamp,
+) -> bool {
     match opened_at {
         None => true,
-        Some(t) => now.saturating_duration_since(t) >= params.recovery_timeout,
+        Some(t) => now.saturating_duration_since(t) >= open_period(params, openings),
     }
 }
 
-/// Seconds until an open circuit will admit a probe:
-/// `max(0, recovery_timeout − (now − opened_at))`; zero with no `opened_at`.
+/// How long until an open circuit will admit a probe:
+/// `max(0, open period − (now − opened_at))`; zero with no `opened_at`.
 pub fn retry_after(snapshot: &BreakerSnapshot, params: &BreakerParams, now: Timestamp) -> Duration {
-    open_wait(snapshot.opened_at, params, now)
+    open_wait(snapshot.opened_at, snapshot.openings, params, now)
 }
 
-fn open_wait(opened_at: Option<Timestamp>, params: &BreakerParams, now: Timestamp) -> Duration {
+fn open_wait(opened_at: Option<Timestamp>, openings: Option<u32>, params: &BreakerParams, now: Timestamp) -> Duration {
     match opened_at {
         None => Duration::ZERO,
-        Some(t) => params.recovery_timeout.saturating_sub(now.saturating_duration_since(t)),
+        Some(t) => open_period(params, openings).saturating_sub(now.saturating_duration_since(t)),
     }
 }
 
@@ -641,7 +713,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
             Closed
         }
         (BreakerCommand::Allow, Open) => {
-            if recovery_due(stored.opened_at(), params, now) {
+            if recovery_due(stored.opened_at(), stored.openings(), params, now) {
                 // The transitioning call is itself the first probe.
                 let (mut leases, id) = first_probe(params, now);
                 if mutants::active(Mutant::TransitionNotProbe) {
@@ -654,7 +726,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
             } else {
                 permit = Some(Permit::Refused {
                     state: Open,
-                    retry_after: open_wait(stored.opened_at(), params, now),
+                    retry_after: open_wait(stored.opened_at(), stored.openings(), params, now),
                     reason: Refusal::Circuit,
                 });
                 Open
@@ -708,7 +780,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
             let failures = stored.failures();
             let count = failures.map_or(1, |n| n.saturating_add(1));
             if count >= params.failure_threshold {
-                writes = open_now(now);
+                writes = open_now(now, 1);
                 Open
             } else {
                 writes.failures = match failures {
@@ -728,7 +800,8 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
         }
         (BreakerCommand::RecordFailure(origin), HalfOpen) => {
             if decides_episode(stored, origin, now) {
-                writes = open_now(now);
+                // One more consecutive opening: the circuit never closed.
+                writes = open_now(now, stored.openings().unwrap_or(1).saturating_add(1));
                 Open
             } else {
                 HalfOpen
@@ -798,18 +871,21 @@ fn lease_end(params: &BreakerParams, now: Timestamp) -> Timestamp {
     now.saturating_add(params.probe_lease)
 }
 
-fn open_now(now: Timestamp) -> Writes {
+/// Opens the circuit at `now`, its `openings`-th consecutive opening.
+fn open_now(now: Timestamp, openings: u32) -> Writes {
     Writes {
         state: Write::Set(CircuitState::Open),
         failures: FailuresWrite::Delete,
         opened_at: Write::Set(now),
         probes: Write::Delete,
         cooldown_until: Write::Keep,
+        openings: Write::Set(openings),
     }
 }
 
-/// Clears the circuit's four keys; a cooldown is the server's word, not the
-/// circuit's, and outlives a closing (only `Reset` clears it).
+/// Clears the circuit's five keys, its count of openings included; a
+/// cooldown is the server's word, not the circuit's, and outlives a closing
+/// (only `Reset` clears it).
 fn clear_all() -> Writes {
     Writes {
         state: Write::Delete,
@@ -817,6 +893,7 @@ fn clear_all() -> Writes {
         opened_at: Write::Delete,
         probes: Write::Delete,
         cooldown_until: Write::Keep,
+        openings: Write::Delete,
     }
 }
 
@@ -852,6 +929,11 @@ pub fn apply(snapshot: &BreakerSnapshot, writes: &Writes) -> BreakerSnapshot {
         Write::Set(t) => next.cooldown_until = Some(t),
         Write::Delete => next.cooldown_until = None,
     }
+    match writes.openings {
+        Write::Keep => {}
+        Write::Set(n) => next.openings = Some(n),
+        Write::Delete => next.openings = None,
+    }
     next
 }
 
@@ -863,12 +945,15 @@ mod tests {
         BreakerParams {
             failure_threshold: threshold,
             recovery_timeout: Duration::from_secs(timeout_s),
+            max_recovery_timeout: Duration::from_secs(timeout_s),
             half_open_max_calls: probes,
             probe_lease: Duration::from_secs(timeout_s),
         }
     }
 
     const FAIL: BreakerCommand = BreakerCommand::RecordFailure(Origin::Untracked);
+
+    const TICK_1US: Duration = Duration::from_micros(1);
 
     fn secs(n: u64) -> Duration {
         Duration::from_secs(n)
@@ -883,6 +968,7 @@ mod tests {
             opened_at: Some(t),
             probes: None,
             cooldown_until: None,
+            openings: None,
         }
     }
 
@@ -950,7 +1036,7 @@ mod tests {
     #[test]
     fn a_large_unreadable_state_is_reported_by_excerpt() {
         let big = "x".repeat(1 << 20);
-        let snap = BreakerSnapshot::decode(Some(&big), None, None, None, None);
+        let snap = BreakerSnapshot::decode([Some(&big), None, None, None, None, None]);
         let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
         let shown = s.unreadable.expect("reported");
         assert!(shown.len() <= EXCERPT_BYTES + 32, "{} bytes", shown.len());
@@ -964,7 +1050,7 @@ mod tests {
 
     #[test]
     fn unreadable_state_is_closed_and_reported() {
-        let snap = BreakerSnapshot::decode(Some("bogus"), None, None, None, None);
+        let snap = BreakerSnapshot::decode([Some("bogus"), None, None, None, None, None]);
         let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
         assert_eq!(s.permit, Some(Permit::Call));
         assert_eq!(s.before, CircuitState::Closed);
@@ -1117,7 +1203,7 @@ mod tests {
 
     #[test]
     fn a_damaged_lease_record_starts_a_fresh_episode() {
-        let snap = BreakerSnapshot::decode(Some("half_open"), None, None, Some("1 2 x"), None);
+        let snap = BreakerSnapshot::decode([Some("half_open"), None, None, Some("1 2 x"), None, None]);
         assert_eq!(snap.probes, None);
         let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
         assert_eq!(probe_of(&s), ProbeId { episode: T0, seq: 1 });
@@ -1161,6 +1247,106 @@ mod tests {
         let failed = step(&snap, FAIL, &p, T0);
         assert_eq!(failed.writes.failures, FailuresWrite::Create);
         assert_eq!(failed.writes.cooldown_until, Write::Keep);
+    }
+
+    /// Threshold 1, 10 s recovery escalating to at most 45 s.
+    fn escalating() -> BreakerParams {
+        BreakerParams {
+            max_recovery_timeout: secs(45),
+            ..params(1, 10, 1)
+        }
+    }
+
+    /// Runs `command` on `snap` at `now` and applies its writes.
+    fn stepped(
+        snap: &BreakerSnapshot,
+        command: BreakerCommand,
+        p: &BreakerParams,
+        now: Timestamp,
+    ) -> (BreakerStep, BreakerSnapshot) {
+        let s = step(snap, command, p, now);
+        let next = apply(snap, &s.writes);
+        (s, next)
+    }
+
+    #[test]
+    fn each_failed_probe_doubles_the_open_period_up_to_the_cap() {
+        let p = escalating();
+        let (opened, mut snap) = stepped(&BreakerSnapshot::EMPTY, FAIL, &p, T0);
+        assert_eq!(opened.writes.openings, Write::Set(1));
+        let mut at = T0;
+        // 10 s, then 20, 40, and 45 (the cap) for every opening after.
+        for (n, period) in [(1u32, 10u64), (2, 20), (3, 40), (4, 45), (5, 45)] {
+            assert_eq!(snap.openings, Some(n));
+            let early = step(
+                &snap,
+                BreakerCommand::Allow,
+                &p,
+                at.saturating_add(secs(period) - TICK_1US),
+            );
+            assert_eq!(
+                early.permit,
+                Some(Permit::Refused {
+                    state: CircuitState::Open,
+                    retry_after: TICK_1US,
+                    reason: Refusal::Circuit,
+                }),
+                "opening {n} lasts {period} s"
+            );
+            at = at.saturating_add(secs(period));
+            let (probe, half) = stepped(&snap, BreakerCommand::Allow, &p, at);
+            let Some(Permit::Probe(id)) = probe.permit else {
+                panic!("opening {n} ends after {period} s: {:?}", probe.permit)
+            };
+            let (failed, next) = stepped(&half, BreakerCommand::RecordFailure(Origin::Probe(id)), &p, at);
+            assert_eq!(failed.after, CircuitState::Open);
+            assert_eq!(failed.writes.openings, Write::Set(n + 1));
+            snap = next;
+        }
+    }
+
+    #[test]
+    fn a_closing_resets_the_escalation_and_a_reset_clears_it() {
+        let p = escalating();
+        let mut snap = open_at(T0);
+        snap.openings = Some(3);
+        // The third opening lasts 40 s: a probe at 40 s succeeds and closes.
+        let due = T0.saturating_add(secs(40));
+        let (probe, half) = stepped(&snap, BreakerCommand::Allow, &p, due);
+        let Some(Permit::Probe(id)) = probe.permit else {
+            panic!("{:?}", probe.permit)
+        };
+        let (closed, closed_snap) = stepped(&half, BreakerCommand::RecordSuccess(Origin::Probe(id)), &p, due);
+        assert_eq!(closed.after, CircuitState::Closed);
+        assert_eq!(closed.writes.openings, Write::Delete);
+        // The next opening is a first one again: 10 s.
+        let (_, reopened) = stepped(&closed_snap, FAIL, &p, due);
+        assert_eq!(reopened.openings, Some(1));
+        assert_eq!(retry_after(&reopened, &p, due), secs(10));
+        assert_eq!(
+            step(&snap, BreakerCommand::Reset, &p, T0).writes.openings,
+            Write::Delete
+        );
+    }
+
+    #[test]
+    fn without_a_higher_cap_or_with_a_damaged_count_the_period_is_the_recovery_timeout() {
+        let fixed = params(1, 10, 1);
+        for openings in [None, Some(0), Some(1), Some(7), Some(u32::MAX)] {
+            assert_eq!(open_period(&fixed, openings), secs(10), "{openings:?}");
+        }
+        let p = escalating();
+        assert_eq!(open_period(&p, None), secs(10), "no count is a first opening");
+        assert_eq!(open_period(&p, Some(0)), secs(10));
+        assert_eq!(
+            open_period(&p, Some(u32::MAX)),
+            secs(45),
+            "no overflow past 64 doublings"
+        );
+        for damaged in ["", "-1", "x", "4294967296", "99999999999999999"] {
+            assert_eq!(decode_openings(damaged), None, "{damaged:?}");
+        }
+        assert_eq!(decode_openings("4294967295"), Some(u32::MAX));
     }
 
     #[test]
@@ -1235,7 +1421,7 @@ mod tests {
         for damaged in ["", "x", "-1", "1.5", "99999999999999999", "9007199254740993"] {
             assert_eq!(decode_cooldown(damaged), None, "{damaged:?}");
         }
-        let snap = BreakerSnapshot::decode(None, None, None, None, Some("junk"));
+        let snap = BreakerSnapshot::decode([None, None, None, None, Some("junk"), None]);
         assert_eq!(snap.cooldown_until, None);
     }
 

@@ -105,6 +105,8 @@ checks!(
     breaker_read_changes_nothing,
     breaker_probe_leases_expire_and_late_reports_change_nothing,
     breaker_release_frees_exactly_its_own_probe,
+    breaker_failed_probes_escalate_the_open_period_until_a_close,
+    racing_failed_probes_escalate_once_per_episode,
     breaker_cooldown_refuses_until_it_ends_and_is_never_shortened,
     breaker_cooldown_opens_nothing_and_holds_back_the_probe,
     breaker_cooldown_expires_with_its_ttl,
@@ -473,6 +475,7 @@ fn params(threshold: u32, timeout: Duration, probes: u32) -> BreakerParams {
     BreakerParams {
         failure_threshold: threshold,
         recovery_timeout: timeout,
+        max_recovery_timeout: timeout,
         half_open_max_calls: probes,
         probe_lease: timeout,
     }
@@ -706,6 +709,106 @@ async fn breaker_probe_leases_expire_and_late_reports_change_nothing<H: Harness>
         .await
         .unwrap();
     assert_eq!(closed.after, CircuitState::Closed);
+}
+
+/// Escalation: each failed probe re-opens for twice as long, up to the cap;
+/// the count is stored and readable; a close starts again at the base.
+async fn breaker_failed_probes_escalate_the_open_period_until_a_close<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = BreakerKeys::new("compliance-escalation");
+    let p = BreakerParams {
+        max_recovery_timeout: secs(50),
+        ..params(1, secs(10), 1)
+    };
+    let mut at = h.now();
+    open_circuit(&*c, &keys, p, at).await;
+    for (n, period) in [(1, 10), (2, 20), (3, 40), (4, 50)] {
+        assert_eq!(
+            c.get(&keys.openings).await.unwrap().as_deref(),
+            Some(n.to_string().as_str()),
+            "opening {n} is counted"
+        );
+        let early = c
+            .breaker_step(&keys, BreakerCommand::Allow, p, at.saturating_add(secs(period - 1)))
+            .await
+            .unwrap();
+        assert_eq!(
+            early.permit,
+            Some(Permit::Refused {
+                state: CircuitState::Open,
+                retry_after: secs(1),
+                reason: Refusal::Circuit,
+            }),
+            "opening {n} lasts {period} s"
+        );
+        at = at.saturating_add(secs(period));
+        let id = probe(&c.breaker_step(&keys, BreakerCommand::Allow, p, at).await.unwrap());
+        let failed = c
+            .breaker_step(&keys, BreakerCommand::RecordFailure(Origin::Probe(id)), p, at)
+            .await
+            .unwrap();
+        assert_eq!(failed.after, CircuitState::Open);
+    }
+    // The fifth opening is capped at 50 s too; a probe then succeeds.
+    at = at.saturating_add(secs(50));
+    let id = probe(&c.breaker_step(&keys, BreakerCommand::Allow, p, at).await.unwrap());
+    let closed = c
+        .breaker_step(&keys, BreakerCommand::RecordSuccess(Origin::Probe(id)), p, at)
+        .await
+        .unwrap();
+    assert_eq!(closed.after, CircuitState::Closed);
+    assert_eq!(c.get(&keys.openings).await.unwrap(), None, "a close clears the count");
+    c.breaker_step(&keys, FAILURE, p, at).await.unwrap();
+    let (snapshot, _) = c.breaker_read(&keys, at).await.unwrap();
+    assert_eq!(snapshot.openings, Some(1));
+    let step = c
+        .breaker_step(&keys, BreakerCommand::Allow, p, at.saturating_add(secs(10)))
+        .await
+        .unwrap();
+    assert!(step.allowed(), "the first opening after a close lasts the base period");
+}
+
+/// Eight probes of one episode fail at once: the first report re-opens the
+/// circuit and counts one opening; the others arrive at an open circuit and
+/// change nothing, so the period doubles once, not eight times.
+async fn racing_failed_probes_escalate_once_per_episode<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = Arc::new(BreakerKeys::new("compliance-escalation-race"));
+    let p = BreakerParams {
+        max_recovery_timeout: secs(10_000),
+        ..params(1, secs(10), 8)
+    };
+    let t = h.now();
+    open_circuit(&*c, &keys, p, t).await;
+    let due = t.saturating_add(secs(10));
+    let mut probes = Vec::new();
+    for _ in 0..8 {
+        probes.push(probe(
+            &c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap(),
+        ));
+    }
+    let tasks: Vec<_> = probes
+        .into_iter()
+        .map(|id| {
+            let (c, keys) = (c.clone(), keys.clone());
+            let fail = BreakerCommand::RecordFailure(Origin::Probe(id));
+            tokio::spawn(async move { c.breaker_step(&keys, fail, p, due).await })
+        })
+        .collect();
+    let mut reopened = 0;
+    for task in tasks {
+        if task.await.expect("task panicked").unwrap().before == CircuitState::HalfOpen {
+            reopened += 1;
+        }
+    }
+    assert_eq!(reopened, 1, "one report decides the episode");
+    let (snapshot, _) = c.breaker_read(&keys, due).await.unwrap();
+    assert_eq!(snapshot.openings, Some(2));
+    assert_eq!(
+        crate::decide::breaker::retry_after(&snapshot, &p, due),
+        secs(20),
+        "the second opening lasts twice the first, once"
+    );
 }
 
 async fn breaker_release_frees_exactly_its_own_probe<H: Harness>(h: &H) {

@@ -143,6 +143,54 @@ async fn a_failed_probe_reopens_at_once_with_a_fresh_timeout() {
     );
 }
 
+#[test]
+fn escalation_is_off_by_default_and_a_cap_below_the_timeout_or_past_2_53_us_is_refused() {
+    let b = CircuitBreaker::builder().recovery_timeout(secs(30)).build().unwrap();
+    assert_eq!(b.params().max_recovery_timeout, secs(30), "no escalation unless asked");
+    let low = CircuitBreaker::builder()
+        .recovery_timeout(secs(30))
+        .max_recovery_timeout(secs(10))
+        .build()
+        .unwrap_err();
+    assert_eq!(low.field, "max_recovery_timeout");
+    assert_eq!(
+        low.to_string(),
+        "max_recovery_timeout must be at least recovery_timeout, got 10 (recovery_timeout 30)"
+    );
+    let huge = CircuitBreaker::builder()
+        .max_recovery_timeout(Duration::from_micros((1 << 53) + 1))
+        .build()
+        .unwrap_err();
+    assert_eq!(huge.field, "max_recovery_timeout");
+}
+
+#[tokio::test]
+async fn a_probe_that_keeps_failing_reopens_for_longer_each_time_up_to_the_cap() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let b = CircuitBreaker::builder()
+        .failure_threshold(1)
+        .recovery_timeout(secs(30))
+        .max_recovery_timeout(secs(100))
+        .env(Env::default().with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    fail(&b, 1).await;
+    for period in [30, 60, 100, 100] {
+        assert_eq!(b.retry_after().await.unwrap(), secs(period));
+        clock.advance(secs(period - 1));
+        assert!(!b.allow_request().await, "still open a second before {period} s");
+        clock.advance(secs(1));
+        assert!(b.allow_request().await, "a probe after {period} s");
+        b.record_failure().await.unwrap();
+    }
+    // A probe that succeeds closes the circuit; the next opening is 30 s again.
+    clock.advance(secs(100));
+    assert!(b.allow_request().await);
+    b.record_success().await.unwrap();
+    fail(&b, 1).await;
+    assert_eq!(b.retry_after().await.unwrap(), secs(30));
+}
+
 #[tokio::test]
 async fn success_from_half_open_clears_failures_timestamp_and_probes() {
     let r = rig(2, 30, 1);

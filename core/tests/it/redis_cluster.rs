@@ -116,10 +116,12 @@ async fn breaker_keys_spanning_slots_are_refused_before_sending() {
         opened_at: "br-opened".to_owned(),
         probes: "br-probes".to_owned(),
         cooldown_until: "br-cooldown".to_owned(),
+        openings: "br-openings".to_owned(),
     };
     let params = BreakerParams {
         failure_threshold: 1,
         recovery_timeout: Duration::from_secs(30),
+        max_recovery_timeout: Duration::from_secs(30),
         half_open_max_calls: 1,
         probe_lease: Duration::from_secs(10),
     };

@@ -132,6 +132,7 @@ async fn racing_admissions_never_pass_a_cooldown_once_it_is_written() {
     let params = BreakerParams {
         failure_threshold: 3,
         recovery_timeout: secs(30),
+        max_recovery_timeout: secs(30),
         half_open_max_calls: 1,
         probe_lease: secs(30),
     };

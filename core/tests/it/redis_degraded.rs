@@ -31,6 +31,7 @@ fn params() -> BreakerParams {
     BreakerParams {
         failure_threshold: 1,
         recovery_timeout: Duration::from_secs(60),
+        max_recovery_timeout: Duration::from_secs(60),
         half_open_max_calls: 1,
         probe_lease: Duration::from_secs(60),
     }

@@ -866,13 +866,14 @@ mod tests {
 
     #[test]
     fn a_breaker_snapshot_survives_the_wire() {
-        let snapshot = BreakerSnapshot::decode(
+        let snapshot = BreakerSnapshot::decode([
             Some("half_open"),
             Some("2"),
             Some("1700000000.5"),
             None,
             Some("1700000000750000"),
-        );
+            Some("3"),
+        ]);
         let reply = WireReply::Snapshot {
             snapshot: snapshot.clone(),
             at: Timestamp::from_micros(1_700_000_000_250_000),

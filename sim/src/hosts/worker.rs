@@ -308,6 +308,9 @@ fn deployment<S: BreakerStore>(
     if let Some(lease) = h.probe_lease_s {
         breaker = breaker.probe_lease(secs(lease));
     }
+    if let Some(max) = h.max_recovery_timeout_s {
+        breaker = breaker.max_recovery_timeout(secs(max));
+    }
     let breaker = Arc::new(breaker.cache(store.clone()).build()?);
     let inner: Box<dyn HttpTransport> = match &plan.net {
         Net::Sim(ports) => Box::new(SimTransport::on(&plan.name, trace.clone(), ports.clone())),

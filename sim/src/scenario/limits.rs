@@ -13,7 +13,7 @@
 //!
 //! | field | range |
 //! |---|---|
-//! | every `*_s` duration of `hardening` (`window_s`, `recovery_timeout_s`, `probe_lease_s`, `initial_delay_s`, `max_delay_s`, `request_timeout_s`, `deadline_s`) | [`MIN_SECONDS`] ..= [`MAX_SECONDS`] |
+//! | every `*_s` duration of `hardening` (`window_s`, `recovery_timeout_s`, `max_recovery_timeout_s`, `probe_lease_s`, `initial_delay_s`, `max_delay_s`, `request_timeout_s`, `deadline_s`) | [`MIN_SECONDS`] ..= [`MAX_SECONDS`] |
 //! | `duration_s` | one tick ..= one day |
 //! | `servers[].reload_s`, `behaviour.retry_after_s` | 0 ..= [`MAX_SECONDS`] |
 //! | `network.*_latency_ms`, `cache.timeout_ms`, a `latency` fault's `ms` | ..= [`MAX_LATENCY_MS`] |

@@ -15,6 +15,11 @@ pub struct Hardening {
     pub failure_threshold: u32,
     /// Breaker open time, and the failure count's lifetime.
     pub recovery_timeout_s: f64,
+    /// Escalation: the longest a circuit stays open (the breaker's
+    /// `max_recovery_timeout`). Each probe that fails re-opens the circuit
+    /// for twice as long as before, up to this; a close starts again at
+    /// `recovery_timeout_s`. Unset: no escalation.
+    pub max_recovery_timeout_s: Option<f64>,
     /// Probes per half-open episode.
     pub half_open_max_calls: u32,
     /// How long a half-open probe counts without reporting (the breaker's
@@ -135,6 +140,7 @@ impl Default for Hardening {
             window_s: 60.0,
             failure_threshold: 5,
             recovery_timeout_s: 60.0,
+            max_recovery_timeout_s: None,
             half_open_max_calls: 1,
             probe_lease_s: None,
             max_retries: 3,
@@ -156,6 +162,16 @@ impl Default for Hardening {
 }
 
 impl Hardening {
+    /// The longest a circuit stays open, with the name of the setting that
+    /// says so: `max_recovery_timeout_s` with escalation, else
+    /// `recovery_timeout_s`.
+    pub fn longest_open_s(&self) -> (f64, &'static str) {
+        match self.max_recovery_timeout_s {
+            Some(max) if max > self.recovery_timeout_s => (max, "max_recovery_timeout_s"),
+            _ => (self.recovery_timeout_s, "recovery_timeout_s"),
+        }
+    }
+
     /// The retry schedule these settings describe.
     pub fn retry_policy(&self) -> Result<redstring::RetryPolicy, redstring::ConfigError> {
         let secs = |s: f64| std::time::Duration::try_from_secs_f64(s).unwrap_or(std::time::Duration::MAX);

@@ -189,6 +189,9 @@ impl Scenario {
         if let Some(lease) = h.probe_lease_s {
             e.seconds("hardening.probe_lease_s", lease)?;
         }
+        if let Some(max) = h.max_recovery_timeout_s {
+            e.seconds("hardening.max_recovery_timeout_s", max)?;
+        }
         e.at_most(
             "hardening.max_retries",
             u64::from(h.max_retries),
@@ -260,6 +263,7 @@ impl Scenario {
             let ours = match core {
                 "window_seconds" => "window_s",
                 "recovery_timeout" => "recovery_timeout_s",
+                "max_recovery_timeout" => "max_recovery_timeout_s",
                 "probe_lease" => "probe_lease_s",
                 "initial_delay" => "initial_delay_s",
                 "max_delay" => "max_delay_s",
@@ -284,6 +288,9 @@ impl Scenario {
             .env(env.clone());
         if let Some(lease) = h.probe_lease_s {
             breaker = breaker.probe_lease(seconds(lease));
+        }
+        if let Some(max) = h.max_recovery_timeout_s {
+            breaker = breaker.max_recovery_timeout(seconds(max));
         }
         breaker.build().map_err(|bad| refused(hardening(bad.field), bad))?;
         h.retry_policy().map_err(|bad| refused(hardening(bad.field), bad))?;

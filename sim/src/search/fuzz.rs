@@ -106,6 +106,11 @@ pub struct Bounds {
     /// worker then calling all the servers, starting from its own. Off by
     /// default, like `budgets`.
     pub routing: bool,
+    /// Whether cases may escalate their breakers
+    /// (`hardening.max_recovery_timeout_s`: the recovery timeout times 1, 2,
+    /// 4, 8 or 16, drawn alike), so the fuzzer also searches the
+    /// `escalation` invariant. Off by default, like `budgets`.
+    pub escalation: bool,
 }
 
 /// The most fault episodes a bounds file may ask for per case: proptest
@@ -144,6 +149,7 @@ impl Default for Bounds {
             max_faults: 4,
             budgets: false,
             routing: false,
+            escalation: false,
         }
     }
 }
@@ -574,13 +580,23 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
             } else {
                 Just(None).boxed()
             };
-            let hardening =
-                (hardening, budgets, routing).prop_map(|(h, (retry_budget, tokens_per_window), routing)| Hardening {
+            let escalation = if b.escalation {
+                prop::sample::select(vec![1.0, 2.0, 4.0, 8.0, 16.0])
+                    .prop_map(Some)
+                    .boxed()
+            } else {
+                Just(None).boxed()
+            };
+            let hardening = (hardening, budgets, routing, escalation).prop_map(
+                |(h, (retry_budget, tokens_per_window), routing, escalation)| Hardening {
                     retry_budget,
                     tokens_per_window,
                     routing,
+                    max_recovery_timeout_s: escalation
+                        .map(|times: f64| (h.recovery_timeout_s * times).min(limits::MAX_SECONDS)),
                     ..h
-                });
+                },
+            );
             let clocks = prop::collection::vec(
                 (
                     -b.max_clock_offset_ms..=b.max_clock_offset_ms,
@@ -934,6 +950,7 @@ mod tests {
             max_faults: MAX_FAULTS,
             budgets: true,
             routing: true,
+            escalation: true,
             ..Bounds::default()
         };
         let least = Bounds {
@@ -957,6 +974,7 @@ mod tests {
             max_faults: MAX_FAULTS,
             budgets: true,
             routing: true,
+            escalation: true,
             ..Bounds::default()
         };
         for (name, bounds) in [("most", most), ("least", least), ("default", Bounds::default())] {

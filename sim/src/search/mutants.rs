@@ -47,8 +47,8 @@ pub struct Variant {
     /// The invariant whose failure names this defect.
     pub named_by: Invariant,
     /// The targeted scenario's path under the scenarios directory: in
-    /// [`SCENARIO_DIR`], or in [`CONFORMANCE_DIR`] for a gateway's reported
-    /// failure.
+    /// [`SCENARIO_DIR`], in [`CONFORMANCE_DIR`] for a gateway's reported
+    /// failure, or a shipped scenario that already exposes it.
     pub scenario: &'static str,
 }
 
@@ -65,7 +65,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 21] = [
+pub const CATALOGUE: [Variant; 22] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -170,6 +170,11 @@ pub const CATALOGUE: [Variant; 21] = [
         mutant: Mutant::HardQuotaAsRateLimit,
         named_by: Invariant::NoCallInCooldown,
         scenario: "conformance/hard-quota-mistaken.toml",
+    },
+    Variant {
+        mutant: Mutant::EscalationForgotten,
+        named_by: Invariant::Escalation,
+        scenario: "escalating-breaker.toml",
     },
 ];
 

@@ -75,6 +75,7 @@ caught! {
     skips_unreported_is_caught_by_skips_visible => SkipsUnreported,
     retry_after_withheld_is_caught_by_retry_after_returned => RetryAfterWithheld,
     hard_quota_as_rate_limit_is_caught_by_no_call_in_cooldown => HardQuotaAsRateLimit,
+    escalation_forgotten_is_caught_by_escalation => EscalationForgotten,
 }
 
 #[test]

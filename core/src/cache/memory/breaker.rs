@@ -1,4 +1,4 @@
-//! The breaker's atomic step over its five keys.
+//! The breaker's atomic step over its six keys.
 //!
 //! The keys [`BreakerKeys::new`] builds begin with a hash tag and so share
 //! one shard: one lock. Hand-made keys may not; then every shard they touch
@@ -26,13 +26,14 @@ enum Key {
     OpenedAt,
     Probes,
     CooldownUntil,
+    Openings,
 }
 
 /// The locked shards of one breaker's keys.
 pub(super) struct Held<'a> {
     keys: &'a BreakerKeys,
     /// Each key's shard, in [`Key`] order.
-    shards: [usize; 5],
+    shards: [usize; 6],
     /// The locks, by shard: those of `shards`, and no other.
     locks: [Option<MutexGuard<'a, Table>>; SHARDS],
 }
@@ -142,6 +143,11 @@ impl<'a> Held<'a> {
             ),
             Write::Delete => self.delete(Key::CooldownUntil),
         }
+        match w.openings {
+            Write::Keep => {}
+            Write::Set(n) => self.put(Key::Openings, Value::Int(i64::from(n)), None),
+            Write::Delete => self.delete(Key::Openings),
+        }
         step
     }
 
@@ -154,6 +160,7 @@ impl<'a> Held<'a> {
             opened_at: view.opened_at(),
             probes: view.probes(),
             cooldown_until: view.cooldown_until(),
+            openings: view.openings(),
         }
     }
 }
@@ -207,6 +214,13 @@ impl BreakerView for Live<'_, '_> {
             Value::Int(n) => u64::try_from(*n)
                 .ok()
                 .and_then(|n| machine::decode_cooldown(&n.to_string())),
+        }
+    }
+
+    fn openings(&self) -> Option<u32> {
+        match self.value(Key::Openings)? {
+            Value::Int(n) => u32::try_from(*n).ok(),
+            Value::Text(s) => machine::decode_openings(s),
         }
     }
 }

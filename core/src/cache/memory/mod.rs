@@ -748,6 +748,7 @@ mod tests {
         BreakerParams {
             failure_threshold,
             recovery_timeout: Duration::from_secs(60),
+            max_recovery_timeout: Duration::from_secs(60),
             half_open_max_calls: 1,
             probe_lease: Duration::from_secs(60),
         }
@@ -761,6 +762,7 @@ mod tests {
             opened_at: "o".to_owned(),
             probes: "p".to_owned(),
             cooldown_until: "c".to_owned(),
+            openings: "n".to_owned(),
         }
     }
 

@@ -1,5 +1,5 @@
 //! The breaker's capabilities on Redis: each transition (cooldowns
-//! included) and each read as one script over the breaker's five keys. The
+//! included) and each read as one script over the breaker's six keys. The
 //! step script is `decide::breaker::step` written in Lua, so each reply is
 //! checked against the Rust function on the values the script read, and a
 //! disagreement is a protocol error rather than a silent drift.
@@ -43,7 +43,7 @@ impl RedisCache {
     /// Reports breaker keys a foreign writer gave another type than a string
     /// (the scripts read them as [`WRONG_TYPE_MARKER`] text); the state key's
     /// is also reported by the breaker as an unreadable state.
-    fn report_wrong_types(&self, keys: &BreakerKeys, raw: [&Option<String>; 5]) {
+    fn report_wrong_types(&self, keys: &BreakerKeys, raw: [&Option<String>; 6]) {
         let names = keys.all();
         for (key, value) in names.into_iter().zip(raw) {
             if let Some(value) = value.as_deref().filter(|v| v.starts_with(WRONG_TYPE_MARKER)) {
@@ -117,7 +117,7 @@ fn permit_as_script(permit: Option<Permit>) -> String {
 }
 
 /// The script's spelling of the writes, to compare with `machine::step`'s.
-fn writes_as_script(w: &Writes) -> [String; 5] {
+fn writes_as_script(w: &Writes) -> [String; 6] {
     let plain = |w: Write<String>| match w {
         Write::Keep => "keep".to_owned(),
         Write::Delete => "delete".to_owned(),
@@ -149,7 +149,19 @@ fn writes_as_script(w: &Writes) -> [String; 5] {
         Write::Delete => Write::Delete,
         Write::Set(t) => Write::Set(t.as_micros().to_string()),
     };
-    [plain(state), failures, plain(opened), plain(probes), plain(cooldown)]
+    let openings = match w.openings {
+        Write::Keep => Write::Keep,
+        Write::Delete => Write::Delete,
+        Write::Set(n) => Write::Set(n.to_string()),
+    };
+    [
+        plain(state),
+        failures,
+        plain(opened),
+        plain(probes),
+        plain(cooldown),
+        plain(openings),
+    ]
 }
 
 /// The cooldown a command asks for, in µs (`0` for every other command).
@@ -181,6 +193,7 @@ impl BreakerStore for RedisCache {
                     .key(&keys.opened_at)
                     .key(&keys.probes)
                     .key(&keys.cooldown_until)
+                    .key(&keys.openings)
                     .arg(&name)
                     .arg(&origin)
                     .arg(&episode)
@@ -192,6 +205,7 @@ impl BreakerStore for RedisCache {
                     .arg(params.half_open_max_calls)
                     .arg(duration_us(params.probe_lease))
                     .arg(cooldown_arg(command))
+                    .arg(duration_us(params.max_recovery_timeout))
                     .invoke_async(&mut c)
                     .await
             })
@@ -207,27 +221,28 @@ impl BreakerStore for RedisCache {
             Some(w_opened),
             Some(w_probes),
             Some(w_cooldown),
+            Some(w_openings),
             raw_state,
             raw_failures,
             raw_opened,
             raw_probes,
             raw_cooldown,
-        ] = <[Option<String>; 15]>::try_from(reply.clone()).map_err(|_| unexpected(OP, &reply))?
+            raw_openings,
+        ] = <[Option<String>; 17]>::try_from(reply.clone()).map_err(|_| unexpected(OP, &reply))?
         else {
             return Err(unexpected(OP, &reply));
         };
         let at = micros(OP, &at)?;
-        self.report_wrong_types(
-            keys,
-            [&raw_state, &raw_failures, &raw_opened, &raw_probes, &raw_cooldown],
-        );
-        let snapshot = BreakerSnapshot::decode(
-            raw_state.as_deref(),
-            raw_failures.as_deref(),
-            raw_opened.as_deref(),
-            raw_probes.as_deref(),
-            raw_cooldown.as_deref(),
-        );
+        let raw = [
+            &raw_state,
+            &raw_failures,
+            &raw_opened,
+            &raw_probes,
+            &raw_cooldown,
+            &raw_openings,
+        ];
+        self.report_wrong_types(keys, raw);
+        let snapshot = BreakerSnapshot::decode(raw.map(Option::as_deref));
         // The script is machine::step in Lua; machine::step stays the
         // definition. Re-run it on what the script read and insist they agree.
         let step = machine::step(&snapshot, command, &params, at);
@@ -236,7 +251,7 @@ impl BreakerStore for RedisCache {
             CircuitState::parse(&after),
             permit,
             expired,
-            [w_state, w_failures, w_opened, w_probes, w_cooldown],
+            [w_state, w_failures, w_opened, w_probes, w_cooldown, w_openings],
         );
         let machine_says = (
             Some(step.before),
@@ -273,24 +288,17 @@ impl BreakerStore for RedisCache {
                     .key(&keys.opened_at)
                     .key(&keys.probes)
                     .key(&keys.cooldown_until)
+                    .key(&keys.openings)
                     .arg(&now)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         match reply.as_slice() {
-            [Some(at), state, failures, opened_at, probes, cooldown] => Ok({
-                self.report_wrong_types(keys, [state, failures, opened_at, probes, cooldown]);
-                (
-                    BreakerSnapshot::decode(
-                        state.as_deref(),
-                        failures.as_deref(),
-                        opened_at.as_deref(),
-                        probes.as_deref(),
-                        cooldown.as_deref(),
-                    ),
-                    micros(OP, at)?,
-                )
+            [Some(at), state, failures, opened_at, probes, cooldown, openings] => Ok({
+                let raw = [state, failures, opened_at, probes, cooldown, openings];
+                self.report_wrong_types(keys, raw);
+                (BreakerSnapshot::decode(raw.map(Option::as_deref)), micros(OP, at)?)
             }),
             _ => Err(unexpected(OP, &reply)),
         }
@@ -311,8 +319,9 @@ mod tests {
             opened_at: Write::Set(Timestamp::from_micros(12)),
             probes: Write::Delete,
             cooldown_until: Write::Set(Timestamp::from_micros(40)),
+            openings: Write::Set(2),
         };
-        assert_eq!(writes_as_script(&w), ["half_open", "3", "12", "delete", "40"]);
+        assert_eq!(writes_as_script(&w), ["half_open", "3", "12", "delete", "40", "2"]);
         let id = ProbeId {
             episode: Timestamp::from_micros(7),
             seq: 2,
@@ -325,7 +334,7 @@ mod tests {
         assert_eq!(command_args(BreakerCommand::Allow), ["allow", "", "", ""]);
         assert_eq!(
             writes_as_script(&Writes::NONE),
-            ["keep", "keep", "keep", "keep", "keep"]
+            ["keep", "keep", "keep", "keep", "keep", "keep"]
         );
         let cool = BreakerCommand::CoolDown {
             duration: Duration::from_millis(1500),

@@ -1,16 +1,16 @@
--- BreakerStore::breaker_step: read the breaker's five keys, run one transition
+-- BreakerStore::breaker_step: read the breaker's six keys, run one transition
 -- of decide::breaker::step, write what it says, in one atomic step.
--- KEYS: state, failures, opened_at, probes, cooldown_until (one hash tag, one
---       slot).
+-- KEYS: state, failures, opened_at, probes, cooldown_until, openings (one hash
+--       tag, one slot).
 -- ARGV: command ('allow' | 'success' | 'failure' | 'release' | 'reset' |
 --       'cooldown'), origin ('untracked' | 'call' | 'probe' | ''), probe
 --       episode (µs or ''), probe seq (or ''), now (µs, or '' for the server's
 --       TIME), failure_threshold, recovery_timeout (µs), recovery_timeout (ms,
 --       rounded up), half_open_max_calls, probe_lease (µs), cooldown duration
---       (µs; '0' unless the command is 'cooldown').
+--       (µs; '0' unless the command is 'cooldown'), max_recovery_timeout (µs).
 -- Returns strings: before, after, permit ('-' | 'call' | 'probe:<ep>:<seq>' |
--- 'refused:<state>:<retry µs>:<reason>'), at (µs), expired probes, the five
--- writes (see below), then the five raw values read, so the adapter can re-run
+-- 'refused:<state>:<retry µs>:<reason>'), at (µs), expired probes, the six
+-- writes (see below), then the six raw values read, so the adapter can re-run
 -- machine::step in Rust and refuse to report a decision the two disagree on.
 
 local command = ARGV[1]
@@ -24,6 +24,7 @@ local recovery_ms = tonumber(ARGV[8])
 local max_probes = tonumber(ARGV[9])
 local lease_us = tonumber(ARGV[10])
 local cooldown_us = tonumber(ARGV[11])
+local max_recovery_us = tonumber(ARGV[12])
 
 -- BreakerSnapshot::decode, field by field. A key a foreign writer gave
 -- another type reads as a marker text that decodes as unreadable, here and
@@ -33,6 +34,7 @@ local raw_failures = read_string(KEYS[2])
 local raw_opened = read_string(KEYS[3])
 local raw_probes = read_string(KEYS[4])
 local raw_cooldown = read_string(KEYS[5])
+local raw_openings = read_string(KEYS[6])
 
 -- A u32 as Rust's parser reads it: optional '+', digits, at most 4294967295.
 local function parse_u32(s)
@@ -129,21 +131,39 @@ local opened_at = parse_secs(raw_opened)
 local leases = decode_leases(raw_probes)
 -- machine::decode_cooldown: stored_number, or nil.
 local cooldown_until = stored_number(raw_cooldown)
+-- machine::decode_openings: a stored u32, or nil.
+local openings = stored_u32(raw_openings)
 
 -- Writes, one per key, as machine::Writes: 'keep', 'delete', or a value
 -- ('create' or a count for the failure counter, an encoded record for probes).
 local w_state, w_failures, w_opened, w_probes, w_cooldown = 'keep', 'keep', 'keep', 'keep', 'keep'
+local w_openings = 'keep'
 local function clear_all()
-  w_state, w_failures, w_opened, w_probes = 'delete', 'delete', 'delete', 'delete'
+  w_state, w_failures, w_opened, w_probes, w_openings = 'delete', 'delete', 'delete', 'delete', 'delete'
 end
-local function open_now()
+-- Opens the circuit now, its n-th consecutive opening.
+local function open_now(n)
   w_state, w_opened, w_failures, w_probes = 'open', int(now), 'delete', 'delete'
+  w_openings = int(n)
+end
+
+-- machine::open_period: recovery_timeout doubled per consecutive opening
+-- after the first (at most 64 times; exact in a double, as a power of two),
+-- capped at max_recovery_timeout.
+local function open_period()
+  if max_recovery_us <= recovery_us then return recovery_us end
+  local doublings = (openings or 1) - 1
+  if doublings < 0 then doublings = 0 end
+  if doublings > 64 then doublings = 64 end
+  local period = recovery_us * 2 ^ doublings
+  if period > max_recovery_us then period = max_recovery_us end
+  return period
 end
 
 -- machine::recovery_due: no opened_at means recovery is due.
 local function recovery_due()
   if not opened_at then return true end
-  return now - opened_at >= recovery_us
+  return now - opened_at >= open_period()
 end
 
 local function first_probe()
@@ -184,7 +204,7 @@ elseif command == 'allow' then
     else
       local elapsed = now - opened_at
       if elapsed < 0 then elapsed = 0 end
-      local wait = recovery_us - elapsed
+      local wait = open_period() - elapsed
       if wait < 0 then wait = 0 end
       permit = 'refused:open:' .. int(wait) .. ':circuit'
     end
@@ -222,7 +242,7 @@ elseif command == 'success' or command == 'failure' then
         local count = 1
         if failures then count = math.min(failures + 1, 4294967295) end
         if count >= threshold then
-          open_now()
+          open_now(1)
           after = 'open'
         elseif failures then
           w_failures = int(count)
@@ -237,7 +257,8 @@ elseif command == 'success' or command == 'failure' then
         clear_all()
         after = 'closed'
       else
-        open_now()
+        -- One more consecutive opening: the circuit never closed.
+        open_now(math.min((openings or 1) + 1, 4294967295))
         after = 'open'
       end
     end
@@ -294,5 +315,11 @@ elseif w_cooldown ~= 'keep' then
   redis.call('SET', KEYS[5], w_cooldown, 'PX', int(ttl_ms))
 end
 
+if w_openings == 'delete' then
+  redis.call('DEL', KEYS[6])
+elseif w_openings ~= 'keep' then
+  redis.call('SET', KEYS[6], w_openings)
+end
+
 return {before, after, permit, int(now), tostring(expired), w_state, w_failures, w_opened, w_probes, w_cooldown,
-        raw_state, raw_failures, raw_opened, raw_probes, raw_cooldown}
+        w_openings, raw_state, raw_failures, raw_opened, raw_probes, raw_cooldown, raw_openings}

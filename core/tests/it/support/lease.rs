@@ -48,6 +48,7 @@ pub fn params(threshold: u32, probes: u32, lease_s: u64) -> BreakerParams {
     BreakerParams {
         failure_threshold: threshold,
         recovery_timeout: Duration::from_secs(10),
+        max_recovery_timeout: Duration::from_secs(10),
         half_open_max_calls: probes,
         probe_lease: Duration::from_secs(lease_s),
     }

@@ -24,7 +24,7 @@ pub struct MutantsArgs {
     #[arg(long, default_value = "scenarios/bounds/default.toml")]
     bounds: PathBuf,
     /// The scenarios directory (the targeted scenarios are in its `mutants/`
-    /// and `conformance/`).
+    /// and `conformance/`, and one is a shipped scenario).
     #[arg(long, default_value = "scenarios")]
     scenarios: PathBuf,
     /// Where the cases the fuzzer caught a variant with are written

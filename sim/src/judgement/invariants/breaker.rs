@@ -274,8 +274,110 @@ impl Transitions {
     }
 }
 
+/// Invariant 17: with escalation, the `n`-th opening of a circuit in a row
+/// lets no probe through before its period, `min(recovery_timeout ×
+/// 2^(n−1), max_recovery_timeout)`. Openings are counted from the trace: an
+/// opening from closed is the first, one from half-open (a failed probe)
+/// the one after the last seen (at least the second), and a close or a
+/// restarted shared cache starts again. Judged on the deciding clock's
+/// stamps where one clock decides (exact: the store compares the same
+/// stamps); otherwise in simulated time, loosened by the fleet's clock
+/// spread and a network round trip.
+pub(super) fn escalation(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
+    if ctx.longest_open_us <= ctx.recovery_us {
+        return not_applicable("no escalation: max_recovery_timeout_s is unset or not above recovery_timeout_s");
+    }
+    let slack = if ctx.single_clock {
+        0
+    } else {
+        let spread = clock_spread(ctx.scenario, Duration::MAX, Duration::MAX);
+        u64::try_from(spread.as_micros())
+            .unwrap_or(u64::MAX)
+            .saturating_add(ctx.round_trip_us)
+    };
+    let period_us = |n: u32| {
+        let doublings = n.saturating_sub(1).min(64);
+        let escalated = u128::from(ctx.recovery_us) << doublings;
+        u64::try_from(escalated.min(u128::from(ctx.longest_open_us))).unwrap_or(u64::MAX)
+    };
+    let mut breakers = Breakers::new(ctx.scopes);
+    // Per scope: the opening in force (its stamp and number in a row), and
+    // the number of the last opening since the circuit last closed.
+    let mut open: BTreeMap<String, (u64, u32)> = BTreeMap::new();
+    let mut streak: BTreeMap<String, u32> = BTreeMap::new();
+    let (mut reopenings, mut most, mut verdict) = (0u32, 0u32, Verdict::Held);
+    for e in events {
+        let stamp = match e.kind {
+            Kind::Breaker { at_us, .. } => ctx.instant(e, at_us),
+            _ => e.t_us,
+        };
+        match breakers.observe(e) {
+            Some(Change::Moved {
+                scope,
+                from,
+                to: CircuitState::Open,
+            }) => {
+                let n = match from {
+                    CircuitState::HalfOpen => streak.get(&scope).map_or(2, |n| n.saturating_add(1)),
+                    _ => 1,
+                };
+                if n > 1 {
+                    reopenings += 1;
+                }
+                most = most.max(n);
+                streak.insert(scope.clone(), n);
+                open.insert(scope, (stamp, n));
+            }
+            Some(Change::Moved {
+                scope,
+                from: CircuitState::Open,
+                to: CircuitState::HalfOpen,
+            }) => {
+                if let Some((opened, n)) = open.remove(&scope) {
+                    let period = period_us(n);
+                    let held = stamp.saturating_sub(opened);
+                    if held.saturating_add(slack) < period && verdict == Verdict::Held {
+                        verdict = violated(
+                            e,
+                            format!(
+                                "opening {n} in a row let a probe through after {} ms; it lasts {} ms",
+                                held / 1000,
+                                period / 1000
+                            ),
+                        );
+                    }
+                }
+            }
+            Some(Change::Moved {
+                scope,
+                to: CircuitState::Closed,
+                ..
+            }) => {
+                streak.remove(&scope);
+                open.remove(&scope);
+            }
+            Some(Change::Forgotten) => {
+                streak.clear();
+                open.clear();
+            }
+            Some(Change::Moved { .. }) | None => {}
+        }
+    }
+    if reopenings == 0 {
+        return not_applicable("no circuit re-opened on a failed probe");
+    }
+    (
+        verdict,
+        format!(
+            "{reopenings} re-openings on a failed probe; up to {most} openings in a row, the last lasting {} s",
+            period_us(most) as f64 / 1e6
+        ),
+    )
+}
+
 /// Invariant 10: nothing wedges a circuit. No refusal says to wait longer
-/// than the state allows: an open circuit at most the recovery timeout, a
+/// than the state allows: an open circuit at most its longest open period
+/// (the recovery timeout, or with escalation `max_recovery_timeout_s`), a
 /// half-open one at most one probe lease (`probe_lease_s`, by default the
 /// recovery timeout) — a probe that never reports stops counting when its
 /// lease ends, so the next caller probes. Both are measured on the clock
@@ -299,7 +401,7 @@ pub(super) fn no_wedged_circuit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         })
         .fold(0, u64::saturating_add);
     let extra = spread_us.saturating_add(back_us);
-    let open_bound = ctx.recovery_us.saturating_add(extra);
+    let open_bound = ctx.longest_open_us.saturating_add(extra);
     let half_open_bound = ctx.lease_us.saturating_add(extra);
     let (mut refusals, mut longest, mut verdict) = (0u64, 0u64, Verdict::Held);
     for e in events {
@@ -311,7 +413,7 @@ pub(super) fn no_wedged_circuit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             longest = longest.max(*retry_after_us);
             let (bound, what) = match state {
                 CircuitState::HalfOpen => (half_open_bound, "a half-open refusal waits for a probe lease"),
-                _ => (open_bound, "an open refusal waits for the recovery timeout"),
+                _ => (open_bound, "an open refusal waits for its open period"),
             };
             if *retry_after_us > bound && verdict == Verdict::Held {
                 verdict = violated(
@@ -571,6 +673,83 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             matches!(&verdict, Verdict::Violated { t_us: 9000, detail, .. } if detail.contains("probe lease")),
             "{verdict:?}"
         );
+    }
+
+    /// Recovery 5 s escalating to at most 15 s: openings of 5, 10, 15, 15 s.
+    fn escalating() -> Scenario {
+        let text = SCENARIO.replace(
+            "recovery_timeout_s = 5",
+            "recovery_timeout_s = 5\nmax_recovery_timeout_s = 15",
+        );
+        Scenario::parse("escalation.toml", &text).unwrap()
+    }
+
+    /// A circuit that opens at 0 and re-opens on a failed probe after each
+    /// of `periods` (ms), each probe going half-open at the period's end.
+    fn reopenings(periods: &[u64]) -> Vec<TraceEvent> {
+        let mut events = vec![moved(0, Closed, Open)];
+        let mut t = 0;
+        for p in periods {
+            t += p;
+            events.push(moved(t, Open, HalfOpen));
+            events.push(moved(t, HalfOpen, Open));
+        }
+        events
+    }
+
+    #[test]
+    fn escalated_openings_that_last_their_periods_hold_and_a_short_one_is_caught() {
+        let s = escalating();
+        let ctx = Ctx::new(&s);
+        let (verdict, figure) = escalation(&ctx, &reopenings(&[5000, 10_000, 15_000, 15_000]));
+        assert_eq!(verdict, Verdict::Held, "{figure}");
+        assert!(
+            figure.contains("4 re-openings") && figure.contains("5 openings in a row"),
+            "{figure}"
+        );
+        // The second opening let a probe through after 5 s, as a breaker that
+        // forgets its escalation would.
+        let (verdict, _) = escalation(&ctx, &reopenings(&[5000, 5000]));
+        assert!(
+            matches!(&verdict, Verdict::Violated { t_us: 10_000_000, detail, .. }
+                if detail.contains("opening 2 in a row") && detail.contains("lasts 10000 ms")),
+            "{verdict:?}"
+        );
+    }
+
+    #[test]
+    fn a_close_starts_the_escalation_again_and_without_escalation_it_does_not_apply() {
+        let s = escalating();
+        let ctx = Ctx::new(&s);
+        let mut events = reopenings(&[5000]);
+        // The second opening (10 s) ends with a probe that succeeds.
+        events.push(moved(15_000, Open, HalfOpen));
+        events.push(moved(15_000, HalfOpen, Closed));
+        // A first opening again: 5 s is its whole period.
+        events.push(moved(20_000, Closed, Open));
+        events.push(moved(25_000, Open, HalfOpen));
+        assert_eq!(escalation(&ctx, &events).0, Verdict::Held);
+        let plain = scenario("");
+        assert!(matches!(
+            escalation(&Ctx::new(&plain), &reopenings(&[5000, 5000])).0,
+            Verdict::NotApplicable { .. }
+        ));
+        assert!(matches!(
+            escalation(&ctx, &[moved(0, Closed, Open), moved(5000, Open, HalfOpen)]).0,
+            Verdict::NotApplicable { .. }
+        ));
+    }
+
+    #[test]
+    fn an_escalated_open_refusal_is_bounded_by_the_cap_not_the_recovery_timeout() {
+        let s = escalating();
+        let fine = [refused(1, Open, 15_000)];
+        assert_eq!(no_wedged_circuit(&Ctx::new(&s), &fine).0, Verdict::Held);
+        let too_long = [refused(1, Open, 15_001)];
+        assert!(matches!(
+            no_wedged_circuit(&Ctx::new(&s), &too_long).0,
+            Verdict::Violated { .. }
+        ));
     }
 
     #[test]

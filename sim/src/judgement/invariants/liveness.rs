@@ -147,7 +147,8 @@ fn bound_us(ctx: &Ctx, events: &[TraceEvent], heal: &Heal) -> Result<Bound, Stri
     let h = &s.hardening;
     let policy_wait = h.retry_policy().map_or(0.0, |p| p.worst_case_wait().as_secs_f64());
     // Calls in flight at the heal may still fail and open a breaker up to one
-    // call later; it then waits out recovery_timeout and probes with one call,
+    // call later; it then waits out its open period (the recovery timeout, or
+    // its escalation) and probes with one call,
     // which the limiter may first hold for its waits.
     let one_call = f64::from(h.max_retries + 1) * h.request_timeout_s + policy_wait;
     let limited = events.iter().any(|e| matches!(e.kind, Kind::Limited { .. }));
@@ -167,12 +168,12 @@ fn bound_us(ctx: &Ctx, events: &[TraceEvent], heal: &Heal) -> Result<Bound, Stri
         let prev = last_arrival.insert(e.host.as_str(), e.t_us).unwrap_or(heal);
         lull = lull.max(e.t_us - prev);
     }
-    let bound = heal + lull + secs_us(2.0 * one_call + h.recovery_timeout_s + limiter_wait + 1.0);
+    let (open_s, open_name) = h.longest_open_s();
+    let bound = heal + lull + secs_us(2.0 * one_call + open_s + limiter_wait + 1.0);
     let parts = format!(
-        "the last fault over at {:.1} s + the longest lull in a worker's arrivals {:.1} s + two calls of {one_call:.1} s each + recovery_timeout_s {} + limiter waits {limiter_wait:.1} s + 1 s",
+        "the last fault over at {:.1} s + the longest lull in a worker's arrivals {:.1} s + two calls of {one_call:.1} s each + {open_name} {open_s} + limiter waits {limiter_wait:.1} s + 1 s",
         heal as f64 / 1e6,
         lull as f64 / 1e6,
-        h.recovery_timeout_s
     );
     if bound >= secs_us(s.duration_s) {
         return Err(format!(

@@ -15,7 +15,7 @@
 //! fuzzer's claims, the report and [`check_all`] all name invariants by it,
 //! and `Invariant::check` is the one match that maps each to its checker,
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
-//! `breaker` (3–5, 10–11), `liveness` (6), `accounting` (7), `calls`
+//! `breaker` (3–5, 10–11, 17), `liveness` (6), `accounting` (7), `calls`
 //! (8–9), `cooldown` (12), `budget` (13), `tokens` (14) and `routing` (15–16).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
@@ -72,8 +72,9 @@ pub enum Invariant {
     OncePerCall,
     /// Retries are spread by the configured jitter.
     RetryJitter,
-    /// No refusal waits longer than the recovery timeout (open) or one probe
-    /// lease (half-open): nothing wedges a circuit.
+    /// No refusal waits longer than the longest open period (the recovery
+    /// timeout, or its escalation's cap) when open, or one probe lease when
+    /// half-open: nothing wedges a circuit.
     NoWedgedCircuit,
     /// A circuit opens only on `failure_threshold` failures counted since it
     /// last closed or a success cleared the count.
@@ -96,11 +97,15 @@ pub enum Invariant {
     /// never zero and never past the soonest a refusal said a breaker
     /// would admit again.
     RetryAfterReturned,
+    /// With escalation, the `n`-th opening of a circuit in a row lets no
+    /// probe through before `min(recovery_timeout × 2^(n−1),
+    /// max_recovery_timeout)`: no escalated period is cut short.
+    Escalation,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 16] = [
+    pub const ALL: [Invariant; 17] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -117,6 +122,7 @@ impl Invariant {
         Invariant::TokensPerWindow,
         Invariant::SkipsVisible,
         Invariant::RetryAfterReturned,
+        Invariant::Escalation,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -139,6 +145,7 @@ impl Invariant {
             Invariant::TokensPerWindow => 13,
             Invariant::SkipsVisible => 14,
             Invariant::RetryAfterReturned => 15,
+            Invariant::Escalation => 16,
         }
     }
 
@@ -161,6 +168,7 @@ impl Invariant {
             Invariant::TokensPerWindow => "tokens_per_window",
             Invariant::SkipsVisible => "skips_visible",
             Invariant::RetryAfterReturned => "retry_after_returned",
+            Invariant::Escalation => "escalation",
         }
     }
 
@@ -183,6 +191,7 @@ impl Invariant {
             Invariant::TokensPerWindow => tokens::tokens_per_window(ctx, events),
             Invariant::SkipsVisible => routing::skips_visible(ctx, events),
             Invariant::RetryAfterReturned => routing::retry_after_returned(ctx, events),
+            Invariant::Escalation => breaker::escalation(ctx, events),
         }
     }
 }
@@ -266,6 +275,9 @@ struct Ctx<'a> {
     single_clock: bool,
     window_us: u64,
     recovery_us: u64,
+    /// The longest a circuit stays open: `max_recovery_timeout_s` with
+    /// escalation, else the recovery timeout.
+    longest_open_us: u64,
     /// How long a half-open probe counts without reporting.
     lease_us: u64,
     /// The longest a request and its reply can spend on the network.
@@ -281,6 +293,7 @@ impl<'a> Ctx<'a> {
             single_clock: !scopes.shared() || scenario.cache.time_source == redstring::TimeSource::Store,
             window_us: secs_us(scenario.hardening.window_s),
             recovery_us: secs_us(scenario.hardening.recovery_timeout_s),
+            longest_open_us: secs_us(scenario.hardening.longest_open_s().0),
             lease_us: secs_us(
                 scenario
                     .hardening

@@ -152,12 +152,20 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Command::Reset),
         2 => prop_oneof![Just(0u64), Just(5), Just(20), Just(40)].prop_map(Command::CoolDown),
     ];
-    let params = (1u32..4, prop_oneof![Just(30u64), Just(60), Just(90)], 1u32..4).prop_map(|(t, r, p)| BreakerParams {
-        failure_threshold: t,
-        recovery_timeout: Duration::from_secs(r),
-        half_open_max_calls: p,
-        probe_lease: Duration::from_secs(r / 3),
-    });
+    // An escalation of 1 is none; 8 lets the open period double three times.
+    let params = (
+        1u32..4,
+        prop_oneof![Just(30u64), Just(60), Just(90)],
+        1u32..4,
+        prop_oneof![Just(1u64), Just(8)],
+    )
+        .prop_map(|(t, r, p, escalation)| BreakerParams {
+            failure_threshold: t,
+            recovery_timeout: Duration::from_secs(r),
+            max_recovery_timeout: Duration::from_secs(r * escalation),
+            half_open_max_calls: p,
+            probe_lease: Duration::from_secs(r / 3),
+        });
     prop_oneof![
         1 => (key.clone(), value.clone(), any::<bool>()).prop_map(|(k, v, t)| Op::Set(k, v, t)),
         1 => key.clone().prop_map(Op::Get),
@@ -168,8 +176,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (key.clone(), instant()).prop_map(|(k, s)| Op::OldestSince(k, s)),
         3 => (key, instant(), prop_oneof![Just(30u64), Just(60)], 0u32..4)
             .prop_map(|(k, now, w, limit)| Op::Acquire(k, now, Duration::from_secs(w), limit)),
-        1 => (0usize..5, value).prop_map(|(k, v)| Op::SetBreakerKey(k, v)),
-        1 => (0usize..5).prop_map(Op::GetBreakerKey),
+        1 => (0usize..6, value).prop_map(|(k, v)| Op::SetBreakerKey(k, v)),
+        1 => (0usize..6).prop_map(Op::GetBreakerKey),
         4 => (command, instant(), params).prop_map(|(c, now, p)| Op::Breaker(c, now, p)),
         1 => instant().prop_map(Op::BreakerRead),
         3 => (0usize..3, budget_command(), instant(), budget_params())
