@@ -103,11 +103,15 @@ pub enum Mutant {
     /// times in a row its probe failed: escalation is configured but
     /// ignored, so a server that stays down is probed at the base rate.
     EscalationForgotten,
+    /// A spent account quota cools only the key that answered: the
+    /// account's other keys (deployments of one quota group) are tried
+    /// next, and each answers that the quota is spent.
+    QuotaGroupIgnored,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 22] = [
+    pub const ALL: [Mutant; 23] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -130,6 +134,7 @@ impl Mutant {
         Mutant::RetryAfterWithheld,
         Mutant::HardQuotaAsRateLimit,
         Mutant::EscalationForgotten,
+        Mutant::QuotaGroupIgnored,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -157,6 +162,7 @@ impl Mutant {
             Mutant::RetryAfterWithheld => "retry_after_withheld",
             Mutant::HardQuotaAsRateLimit => "hard_quota_as_rate_limit",
             Mutant::EscalationForgotten => "escalation_forgotten",
+            Mutant::QuotaGroupIgnored => "quota_group_ignored",
         }
     }
 
@@ -234,6 +240,9 @@ impl Mutant {
             }
             Mutant::EscalationForgotten => {
                 "every cooldown after a failure the same fixed length, however often it recurs (LiteLLM's one `cooldown_time`, BerriAI/litellm#871), where Envoy's outlier detection multiplies the ejection time by the ejections in a row"
+            }
+            Mutant::QuotaGroupIgnored => {
+                "a spent account quota taken for one key's: each of the account's keys tried in turn, each answering 429 `insufficient_quota`, a quota counted per organisation and project, not per key (OpenAI's rate-limit and error-code guides)"
             }
         }
     }

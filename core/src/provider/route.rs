@@ -67,6 +67,9 @@ pub struct Deployment<P, B = MemoryCache> {
     pub(crate) breaker: Arc<CircuitBreaker<B>>,
     pub(crate) weight: u32,
     pub(crate) limit: Option<Arc<dyn Limit>>,
+    /// The provider account whose quota it spends, if it shares one with
+    /// other deployments (see [`Deployment::quota_group`]).
+    pub(crate) quota_group: Option<Arc<str>>,
     /// Until when (µs on the provider's clock) this deployment's last
     /// admission said it refuses; zero when it admitted. Only a hint: a
     /// deployment known to refuse is tried last, never skipped.
@@ -120,6 +123,7 @@ impl<P: fmt::Debug, B> fmt::Debug for Deployment<P, B> {
             .field("breaker", &self.breaker)
             .field("weight", &self.weight)
             .field("limit", &self.limit.as_ref().map(|l| l.name()))
+            .field("quota_group", &self.quota_group)
             .finish_non_exhaustive()
     }
 }
@@ -132,6 +136,7 @@ impl<P, B> Deployment<P, B> {
             breaker,
             weight: 1,
             limit: None,
+            quota_group: None,
             refused_until: AtomicU64::new(0),
             refused_why: AtomicU8::new(0),
         }
@@ -151,6 +156,28 @@ impl<P, B> Deployment<P, B> {
     pub fn limit<S: TokenStore + 'static>(mut self, limiter: Arc<RateLimiter<S>>) -> Self {
         self.limit = Some(limiter);
         self
+    }
+
+    /// The provider account this deployment's key belongs to, when several
+    /// deployments are keys of one account (default: none, a quota of its
+    /// own). Deployments of one group share a spent quota: when one hears
+    /// that the account's quota is spent (`insufficient_quota`, or a limit
+    /// whose reset is further away than
+    /// [`max_server_delay`](crate::provider::HardenedProviderBuilder::max_server_delay)),
+    /// every deployment of the group cools down until the reset — each
+    /// breaker's fleet-wide cooldown, so no worker sends the account's other
+    /// keys a request the account must refuse. What is said of one key
+    /// only stays with that key: a per-minute rate limit cools it alone, and
+    /// an error about the key itself (a revoked key, an unknown model)
+    /// defers it alone.
+    pub fn quota_group(mut self, group: impl Into<Arc<str>>) -> Self {
+        self.quota_group = Some(group.into());
+        self
+    }
+
+    /// The account whose quota this deployment spends, if it shares one.
+    pub fn group(&self) -> Option<&str> {
+        self.quota_group.as_deref()
     }
 
     /// Its share of calls under weighted and least-loaded routing (default

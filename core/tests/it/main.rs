@@ -35,6 +35,8 @@ mod provider_hardened;
 #[cfg(feature = "openai")]
 mod provider_openai;
 mod provider_router;
+#[cfg(feature = "redis")]
+mod quota_groups;
 #[cfg(feature = "redis-cluster")]
 mod redis_cluster;
 #[cfg(all(feature = "redis-cluster", feature = "redis-tls"))]

@@ -159,6 +159,8 @@ pub struct Target {
     pub model: String,
     /// Its weight under routing: its slots.
     pub weight: u32,
+    /// The provider account its key belongs to, if it shares one.
+    pub quota_group: Option<String>,
 }
 
 /// The key prefix of the breaker guarding `server`, on every worker.
@@ -332,7 +334,11 @@ fn route_to<S>(
     (adapter, breaker): &Shared<S>,
     target: &Target,
 ) -> Deployment<Arc<OpenAiCompatible<CountingTransport>>, S> {
-    Deployment::new(adapter.clone(), breaker.clone()).weight(target.weight)
+    let deployment = Deployment::new(adapter.clone(), breaker.clone()).weight(target.weight);
+    match &target.quota_group {
+        Some(group) => deployment.quota_group(group.as_str()),
+        None => deployment,
+    }
 }
 
 /// Starts units of work and records their arrival and end.

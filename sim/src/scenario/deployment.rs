@@ -104,6 +104,13 @@ pub struct ServerSpec {
     /// The hosted endpoint's quotas (kind `openai`, required there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<Quota>,
+    /// The provider account this server's key belongs to (hosted kinds):
+    /// servers of one group share the account's credit
+    /// (`quota.credit_tokens`, which must then agree), each keeping its own
+    /// per-minute and daily limits, and every worker's deployment of one is
+    /// told so (`Deployment::quota_group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_group: Option<String>,
 }
 
 fn is_generic(kind: &ServerKind) -> bool {
@@ -143,6 +150,7 @@ impl ServerSpec {
             max_queue: None,
             keep_alive_s: None,
             quota: None,
+            quota_group: None,
         }
     }
 

@@ -338,6 +338,30 @@ impl Scenario {
             // computed from them (a `time_scale` of NaN is that field's
             // error, not the token counts').
             crate::scenario::kinds::validate(s).map_err(|(f, m)| e.bad(&at(&f), m))?;
+            if let Some(group) = &s.quota_group {
+                if group.is_empty() {
+                    return Err(e.bad(&at("quota_group"), "must be a non-empty name".into()));
+                }
+                let Some(quota) = s.quota else {
+                    return Err(e.bad(
+                        &at("quota_group"),
+                        "needs a hosted server's `quota` (kind = \"openai\"): a group shares an account's quota".into(),
+                    ));
+                };
+                let first = self.servers[..i].iter().find(|o| o.quota_group.as_ref() == Some(group));
+                if let Some(first) = first
+                    && first.quota.and_then(|q| q.credit_tokens) != quota.credit_tokens
+                {
+                    return Err(e.bad(
+                        &at("quota.credit_tokens"),
+                        format!(
+                            "must equal {:?} of {:?}, the first server of quota group {group:?}: the group's keys spend one account's credit",
+                            first.quota.and_then(|q| q.credit_tokens),
+                            first.name
+                        ),
+                    ));
+                }
+            }
             let service = s.service_time_s();
             if !(service.is_finite() && service <= MAX_SERVICE_TIME_S) {
                 return Err(e.bad(

@@ -65,7 +65,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 22] = [
+pub const CATALOGUE: [Variant; 23] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -175,6 +175,11 @@ pub const CATALOGUE: [Variant; 22] = [
         mutant: Mutant::EscalationForgotten,
         named_by: Invariant::Escalation,
         scenario: "escalating-breaker.toml",
+    },
+    Variant {
+        mutant: Mutant::QuotaGroupIgnored,
+        named_by: Invariant::NoCallInCooldown,
+        scenario: "conformance/account-quota-shared-by-keys.toml",
     },
 ];
 

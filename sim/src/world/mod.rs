@@ -33,6 +33,7 @@ use crate::evidence::Evidence;
 use crate::evidence::trace::{DRIVER, Kind, Trace, TraceEvent};
 use crate::hosts::cache_host::{RemoteCache, cache_host};
 use crate::hosts::clock::{EPOCH, SimClock};
+use crate::hosts::server::quota::Credit;
 use crate::hosts::server::{PORT, ServerHandle, server_host};
 use crate::hosts::transport::{ConnectionLimit, EPHEMERAL_PORTS};
 use crate::hosts::worker::{Net, Target, WorkerPlan, run_worker};
@@ -386,6 +387,7 @@ pub fn worker_plan(
                 url: url(name),
                 model: spec.map(|x| x.model.clone()).unwrap_or_default(),
                 weight: spec.map_or(1, |x| x.slots),
+                quota_group: spec.and_then(|x| x.quota_group.clone()),
             }
         })
         .collect();
@@ -449,8 +451,16 @@ impl<'s> World<'s> {
     }
 
     fn add_servers(&mut self, seed: u64) {
+        // One account per quota group, its credit shared by the group's keys.
+        let mut accounts: BTreeMap<&str, Credit> = BTreeMap::new();
         for (i, spec) in self.scenario.servers.iter().enumerate() {
-            let handle = ServerHandle::new(spec.behaviour);
+            let mut handle = ServerHandle::new(spec.behaviour);
+            if let Some(group) = &spec.quota_group {
+                let credit = accounts
+                    .entry(group.as_str())
+                    .or_insert_with(|| Credit::new(spec.quota.and_then(|q| q.credit_tokens)));
+                handle = handle.on_account(credit.clone());
+            }
             let host = server_host(
                 spec.clone(),
                 handle.clone(),

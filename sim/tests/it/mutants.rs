@@ -76,6 +76,7 @@ caught! {
     retry_after_withheld_is_caught_by_retry_after_returned => RetryAfterWithheld,
     hard_quota_as_rate_limit_is_caught_by_no_call_in_cooldown => HardQuotaAsRateLimit,
     escalation_forgotten_is_caught_by_escalation => EscalationForgotten,
+    quota_group_ignored_is_caught_by_no_call_in_cooldown => QuotaGroupIgnored,
 }
 
 #[test]

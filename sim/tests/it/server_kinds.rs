@@ -664,3 +664,29 @@ fn llama_swap_unloads_after_its_ttl_and_the_next_request_waits_for_the_load() {
     assert!(seen[1].at() >= Duration::from_millis(23_250), "{seen:?}");
     assert!(seen[1].at() < Duration::from_secs(25), "{seen:?}");
 }
+
+#[test]
+fn a_quota_group_needs_a_hosted_quota_and_one_credit_for_its_keys() {
+    let text = |a: &str, b: &str| {
+        format!(
+            "name = \"k\"\nduration_s = 10\n\n[[servers]]\nname = \"key-a\"\n{a}\n\n[[servers]]\nname = \"key-b\"\n{b}\n\n[[workers]]\nname = \"w\"\nservers = [\"key-a\"]\ntenants = [{{ id = 1, calls_per_min = 6 }}]\n"
+        )
+    };
+    let parse = |a: &str, b: &str| redstring_sim::scenario::Scenario::parse("k.toml", &text(a, b));
+    let key = |credit: u64| {
+        format!(
+            "kind = \"openai\"\nquota = {{ rpm = 60, tpm = 10000, credit_tokens = {credit} }}\nquota_group = \"org\""
+        )
+    };
+    let ok = parse(&key(500), &key(500)).unwrap();
+    assert_eq!(ok.servers[1].quota_group.as_deref(), Some("org"));
+    let err = parse(&key(500), &key(900)).unwrap_err().to_string();
+    assert!(
+        err.contains("servers[1].quota.credit_tokens") && err.contains("key-a"),
+        "{err}"
+    );
+    let err = parse("quota_group = \"org\"", "").unwrap_err().to_string();
+    assert!(err.contains("servers[0].quota_group") && err.contains("quota"), "{err}");
+    let err = parse(&key(500).replace("\"org\"", "\"\""), "").unwrap_err().to_string();
+    assert!(err.contains("servers[0].quota_group"), "{err}");
+}

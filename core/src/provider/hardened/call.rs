@@ -373,22 +373,36 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         request: ExtractRequest<'_>,
         left: Option<Duration>,
     ) -> Result<Extracted<Value>, ExtractError> {
-        let deployment = &self.deployments[at];
-        let answer = deployment.inner.extract_answer(request, left).await;
-        let (result, cooldown) = self.quota_heard(at, answer);
-        if let Some(cooldown) = cooldown {
-            // The cooldown just written refuses this deployment until then.
-            self.hear(at, Some((cooldown, Deferral::Cooldown)));
-            if let Err(error) = deployment.breaker.cool_down(cooldown).await {
-                self.observer.on_event(&Event::CacheUnavailable {
-                    component: Arc::from(deployment.breaker.key_prefix()),
-                    operation: "cool_down",
-                    fallback: "not recorded",
-                    error: error.to_string(),
-                });
+        let answer = self.deployments[at].inner.extract_answer(request, left).await;
+        let (result, heard) = self.quota_heard(at, answer);
+        if let Some(heard) = heard {
+            for i in self.cooled_by(at, heard) {
+                let deployment = &self.deployments[i];
+                // The cooldown just written refuses it until then.
+                self.hear(i, Some((heard.wait, Deferral::Cooldown)));
+                if let Err(error) = deployment.breaker.cool_down(heard.wait).await {
+                    self.observer.on_event(&Event::CacheUnavailable {
+                        component: Arc::from(deployment.breaker.key_prefix()),
+                        operation: "cool_down",
+                        fallback: "not recorded",
+                        error: error.to_string(),
+                    });
+                }
             }
         }
         result
+    }
+
+    /// The deployments a quota signal heard from deployment `at` cools:
+    /// `at` alone for a rate limit; for a spent quota, every deployment of
+    /// its [`quota_group`](crate::provider::Deployment::quota_group) (the
+    /// account's quota is spent on every key), in the order given.
+    fn cooled_by(&self, at: usize, heard: Heard) -> impl Iterator<Item = usize> + '_ {
+        let group = self.deployments[at].quota_group.as_deref().filter(|_| heard.spent);
+        #[cfg(feature = "mutants")]
+        let group = group.filter(|_| !crate::mutants::active(crate::mutants::Mutant::QuotaGroupIgnored));
+        (0..self.deployments.len())
+            .filter(move |&i| i == at || group.is_some_and(|g| self.deployments[i].quota_group.as_deref() == Some(g)))
     }
 
     /// What an attempt's answer says of deployment `at`'s quota: the
@@ -407,7 +421,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         &self,
         at: usize,
         answer: Result<Extracted<Value>, ExtractError>,
-    ) -> (Result<Extracted<Value>, ExtractError>, Option<Duration>) {
+    ) -> (Result<Extracted<Value>, ExtractError>, Option<Heard>) {
         let wait = match &answer {
             Ok(answer) => answer.quota.map(|q| q.wait),
             Err(e) => e.quota_wait(),
@@ -424,8 +438,14 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             }
             _ => None,
         };
+        let rate_limit = |wait: Option<Duration>| {
+            wait.map(|w| Heard {
+                wait: w.min(self.max_server_delay),
+                spent: false,
+            })
+        };
         let Some((cooldown, reset_given)) = spent else {
-            return (answer, wait.map(|w| w.min(self.max_server_delay)));
+            return (answer, rate_limit(wait));
         };
         if self.observer.enabled() {
             let now = self.clock.now();
@@ -442,7 +462,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         if crate::mutants::active(crate::mutants::Mutant::HardQuotaAsRateLimit) {
             // A spent quota taken for a rate limit: its wait capped, and
             // `insufficient_quota` (no rate limit's wait) none.
-            return (answer, wait.map(|w| w.min(self.max_server_delay)));
+            return (answer, rate_limit(wait));
         }
         let answer = match answer {
             Err(ExtractError::Provider(ProviderError::RateLimited { retry_after, message })) => {
@@ -450,8 +470,21 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             }
             other => other,
         };
-        (answer, (!cooldown.is_zero()).then_some(cooldown))
+        let heard = Heard {
+            wait: cooldown,
+            spent: true,
+        };
+        (answer, (!cooldown.is_zero()).then_some(heard))
     }
+}
+
+/// A quota signal in an attempt's answer: how long its deployment cools,
+/// and whether the account's quota is spent (which cools its whole
+/// quota group) or only rate-limited.
+#[derive(Clone, Copy, Debug)]
+struct Heard {
+    wait: Duration,
+    spent: bool,
 }
 
 /// The [`RetryAfterWithheld`](crate::mutants::Mutant::RetryAfterWithheld)

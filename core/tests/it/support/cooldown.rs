@@ -65,7 +65,7 @@ pub fn rate_limited(headers: &[(&str, &str)]) -> HttpResponse {
     respond(429, headers, body)
 }
 
-fn respond(status: u16, headers: &[(&str, &str)], body: &str) -> HttpResponse {
+pub fn respond(status: u16, headers: &[(&str, &str)], body: &str) -> HttpResponse {
     HttpResponse {
         status,
         headers: headers

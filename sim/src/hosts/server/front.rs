@@ -20,7 +20,7 @@ use tokio::sync::{Notify, oneshot};
 
 use super::batching::{Engine, EngineEvent};
 use super::kinds::Preset;
-use super::quota::Quotas;
+use super::quota::{Credit, Quotas};
 use crate::hosts::clock::sim_elapsed;
 use crate::scenario::{ServerKind, Spread};
 
@@ -125,8 +125,13 @@ impl std::fmt::Debug for Batching {
 
 impl Batching {
     /// A start of a batching server whose model is loaded (`ready`) or not.
-    pub(super) fn new(preset: Preset, ready: bool) -> Self {
-        let quotas = preset.quota.map(Quotas::new);
+    /// Its quota spends `account`'s credit when it shares one, else an
+    /// account of its own for this start.
+    pub(super) fn new(preset: Preset, ready: bool, account: Option<Credit>) -> Self {
+        let quotas = preset.quota.map(|q| match account {
+            Some(credit) => Quotas::on(q, credit),
+            None => Quotas::new(q),
+        });
         Batching {
             state: Mutex::new(State {
                 engine: Engine::new(preset.engine),

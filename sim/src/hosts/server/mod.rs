@@ -128,7 +128,7 @@ pub mod quota;
 use crate::scenario::ServerKind;
 use front::{Batching, EngineOutcome, ExtraRng, LoadError};
 use kinds::Preset;
-use quota::{Decision, Limit, go_duration};
+use quota::{Credit, Decision, Limit, go_duration};
 
 /// The port every model server listens on.
 pub const PORT: u16 = 8080;
@@ -150,6 +150,9 @@ const MAX_BODY: usize = 1 << 20;
 #[derive(Clone, Debug)]
 pub struct ServerHandle {
     shared: Arc<Mutex<Shared>>,
+    /// The account whose credit its quota spends, when it shares one with
+    /// other servers (see [`ServerHandle::on_account`]).
+    account: Option<Credit>,
     /// Whether the process is up, and which life it is in (see
     /// [`ServerHandle::kill`]).
     process: Arc<watch::Sender<Process>>,
@@ -201,7 +204,15 @@ impl ServerHandle {
                 batching: None,
             })),
             process: Arc::new(watch::Sender::new(Process { up: true, life: 0 })),
+            account: None,
         }
+    }
+
+    /// This server's quota spends `credit`, an account it shares with the
+    /// other servers of its quota group, across every start.
+    pub fn on_account(mut self, credit: Credit) -> Self {
+        self.account = Some(credit);
+        self
     }
 
     /// Changes how the server answers from now on (requests already admitted
@@ -365,7 +376,11 @@ impl Server {
             // llama-swap and Ollama load on demand: a start that loads begins
             // with the model out of memory, and its first request loads it.
             let on_demand = matches!(preset.kind, ServerKind::LlamaSwap | ServerKind::Ollama);
-            Arc::new(Batching::new(preset, !(on_demand && loads)))
+            Arc::new(Batching::new(
+                preset,
+                !(on_demand && loads),
+                self.handle.account.clone(),
+            ))
         });
         self.handle.lock().batching = batching.clone();
         let start = Arc::new(Start {

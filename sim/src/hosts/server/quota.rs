@@ -21,6 +21,7 @@
 //! langwatch/langwatch#7027). Pure: time is an argument.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::scenario::Quota;
@@ -127,21 +128,56 @@ pub struct KeyBuckets {
     pub today: u64,
 }
 
+/// An account's credit left, in tokens (`None`: unlimited), shared by
+/// the servers of one quota group — several keys of one account — and kept
+/// across their restarts.
+#[derive(Clone, Debug)]
+pub struct Credit(Arc<Mutex<Option<u64>>>);
+
+impl Credit {
+    /// An account holding `tokens`.
+    pub fn new(tokens: Option<u64>) -> Self {
+        Credit(Arc::new(Mutex::new(tokens)))
+    }
+
+    fn left(&self) -> Option<u64> {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn spend(&self, tokens: u64) {
+        if let Some(left) = &mut *self.0.lock().unwrap_or_else(|p| p.into_inner()) {
+            *left = left.saturating_sub(tokens);
+        }
+    }
+}
+
+impl PartialEq for Credit {
+    fn eq(&self, other: &Credit) -> bool {
+        self.left() == other.left()
+    }
+}
+
 /// Every key's buckets and the account's remaining credit.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Quotas {
     quota: Quota,
     keys: BTreeMap<String, KeyBuckets>,
-    credit_left: Option<u64>,
+    credit: Credit,
 }
 
 impl Quotas {
-    /// Fresh buckets for `quota`.
+    /// Fresh buckets for `quota`, on an account of its own.
     pub fn new(quota: Quota) -> Self {
+        Quotas::on(quota, Credit::new(quota.credit_tokens))
+    }
+
+    /// Fresh buckets for `quota`, spending `credit` — an account shared
+    /// with other servers.
+    pub fn on(quota: Quota, credit: Credit) -> Self {
         Quotas {
             quota,
             keys: BTreeMap::new(),
-            credit_left: quota.credit_tokens,
+            credit,
         }
     }
 
@@ -166,7 +202,7 @@ impl Quotas {
     /// Decides on a request of key `key` charging `tokens`, at `now`, and
     /// charges it when admitted.
     pub fn admit(&mut self, key: &str, tokens: u64, now: Duration) -> Decision {
-        if self.credit_left == Some(0) {
+        if self.credit.left() == Some(0) {
             return Decision::Exhausted;
         }
         let (tpm, rpd) = (self.quota.tpm, self.quota.rpd);
@@ -209,9 +245,7 @@ impl Quotas {
 
     /// Spends `tokens` of the credit (a served request's usage).
     pub fn spend(&mut self, tokens: u64) {
-        if let Some(left) = &mut self.credit_left {
-            *left = left.saturating_sub(tokens);
-        }
+        self.credit.spend(tokens);
     }
 
     /// The `x-ratelimit-*` headers for key `key` at `now`, in the guide's order.
@@ -261,6 +295,22 @@ pub fn go_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_of_one_account_spend_one_credit_and_keep_their_own_buckets() {
+        let q = Quota {
+            credit_tokens: Some(100),
+            ..quota()
+        };
+        let account = Credit::new(q.credit_tokens);
+        let (mut a, mut b) = (Quotas::on(q, account.clone()), Quotas::on(q, account));
+        let now = Duration::from_secs(1);
+        assert_eq!(a.admit("k", 10, now), Decision::Admit);
+        a.spend(100);
+        assert_eq!(b.admit("k", 10, now), Decision::Exhausted, "the account is spent");
+        // A server on an account of its own still has its credit.
+        assert_eq!(Quotas::new(q).admit("k", 10, now), Decision::Admit);
+    }
 
     fn quota() -> Quota {
         Quota {

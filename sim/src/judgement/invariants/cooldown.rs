@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::timeline::{Breakers, Change};
 use crate::evidence::trace::{Kind, TraceEvent};
+use crate::hosts::worker::breaker_prefix;
 
 /// One cooldown as the trace recorded its write.
 #[derive(Clone, Copy, Debug)]
@@ -22,6 +23,29 @@ struct Written {
     /// Stamped by the worker's own clock, not the deciding store's: judged
     /// in true time, whatever the cache.
     workers_clock: bool,
+    /// Network round trips the write may take to land after it was traced:
+    /// one, or one per key of a quota group (each key's cooldown is its own
+    /// write, in turn).
+    trips: u64,
+}
+
+/// The breakers a spent quota heard at each server's breaker cools: every
+/// breaker of its quota group (`servers[].quota_group`), keyed by breaker
+/// prefix; a server in no group is absent (it cools only itself).
+fn quota_groups(ctx: &Ctx) -> BTreeMap<String, Vec<String>> {
+    let servers = &ctx.scenario.servers;
+    let mut out = BTreeMap::new();
+    for s in servers {
+        if let Some(group) = &s.quota_group {
+            let members = servers
+                .iter()
+                .filter(|o| o.quota_group.as_ref() == Some(group))
+                .map(|o| breaker_prefix(&o.name))
+                .collect();
+            out.insert(breaker_prefix(&s.name), members);
+        }
+    }
+    out
 }
 
 /// Invariant 12: no call is admitted by a breaker whose store holds a
@@ -40,6 +64,11 @@ struct Written {
 /// admitted after; retries of a call admitted before the write are that
 /// call's own (the server's delay is their floor) and are not judged.
 ///
+/// A spent quota is the account's, not the key's: heard at a server of a
+/// quota group (`servers[].quota_group`), its end holds for every server
+/// of the group, so a call admitted at the account's other key inside it
+/// is a violation too.
+///
 /// "Written before" is judged as `no_call_while_open` judges staleness: in
 /// trace order for a worker's own breaker (its events reach the trace in the
 /// order it decided); on a shared cache stamping with its own clock, by
@@ -57,6 +86,7 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut verdict = Verdict::Held;
     let shared = ctx.scopes.shared();
     let trip = ctx.round_trip_us;
+    let groups = quota_groups(ctx);
     for e in events {
         match &e.kind {
             Kind::Cooldown {
@@ -78,6 +108,7 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                         at_us: *at_us,
                         until_us: *until_us,
                         workers_clock: false,
+                        trips: 1,
                     });
             }
             Kind::QuotaSpent {
@@ -86,17 +117,24 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 at_us,
             } => {
                 // The end the server's spent quota asked for, whatever the
-                // store then kept: a cooldown cut short admits inside it.
+                // store then kept: a cooldown cut short admits inside it —
+                // at every key of the account.
                 spent += 1;
-                recorded
-                    .entry(ctx.scopes.breaker(e, breaker))
-                    .or_default()
-                    .push(Written {
-                        traced_us: e.t_us,
-                        at_us: *at_us,
-                        until_us: *until_us,
-                        workers_clock: true,
-                    });
+                let own = [breaker.clone()];
+                let members = groups.get(breaker.as_str()).map_or(&own[..], Vec::as_slice);
+                let trips = u64::try_from(members.len()).unwrap_or(u64::MAX);
+                for member in members {
+                    recorded
+                        .entry(ctx.scopes.breaker(e, member))
+                        .or_default()
+                        .push(Written {
+                            traced_us: e.t_us,
+                            at_us: *at_us,
+                            until_us: *until_us,
+                            workers_clock: true,
+                            trips,
+                        });
+                }
             }
             Kind::CooldownRefused { .. } => refused += 1,
             Kind::Allowed { breaker, at_us, .. } => {
@@ -106,7 +144,7 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 // round trip after it.
                 let in_true_time = |w: &Written| {
                     let lasts = w.until_us.saturating_sub(w.at_us);
-                    e.t_us > w.traced_us.saturating_add(trip)
+                    e.t_us > w.traced_us.saturating_add(trip.saturating_mul(w.trips))
                         && e.t_us.saturating_add(trip) < w.traced_us.saturating_add(lasts)
                 };
                 let in_force = |w: &&Written| {
@@ -239,6 +277,83 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Two keys of one account and a server of another, on a shared cache.
+    const GROUPED: &str = r#"
+name = "synthetic"
+duration_s = 100
+[hardening]
+rpm = 100
+routing = "ordered"
+[cache]
+kind = "shared"
+[[servers]]
+name = "key-a"
+kind = "openai"
+quota = { rpm = 60, tpm = 100000, credit_tokens = 1000 }
+quota_group = "org"
+[[servers]]
+name = "key-b"
+kind = "openai"
+quota = { rpm = 60, tpm = 100000, credit_tokens = 1000 }
+quota_group = "org"
+[[servers]]
+name = "other"
+kind = "openai"
+quota = { rpm = 60, tpm = 100000 }
+[[workers]]
+name = "w"
+servers = ["key-a", "key-b", "other"]
+tenants = [{ id = 1, calls_per_min = 1 }]
+"#;
+
+    fn at_server(t: u64, call: u64, server: &str, kind: impl Fn(String) -> Kind) -> TraceEvent {
+        event(t, "w", Some(call), kind(format!("kg:circuit:{server}")))
+    }
+
+    fn admitted(t: u64, call: u64, server: &str) -> TraceEvent {
+        at_server(t, call, server, |breaker| Kind::Allowed {
+            breaker,
+            state: CircuitState::Closed,
+            probe: None,
+            at_us: t,
+        })
+    }
+
+    #[test]
+    fn a_spent_quota_holds_for_every_key_of_its_account_and_no_other_server() {
+        let s = Scenario::parse("synthetic.toml", GROUPED).unwrap();
+        let spent = at_server(2 * S, 1, "key-a", |breaker| Kind::QuotaSpent {
+            breaker,
+            until_us: 3_602 * S,
+            at_us: 2 * S,
+        });
+        let held = [
+            spent.clone(),
+            admitted(10 * S, 2, "other"),
+            admitted(3_603 * S, 3, "key-b"),
+        ];
+        assert_eq!(verdict(&s, &held), Verdict::Held);
+        let broken = [spent, admitted(10 * S, 2, "key-b")];
+        match verdict(&s, &broken) {
+            Verdict::Violated { t_us, detail, .. } => {
+                assert_eq!(t_us, 10 * S);
+                assert!(detail.contains("3592000 ms left"), "{detail}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without the group, the other key's admission is its own business.
+        let ungrouped = Scenario::parse("synthetic.toml", &GROUPED.replace("quota_group = \"org\"\n", "")).unwrap();
+        let spent = at_server(2 * S, 1, "key-a", |breaker| Kind::QuotaSpent {
+            breaker,
+            until_us: 3_602 * S,
+            at_us: 2 * S,
+        });
+        assert_eq!(
+            verdict(&ungrouped, &[spent, admitted(10 * S, 2, "key-b")]),
+            Verdict::Held
+        );
     }
 
     #[test]
