@@ -610,7 +610,7 @@ pub fn open_period(params: &BreakerParams, openings: Option<u32>) -> Duration {
     let mut escalated = if mutants::active(Mutant::EscalationForgotten) {
         0
     } else {
-        base.as_micros() << doublings
+        base.as_micros().saturating_mul(1u128 << doublings)
     };
     escalated = escalated.max(base.as_micros());
     let micros = escalated.min(cap.as_micros());
@@ -1343,6 +1343,13 @@ mod tests {
             secs(45),
             "no overflow past 64 doublings"
         );
+        // Numbers no builder accepts still saturate rather than wrap.
+        let huge = BreakerParams {
+            recovery_timeout: Duration::from_secs(u64::MAX / 4),
+            max_recovery_timeout: Duration::MAX,
+            ..p
+        };
+        assert_eq!(open_period(&huge, Some(u32::MAX)), Duration::from_micros(u64::MAX));
         for damaged in ["", "-1", "x", "4294967296", "99999999999999999"] {
             assert_eq!(decode_openings(damaged), None, "{damaged:?}");
         }
