@@ -26,6 +26,7 @@
 //! | `redstring.admission.wait` | histogram, s | `wait` (`limiter`, `cooldown`) | time a call slept for admission |
 //! | `redstring.breaker.state` | gauge | `breaker` | 0 closed, 1 half-open, 2 open, on each transition |
 //! | `redstring.breaker.transitions` | counter | `breaker`, `to` | state changes |
+//! | `redstring.slow_calls` | counter | `breaker` | answers slower than the slow-call threshold, each a breaker failure |
 //! | `redstring.retry_budget.balance` | gauge, retries | `budget` | the budget's balance after each step |
 //! | `redstring.cache.unavailable` | counter | `component`, `operation` | store operations that failed |
 //!
@@ -160,6 +161,9 @@ impl Observer for MetricsObserver {
                     CircuitState::Open => "open",
                 };
                 counter!("redstring.breaker.transitions", "breaker" => breaker.to_string(), "to" => to).increment(1);
+            }
+            Event::SlowCall { breaker, .. } => {
+                counter!("redstring.slow_calls", "breaker" => breaker.to_string()).increment(1);
             }
             Event::CacheUnavailable {
                 component, operation, ..

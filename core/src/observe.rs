@@ -372,6 +372,23 @@ pub enum Event {
         /// cooled for `quota_cooldown`).
         reset_given: bool,
     },
+    /// A hardened provider's attempt succeeded but took longer than its
+    /// [`slow_call_threshold`](crate::provider::HardenedProviderBuilder::slow_call_threshold):
+    /// the caller has the answer, and the deployment's breaker hears a
+    /// failure, so a server that answers ever more slowly is shed before
+    /// its answers time out.
+    SlowCall {
+        /// The deployment's breaker key prefix.
+        breaker: Arc<str>,
+        /// The tenant whose call it was.
+        tenant: TenantId,
+        /// How long the attempt took, on the provider's clock.
+        duration: Duration,
+        /// The threshold it exceeded.
+        threshold: Duration,
+        /// When it ended, on the provider's clock.
+        at: Timestamp,
+    },
     /// A hardened provider refused by a shared cooldown sleeps it off before
     /// asking the breaker again.
     CooldownWait {
@@ -695,6 +712,15 @@ impl Observer for TracingObserver {
                 waits,
             } => {
                 tracing::debug!(%model, %tenant, wait = wait.as_secs_f64(), waits, "waiting out a shared cooldown")
+            }
+            Event::SlowCall {
+                breaker,
+                tenant,
+                duration,
+                threshold,
+                at,
+            } => {
+                tracing::debug!(%breaker, %tenant, duration = duration.as_secs_f64(), threshold = threshold.as_secs_f64(), %at, "slow answer counted as a breaker failure")
             }
             Event::QuotaExhausted {
                 breaker,

@@ -62,6 +62,8 @@ mod redis_sentinel;
 #[cfg(feature = "redis")]
 mod redis_skew;
 #[cfg(feature = "redis")]
+mod redis_slow_calls;
+#[cfg(feature = "redis")]
 mod redis_time_source;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;

@@ -223,6 +223,13 @@ fn every_recorded_event() -> Vec<Event> {
             fallback: "allowed",
             error: "down".into(),
         },
+        Event::SlowCall {
+            breaker: name("kg:circuit"),
+            tenant,
+            duration: Duration::from_secs(3),
+            threshold: Duration::from_secs(2),
+            at,
+        },
     ]
 }
 
@@ -270,7 +277,7 @@ fn the_export_names_every_series_and_label_as_the_prometheus_exporter_does() {
     assert_eq!(live_names, simulated_names, "{live}\n{simulated}");
     // Every series the metrics module documents, so none went missing on
     // both sides at once.
-    assert_eq!(live_names.len(), 12, "{live_names:?}");
+    assert_eq!(live_names.len(), 13, "{live_names:?}");
     for (family, kind) in &live_types {
         let expected = if *kind == "counter" { "unknown" } else { kind };
         assert_eq!(simulated_types[family], expected, "{family}");

@@ -12,6 +12,7 @@ use super::{
 use crate::breaker::CircuitBreaker;
 use crate::cache::{BreakerStore, BudgetStore, InFlightStore, TokenStore};
 use crate::env::Env;
+use crate::error::ConfigError;
 use crate::limiter::RateLimiter;
 use crate::provider::route::{Deployment, IN_FLIGHT_PREFIX, InFlight, Policy};
 use crate::provider::{ExtractError, ExtractRequest, LlmProvider};
@@ -34,6 +35,7 @@ pub struct HardenedProviderBuilder<P, L, B> {
     max_server_delay: Duration,
     quota_cooldown: Duration,
     max_quota_cooldown: Duration,
+    slow_call_threshold: Option<Duration>,
     /// Applies the retry budget to the loop, when one was given.
     budget: Option<Box<dyn FnOnce(Retry) -> Retry + Send>>,
     token_estimate: Option<TokenEstimate>,
@@ -75,6 +77,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             max_server_delay: DEFAULT_MAX_SERVER_DELAY,
             quota_cooldown: DEFAULT_QUOTA_COOLDOWN,
             max_quota_cooldown: DEFAULT_MAX_QUOTA_COOLDOWN,
+            slow_call_threshold: None,
             budget: None,
             token_estimate: None,
         }
@@ -150,9 +153,47 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
     /// may end after it, and each attempt is sent with what it leaves as its
     /// timeout (the inner provider's own timeout still applies when it is
     /// shorter), so a slow answer cannot outlast it either (default: none).
+    /// Set it before a [`slow_call_threshold`](Self::slow_call_threshold),
+    /// which must be shorter.
     pub fn deadline(mut self, budget: Duration) -> Self {
         self.deadline = Some(budget);
         self
+    }
+
+    /// Counts an answer slower than `threshold` as a failure of its
+    /// deployment's breaker (default: off), as resilience4j's
+    /// `slowCallDurationThreshold` does: a server that answers ever more
+    /// slowly under load is shed — its circuit opens after
+    /// `failure_threshold` slow or failed calls, and routing goes to
+    /// another deployment — before its answers time out. The call itself
+    /// succeeds: the caller gets the answer. An attempt is timed on the
+    /// [`env`](Self::env)'s clock from the moment it is sent until its
+    /// answer is back; a slow one is reported as
+    /// [`Event::SlowCall`](crate::observe::Event::SlowCall).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for `slow_call_threshold` when it is zero (every
+    /// answer would be slow), or not shorter than the
+    /// [`deadline`](Self::deadline) set before it (no attempt could take
+    /// longer, so none would count).
+    pub fn slow_call_threshold(mut self, threshold: Duration) -> Result<Self, ConfigError> {
+        if threshold.is_zero() {
+            return Err(ConfigError::new(
+                "slow_call_threshold",
+                "positive",
+                format!("{threshold:?}"),
+            ));
+        }
+        if self.deadline.is_some_and(|deadline| threshold >= deadline) {
+            return Err(ConfigError::new(
+                "slow_call_threshold",
+                "shorter than the deadline",
+                format!("{threshold:?}"),
+            ));
+        }
+        self.slow_call_threshold = Some(threshold);
+        Ok(self)
     }
 
     /// Whether a refusal by the model (`message.refusal`, `content_filter`)
@@ -276,6 +317,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
             max_server_delay: self.max_server_delay,
             quota_cooldown: self.quota_cooldown,
             max_quota_cooldown: self.max_quota_cooldown,
+            slow_call_threshold: self.slow_call_threshold,
             token_estimate: self.token_estimate,
         }
     }

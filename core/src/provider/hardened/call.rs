@@ -154,10 +154,11 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
         // The attempt may take no longer than the deadline leaves.
         let left = self.deadline.map(|d| d.saturating_duration_since(p.clock.now()));
         self.end.sent = self.end.sent.saturating_add(1);
-        let result = p.attempt(at, self.tries, self.request, left).await;
+        let sent = p.attempt(at, self.tries, self.request, left).await;
         #[cfg(feature = "mutants")]
-        let result = self.retried_anew(at, left, result).await;
-        self.absorb(at, reservation, &result).await;
+        let sent = self.retried_anew(at, left, sent).await;
+        let (result, took) = sent;
+        self.absorb(at, reservation, &result, took).await;
         result
     }
 
@@ -165,12 +166,14 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
     /// tokens it may have spent, its reservation at the deployment's own
     /// limit settled, the wait its server asked for and whether it was
     /// about the deployment (for routing), and what the breaker behind it
-    /// will hear.
+    /// will hear — a failure for a success slower than the slow-call
+    /// threshold (`took`, measured only under one).
     async fn absorb(
         &mut self,
         at: usize,
         reservation: Option<Reservation>,
         result: &Result<Extracted<Value>, ExtractError>,
+        took: Option<Duration>,
     ) {
         let p = self.provider;
         // A failed attempt the server may have generated for still used
@@ -189,7 +192,10 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
         if p.deployments.len() > 1 {
             self.heed(at, result);
         }
-        if p.deployments.len() > 1 || p.limited {
+        if result.is_ok() && p.slow(at, took) {
+            // The answer stands; its breaker hears a failure.
+            self.route.reports[p.holders[at]] = Some(BreakerReport::Failure);
+        } else if p.deployments.len() > 1 || p.limited {
             let report = match result {
                 Ok(_) => BreakerReport::Success,
                 Err(e) => match p.classify(e) {
@@ -325,45 +331,47 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
         &mut self,
         at: usize,
         left: Option<Duration>,
-        mut result: Result<Extracted<Value>, ExtractError>,
-    ) -> Result<Extracted<Value>, ExtractError> {
+        mut sent: (Result<Extracted<Value>, ExtractError>, Option<Duration>),
+    ) -> (Result<Extracted<Value>, ExtractError>, Option<Duration>) {
         use crate::mutants::{Mutant, active};
         let p = self.provider;
         if p.deployments.len() < 2 || !active(Mutant::FallbackRetriesAnew) {
-            return result;
+            return sent;
         }
         for _ in 0..p.retry.policy().max_retries() {
-            match &result {
+            match &sent.0 {
                 Err(e) if !matches!(p.classify(e), Retryable::No) => {}
                 _ => break,
             }
             // The attempt this one replaces may have spent tokens too.
-            if result.as_ref().err().is_some_and(may_have_spent) {
+            if sent.0.as_ref().err().is_some_and(may_have_spent) {
                 self.spent = self.spent.saturating_add(1);
             }
             let number = self.end.sent;
             self.end.sent = self.end.sent.saturating_add(1);
-            result = p.attempt(at, number, self.request, left).await;
+            sent = p.attempt(at, number, self.request, left).await;
         }
-        result
+        sent
     }
 }
 
 impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// Attempt `number` of the call, on deployment `at`, in its own span; a
     /// quota signal in its answer becomes that deployment's fleet-wide
-    /// cooldown (one breaker step) before the answer is handed back.
+    /// cooldown (one breaker step) before the answer is handed back, with
+    /// how long the server took to give it when a slow-call threshold is
+    /// set (the cooldown's step not included).
     pub(super) async fn attempt(
         &self,
         at: usize,
         number: u32,
         request: ExtractRequest<'_>,
         left: Option<Duration>,
-    ) -> Result<Extracted<Value>, ExtractError> {
+    ) -> (Result<Extracted<Value>, ExtractError>, Option<Duration>) {
         let span = spans::attempt_span(self.deployments[at].inner.model(), number);
-        let result = self.attempt_in_span(at, request, left).instrument(span.clone()).await;
+        let (result, took) = self.attempt_in_span(at, request, left).instrument(span.clone()).await;
         spans::record_result(&span, &result);
-        result
+        (result, took)
     }
 
     /// [`attempt`](Self::attempt)'s work, inside its span.
@@ -372,8 +380,11 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         at: usize,
         request: ExtractRequest<'_>,
         left: Option<Duration>,
-    ) -> Result<Extracted<Value>, ExtractError> {
+    ) -> (Result<Extracted<Value>, ExtractError>, Option<Duration>) {
+        // Timed only under a slow-call threshold: otherwise no clock is read.
+        let sent_at = self.slow_call_threshold.map(|_| self.clock.now());
         let answer = self.deployments[at].inner.extract_answer(request, left).await;
+        let took = sent_at.map(|t| self.clock.now().saturating_duration_since(t));
         let (result, heard) = self.quota_heard(at, answer);
         if let Some(heard) = heard {
             for i in self.cooled_by(at, heard) {
@@ -390,7 +401,29 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                 }
             }
         }
-        result
+        (result, took)
+    }
+
+    /// Whether an attempt at deployment `at` that succeeded after `took`
+    /// was slow: longer than the slow-call threshold. A slow one is
+    /// reported ([`Event::SlowCall`]); its breaker then hears a failure.
+    pub(super) fn slow(&self, at: usize, took: Option<Duration>) -> bool {
+        let (Some(threshold), Some(took)) = (self.slow_call_threshold, took) else {
+            return false;
+        };
+        if took <= threshold {
+            return false;
+        }
+        if self.observer.enabled() {
+            self.observer.on_event(&Event::SlowCall {
+                breaker: Arc::from(self.deployments[at].breaker.key_prefix()),
+                tenant: self.tenant,
+                duration: took,
+                threshold,
+                at: self.clock.now(),
+            });
+        }
+        true
     }
 
     /// The deployments a quota signal heard from deployment `at` cools:

@@ -30,6 +30,7 @@
 //! | transient failures that exhausted the schedule, or ran out of deadline | `record_failure` |
 //! | a transient failure the classifier refused to retry (a 503's `Retry-After` over the cap) | `record_failure` |
 //! | the server answered unusably: malformed, empty, truncated, 4xx, a spent quota, a redirect, llama.cpp's unusable-output 500, oversized body | `record_success` — the server is up |
+//! | success slower than [`slow_call_threshold`](HardenedProviderBuilder::slow_call_threshold) (the caller still gets the answer) | `record_failure`, and [`Event::SlowCall`](crate::observe::Event::SlowCall) |
 //! | a refusal | `record_success`, or `record_failure` with [`refusals_trip_breaker`](HardenedProviderBuilder::refusals_trip_breaker) |
 //! | no call made after admission (limiter refusal, every deployment's own limit refusing, an inner wrapper's refusal) | `release` — a half-open probe's lease ends at once, so the next caller probes |
 //!
@@ -257,6 +258,8 @@ pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
     max_server_delay: Duration,
     quota_cooldown: Duration,
     max_quota_cooldown: Duration,
+    /// A success slower than this reports a failure to its breaker.
+    slow_call_threshold: Option<Duration>,
     token_estimate: Option<TokenEstimate>,
 }
 
@@ -275,6 +278,7 @@ impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {
             .field("max_server_delay", &self.max_server_delay)
             .field("quota_cooldown", &self.quota_cooldown)
             .field("max_quota_cooldown", &self.max_quota_cooldown)
+            .field("slow_call_threshold", &self.slow_call_threshold)
             .finish_non_exhaustive()
     }
 }

@@ -9,6 +9,7 @@ use super::*;
 use crate::breaker::{CircuitBreaker, CircuitOpen, CircuitState};
 use crate::clock::ManualClock;
 use crate::env::Env;
+use crate::observe::{Event, RecordingObserver};
 use crate::provider::{LlmProviderExt, OutputSchema};
 use crate::random::SeededRandom;
 use crate::retry::RetryPolicy;
@@ -557,4 +558,290 @@ async fn a_retry_refused_everywhere_after_a_spent_quota_is_told_the_soonest_brea
         open.message
     );
     assert_eq!(p.deployments()[0].inner.calls.load(Ordering::SeqCst), 1);
+}
+
+/// Answers every call after `took`, advanced on the manual clock as a
+/// server's latency would pass: the next from the queue, or the last
+/// when the queue runs out. Counts calls.
+struct Slow {
+    model: &'static str,
+    clock: Arc<ManualClock>,
+    took: Mutex<VecDeque<Duration>>,
+    calls: AtomicU32,
+}
+
+impl Slow {
+    fn new(model: &'static str, clock: &Arc<ManualClock>, took: &[u64]) -> Arc<Slow> {
+        Arc::new(Slow {
+            model,
+            clock: clock.clone(),
+            took: Mutex::new(took.iter().map(|ms| Duration::from_millis(*ms)).collect()),
+            calls: AtomicU32::new(0),
+        })
+    }
+}
+
+impl LlmProvider for Slow {
+    fn model(&self) -> &str {
+        self.model
+    }
+    fn extract_answer<'a>(
+        &'a self,
+        _: ExtractRequest<'a>,
+        _: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let took = {
+            let mut queue = self.took.lock().unwrap_or_else(|p| p.into_inner());
+            if queue.len() > 1 {
+                queue.pop_front()
+            } else {
+                queue.front().copied()
+            }
+        }
+        .unwrap_or_default();
+        self.clock.advance(took);
+        let model = self.model.to_owned();
+        Box::pin(async move {
+            Ok(Extracted {
+                value: Value::from("v"),
+                model,
+                usage: None,
+                quota: None,
+            })
+        })
+    }
+}
+
+/// A breaker named `name` on `cache` that opens on `threshold` failures.
+fn opens_after(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str, threshold: u32) -> Arc<CircuitBreaker> {
+    Arc::new(
+        CircuitBreaker::builder()
+            .key_prefix(format!("kg:circuit:{name}"))
+            .failure_threshold(threshold)
+            .recovery_timeout(Duration::from_secs(60))
+            .env(Env::default().with_clock(clock.clone()))
+            .cache(cache.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A provider of tenant 9 over `inner` behind `breaker`, its slow-call
+/// threshold `threshold_ms` (none when `None`), reporting to `events`.
+fn slow_calls_over<P: LlmProvider>(
+    inner: P,
+    breaker: Arc<CircuitBreaker>,
+    clock: &Arc<ManualClock>,
+    threshold_ms: Option<u64>,
+    events: &Arc<RecordingObserver>,
+) -> HardenedProvider<P> {
+    let limiter = Arc::new(
+        RateLimiter::builder(100_000)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
+    let builder = HardenedProvider::builder(inner, TenantId::from_u128(9), limiter, breaker)
+        .retry_policy(RetryPolicy::builder().max_retries(0).build().unwrap())
+        .env(env(clock, 1).with_observer(events.clone()));
+    match threshold_ms {
+        Some(ms) => builder.slow_call_threshold(Duration::from_millis(ms)).unwrap().build(),
+        None => builder.build(),
+    }
+}
+
+/// Each slow call's duration and threshold, in ms, as the events report them.
+fn slow_calls(events: &RecordingObserver) -> Vec<(String, u128, u128)> {
+    events
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::SlowCall {
+                breaker,
+                duration,
+                threshold,
+                tenant,
+                ..
+            } => {
+                assert_eq!(tenant, TenantId::from_u128(9));
+                Some((breaker.to_string(), duration.as_millis(), threshold.as_millis()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn slow_successes_are_answered_and_open_the_breaker_at_its_failure_threshold() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    let breaker = opens_after(&clock, &cache, "gpu", 3);
+    let server = Slow::new("slow/m", &clock, &[1500]);
+    let p = slow_calls_over(server.clone(), breaker.clone(), &clock, Some(1000), &events);
+    for n in 1..=3 {
+        assert_eq!(
+            breaker.state().await.unwrap(),
+            CircuitState::Closed,
+            "before slow call {n}"
+        );
+        // The caller gets every slow answer: the call succeeded.
+        let answer = p.extract::<String>("t", None).await.unwrap();
+        assert_eq!(answer, "v");
+    }
+    assert_eq!(breaker.state().await.unwrap(), CircuitState::Open);
+    let refused = p.extract::<String>("t", None).await.unwrap_err();
+    assert!(matches!(refused, ExtractError::CircuitOpen(_)), "{refused:?}");
+    assert_eq!(
+        server.calls.load(Ordering::SeqCst),
+        3,
+        "the open circuit sheds the fourth"
+    );
+    assert_eq!(slow_calls(&events), vec![("kg:circuit:gpu".to_owned(), 1500, 1000); 3]);
+}
+
+#[tokio::test]
+async fn an_answer_within_the_threshold_is_a_success_that_clears_the_slow_count() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    let breaker = opens_after(&clock, &cache, "gpu", 2);
+    // Slow, fast (at the threshold exactly: not slower), slow, fast, slow.
+    let server = Slow::new("slow/m", &clock, &[1001, 1000, 5000, 10, 1001]);
+    let p = slow_calls_over(server.clone(), breaker.clone(), &clock, Some(1000), &events);
+    for _ in 0..5 {
+        p.extract::<String>("t", None).await.unwrap();
+    }
+    // Three slow calls at a threshold of two, but a fast one after each of
+    // the first two cleared the count: never open.
+    assert_eq!(breaker.state().await.unwrap(), CircuitState::Closed);
+    let slow: Vec<u128> = slow_calls(&events).into_iter().map(|(_, took, _)| took).collect();
+    assert_eq!(slow, [1001, 5000, 1001]);
+    // One more slow call after the last: two in a row open it.
+    p.extract::<String>("t", None).await.unwrap();
+    assert_eq!(breaker.state().await.unwrap(), CircuitState::Open);
+}
+
+#[tokio::test]
+async fn without_a_threshold_a_slow_answer_is_a_success() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    let breaker = opens_after(&clock, &cache, "gpu", 1);
+    let p = slow_calls_over(
+        Slow::new("slow/m", &clock, &[60_000]),
+        breaker.clone(),
+        &clock,
+        None,
+        &events,
+    );
+    for _ in 0..3 {
+        p.extract::<String>("t", None).await.unwrap();
+    }
+    assert_eq!(breaker.state().await.unwrap(), CircuitState::Closed);
+    assert!(slow_calls(&events).is_empty());
+}
+
+#[tokio::test]
+async fn a_fleets_slow_calls_open_the_breaker_it_shares() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    let server = Slow::new("slow/m", &clock, &[2500]);
+    // Three workers, each with its own breaker over the one store.
+    let fleet: Vec<_> = (0..3)
+        .map(|_| {
+            slow_calls_over(
+                server.clone(),
+                opens_after(&clock, &cache, "gpu", 3),
+                &clock,
+                Some(2000),
+                &events,
+            )
+        })
+        .collect();
+    for worker in &fleet {
+        worker.extract::<String>("t", None).await.unwrap();
+    }
+    // One slow call each: three failures in the shared count.
+    for worker in &fleet {
+        let refused = worker.extract::<String>("t", None).await.unwrap_err();
+        assert!(matches!(refused, ExtractError::CircuitOpen(_)), "{refused:?}");
+    }
+    assert_eq!(server.calls.load(Ordering::SeqCst), 3);
+    assert_eq!(slow_calls(&events).len(), 3);
+}
+
+#[tokio::test]
+async fn a_slow_primary_is_shed_and_calls_go_to_the_fallback() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    let (slow, spare) = (
+        Slow::new("slow/m", &clock, &[3000]),
+        Slow::new("spare/m", &clock, &[200]),
+    );
+    let limiter = Arc::new(
+        RateLimiter::builder(100_000)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
+    let p = HardenedProvider::over(
+        Deployment::new(slow.clone(), opens_after(&clock, &cache, "slow", 2)),
+        TenantId::from_u128(9),
+        limiter,
+    )
+    .deployment(Deployment::new(spare.clone(), opens_after(&clock, &cache, "spare", 2)))
+    .env(env(&clock, 1).with_observer(events.clone()))
+    .deadline(Duration::from_secs(10))
+    .slow_call_threshold(Duration::from_secs(2))
+    .unwrap()
+    .build();
+    let models: Vec<String> = {
+        let mut models = Vec::new();
+        for _ in 0..4 {
+            models.push(p.extract_with_model::<String>("t", None).await.unwrap().model);
+        }
+        models
+    };
+    assert_eq!(models, ["slow/m", "slow/m", "spare/m", "spare/m"]);
+    let breakers: Vec<String> = slow_calls(&events).into_iter().map(|(b, _, _)| b).collect();
+    assert_eq!(
+        breakers, ["kg:circuit:slow"; 2],
+        "the spare answered within the threshold"
+    );
+}
+
+#[test]
+fn a_threshold_of_zero_or_not_below_the_deadline_is_refused_naming_the_field() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let builder = || {
+        let limiter = Arc::new(RateLimiter::builder(10).build().unwrap());
+        HardenedProvider::builder(
+            Slow::new("slow/m", &clock, &[0]),
+            TenantId::from_u128(9),
+            limiter,
+            opens_after(&clock, &cache, "gpu", 1),
+        )
+    };
+    let zero = builder().slow_call_threshold(Duration::ZERO).err().unwrap();
+    assert_eq!(zero.to_string(), "slow_call_threshold must be positive, got 0ns");
+    let deadline = builder()
+        .deadline(Duration::from_secs(5))
+        .slow_call_threshold(Duration::from_secs(5))
+        .err()
+        .unwrap();
+    assert_eq!(
+        (deadline.field, deadline.expected),
+        ("slow_call_threshold", "shorter than the deadline")
+    );
+    assert!(
+        builder()
+            .deadline(Duration::from_secs(5))
+            .slow_call_threshold(Duration::from_millis(4999))
+            .is_ok()
+    );
 }
