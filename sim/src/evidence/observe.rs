@@ -249,6 +249,10 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             until_us: until.as_micros(),
             at_us: at.as_micros(),
         },
+        Event::SlowCall { breaker, duration, .. } => Kind::SlowCall {
+            breaker: breaker.to_string(),
+            took_us: micros(*duration),
+        },
         Event::DeploymentDeferred {
             breaker, state, until, ..
         } => Kind::Deferred {

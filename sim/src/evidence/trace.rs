@@ -113,6 +113,13 @@ pub enum Kind {
         /// microseconds; absent for every other outcome.
         #[serde(skip_serializing_if = "Option::is_none")]
         retry_after_us: Option<u64>,
+        /// For a call that succeeded under a slow-call threshold
+        /// (`hardening.slow_call_ms`), how long its answering attempt took
+        /// on the worker's clock, from the request's send to its answer,
+        /// microseconds — as the worker's transport timed it, apart from
+        /// the provider; absent otherwise.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        answer_us: Option<u64>,
     },
     /// The limiter granted a slot, stamped `at_us` by the clock that decided.
     /// Every call past the limiter is one of these, so they are also the
@@ -233,6 +240,14 @@ pub enum Kind {
         breaker: String,
         /// The stamp, epoch microseconds.
         at_us: u64,
+    },
+    /// A provider counted a successful attempt as slow: longer than its
+    /// slow-call threshold, so its breaker hears a failure.
+    SlowCall {
+        /// The deployment's breaker key prefix.
+        breaker: String,
+        /// How long the attempt took on the worker's clock, microseconds.
+        took_us: u64,
     },
     /// A success report cleared a closed breaker's failure count.
     FailuresCleared {

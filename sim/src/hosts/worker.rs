@@ -58,6 +58,9 @@ pub const REQUEST_SYSTEM_PROMPT: &str = "Extract the person named.";
 tokio::task_local! {
     /// Requests the current call has sent, counted by [`CountingTransport`].
     static ATTEMPTS: Cell<u32>;
+    /// How long the current call's last request took to be answered on the
+    /// worker's clock, when [`CountingTransport`] times them.
+    static ANSWERED: Cell<Option<Duration>>;
     /// The current call's own token counts: a replayed trace's request's,
     /// or a draw from its tenant's distributions.
     static TOKENS: Option<RequestTokens>;
@@ -75,8 +78,9 @@ fn call_estimate(request: &redstring::provider::ExtractRequest<'_>, max_tokens: 
 }
 
 /// Counts each request against the call whose task sends it, and tells the
-/// server the call's own token counts.
-struct CountingTransport(Box<dyn HttpTransport>, String);
+/// server the call's own token counts; with a clock (under a slow-call
+/// threshold), times each request from its send to its answer on it.
+struct CountingTransport(Box<dyn HttpTransport>, String, Option<Arc<dyn redstring::Clock>>);
 
 impl HttpTransport for CountingTransport {
     fn post(&self, mut request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
@@ -93,7 +97,17 @@ impl HttpTransport for CountingTransport {
                 .headers
                 .push((crate::hosts::CALL_HEADER.to_owned(), format!("{}/{call}", self.1)));
         }
-        self.0.post(request)
+        let Some(clock) = &self.2 else {
+            return self.0.post(request);
+        };
+        let sent = clock.now();
+        let answer = self.0.post(request);
+        Box::pin(async move {
+            let answer = answer.await;
+            let took = clock.now().saturating_duration_since(sent);
+            let _ = ANSWERED.try_with(|t| t.set(Some(took)));
+            answer
+        })
     }
 }
 
@@ -279,6 +293,9 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
         if let Some(d) = h.deadline_s {
             builder = builder.deadline(secs(d));
         }
+        if let Some(ms) = h.slow_call_ms {
+            builder = builder.slow_call_threshold(Duration::from_millis(ms))?;
+        }
         if let Some(budget) = &budget {
             builder = builder.retry_budget(budget.clone());
         }
@@ -318,7 +335,8 @@ fn deployment<S: BreakerStore>(
         Net::Sim(ports) => Box::new(SimTransport::on(&plan.name, trace.clone(), ports.clone())),
         Net::Real(factory) => factory.transport(&plan.name, &target.server),
     };
-    let transport = CountingTransport(inner, plan.name.clone());
+    let timed = h.slow_call_ms.map(|_| env.clock().clone());
+    let transport = CountingTransport(inner, plan.name.clone(), timed);
     let adapter = Arc::new(
         OpenAiCompatible::builder(target.url.clone(), target.model.clone())
             .timeout(secs(h.request_timeout_s))
@@ -385,10 +403,16 @@ impl Calls {
                     schema: &this.schema,
                 };
                 let result = provider.extract_value(request).await;
-                (result, ATTEMPTS.with(Cell::get))
+                (result, ATTEMPTS.with(Cell::get), ANSWERED.with(Cell::get))
             };
-            let (result, attempts) =
-                trace::within_call(call, TOKENS.scope(tokens, ATTEMPTS.scope(Cell::new(0), work))).await;
+            let (result, attempts, answered) = trace::within_call(
+                call,
+                TOKENS.scope(
+                    tokens,
+                    ATTEMPTS.scope(Cell::new(0), ANSWERED.scope(Cell::new(None), work)),
+                ),
+            )
+            .await;
             let latency_ms = u64::try_from((sim_elapsed().saturating_sub(started)).as_millis()).unwrap_or(0);
             let end = Kind::CallEnd {
                 call,
@@ -402,6 +426,11 @@ impl Calls {
                     }
                     _ => None,
                 },
+                // Timed only under a slow-call threshold; a success's last
+                // request is the one that answered.
+                answer_us: answered
+                    .filter(|_| result.is_ok())
+                    .map(|took| u64::try_from(took.as_micros()).unwrap_or(u64::MAX)),
             };
             this.trace.record(&this.host, end);
         }

@@ -313,6 +313,7 @@ server = "gpu"
                 attempts: 1,
                 latency_ms,
                 retry_after_us: None,
+                answer_us: None,
             },
         ));
     }

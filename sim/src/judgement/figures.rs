@@ -303,6 +303,7 @@ mod tests {
                 attempts: 1,
                 latency_ms,
                 retry_after_us: None,
+                answer_us: None,
             },
         )
     }

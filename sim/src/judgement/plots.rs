@@ -373,6 +373,7 @@ mod tests {
                 attempts: 0,
                 latency_ms: 1,
                 retry_after_us: None,
+                answer_us: None,
             })
         };
         let refused = || {

@@ -532,6 +532,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 attempts: 0,
                 latency_ms: 1,
                 retry_after_us: None,
+                answer_us: None,
             })
         };
         let events = vec![

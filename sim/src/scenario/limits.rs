@@ -31,6 +31,7 @@
 //! | `faults` | ..= [`MAX_FAULTS`] |
 //! | `hardening.max_retries` | ..= [`MAX_RETRIES`] |
 //! | `hardening.limiter_waits` | ..= [`MAX_LIMITER_WAITS`] |
+//! | `hardening.slow_call_ms` | 1 .. `request_timeout_s` and `deadline_s` (in ms, below both) |
 //! | `hardening.multiplier` | 1 ..= 1000 |
 //! | `hardening.retry_budget`: `ratio`, `min_retries_per_sec`, `max_balance` | 0 ..= 10, ..= 1000, 1 ..= 10⁶ (the core's limits) |
 //! | `clock.offset_ms`, and a host's offset plus its `clock_step`s | ..= [`MAX_CLOCK_MS`] either way |

@@ -606,6 +606,38 @@ tenants = [{ id = 1, calls_per_min = 30 }]
     }
 
     #[test]
+    fn a_slow_call_threshold_must_be_positive_and_below_every_timeout() {
+        let with = |hardening: &str| Scenario::parse("slow.toml", &format!("{MINIMAL}\n[hardening]\n{hardening}\n"));
+        let ok = with("slow_call_ms = 2500\nrequest_timeout_s = 3").unwrap();
+        assert_eq!(ok.hardening.slow_call_ms, Some(2500));
+        assert_eq!(Scenario::parse("again.toml", &ok.to_toml()).unwrap(), ok);
+        assert_eq!(with("slow_call_ms = \"none\"").unwrap().hardening.slow_call_ms, None);
+        for (hardening, says) in [
+            (
+                "slow_call_ms = 0",
+                "field `hardening.slow_call_ms`: must be positive, got 0",
+            ),
+            (
+                "slow_call_ms = 3000\nrequest_timeout_s = 3",
+                "field `hardening.slow_call_ms`: must be below request_timeout_s and deadline_s (3 s), got 3000 ms",
+            ),
+            (
+                "deadline_s = 2\nslow_call_ms = 2500\nrequest_timeout_s = 3",
+                "must be below request_timeout_s and deadline_s (2 s), got 2500 ms",
+            ),
+            (
+                "slow_call_ms = \"fast\"",
+                "expected milliseconds or \"none\", got \"fast\"",
+            ),
+            ("slow_call_ms = -5", "slow_call_ms"),
+        ] {
+            let e = with(hardening).unwrap_err().to_string();
+            assert!(e.contains(says), "{e:?} should contain {says:?}");
+            assert!(e.contains("line "), "{e}");
+        }
+    }
+
+    #[test]
     fn a_missing_file_is_an_io_error_naming_it() {
         let e = Scenario::load(Path::new("/nonexistent/x.toml")).unwrap_err();
         assert!(matches!(e, ScenarioError::Io { .. }));

@@ -42,6 +42,14 @@ pub struct Hardening {
     pub limiter_waits: u32,
     /// Per-call deadline, if any.
     pub deadline_s: Option<f64>,
+    /// A success slower than this, in ms on the worker's clock, is reported
+    /// to its server's breaker as a failure (the provider's
+    /// `slow_call_threshold`; default: none). Below `request_timeout_s`
+    /// and `deadline_s`. `"none"` is no threshold, as leaving the key out
+    /// is, so that `compare --set hardening.slow_call_ms=none,4000` can
+    /// switch it off.
+    #[serde(deserialize_with = "ms_or_none")]
+    pub slow_call_ms: Option<u64>,
     /// Output token budget per request.
     pub max_tokens: u32,
     /// What a limiter does while the shared cache cannot be reached
@@ -83,6 +91,23 @@ fn routing_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Rout
         Named::Weighted => Some(Routing::Weighted),
         Named::LeastLoaded => Some(Routing::LeastLoaded),
     })
+}
+
+/// Reads `hardening.slow_call_ms`: milliseconds, or `"none"`.
+fn ms_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum MsOrNone {
+        Ms(u64),
+        Named(String),
+    }
+    match MsOrNone::deserialize(d)? {
+        MsOrNone::Ms(ms) => Ok(Some(ms)),
+        MsOrNone::Named(none) if none == "none" => Ok(None),
+        MsOrNone::Named(other) => Err(serde::de::Error::custom(format!(
+            "expected milliseconds or \"none\", got {other:?}"
+        ))),
+    }
 }
 
 /// `hardening.routing`: the policy a worker's provider picks a call's first
@@ -151,6 +176,7 @@ impl Default for Hardening {
             request_timeout_s: 30.0,
             limiter_waits: 1,
             deadline_s: None,
+            slow_call_ms: None,
             max_tokens: 256,
             on_cache_unavailable: redstring::OnCacheUnavailable::default(),
             on_cache_error: redstring::OnCacheError::default(),

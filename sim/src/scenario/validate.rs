@@ -192,6 +192,20 @@ impl Scenario {
         if let Some(max) = h.max_recovery_timeout_s {
             e.seconds("hardening.max_recovery_timeout_s", max)?;
         }
+        if let Some(ms) = h.slow_call_ms {
+            if ms == 0 {
+                return Err(e.bad("hardening.slow_call_ms", "must be positive, got 0".into()));
+            }
+            // Every attempt ends by the request timeout and the deadline: a
+            // threshold at either could never be exceeded.
+            let slowest = h.deadline_s.map_or(h.request_timeout_s, |d| d.min(h.request_timeout_s));
+            if ms as f64 >= slowest * 1000.0 {
+                return Err(e.bad(
+                    "hardening.slow_call_ms",
+                    format!("must be below request_timeout_s and deadline_s ({slowest} s), got {ms} ms"),
+                ));
+            }
+        }
         e.at_most(
             "hardening.max_retries",
             u64::from(h.max_retries),

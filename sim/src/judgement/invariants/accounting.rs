@@ -136,6 +136,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                     attempts: u32::try_from(n).unwrap(),
                     latency_ms: 1,
                     retry_after_us: None,
+                    answer_us: None,
                 },
             ));
         }

@@ -16,7 +16,8 @@
 //! and `Invariant::check` is the one match that maps each to its checker,
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
 //! `breaker` (3–5, 10–11, 17), `liveness` (6), `accounting` (7), `calls`
-//! (8–9), `cooldown` (12), `budget` (13), `tokens` (14) and `routing` (15–16).
+//! (8–9), `cooldown` (12), `budget` (13), `tokens` (14), `routing` (15–16)
+//! and `slow` (18).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -30,6 +31,7 @@ mod cooldown;
 mod limiter;
 mod liveness;
 mod routing;
+mod slow;
 mod tokens;
 
 use std::fmt;
@@ -101,11 +103,14 @@ pub enum Invariant {
     /// probe through before `min(recovery_timeout × 2^(n−1),
     /// max_recovery_timeout)`: no escalated period is cut short.
     Escalation,
+    /// Under a slow-call threshold, every success slower than it was
+    /// reported to its breaker as a failure, and no faster one was.
+    SlowCallsCounted,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 17] = [
+    pub const ALL: [Invariant; 18] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -123,6 +128,7 @@ impl Invariant {
         Invariant::SkipsVisible,
         Invariant::RetryAfterReturned,
         Invariant::Escalation,
+        Invariant::SlowCallsCounted,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -146,6 +152,7 @@ impl Invariant {
             Invariant::SkipsVisible => 14,
             Invariant::RetryAfterReturned => 15,
             Invariant::Escalation => 16,
+            Invariant::SlowCallsCounted => 17,
         }
     }
 
@@ -169,6 +176,7 @@ impl Invariant {
             Invariant::SkipsVisible => "skips_visible",
             Invariant::RetryAfterReturned => "retry_after_returned",
             Invariant::Escalation => "escalation",
+            Invariant::SlowCallsCounted => "slow_calls_counted",
         }
     }
 
@@ -192,6 +200,7 @@ impl Invariant {
             Invariant::SkipsVisible => routing::skips_visible(ctx, events),
             Invariant::RetryAfterReturned => routing::retry_after_returned(ctx, events),
             Invariant::Escalation => breaker::escalation(ctx, events),
+            Invariant::SlowCallsCounted => slow::slow_calls_counted(ctx, events),
         }
     }
 }
@@ -800,6 +809,7 @@ by_ms = -3000
                     attempts: 1,
                     latency_ms: 1,
                     retry_after_us: None,
+                    answer_us: None,
                 },
             )
         };

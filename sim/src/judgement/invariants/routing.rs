@@ -308,6 +308,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 attempts: 0,
                 latency_ms: 0,
                 retry_after_us,
+                answer_us: None,
             },
         )
     }
