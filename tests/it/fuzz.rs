@@ -246,3 +246,64 @@ fn a_space_with_routing_draws_each_policy_and_the_invariants_hold() {
         })
         .unwrap();
 }
+
+/// `slow_call_ms = [min, max]` draws a slow-call threshold on some cases,
+/// always below the case's request timeout (and the default space never
+/// does); the cases round-trip through TOML, some of them count an answer
+/// slow, and every claimed invariant — `slow_calls_counted` among them —
+/// holds on what is drawn.
+#[test]
+fn a_space_with_slow_calls_draws_thresholds_and_the_invariants_hold() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/bounds/slow-calls.toml");
+    let with = Bounds::load(&path).unwrap();
+    assert!(with.slow_call_ms.is_some() && bounds().slow_call_ms.is_none());
+    let drawn = std::cell::Cell::new((0u32, 0usize));
+    let mut runner = TestRunner::new(Config {
+        cases: cases(16),
+        rng_seed: RngSeed::Fixed(seed()),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&fuzz::scenarios(&with), |s| {
+            let Some(ms) = s.hardening.slow_call_ms else {
+                return fuzz::check_case(&s).map_err(TestCaseError::fail);
+            };
+            if ms as f64 >= s.hardening.request_timeout_s * 1000.0 {
+                return Err(TestCaseError::fail("a threshold at or over the request timeout"));
+            }
+            let back =
+                Scenario::parse("generated.toml", &s.to_toml()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            if back != s {
+                return Err(TestCaseError::fail("TOML round trip changed the scenario"));
+            }
+            fuzz::check_case(&s).map_err(TestCaseError::fail)?;
+            let run = simulate(&s, s.seed).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let slow = run
+                .events
+                .iter()
+                .filter(|e| matches!(e.kind, Kind::SlowCall { .. }))
+                .count();
+            let (n, counted) = drawn.get();
+            drawn.set((n + 1, counted + slow));
+            Ok(())
+        })
+        .unwrap();
+    let (thresholds, slow) = drawn.get();
+    assert!(
+        thresholds > 0 && slow > 0,
+        "drawn: {thresholds} thresholds, {slow} answers counted slow"
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        rng_seed: RngSeed::Fixed(seed()),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&fuzz::scenarios(&bounds()), |s| match s.hardening.slow_call_ms {
+            None => Ok(()),
+            Some(_) => Err(TestCaseError::fail("the default space drew a slow-call threshold")),
+        })
+        .unwrap();
+}

@@ -111,6 +111,10 @@ pub struct Bounds {
     /// 4, 8 or 16, drawn alike), so the fuzzer also searches the
     /// `escalation` invariant. Off by default, like `budgets`.
     pub escalation: bool,
+    /// A range of `hardening.slow_call_ms` to draw on about half the cases
+    /// (each kept below the case's `request_timeout_s`), so the fuzzer
+    /// searches `slow_calls_counted` too. None by default, like `budgets`.
+    pub slow_call_ms: Option<[u64; 2]>,
 }
 
 /// The most fault episodes a bounds file may ask for per case: proptest
@@ -150,6 +154,7 @@ impl Default for Bounds {
             budgets: false,
             routing: false,
             escalation: false,
+            slow_call_ms: None,
         }
     }
 }
@@ -227,6 +232,17 @@ impl Bounds {
         ] {
             if b > max {
                 return Err(bad(field, format!("max must be at most {max}, got {b}")));
+            }
+        }
+        if let Some([a, b]) = self.slow_call_ms {
+            // Every threshold a scenario may hold is below its request
+            // timeout, at most `MAX_SECONDS`.
+            let most = (limits::MAX_SECONDS * 1000.0) as u64;
+            if a < 1 || a > b || b > most {
+                return Err(bad(
+                    "slow_call_ms",
+                    format!("must be [min, max] with 1 <= min <= max <= {most}, got [{a}, {b}]"),
+                ));
             }
         }
         if self.max_faults > MAX_FAULTS {
@@ -587,13 +603,18 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
             } else {
                 Just(None).boxed()
             };
-            let hardening = (hardening, budgets, routing, escalation).prop_map(
-                |(h, (retry_budget, tokens_per_window), routing, escalation)| Hardening {
+            let slow = match b.slow_call_ms {
+                Some([low, high]) => prop::option::of(low..=high).boxed(),
+                None => Just(None).boxed(),
+            };
+            let hardening = (hardening, budgets, routing, escalation, slow).prop_map(
+                |(h, (retry_budget, tokens_per_window), routing, escalation, slow)| Hardening {
                     retry_budget,
                     tokens_per_window,
                     routing,
                     max_recovery_timeout_s: escalation
                         .map(|times: f64| (h.recovery_timeout_s * times).min(limits::MAX_SECONDS)),
+                    slow_call_ms: below_timeout(slow, h.request_timeout_s),
                     ..h
                 },
             );
@@ -620,6 +641,14 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
             build(shape, hardening, clocks, loads, episodes, tick_ms)
         })
         .boxed()
+}
+
+/// A drawn slow-call threshold kept below a request timeout of
+/// `timeout_s` (no attempt lasts longer): none when no whole millisecond is.
+fn below_timeout(ms: Option<u64>, timeout_s: f64) -> Option<u64> {
+    // `timeout_s` is finite and at most `MAX_SECONDS`: the cast is exact.
+    let below = ((timeout_s * 1000.0).ceil() as u64).saturating_sub(1);
+    ms.map(|ms| ms.min(below)).filter(|ms| *ms > 0)
 }
 
 fn server_name(i: usize) -> String {
@@ -830,7 +859,9 @@ pub fn claimed_exceptions(s: &Scenario) -> BTreeSet<Invariant> {
 /// Whether every server can serve the load sent to it once the faults are
 /// over — what liveness presumes. A fleet that overloads a healthy server
 /// (offered load above 80 % of its slots' throughput), or a request timeout
-/// shorter than twice the service time, keeps failing with no fault at all.
+/// shorter than twice the service time, keeps failing with no fault at all;
+/// a slow-call threshold shorter than that counts a healthy server's
+/// answers slow and keeps opening its circuit.
 pub fn carries_its_load(s: &Scenario) -> bool {
     let mut offered = std::collections::BTreeMap::<String, f64>::new();
     for member in s.fleet() {
@@ -841,8 +872,10 @@ pub fn carries_its_load(s: &Scenario) -> bool {
     }
     s.servers.iter().all(|server| {
         let load = offered.get(&server.name).copied().unwrap_or(0.0);
+        let twice = 2.0 * server.service_time_s();
         load <= 0.8 * server.throughput_with(s.hardening.max_tokens)
-            && s.hardening.request_timeout_s >= 2.0 * server.service_time_s()
+            && s.hardening.request_timeout_s >= twice
+            && s.hardening.slow_call_ms.is_none_or(|ms| ms as f64 / 1000.0 >= twice)
     })
 }
 
@@ -951,6 +984,7 @@ mod tests {
             budgets: true,
             routing: true,
             escalation: true,
+            slow_call_ms: Some([(limits::MAX_SECONDS * 1000.0) as u64; 2]),
             ..Bounds::default()
         };
         let least = Bounds {
@@ -975,6 +1009,7 @@ mod tests {
             budgets: true,
             routing: true,
             escalation: true,
+            slow_call_ms: Some([1, 1]),
             ..Bounds::default()
         };
         for (name, bounds) in [("most", most), ("least", least), ("default", Bounds::default())] {

@@ -89,9 +89,11 @@ pub fn heal(s: &Scenario, eps: &[Episode]) -> Heal {
 }
 
 /// Why `s` cannot recover whatever its hardening does, if it cannot: a
-/// server crashed and never restarted, a request timeout below a server's
-/// (unloaded) service time, or steady offered load above a server's capacity
-/// (the figures `redstring-sim` prints before a run, [`sanity::loads`]).
+/// server crashed and never restarted, a request timeout or a slow-call
+/// threshold below a server's (unloaded) service time (every answer too
+/// late, or counted slow: its circuit never stays closed), or steady
+/// offered load above a server's capacity (the figures `redstring-sim`
+/// prints before a run, [`sanity::loads`]).
 pub fn unrecoverable(s: &Scenario) -> Option<String> {
     let mut down: Vec<&str> = Vec::new();
     for f in in_order(&s.faults) {
@@ -110,6 +112,14 @@ pub fn unrecoverable(s: &Scenario) -> Option<String> {
         if timeout < service {
             return Some(format!(
                 "request_timeout_s {timeout} is below {}'s service time of {service:.3} s, so no call can succeed",
+                spec.name
+            ));
+        }
+        if let Some(ms) = s.hardening.slow_call_ms
+            && (ms as f64) < service * 1000.0
+        {
+            return Some(format!(
+                "slow_call_ms {ms} is below {}'s service time of {service:.3} s, so every answer is counted slow and its circuit never stays closed",
                 spec.name
             ));
         }
