@@ -107,11 +107,15 @@ pub enum Mutant {
     /// account's other keys (deployments of one quota group) are tried
     /// next, and each answers that the quota is spent.
     QuotaGroupIgnored,
+    /// A success slower than the slow-call threshold is reported to its
+    /// breaker as a success, like any other: the breaker counts only
+    /// errors, so a server that answers ever more slowly is never shed.
+    SlowCallsIgnored,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 23] = [
+    pub const ALL: [Mutant; 24] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -135,6 +139,7 @@ impl Mutant {
         Mutant::HardQuotaAsRateLimit,
         Mutant::EscalationForgotten,
         Mutant::QuotaGroupIgnored,
+        Mutant::SlowCallsIgnored,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -163,6 +168,7 @@ impl Mutant {
             Mutant::HardQuotaAsRateLimit => "hard_quota_as_rate_limit",
             Mutant::EscalationForgotten => "escalation_forgotten",
             Mutant::QuotaGroupIgnored => "quota_group_ignored",
+            Mutant::SlowCallsIgnored => "slow_calls_ignored",
         }
     }
 
@@ -243,6 +249,8 @@ impl Mutant {
             }
             Mutant::QuotaGroupIgnored => {
                 "a spent account quota taken for one key's: each of the account's keys tried in turn, each answering 429 `insufficient_quota`, a quota counted per organisation and project, not per key (OpenAI's rate-limit and error-code guides)"
+            Mutant::SlowCallsIgnored => {
+                "a breaker that counts only errors never sheds a server that answers slowly: \"Many circuit breaker (ex. resilience4j, sentinel) handle slow call. But failsafe-go doesn't\" (failsafe-go/failsafe-go#53; resilience4j's slowCallDurationThreshold)"
             }
         }
     }

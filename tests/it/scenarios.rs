@@ -96,6 +96,7 @@ scenario_tests! {
     skew_bypass => "skew-bypass.toml",
     skewed_fleet_caller => "skewed-fleet-caller.toml",
     skewed_fleet_store => "skewed-fleet-store.toml",
+    slow_server_shed => "slow-server-shed.toml",
     two_deployment_fallback => "two-deployment-fallback.toml",
     vllm_overload => "vllm-overload.toml",
 }

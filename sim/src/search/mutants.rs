@@ -48,7 +48,8 @@ pub struct Variant {
     pub named_by: Invariant,
     /// The targeted scenario's path under the scenarios directory: in
     /// [`SCENARIO_DIR`], in [`CONFORMANCE_DIR`] for a gateway's reported
-    /// failure, or a shipped scenario that already exposes it.
+    /// failure, or a shipped scenario that shows the setting the variant
+    /// breaks.
     pub scenario: &'static str,
 }
 
@@ -65,7 +66,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 23] = [
+pub const CATALOGUE: [Variant; 24] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -180,6 +181,11 @@ pub const CATALOGUE: [Variant; 23] = [
         mutant: Mutant::QuotaGroupIgnored,
         named_by: Invariant::NoCallInCooldown,
         scenario: "conformance/account-quota-shared-by-keys.toml",
+    },
+    Variant {
+        mutant: Mutant::SlowCallsIgnored,
+        named_by: Invariant::SlowCallsCounted,
+        scenario: "slow-server-shed.toml",
     },
 ];
 

@@ -77,6 +77,7 @@ caught! {
     hard_quota_as_rate_limit_is_caught_by_no_call_in_cooldown => HardQuotaAsRateLimit,
     escalation_forgotten_is_caught_by_escalation => EscalationForgotten,
     quota_group_ignored_is_caught_by_no_call_in_cooldown => QuotaGroupIgnored,
+    slow_calls_ignored_is_caught_by_slow_calls_counted => SlowCallsIgnored,
 }
 
 #[test]
@@ -100,6 +101,7 @@ fn each_new_invariant_names_at_least_one_variant() {
         Invariant::NoWedgedCircuit,
         Invariant::OpensAtThreshold,
         Invariant::SkipsVisible,
+        Invariant::SlowCallsCounted,
     ] {
         assert!(
             CATALOGUE.iter().any(|v| v.named_by == named),

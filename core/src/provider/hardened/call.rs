@@ -414,6 +414,11 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         if took <= threshold {
             return false;
         }
+        #[cfg(feature = "mutants")]
+        if crate::mutants::active(crate::mutants::Mutant::SlowCallsIgnored) {
+            // Only errors count: a slow answer is a success like any other.
+            return false;
+        }
         if self.observer.enabled() {
             self.observer.on_event(&Event::SlowCall {
                 breaker: Arc::from(self.deployments[at].breaker.key_prefix()),
