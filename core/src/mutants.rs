@@ -249,6 +249,7 @@ impl Mutant {
             }
             Mutant::QuotaGroupIgnored => {
                 "a spent account quota taken for one key's: each of the account's keys tried in turn, each answering 429 `insufficient_quota`, a quota counted per organisation and project, not per key (OpenAI's rate-limit and error-code guides)"
+            }
             Mutant::SlowCallsIgnored => {
                 "a breaker that counts only errors never sheds a server that answers slowly: \"Many circuit breaker (ex. resilience4j, sentinel) handle slow call. But failsafe-go doesn't\" (failsafe-go/failsafe-go#53; resilience4j's slowCallDurationThreshold)"
             }

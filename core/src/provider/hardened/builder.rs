@@ -182,14 +182,14 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
             return Err(ConfigError::new(
                 "slow_call_threshold",
                 "positive",
-                format!("{threshold:?}"),
+                crate::time::secs(threshold),
             ));
         }
         if self.deadline.is_some_and(|deadline| threshold >= deadline) {
             return Err(ConfigError::new(
                 "slow_call_threshold",
                 "shorter than the deadline",
-                format!("{threshold:?}"),
+                crate::time::secs(threshold),
             ));
         }
         self.slow_call_threshold = Some(threshold);
