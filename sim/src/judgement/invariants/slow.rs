@@ -32,7 +32,7 @@ struct SinceLast {
     succeeded: Vec<String>,
 }
 
-/// Invariant 17: under a slow-call threshold, every call that succeeded
+/// Invariant 18: under a slow-call threshold, every call that succeeded
 /// after its answering request took longer than `slow_call_ms` (timed by
 /// the worker's transport) shows, after that request, the provider counting
 /// it slow at that server's breaker, with the same duration, and that
