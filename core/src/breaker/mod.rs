@@ -202,8 +202,10 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
         self
     }
 
-    /// How long the circuit stays open before probing, and the failure count's
-    /// lifetime (default 60 s): two settings with one name.
+    /// How long the circuit stays open before probing (its first opening
+    /// since it last closed; see
+    /// [`max_recovery_timeout`](Self::max_recovery_timeout)), and the
+    /// failure count's lifetime (default 60 s): two settings with one name.
     pub fn recovery_timeout(mut self, d: Duration) -> Self {
         self.recovery_timeout = d;
         self
@@ -277,8 +279,10 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
     }
 
     /// Validates and builds. All the numbers must be positive,
-    /// `half_open_max_calls` at most [`MAX_HALF_OPEN_CALLS`]; the prefix
-    /// non-empty.
+    /// `half_open_max_calls` at most [`MAX_HALF_OPEN_CALLS`],
+    /// `recovery_timeout` and `max_recovery_timeout` at most 2^53 µs (what a
+    /// store holds exactly) and `max_recovery_timeout` at least
+    /// `recovery_timeout`; the prefix non-empty.
     pub fn build(self) -> Result<CircuitBreaker<S>, ConfigError> {
         if self.failure_threshold == 0 {
             return Err(ConfigError::new(
@@ -291,6 +295,13 @@ impl<S: BreakerStore> CircuitBreakerBuilder<S> {
             return Err(ConfigError::new(
                 "recovery_timeout",
                 "positive",
+                crate::time::secs(self.recovery_timeout),
+            ));
+        }
+        if self.recovery_timeout.as_micros() > u128::from(MAX_STORED) {
+            return Err(ConfigError::new(
+                "recovery_timeout",
+                "at most 2^53 µs (about 285 years)",
                 crate::time::secs(self.recovery_timeout),
             ));
         }

@@ -363,7 +363,7 @@ impl BreakerSnapshot {
 ///
 /// [`step`] asks only for what the transition in hand needs — a closed
 /// circuit's `Allow` reads the state and nothing else — so an in-process store
-/// can answer from its maps without reading all five keys. A
+/// can answer from its maps without reading all six keys. A
 /// [`BreakerSnapshot`] is the eager implementation every other store uses.
 pub trait BreakerView {
     /// The state key.

@@ -164,9 +164,11 @@ impl<P, B> Deployment<P, B> {
     /// that the account's quota is spent (`insufficient_quota`, or a limit
     /// whose reset is further away than
     /// [`max_server_delay`](crate::provider::HardenedProviderBuilder::max_server_delay)),
-    /// every deployment of the group cools down until the reset — each
-    /// breaker's fleet-wide cooldown, so no worker sends the account's other
-    /// keys a request the account must refuse. What is said of one key
+    /// every deployment of the group in that provider cools down until the
+    /// reset — each breaker's fleet-wide cooldown, so no worker sharing
+    /// those breakers sends the account's other keys a request the account
+    /// must refuse. A member whose breaker a deployment outside the group
+    /// shares is left alone: that deployment's quota is not spent. What is said of one key
     /// only stays with that key: a per-minute rate limit cools it alone, and
     /// an error about the key itself (a revoked key, an unknown model)
     /// defers it alone.

@@ -202,3 +202,56 @@ async fn on_redis_a_keys_own_limit_and_error_stay_with_it() {
     let clock = Arc::new(ManualClock::new(SystemClock.now()));
     a_keys_own_limit_and_error_stay_with_it(Arc::new(server.cache()), clock).await;
 }
+
+/// A group member whose breaker a deployment outside the group shares is
+/// not cooled by the account's spent quota: the other deployment's quota is
+/// not spent, and its breaker must keep admitting it.
+#[tokio::test]
+async fn a_breaker_shared_with_a_deployment_outside_the_group_is_not_cooled() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let observer = Arc::new(RecordingObserver::new());
+    let env = Env::default().with_clock(clock.clone()).with_observer(observer.clone());
+    let breaker = |name: &str| {
+        Arc::new(
+            CircuitBreaker::builder()
+                .key_prefix(format!("kg:circuit:{name}"))
+                .env(env.clone())
+                .cache(cache.clone())
+                .build()
+                .unwrap(),
+        )
+    };
+    let servers = Servers::default();
+    let adapter = |name: &str, server: &Scripted| {
+        OpenAiCompatible::builder(format!("http://{name}.test/v1"), "gpt")
+            .env(Env::default().with_clock(clock.clone()))
+            .build_with(server.clone())
+            .unwrap()
+    };
+    let (a, shared) = (breaker("a"), breaker("shared"));
+    let limiter = Arc::new(
+        RateLimiter::builder(100)
+            .env(env.clone())
+            .cache(cache.clone())
+            .build()
+            .unwrap(),
+    );
+    // a and b are keys of `org`; `other` is another account's key behind
+    // the same breaker as b.
+    let provider = HardenedProvider::over(
+        Deployment::new(adapter("a", &servers.a), a.clone()).quota_group("org"),
+        TenantId::from_u128(1),
+        limiter,
+    )
+    .deployment(Deployment::new(adapter("b", &servers.b), shared.clone()).quota_group("org"))
+    .deployment(Deployment::new(adapter("other", &servers.other), shared.clone()))
+    .retry_policy(RetryPolicy::builder().max_retries(0).build().unwrap())
+    .env(env.clone())
+    .cooldown_waits(0)
+    .build();
+    servers.a.push(respond(429, &[], SPENT));
+    let _ = provider.extract::<String>("t", None).await;
+    assert_eq!(cooled(&observer), ["kg:circuit:a"]);
+    assert!(shared.admit().await.is_admitted(), "the shared breaker still admits");
+}

@@ -7,7 +7,7 @@
 //!
 //! The keys are split over a few shards, each a table (`table.rs`) behind
 //! its own mutex. A key that begins with a hash tag (`{…}`, as a breaker's
-//! five keys `{prefix}:state`, … do) lives on one shard with every other
+//! six keys `{prefix}:state`, … do) lives on one shard with every other
 //! tagged key, and every other key (a limiter's `{prefix}:{tenant}`) is
 //! placed by its hash over the rest. Every operation locks the shards of the
 //! keys it touches (one, for every key set the crate builds) for its whole

@@ -433,14 +433,25 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
 
     /// The deployments a quota signal heard from deployment `at` cools:
     /// `at` alone for a rate limit; for a spent quota, every deployment of
-    /// its [`quota_group`](crate::provider::Deployment::quota_group) (the
-    /// account's quota is spent on every key), in the order given.
-    fn cooled_by(&self, at: usize, heard: Heard) -> impl Iterator<Item = usize> + '_ {
+    /// its [`quota_group`](crate::provider::Deployment::quota_group) in this
+    /// provider (the account's quota is spent on every key), in the order
+    /// given — except one whose breaker a deployment outside the group
+    /// shares, whose quota is not spent. Each breaker is cooled once.
+    fn cooled_by(&self, at: usize, heard: Heard) -> Vec<usize> {
         let group = self.deployments[at].quota_group.as_deref().filter(|_| heard.spent);
         #[cfg(feature = "mutants")]
         let group = group.filter(|_| !crate::mutants::active(crate::mutants::Mutant::QuotaGroupIgnored));
-        (0..self.deployments.len())
-            .filter(move |&i| i == at || group.is_some_and(|g| self.deployments[i].quota_group.as_deref() == Some(g)))
+        let prefix = |i: usize| self.deployments[i].breaker.key_prefix();
+        let in_group = |i: usize| group.is_some_and(|g| self.deployments[i].quota_group.as_deref() == Some(g));
+        let mut cooled: Vec<usize> = Vec::new();
+        for i in 0..self.deployments.len() {
+            let shared_outside = (0..self.deployments.len()).any(|j| prefix(j) == prefix(i) && !in_group(j));
+            let member = i == at || (in_group(i) && !shared_outside);
+            if member && !cooled.iter().any(|&c| prefix(c) == prefix(i)) {
+                cooled.push(i);
+            }
+        }
+        cooled
     }
 
     /// What an attempt's answer says of deployment `at`'s quota: the

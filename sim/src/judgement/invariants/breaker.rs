@@ -279,7 +279,9 @@ impl Transitions {
 /// 2^(n−1), max_recovery_timeout)`. Openings are counted from the trace: an
 /// opening from closed is the first, one from half-open (a failed probe)
 /// the one after the last seen (at least the second), and a close or a
-/// restarted shared cache starts again. Judged on the deciding clock's
+/// restarted shared cache starts again; a transition from another state
+/// than the one traced (the trace lost one) leaves the count unknown, and
+/// unjudged, until the circuit next opens from closed. Judged on the deciding clock's
 /// stamps where one clock decides (exact: the store compares the same
 /// stamps); otherwise in simulated time, loosened by the fleet's clock
 /// spread and a network round trip.
@@ -290,10 +292,25 @@ pub(super) fn escalation(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let slack = if ctx.single_clock {
         0
     } else {
+        // The fleet's clock spread, and a round trip at the longest latency
+        // the scenario sets (a latency fault may raise it far above the
+        // network's): an opening is traced when its reply is back.
         let spread = clock_spread(ctx.scenario, Duration::MAX, Duration::MAX);
+        let s = ctx.scenario;
+        let longest_ms = s
+            .faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::Latency { ms, .. } => Some(*ms),
+                _ => None,
+            })
+            .fold(s.network.max_latency_ms, u64::max);
+        let trip_us = 2u64
+            .saturating_mul(longest_ms.saturating_add(s.tick_ms))
+            .saturating_mul(1000);
         u64::try_from(spread.as_micros())
             .unwrap_or(u64::MAX)
-            .saturating_add(ctx.round_trip_us)
+            .saturating_add(trip_us)
     };
     let period_us = |n: u32| {
         let doublings = n.saturating_sub(1).min(64);
@@ -305,12 +322,25 @@ pub(super) fn escalation(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     // the number of the last opening since the circuit last closed.
     let mut open: BTreeMap<String, (u64, u32)> = BTreeMap::new();
     let mut streak: BTreeMap<String, u32> = BTreeMap::new();
+    // Scopes whose count the trace lost.
+    let mut unknown: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let (mut reopenings, mut most, mut verdict) = (0u32, 0u32, Verdict::Held);
     for e in events {
         let stamp = match e.kind {
             Kind::Breaker { at_us, .. } => ctx.instant(e, at_us),
             _ => e.t_us,
         };
+        // A transition from another state than the one traced means the
+        // trace lost some (a reply lost to a partition): the count is
+        // unknown until the circuit next opens from closed.
+        if let Kind::Breaker { breaker, from, .. } = &e.kind {
+            let scope = ctx.scopes.breaker(e, breaker);
+            if breakers.state(&scope) != *from {
+                streak.remove(&scope);
+                open.remove(&scope);
+                unknown.insert(scope);
+            }
+        }
         match breakers.observe(e) {
             Some(Change::Moved {
                 scope,
@@ -318,9 +348,11 @@ pub(super) fn escalation(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 to: CircuitState::Open,
             }) => {
                 let n = match from {
+                    CircuitState::HalfOpen if unknown.contains(&scope) => continue,
                     CircuitState::HalfOpen => streak.get(&scope).map_or(2, |n| n.saturating_add(1)),
                     _ => 1,
                 };
+                unknown.remove(&scope);
                 if n > 1 {
                     reopenings += 1;
                 }
@@ -359,6 +391,7 @@ pub(super) fn escalation(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             Some(Change::Forgotten) => {
                 streak.clear();
                 open.clear();
+                unknown.clear();
             }
             Some(Change::Moved { .. }) | None => {}
         }
@@ -738,6 +771,24 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             escalation(&ctx, &[moved(0, Closed, Open), moved(5000, Open, HalfOpen)]).0,
             Verdict::NotApplicable { .. }
         ));
+    }
+
+    #[test]
+    fn a_count_the_trace_lost_is_not_judged() {
+        let s = escalating();
+        // The close at 15 s and the first opening after it, at 16 s, never
+        // reached the trace (their replies were lost); the store's next
+        // re-opening, at 21 s, is its second (10 s), not the third (15 s).
+        let events = [
+            moved(0, Closed, Open),
+            moved(5000, Open, HalfOpen),
+            moved(5000, HalfOpen, Open),
+            moved(15_000, Open, HalfOpen),
+            moved(21_000, Open, HalfOpen),
+            moved(21_000, HalfOpen, Open),
+            moved(31_000, Open, HalfOpen),
+        ];
+        assert_eq!(escalation(&Ctx::new(&s), &events).0, Verdict::Held);
     }
 
     #[test]

@@ -29,20 +29,34 @@ struct Written {
     trips: u64,
 }
 
-/// The breakers a spent quota heard at each server's breaker cools: every
-/// breaker of its quota group (`servers[].quota_group`), keyed by breaker
-/// prefix; a server in no group is absent (it cools only itself).
-fn quota_groups(ctx: &Ctx) -> BTreeMap<String, Vec<String>> {
+/// The breakers a spent quota heard at a server's breaker by a worker
+/// cools: every breaker of the server's quota group
+/// (`servers[].quota_group`) among the servers that worker routes to — its
+/// provider knows no others — keyed by (worker, breaker prefix); a server
+/// in no group is absent (it cools only itself).
+fn quota_groups(ctx: &Ctx) -> BTreeMap<(String, String), Vec<String>> {
     let servers = &ctx.scenario.servers;
     let mut out = BTreeMap::new();
-    for s in servers {
-        if let Some(group) = &s.quota_group {
-            let members = servers
+    for member in ctx.scenario.fleet() {
+        for name in &member.servers {
+            let Some(group) = servers
                 .iter()
-                .filter(|o| o.quota_group.as_ref() == Some(group))
-                .map(|o| breaker_prefix(&o.name))
+                .find(|s| &s.name == name)
+                .and_then(|s| s.quota_group.as_ref())
+            else {
+                continue;
+            };
+            let members = member
+                .servers
+                .iter()
+                .filter(|o| {
+                    servers
+                        .iter()
+                        .any(|s| &s.name == *o && s.quota_group.as_ref() == Some(group))
+                })
+                .map(|o| breaker_prefix(o))
                 .collect();
-            out.insert(breaker_prefix(&s.name), members);
+            out.insert((member.name.clone(), breaker_prefix(name)), members);
         }
     }
     out
@@ -121,7 +135,9 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 // at every key of the account.
                 spent += 1;
                 let own = [breaker.clone()];
-                let members = groups.get(breaker.as_str()).map_or(&own[..], Vec::as_slice);
+                let members = groups
+                    .get(&(e.host.clone(), breaker.clone()))
+                    .map_or(&own[..], Vec::as_slice);
                 let trips = u64::try_from(members.len()).unwrap_or(u64::MAX);
                 for member in members {
                     recorded
@@ -354,6 +370,30 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             verdict(&ungrouped, &[spent, admitted(10 * S, 2, "key-b")]),
             Verdict::Held
         );
+        // A worker that does not route to key-b cannot cool it: another
+        // worker's admission there is no violation.
+        let split = GROUPED.replace(
+            "servers = [\"key-a\", \"key-b\", \"other\"]\n",
+            "servers = [\"key-a\", \"other\"]\n",
+        ) + "[[workers]]\nname = \"v\"\nservers = [\"key-b\", \"other\"]\ntenants = [{ id = 2, calls_per_min = 1 }]\n";
+        let split = Scenario::parse("synthetic.toml", &split).unwrap();
+        let spent = at_server(2 * S, 1, "key-a", |breaker| Kind::QuotaSpent {
+            breaker,
+            until_us: 3_602 * S,
+            at_us: 2 * S,
+        });
+        let elsewhere = event(
+            10 * S,
+            "v",
+            Some(2),
+            Kind::Allowed {
+                breaker: "kg:circuit:key-b".into(),
+                state: CircuitState::Closed,
+                probe: None,
+                at_us: 10 * S,
+            },
+        );
+        assert_eq!(verdict(&split, &[spent, elsewhere]), Verdict::Held);
     }
 
     #[test]
