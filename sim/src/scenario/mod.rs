@@ -360,6 +360,18 @@ impl Scenario {
         format!("{:016x}", h.0)
     }
 
+    /// The longest one-way network latency the scenario sets, in ms: the
+    /// network's `max_latency_ms`, or a latency fault's, whichever is larger.
+    pub fn longest_latency_ms(&self) -> u64 {
+        self.faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::Latency { ms, .. } => Some(*ms),
+                _ => None,
+            })
+            .fold(self.network.max_latency_ms, u64::max)
+    }
+
     /// Every worker of the fleet, groups expanded, in order: worker `i` of a
     /// group calls the group's `servers[i % len]`, or, under
     /// `hardening.routing`, all of them in order.

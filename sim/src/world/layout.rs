@@ -83,16 +83,8 @@ fn network_named(scenario: &Scenario) -> BTreeSet<&str> {
 /// [`transport::time_wait`] of the longest one-way latency the scenario's
 /// network or any of its latency faults sets.
 pub fn time_wait(scenario: &Scenario) -> Duration {
-    let longest_ms = scenario
-        .faults
-        .iter()
-        .filter_map(|f| match f {
-            Fault::Latency { ms, .. } => Some(*ms),
-            _ => None,
-        })
-        .fold(scenario.network.max_latency_ms, u64::max);
     transport::time_wait(
-        Duration::from_millis(longest_ms),
+        Duration::from_millis(scenario.longest_latency_ms()),
         Duration::from_millis(scenario.tick_ms.max(1)),
     )
 }

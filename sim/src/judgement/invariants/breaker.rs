@@ -297,16 +297,8 @@ pub(super) fn escalation(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         // network's): an opening is traced when its reply is back.
         let spread = clock_spread(ctx.scenario, Duration::MAX, Duration::MAX);
         let s = ctx.scenario;
-        let longest_ms = s
-            .faults
-            .iter()
-            .filter_map(|f| match f {
-                Fault::Latency { ms, .. } => Some(*ms),
-                _ => None,
-            })
-            .fold(s.network.max_latency_ms, u64::max);
         let trip_us = 2u64
-            .saturating_mul(longest_ms.saturating_add(s.tick_ms))
+            .saturating_mul(s.longest_latency_ms().saturating_add(s.tick_ms))
             .saturating_mul(1000);
         u64::try_from(spread.as_micros())
             .unwrap_or(u64::MAX)
