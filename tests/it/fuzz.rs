@@ -148,33 +148,92 @@ fn a_failing_case_shrinks_to_one_fault_and_replays_from_its_file() {
     );
 }
 
-/// `budgets = true` draws retry and token budgets on some cases (and the
-/// default space never does), the cases round-trip through TOML with them,
-/// and the budgets' invariants hold on what is drawn.
-#[test]
-fn a_space_with_budgets_draws_them_and_their_invariants_hold() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/bounds/budgets.toml");
-    let with = Bounds::load(&path).unwrap();
-    assert!(with.budgets && !bounds().budgets);
-    let drawn = std::cell::Cell::new((0u32, 0u32));
-    let mut runner = TestRunner::new(Config {
-        cases: cases(16),
+/// A runner of `cases` cases from the fixed seed, keeping no failures.
+fn runner(cases: u32) -> TestRunner {
+    TestRunner::new(Config {
+        cases,
         rng_seed: RngSeed::Fixed(seed()),
         failure_persistence: None,
         ..Config::default()
-    });
-    runner
+    })
+}
+
+/// The bounds file `name` under `scenarios/bounds/`.
+fn bounds_file(name: &str) -> Bounds {
+    Bounds::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("scenarios/bounds")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// Fails unless `s` reads back from its TOML unchanged.
+fn round_trips(s: &Scenario) -> Result<(), TestCaseError> {
+    let back = Scenario::parse("generated.toml", &s.to_toml()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    if &back == s {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail("TOML round trip changed the scenario"))
+    }
+}
+
+/// Runs `s` as the fuzzer does (`fuzz::check_case`: valid, simulated, every
+/// claimed invariant held) and hands back its trace's events, simulated
+/// once.
+fn checked(s: &Scenario) -> Result<Vec<redstring_sim::evidence::trace::TraceEvent>, TestCaseError> {
+    s.validate("fuzz case")
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let run = simulate(s, s.seed).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let failed = run.failed();
+    if failed.is_empty() {
+        Ok(run.events)
+    } else {
+        Err(TestCaseError::fail(format!("invariants failed: {failed:?}")))
+    }
+}
+
+/// The default space draws none of what the other bounds files opt into —
+/// budgets, routing, a slow-call threshold, escalation — so the cases it
+/// draws for a seed stay as they were.
+#[test]
+fn the_default_space_draws_no_opt_in_setting() {
+    let b = bounds();
+    assert!(!b.budgets && !b.routing && !b.escalation && b.slow_call_ms.is_none());
+    runner(64)
+        .run(&fuzz::scenarios(&b), |s| {
+            let h = &s.hardening;
+            let drew = [
+                ("a retry budget", h.retry_budget.is_some()),
+                ("a token budget", h.tokens_per_window.is_some()),
+                ("a routing policy", h.routing.is_some()),
+                ("a slow-call threshold", h.slow_call_ms.is_some()),
+                ("escalation", h.max_recovery_timeout_s.is_some()),
+            ];
+            match drew.iter().find(|(_, drawn)| *drawn) {
+                Some((what, _)) => Err(TestCaseError::fail(format!("the default space drew {what}"))),
+                None => Ok(()),
+            }
+        })
+        .unwrap();
+}
+
+/// `budgets = true` draws retry and token budgets on some cases, the cases
+/// round-trip through TOML with them, and the budgets' invariants hold on
+/// what is drawn.
+#[test]
+fn a_space_with_budgets_draws_them_and_their_invariants_hold() {
+    let with = bounds_file("budgets.toml");
+    assert!(with.budgets);
+    let drawn = std::cell::Cell::new((0u32, 0u32));
+    runner(cases(16))
         .run(&fuzz::scenarios(&with), |s| {
             let (b, t) = drawn.get();
             drawn.set((
                 b + u32::from(s.hardening.retry_budget.is_some()),
                 t + u32::from(s.hardening.tokens_per_window.is_some()),
             ));
-            let back =
-                Scenario::parse("generated.toml", &s.to_toml()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            if back != s {
-                return Err(TestCaseError::fail("TOML round trip changed the scenario"));
-            }
+            round_trips(&s)?;
             fuzz::check_case(&s).map_err(TestCaseError::fail)
         })
         .unwrap();
@@ -183,88 +242,40 @@ fn a_space_with_budgets_draws_them_and_their_invariants_hold() {
         budgets > 0 && tokens > 0,
         "drawn: {budgets} retry budgets, {tokens} token budgets"
     );
-    let mut runner = TestRunner::new(Config {
-        cases: 64,
-        rng_seed: RngSeed::Fixed(seed()),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    runner
-        .run(&fuzz::scenarios(&bounds()), |s| {
-            let none = s.hardening.retry_budget.is_none() && s.hardening.tokens_per_window.is_none();
-            if none {
-                Ok(())
-            } else {
-                Err(TestCaseError::fail("the default space drew a budget"))
-            }
-        })
-        .unwrap();
 }
 
 /// `routing = true` draws every policy (and none) on some cases, a routed
 /// case's workers list every server, the cases round-trip through TOML, and
-/// every claimed invariant holds on what is drawn; the default space never
-/// routes.
+/// every claimed invariant holds on what is drawn.
 #[test]
 fn a_space_with_routing_draws_each_policy_and_the_invariants_hold() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/bounds/routing.toml");
-    let with = Bounds::load(&path).unwrap();
-    assert!(with.routing && !bounds().routing);
+    let with = bounds_file("routing.toml");
+    assert!(with.routing);
     let drawn = std::cell::RefCell::new(std::collections::BTreeSet::new());
-    let mut runner = TestRunner::new(Config {
-        cases: cases(16),
-        rng_seed: RngSeed::Fixed(seed()),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    runner
+    runner(cases(16))
         .run(&fuzz::scenarios(&with), |s| {
             drawn.borrow_mut().insert(s.hardening.routing.map(|r| r.name()));
             if s.hardening.routing.is_some() && s.workers.iter().any(|w| w.servers.len() != s.servers.len()) {
                 return Err(TestCaseError::fail("a routed worker does not list every server"));
             }
-            let back =
-                Scenario::parse("generated.toml", &s.to_toml()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            if back != s {
-                return Err(TestCaseError::fail("TOML round trip changed the scenario"));
-            }
+            round_trips(&s)?;
             fuzz::check_case(&s).map_err(TestCaseError::fail)
         })
         .unwrap();
     let drawn = drawn.into_inner();
     assert!(drawn.len() >= 3, "policies drawn: {drawn:?}");
-    let mut runner = TestRunner::new(Config {
-        cases: 64,
-        rng_seed: RngSeed::Fixed(seed()),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    runner
-        .run(&fuzz::scenarios(&bounds()), |s| match s.hardening.routing {
-            None => Ok(()),
-            Some(_) => Err(TestCaseError::fail("the default space drew a routing policy")),
-        })
-        .unwrap();
 }
 
 /// `slow_call_ms = [min, max]` draws a slow-call threshold on some cases,
-/// always below the case's request timeout (and the default space never
-/// does); the cases round-trip through TOML, some of them count an answer
-/// slow, and every claimed invariant — `slow_calls_counted` among them —
-/// holds on what is drawn.
+/// always below the case's request timeout; the cases round-trip through
+/// TOML, some of them count an answer slow, and every claimed invariant —
+/// `slow_calls_counted` among them — holds on what is drawn.
 #[test]
 fn a_space_with_slow_calls_draws_thresholds_and_the_invariants_hold() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/bounds/slow-calls.toml");
-    let with = Bounds::load(&path).unwrap();
-    assert!(with.slow_call_ms.is_some() && bounds().slow_call_ms.is_none());
+    let with = bounds_file("slow-calls.toml");
+    assert!(with.slow_call_ms.is_some());
     let drawn = std::cell::Cell::new((0u32, 0usize));
-    let mut runner = TestRunner::new(Config {
-        cases: cases(16),
-        rng_seed: RngSeed::Fixed(seed()),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    runner
+    runner(cases(16))
         .run(&fuzz::scenarios(&with), |s| {
             let Some(ms) = s.hardening.slow_call_ms else {
                 return fuzz::check_case(&s).map_err(TestCaseError::fail);
@@ -272,15 +283,8 @@ fn a_space_with_slow_calls_draws_thresholds_and_the_invariants_hold() {
             if ms as f64 >= s.hardening.request_timeout_s * 1000.0 {
                 return Err(TestCaseError::fail("a threshold at or over the request timeout"));
             }
-            let back =
-                Scenario::parse("generated.toml", &s.to_toml()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            if back != s {
-                return Err(TestCaseError::fail("TOML round trip changed the scenario"));
-            }
-            fuzz::check_case(&s).map_err(TestCaseError::fail)?;
-            let run = simulate(&s, s.seed).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let slow = run
-                .events
+            round_trips(&s)?;
+            let slow = checked(&s)?
                 .iter()
                 .filter(|e| matches!(e.kind, Kind::SlowCall { .. }))
                 .count();
@@ -294,16 +298,48 @@ fn a_space_with_slow_calls_draws_thresholds_and_the_invariants_hold() {
         thresholds > 0 && slow > 0,
         "drawn: {thresholds} thresholds, {slow} answers counted slow"
     );
-    let mut runner = TestRunner::new(Config {
-        cases: 64,
-        rng_seed: RngSeed::Fixed(seed()),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    runner
-        .run(&fuzz::scenarios(&bounds()), |s| match s.hardening.slow_call_ms {
-            None => Ok(()),
-            Some(_) => Err(TestCaseError::fail("the default space drew a slow-call threshold")),
+}
+
+/// `escalation = true` draws `max_recovery_timeout_s` on some cases, never
+/// below `recovery_timeout_s`; the cases round-trip through TOML, some circuit re-opens on a failed
+/// probe, and every claimed invariant — `escalation` among them — holds on
+/// what is drawn.
+#[test]
+fn a_space_with_escalation_draws_it_and_the_invariants_hold() {
+    let with = bounds_file("escalation.toml");
+    assert!(with.escalation);
+    let drawn = std::cell::Cell::new((0u32, 0usize));
+    runner(cases(12))
+        .run(&fuzz::scenarios(&with), |s| {
+            let h = &s.hardening;
+            let Some(max) = h.max_recovery_timeout_s else {
+                return fuzz::check_case(&s).map_err(TestCaseError::fail);
+            };
+            if max < h.recovery_timeout_s {
+                return Err(TestCaseError::fail("an escalation cap below the recovery timeout"));
+            }
+            round_trips(&s)?;
+            let reopened = checked(&s)?
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        e.kind,
+                        Kind::Breaker {
+                            from: redstring::CircuitState::HalfOpen,
+                            to: redstring::CircuitState::Open,
+                            ..
+                        }
+                    )
+                })
+                .count();
+            let (n, count) = drawn.get();
+            drawn.set((n + 1, count + reopened));
+            Ok(())
         })
         .unwrap();
+    let (caps, reopened) = drawn.get();
+    assert!(
+        caps > 0 && reopened > 0,
+        "drawn: {caps} escalation caps, {reopened} re-openings on a failed probe"
+    );
 }
