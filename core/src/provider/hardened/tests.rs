@@ -168,41 +168,36 @@ impl LlmProvider for Named {
         if self.hang.load(Ordering::SeqCst) {
             return Box::pin(std::future::pending());
         }
-        let model = self.model.to_owned();
-        Box::pin(async move {
-            Ok(Extracted {
-                value: Value::from("v"),
-                model,
-                usage: None,
-                quota: None,
-            })
-        })
+        answered(self.model)
     }
 }
 
-fn breaker_named(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str) -> Arc<CircuitBreaker> {
-    Arc::new(
-        CircuitBreaker::builder()
-            .key_prefix(format!("kg:circuit:{name}"))
-            .env(Env::default().with_clock(clock.clone()))
-            .cache(cache.clone())
-            .build()
-            .unwrap(),
-    )
+/// An answer `"v"` from `model`, at once.
+fn answered(model: &str) -> BoxFuture<'static, Result<Extracted<Value>, ExtractError>> {
+    let model = model.to_owned();
+    Box::pin(async move {
+        Ok(Extracted {
+            value: Value::from("v"),
+            model,
+            usage: None,
+            quota: None,
+        })
+    })
 }
 
-/// A breaker named `name` on `cache` that opens on one failure and stays
-/// open for `recovery_s` seconds.
-fn opens_on_one_failure(
+/// A breaker named `name` on `cache` that opens on `threshold` failures
+/// and stays open for `recovery_s` seconds.
+fn breaker(
     clock: &Arc<ManualClock>,
     cache: &Arc<MemoryCache>,
     name: &str,
+    threshold: u32,
     recovery_s: u64,
 ) -> Arc<CircuitBreaker> {
     Arc::new(
         CircuitBreaker::builder()
             .key_prefix(format!("kg:circuit:{name}"))
-            .failure_threshold(1)
+            .failure_threshold(threshold)
             .recovery_timeout(Duration::from_secs(recovery_s))
             .env(Env::default().with_clock(clock.clone()))
             .cache(cache.clone())
@@ -223,11 +218,11 @@ async fn weighted_routing_shares_first_choices_by_weight() {
             .unwrap(),
     );
     let p = HardenedProvider::over(
-        Deployment::new(a.clone(), breaker_named(&clock, &cache, "a")).weight(3),
+        Deployment::new(a.clone(), breaker(&clock, &cache, "a", 5, 60)).weight(3),
         TenantId::from_u128(9),
         limiter,
     )
-    .deployment(Deployment::new(b.clone(), breaker_named(&clock, &cache, "b")).weight(1))
+    .deployment(Deployment::new(b.clone(), breaker(&clock, &cache, "b", 5, 60)).weight(1))
     .weighted()
     .env(env(&clock, 11))
     .build();
@@ -259,9 +254,9 @@ async fn least_loaded_routing_sends_a_call_where_fewest_are_in_flight_and_ends_i
             a.clone(),
             TenantId::from_u128(9),
             limiter.clone(),
-            breaker_named(&clock, &cache, "a"),
+            breaker(&clock, &cache, "a", 5, 60),
         )
-        .fallback(b.clone(), breaker_named(&clock, &cache, "b"))
+        .fallback(b.clone(), breaker(&clock, &cache, "b", 5, 60))
         .least_loaded(Duration::from_secs(60))
         .env(env(&clock, 5))
         .build()
@@ -463,11 +458,11 @@ impl Clock for OpensOnWake {
 async fn a_call_every_breaker_refuses_while_placing_is_handed_back_the_soonest_wait() {
     let manual = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(manual.clone()));
-    let breaker = |name: &str, recovery: u64| opens_on_one_failure(&manual, &cache, name, recovery);
+    let opens_on_one = |name: &str, recovery: u64| breaker(&manual, &cache, name, 1, recovery);
     // The primary's own limit is spent for 5 s; the two others are open,
     // for 30 s and 10 s. The call is admitted at the primary, sleeps its
     // limit off, and wakes to find the primary's circuit open for 50 s.
-    let (a, b, c) = (breaker("a", 50), breaker("b", 30), breaker("c", 10));
+    let (a, b, c) = (opens_on_one("a", 50), opens_on_one("b", 30), opens_on_one("c", 10));
     for open in [&b, &c] {
         let permit = open.admit().await;
         open.record_failure_for(&permit).await.unwrap();
@@ -529,8 +524,8 @@ async fn a_call_every_breaker_refuses_while_placing_is_handed_back_the_soonest_w
 async fn a_retry_refused_everywhere_after_a_spent_quota_is_told_the_soonest_breakers_wait() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
-    let breaker = |name: &str| opens_on_one_failure(&clock, &cache, name, 20);
-    let (a, b) = (breaker("a"), breaker("b"));
+    let opens_on_one = |name: &str| breaker(&clock, &cache, name, 1, 20);
+    let (a, b) = (opens_on_one("a"), opens_on_one("b"));
     // b's circuit was opened by another worker; this provider has not heard.
     let permit = b.admit().await;
     b.record_failure_for(&permit).await.unwrap();
@@ -601,30 +596,8 @@ impl LlmProvider for Slow {
         }
         .unwrap_or_default();
         self.clock.advance(took);
-        let model = self.model.to_owned();
-        Box::pin(async move {
-            Ok(Extracted {
-                value: Value::from("v"),
-                model,
-                usage: None,
-                quota: None,
-            })
-        })
+        answered(self.model)
     }
-}
-
-/// A breaker named `name` on `cache` that opens on `threshold` failures.
-fn opens_after(clock: &Arc<ManualClock>, cache: &Arc<MemoryCache>, name: &str, threshold: u32) -> Arc<CircuitBreaker> {
-    Arc::new(
-        CircuitBreaker::builder()
-            .key_prefix(format!("kg:circuit:{name}"))
-            .failure_threshold(threshold)
-            .recovery_timeout(Duration::from_secs(60))
-            .env(Env::default().with_clock(clock.clone()))
-            .cache(cache.clone())
-            .build()
-            .unwrap(),
-    )
 }
 
 /// A provider of tenant 9 over `inner` behind `breaker`, its slow-call
@@ -677,7 +650,7 @@ async fn slow_successes_are_answered_and_open_the_breaker_at_its_failure_thresho
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
     let events = Arc::new(RecordingObserver::new());
-    let breaker = opens_after(&clock, &cache, "gpu", 3);
+    let breaker = breaker(&clock, &cache, "gpu", 3, 60);
     let server = Slow::new("slow/m", &clock, &[1500]);
     let p = slow_calls_over(server.clone(), breaker.clone(), &clock, Some(1000), &events);
     for n in 1..=3 {
@@ -706,7 +679,7 @@ async fn an_answer_within_the_threshold_is_a_success_that_clears_the_slow_count(
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
     let events = Arc::new(RecordingObserver::new());
-    let breaker = opens_after(&clock, &cache, "gpu", 2);
+    let breaker = breaker(&clock, &cache, "gpu", 2, 60);
     // Slow, fast (at the threshold exactly: not slower), slow, fast, slow.
     let server = Slow::new("slow/m", &clock, &[1001, 1000, 5000, 10, 1001]);
     let p = slow_calls_over(server.clone(), breaker.clone(), &clock, Some(1000), &events);
@@ -728,7 +701,7 @@ async fn without_a_threshold_a_slow_answer_is_a_success() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
     let events = Arc::new(RecordingObserver::new());
-    let breaker = opens_after(&clock, &cache, "gpu", 1);
+    let breaker = breaker(&clock, &cache, "gpu", 1, 60);
     let p = slow_calls_over(
         Slow::new("slow/m", &clock, &[60_000]),
         breaker.clone(),
@@ -754,7 +727,7 @@ async fn a_fleets_slow_calls_open_the_breaker_it_shares() {
         .map(|_| {
             slow_calls_over(
                 server.clone(),
-                opens_after(&clock, &cache, "gpu", 3),
+                breaker(&clock, &cache, "gpu", 3, 60),
                 &clock,
                 Some(2000),
                 &events,
@@ -789,11 +762,11 @@ async fn a_slow_primary_is_shed_and_calls_go_to_the_fallback() {
             .unwrap(),
     );
     let p = HardenedProvider::over(
-        Deployment::new(slow.clone(), opens_after(&clock, &cache, "slow", 2)),
+        Deployment::new(slow.clone(), breaker(&clock, &cache, "slow", 2, 60)),
         TenantId::from_u128(9),
         limiter,
     )
-    .deployment(Deployment::new(spare.clone(), opens_after(&clock, &cache, "spare", 2)))
+    .deployment(Deployment::new(spare.clone(), breaker(&clock, &cache, "spare", 2, 60)))
     .env(env(&clock, 1).with_observer(events.clone()))
     .deadline(Duration::from_secs(10))
     .slow_call_threshold(Duration::from_secs(2))
@@ -824,7 +797,7 @@ fn a_threshold_of_zero_or_not_below_the_deadline_is_refused_naming_the_field() {
             Slow::new("slow/m", &clock, &[0]),
             TenantId::from_u128(9),
             limiter,
-            opens_after(&clock, &cache, "gpu", 1),
+            breaker(&clock, &cache, "gpu", 1, 60),
         )
     };
     let zero = builder().slow_call_threshold(Duration::ZERO).err().unwrap();
