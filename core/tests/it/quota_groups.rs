@@ -25,6 +25,9 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
+/// Each deployment behind a breaker of its own.
+const OWN: [&str; 3] = ["a", "b", "other"];
+
 /// The three deployments' servers, shared by every worker.
 #[derive(Clone, Default)]
 struct Servers {
@@ -34,8 +37,9 @@ struct Servers {
 }
 
 /// One worker: a provider over `a`, `b` (both of account `org`) and
-/// `other`, in that order, each behind its breaker on `cache`; up to two
-/// retries, jitter off; the breakers, to read their cooldowns.
+/// `other`, in that order, each behind the breaker on `cache` named by
+/// `breakers` (one each unless two share a name); up to two retries,
+/// jitter off; the breakers, to read their cooldowns.
 struct Worker<C> {
     provider: HardenedProvider<OpenAiCompatible<Scripted>, C, C>,
     breakers: Vec<Arc<CircuitBreaker<C>>>,
@@ -47,6 +51,7 @@ fn worker<C: BreakerStore + TokenStore>(
     clock: &Arc<ManualClock>,
     observer: &Arc<RecordingObserver>,
     tenant: u128,
+    breakers: [&str; 3],
 ) -> Worker<C> {
     let env = Env::default().with_clock(clock.clone()).with_observer(observer.clone());
     let limiter = Arc::new(
@@ -56,10 +61,10 @@ fn worker<C: BreakerStore + TokenStore>(
             .build()
             .unwrap(),
     );
-    let deployment = |name: &str, server: &Scripted| {
+    let deployment = |name: &str, breaker: &str, server: &Scripted| {
         let breaker = Arc::new(
             CircuitBreaker::builder()
-                .key_prefix(format!("kg:circuit:{name}"))
+                .key_prefix(format!("kg:circuit:{breaker}"))
                 .env(env.clone())
                 .cache(cache.clone())
                 .build()
@@ -71,9 +76,9 @@ fn worker<C: BreakerStore + TokenStore>(
             .unwrap();
         (Deployment::new(adapter, breaker.clone()), breaker)
     };
-    let (a, breaker_a) = deployment("a", &servers.a);
-    let (b, breaker_b) = deployment("b", &servers.b);
-    let (other, breaker_other) = deployment("other", &servers.other);
+    let (a, breaker_a) = deployment("a", breakers[0], &servers.a);
+    let (b, breaker_b) = deployment("b", breakers[1], &servers.b);
+    let (other, breaker_other) = deployment("other", breakers[2], &servers.other);
     let provider = HardenedProvider::over(a.quota_group("org"), TenantId::from_u128(tenant), limiter)
         .deployment(b.quota_group("org"))
         .deployment(other)
@@ -129,8 +134,8 @@ async fn a_spent_account_cools_every_key_of_it<C: BreakerStore + TokenStore>(cac
     let observer = Arc::new(RecordingObserver::new());
     let servers = Servers::default();
     let (one, two) = (
-        worker(&cache, &servers, &clock, &observer, 1),
-        worker(&cache, &servers, &clock, &observer, 2),
+        worker(&cache, &servers, &clock, &observer, 1, OWN),
+        worker(&cache, &servers, &clock, &observer, 2, OWN),
     );
     servers.a.push(respond(429, &[], SPENT));
     assert_eq!(bounded(one.provider.extract::<String>("t", None)).await.unwrap(), "Ann");
@@ -154,7 +159,7 @@ async fn a_spent_account_cools_every_key_of_it<C: BreakerStore + TokenStore>(cac
 async fn a_keys_own_limit_and_error_stay_with_it<C: BreakerStore + TokenStore>(cache: Arc<C>, clock: Arc<ManualClock>) {
     let observer = Arc::new(RecordingObserver::new());
     let servers = Servers::default();
-    let one = worker(&cache, &servers, &clock, &observer, 1);
+    let one = worker(&cache, &servers, &clock, &observer, 1, OWN);
     servers.a.push(rate_limited(&[("retry-after", "30")]));
     assert_eq!(bounded(one.provider.extract::<String>("t", None)).await.unwrap(), "Ann");
     assert_eq!((servers.a.calls(), servers.b.calls()), (1, 1), "b served the retry");
@@ -211,47 +216,14 @@ async fn a_breaker_shared_with_a_deployment_outside_the_group_is_not_cooled() {
     let clock = Arc::new(ManualClock::at_fixed_epoch());
     let cache = Arc::new(MemoryCache::new(clock.clone()));
     let observer = Arc::new(RecordingObserver::new());
-    let env = Env::default().with_clock(clock.clone()).with_observer(observer.clone());
-    let breaker = |name: &str| {
-        Arc::new(
-            CircuitBreaker::builder()
-                .key_prefix(format!("kg:circuit:{name}"))
-                .env(env.clone())
-                .cache(cache.clone())
-                .build()
-                .unwrap(),
-        )
-    };
     let servers = Servers::default();
-    let adapter = |name: &str, server: &Scripted| {
-        OpenAiCompatible::builder(format!("http://{name}.test/v1"), "gpt")
-            .env(Env::default().with_clock(clock.clone()))
-            .build_with(server.clone())
-            .unwrap()
-    };
-    let (a, shared) = (breaker("a"), breaker("shared"));
-    let limiter = Arc::new(
-        RateLimiter::builder(100)
-            .env(env.clone())
-            .cache(cache.clone())
-            .build()
-            .unwrap(),
-    );
-    // a and b are keys of `org`; `other` is another account's key behind
-    // the same breaker as b.
-    let provider = HardenedProvider::over(
-        Deployment::new(adapter("a", &servers.a), a.clone()).quota_group("org"),
-        TenantId::from_u128(1),
-        limiter,
-    )
-    .deployment(Deployment::new(adapter("b", &servers.b), shared.clone()).quota_group("org"))
-    .deployment(Deployment::new(adapter("other", &servers.other), shared.clone()))
-    .retry_policy(RetryPolicy::builder().max_retries(0).build().unwrap())
-    .env(env.clone())
-    .cooldown_waits(0)
-    .build();
+    // b, of `org`, and `other`, of another account, share one breaker.
+    let one = worker(&cache, &servers, &clock, &observer, 1, ["a", "shared", "shared"]);
     servers.a.push(respond(429, &[], SPENT));
-    let _ = provider.extract::<String>("t", None).await;
+    assert_eq!(bounded(one.provider.extract::<String>("t", None)).await.unwrap(), "Ann");
     assert_eq!(cooled(&observer), ["kg:circuit:a"]);
-    assert!(shared.admit().await.is_admitted(), "the shared breaker still admits");
+    assert!(
+        one.breakers[2].admit().await.is_admitted(),
+        "the shared breaker still admits"
+    );
 }
