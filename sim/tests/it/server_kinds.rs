@@ -526,6 +526,44 @@ fn openai_answers_insufficient_quota_once_the_credit_is_spent() {
     assert_eq!(served(&trace), ["ok", "quota_exhausted"]);
 }
 
+/// The credit is the account's, not the process's: a restart does not
+/// refill it.
+#[test]
+fn a_spent_credit_stays_spent_across_a_restart() {
+    let server = ServerSpec {
+        reload_s: 0.5,
+        quota: Some(Quota {
+            rpm: 100,
+            tpm: 100_000,
+            credit_tokens: Some(400),
+            rpd: None,
+        }),
+        ..spec(ServerKind::OpenAi)
+    };
+    let mut sim = sim(1, 30);
+    let trace = Trace::new();
+    let handle = ServerHandle::new(server.behaviour);
+    sim.host("gpu", server_host(server, handle.clone(), trace.clone(), 7));
+    sim.client("client", async move {
+        // One call spends the credit; the process restarts at 5 s; 10 s.
+        for at in [2, 10] {
+            tokio::time::sleep(Duration::from_secs(at).saturating_sub(turmoil::sim_elapsed().unwrap())).await;
+            post(256, Duration::from_secs(5)).await;
+        }
+        Ok(())
+    });
+    let mut restarted = false;
+    while !sim.step().unwrap() {
+        if !restarted && sim.elapsed() >= Duration::from_secs(5) {
+            handle.kill();
+            handle.restart();
+            restarted = true;
+        }
+    }
+    assert_eq!(handle.stats().starts, 2);
+    assert_eq!(served(&trace), ["ok", "quota_exhausted"]);
+}
+
 #[test]
 fn a_reload_distribution_is_drawn_per_start_from_the_seed() {
     let reload = |seed: u64| {

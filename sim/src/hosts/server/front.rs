@@ -125,13 +125,9 @@ impl std::fmt::Debug for Batching {
 
 impl Batching {
     /// A start of a batching server whose model is loaded (`ready`) or not.
-    /// Its quota spends `account`'s credit when it shares one, else an
-    /// account of its own for this start.
-    pub(super) fn new(preset: Preset, ready: bool, account: Option<Credit>) -> Self {
-        let quotas = preset.quota.map(|q| match account {
-            Some(credit) => Quotas::on(q, credit),
-            None => Quotas::new(q),
-        });
+    /// Its quota spends `account`'s credit, which outlives the start.
+    pub(super) fn new(preset: Preset, ready: bool, account: Credit) -> Self {
+        let quotas = preset.quota.map(|q| Quotas::on(q, account));
         Batching {
             state: Mutex::new(State {
                 engine: Engine::new(preset.engine),

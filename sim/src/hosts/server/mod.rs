@@ -101,7 +101,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -150,9 +150,11 @@ const MAX_BODY: usize = 1 << 20;
 #[derive(Clone, Debug)]
 pub struct ServerHandle {
     shared: Arc<Mutex<Shared>>,
-    /// The account whose credit its quota spends, when it shares one with
-    /// other servers (see [`ServerHandle::on_account`]).
-    account: Option<Credit>,
+    /// The account whose credit its quota spends, kept across starts: one
+    /// it shares with other servers (see [`ServerHandle::on_account`]), or
+    /// else its own, opened with the spec's `credit_tokens` at its first
+    /// start.
+    account: Arc<OnceLock<Credit>>,
     /// Whether the process is up, and which life it is in (see
     /// [`ServerHandle::kill`]).
     process: Arc<watch::Sender<Process>>,
@@ -204,14 +206,15 @@ impl ServerHandle {
                 batching: None,
             })),
             process: Arc::new(watch::Sender::new(Process { up: true, life: 0 })),
-            account: None,
+            account: Arc::new(OnceLock::new()),
         }
     }
 
     /// This server's quota spends `credit`, an account it shares with the
-    /// other servers of its quota group, across every start.
-    pub fn on_account(mut self, credit: Credit) -> Self {
-        self.account = Some(credit);
+    /// other servers of its quota group, across every start. Call it before
+    /// the first start.
+    pub fn on_account(self, credit: Credit) -> Self {
+        let _ = self.account.set(credit);
         self
     }
 
@@ -376,11 +379,11 @@ impl Server {
             // llama-swap and Ollama load on demand: a start that loads begins
             // with the model out of memory, and its first request loads it.
             let on_demand = matches!(preset.kind, ServerKind::LlamaSwap | ServerKind::Ollama);
-            Arc::new(Batching::new(
-                preset,
-                !(on_demand && loads),
-                self.handle.account.clone(),
-            ))
+            let account = self
+                .handle
+                .account
+                .get_or_init(|| Credit::new(self.spec.quota.and_then(|q| q.credit_tokens)));
+            Arc::new(Batching::new(preset, !(on_demand && loads), account.clone()))
         });
         self.handle.lock().batching = batching.clone();
         let start = Arc::new(Start {
