@@ -645,8 +645,9 @@ impl redstring::cache::LimiterStore for OneStepStore {
     }
 }
 
-#[tokio::test]
-async fn a_store_with_only_the_atomic_step_serves_a_limiter() {
+/// Two calls a window over a [`OneStepStore`]: both admitted, the third
+/// refused until the first ages out, then admitted.
+async fn two_a_window_over_one_step() {
     let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_000)));
     let l = RateLimiter::builder(2)
         .env(Env::default().with_clock(clock.clone()))
@@ -659,4 +660,21 @@ async fn a_store_with_only_the_atomic_step_serves_a_limiter() {
     assert_eq!(wait, secs(60) + TICK);
     clock.advance(wait);
     assert!(l.acquire(A).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_store_with_only_the_atomic_step_serves_a_limiter() {
+    two_a_window_over_one_step().await;
+}
+
+/// The known-bad variants that split the step into separate calls need a
+/// hit series; over a store without one the real step runs, exactly.
+#[cfg(feature = "mutants")]
+#[tokio::test]
+async fn a_store_without_a_hit_series_runs_the_split_variants_as_the_real_step() {
+    use redstring::mutants::{Mutant, inject};
+    for mutant in [Mutant::ThreeCallLimiter, Mutant::RefusalsRecorded] {
+        let _injected = inject(Some(mutant));
+        two_a_window_over_one_step().await;
+    }
 }
