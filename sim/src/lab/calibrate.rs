@@ -76,7 +76,7 @@ impl Default for Plan {
         Plan {
             model: "default".into(),
             max_concurrency: 4,
-            requests_per_client: 9,
+            requests_per_client: 10,
             prompt_words: vec![4, 40, 160],
             max_tokens: vec![8, 24, 256],
             timeout: Duration::from_secs(120),
@@ -99,6 +99,9 @@ pub struct Sample {
     pub concurrency: u32,
     /// Its prompt tokens, as the server counted them.
     pub prompt_tokens: u64,
+    /// Of those, the tokens the server's prompt cache held
+    /// (`usage.prompt_tokens_details.cached_tokens`; 0 when it says none).
+    pub cached_tokens: u64,
     /// Its output tokens, as the server counted them.
     pub completion_tokens: u64,
     /// The `max_tokens` it asked for.
@@ -107,6 +110,13 @@ pub struct Sample {
     pub sent_at_s: f64,
     /// Seconds from sending to the whole answer.
     pub latency_s: f64,
+}
+
+impl Sample {
+    /// The prompt tokens the server prefilled: those its cache did not hold.
+    pub fn prefilled(&self) -> u64 {
+        self.prompt_tokens.saturating_sub(self.cached_tokens).max(1)
+    }
 }
 
 /// What the server says of itself (llama.cpp's `/props`).
@@ -195,8 +205,12 @@ impl Plan {
     /// The request body of client `client`'s `n`th request at a level: a
     /// prompt that starts with its own numbers (so no server reuses another
     /// request's cached prefix) and a JSON-schema answer, as workers ask.
+    /// Each odd request sends its client's previous prompt again, so a
+    /// server with a prompt cache prefills almost none of it: those
+    /// requests measure what a request costs beyond its prompt tokens.
     pub(crate) fn body(&self, level: u32, client: u32, n: u32) -> (Vec<u8>, u32) {
-        let turn = (client + n) as usize;
+        let n = n - n % 2;
+        let turn = (client + n / 2) as usize;
         let words = self.prompt_words[turn % self.prompt_words.len()];
         let max_tokens = self.max_tokens[(turn / self.prompt_words.len()) % self.max_tokens.len()];
         let mut text = format!("Request {level}.{client}.{n}. Extract the entity from:");
@@ -320,6 +334,9 @@ async fn one(
         (Some(prompt_tokens), Some(completion_tokens)) => Ok(Sample {
             concurrency: level,
             prompt_tokens,
+            cached_tokens: count("prompt_tokens_details/cached_tokens")
+                .unwrap_or(0)
+                .min(prompt_tokens.saturating_sub(1)),
             completion_tokens,
             max_tokens,
             sent_at_s,
@@ -370,7 +387,7 @@ pub fn fit(measurement: &Measurement) -> Result<Calibration, CalibrateError> {
         .filter(|s| s.concurrency == 1)
         .map(|s| {
             let o = s.completion_tokens.max(1) as f64;
-            ([1.0, s.prompt_tokens as f64, o, 0.0], s.latency_s * 1000.0)
+            ([1.0, s.prefilled() as f64, o, 0.0], s.latency_s * 1000.0)
         })
         .collect();
     let start = nonnegative_least_squares(&alone)?;
@@ -430,13 +447,14 @@ fn replay(samples: &[Sample], slots: u32, step: &LinearStep) -> Vec<f64> {
         cost: StepCost::Linear(*step),
         preempt: false,
         reject_prompts_from: None,
+        cached_prefix: 0,
     });
     let mut order: Vec<usize> = (0..samples.len()).collect();
     order.sort_by(|a, b| samples[*a].sent_at_s.total_cmp(&samples[*b].sent_at_s));
     let at = |s: &Sample| Duration::try_from_secs_f64(s.sent_at_s).unwrap_or_default();
     for i in order {
         let s = &samples[i];
-        engine.submit(i as u64, s.prompt_tokens, s.completion_tokens, at(s));
+        engine.submit(i as u64, s.prefilled(), s.completion_tokens, at(s));
     }
     let mut events = Vec::new();
     engine.run_until(Duration::MAX, || 1.0, &mut events);
@@ -621,7 +639,8 @@ mod tests {
     use super::*;
 
     /// Requests sent one at a time, then in pairs, then in threes, each
-    /// with the latency `step`'s engine gives it.
+    /// with the latency `step`'s engine gives it; every odd round repeats
+    /// the round before it, its prompt all cached but one token.
     fn engine_samples(step: &LinearStep, slots: u32) -> Vec<Sample> {
         let shapes = [(20, 5), (200, 30), (80, 60), (120, 10), (300, 20), (50, 40)];
         let mut samples = Vec::new();
@@ -629,10 +648,11 @@ mod tests {
         for level in 1..=3u32 {
             for round in 0..6usize {
                 for k in 0..level as usize {
-                    let (p, o) = shapes[(round + k) % shapes.len()];
+                    let (p, o) = shapes[(round - round % 2 + k) % shapes.len()];
                     samples.push(Sample {
                         concurrency: level,
                         prompt_tokens: p,
+                        cached_tokens: if round % 2 == 1 { p - 1 } else { 0 },
                         completion_tokens: o,
                         max_tokens: 256,
                         sent_at_s: at,
@@ -642,13 +662,24 @@ mod tests {
                 at += 10.0;
             }
         }
-        let latencies = replay(&samples, slots, step);
+        // The engine prefills what the cache did not hold.
+        let prefilled: Vec<Sample> = samples
+            .iter()
+            .map(|s| Sample {
+                prompt_tokens: s.prompt_tokens - s.cached_tokens,
+                cached_tokens: 0,
+                ..*s
+            })
+            .collect();
+        let latencies = replay(&prefilled, slots, step);
         for (s, l) in samples.iter_mut().zip(latencies) {
             s.latency_s = l;
         }
         samples
     }
 
+    /// Half the requests repeat a prompt the server had cached, so a fit
+    /// that charged them their whole prompt could not find the step.
     #[test]
     fn the_fit_recovers_the_step_that_made_the_latencies() {
         let step = LinearStep {
@@ -742,8 +773,8 @@ mod tests {
         };
         let measured = measure(endpoint, &plan).await.unwrap();
         // Level 1: four answers, then the fifth request's panic ends the
-        // client; level 2: both clients' nine.
-        assert_eq!(measured.samples.len(), 4 + 2 * 9);
+        // client; level 2: both clients' ten.
+        assert_eq!(measured.samples.len(), 4 + 2 * 10);
         assert_eq!(measured.failed, 1);
         assert_eq!(measured.props, Props::default(), "no /props");
     }

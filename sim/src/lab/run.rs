@@ -157,13 +157,17 @@ pub struct Calibrated {
     /// Prompt and output tokens of the request every worker sends, as the
     /// server counted them.
     pub tokens: (u64, u64),
+    /// Of its prompt tokens, those the server's prompt cache held when the
+    /// request was sent again (llama.cpp's `cached_tokens`).
+    pub cached_tokens: u64,
 }
 
 /// `scenario` with each server measured for real, as the laboratory
 /// predicts with it: the step `calibrate` fits, the load a restart takes,
 /// and the token counts of the request every worker sends (the real server
-/// counts them; the simulated one is told), each server started alone with
-/// the laboratory's settings.
+/// counts them; the simulated one is told) with how much of its prompt the
+/// server's cache holds when it comes again, each server started alone
+/// with the laboratory's settings.
 pub fn calibrated(scenario: &Scenario, tools: &Tools) -> Result<(Scenario, Vec<Calibrated>), LabError> {
     if let Some((field, problem)) = unsupported(scenario) {
         return Err(LabError::Unsupported { field, problem });
@@ -187,6 +191,7 @@ pub fn calibrated(scenario: &Scenario, tools: &Tools) -> Result<(Scenario, Vec<C
         spec.output_tokens = u32::try_from(c.tokens.1).unwrap_or(u32::MAX);
         spec.prompt_tokens_dist = None;
         spec.output_tokens_dist = None;
+        spec.cached_prompt_tokens = Some(c.cached_tokens);
         found.push(c);
     }
     Ok((out, found))
@@ -218,8 +223,13 @@ async fn calibrate_one(
     let mut server = LlamaServer::start(tools, &llama_spec(spec, tools))?;
     server.ready(Duration::from_secs(300)).await?;
     let base = server.base_url();
-    // The worker's request, through the worker's adapter.
-    let transport = ReqwestTransport::new().map_err(|e| failed(format!("cannot be reached: {e}")))?;
+    // The worker's request, through the worker's adapter; the bodies it
+    // reads say how much of the prompt the server had cached.
+    let transport = CachedCounts {
+        http: ReqwestTransport::new().map_err(|e| failed(format!("cannot be reached: {e}")))?,
+        cached: Arc::default(),
+    };
+    let cached = transport.cached.clone();
     let adapter = OpenAiCompatible::builder(format!("{base}/v1"), spec.model.clone())
         .max_tokens(scenario.hardening.max_tokens)
         .build_with(transport)
@@ -258,12 +268,37 @@ async fn calibrate_one(
     let fit = super::calibrate::fit(&measured).map_err(|e| failed(e.to_string()))?;
     server.restart()?;
     let reload = server.ready(Duration::from_secs(300)).await?;
+    // The first request found the slots cold; the later ones, what a warm
+    // slot holds.
+    let warm = cached.lock().unwrap_or_else(|p| p.into_inner()).split_off(1);
     Ok(Calibrated {
         server: spec.name.clone(),
         fit,
         reload_s: reload.as_secs_f64(),
         tokens: (prompt.div_ceil(n), output.div_ceil(n)),
+        cached_tokens: warm.iter().sum::<u64>() / (warm.len().max(1) as u64),
     })
+}
+
+/// A transport that notes, for each answer it reads, how many prompt tokens
+/// the server said its cache held (0 when it says nothing).
+struct CachedCounts {
+    http: ReqwestTransport,
+    cached: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl HttpTransport for CachedCounts {
+    fn post(&self, request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
+        Box::pin(async move {
+            let response = self.http.post(request).await?;
+            let cached = serde_json::from_slice::<Value>(&response.body)
+                .ok()
+                .and_then(|v| v.pointer("/usage/prompt_tokens_details/cached_tokens")?.as_u64())
+                .unwrap_or(0);
+            self.cached.lock().unwrap_or_else(|p| p.into_inner()).push(cached);
+            Ok(response)
+        })
+    }
 }
 
 /// One server of the run: its process, and which of its starts is current

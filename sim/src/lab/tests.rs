@@ -17,8 +17,9 @@ use crate::scenario::kinds::{LinearStep, ServerKind, Spread};
 use crate::scenario::{Network, Scenario, ServerSpec};
 use crate::world::sim_builder;
 
-/// Measures a llama.cpp-kind server of `step` with `plan`, on a 1 ms tick.
-fn measure_simulated(step: LinearStep, slots: u32, plan: Plan) -> calibrate::Measurement {
+/// Measures a llama.cpp-kind server of `step` with `plan`, on a 1 ms tick;
+/// its warm slots hold `cached` tokens of every prompt.
+fn measure_simulated(step: LinearStep, slots: u32, cached: Option<u64>, plan: Plan) -> calibrate::Measurement {
     let mut sim = sim_builder(
         7,
         Duration::from_millis(1),
@@ -32,6 +33,7 @@ fn measure_simulated(step: LinearStep, slots: u32, plan: Plan) -> calibrate::Mea
         reload_s: 0.0,
         step_sigma: Some(0.02),
         step_ms: Some(step),
+        cached_prompt_tokens: cached,
         prompt_tokens_dist: Some(Spread::Uniform { low: 20.0, high: 400.0 }),
         output_tokens_dist: Some(Spread::Uniform { low: 4.0, high: 60.0 }),
         ..ServerSpec::named("gpu")
@@ -65,7 +67,7 @@ fn calibrate_recovers_the_step_of_the_simulated_server_it_measures() {
         requests_per_client: 12,
         ..Plan::default()
     };
-    let measured = measure_simulated(step, 3, plan.clone());
+    let measured = measure_simulated(step, 3, None, plan.clone());
     assert_eq!(measured.props.slots, Some(3), "read from /props");
     assert_eq!(measured.props.slot_context, Some(16_384 / 3));
     assert_eq!(measured.failed, 0);
@@ -79,6 +81,28 @@ fn calibrate_recovers_the_step_of_the_simulated_server_it_measures() {
     // network's round trips (1–5 ms links).
     assert!(close(s.prefill_base_ms, 15.0, 0.35), "{s:?}");
     assert!(close(s.decode_base_ms, 4.0, 0.35), "{s:?}");
+    assert!(fitted.mean_error < 0.05, "{fitted:?}");
+}
+
+/// A server whose warm slots hold most of every prompt: the fit must charge
+/// each request only the tokens its answer says were not cached, or it
+/// puts the prompt's cost where none was paid.
+#[test]
+fn calibrate_charges_each_request_only_the_prompt_its_server_did_not_cache() {
+    let step = LinearStep {
+        prefill_base_ms: 40.0,
+        prefill_per_token_ms: 0.5,
+        decode_base_ms: 4.0,
+        decode_per_sequence_ms: 6.0,
+    };
+    let measured = measure_simulated(step, 2, Some(300), Plan::default());
+    let cached = measured.samples.iter().filter(|s| s.cached_tokens > 0).count();
+    assert!(cached * 2 > measured.samples.len(), "most found a warm slot: {cached}");
+    let fitted = calibrate::fit(&measured).unwrap();
+    let close = |got: f64, want: f64, within: f64| (got - want).abs() <= within * want;
+    let s = fitted.step;
+    assert!(close(s.prefill_per_token_ms, 0.5, 0.1), "{s:?}");
+    assert!(close(s.prefill_base_ms, 40.0, 0.2), "{s:?}");
     assert!(fitted.mean_error < 0.05, "{fitted:?}");
 }
 

@@ -77,6 +77,13 @@ pub struct ServerSpec {
     /// llama.cpp's context `-c` in tokens (default 16 384, unified across slots).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_tokens: Option<u64>,
+    /// Prompt tokens of every request that a slot which has served since the
+    /// load already holds, so only the rest is prefilled (llama.cpp's prompt
+    /// cache, on by default there): a system prompt every request shares,
+    /// or all but one token when every request sends the same prompt
+    /// (kinds llama_cpp, llama_swap and ollama; default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_prompt_tokens: Option<u64>,
     /// Multiplies every step's time: 2 is a GPU half as fast (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_scale: Option<f64>,
@@ -142,6 +149,7 @@ impl ServerSpec {
             kv_tokens: None,
             max_batched_tokens: None,
             context_tokens: None,
+            cached_prompt_tokens: None,
             time_scale: None,
             step_ms: None,
             step_sigma: None,

@@ -84,6 +84,10 @@ pub const DEFAULT_CONTEXT_TOKENS: u64 = 16_384;
 /// GPUs) `--max-num-batched-tokens` of 8192.
 pub const DEFAULT_MAX_BATCHED_TOKENS: u64 = 8192;
 
+/// The most `cached_prompt_tokens` a server may name: as many as a request
+/// may carry ([`crate::hosts::MAX_HEADER_TOKENS`]).
+pub const MAX_CACHED_PROMPT_TOKENS: u64 = crate::hosts::MAX_HEADER_TOKENS;
+
 /// Default sequences in vLLM's batch (`--max-num-seqs`).
 pub const DEFAULT_VLLM_MAX_SEQS: u32 = 256;
 
@@ -322,10 +326,20 @@ pub fn validate(spec: &ServerSpec) -> Result<(), (String, String)> {
     if spec.keep_alive_s.is_some() && !matches!(spec.kind, ServerKind::Ollama | ServerKind::LlamaSwap) {
         return bad("keep_alive_s", "applies to kinds ollama and llama_swap only".into());
     }
-    if spec.context_tokens.is_some() && !spec.kind.llama_family() {
+    for (field, set) in [
+        ("context_tokens", spec.context_tokens.is_some()),
+        ("cached_prompt_tokens", spec.cached_prompt_tokens.is_some()),
+    ] {
+        if set && !spec.kind.llama_family() {
+            return bad(field, "applies to kinds llama_cpp, llama_swap and ollama only".into());
+        }
+    }
+    if let Some(cached) = spec.cached_prompt_tokens
+        && cached > MAX_CACHED_PROMPT_TOKENS
+    {
         return bad(
-            "context_tokens",
-            "applies to kinds llama_cpp, llama_swap and ollama only".into(),
+            "cached_prompt_tokens",
+            format!("must be at most {MAX_CACHED_PROMPT_TOKENS}, got {cached}"),
         );
     }
     let positive = |v: Option<u64>| v.is_none_or(|v| v > 0);

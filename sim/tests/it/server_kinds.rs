@@ -661,6 +661,61 @@ fn a_scenario_file_names_a_kind_and_its_bad_field() {
     assert!(err.contains("kind"), "{err}");
 }
 
+/// llama.cpp's prompt cache: a request that finds a warm slot prefills
+/// only what the slot does not hold, and its answer says how much it held.
+#[test]
+fn a_llama_cpp_slot_that_has_served_prefills_only_the_uncached_prompt() {
+    let server = ServerSpec {
+        slots: 1,
+        prompt_tokens: 1000,
+        output_tokens: 1,
+        cached_prompt_tokens: Some(900),
+        ..spec(ServerKind::LlamaCpp)
+    };
+    let (seen, _, _) = run(
+        server,
+        2,
+        |i| Duration::from_secs(5 * i as u64),
+        256,
+        Duration::from_secs(10),
+        20,
+    );
+    let cached = |s: &Seen| s.body().pointer("/usage/prompt_tokens_details/cached_tokens").cloned();
+    assert_eq!(cached(&seen[0]), None, "a cold slot holds nothing: {seen:?}");
+    assert_eq!(cached(&seen[1]), Some(Value::from(900)), "{seen:?}");
+    let first = seen[0].at();
+    let second = seen[1].at() - Duration::from_secs(5);
+    assert!(
+        second < first,
+        "a tenth of the prefill is quicker: {first:?} against {second:?}"
+    );
+}
+
+#[test]
+fn a_prompt_cache_is_a_llama_family_field_and_bounded() {
+    let text = |server: &str| {
+        format!(
+            "name = \"k\"\nduration_s = 10\n\n[[servers]]\nname = \"gpu\"\n{server}\n\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 6 }}]\n"
+        )
+    };
+    let parse = |server: &str| redstring_sim::scenario::Scenario::parse("k.toml", &text(server));
+    assert!(parse("kind = \"ollama\"\ncached_prompt_tokens = 100").is_ok());
+    let err = parse("kind = \"vllm\"\ncached_prompt_tokens = 100")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("servers[0].cached_prompt_tokens") && err.contains("llama_cpp"),
+        "{err}"
+    );
+    let err = parse("kind = \"llama_cpp\"\ncached_prompt_tokens = 100000000000")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("servers[0].cached_prompt_tokens") && err.contains("at most"),
+        "{err}"
+    );
+}
+
 #[test]
 fn vllm_answers_503_past_its_opt_in_queue_limit() {
     let server = ServerSpec {

@@ -22,6 +22,7 @@ fn params() -> EngineParams {
         cost: StepCost::Polynomial { time_scale: 1.0 },
         preempt: true,
         reject_prompts_from: None,
+        cached_prefix: 0,
     }
 }
 

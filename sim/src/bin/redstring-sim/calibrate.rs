@@ -29,7 +29,7 @@ pub struct CalibrateArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_CONCURRENCY)))]
     max_concurrency: u32,
     /// Requests each client sends at each level of concurrency.
-    #[arg(long, default_value_t = 9)]
+    #[arg(long, default_value_t = 10)]
     requests_per_client: u32,
     /// Seconds one request may take.
     #[arg(long, default_value_t = 120.0)]

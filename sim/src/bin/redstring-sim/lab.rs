@@ -67,7 +67,7 @@ pub fn lab(args: LabArgs) -> Outcome {
         for c in &found {
             let s = c.fit.step;
             println!(
-                "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B ms decode (fit within {:.1} % on average); load {:.2} s; the workers' request {} prompt + {} output tokens",
+                "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B ms decode (fit within {:.1} % on average); load {:.2} s; the workers' request {} prompt ({} cached) + {} output tokens",
                 c.server,
                 s.prefill_base_ms,
                 s.prefill_per_token_ms,
@@ -76,6 +76,7 @@ pub fn lab(args: LabArgs) -> Outcome {
                 c.fit.mean_error * 100.0,
                 c.reload_s,
                 c.tokens.0,
+                c.cached_tokens,
                 c.tokens.1
             );
         }

@@ -87,6 +87,11 @@ pub struct EngineParams {
     /// Prompts of this many tokens or more are rejected at admission
     /// (llama.cpp's `n_ctx` check); `None` accepts any.
     pub reject_prompts_from: Option<u64>,
+    /// Prompt tokens of every request that a warm slot already holds
+    /// (llama.cpp's prompt cache): a sequence admitted while a slot that has
+    /// served since the engine started is free prefills only the rest, and
+    /// at least one token. 0 caches nothing.
+    pub cached_prefix: u64,
 }
 
 /// What one forward pass costs: Dynamo's polynomials scaled, or a measured
@@ -146,12 +151,17 @@ impl EngineParams {
         prompt as f64 + output as f64 / 2.0
     }
 
+    /// Prompt tokens a request of `prompt` prefills on a warm slot.
+    fn prefilled(&self, prompt: u64) -> u64 {
+        prompt - self.cached_prefix.min(prompt.saturating_sub(1))
+    }
+
     /// Seconds one request of `prompt` and `output` tokens takes on an idle
-    /// engine: its prefill step and `output` decode steps, each of a batch
-    /// of one.
+    /// engine whose slots are warm: its prefill step and `output` decode
+    /// steps, each of a batch of one.
     pub fn unloaded_latency_s(&self, prompt: u64, output: u64) -> f64 {
         let u = Self::mean_footprint(prompt, output) / self.kv_tokens.max(1) as f64;
-        (self.cost.prefill_ms(prompt) + output.max(1) as f64 * self.cost.decode_ms(u, 1.0)) / 1000.0
+        (self.cost.prefill_ms(self.prefilled(prompt)) + output.max(1) as f64 * self.cost.decode_ms(u, 1.0)) / 1000.0
     }
 
     /// The largest batch the engine holds in steady state: `max_seqs`, or
@@ -163,13 +173,14 @@ impl EngineParams {
 
     /// Requests per second the engine completes in steady state at its
     /// largest batch `B`: each request needs its own prefill step and `output`
-    /// decode steps shared by `B`, so `1 / (prefill + output·decode(u, B) / B)`.
+    /// decode steps shared by `B`, so `1 / (prefill + output·decode(u, B) / B)`,
+    /// the prefill of what a warm slot's cache does not hold.
     /// An estimate: it ignores that prefills batch together.
     pub fn capacity_per_s(&self, prompt: u64, output: u64) -> f64 {
         let batch = self.steady_batch(prompt, output);
         let u = batch * Self::mean_footprint(prompt, output) / self.kv_tokens.max(1) as f64;
         let per_request_ms =
-            self.cost.prefill_ms(prompt) + output.max(1) as f64 * self.cost.decode_ms(u, batch) / batch;
+            self.cost.prefill_ms(self.prefilled(prompt)) + output.max(1) as f64 * self.cost.decode_ms(u, batch) / batch;
         1000.0 / per_request_ms
     }
 }
@@ -186,6 +197,8 @@ struct Sequence {
     /// Whether it has been admitted before (to count recomputations).
     started: bool,
     preemptions: u32,
+    /// Prompt tokens a warm slot held for it at its admission.
+    cached: u64,
 }
 
 impl Sequence {
@@ -215,6 +228,8 @@ pub enum EngineEvent {
         generated: u64,
         /// How many times it was preempted.
         preemptions: u32,
+        /// Prompt tokens it found cached in its slot.
+        cached: u64,
     },
     /// A running sequence lost its KV and went back to wait (vLLM recompute).
     Preempted {
@@ -244,6 +259,10 @@ pub struct Engine {
     kv_used: u64,
     steps: u64,
     preemptions: u64,
+    /// Slots that have prefilled a prompt since the engine started (and so
+    /// hold [`EngineParams::cached_prefix`]); every running sequence is in
+    /// one of them.
+    warm: u64,
 }
 
 impl Engine {
@@ -257,6 +276,7 @@ impl Engine {
             kv_used: 0,
             steps: 0,
             preemptions: 0,
+            warm: 0,
         }
     }
 
@@ -277,6 +297,7 @@ impl Engine {
             arrived: at,
             started: false,
             preemptions: 0,
+            cached: 0,
         });
     }
 
@@ -366,7 +387,16 @@ impl Engine {
             }
             let Some(mut s) = self.waiting.pop_front() else { break };
             s.started = true;
-            new_tokens = new_tokens.saturating_add(need);
+            // A free warm slot holds the cached prefix (llama.cpp picks the
+            // slot whose cache is most like the prompt); otherwise a cold
+            // slot takes it, and is warm from then on.
+            s.cached = if self.warm > self.running.len() as u64 {
+                p.cached_prefix.min(s.prompt.saturating_sub(1))
+            } else {
+                self.warm = self.warm.saturating_add(1);
+                0
+            };
+            new_tokens = new_tokens.saturating_add(need.saturating_sub(s.cached));
             self.kv_used = self.kv_used.saturating_add(need);
             self.running.push(s);
         }
@@ -397,6 +427,7 @@ impl Engine {
                     at: end,
                     generated: s.generated,
                     preemptions: s.preemptions,
+                    cached: s.cached,
                 });
             } else {
                 still.push(s);
@@ -428,6 +459,11 @@ impl Engine {
     /// Preemptions so far.
     pub fn preemptions(&self) -> u64 {
         self.preemptions
+    }
+
+    /// Forgets every slot's cached prompt (the model was unloaded).
+    pub fn cool(&mut self) {
+        self.warm = self.running.len() as u64;
     }
 }
 
@@ -589,6 +625,7 @@ mod tests {
             cost: StepCost::Polynomial { time_scale: 1.0 },
             preempt: true,
             reject_prompts_from: None,
+            cached_prefix: 0,
         }
     }
 
@@ -604,6 +641,52 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_warm_slot_prefills_only_what_its_cache_does_not_hold() {
+        let p = EngineParams {
+            max_seqs: 2,
+            cost: StepCost::Linear(LinearStep {
+                prefill_base_ms: 10.0,
+                prefill_per_token_ms: 1.0,
+                decode_base_ms: 5.0,
+                decode_per_sequence_ms: 0.0,
+            }),
+            preempt: false,
+            cached_prefix: 90,
+            ..params()
+        };
+        let mut engine = Engine::new(p);
+        let alone = |engine: &mut Engine, id: u64, prompt: u64, at_s: u64| {
+            let at = Duration::from_secs(at_s);
+            engine.submit(id, prompt, 1, at);
+            let mut events = Vec::new();
+            engine.run_until(at + Duration::from_secs(1), || 1.0, &mut events);
+            match events.last() {
+                Some(EngineEvent::Finished { at: end, cached, .. }) => (ms(*end - at), *cached),
+                other => panic!("{other:?}"),
+            }
+        };
+        // Two arrive at once: both slots are cold and prefill everything.
+        engine.submit(1, 100, 1, Duration::ZERO);
+        engine.submit(2, 100, 1, Duration::ZERO);
+        let mut events = Vec::new();
+        engine.run_until(Duration::from_secs(1), || 1.0, &mut events);
+        assert!(
+            events
+                .iter()
+                .all(|e| !matches!(e, EngineEvent::Finished { cached, .. } if *cached != 0)),
+            "{events:?}"
+        );
+        // Then a warm slot holds 90 of 100 tokens: 10 + 10 + 5 ms.
+        assert_eq!(alone(&mut engine, 3, 100, 2), (25.0, 90));
+        // A prompt shorter than the cached prefix still prefills one token.
+        assert_eq!(alone(&mut engine, 4, 50, 3), (16.0, 49));
+        // Unloaded, every slot is cold again.
+        engine.cool();
+        assert_eq!(alone(&mut engine, 5, 100, 4), (115.0, 0));
+        assert_eq!(alone(&mut engine, 6, 100, 5), (25.0, 90));
     }
 
     #[test]

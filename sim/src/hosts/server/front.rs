@@ -72,8 +72,9 @@ enum Model {
 /// How a request left the engine.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum EngineOutcome {
-    /// It generated `generated` tokens.
-    Finished { generated: u64 },
+    /// It generated `generated` tokens, its slot holding `cached` of its
+    /// prompt's.
+    Finished { generated: u64, cached: u64 },
     /// Its prompt did not fit the context.
     Rejected,
 }
@@ -166,8 +167,15 @@ impl Batching {
                 drop(rng);
                 for event in events {
                     match event {
-                        EngineEvent::Finished { id, at, generated, .. } => {
-                            st.due.push_back((at, id, EngineOutcome::Finished { generated }));
+                        EngineEvent::Finished {
+                            id,
+                            at,
+                            generated,
+                            cached,
+                            ..
+                        } => {
+                            st.due
+                                .push_back((at, id, EngineOutcome::Finished { generated, cached }));
                         }
                         EngineEvent::Rejected { id, at } => st.due.push_back((at, id, EngineOutcome::Rejected)),
                         EngineEvent::Preempted { .. } => st.preemptions += 1,
@@ -338,6 +346,7 @@ impl Batching {
             && now.saturating_sub(st.last_done).as_secs_f64() >= keep
         {
             st.model = Model::Unloaded;
+            st.engine.cool();
         }
     }
 

@@ -69,6 +69,7 @@ impl Preset {
                 },
                 preempt: matches!(kind, ServerKind::Vllm | ServerKind::OpenAi),
                 reject_prompts_from: context,
+                cached_prefix: spec.cached_prompt_tokens.unwrap_or(0),
             },
             context_tokens: context,
             step_sigma: spec.step_sigma.unwrap_or(DEFAULT_STEP_SIGMA),

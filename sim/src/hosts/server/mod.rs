@@ -505,6 +505,8 @@ enum Early {
 #[derive(Clone, Copy, Debug)]
 struct Usage {
     prompt: u64,
+    /// Of the prompt, the tokens the slot's prompt cache held.
+    cached: u64,
     completion: u64,
     truncated: bool,
 }
@@ -646,6 +648,7 @@ impl Start {
         let id = self.next_answer_id();
         let usage = Usage {
             prompt,
+            cached: 0,
             completion: output,
             truncated,
         };
@@ -816,7 +819,7 @@ impl Start {
         }
         let (output, truncated) = front::output_tokens(wanted, max_tokens, prompt, b.preset.context_tokens);
         match b.serve(prompt, output).await {
-            Some(EngineOutcome::Finished { generated }) => {
+            Some(EngineOutcome::Finished { generated, cached }) => {
                 pending.recorded = true;
                 let truncated = truncated && mode == Mode::Normal;
                 self.record(if truncated {
@@ -832,6 +835,7 @@ impl Start {
                 let id = self.next_answer_id();
                 let usage = Usage {
                     prompt,
+                    cached,
                     completion: generated,
                     truncated,
                 };
@@ -1223,13 +1227,29 @@ fn completion(spec: &ServerSpec, id: u64, mode: Mode, request: &Value, usage: Us
                 },
                 "finish_reason": finish_reason,
             }],
-            "usage": {
-                "prompt_tokens": usage.prompt,
-                "completion_tokens": usage.completion,
-                "total_tokens": usage.prompt.saturating_add(usage.completion),
-            },
+            "usage": usage_body(&usage),
         }),
     )
+}
+
+/// The `usage` object: the counts, and how many prompt tokens the prompt
+/// cache held when it held any (`prompt_tokens_details.cached_tokens`, as
+/// llama.cpp and OpenAI write it).
+fn usage_body(usage: &Usage) -> Value {
+    let mut body = json!({
+        "prompt_tokens": usage.prompt,
+        "completion_tokens": usage.completion,
+        "total_tokens": usage.prompt.saturating_add(usage.completion),
+    });
+    if usage.cached > 0
+        && let Some(object) = body.as_object_mut()
+    {
+        object.insert(
+            "prompt_tokens_details".to_owned(),
+            json!({ "cached_tokens": usage.cached }),
+        );
+    }
+    body
 }
 
 /// A value satisfying a simple JSON schema, built from the schema alone.
