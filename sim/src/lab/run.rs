@@ -40,7 +40,7 @@ use crate::hosts::CALL_HEADER;
 use crate::hosts::clock::{RealTime, SimClock, sim_elapsed};
 use crate::hosts::worker::{Net, RealTransports, run_worker};
 use crate::scenario::kinds::{DEFAULT_CONTEXT_TOKENS, ServerKind};
-use crate::scenario::{Behaviour, CacheKind, Fault, Scenario, fault};
+use crate::scenario::{Behaviour, CacheKind, Fault, Mode, Scenario, fault};
 use crate::world::{run_length, worker_plan};
 
 /// The most workers a laboratory run takes: each is a task of this process
@@ -79,11 +79,22 @@ pub fn unsupported(scenario: &Scenario) -> Option<(String, String)> {
         }
     }
     for (i, f) in scenario.faults.iter().enumerate() {
+        if let Fault::Behave { behaviour, .. } = f {
+            if signal_for(behaviour).is_none() {
+                return Some((
+                    format!("faults[{i}].behaviour"),
+                    "the laboratory applies a hang of every request (mode \"hang\", probability 1), \
+                     by stopping the process, and the normal behaviour, by continuing it"
+                        .into(),
+                ));
+            }
+            continue;
+        }
         if !matches!(f, Fault::Crash { .. } | Fault::Restart { .. } | Fault::Burst { .. }) {
             return Some((
                 format!("faults[{i}].kind"),
                 format!(
-                    "is {}; the laboratory applies crash, restart and burst only",
+                    "is {}; the laboratory applies crash, restart, burst and behave (a hang) only",
                     f.kind().name()
                 ),
             ));
@@ -396,11 +407,48 @@ fn apply(fault: &Fault, servers: &BTreeMap<String, Rc<Server>>, trace: &Trace) -
                 ));
             }
         }
+        Fault::Behave { server, behaviour, .. } => {
+            if let Some(s) = servers.get(server) {
+                behave(&s.process.borrow(), behaviour)?;
+            }
+        }
         // Load: each worker fires it on its own timer.
         _ => {}
     }
     trace.record(DRIVER, Kind::Fault { fault: fault.clone() });
     Ok(())
+}
+
+/// What a `behave` fault does to a real process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Signal {
+    /// SIGSTOP: every request hangs, the ones it was serving too.
+    Stop,
+    /// SIGCONT: it answers again.
+    Continue,
+}
+
+/// The signal that gives a real llama-server `behaviour`, if one does: a
+/// hang of every request is a stopped process, the normal behaviour a
+/// running one. A stopped process also freezes the requests it was
+/// serving, where the simulated hang takes only the requests that arrive
+/// after it.
+fn signal_for(behaviour: &Behaviour) -> Option<Signal> {
+    match behaviour.mode {
+        Mode::Hang if behaviour.probability >= 1.0 => Some(Signal::Stop),
+        Mode::Normal => Some(Signal::Continue),
+        _ => None,
+    }
+}
+
+/// Gives the real server `behaviour` (one [`unsupported`] accepts): stops
+/// it for a hang of every request, continues it for the normal behaviour.
+pub(super) fn behave(process: &LlamaServer, behaviour: &Behaviour) -> Result<(), LabError> {
+    match signal_for(behaviour) {
+        Some(Signal::Stop) => process.hang(),
+        Some(Signal::Continue) => process.resume(),
+        None => Ok(()),
+    }
 }
 
 /// Records `Loaded` for `name` when `health` first answers 200, unless the
@@ -547,5 +595,18 @@ mod tests {
             field("kind = \"llama_cpp\"\n[[faults]]\nkind = \"partition\"\nat_s = 1\na = \"w\"\nb = \"gpu\""),
             Some("faults[0].kind".into())
         );
+        let behave = |behaviour: &str| {
+            field(&format!(
+                "kind = \"llama_cpp\"\n[[faults]]\nkind = \"behave\"\nat_s = 1\nserver = \"gpu\"\nbehaviour = {behaviour}"
+            ))
+        };
+        assert_eq!(behave("{ mode = \"hang\" }"), None, "a stopped process");
+        assert_eq!(behave("{ mode = \"normal\" }"), None, "a continued one");
+        assert_eq!(
+            behave("{ mode = \"hang\", probability = 0.5 }"),
+            Some("faults[0].behaviour".into()),
+            "a process cannot hang half its requests"
+        );
+        assert_eq!(behave("{ mode = \"rate_limit\" }"), Some("faults[0].behaviour".into()));
     }
 }

@@ -14,7 +14,7 @@ use crate::evidence::trace::{Kind, Trace};
 use crate::hosts::server::{PORT, ServerHandle, server_host};
 use crate::hosts::transport::SimTransport;
 use crate::scenario::kinds::{LinearStep, ServerKind, Spread};
-use crate::scenario::{Network, Scenario, ServerSpec};
+use crate::scenario::{Behaviour, Mode, Network, Scenario, ServerSpec};
 use crate::world::sim_builder;
 
 /// Measures a llama.cpp-kind server of `step` with `plan`, on a 1 ms tick;
@@ -241,8 +241,13 @@ fn a_real_llama_server_loads_crashes_restarts_and_hangs_as_the_llama_cpp_kind_cl
         server.ready(Duration::from_secs(120)).await.unwrap();
         assert_eq!(ask(&endpoint, Duration::from_secs(60)).await.unwrap().0, 200);
 
-        // A hang: nothing answers within the timeout; resumed, it answers.
-        server.hang().unwrap();
+        // A hang, as the laboratory applies a scenario's: nothing answers
+        // within the timeout; back to normal, it answers.
+        let hang = Behaviour {
+            mode: Mode::Hang,
+            ..Behaviour::default()
+        };
+        super::run::behave(&server, &hang).unwrap();
         let hung = ask(&endpoint, Duration::from_millis(500)).await.unwrap_err();
         assert!(
             matches!(
@@ -254,7 +259,7 @@ fn a_real_llama_server_loads_crashes_restarts_and_hangs_as_the_llama_cpp_kind_cl
             ),
             "{hung:?}"
         );
-        server.resume().unwrap();
+        super::run::behave(&server, &Behaviour::default()).unwrap();
         assert_eq!(ask(&endpoint, Duration::from_secs(60)).await.unwrap().0, 200);
         assert!(server.is_running());
     });
@@ -304,4 +309,19 @@ fn a_scenario_run_for_real_records_the_trace_a_simulation_records_and_is_judged_
     let text = report.render(None);
     assert!(text.contains("gpu"), "{text}");
     assert!(!report.failed(), "every invariant holds for real too:\n{text}");
+}
+
+#[test]
+fn every_shipped_lab_scenario_is_one_the_laboratory_runs() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/lab");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let scenario = Scenario::parse(&path.display().to_string(), &text).unwrap();
+        assert_eq!(super::run::unsupported(&scenario), None, "{}", path.display());
+        names.push(path.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    names.sort();
+    assert_eq!(names, ["crash-restart.toml", "hang.toml", "overload-burst.toml"]);
 }
