@@ -13,6 +13,7 @@ pub mod calibrate;
 pub mod fidelity;
 pub mod llama;
 pub mod run;
+pub mod swap;
 
 use std::time::Duration;
 

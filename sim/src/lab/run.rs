@@ -14,9 +14,12 @@
 //! restart.
 //!
 //! What it runs: servers of kind `llama_cpp` (each a `llama-server` with the
-//! spec's slots and context), faults `crash` (SIGKILL), `restart` (a new
-//! process on the same port, which loads) and `burst`, and both cache
-//! layouts, in-process (a shared cache is one in-process store the workers
+//! spec's slots and context) and `llama_swap` (the same behind
+//! [`super::swap`]'s emulated llama-swap front, which records its own
+//! loads), faults `crash` (SIGKILL), `restart` (a new process on the same
+//! port, which loads; behind llama-swap, on its first request), `behave`
+//! as a hang (SIGSTOP) or its end (SIGCONT) of a llama.cpp server, and
+//! `burst`, and both cache layouts, in-process (a shared cache is one in-process store the workers
 //! share, exact as a fleet's Redis is; the network to it is not modelled).
 //! Anything else is refused up front, naming the field.
 
@@ -33,6 +36,7 @@ use redstring::provider::{
 use serde_json::Value;
 
 use super::llama::{DEFAULT_MODEL, LabError, LlamaServer, LlamaSpec, Tools};
+use super::swap::{SwapFront, SwapSettings};
 use crate::evidence::Evidence;
 use crate::evidence::outcome::Answer;
 use crate::evidence::trace::{DRIVER, Kind, Trace};
@@ -56,13 +60,20 @@ pub const MAX_LAB_SECONDS: f64 = 3600.0;
 pub fn unsupported(scenario: &Scenario) -> Option<(String, String)> {
     for (i, s) in scenario.servers.iter().enumerate() {
         let at = |field: &str| format!("servers[{i}].{field}");
-        if s.kind != ServerKind::LlamaCpp {
+        if !matches!(s.kind, ServerKind::LlamaCpp | ServerKind::LlamaSwap) {
             return Some((
                 at("kind"),
                 format!(
-                    "is {:?}; the laboratory runs real llama.cpp servers only (kind = \"llama_cpp\")",
+                    "is {:?}; the laboratory runs real llama.cpp servers (kind = \"llama_cpp\"), \
+                     alone or behind its emulation of llama-swap (kind = \"llama_swap\")",
                     s.kind
                 ),
+            ));
+        }
+        if s.keep_alive_s.is_some() {
+            return Some((
+                at("keep_alive_s"),
+                "the laboratory's llama-swap never unloads an idle model; remove it".into(),
             ));
         }
         if s.behaviour != Behaviour::default() {
@@ -79,7 +90,17 @@ pub fn unsupported(scenario: &Scenario) -> Option<(String, String)> {
         }
     }
     for (i, f) in scenario.faults.iter().enumerate() {
-        if let Fault::Behave { behaviour, .. } = f {
+        if let Fault::Behave { behaviour, server, .. } = f {
+            let swap = scenario
+                .servers
+                .iter()
+                .any(|s| &s.name == server && s.kind == ServerKind::LlamaSwap);
+            if swap {
+                return Some((
+                    format!("faults[{i}].server"),
+                    "is a llama_swap server; the laboratory hangs llama.cpp servers only".into(),
+                ));
+            }
             if signal_for(behaviour).is_none() {
                 return Some((
                     format!("faults[{i}].behaviour"),
@@ -315,15 +336,45 @@ impl HttpTransport for CachedCounts {
 /// One server of the run: its process, and which of its starts is current
 /// (a load cut short by a crash records nothing).
 struct Server {
-    process: RefCell<LlamaServer>,
+    process: RefCell<Process>,
     generation: Cell<u64>,
 }
 
+/// A real llama-server alone, or behind the emulated llama-swap front
+/// (which records its own loads).
+enum Process {
+    Llama(LlamaServer),
+    Swap(Rc<SwapFront>),
+}
+
+impl Process {
+    fn base_url(&self) -> String {
+        match self {
+            Process::Llama(p) => p.base_url(),
+            Process::Swap(f) => f.base_url(),
+        }
+    }
+}
+
 async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result<Evidence, LabError> {
+    let trace = Trace::new();
     let mut servers: BTreeMap<String, Rc<Server>> = BTreeMap::new();
     for s in &scenario.servers {
-        let mut process = LlamaServer::start(tools, &llama_spec(s, tools))?;
-        process.ready(Duration::from_secs(300)).await?;
+        let process = if s.kind == ServerKind::LlamaSwap {
+            let preset = crate::hosts::server::kinds::Preset::of(s);
+            let settings = SwapSettings {
+                name: s.name.clone(),
+                concurrency_limit: preset.as_ref().map_or(1, |p| p.concurrency_limit),
+                health_check_timeout_s: preset.as_ref().map_or(0.0, |p| p.health_check_timeout_s),
+            };
+            Process::Swap(Rc::new(
+                SwapFront::start(tools, &llama_spec(s, tools), settings, trace.clone()).await?,
+            ))
+        } else {
+            let mut process = LlamaServer::start(tools, &llama_spec(s, tools))?;
+            process.ready(Duration::from_secs(300)).await?;
+            Process::Llama(process)
+        };
         servers.insert(
             s.name.clone(),
             Rc::new(Server {
@@ -337,7 +388,6 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
         .map(|(name, s)| (name.clone(), format!("{}/v1", s.process.borrow().base_url())))
         .collect();
 
-    let trace = Trace::new();
     let _real_time = RealTime::begin();
     let duration = Duration::try_from_secs_f64(scenario.duration_s).unwrap_or(Duration::MAX);
     let transports: Arc<dyn RealTransports> = Arc::new(Observed {
@@ -368,7 +418,7 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
     for f in fault::in_order(&scenario.faults) {
         let at = Duration::try_from_secs_f64(f.at_s()).unwrap_or(Duration::MAX);
         tokio::time::sleep(at.saturating_sub(sim_elapsed())).await;
-        apply(f, &servers, &trace)?;
+        apply(f, &servers, &trace).await?;
     }
     tokio::time::sleep(run_length(scenario).saturating_sub(sim_elapsed())).await;
     for w in workers {
@@ -384,32 +434,47 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
 }
 
 /// Applies `fault` to the real servers now and records it.
-fn apply(fault: &Fault, servers: &BTreeMap<String, Rc<Server>>, trace: &Trace) -> Result<(), LabError> {
+async fn apply(fault: &Fault, servers: &BTreeMap<String, Rc<Server>>, trace: &Trace) -> Result<(), LabError> {
     match fault {
         Fault::Crash { server, .. } => {
             if let Some(s) = servers.get(server) {
                 s.generation.set(s.generation.get() + 1);
-                s.process.borrow_mut().kill();
+                match &mut *s.process.borrow_mut() {
+                    Process::Llama(p) => p.kill(),
+                    Process::Swap(f) => f.crash(),
+                }
             }
         }
         Fault::Restart { server, .. } => {
             if let Some(s) = servers.get(server) {
                 let generation = s.generation.get() + 1;
                 s.generation.set(generation);
-                s.process.borrow_mut().restart()?;
-                let health = format!("{}/health", s.process.borrow().base_url());
-                tokio::task::spawn_local(loaded_when_healthy(
-                    health,
-                    server.clone(),
-                    s.clone(),
-                    generation,
-                    trace.clone(),
-                ));
+                let swap = match &mut *s.process.borrow_mut() {
+                    Process::Llama(p) => {
+                        p.restart()?;
+                        tokio::task::spawn_local(loaded_when_healthy(
+                            format!("{}/health", p.base_url()),
+                            server.clone(),
+                            s.clone(),
+                            generation,
+                            trace.clone(),
+                        ));
+                        None
+                    }
+                    Process::Swap(f) => Some(f.clone()),
+                };
+                // Its first request starts the upstream; the front records
+                // the load.
+                if let Some(front) = swap {
+                    front.restart().await?;
+                }
             }
         }
         Fault::Behave { server, behaviour, .. } => {
-            if let Some(s) = servers.get(server) {
-                behave(&s.process.borrow(), behaviour)?;
+            if let Some(s) = servers.get(server)
+                && let Process::Llama(p) = &*s.process.borrow()
+            {
+                behave(p, behaviour)?;
             }
         }
         // Load: each worker fires it on its own timer.
@@ -534,6 +599,7 @@ fn answer_of(status: u16, body: &[u8]) -> Answer {
         200 => Answer::Ok,
         503 if text("/error/message") == "Loading model" => Answer::Loading,
         503 => Answer::QueueFull,
+        500 if text("/src") == "llama-swap" => Answer::LoadFailed,
         429 => Answer::Throttled,
         400 if text("/error/type") == "exceed_context_size_error" => Answer::ContextExceeded,
         400 => Answer::BadRequest,
@@ -572,6 +638,14 @@ mod tests {
             Answer::ContextExceeded
         );
         assert_eq!(answer_of(500, b"not json"), Answer::Error);
+        // llama-swap's own failure, as the emulated front answers it.
+        let failed = crate::hosts::server::load_failed(120.0).into_body();
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let bytes = runtime
+            .block_on(http_body_util::BodyExt::collect(failed))
+            .unwrap()
+            .to_bytes();
+        assert_eq!(answer_of(500, &bytes), Answer::LoadFailed);
     }
 
     #[test]

@@ -265,6 +265,74 @@ fn a_real_llama_server_loads_crashes_restarts_and_hangs_as_the_llama_cpp_kind_cl
     });
 }
 
+/// The laboratory's llama-swap front over a real llama-server: it passes
+/// answers on; after a restart it holds the first request while it starts
+/// the upstream and polls its health on llama-swap's schedule, then
+/// answers it and records the load; past its concurrency limit it answers
+/// 429; a load that misses its health check fails every request that
+/// waited for it with llama-swap's 500.
+#[test]
+fn the_llama_swap_front_holds_requests_while_its_real_upstream_loads() {
+    let Some(tools) = tools_or_skip() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async {
+        let spec = LlamaSpec {
+            model: tools.models.join(DEFAULT_MODEL),
+            slots: 1,
+            context: 65_536,
+            threads: 1,
+        };
+        let trace = Trace::new();
+        let settings = |limit, timeout_s| super::swap::SwapSettings {
+            name: "gpu".into(),
+            concurrency_limit: limit,
+            health_check_timeout_s: timeout_s,
+        };
+        let front = super::swap::SwapFront::start(&tools, &spec, settings(1, 120.0), trace.clone())
+            .await
+            .unwrap();
+        let endpoint = HttpEndpoint::new(&front.base_url(), None).unwrap();
+        assert_eq!(ask(&endpoint, Duration::from_secs(60)).await.unwrap().0, 200);
+
+        // One request in flight takes the whole limit of 1: a second is 429.
+        let (held, second) = tokio::join!(ask(&endpoint, Duration::from_secs(60)), async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            ask(&endpoint, Duration::from_secs(60)).await
+        });
+        assert_eq!(held.unwrap().0, 200);
+        assert_eq!(second.unwrap().0, 429);
+
+        // Crashed, it refuses; restarted, it holds the request through the
+        // upstream's load (seconds, with this context) and answers it.
+        front.crash();
+        assert!(ask(&endpoint, Duration::from_secs(5)).await.is_err());
+        front.restart().await.unwrap();
+        let sent = tokio::time::Instant::now();
+        assert_eq!(ask(&endpoint, Duration::from_secs(120)).await.unwrap().0, 200);
+        assert!(
+            sent.elapsed() >= Duration::from_millis(250),
+            "held for the first poll at least"
+        );
+        let loads = trace.events().iter().filter(|e| matches!(e.kind, Kind::Loaded)).count();
+        assert_eq!(loads, 1, "the load its request started");
+        drop(front);
+
+        // A health check that cannot pass: the waiter gets llama-swap's 500.
+        let front = super::swap::SwapFront::start(&tools, &spec, settings(10, 0.0), trace.clone())
+            .await
+            .unwrap();
+        front.restart().await.unwrap();
+        let endpoint = HttpEndpoint::new(&front.base_url(), None).unwrap();
+        let (status, body) = ask(&endpoint, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(status, 500, "{body}");
+        assert_eq!(body["src"], "llama-swap", "{body}");
+    });
+}
+
 /// The shipped laboratory scenario: two workers calling one llama.cpp
 /// server that crashes at 6 s and restarts at 8 s; about 25 s for real.
 const CRASH_RESTART: &str = include_str!("../../../scenarios/lab/crash-restart.toml");
@@ -323,5 +391,13 @@ fn every_shipped_lab_scenario_is_one_the_laboratory_runs() {
         names.push(path.file_name().unwrap().to_string_lossy().into_owned());
     }
     names.sort();
-    assert_eq!(names, ["crash-restart.toml", "hang.toml", "overload-burst.toml"]);
+    assert_eq!(
+        names,
+        [
+            "crash-restart.toml",
+            "hang.toml",
+            "overload-burst.toml",
+            "swap-slow-reload.toml"
+        ]
+    );
 }

@@ -1089,7 +1089,7 @@ fn add_headers(response: &mut Response<Full<Bytes>>, headers: &[(&'static str, S
 
 /// llama-swap's 429 past its concurrency limit, as released in v250
 /// (`internal/swaputil/http.go`): `Retry-After: 1`, a JSON body.
-fn too_many_requests() -> Response<Full<Bytes>> {
+pub(crate) fn too_many_requests() -> Response<Full<Bytes>> {
     let mut response = json_response(StatusCode::TOO_MANY_REQUESTS, &json!({"error": "Too many requests"}));
     response.headers_mut().insert(hyper::header::RETRY_AFTER, 1u64.into());
     response
@@ -1097,7 +1097,7 @@ fn too_many_requests() -> Response<Full<Bytes>> {
 
 /// llama-swap's answer to every request that waited for a load whose health
 /// check timed out: `500 unspecific error: …` in v250's envelope.
-fn load_failed(timeout_s: f64) -> Response<Full<Bytes>> {
+pub(crate) fn load_failed(timeout_s: f64) -> Response<Full<Bytes>> {
     let timeout = go_duration(Duration::try_from_secs_f64(timeout_s).unwrap_or(Duration::ZERO));
     json_response(
         StatusCode::INTERNAL_SERVER_ERROR,
