@@ -11,6 +11,7 @@
 
 pub mod calibrate;
 pub mod fidelity;
+pub mod links;
 pub mod llama;
 pub mod run;
 pub mod swap;

@@ -1,5 +1,6 @@
 //! A scenario run for real: real `llama-server` processes, the simulator's
-//! own workers over real HTTP, the faults applied to the processes, in real
+//! own workers over real HTTP through links that carry the scenario's
+//! network latency, the faults applied to the processes and links, in real
 //! time, recording the same trace a simulation records.
 //!
 //! Whether a simulated figure would happen in reality can only be answered
@@ -18,8 +19,9 @@
 //! [`super::swap`]'s emulated llama-swap front, which records its own
 //! loads), faults `crash` (SIGKILL), `restart` (a new process on the same
 //! port, which loads; behind llama-swap, on its first request), `behave`
-//! as a hang (SIGSTOP) or its end (SIGCONT) of a llama.cpp server, and
-//! `burst`, and both cache layouts, in-process (a shared cache is one in-process store the workers
+//! as a hang (SIGSTOP) or its end (SIGCONT) of a llama.cpp server,
+//! `partition`, `heal` and `latency` on a worker's link to a server
+//! ([`super::links`]), and `burst`, and both cache layouts, in-process (a shared cache is one in-process store the workers
 //! share, exact as a fleet's Redis is; the network to it is not modelled).
 //! Anything else is refused up front, naming the field.
 
@@ -35,6 +37,7 @@ use redstring::provider::{
 };
 use serde_json::Value;
 
+use super::links::Link;
 use super::llama::{DEFAULT_MODEL, LabError, LlamaServer, LlamaSpec, Tools};
 use super::swap::{SwapFront, SwapSettings};
 use crate::evidence::Evidence;
@@ -111,11 +114,24 @@ pub fn unsupported(scenario: &Scenario) -> Option<(String, String)> {
             }
             continue;
         }
+        if let Fault::Partition { a, b, .. } | Fault::Heal { a, b, .. } | Fault::Latency { a, b, .. } = f {
+            let is_server = |h: &String| scenario.servers.iter().any(|s| &s.name == h);
+            let is_worker = |h: &String| scenario.fleet().iter().any(|m| &m.name == h);
+            if !((is_worker(a) && is_server(b)) || (is_server(a) && is_worker(b))) {
+                return Some((
+                    format!("faults[{i}]"),
+                    format!(
+                        "names the link {a} / {b}; the laboratory cuts and slows links between a worker and a server only (its cache is in process)"
+                    ),
+                ));
+            }
+            continue;
+        }
         if !matches!(f, Fault::Crash { .. } | Fault::Restart { .. } | Fault::Burst { .. }) {
             return Some((
                 format!("faults[{i}].kind"),
                 format!(
-                    "is {}; the laboratory applies crash, restart, burst and behave (a hang) only",
+                    "is {}; the laboratory applies crash, restart, burst, behave (a hang), partition, heal and latency only",
                     f.kind().name()
                 ),
             ));
@@ -348,10 +364,11 @@ enum Process {
 }
 
 impl Process {
-    fn base_url(&self) -> String {
+    /// The loopback port it serves on, the same across its restarts.
+    fn port(&self) -> u16 {
         match self {
-            Process::Llama(p) => p.base_url(),
-            Process::Swap(f) => f.base_url(),
+            Process::Llama(p) => p.port(),
+            Process::Swap(f) => f.port(),
         }
     }
 }
@@ -383,10 +400,23 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
             }),
         );
     }
-    let urls: BTreeMap<String, String> = servers
-        .iter()
-        .map(|(name, s)| (name.clone(), format!("{}/v1", s.process.borrow().base_url())))
-        .collect();
+    // One link per worker and server it calls, with the scenario's latency.
+    let mut links: BTreeMap<(String, String), Link> = BTreeMap::new();
+    let range = (scenario.network.min_latency_ms, scenario.network.max_latency_ms);
+    for member in scenario.fleet() {
+        for server in &member.servers {
+            let Some(s) = servers.get(server) else { continue };
+            let port = s.process.borrow().port();
+            let seed = repetition ^ member.index.rotate_left(32) ^ (links.len() as u64).rotate_left(48);
+            let link = Link::open(std::net::SocketAddr::from(([127, 0, 0, 1], port)), range, seed)
+                .await
+                .map_err(|source| LabError::Spawn {
+                    binary: "a link between a worker and a server".into(),
+                    source,
+                })?;
+            links.insert((member.name.clone(), server.clone()), link);
+        }
+    }
 
     let _real_time = RealTime::begin();
     let duration = Duration::try_from_secs_f64(scenario.duration_s).unwrap_or(Duration::MAX);
@@ -401,13 +431,19 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
         .then(|| Arc::new(MemoryCache::new(Arc::new(SimClock::new(scenario.cache.clock)))));
     let mut workers = Vec::new();
     for member in scenario.fleet() {
+        let name = member.name.clone();
         let plan = worker_plan(
             scenario,
             member,
             repetition,
             duration,
             Net::Real(transports.clone()),
-            |server| urls.get(server).cloned().unwrap_or_default(),
+            |server| {
+                links
+                    .get(&(name.clone(), server.to_owned()))
+                    .map(|l| format!("http://127.0.0.1:{}/v1", l.port()))
+                    .unwrap_or_default()
+            },
         );
         let store = shared
             .clone()
@@ -418,7 +454,7 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
     for f in fault::in_order(&scenario.faults) {
         let at = Duration::try_from_secs_f64(f.at_s()).unwrap_or(Duration::MAX);
         tokio::time::sleep(at.saturating_sub(sim_elapsed())).await;
-        apply(f, &servers, &trace).await?;
+        apply(f, &servers, &links, &trace).await?;
     }
     tokio::time::sleep(run_length(scenario).saturating_sub(sim_elapsed())).await;
     for w in workers {
@@ -434,7 +470,17 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
 }
 
 /// Applies `fault` to the real servers now and records it.
-async fn apply(fault: &Fault, servers: &BTreeMap<String, Rc<Server>>, trace: &Trace) -> Result<(), LabError> {
+async fn apply(
+    fault: &Fault,
+    servers: &BTreeMap<String, Rc<Server>>,
+    links: &BTreeMap<(String, String), Link>,
+    trace: &Trace,
+) -> Result<(), LabError> {
+    let link = |a: &String, b: &String| {
+        links
+            .get(&(a.clone(), b.clone()))
+            .or_else(|| links.get(&(b.clone(), a.clone())))
+    };
     match fault {
         Fault::Crash { server, .. } => {
             if let Some(s) = servers.get(server) {
@@ -475,6 +521,13 @@ async fn apply(fault: &Fault, servers: &BTreeMap<String, Rc<Server>>, trace: &Tr
                 && let Process::Llama(p) = &*s.process.borrow()
             {
                 behave(p, behaviour)?;
+            }
+        }
+        Fault::Partition { a, b, .. } => link(a, b).into_iter().for_each(Link::cut),
+        Fault::Heal { a, b, .. } => link(a, b).into_iter().for_each(Link::heal),
+        Fault::Latency { a, b, ms, .. } => {
+            if let Some(l) = link(a, b) {
+                l.set_latency(*ms);
             }
         }
         // Load: each worker fires it on its own timer.
@@ -667,6 +720,18 @@ mod tests {
         );
         assert_eq!(
             field("kind = \"llama_cpp\"\n[[faults]]\nkind = \"partition\"\nat_s = 1\na = \"w\"\nb = \"gpu\""),
+            None,
+            "a link the laboratory cuts"
+        );
+        assert_eq!(
+            field(
+                "kind = \"llama_cpp\"\n[cache]\nkind = \"shared\"\n[[faults]]\nkind = \"partition\"\nat_s = 1\na = \"w\"\nb = \"cache\""
+            ),
+            Some("faults[0]".into()),
+            "the cache is in process"
+        );
+        assert_eq!(
+            field("kind = \"llama_cpp\"\n[cache]\nkind = \"shared\"\n[[faults]]\nkind = \"cache_down\"\nat_s = 1"),
             Some("faults[0].kind".into())
         );
         let behave = |behaviour: &str| {

@@ -121,6 +121,11 @@ impl SwapFront {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The loopback port it listens on, the same across its restarts.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Kills the front and its upstream: connections to its port are
     /// refused, and every request it held is cut.
     pub fn crash(&self) {
