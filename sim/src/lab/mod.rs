@@ -13,6 +13,7 @@ pub mod calibrate;
 pub mod fidelity;
 pub mod links;
 pub mod llama;
+pub mod redis;
 pub mod run;
 pub mod swap;
 

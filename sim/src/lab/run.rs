@@ -20,10 +20,11 @@
 //! loads), faults `crash` (SIGKILL), `restart` (a new process on the same
 //! port, which loads; behind llama-swap, on its first request), `behave`
 //! as a hang (SIGSTOP) or its end (SIGCONT) of a llama.cpp server,
-//! `partition`, `heal` and `latency` on a worker's link to a server
-//! ([`super::links`]), and `burst`, and both cache layouts, in-process (a shared cache is one in-process store the workers
-//! share, exact as a fleet's Redis is; the network to it is not modelled).
-//! Anything else is refused up front, naming the field.
+//! `partition`, `heal` and `latency` on a worker's link to a server or to
+//! the shared cache ([`super::links`]), `cache_down` and `cache_up`, and
+//! `burst`; both cache layouts, each worker's own in-process store or a
+//! real redis-server shared by all ([`super::redis`]). Anything else is
+//! refused up front, naming the field.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redstring::MemoryCache;
+use redstring::cache::redis::RedisCache;
 use redstring::provider::{
     BoxFuture, HttpRequest, HttpResponse, HttpTransport, ReqwestTransport, TransportError, TransportErrorKind,
 };
@@ -44,11 +46,11 @@ use crate::evidence::Evidence;
 use crate::evidence::outcome::Answer;
 use crate::evidence::trace::{DRIVER, Kind, Trace};
 use crate::hosts::CALL_HEADER;
-use crate::hosts::clock::{RealTime, SimClock, sim_elapsed};
+use crate::hosts::clock::{RealTime, sim_elapsed};
 use crate::hosts::worker::{Net, RealTransports, run_worker};
 use crate::scenario::kinds::{DEFAULT_CONTEXT_TOKENS, ServerKind};
-use crate::scenario::{Behaviour, CacheKind, Fault, Mode, Scenario, fault};
-use crate::world::{run_length, worker_plan};
+use crate::scenario::{Behaviour, CACHE_HOST, CacheKind, ClockSpec, Fault, Mode, Scenario, fault};
+use crate::world::{DEFAULT_CACHE_TIMEOUT_MS, run_length, worker_plan};
 
 /// The most workers a laboratory run takes: each is a task of this process
 /// making real requests.
@@ -115,23 +117,31 @@ pub fn unsupported(scenario: &Scenario) -> Option<(String, String)> {
             continue;
         }
         if let Fault::Partition { a, b, .. } | Fault::Heal { a, b, .. } | Fault::Latency { a, b, .. } = f {
-            let is_server = |h: &String| scenario.servers.iter().any(|s| &s.name == h);
+            let shared = scenario.cache.kind == CacheKind::Shared;
+            let is_far = |h: &String| scenario.servers.iter().any(|s| &s.name == h) || (shared && h == CACHE_HOST);
             let is_worker = |h: &String| scenario.fleet().iter().any(|m| &m.name == h);
-            if !((is_worker(a) && is_server(b)) || (is_server(a) && is_worker(b))) {
+            if !((is_worker(a) && is_far(b)) || (is_far(a) && is_worker(b))) {
                 return Some((
                     format!("faults[{i}]"),
                     format!(
-                        "names the link {a} / {b}; the laboratory cuts and slows links between a worker and a server only (its cache is in process)"
+                        "names the link {a} / {b}; the laboratory cuts and slows the links from a worker to a server or to the shared cache only"
                     ),
                 ));
             }
             continue;
         }
-        if !matches!(f, Fault::Crash { .. } | Fault::Restart { .. } | Fault::Burst { .. }) {
+        if !matches!(
+            f,
+            Fault::Crash { .. }
+                | Fault::Restart { .. }
+                | Fault::Burst { .. }
+                | Fault::CacheDown { .. }
+                | Fault::CacheUp { .. }
+        ) {
             return Some((
                 format!("faults[{i}].kind"),
                 format!(
-                    "is {}; the laboratory applies crash, restart, burst, behave (a hang), partition, heal and latency only",
+                    "is {}; the laboratory applies crash, restart, burst, behave (a hang), partition, heal, latency, cache_down and cache_up only",
                     f.kind().name()
                 ),
             ));
@@ -146,6 +156,12 @@ pub fn unsupported(scenario: &Scenario) -> Option<(String, String)> {
                 ));
             }
         }
+    }
+    if scenario.cache.kind == CacheKind::Shared && scenario.cache.clock != ClockSpec::default() {
+        return Some((
+            "cache.clock".into(),
+            "skews the shared cache's clock; the laboratory's is a real redis-server on this machine's clock; remove it".into(),
+        ));
     }
     let workers = scenario.fleet().len();
     if workers > MAX_LAB_WORKERS {
@@ -400,13 +416,28 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
             }),
         );
     }
-    // One link per worker and server it calls, with the scenario's latency.
+    // The shared cache: a real redis-server.
+    let mut cache = None;
+    if scenario.cache.kind == CacheKind::Shared {
+        let binary = super::redis::binary().ok_or_else(|| LabError::Missing {
+            what: "redis-server (for the shared cache)",
+            at: "PATH".into(),
+            fix: "apt-get install redis-server",
+        })?;
+        cache = Some(super::redis::RedisServer::start(binary)?);
+    }
+    // One link per worker and server it calls, and to the shared cache,
+    // with the scenario's latency.
     let mut links: BTreeMap<(String, String), Link> = BTreeMap::new();
     let range = (scenario.network.min_latency_ms, scenario.network.max_latency_ms);
     for member in scenario.fleet() {
-        for server in &member.servers {
-            let Some(s) = servers.get(server) else { continue };
-            let port = s.process.borrow().port();
+        let cache_port = cache.as_ref().map(|c| (CACHE_HOST.to_owned(), c.port()));
+        let ports = member
+            .servers
+            .iter()
+            .filter_map(|server| servers.get(server).map(|s| (server.clone(), s.process.borrow().port())))
+            .chain(cache_port);
+        for (far, port) in ports.collect::<Vec<_>>() {
             let seed = repetition ^ member.index.rotate_left(32) ^ (links.len() as u64).rotate_left(48);
             let link = Link::open(std::net::SocketAddr::from(([127, 0, 0, 1], port)), range, seed)
                 .await
@@ -414,7 +445,7 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
                     binary: "a link between a worker and a server".into(),
                     source,
                 })?;
-            links.insert((member.name.clone(), server.clone()), link);
+            links.insert((member.name.clone(), far), link);
         }
     }
 
@@ -427,8 +458,7 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
             source: std::io::Error::other(e.to_string()),
         })?,
     });
-    let shared = (scenario.cache.kind == CacheKind::Shared)
-        .then(|| Arc::new(MemoryCache::new(Arc::new(SimClock::new(scenario.cache.clock)))));
+    let cache_timeout = Duration::from_millis(scenario.cache.timeout_ms.unwrap_or(DEFAULT_CACHE_TIMEOUT_MS));
     let mut workers = Vec::new();
     for member in scenario.fleet() {
         let name = member.name.clone();
@@ -445,16 +475,32 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
                     .unwrap_or_default()
             },
         );
-        let store = shared
-            .clone()
-            .unwrap_or_else(|| Arc::new(MemoryCache::new(Arc::new(plan.clock.clone()))));
-        workers.push(tokio::task::spawn_local(run_worker(plan, store, trace.clone())));
+        let worker = match links.get(&(name.clone(), CACHE_HOST.to_owned())) {
+            // Its own connection to the shared redis-server, through its link.
+            Some(link) => {
+                let store = RedisCache::builder()
+                    .time_source(scenario.cache.time_source)
+                    .connect_timeout(cache_timeout)
+                    .response_timeout(cache_timeout)
+                    .build_from_url(&format!("redis://127.0.0.1:{}", link.port()))
+                    .map_err(|e| LabError::Spawn {
+                        binary: "a Redis client".into(),
+                        source: std::io::Error::other(e.to_string()),
+                    })?;
+                tokio::task::spawn_local(run_worker(plan, Arc::new(store), trace.clone()))
+            }
+            None => {
+                let store = Arc::new(MemoryCache::new(Arc::new(plan.clock.clone())));
+                tokio::task::spawn_local(run_worker(plan, store, trace.clone()))
+            }
+        };
+        workers.push(worker);
     }
 
     for f in fault::in_order(&scenario.faults) {
         let at = Duration::try_from_secs_f64(f.at_s()).unwrap_or(Duration::MAX);
         tokio::time::sleep(at.saturating_sub(sim_elapsed())).await;
-        apply(f, &servers, &links, &trace).await?;
+        apply(f, &servers, cache.as_mut(), &links, &trace).await?;
     }
     tokio::time::sleep(run_length(scenario).saturating_sub(sim_elapsed())).await;
     for w in workers {
@@ -473,6 +519,7 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
 async fn apply(
     fault: &Fault,
     servers: &BTreeMap<String, Rc<Server>>,
+    cache: Option<&mut super::redis::RedisServer>,
     links: &BTreeMap<(String, String), Link>,
     trace: &Trace,
 ) -> Result<(), LabError> {
@@ -521,6 +568,16 @@ async fn apply(
                 && let Process::Llama(p) = &*s.process.borrow()
             {
                 behave(p, behaviour)?;
+            }
+        }
+        Fault::CacheDown { .. } => {
+            if let Some(cache) = cache {
+                cache.kill();
+            }
+        }
+        Fault::CacheUp { .. } => {
+            if let Some(cache) = cache {
+                cache.up()?;
             }
         }
         Fault::Partition { a, b, .. } => link(a, b).into_iter().for_each(Link::cut),
@@ -723,16 +780,28 @@ mod tests {
             None,
             "a link the laboratory cuts"
         );
+        let shared = "kind = \"llama_cpp\"\n[cache]\nkind = \"shared\"\n";
         assert_eq!(
-            field(
-                "kind = \"llama_cpp\"\n[cache]\nkind = \"shared\"\n[[faults]]\nkind = \"partition\"\nat_s = 1\na = \"w\"\nb = \"cache\""
-            ),
-            Some("faults[0]".into()),
-            "the cache is in process"
+            field(&format!(
+                "{shared}[[faults]]\nkind = \"partition\"\nat_s = 1\na = \"w\"\nb = \"cache\""
+            )),
+            None,
+            "a worker's link to the shared redis-server"
         );
         assert_eq!(
-            field("kind = \"llama_cpp\"\n[cache]\nkind = \"shared\"\n[[faults]]\nkind = \"cache_down\"\nat_s = 1"),
-            Some("faults[0].kind".into())
+            field(&format!("{shared}[[faults]]\nkind = \"cache_down\"\nat_s = 1")),
+            None,
+            "the redis-server killed"
+        );
+        assert_eq!(
+            field("kind = \"llama_cpp\"\n[[faults]]\nkind = \"partition\"\nat_s = 1\na = \"gpu\"\nb = \"gpu\""),
+            Some("faults[0]".into()),
+            "no link from a server to itself"
+        );
+        assert_eq!(
+            field(&format!("{shared}clock = {{ offset_ms = 500 }}\n")),
+            Some("cache.clock".into()),
+            "a real redis-server keeps this machine's time"
         );
         let behave = |behaviour: &str| {
             field(&format!(

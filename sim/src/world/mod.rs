@@ -51,7 +51,7 @@ const TCP_CAPACITY: usize =
     crate::scenario::limits::MAX_FLEET as usize * 2 * crate::hosts::transport::MAX_OPEN_CONNECTIONS;
 
 /// How long a worker waits for the cache host when the scenario does not say.
-const DEFAULT_CACHE_TIMEOUT_MS: u64 = 250;
+pub(crate) const DEFAULT_CACHE_TIMEOUT_MS: u64 = 250;
 
 /// Whose clock the shared cache stamps with: the scenario's choice, unless
 /// the [`CallerStampedTime`](redstring::mutants::Mutant::CallerStampedTime)
