@@ -267,7 +267,7 @@ fn spawn(tools: &Tools, spec: &LlamaSpec, port: u16, log: &tempfile::NamedTempFi
     };
     let out = log.reopen().map_err(spawn_error)?;
     let err = log.reopen().map_err(spawn_error)?;
-    Command::new(&tools.llama_server)
+    owned(&tools.llama_server)
         .arg("--model")
         .arg(&spec.model)
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -280,6 +280,30 @@ fn spawn(tools: &Tools, spec: &LlamaSpec, port: u16, log: &tempfile::NamedTempFi
         .stderr(err)
         .spawn()
         .map_err(spawn_error)
+}
+
+/// A command for `binary` whose process is killed when the thread that
+/// starts it ends — so even a `kill -9` of the laboratory leaves no server
+/// behind — through util-linux's `setpriv --pdeathsig KILL`, which sets
+/// the parent-death signal and then executes `binary` in its place (the
+/// crate forbids the `unsafe` the system call would take here). Without
+/// `setpriv` on the `PATH`, `binary` is run plainly, and only a clean exit
+/// or Ctrl-C stops it. Start the laboratory's processes from a thread that
+/// lives as long as they should.
+pub(crate) fn owned(binary: &Path) -> Command {
+    let setpriv = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("setpriv"))
+            .find(|p| p.is_file())
+    });
+    match setpriv {
+        Some(setpriv) => {
+            let mut command = Command::new(setpriv);
+            command.args(["--pdeathsig", "KILL", "--"]).arg(binary);
+            command
+        }
+        None => Command::new(binary),
+    }
 }
 
 /// How often `/health` is asked while a server loads.

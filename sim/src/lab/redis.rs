@@ -7,11 +7,12 @@
 //! worker's own `RedisCache` through its own link ([`super::links`]), so
 //! `cache_down` (the process killed), `cache_up` (started again on its
 //! port, empty) and partitions of a worker from the cache act on the real
-//! thing. Dropping the handle kills the process.
+//! thing. Dropping the handle kills the process, and so does the end of
+//! the thread that started it ([`super::llama::owned`]).
 
 use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use super::llama::LabError;
@@ -71,7 +72,7 @@ impl RedisServer {
     /// Starts it again on its port, empty, and waits until it answers.
     pub fn up(&mut self) -> Result<(), LabError> {
         self.kill();
-        let child = Command::new(&self.binary)
+        let child = super::llama::owned(&self.binary)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .stdin(Stdio::null())

@@ -401,3 +401,39 @@ fn every_shipped_lab_scenario_is_one_the_laboratory_runs() {
         ]
     );
 }
+
+/// What keeps a `kill -9` of the laboratory from leaving servers behind:
+/// a process started through `owned` is killed when the thread that
+/// started it ends, as the laboratory's own end would end it.
+#[test]
+fn a_process_the_laboratory_owns_dies_with_the_thread_that_started_it() {
+    use std::os::unix::process::ExitStatusExt as _;
+    if !super::llama::owned(std::path::Path::new("sleep"))
+        .get_program()
+        .to_string_lossy()
+        .ends_with("setpriv")
+    {
+        eprintln!("SKIPPED: setpriv (util-linux) is not installed");
+        return;
+    }
+    let mut child = std::thread::spawn(|| {
+        let child = super::llama::owned(std::path::Path::new("/bin/sleep"))
+            .arg("30")
+            .spawn()
+            .unwrap();
+        // The thread ends only once `setpriv` has set the signal and
+        // become `sleep`.
+        let comm = format!("/proc/{}/comm", child.id());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&comm).unwrap_or_default().trim() != "sleep" {
+            assert!(std::time::Instant::now() < deadline, "setpriv never ran sleep");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child
+    })
+    .join()
+    .unwrap();
+    // The starting thread is gone: its child was sent SIGKILL.
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+}
