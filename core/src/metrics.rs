@@ -27,6 +27,7 @@
 //! | `redstring.breaker.state` | gauge | `breaker` | 0 closed, 1 half-open, 2 open, on each transition |
 //! | `redstring.breaker.transitions` | counter | `breaker`, `to` | state changes |
 //! | `redstring.slow_calls` | counter | `breaker` | answers slower than the slow-call threshold, each a breaker failure |
+//! | `redstring.hedges` | counter | `breaker` | hedged attempts, by the deployment each went to |
 //! | `redstring.quota_exhausted` | counter | `breaker` | spent quotas heard (`insufficient_quota`, a reset past `max_server_delay`), each cooling its deployment until the reset |
 //! | `redstring.retry_budget.balance` | gauge, retries | `budget` | the budget's balance after each step |
 //! | `redstring.cache.unavailable` | counter | `component`, `operation` | store operations that failed |
@@ -162,6 +163,9 @@ impl Observer for MetricsObserver {
                     CircuitState::Open => "open",
                 };
                 counter!("redstring.breaker.transitions", "breaker" => breaker.to_string(), "to" => to).increment(1);
+            }
+            Event::Hedged { to, .. } => {
+                counter!("redstring.hedges", "breaker" => to.to_string()).increment(1);
             }
             Event::SlowCall { breaker, .. } => {
                 counter!("redstring.slow_calls", "breaker" => breaker.to_string()).increment(1);

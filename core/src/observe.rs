@@ -389,6 +389,21 @@ pub enum Event {
         /// When it ended, on the provider's clock.
         at: Timestamp,
     },
+    /// A hardened provider's attempt at the deployment behind `from` had
+    /// not answered after the [`hedge`](crate::provider::HardenedProviderBuilder::hedge)
+    /// delay, and another attempt, paid from the retry budget, went to the
+    /// deployment behind `to`; the first success wins and the others are
+    /// cancelled.
+    Hedged {
+        /// The tenant whose call it is.
+        tenant: TenantId,
+        /// The breaker key prefix of the deployment whose attempt is hedged.
+        from: Arc<str>,
+        /// The breaker key prefix of the deployment the hedge went to.
+        to: Arc<str>,
+        /// How long the call waited for an answer before hedging.
+        after: Duration,
+    },
     /// A hardened provider refused by a shared cooldown sleeps it off before
     /// asking the breaker again.
     CooldownWait {
@@ -712,6 +727,14 @@ impl Observer for TracingObserver {
                 waits,
             } => {
                 tracing::debug!(%model, %tenant, wait = wait.as_secs_f64(), waits, "waiting out a shared cooldown")
+            }
+            Event::Hedged {
+                tenant,
+                from,
+                to,
+                after,
+            } => {
+                tracing::debug!(%tenant, %from, %to, after = after.as_secs_f64(), "hedged an unanswered attempt")
             }
             Event::SlowCall {
                 breaker,

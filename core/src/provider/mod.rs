@@ -61,7 +61,8 @@ use serde_json::Value;
 pub use error::{DeadlineExceeded, DeadlineWait, DeploymentLimited, ExtractError, ProviderError, TransportErrorKind};
 pub use hardened::{
     DEFAULT_COOLDOWN_WAITS, DEFAULT_LIMITER_WAITS, DEFAULT_MAX_QUOTA_COOLDOWN, DEFAULT_MAX_SERVER_DELAY,
-    DEFAULT_OUTPUT_ESTIMATE, DEFAULT_QUOTA_COOLDOWN, HardenedProvider, HardenedProviderBuilder, default_token_estimate,
+    DEFAULT_OUTPUT_ESTIMATE, DEFAULT_QUOTA_COOLDOWN, HardenedProvider, HardenedProviderBuilder, HedgeAfter,
+    MAX_HEDGE_DELAY, MAX_HEDGE_WINDOW, MAX_HEDGES, MIN_HEDGE_WINDOW, default_token_estimate,
 };
 pub use openai::{
     DEFAULT_API_KEY, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, OpenAiCompatible, OpenAiCompatibleBuilder,

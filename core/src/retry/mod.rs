@@ -325,6 +325,16 @@ impl Retry {
         }
     }
 
+    /// Asks the budget for a hedge — another attempt while one is still in
+    /// flight — as for a retry: `true` when granted, or when there is no
+    /// budget.
+    pub(crate) async fn try_hedge(&self) -> bool {
+        match &self.budget {
+            Some(budget) => budget.try_withdraw().await,
+            None => true,
+        }
+    }
+
     /// The step after attempt number `attempts` (from 1) failed with
     /// `error`, judged `verdict`: the run's end — the error itself when
     /// permanent, or exhausted, past `deadline`, or denied by the budget —

@@ -25,6 +25,7 @@ mod support;
 mod breaker;
 mod compliance_memory;
 mod deployment_limits;
+mod hedging;
 mod limiter;
 #[cfg(all(feature = "metrics", feature = "openai"))]
 mod metrics;

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::hedge::{HedgeAfter, Hedging};
 use super::{
     Classifier, DEFAULT_COOLDOWN_WAITS, DEFAULT_LIMITER_WAITS, DEFAULT_MAX_QUOTA_COOLDOWN, DEFAULT_MAX_SERVER_DELAY,
     DEFAULT_QUOTA_COOLDOWN, HardenedProvider, TokenEstimate,
@@ -36,6 +37,7 @@ pub struct HardenedProviderBuilder<P, L, B> {
     quota_cooldown: Duration,
     max_quota_cooldown: Duration,
     slow_call_threshold: Option<Duration>,
+    hedging: Option<(HedgeAfter, u32)>,
     /// Applies the retry budget to the loop, when one was given.
     budget: Option<Box<dyn FnOnce(Retry) -> Retry + Send>>,
     token_estimate: Option<TokenEstimate>,
@@ -78,6 +80,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             quota_cooldown: DEFAULT_QUOTA_COOLDOWN,
             max_quota_cooldown: DEFAULT_MAX_QUOTA_COOLDOWN,
             slow_call_threshold: None,
+            hedging: None,
             budget: None,
             token_estimate: None,
         }
@@ -196,6 +199,44 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
         Ok(self)
     }
 
+    /// Hedges a call's attempt that has not answered `after` its delay
+    /// (default: off): another attempt goes to the next deployment in the
+    /// call's order whose breaker (and any cooldown, and its own limit)
+    /// admits it, and the first success wins — the other attempts' futures
+    /// are dropped, so their connections close and the server stops
+    /// generating. At most `max_hedges` hedges per call, each `after` the
+    /// attempt sent before it. Each hedge is first withdrawn from the
+    /// [`retry_budget`](Self::retry_budget) (set it before or after this),
+    /// and a denied withdrawal ends the call's hedging: a fleet whose
+    /// servers are all slow hedges less. With no deployment to go to
+    /// (one deployment, or every other refusing), nothing is hedged.
+    ///
+    /// A hedge is not a retry: it does not count against `max_retries`,
+    /// and a cancelled attempt reports nothing to its breaker (its
+    /// admission is released), while its token reservation is charged its
+    /// estimate — the server may have generated before it saw the
+    /// disconnect. Each hedge is reported as
+    /// [`Event::Hedged`](crate::observe::Event::Hedged). The observed p95
+    /// ([`HedgeAfter::ObservedP95`]) is this process's estimate, from its
+    /// own answers; the retry budget and the breakers are the fleet's.
+    /// Under [`least_loaded`](Self::least_loaded) the call's lease stays at
+    /// the deployment it counts at: a hedge is not counted in flight.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `hedge_after` (a fixed delay) or
+    /// `hedge_floor` (an observed p95's floor) when it is zero, over
+    /// [`MAX_HEDGE_DELAY`](crate::provider::MAX_HEDGE_DELAY), or not shorter
+    /// than the [`deadline`](Self::deadline) set before it; `hedge_window`
+    /// outside [`MIN_HEDGE_WINDOW`](crate::provider::MIN_HEDGE_WINDOW) ..=
+    /// [`MAX_HEDGE_WINDOW`](crate::provider::MAX_HEDGE_WINDOW); `max_hedges`
+    /// outside 1 ..= [`MAX_HEDGES`](crate::provider::MAX_HEDGES).
+    pub fn hedge(mut self, after: HedgeAfter, max_hedges: u32) -> Result<Self, ConfigError> {
+        after.validate(max_hedges, self.deadline)?;
+        self.hedging = Some((after, max_hedges));
+        Ok(self)
+    }
+
     /// Whether a refusal by the model (`message.refusal`, `content_filter`)
     /// counts as a breaker failure (default `false`: refusals are about the
     /// content, not the server). Turn it on where a refusal means a
@@ -297,6 +338,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
                     .unwrap_or(i)
             })
             .collect();
+        let n = self.deployments.len();
+        let hedging = self.hedging.map(|(after, max)| Hedging::new(after, max, n));
         HardenedProvider {
             limited: self.deployments.iter().any(|d| d.limit.is_some()),
             deployments: self.deployments,
@@ -318,6 +361,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
             quota_cooldown: self.quota_cooldown,
             max_quota_cooldown: self.max_quota_cooldown,
             slow_call_threshold: self.slow_call_threshold,
+            hedging,
             token_estimate: self.token_estimate,
         }
     }

@@ -42,13 +42,16 @@ pub(super) struct Call<'a, P, L, B> {
     /// The tenant's token reservation, settled when the call ends.
     reservation: Option<Reservation>,
     /// Attempts the retry schedule counted: each placement, sent or not.
-    tries: u32,
-    /// Failed attempts the server may have generated tokens for, each
-    /// charged the estimate besides the answer.
-    spent: u32,
+    pub(super) tries: u32,
+    /// Failed (or cancelled) attempts the server may have generated tokens
+    /// for, each charged the estimate besides the answer.
+    pub(super) spent: u32,
+    /// Hedges sent so far; set to the most allowed when the retry budget
+    /// denies one, which ends the call's hedging.
+    pub(super) hedges: u32,
     /// The call's end, told once: by [`run`](Self::run), or by the drop
     /// of a call its caller abandoned.
-    end: CallEnd<'a>,
+    pub(super) end: CallEnd<'a>,
 }
 
 impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
@@ -67,6 +70,7 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
             reservation: None,
             tries: 0,
             spent: 0,
+            hedges: 0,
             end: CallEnd::start(provider, span),
         }
     }
@@ -154,6 +158,12 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
         // The attempt may take no longer than the deadline leaves.
         let left = self.deadline.map(|d| d.saturating_duration_since(p.clock.now()));
         self.end.sent = self.end.sent.saturating_add(1);
+        if let Some(hedging) = &p.hedging
+            && p.deployments.len() > 1
+            && self.hedges < hedging.max
+        {
+            return self.race(at, reservation, left).await;
+        }
         let sent = p.attempt(at, self.tries, self.request, left).await;
         #[cfg(feature = "mutants")]
         let sent = self.retried_anew(at, left, sent).await;
@@ -168,7 +178,7 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
     /// about the deployment (for routing), and what the breaker behind it
     /// will hear — a failure for a success slower than the slow-call
     /// threshold (`took`, measured only under one).
-    async fn absorb(
+    pub(super) async fn absorb(
         &mut self,
         at: usize,
         reservation: Option<Reservation>,
@@ -359,8 +369,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// Attempt `number` of the call, on deployment `at`, in its own span; a
     /// quota signal in its answer becomes that deployment's fleet-wide
     /// cooldown (one breaker step) before the answer is handed back, with
-    /// how long the server took to give it when a slow-call threshold is
-    /// set (the cooldown's step not included).
+    /// how long the server took to give it when a slow-call threshold or an
+    /// observed-p95 hedge delay is set (the cooldown's step not included).
     pub(super) async fn attempt(
         &self,
         at: usize,
@@ -381,8 +391,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         request: ExtractRequest<'_>,
         left: Option<Duration>,
     ) -> (Result<Extracted<Value>, ExtractError>, Option<Duration>) {
-        // Timed only under a slow-call threshold: otherwise no clock is read.
-        let sent_at = self.slow_call_threshold.map(|_| self.clock.now());
+        // Timed only under a slow-call threshold or an observed-p95 hedge
+        // delay: otherwise no clock is read.
+        let timed = self.slow_call_threshold.is_some() || self.hedging.as_ref().is_some_and(|h| h.observes());
+        let sent_at = timed.then(|| self.clock.now());
         let answer = self.deployments[at].inner.extract_answer(request, left).await;
         let took = sent_at.map(|t| self.clock.now().saturating_duration_since(t));
         let (result, heard) = self.quota_heard(at, answer);

@@ -34,6 +34,10 @@
 //! | a refusal | `record_success`, or `record_failure` with [`refusals_trip_breaker`](HardenedProviderBuilder::refusals_trip_breaker) |
 //! | no call made after admission (limiter refusal, every deployment's own limit refusing, an inner wrapper's refusal) | `release` — a half-open probe's lease ends at once, so the next caller probes |
 //!
+//! A [`hedge`](HardenedProviderBuilder::hedge)d call may hold attempts at
+//! two deployments at once: each breaker hears what its attempt said, and
+//! an attempt cancelled because another answered first hears `release`.
+//!
 //! Every report names the [`Permit`](crate::breaker::Permit) the call was admitted with, so a probe
 //! reports exactly its own lease and a late report changes nothing. The call
 //! is cancellation-safe: a future dropped mid-call (a caller's timeout, a
@@ -123,6 +127,7 @@
 
 mod builder;
 mod call;
+mod hedge;
 mod report;
 mod routing;
 #[cfg(test)]
@@ -138,6 +143,7 @@ use tracing::Instrument;
 
 pub use builder::HardenedProviderBuilder;
 use call::Call;
+pub use hedge::{HedgeAfter, MAX_HEDGE_DELAY, MAX_HEDGE_WINDOW, MAX_HEDGES, MIN_HEDGE_WINDOW};
 
 use super::error::{ExtractError, ProviderError};
 use super::route::{Deployment, Policy};
@@ -260,6 +266,8 @@ pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
     max_quota_cooldown: Duration,
     /// A success slower than this reports a failure to its breaker.
     slow_call_threshold: Option<Duration>,
+    /// Hedged attempts, when configured.
+    hedging: Option<hedge::Hedging>,
     token_estimate: Option<TokenEstimate>,
 }
 
@@ -279,6 +287,7 @@ impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {
             .field("quota_cooldown", &self.quota_cooldown)
             .field("max_quota_cooldown", &self.max_quota_cooldown)
             .field("slow_call_threshold", &self.slow_call_threshold)
+            .field("hedging", &self.hedging.as_ref().map(|h| (h.after, h.max)))
             .finish_non_exhaustive()
     }
 }

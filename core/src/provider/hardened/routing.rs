@@ -396,7 +396,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
 
     /// The rest of the wait the server behind deployment `i`'s breaker
     /// asked the call's last attempt there for, if it has not passed.
-    fn asked_wait(&self, i: usize) -> Option<Duration> {
+    pub(super) fn asked_wait(&self, i: usize) -> Option<Duration> {
         let p = self.provider;
         let until = self.route.asked[p.holders[i]]?;
         let left = until.saturating_duration_since(p.clock.now());

@@ -818,3 +818,372 @@ fn a_threshold_of_zero_or_not_below_the_deadline_is_refused_naming_the_field() {
             .is_ok()
     );
 }
+
+/// Answers each call after its step of a script — the manual clock
+/// advanced by the step's milliseconds, then `polls` more polls, each
+/// yielding (a reply still on its way) — the last step repeating. Counts
+/// calls, and calls whose future was dropped before it answered.
+struct Lagging {
+    model: &'static str,
+    clock: Arc<ManualClock>,
+    script: Mutex<VecDeque<(u64, u32)>>,
+    calls: AtomicU32,
+    cancelled: Arc<AtomicU32>,
+}
+
+/// Never answers within a test: a reply in the latency tail.
+const FOREVER: u32 = u32::MAX;
+
+impl Lagging {
+    fn new(model: &'static str, clock: &Arc<ManualClock>, script: &[(u64, u32)]) -> Arc<Lagging> {
+        Arc::new(Lagging {
+            model,
+            clock: clock.clone(),
+            script: Mutex::new(script.iter().copied().collect()),
+            calls: AtomicU32::new(0),
+            cancelled: Arc::new(AtomicU32::new(0)),
+        })
+    }
+}
+
+/// [`Lagging`]'s reply: ready after `polls` more polls; counted as
+/// cancelled when dropped before.
+struct Reply {
+    model: &'static str,
+    polls: u32,
+    done: bool,
+    cancelled: Arc<AtomicU32>,
+}
+
+impl std::future::Future for Reply {
+    type Output = Result<Extracted<Value>, ExtractError>;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        if self.polls == 0 {
+            self.done = true;
+            return std::task::Poll::Ready(Ok(Extracted {
+                value: Value::from("v"),
+                model: self.model.to_owned(),
+                usage: None,
+                quota: None,
+            }));
+        }
+        self.polls -= 1;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if !self.done {
+            self.cancelled.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl LlmProvider for Lagging {
+    fn model(&self) -> &str {
+        self.model
+    }
+    fn extract_answer<'a>(
+        &'a self,
+        _: ExtractRequest<'a>,
+        _: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let (ms, polls) = {
+            let mut script = self.script.lock().unwrap_or_else(|p| p.into_inner());
+            if script.len() > 1 {
+                script.pop_front()
+            } else {
+                script.front().copied()
+            }
+        }
+        .unwrap_or_default();
+        self.clock.advance(Duration::from_millis(ms));
+        Box::pin(Reply {
+            model: self.model,
+            polls,
+            done: false,
+            cancelled: self.cancelled.clone(),
+        })
+    }
+}
+
+/// A provider of tenant 9 over `servers` (each behind its breaker, in
+/// order), hedging `after` at most `max` times, with no retries, reporting
+/// to `events`; with `budget`, hedges are paid from it.
+fn hedged_over(
+    servers: &[(Arc<Lagging>, Arc<CircuitBreaker>)],
+    clock: &Arc<ManualClock>,
+    after: HedgeAfter,
+    max: u32,
+    events: &Arc<RecordingObserver>,
+    budget: Option<Arc<crate::RetryBudget>>,
+) -> HardenedProvider<Arc<Lagging>> {
+    let limiter = Arc::new(
+        RateLimiter::builder(100_000)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
+    let (first, rest) = servers.split_first().unwrap();
+    let mut builder = HardenedProvider::over(
+        Deployment::new(first.0.clone(), first.1.clone()),
+        TenantId::from_u128(9),
+        limiter,
+    );
+    for (server, breaker) in rest {
+        builder = builder.deployment(Deployment::new(server.clone(), breaker.clone()));
+    }
+    builder = builder
+        .retry_policy(RetryPolicy::builder().max_retries(0).build().unwrap())
+        .env(env(clock, 1).with_observer(events.clone()))
+        .deadline(Duration::from_secs(30));
+    if let Some(budget) = budget {
+        builder = builder.retry_budget(budget);
+    }
+    builder.hedge(after, max).unwrap().build()
+}
+
+/// Each hedge as the events report it: from, to, and after how many ms.
+fn hedges(events: &RecordingObserver) -> Vec<(String, String, u128)> {
+    events
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Hedged {
+                from,
+                to,
+                after,
+                tenant,
+            } => {
+                assert_eq!(tenant, TenantId::from_u128(9));
+                Some((from.to_string(), to.to_string(), after.as_millis()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn fixed_ms(ms: u64) -> HedgeAfter {
+    HedgeAfter::Fixed(Duration::from_millis(ms))
+}
+
+#[tokio::test]
+async fn an_unanswered_attempt_is_hedged_after_its_delay_and_the_first_answer_wins() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    let (tail, spare) = (
+        Lagging::new("tail/m", &clock, &[(0, FOREVER)]),
+        Lagging::new("spare/m", &clock, &[(0, 0)]),
+    );
+    // One failure would open the tail's circuit.
+    let tail_breaker = breaker(&clock, &cache, "tail", 1, 60);
+    let servers = [
+        (tail.clone(), tail_breaker.clone()),
+        (spare.clone(), breaker(&clock, &cache, "spare", 1, 60)),
+    ];
+    let p = hedged_over(&servers, &clock, fixed_ms(200), 1, &events, None);
+    for n in 1..=2u32 {
+        let answer = p.extract_with_model::<String>("t", None).await.unwrap();
+        assert_eq!(answer.model, "spare/m", "call {n}");
+        // The tail's attempt was sent, then dropped when the hedge won.
+        assert_eq!(tail.calls.load(Ordering::SeqCst), n);
+        assert_eq!(tail.cancelled.load(Ordering::SeqCst), n);
+        // A cancelled attempt is no failure: the circuit stays closed.
+        assert_eq!(tail_breaker.state().await.unwrap(), CircuitState::Closed, "call {n}");
+    }
+    assert_eq!(
+        clock.sleeps(),
+        [Duration::from_millis(200); 2],
+        "each hedge after its delay"
+    );
+    assert_eq!(
+        hedges(&events),
+        vec![("kg:circuit:tail".to_owned(), "kg:circuit:spare".to_owned(), 200); 2]
+    );
+    let attempts: Vec<u32> = events
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::CallFinished { attempts, .. } => Some(attempts),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attempts, [2, 2], "a hedge is a request sent");
+}
+
+#[tokio::test]
+async fn a_hedge_is_paid_from_the_retry_budget_and_none_is_sent_when_it_is_spent() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    // The tail answers on its eighth poll: after the hedge delay.
+    let (tail, spare) = (
+        Lagging::new("tail/m", &clock, &[(0, 8)]),
+        Lagging::new("spare/m", &clock, &[(0, 0)]),
+    );
+    // Each call deposits half a retry, and nothing refills: every second
+    // call may hedge.
+    let budget = Arc::new(
+        crate::RetryBudget::builder()
+            .ratio(0.5)
+            .min_retries_per_sec(0)
+            .max_balance(10)
+            .env(Env::default().with_clock(clock.clone()).with_observer(events.clone()))
+            .cache(cache.clone())
+            .build()
+            .unwrap(),
+    );
+    let servers = [
+        (tail.clone(), breaker(&clock, &cache, "tail", 5, 60)),
+        (spare.clone(), breaker(&clock, &cache, "spare", 5, 60)),
+    ];
+    let p = hedged_over(&servers, &clock, fixed_ms(100), 1, &events, Some(budget));
+    let mut models = Vec::new();
+    for _ in 0..4 {
+        models.push(p.extract_with_model::<String>("t", None).await.unwrap().model);
+    }
+    assert_eq!(models, ["tail/m", "spare/m", "tail/m", "spare/m"]);
+    assert_eq!(spare.calls.load(Ordering::SeqCst), 2, "a denied hedge is not sent");
+    assert_eq!(hedges(&events).len(), 2);
+    let withdrawals: Vec<bool> = events
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::RetryBudgetStep {
+                command: crate::decide::budget::BudgetCommand::Withdraw,
+                granted,
+                ..
+            } => Some(granted),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(withdrawals, [false, true, false, true]);
+}
+
+#[tokio::test]
+async fn a_call_sends_at_most_max_hedges_each_after_the_attempt_before_it() {
+    for (max, answered_by, cancelled) in [(1, "a/m", 1), (2, "c/m", 2)] {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let cache = Arc::new(MemoryCache::new(clock.clone()));
+        let events = Arc::new(RecordingObserver::new());
+        // `a` answers on its sixth poll; `b` never; `c` at once.
+        let servers = [
+            (
+                Lagging::new("a/m", &clock, &[(0, 6)]),
+                breaker(&clock, &cache, "a", 5, 60),
+            ),
+            (
+                Lagging::new("b/m", &clock, &[(0, FOREVER)]),
+                breaker(&clock, &cache, "b", 5, 60),
+            ),
+            (
+                Lagging::new("c/m", &clock, &[(0, 0)]),
+                breaker(&clock, &cache, "c", 5, 60),
+            ),
+        ];
+        let p = hedged_over(&servers, &clock, fixed_ms(50), max, &events, None);
+        let answer = p.extract_with_model::<String>("t", None).await.unwrap();
+        assert_eq!(answer.model, answered_by, "max_hedges {max}");
+        let sent: Vec<u32> = servers.iter().map(|(s, _)| s.calls.load(Ordering::SeqCst)).collect();
+        let dropped: u32 = servers.iter().map(|(s, _)| s.cancelled.load(Ordering::SeqCst)).sum();
+        assert_eq!(sent.iter().sum::<u32>(), 1 + max, "max_hedges {max}: {sent:?}");
+        assert_eq!(dropped, cancelled, "max_hedges {max}");
+        let to: Vec<String> = hedges(&events).into_iter().map(|(_, to, _)| to).collect();
+        assert_eq!(to, ["kg:circuit:b", "kg:circuit:c"][..max as usize], "max_hedges {max}");
+        assert_eq!(clock.sleeps(), vec![Duration::from_millis(50); max as usize]);
+    }
+}
+
+#[tokio::test]
+async fn no_hedge_goes_to_a_deployment_whose_circuit_is_open() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    let (tail, spare) = (
+        Lagging::new("tail/m", &clock, &[(0, 8)]),
+        Lagging::new("spare/m", &clock, &[(0, 0)]),
+    );
+    let spare_breaker = breaker(&clock, &cache, "spare", 1, 60);
+    let permit = spare_breaker.admit().await;
+    spare_breaker.record_failure_for(&permit).await.unwrap();
+    assert_eq!(spare_breaker.state().await.unwrap(), CircuitState::Open);
+    let servers = [
+        (tail.clone(), breaker(&clock, &cache, "tail", 5, 60)),
+        (spare.clone(), spare_breaker),
+    ];
+    let p = hedged_over(&servers, &clock, fixed_ms(100), 1, &events, None);
+    let answer = p.extract_with_model::<String>("t", None).await.unwrap();
+    assert_eq!(answer.model, "tail/m");
+    assert_eq!(spare.calls.load(Ordering::SeqCst), 0);
+    assert!(hedges(&events).is_empty());
+    assert_eq!(tail.cancelled.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_observed_p95_hedges_only_once_a_window_of_answers_is_known() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    // Twenty answers of 10, 20, …, 200 ms, then one that never comes.
+    let mut script: Vec<(u64, u32)> = (1..=20).map(|i| (i * 10, 0)).collect();
+    script.push((0, FOREVER));
+    let (tail, spare) = (
+        Lagging::new("tail/m", &clock, &script),
+        Lagging::new("spare/m", &clock, &[(0, 0)]),
+    );
+    let servers = [
+        (tail.clone(), breaker(&clock, &cache, "tail", 5, 60)),
+        (spare.clone(), breaker(&clock, &cache, "spare", 5, 60)),
+    ];
+    let after = HedgeAfter::ObservedP95 {
+        window: 20,
+        floor: Duration::from_millis(20),
+    };
+    let p = hedged_over(&servers, &clock, after, 1, &events, None);
+    for _ in 0..20 {
+        assert_eq!(p.extract_with_model::<String>("t", None).await.unwrap().model, "tail/m");
+    }
+    assert!(hedges(&events).is_empty(), "no p95 before a full window");
+    assert_eq!(
+        p.extract_with_model::<String>("t", None).await.unwrap().model,
+        "spare/m"
+    );
+    // The nearest-rank p95 of 10..=200 ms is 190 ms.
+    assert_eq!(
+        hedges(&events),
+        [("kg:circuit:tail".to_owned(), "kg:circuit:spare".to_owned(), 190)]
+    );
+}
+
+#[test]
+fn hedge_settings_out_of_range_are_refused_naming_the_field() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let builder = || {
+        let limiter = Arc::new(RateLimiter::builder(10).build().unwrap());
+        HardenedProvider::builder(
+            Slow::new("slow/m", &clock, &[0]),
+            TenantId::from_u128(9),
+            limiter,
+            breaker(&clock, &cache, "gpu", 1, 60),
+        )
+        .deadline(Duration::from_secs(5))
+    };
+    let field = |after: HedgeAfter, max: u32| builder().hedge(after, max).err().unwrap().field;
+    assert_eq!(field(fixed_ms(0), 1), "hedge_after");
+    assert_eq!(field(fixed_ms(5000), 1), "hedge_after");
+    assert_eq!(field(fixed_ms(100), 0), "max_hedges");
+    assert_eq!(field(fixed_ms(100), MAX_HEDGES + 1), "max_hedges");
+    let p95 = |window, floor_ms| HedgeAfter::ObservedP95 {
+        window,
+        floor: Duration::from_millis(floor_ms),
+    };
+    assert_eq!(field(p95(5, 100), 1), "hedge_window");
+    assert_eq!(field(p95(100, 0), 1), "hedge_floor");
+    assert_eq!(field(p95(100, 5000), 1), "hedge_floor");
+    assert!(builder().hedge(fixed_ms(4999), MAX_HEDGES).is_ok());
+}
