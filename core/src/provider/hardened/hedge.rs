@@ -295,22 +295,32 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
     /// where it is, behind a breaker none of the attempts in flight
     /// (`busy`) is behind, not known to refuse, not asked by its server to
     /// wait, whose breaker admits the call (or already has) and whose own
-    /// limit admits the attempt — then the retry budget is asked. An
-    /// admission or a reservation taken for a hedge that is not sent is
-    /// handed back.
+    /// limit admits the attempt. The retry budget is asked first, once some
+    /// deployment may take the hedge, so a denied hedge takes no admission
+    /// (the call is admitted at most once per breaker); a grant that no
+    /// deployment then takes is spent. An admission taken for a hedge its
+    /// deployment's limit refuses is handed back.
     async fn place_hedge(&mut self, busy: &[usize]) -> Placed {
         let p = self.provider;
         let now = p.clock.now();
         let n = self.route.order.len();
-        for step in 1..n {
-            let i = self.route.order[(self.route.at + step) % n];
+        let candidates: Vec<usize> = (1..n)
+            .map(|step| self.route.order[(self.route.at + step) % n])
+            .filter(|&i| {
+                let h = p.holders[i];
+                !busy.iter().any(|&b| p.holders[b] == h)
+                    && !p.deployments[i].known_to_refuse(now)
+                    && self.asked_wait(i).is_none()
+            })
+            .collect();
+        if candidates.is_empty() {
+            return Placed::Nowhere;
+        }
+        if !p.retry.try_hedge().await {
+            return Placed::Denied;
+        }
+        for i in candidates {
             let h = p.holders[i];
-            if busy.iter().any(|&b| p.holders[b] == h)
-                || p.deployments[i].known_to_refuse(now)
-                || self.asked_wait(i).is_some()
-            {
-                continue;
-            }
             let mut admitted_now = None;
             if self.route.held[h].is_none() {
                 let permit = p.deployments[i].breaker.admit().await;
@@ -327,28 +337,18 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
                 self.route.held[h] = Some(permit);
                 admitted_now = Some(permit);
             }
-            let placed = match p.take_limit(i, &self.request).await {
-                Ok(reservation) => {
-                    if p.retry.try_hedge().await {
-                        return Placed::At(i, reservation);
-                    }
-                    p.settle_limit(i, reservation, 0).await;
-                    Placed::Denied
-                }
+            match p.take_limit(i, &self.request).await {
+                Ok(reservation) => return Placed::At(i, reservation),
                 Err((_, wait)) => {
                     if let Some(wait) = wait {
                         p.hear(i, Some((wait, Deferral::Limited)));
                     }
-                    Placed::Nowhere
+                    if let Some(permit) = admitted_now {
+                        self.route.held[h] = None;
+                        p.report_to_breaker(&p.deployments[i].breaker, &permit, BreakerReport::Release)
+                            .await;
+                    }
                 }
-            };
-            if let Some(permit) = admitted_now {
-                self.route.held[h] = None;
-                p.report_to_breaker(&p.deployments[i].breaker, &permit, BreakerReport::Release)
-                    .await;
-            }
-            if matches!(placed, Placed::Denied) {
-                return placed;
             }
         }
         Placed::Nowhere
