@@ -249,6 +249,11 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             until_us: until.as_micros(),
             at_us: at.as_micros(),
         },
+        Event::Hedged { from, to, after, .. } => Kind::Hedged {
+            from: from.to_string(),
+            to: to.to_string(),
+            after_us: micros(*after),
+        },
         Event::SlowCall { breaker, duration, .. } => Kind::SlowCall {
             breaker: breaker.to_string(),
             took_us: micros(*duration),

@@ -249,6 +249,16 @@ pub enum Kind {
         /// How long the attempt took on the worker's clock, microseconds.
         took_us: u64,
     },
+    /// A provider hedged its call's attempt that had not answered: another
+    /// request goes to the server behind `to`.
+    Hedged {
+        /// The breaker key prefix of the deployment whose attempt is hedged.
+        from: String,
+        /// The breaker key prefix of the deployment the hedge goes to.
+        to: String,
+        /// How long the call waited before hedging, microseconds.
+        after_us: u64,
+    },
     /// A success report cleared a closed breaker's failure count.
     FailuresCleared {
         /// The breaker's key prefix.

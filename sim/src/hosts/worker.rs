@@ -23,8 +23,8 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp};
 use redstring::cache::{BreakerStore, BudgetStore, InFlightStore, TokenStore};
 use redstring::provider::{
-    BoxFuture, Deployment, ExtractRequest, HardenedProvider, HttpRequest, HttpResponse, HttpTransport, LlmProvider,
-    OpenAiCompatible, OutputSchema, TransportError,
+    BoxFuture, Deployment, ExtractRequest, HardenedProvider, HedgeAfter, HttpRequest, HttpResponse, HttpTransport,
+    LlmProvider, OpenAiCompatible, OutputSchema, TransportError,
 };
 use redstring::{CircuitBreaker, Env, RateLimiter, SeededRandom, TenantId};
 use tokio::task::JoinHandle;
@@ -36,7 +36,7 @@ use crate::hosts::RequestTokens;
 use crate::hosts::clock::{SimClock, sim_elapsed};
 use crate::hosts::transport::{ConnectionLimit, SimTransport};
 use crate::scenario::limits::MAX_TRACE_TOKENS;
-use crate::scenario::{Burst, Hardening, Routing, Spread, TenantLoad};
+use crate::scenario::{Burst, Hardening, HedgeAfterMs, Routing, Spread, TenantLoad};
 use crate::world::seeds;
 
 /// The record every simulated extraction asks for.
@@ -295,6 +295,16 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
         }
         if let Some(ms) = h.slow_call_ms {
             builder = builder.slow_call_threshold(Duration::from_millis(ms))?;
+        }
+        if let Some(after) = h.hedge_after_ms {
+            let after = match after {
+                HedgeAfterMs::Ms(ms) => HedgeAfter::Fixed(Duration::from_millis(ms)),
+                HedgeAfterMs::P95 => HedgeAfter::ObservedP95 {
+                    window: h.hedge_window,
+                    floor: Duration::from_millis(h.hedge_floor_ms),
+                },
+            };
+            builder = builder.hedge(after, h.max_hedges)?;
         }
         if let Some(budget) = &budget {
             builder = builder.retry_budget(budget.clone());

@@ -32,6 +32,8 @@
 //! | `hardening.max_retries` | ..= [`MAX_RETRIES`] |
 //! | `hardening.limiter_waits` | ..= [`MAX_LIMITER_WAITS`] |
 //! | `hardening.slow_call_ms` | 1 .. `request_timeout_s` and `deadline_s` (in ms, below both) |
+//! | `hardening.hedge_after_ms` (or `hedge_floor_ms` under `"p95"`) | 1 .. `request_timeout_s` and `deadline_s` (in ms, below both) |
+//! | `hardening.max_hedges`, `hardening.hedge_window` | 1 ..= 4, 20 ..= 10000 (the core's limits) |
 //! | `hardening.multiplier` | 1 ..= 1000 |
 //! | `hardening.retry_budget`: `ratio`, `min_retries_per_sec`, `max_balance` | 0 ..= 10, ..= 1000, 1 ..= 10⁶ (the core's limits) |
 //! | `clock.offset_ms`, and a host's offset plus its `clock_step`s | ..= [`MAX_CLOCK_MS`] either way |

@@ -30,7 +30,7 @@ pub use deployment::{
 };
 pub use fault::{Fault, FaultKind};
 pub use sanity::{Oddity, ServerLoad, Warning};
-pub use settings::{CacheKind, CacheLayout, ClockSpec, Hardening, Network, RetryBudgetSpec, Routing};
+pub use settings::{CacheKind, CacheLayout, ClockSpec, Hardening, HedgeAfterMs, Network, RetryBudgetSpec, Routing};
 
 pub(crate) use validate::locate;
 
@@ -647,6 +647,69 @@ tenants = [{ id = 1, calls_per_min = 30 }]
             assert!(e.contains(says), "{e:?} should contain {says:?}");
             assert!(e.contains("line "), "{e}");
         }
+    }
+
+    #[test]
+    fn hedging_must_route_and_wait_below_every_timeout() {
+        let with = |hardening: &str| {
+            Scenario::parse(
+                "hedge.toml",
+                &format!("{MINIMAL}\n[hardening]\nrouting = \"ordered\"\nrequest_timeout_s = 3\n{hardening}\n"),
+            )
+        };
+        let ok = with("hedge_after_ms = 800\nmax_hedges = 2").unwrap();
+        assert_eq!(ok.hardening.hedge_after_ms, Some(HedgeAfterMs::Ms(800)));
+        assert_eq!(ok.hardening.max_hedges, 2);
+        assert_eq!(Scenario::parse("again.toml", &ok.to_toml()).unwrap(), ok);
+        let p95 = with("hedge_after_ms = \"p95\"\nhedge_window = 40\nhedge_floor_ms = 200").unwrap();
+        assert_eq!(p95.hardening.hedge_after_ms, Some(HedgeAfterMs::P95));
+        assert_eq!(Scenario::parse("again.toml", &p95.to_toml()).unwrap(), p95);
+        assert_eq!(
+            with("hedge_after_ms = \"none\"").unwrap().hardening.hedge_after_ms,
+            None
+        );
+        for (hardening, says) in [
+            (
+                "hedge_after_ms = 0",
+                "field `hardening.hedge_after_ms`: must be positive, got 0",
+            ),
+            (
+                "hedge_after_ms = 3000",
+                "field `hardening.hedge_after_ms`: must be below request_timeout_s and deadline_s (3 s), got 3000 ms",
+            ),
+            (
+                "hedge_after_ms = \"p95\"\nhedge_floor_ms = 0",
+                "field `hardening.hedge_floor_ms`: must be positive, got 0",
+            ),
+            (
+                "hedge_after_ms = 500\nmax_hedges = 0",
+                "field `hardening.max_hedges`: must be between 1 and 4, got 0",
+            ),
+            (
+                "hedge_after_ms = 500\nmax_hedges = 5",
+                "field `hardening.max_hedges`: must be between 1 and 4, got 5",
+            ),
+            (
+                "hedge_after_ms = \"p95\"\nhedge_window = 10",
+                "field `hardening.hedge_window`: must be between 20 and 10000, got 10",
+            ),
+            (
+                "hedge_after_ms = 500\nslow_call_ms = 2000",
+                "cannot be judged beside slow_call_ms",
+            ),
+            (
+                "hedge_after_ms = \"fast\"",
+                "expected milliseconds, \"p95\" or \"none\", got \"fast\"",
+            ),
+        ] {
+            let e = with(hardening).unwrap_err().to_string();
+            assert!(e.contains(says), "{e:?} should contain {says:?}");
+            assert!(e.contains("line "), "{e}");
+        }
+        let alone = Scenario::parse("alone.toml", &format!("{MINIMAL}\n[hardening]\nhedge_after_ms = 500\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(alone.contains("needs hardening.routing"), "{alone}");
     }
 
     #[test]

@@ -50,6 +50,28 @@ pub struct Hardening {
     /// switch it off.
     #[serde(deserialize_with = "ms_or_none")]
     pub slow_call_ms: Option<u64>,
+    /// When a call's attempt that has not answered is hedged to the next
+    /// server of the worker's group (the provider's `hedge`; default:
+    /// none): after this many ms on the worker's clock, or `"p95"` — the
+    /// observed p95 of the last `hedge_window` answers from that server,
+    /// at least `hedge_floor_ms`. Needs `routing` (a worker holding its
+    /// group's servers); below `request_timeout_s` and `deadline_s`.
+    /// `"none"` is no hedging, as leaving the key out is, so that `compare
+    /// --set hardening.hedge_after_ms=none,800` can switch it off.
+    #[serde(deserialize_with = "hedge_or_none")]
+    pub hedge_after_ms: Option<HedgeAfterMs>,
+    /// The most hedges one call sends (1 ..= 4). Written out only when it
+    /// is not the default, as are the two below, so a scenario without
+    /// hedging does not set them.
+    #[serde(skip_serializing_if = "is_default_max_hedges")]
+    pub max_hedges: u32,
+    /// Under `hedge_after_ms = "p95"`: how many recent answers per server
+    /// the p95 is read from (20 ..= 10000).
+    #[serde(skip_serializing_if = "is_default_hedge_window")]
+    pub hedge_window: u32,
+    /// Under `hedge_after_ms = "p95"`: the shortest hedge delay, ms.
+    #[serde(skip_serializing_if = "is_default_hedge_floor")]
+    pub hedge_floor_ms: u64,
     /// Output token budget per request.
     pub max_tokens: u32,
     /// What a limiter does while the shared cache cannot be reached
@@ -107,6 +129,65 @@ fn ms_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::
         MsOrNone::Named(other) => Err(serde::de::Error::custom(format!(
             "expected milliseconds or \"none\", got {other:?}"
         ))),
+    }
+}
+
+fn is_default_max_hedges(n: &u32) -> bool {
+    *n == Hardening::default().max_hedges
+}
+
+fn is_default_hedge_window(n: &u32) -> bool {
+    *n == Hardening::default().hedge_window
+}
+
+fn is_default_hedge_floor(ms: &u64) -> bool {
+    *ms == Hardening::default().hedge_floor_ms
+}
+
+/// Reads `hardening.hedge_after_ms`: milliseconds, `"p95"`, or `"none"`.
+fn hedge_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<HedgeAfterMs>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum MsOrNamed {
+        Ms(u64),
+        Named(String),
+    }
+    match MsOrNamed::deserialize(d)? {
+        MsOrNamed::Ms(ms) => Ok(Some(HedgeAfterMs::Ms(ms))),
+        MsOrNamed::Named(named) if named == "p95" => Ok(Some(HedgeAfterMs::P95)),
+        MsOrNamed::Named(none) if none == "none" => Ok(None),
+        MsOrNamed::Named(other) => Err(serde::de::Error::custom(format!(
+            "expected milliseconds, \"p95\" or \"none\", got {other:?}"
+        ))),
+    }
+}
+
+/// `hardening.hedge_after_ms`: a fixed hedge delay, or the observed p95.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HedgeAfterMs {
+    /// This many milliseconds.
+    Ms(u64),
+    /// The observed p95 of recent answers, at least `hedge_floor_ms`.
+    P95,
+}
+
+impl Serialize for HedgeAfterMs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            HedgeAfterMs::Ms(ms) => s.serialize_u64(*ms),
+            HedgeAfterMs::P95 => s.serialize_str("p95"),
+        }
+    }
+}
+
+impl HedgeAfterMs {
+    /// The shortest delay a hedge waits under it: the fixed delay, or the
+    /// floor under `"p95"`, in ms.
+    pub fn least_ms(self, floor_ms: u64) -> u64 {
+        match self {
+            HedgeAfterMs::Ms(ms) => ms,
+            HedgeAfterMs::P95 => floor_ms,
+        }
     }
 }
 
@@ -177,6 +258,10 @@ impl Default for Hardening {
             limiter_waits: 1,
             deadline_s: None,
             slow_call_ms: None,
+            hedge_after_ms: None,
+            max_hedges: 1,
+            hedge_window: 50,
+            hedge_floor_ms: 100,
             max_tokens: 256,
             on_cache_unavailable: redstring::OnCacheUnavailable::default(),
             on_cache_error: redstring::OnCacheError::default(),

@@ -13,6 +13,7 @@ use super::limits::{
     MAX_SECONDS, MAX_SERVERS, MAX_SERVICE_TIME_S, MAX_TENANTS, MAX_TOKENS_PER_S, MAX_TRACE_TOKENS, MIN_SECONDS,
     MIN_TOKENS_PER_S,
 };
+use super::settings::HedgeAfterMs;
 use super::{Behaviour, CACHE_HOST, CacheKind, Fault, Scenario, ScenarioError};
 
 /// The longest scenario name: it heads every report.
@@ -158,6 +159,64 @@ impl Scenario {
         Ok(())
     }
 
+    /// `hardening.hedge_after_ms` and the settings beside it, as the
+    /// provider's `hedge` refuses them, and what the simulator can judge.
+    fn validate_hedging(&self, e: &Errors, after: HedgeAfterMs) -> Result<(), ScenarioError> {
+        let h = &self.hardening;
+        let (field, ms) = match after {
+            HedgeAfterMs::Ms(ms) => ("hardening.hedge_after_ms", ms),
+            HedgeAfterMs::P95 => ("hardening.hedge_floor_ms", h.hedge_floor_ms),
+        };
+        if ms == 0 {
+            return Err(e.bad(field, "must be positive, got 0".into()));
+        }
+        // Every attempt ends by the request timeout and the deadline: a
+        // hedge no sooner could never be sent.
+        let slowest = h.deadline_s.map_or(h.request_timeout_s, |d| d.min(h.request_timeout_s));
+        if ms as f64 >= slowest * 1000.0 {
+            return Err(e.bad(
+                field,
+                format!("must be below request_timeout_s and deadline_s ({slowest} s), got {ms} ms"),
+            ));
+        }
+        if !(1..=redstring::provider::MAX_HEDGES).contains(&h.max_hedges) {
+            return Err(e.bad(
+                "hardening.max_hedges",
+                format!(
+                    "must be between 1 and {}, got {}",
+                    redstring::provider::MAX_HEDGES,
+                    h.max_hedges
+                ),
+            ));
+        }
+        let windows = redstring::provider::MIN_HEDGE_WINDOW..=redstring::provider::MAX_HEDGE_WINDOW;
+        if after == HedgeAfterMs::P95 && !windows.contains(&h.hedge_window) {
+            return Err(e.bad(
+                "hardening.hedge_window",
+                format!(
+                    "must be between {} and {}, got {}",
+                    windows.start(),
+                    windows.end(),
+                    h.hedge_window
+                ),
+            ));
+        }
+        if h.routing.is_none() {
+            return Err(e.bad(
+                "hardening.hedge_after_ms",
+                "needs hardening.routing: a hedge goes to another server of the worker's group".into(),
+            ));
+        }
+        if h.slow_call_ms.is_some() {
+            // The slow-call judgement reads one answering request per call.
+            return Err(e.bad(
+                "hardening.hedge_after_ms",
+                "cannot be judged beside slow_call_ms: set one of them".into(),
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_hardening(&self, e: &Errors) -> Result<(), ScenarioError> {
         let h = &self.hardening;
         for (field, v) in [
@@ -205,6 +264,9 @@ impl Scenario {
                     format!("must be below request_timeout_s and deadline_s ({slowest} s), got {ms} ms"),
                 ));
             }
+        }
+        if let Some(after) = h.hedge_after_ms {
+            self.validate_hedging(e, after)?;
         }
         e.at_most(
             "hardening.max_retries",

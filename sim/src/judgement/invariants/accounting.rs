@@ -1,6 +1,6 @@
 //! Accounting: every unit of work ends once, classified, and no call sends
-//! more requests than its retry schedule allows — however many deployments
-//! it falls over to.
+//! more requests than its retry schedule and its hedges allow — however
+//! many deployments it falls over to.
 
 use std::collections::BTreeMap;
 
@@ -10,10 +10,13 @@ use crate::evidence::trace::{Kind, TraceEvent};
 
 /// Invariant 7: every unit of work ends once as a success, a classified error
 /// or a deferral; no call sends more than max_retries + 1 requests (a
-/// fallover to another deployment is one of its retries); and requests ≤
-/// (max_retries + 1) × the calls that reached the retry layer.
+/// fallover to another deployment is one of its retries), plus
+/// `max_hedges` under hedging; and requests ≤ that many × the calls that
+/// reached the retry layer.
 pub(super) fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
-    let per_call = u64::from(ctx.scenario.hardening.max_retries) + 1;
+    let h = &ctx.scenario.hardening;
+    let hedges = if h.hedge_after_ms.is_some() { h.max_hedges } else { 0 };
+    let per_call = u64::from(h.max_retries) + 1 + u64::from(hedges);
     let mut open: BTreeMap<(&str, u64), u64> = BTreeMap::new();
     let mut sent: BTreeMap<(&str, u64), u64> = BTreeMap::new();
     let (mut arrivals, mut ended, mut requests, mut calls) = (0u64, 0u64, 0u64, 0u64);

@@ -16,8 +16,8 @@
 //! and `Invariant::check` is the one match that maps each to its checker,
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
 //! `breaker` (3–5, 10–11, 17), `liveness` (6), `accounting` (7), `calls`
-//! (8–9), `cooldown` (12), `budget` (13), `tokens` (14), `routing` (15–16)
-//! and `slow` (18).
+//! (8–9), `cooldown` (12), `budget` (13), `tokens` (14), `routing` (15–16),
+//! `slow` (18) and `hedging` (19).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -28,6 +28,7 @@ mod breaker;
 mod budget;
 mod calls;
 mod cooldown;
+mod hedging;
 mod limiter;
 mod liveness;
 mod routing;
@@ -106,11 +107,15 @@ pub enum Invariant {
     /// Under a slow-call threshold, every success slower than it was
     /// reported to its breaker as a failure, and no faster one was.
     SlowCallsCounted,
+    /// Under hedging, every hedge waits its delay, is paid from the retry
+    /// budget, and no call hedges more than `max_hedges` times; a hedged
+    /// call's losing request is cancelled.
+    Hedging,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 18] = [
+    pub const ALL: [Invariant; 19] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -129,6 +134,7 @@ impl Invariant {
         Invariant::RetryAfterReturned,
         Invariant::Escalation,
         Invariant::SlowCallsCounted,
+        Invariant::Hedging,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -153,6 +159,7 @@ impl Invariant {
             Invariant::RetryAfterReturned => 15,
             Invariant::Escalation => 16,
             Invariant::SlowCallsCounted => 17,
+            Invariant::Hedging => 18,
         }
     }
 
@@ -177,6 +184,7 @@ impl Invariant {
             Invariant::RetryAfterReturned => "retry_after_returned",
             Invariant::Escalation => "escalation",
             Invariant::SlowCallsCounted => "slow_calls_counted",
+            Invariant::Hedging => "hedging",
         }
     }
 
@@ -201,6 +209,7 @@ impl Invariant {
             Invariant::RetryAfterReturned => routing::retry_after_returned(ctx, events),
             Invariant::Escalation => breaker::escalation(ctx, events),
             Invariant::SlowCallsCounted => slow::slow_calls_counted(ctx, events),
+            Invariant::Hedging => hedging::hedging(ctx, events),
         }
     }
 }
