@@ -199,7 +199,7 @@ fn checked(s: &Scenario) -> Result<Vec<redstring_sim::evidence::trace::TraceEven
 #[test]
 fn the_default_space_draws_no_opt_in_setting() {
     let b = bounds();
-    assert!(!b.budgets && !b.routing && !b.escalation && b.slow_call_ms.is_none());
+    assert!(!b.budgets && !b.routing && !b.escalation && b.slow_call_ms.is_none() && b.hedge_after_ms.is_none());
     runner(64)
         .run(&fuzz::scenarios(&b), |s| {
             let h = &s.hardening;
@@ -208,6 +208,7 @@ fn the_default_space_draws_no_opt_in_setting() {
                 ("a token budget", h.tokens_per_window.is_some()),
                 ("a routing policy", h.routing.is_some()),
                 ("a slow-call threshold", h.slow_call_ms.is_some()),
+                ("hedging", h.hedge_after_ms.is_some()),
                 ("escalation", h.max_recovery_timeout_s.is_some()),
             ];
             match drew.iter().find(|(_, drawn)| *drawn) {
@@ -298,6 +299,43 @@ fn a_space_with_slow_calls_draws_thresholds_and_the_invariants_hold() {
         thresholds > 0 && slow > 0,
         "drawn: {thresholds} thresholds, {slow} answers counted slow"
     );
+}
+
+/// `hedge_after_ms = [min, max]` draws a hedge delay on some routed cases,
+/// always below the case's request timeout and never beside a slow-call
+/// threshold; the cases round-trip through TOML, some of them hedge, and
+/// every claimed invariant — `hedging` among them — holds on what is drawn.
+#[test]
+fn a_space_with_hedging_draws_delays_and_the_invariants_hold() {
+    let with = bounds_file("hedging.toml");
+    assert!(with.hedge_after_ms.is_some());
+    let drawn = std::cell::Cell::new((0u32, 0usize));
+    runner(cases(16))
+        .run(&fuzz::scenarios(&with), |s| {
+            let h = &s.hardening;
+            let Some(after) = h.hedge_after_ms else {
+                return fuzz::check_case(&s).map_err(TestCaseError::fail);
+            };
+            if h.routing.is_none() || h.slow_call_ms.is_some() {
+                return Err(TestCaseError::fail(
+                    "hedging without routing, or beside a slow-call threshold",
+                ));
+            }
+            if after.least_ms(h.hedge_floor_ms) as f64 >= h.request_timeout_s * 1000.0 {
+                return Err(TestCaseError::fail("a hedge delay at or over the request timeout"));
+            }
+            round_trips(&s)?;
+            let hedges = checked(&s)?
+                .iter()
+                .filter(|e| matches!(e.kind, Kind::Hedged { .. }))
+                .count();
+            let (n, sent) = drawn.get();
+            drawn.set((n + 1, sent + hedges));
+            Ok(())
+        })
+        .unwrap();
+    let (delays, hedges) = drawn.get();
+    assert!(delays > 0 && hedges > 0, "drawn: {delays} delays, {hedges} hedges sent");
 }
 
 /// `escalation = true` draws `max_recovery_timeout_s` on some cases, never

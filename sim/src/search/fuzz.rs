@@ -31,8 +31,8 @@ use crate::campaign::simulate;
 use crate::judgement::invariants::Invariant;
 use crate::judgement::report::Report;
 use crate::scenario::{
-    Behaviour, CACHE_HOST, CacheKind, CacheLayout, ClockSpec, Expectations, Fault, FaultKind, Hardening, Mode, Network,
-    RetryBudgetSpec, Routing, Scenario, ScenarioError, ServerSpec, TenantLoad, WorkerGroup, limits,
+    Behaviour, CACHE_HOST, CacheKind, CacheLayout, ClockSpec, Expectations, Fault, FaultKind, Hardening, HedgeAfterMs,
+    Mode, Network, RetryBudgetSpec, Routing, Scenario, ScenarioError, ServerSpec, TenantLoad, WorkerGroup, limits,
 };
 use crate::search::coverage::Coverage;
 
@@ -115,6 +115,11 @@ pub struct Bounds {
     /// (each kept below the case's `request_timeout_s`), so the fuzzer
     /// searches `slow_calls_counted` too. None by default, like `budgets`.
     pub slow_call_ms: Option<[u64; 2]>,
+    /// A range of `hardening.hedge_after_ms` to draw on about half the
+    /// cases that route and set no slow-call threshold (each kept below the
+    /// case's `request_timeout_s`, with `max_hedges` drawn from 1 to 4), so
+    /// the fuzzer searches `hedging` too. None by default, like `budgets`.
+    pub hedge_after_ms: Option<[u64; 2]>,
 }
 
 /// The most fault episodes a bounds file may ask for per case: proptest
@@ -155,6 +160,7 @@ impl Default for Bounds {
             routing: false,
             escalation: false,
             slow_call_ms: None,
+            hedge_after_ms: None,
         }
     }
 }
@@ -234,13 +240,17 @@ impl Bounds {
                 return Err(bad(field, format!("max must be at most {max}, got {b}")));
             }
         }
-        if let Some([a, b]) = self.slow_call_ms {
-            // Every threshold a scenario may hold is below its request
-            // timeout, at most `MAX_SECONDS`.
+        for (field, range) in [
+            ("slow_call_ms", self.slow_call_ms),
+            ("hedge_after_ms", self.hedge_after_ms),
+        ] {
+            let Some([a, b]) = range else { continue };
+            // Every threshold or delay a scenario may hold is below its
+            // request timeout, at most `MAX_SECONDS`.
             let most = (limits::MAX_SECONDS * 1000.0) as u64;
             if a < 1 || a > b || b > most {
                 return Err(bad(
-                    "slow_call_ms",
+                    field,
                     format!("must be [min, max] with 1 <= min <= max <= {most}, got [{a}, {b}]"),
                 ));
             }
@@ -607,15 +617,28 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                 Some([low, high]) => prop::option::of(low..=high).boxed(),
                 None => Just(None).boxed(),
             };
-            let hardening = (hardening, budgets, routing, escalation, slow).prop_map(
-                |(h, (retry_budget, tokens_per_window), routing, escalation, slow)| Hardening {
-                    retry_budget,
-                    tokens_per_window,
-                    routing,
-                    max_recovery_timeout_s: escalation
-                        .map(|times: f64| (h.recovery_timeout_s * times).min(limits::MAX_SECONDS)),
-                    slow_call_ms: below_timeout(slow, h.request_timeout_s),
-                    ..h
+            let hedge = match b.hedge_after_ms {
+                Some([low, high]) => prop::option::of((low..=high, 1u32..=redstring::provider::MAX_HEDGES)).boxed(),
+                None => Just(None).boxed(),
+            };
+            let hardening = (hardening, budgets, routing, escalation, slow, hedge).prop_map(
+                |(h, (retry_budget, tokens_per_window), routing, escalation, slow, hedge)| {
+                    let slow_call_ms = below_timeout(slow, h.request_timeout_s);
+                    // A hedge needs another server to go to, and is not
+                    // judged beside a slow-call threshold.
+                    let hedge = hedge.filter(|_| routing.is_some() && slow_call_ms.is_none());
+                    Hardening {
+                        retry_budget,
+                        tokens_per_window,
+                        routing,
+                        max_recovery_timeout_s: escalation
+                            .map(|times: f64| (h.recovery_timeout_s * times).min(limits::MAX_SECONDS)),
+                        slow_call_ms,
+                        hedge_after_ms: below_timeout(hedge.map(|(ms, _)| ms), h.request_timeout_s)
+                            .map(HedgeAfterMs::Ms),
+                        max_hedges: hedge.map_or(h.max_hedges, |(_, n)| n),
+                        ..h
+                    }
                 },
             );
             let clocks = prop::collection::vec(
@@ -643,8 +666,9 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
         .boxed()
 }
 
-/// A drawn slow-call threshold kept below a request timeout of
-/// `timeout_s` (no attempt lasts longer): none when no whole millisecond is.
+/// A drawn slow-call threshold or hedge delay kept below a request timeout
+/// of `timeout_s` (no attempt lasts longer): none when no whole
+/// millisecond is.
 fn below_timeout(ms: Option<u64>, timeout_s: f64) -> Option<u64> {
     // `timeout_s` is finite and at most `MAX_SECONDS`: the cast is exact.
     let below = ((timeout_s * 1000.0).ceil() as u64).saturating_sub(1);
@@ -861,7 +885,8 @@ pub fn claimed_exceptions(s: &Scenario) -> BTreeSet<Invariant> {
 /// (offered load above 80 % of its slots' throughput), or a request timeout
 /// shorter than twice the service time, keeps failing with no fault at all;
 /// a slow-call threshold shorter than that counts a healthy server's
-/// answers slow and keeps opening its circuit.
+/// answers slow and keeps opening its circuit, and a hedge delay shorter
+/// than that hedges every call, adding up to `max_hedges` requests each.
 pub fn carries_its_load(s: &Scenario) -> bool {
     let mut offered = std::collections::BTreeMap::<String, f64>::new();
     for member in s.fleet() {
@@ -876,6 +901,9 @@ pub fn carries_its_load(s: &Scenario) -> bool {
         load <= 0.8 * server.throughput_with(s.hardening.max_tokens)
             && s.hardening.request_timeout_s >= twice
             && s.hardening.slow_call_ms.is_none_or(|ms| ms as f64 / 1000.0 >= twice)
+            && s.hardening
+                .hedge_after_ms
+                .is_none_or(|after| after.least_ms(s.hardening.hedge_floor_ms) as f64 / 1000.0 >= twice)
     })
 }
 
@@ -985,6 +1013,7 @@ mod tests {
             routing: true,
             escalation: true,
             slow_call_ms: Some([(limits::MAX_SECONDS * 1000.0) as u64; 2]),
+            hedge_after_ms: Some([(limits::MAX_SECONDS * 1000.0) as u64; 2]),
             ..Bounds::default()
         };
         let least = Bounds {
@@ -1010,6 +1039,7 @@ mod tests {
             routing: true,
             escalation: true,
             slow_call_ms: Some([1, 1]),
+            hedge_after_ms: Some([1, 1]),
             ..Bounds::default()
         };
         for (name, bounds) in [("most", most), ("least", least), ("default", Bounds::default())] {
