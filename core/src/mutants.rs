@@ -111,11 +111,15 @@ pub enum Mutant {
     /// breaker as a success, like any other: the breaker counts only
     /// errors, so a server that answers ever more slowly is never shed.
     SlowCallsIgnored,
+    /// A hedge is sent without asking the retry budget: a fleet whose
+    /// servers are all slow hedges every call, and the extra requests land
+    /// on servers already behind.
+    HedgesSkipBudget,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 24] = [
+    pub const ALL: [Mutant; 25] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -140,6 +144,7 @@ impl Mutant {
         Mutant::EscalationForgotten,
         Mutant::QuotaGroupIgnored,
         Mutant::SlowCallsIgnored,
+        Mutant::HedgesSkipBudget,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -169,6 +174,7 @@ impl Mutant {
             Mutant::EscalationForgotten => "escalation_forgotten",
             Mutant::QuotaGroupIgnored => "quota_group_ignored",
             Mutant::SlowCallsIgnored => "slow_calls_ignored",
+            Mutant::HedgesSkipBudget => "hedges_skip_budget",
         }
     }
 
@@ -252,6 +258,9 @@ impl Mutant {
             }
             Mutant::SlowCallsIgnored => {
                 "a breaker that counts only errors never sheds a server that answers slowly: \"Many circuit breaker (ex. resilience4j, sentinel) handle slow call. But failsafe-go doesn't\" (failsafe-go/failsafe-go#53; resilience4j's slowCallDurationThreshold)"
+            }
+            Mutant::HedgesSkipBudget => {
+                "hedges outside the retry throttle add load where servers are already slow; gRPC's retry design (gRFC A6) makes hedged RPCs draw on the same throttling as retries, and Finagle bounds backup requests by a budget (maxExtraLoad)"
             }
         }
     }

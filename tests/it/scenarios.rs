@@ -78,6 +78,7 @@ scenario_tests! {
     container_restart_objectives => "container-restart-objectives.toml",
     escalating_breaker => "escalating-breaker.toml",
     flaky_network => "flaky-network.toml",
+    hedged_tail => "hedged-tail.toml",
     hosted_quota => "hosted-quota.toml",
     hosted_quota_cooldown => "hosted-quota-cooldown.toml",
     hosted_quota_tokens => "hosted-quota-tokens.toml",

@@ -329,6 +329,11 @@ impl Retry {
     /// flight — as for a retry: `true` when granted, or when there is no
     /// budget.
     pub(crate) async fn try_hedge(&self) -> bool {
+        #[cfg(feature = "mutants")]
+        if crate::mutants::active(crate::mutants::Mutant::HedgesSkipBudget) {
+            // A hedge taken for something other than a retry: nobody asks the budget.
+            return true;
+        }
         match &self.budget {
             Some(budget) => budget.try_withdraw().await,
             None => true,

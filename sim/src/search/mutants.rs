@@ -66,7 +66,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 24] = [
+pub const CATALOGUE: [Variant; 25] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -186,6 +186,11 @@ pub const CATALOGUE: [Variant; 24] = [
         mutant: Mutant::SlowCallsIgnored,
         named_by: Invariant::SlowCallsCounted,
         scenario: "slow-server-shed.toml",
+    },
+    Variant {
+        mutant: Mutant::HedgesSkipBudget,
+        named_by: Invariant::Hedging,
+        scenario: "hedged-tail.toml",
     },
 ];
 

@@ -78,6 +78,7 @@ caught! {
     escalation_forgotten_is_caught_by_escalation => EscalationForgotten,
     quota_group_ignored_is_caught_by_no_call_in_cooldown => QuotaGroupIgnored,
     slow_calls_ignored_is_caught_by_slow_calls_counted => SlowCallsIgnored,
+    hedges_skip_budget_is_caught_by_hedging => HedgesSkipBudget,
 }
 
 #[test]
@@ -102,6 +103,7 @@ fn each_new_invariant_names_at_least_one_variant() {
         Invariant::OpensAtThreshold,
         Invariant::SkipsVisible,
         Invariant::SlowCallsCounted,
+        Invariant::Hedging,
     ] {
         assert!(
             CATALOGUE.iter().any(|v| v.named_by == named),
