@@ -28,6 +28,7 @@
 //! | `redstring.breaker.transitions` | counter | `breaker`, `to` | state changes |
 //! | `redstring.slow_calls` | counter | `breaker` | answers slower than the slow-call threshold, each a breaker failure |
 //! | `redstring.hedges` | counter | `breaker` | hedged attempts, by the deployment each went to |
+//! | `redstring.slow_start.draws` | counter | `breaker`, `took` (`true`, `false`) | calls a deployment in its slow start was drawn for, by whether the draw fell within its share |
 //! | `redstring.quota_exhausted` | counter | `breaker` | spent quotas heard (`insufficient_quota`, a reset past `max_server_delay`), each cooling its deployment until the reset |
 //! | `redstring.retry_budget.balance` | gauge, retries | `budget` | the budget's balance after each step |
 //! | `redstring.cache.unavailable` | counter | `component`, `operation` | store operations that failed |
@@ -169,6 +170,12 @@ impl Observer for MetricsObserver {
             }
             Event::SlowCall { breaker, .. } => {
                 counter!("redstring.slow_calls", "breaker" => breaker.to_string()).increment(1);
+            }
+            Event::SlowStartDraw {
+                breaker, share, draw, ..
+            } => {
+                let took = if draw < share { "true" } else { "false" };
+                counter!("redstring.slow_start.draws", "breaker" => breaker.to_string(), "took" => took).increment(1);
             }
             Event::QuotaExhausted { breaker, .. } => {
                 counter!("redstring.quota_exhausted", "breaker" => breaker.to_string()).increment(1);

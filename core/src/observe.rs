@@ -404,6 +404,25 @@ pub enum Event {
         /// How long the call waited for an answer before hedging.
         after: Duration,
     },
+    /// A call admitted by a deployment in its slow start was drawn against
+    /// the ramp's share
+    /// ([`slow_start`](crate::provider::HardenedProviderBuilder::slow_start)):
+    /// it goes there when `draw < share`, and is otherwise offered to the
+    /// next deployment that admits it (coming back only when none does).
+    SlowStartDraw {
+        /// The ramping deployment's breaker key prefix.
+        breaker: Arc<str>,
+        /// The tenant whose call it was.
+        tenant: TenantId,
+        /// When its circuit closed: where the ramp began, on the store's clock.
+        closed_at: Timestamp,
+        /// When the admission was judged, on the store's clock.
+        at: Timestamp,
+        /// The ramp's share at `at`, in parts per million.
+        share: u32,
+        /// The draw, in parts per million.
+        draw: u32,
+    },
     /// A hardened provider refused by a shared cooldown sleeps it off before
     /// asking the breaker again.
     CooldownWait {
@@ -744,6 +763,16 @@ impl Observer for TracingObserver {
                 at,
             } => {
                 tracing::debug!(%breaker, %tenant, duration = duration.as_secs_f64(), threshold = threshold.as_secs_f64(), %at, "slow answer counted as a breaker failure")
+            }
+            Event::SlowStartDraw {
+                breaker,
+                tenant,
+                closed_at,
+                at,
+                share,
+                draw,
+            } => {
+                tracing::debug!(%breaker, %tenant, %closed_at, %at, share, draw, took = draw < share, "slow start: a ramping deployment's share drawn")
             }
             Event::QuotaExhausted {
                 breaker,

@@ -401,7 +401,27 @@ impl<S: BreakerStore> CircuitBreaker<S> {
     /// [`record_failure_for`](Self::record_failure_for), or hand it back with
     /// [`release`](Self::release) if it never reached the model.
     pub async fn admit(&self) -> Permit {
-        self.admission(self.run(BreakerCommand::Allow).await)
+        self.admit_since().await.permit
+    }
+
+    /// [`admit`](Self::admit), with what a slow start ramps by, from the
+    /// same step: the instant the admission was judged at, and — for a call
+    /// through a closed circuit — when a half-open circuit last closed here
+    /// (both on the store's clock, so every caller sharing the store reads
+    /// the same ramp). An unreachable cache's admission has no close.
+    pub async fn admit_since(&self) -> BreakerAdmission {
+        match self.run(BreakerCommand::Allow).await {
+            Ok(step) => BreakerAdmission {
+                permit: step.permit.unwrap_or(Permit::Call),
+                at: step.at,
+                closed_at: step.closed_at,
+            },
+            stepped @ Err(_) => BreakerAdmission {
+                permit: self.admission(stepped),
+                at: self.clock.now(),
+                closed_at: None,
+            },
+        }
     }
 
     /// The permit an admission's step gives, or — when the store could not
@@ -699,6 +719,21 @@ impl<S: BreakerStore> CircuitBreaker<S> {
             });
         }
     }
+}
+
+/// An admission, and when the circuit that gave it last closed
+/// ([`CircuitBreaker::admit_since`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakerAdmission {
+    /// The answer.
+    pub permit: Permit,
+    /// When it was judged, on the store's clock (the caller's when the
+    /// store was unreachable).
+    pub at: Timestamp,
+    /// For a [`Permit::Call`], when a half-open circuit last closed (the
+    /// stored `closed_at`); `None` when it never did, and for probes and
+    /// refusals.
+    pub closed_at: Option<Timestamp>,
 }
 
 /// The step that hands `permit` back: a probe's lease ends; a call permit

@@ -236,7 +236,7 @@ pub trait InFlightStore: Cache {
     fn end_in_flight(&self, key: &str, id: u64) -> impl Future<Output = Result<(), CacheError>> + Send;
 }
 
-/// The breaker's transitions as atomic steps over its six keys.
+/// The breaker's transitions as atomic steps over its seven keys.
 pub trait BreakerStore: Cache {
     /// Atomically: read the breaker's stored keys, apply
     /// [`crate::decide::breaker::step`] for `command` at `now` (the caller's or

@@ -38,6 +38,12 @@
 //! fleet agrees on it. `max_recovery_timeout = recovery_timeout` (the
 //! default) is the spec's fixed period.
 //!
+//! **The last close** ([`BreakerKeys::closed_at`]): the step that closes a
+//! half-open circuit stores its instant, and a closed circuit's `Allow`
+//! hands it back ([`BreakerStep::closed_at`]), so every caller sharing the
+//! store ramps a recovered server up from the same instant (a slow start,
+//! [`crate::decide::ramp`]). Only `Reset` clears it.
+//!
 //! **Cooldowns** sit beside the circuit: a server's quota signal (a 429 or
 //! 503 with `Retry-After`, `x-ratelimit-remaining-*: 0` with its reset)
 //! becomes [`BreakerCommand::CoolDown`], which stores `cooldown_until`, a
@@ -121,7 +127,7 @@ pub struct BreakerParams {
 /// The keys one breaker's state lives under.
 ///
 /// The spec's `{key_prefix}:{name}` with the prefix wrapped in braces —
-/// `{kg:circuit}:state` — so that on Redis Cluster all six hash to one slot and
+/// `{kg:circuit}:state` — so that on Redis Cluster all seven hash to one slot and
 /// a transition can be one script.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -140,6 +146,9 @@ pub struct BreakerKeys {
     /// Consecutive openings since the circuit last closed, as a decimal
     /// count: what escalates the open period.
     pub openings: String,
+    /// When a half-open circuit last closed, as decimal epoch microseconds
+    /// on the stamping clock: where a slow start's ramp begins.
+    pub closed_at: String,
 }
 
 impl BreakerKeys {
@@ -153,12 +162,13 @@ impl BreakerKeys {
             probes: k("probes"),
             cooldown_until: k("cooldown_until"),
             openings: k("openings"),
+            closed_at: k("closed_at"),
         }
     }
 
-    /// All six keys, in the order the stores read them: state, failures,
-    /// opened_at, probes, cooldown_until, openings.
-    pub fn all(&self) -> [&str; 6] {
+    /// All seven keys, in the order the stores read them: state, failures,
+    /// opened_at, probes, cooldown_until, openings, closed_at.
+    pub fn all(&self) -> [&str; 7] {
         [
             &self.state,
             &self.failures,
@@ -166,6 +176,7 @@ impl BreakerKeys {
             &self.probes,
             &self.cooldown_until,
             &self.openings,
+            &self.closed_at,
         ]
     }
 }
@@ -228,6 +239,12 @@ pub fn decode_cooldown(stored: &str) -> Option<Timestamp> {
 /// (the first opening).
 pub fn decode_openings(stored: &str) -> Option<u32> {
     stored_u32(stored)
+}
+
+/// Parses a stored `closed_at`: 1 to 16 decimal digits, at most 2^53 µs.
+/// Anything else is damage and reads as no close (no ramp).
+pub fn decode_closed_at(stored: &str) -> Option<Timestamp> {
+    stored_number(stored).map(Timestamp::from_micros)
 }
 
 fn stored_u32(token: &str) -> Option<u32> {
@@ -315,6 +332,8 @@ pub struct BreakerSnapshot {
     /// Consecutive openings since the circuit last closed; `None` when
     /// absent or not a number.
     pub openings: Option<u32>,
+    /// When a half-open circuit last closed; `None` when absent or damaged.
+    pub closed_at: Option<Timestamp>,
 }
 
 impl BreakerSnapshot {
@@ -326,12 +345,13 @@ impl BreakerSnapshot {
         probes: None,
         cooldown_until: None,
         openings: None,
+        closed_at: None,
     };
 
-    /// Decodes the six stored strings (in [`BreakerKeys::all`]'s order), as
+    /// Decodes the seven stored strings (in [`BreakerKeys::all`]'s order), as
     /// any adapter reads them.
-    pub fn decode(stored: [Option<&str>; 6]) -> Self {
-        let [state, failures, opened_at, probes, cooldown_until, openings] = stored;
+    pub fn decode(stored: [Option<&str>; 7]) -> Self {
+        let [state, failures, opened_at, probes, cooldown_until, openings, closed_at] = stored;
         BreakerSnapshot {
             state: StoredState::read(state),
             failures: failures.and_then(|s| s.parse().ok()),
@@ -339,6 +359,7 @@ impl BreakerSnapshot {
             probes: probes.and_then(ProbeLeases::decode),
             cooldown_until: cooldown_until.and_then(decode_cooldown),
             openings: openings.and_then(decode_openings),
+            closed_at: closed_at.and_then(decode_closed_at),
         }
     }
 
@@ -363,7 +384,7 @@ impl BreakerSnapshot {
 ///
 /// [`step`] asks only for what the transition in hand needs — a closed
 /// circuit's `Allow` reads the state and nothing else — so an in-process store
-/// can answer from its maps without reading all six keys. A
+/// can answer from its maps without reading all seven keys. A
 /// [`BreakerSnapshot`] is the eager implementation every other store uses.
 pub trait BreakerView {
     /// The state key.
@@ -379,6 +400,8 @@ pub trait BreakerView {
     /// Consecutive openings since the circuit last closed; `None` when
     /// absent or damaged.
     fn openings(&self) -> Option<u32>;
+    /// When a half-open circuit last closed; `None` when absent or damaged.
+    fn closed_at(&self) -> Option<Timestamp>;
 }
 
 impl BreakerView for BreakerSnapshot {
@@ -399,6 +422,9 @@ impl BreakerView for BreakerSnapshot {
     }
     fn openings(&self) -> Option<u32> {
         self.openings
+    }
+    fn closed_at(&self) -> Option<Timestamp> {
+        self.closed_at
     }
 }
 
@@ -542,6 +568,8 @@ pub struct Writes {
     pub cooldown_until: Write<Timestamp>,
     /// The count of consecutive openings.
     pub openings: Write<u32>,
+    /// The instant a half-open circuit closed.
+    pub closed_at: Write<Timestamp>,
 }
 
 impl Writes {
@@ -553,6 +581,7 @@ impl Writes {
         probes: Write::Keep,
         cooldown_until: Write::Keep,
         openings: Write::Keep,
+        closed_at: Write::Keep,
     };
 
     /// Whether any key changes.
@@ -578,6 +607,11 @@ pub struct BreakerStep {
     /// The stored state was damaged and read as closed: an excerpt of what
     /// was there (see [`excerpt`]), never the whole of a large value.
     pub unreadable: Option<String>,
+    /// For an `Allow` admitted by a closed circuit, when a half-open
+    /// circuit last closed (the stored `closed_at`): where a slow start's
+    /// ramp begins, the same instant for every caller sharing the store.
+    /// `None` for every other step.
+    pub closed_at: Option<Timestamp>,
     /// What to store.
     pub writes: Writes,
 }
@@ -674,6 +708,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
     let mut writes = Writes::NONE;
     let mut permit = None;
     let mut expired_probes = 0;
+    let mut closed_at = None;
     if command == BreakerCommand::Allow
         && let Some(until) = stored.cooldown_until().filter(|until| *until > now)
     {
@@ -690,6 +725,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
             }),
             expired_probes,
             unreadable,
+            closed_at: None,
             writes,
         };
     }
@@ -697,6 +733,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
         (BreakerCommand::Reset, _) => {
             writes = clear_all();
             writes.cooldown_until = Write::Delete;
+            writes.closed_at = Write::Delete;
             Closed
         }
         (BreakerCommand::CoolDown { duration }, _) => {
@@ -710,6 +747,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
         }
         (BreakerCommand::Allow, Closed) => {
             permit = Some(Permit::Call);
+            closed_at = stored.closed_at();
             Closed
         }
         (BreakerCommand::Allow, Open) => {
@@ -793,6 +831,9 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
         (BreakerCommand::RecordSuccess(origin), HalfOpen) => {
             if decides_episode(stored, origin, now) {
                 writes = clear_all();
+                // The close a slow start ramps from, written in this step,
+                // so a fleet agrees on it.
+                writes.closed_at = Write::Set(now);
                 Closed
             } else {
                 HalfOpen
@@ -828,6 +869,7 @@ pub fn step(stored: &impl BreakerView, command: BreakerCommand, params: &Breaker
         permit,
         expired_probes,
         unreadable,
+        closed_at,
         writes,
     }
 }
@@ -880,12 +922,13 @@ fn open_now(now: Timestamp, openings: u32) -> Writes {
         probes: Write::Delete,
         cooldown_until: Write::Keep,
         openings: Write::Set(openings),
+        closed_at: Write::Keep,
     }
 }
 
 /// Clears the circuit's five keys, its count of openings included; a
 /// cooldown is the server's word, not the circuit's, and outlives a closing
-/// (only `Reset` clears it).
+/// (only `Reset` clears it), as does the last close (a closing sets it).
 fn clear_all() -> Writes {
     Writes {
         state: Write::Delete,
@@ -894,6 +937,7 @@ fn clear_all() -> Writes {
         probes: Write::Delete,
         cooldown_until: Write::Keep,
         openings: Write::Delete,
+        closed_at: Write::Keep,
     }
 }
 
@@ -934,6 +978,11 @@ pub fn apply(snapshot: &BreakerSnapshot, writes: &Writes) -> BreakerSnapshot {
         Write::Set(n) => next.openings = Some(n),
         Write::Delete => next.openings = None,
     }
+    match writes.closed_at {
+        Write::Keep => {}
+        Write::Set(t) => next.closed_at = Some(t),
+        Write::Delete => next.closed_at = None,
+    }
     next
 }
 
@@ -969,7 +1018,39 @@ mod tests {
             probes: None,
             cooldown_until: None,
             openings: None,
+            closed_at: None,
         }
+    }
+
+    #[test]
+    fn a_close_stamps_closed_at_which_closed_admissions_carry_and_reset_clears() {
+        let p = params(1, 10, 1);
+        let due = T0.saturating_add(secs(10));
+        let probe = step(&open_at(T0), BreakerCommand::Allow, &p, due);
+        let Some(Permit::Probe(id)) = probe.permit else {
+            panic!("a probe at the recovery: {probe:?}")
+        };
+        assert_eq!(probe.closed_at, None, "a probe is not ramped");
+        let half = apply(&open_at(T0), &probe.writes);
+        let closing = step(&half, BreakerCommand::RecordSuccess(Origin::Probe(id)), &p, due);
+        assert_eq!(closing.after, CircuitState::Closed);
+        assert_eq!(closing.writes.closed_at, Write::Set(due));
+        let closed = apply(&half, &closing.writes);
+        let later = due.saturating_add(secs(3));
+        let call = step(&closed, BreakerCommand::Allow, &p, later);
+        assert_eq!((call.permit, call.closed_at), (Some(Permit::Call), Some(due)));
+        assert!(call.writes.is_empty(), "an admission writes nothing");
+        // An opening keeps it (the next close replaces it); a failed probe
+        // writes none; a reset clears it.
+        let opened = step(&closed, FAIL, &p, later);
+        assert_eq!(opened.writes.closed_at, Write::Keep);
+        let reopened = step(&half, BreakerCommand::RecordFailure(Origin::Probe(id)), &p, due);
+        assert_eq!(reopened.writes.closed_at, Write::Keep);
+        let reset = step(&closed, BreakerCommand::Reset, &p, later);
+        assert_eq!(reset.writes.closed_at, Write::Delete);
+        // A damaged value reads as no close.
+        assert_eq!(decode_closed_at("soon"), None);
+        assert_eq!(decode_closed_at("12"), Some(Timestamp::from_micros(12)));
     }
 
     #[test]
@@ -1036,7 +1117,7 @@ mod tests {
     #[test]
     fn a_large_unreadable_state_is_reported_by_excerpt() {
         let big = "x".repeat(1 << 20);
-        let snap = BreakerSnapshot::decode([Some(&big), None, None, None, None, None]);
+        let snap = BreakerSnapshot::decode([Some(&big), None, None, None, None, None, None]);
         let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
         let shown = s.unreadable.expect("reported");
         assert!(shown.len() <= EXCERPT_BYTES + 32, "{} bytes", shown.len());
@@ -1050,7 +1131,7 @@ mod tests {
 
     #[test]
     fn unreadable_state_is_closed_and_reported() {
-        let snap = BreakerSnapshot::decode([Some("bogus"), None, None, None, None, None]);
+        let snap = BreakerSnapshot::decode([Some("bogus"), None, None, None, None, None, None]);
         let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
         assert_eq!(s.permit, Some(Permit::Call));
         assert_eq!(s.before, CircuitState::Closed);
@@ -1164,7 +1245,11 @@ mod tests {
         );
         assert_eq!(live.after, CircuitState::Closed);
         snap = apply(&snap, &live.writes);
-        assert_eq!(snap, BreakerSnapshot::EMPTY);
+        let closed = BreakerSnapshot {
+            closed_at: Some(T0.saturating_add(secs(121))),
+            ..BreakerSnapshot::EMPTY
+        };
+        assert_eq!(snap, closed, "everything cleared but the close");
     }
 
     #[test]
@@ -1203,7 +1288,7 @@ mod tests {
 
     #[test]
     fn a_damaged_lease_record_starts_a_fresh_episode() {
-        let snap = BreakerSnapshot::decode([Some("half_open"), None, None, Some("1 2 x"), None, None]);
+        let snap = BreakerSnapshot::decode([Some("half_open"), None, None, Some("1 2 x"), None, None, None]);
         assert_eq!(snap.probes, None);
         let s = step(&snap, BreakerCommand::Allow, &params(1, 60, 1), T0);
         assert_eq!(probe_of(&s), ProbeId { episode: T0, seq: 1 });
@@ -1428,7 +1513,7 @@ mod tests {
         for damaged in ["", "x", "-1", "1.5", "99999999999999999", "9007199254740993"] {
             assert_eq!(decode_cooldown(damaged), None, "{damaged:?}");
         }
-        let snap = BreakerSnapshot::decode([None, None, None, None, Some("junk"), None]);
+        let snap = BreakerSnapshot::decode([None, None, None, None, Some("junk"), None, None]);
         assert_eq!(snap.cooldown_until, None);
     }
 

@@ -20,11 +20,13 @@
 //!   and [`ProbeId`](breaker::ProbeId);
 //! - [`budget`]: one step of a retry budget's bucket;
 //! - [`pick`]: the least-loaded pick over deployments, and the draw by
-//!   weight.
+//!   weight;
+//! - [`ramp`]: a slow start's share of calls after a circuit closed.
 
 pub mod breaker;
 pub mod budget;
 pub mod pick;
+pub mod ramp;
 pub mod tokens;
 pub mod window;
 

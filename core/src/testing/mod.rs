@@ -107,6 +107,7 @@ checks!(
     breaker_release_frees_exactly_its_own_probe,
     breaker_failed_probes_escalate_the_open_period_until_a_close,
     racing_failed_probes_escalate_once_per_episode,
+    racing_probes_close_once_at_one_stored_instant,
     breaker_cooldown_refuses_until_it_ends_and_is_never_shortened,
     breaker_cooldown_opens_nothing_and_holds_back_the_probe,
     breaker_cooldown_expires_with_its_ttl,
@@ -809,6 +810,64 @@ async fn racing_failed_probes_escalate_once_per_episode<H: Harness>(h: &H) {
         secs(20),
         "the second opening lasts twice the first, once"
     );
+}
+
+/// Slow start's instant: eight probes of one episode succeed at once, each
+/// at its own instant; one report closes the circuit and stores its
+/// instant, the others find it closed and write nothing. Every closed
+/// admission after hands back that instant; an opening keeps it, a reset
+/// clears it.
+async fn racing_probes_close_once_at_one_stored_instant<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let keys = Arc::new(BreakerKeys::new("compliance-closed-at"));
+    let p = params(1, secs(10), 8);
+    let t = h.now();
+    open_circuit(&*c, &keys, p, t).await;
+    let due = t.saturating_add(secs(10));
+    let mut probes = Vec::new();
+    for _ in 0..8 {
+        probes.push(probe(
+            &c.breaker_step(&keys, BreakerCommand::Allow, p, due).await.unwrap(),
+        ));
+    }
+    let tasks: Vec<_> = (0u64..)
+        .zip(probes)
+        .map(|(n, id)| {
+            let (c, keys) = (c.clone(), keys.clone());
+            let at = due.saturating_add(Duration::from_millis(n));
+            let succeed = BreakerCommand::RecordSuccess(Origin::Probe(id));
+            tokio::spawn(async move { c.breaker_step(&keys, succeed, p, at).await })
+        })
+        .collect();
+    let mut closes = Vec::new();
+    for task in tasks {
+        let step = task.await.expect("task panicked").unwrap();
+        if step.before == CircuitState::HalfOpen {
+            closes.push(step.at);
+        } else {
+            assert!(step.writes.is_empty(), "a report after the close writes nothing");
+        }
+    }
+    assert_eq!(closes.len(), 1, "one report decides the episode");
+    let closed_at = closes[0];
+    let later = due.saturating_add(secs(5));
+    let (snapshot, _) = c.breaker_read(&keys, later).await.unwrap();
+    assert_eq!(snapshot.closed_at, Some(closed_at));
+    let admitted = c.breaker_step(&keys, BreakerCommand::Allow, p, later).await.unwrap();
+    assert_eq!(
+        (admitted.permit, admitted.closed_at),
+        (Some(Permit::Call), Some(closed_at)),
+        "a closed admission carries the close"
+    );
+    c.breaker_step(&keys, FAILURE, p, later).await.unwrap();
+    let (snapshot, _) = c.breaker_read(&keys, later).await.unwrap();
+    assert_eq!(
+        (snapshot.effective_state(), snapshot.closed_at),
+        (CircuitState::Open, Some(closed_at)),
+        "an opening keeps the last close"
+    );
+    c.breaker_step(&keys, BreakerCommand::Reset, p, later).await.unwrap();
+    assert_eq!(c.get(&keys.closed_at).await.unwrap(), None, "a reset clears it");
 }
 
 async fn breaker_release_frees_exactly_its_own_probe<H: Harness>(h: &H) {

@@ -65,6 +65,8 @@ mod redis_skew;
 #[cfg(feature = "redis")]
 mod redis_slow_calls;
 #[cfg(feature = "redis")]
+mod redis_slow_start;
+#[cfg(feature = "redis")]
 mod redis_time_source;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;
@@ -74,6 +76,7 @@ mod redis_unavailable_policy;
 mod retry;
 mod router_edges;
 mod shared_cooldown;
+mod slow_start;
 #[cfg(feature = "tower")]
 mod tower;
 #[cfg(feature = "openai")]

@@ -117,6 +117,7 @@ async fn breaker_keys_spanning_slots_are_refused_before_sending() {
         probes: "br-probes".to_owned(),
         cooldown_until: "br-cooldown".to_owned(),
         openings: "br-openings".to_owned(),
+        closed_at: "br-closed".to_owned(),
     };
     let params = BreakerParams {
         failure_threshold: 1,

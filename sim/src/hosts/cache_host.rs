@@ -873,6 +873,7 @@ mod tests {
             None,
             Some("1700000000750000"),
             Some("3"),
+            Some("1699999990000000"),
         ]);
         let reply = WireReply::Snapshot {
             snapshot: snapshot.clone(),

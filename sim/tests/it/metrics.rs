@@ -236,6 +236,14 @@ fn every_recorded_event() -> Vec<Event> {
             to: name("kg:circuit:spare"),
             after: Duration::from_millis(800),
         },
+        Event::SlowStartDraw {
+            breaker: name("kg:circuit"),
+            tenant,
+            closed_at: at,
+            at,
+            share: 250_000,
+            draw: 400_000,
+        },
         Event::QuotaExhausted {
             breaker: name("kg:circuit"),
             tenant,

@@ -1,4 +1,4 @@
-//! The breaker's atomic step over its six keys.
+//! The breaker's atomic step over its seven keys.
 //!
 //! The keys [`BreakerKeys::new`] builds begin with a hash tag and so share
 //! one shard: one lock. Hand-made keys may not; then every shard they touch
@@ -27,13 +27,14 @@ enum Key {
     Probes,
     CooldownUntil,
     Openings,
+    ClosedAt,
 }
 
 /// The locked shards of one breaker's keys.
 pub(super) struct Held<'a> {
     keys: &'a BreakerKeys,
     /// Each key's shard, in [`Key`] order.
-    shards: [usize; 6],
+    shards: [usize; 7],
     /// The locks, by shard: those of `shards`, and no other.
     locks: [Option<MutexGuard<'a, Table>>; SHARDS],
 }
@@ -148,6 +149,11 @@ impl<'a> Held<'a> {
             Write::Set(n) => self.put(Key::Openings, Value::Int(i64::from(n)), None),
             Write::Delete => self.delete(Key::Openings),
         }
+        match w.closed_at {
+            Write::Keep => {}
+            Write::Set(t) => self.put(Key::ClosedAt, Value::Text(t.as_micros().to_string()), None),
+            Write::Delete => self.delete(Key::ClosedAt),
+        }
         step
     }
 
@@ -161,6 +167,7 @@ impl<'a> Held<'a> {
             probes: view.probes(),
             cooldown_until: view.cooldown_until(),
             openings: view.openings(),
+            closed_at: view.closed_at(),
         }
     }
 }
@@ -221,6 +228,13 @@ impl BreakerView for Live<'_, '_> {
         match self.value(Key::Openings)? {
             Value::Int(n) => u32::try_from(*n).ok(),
             Value::Text(s) => machine::decode_openings(s),
+        }
+    }
+
+    fn closed_at(&self) -> Option<Timestamp> {
+        match self.value(Key::ClosedAt)? {
+            Value::Text(s) => machine::decode_closed_at(s),
+            Value::Int(n) => u64::try_from(*n).ok().map(Timestamp::from_micros),
         }
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! The keys are split over a few shards, each a table (`table.rs`) behind
 //! its own mutex. A key that begins with a hash tag (`{…}`, as a breaker's
-//! six keys `{prefix}:state`, … do) lives on one shard with every other
+//! seven keys `{prefix}:state`, … do) lives on one shard with every other
 //! tagged key, and every other key (a limiter's `{prefix}:{tenant}`) is
 //! placed by its hash over the rest. Every operation locks the shards of the
 //! keys it touches (one, for every key set the crate builds) for its whole
@@ -763,6 +763,7 @@ mod tests {
             probes: "p".to_owned(),
             cooldown_until: "c".to_owned(),
             openings: "n".to_owned(),
+            closed_at: "z".to_owned(),
         }
     }
 

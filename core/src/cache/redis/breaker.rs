@@ -1,5 +1,5 @@
 //! The breaker's capabilities on Redis: each transition (cooldowns
-//! included) and each read as one script over the breaker's six keys. The
+//! included) and each read as one script over the breaker's seven keys. The
 //! step script is `decide::breaker::step` written in Lua, so each reply is
 //! checked against the Rust function on the values the script read, and a
 //! disagreement is a protocol error rather than a silent drift.
@@ -43,7 +43,7 @@ impl RedisCache {
     /// Reports breaker keys a foreign writer gave another type than a string
     /// (the scripts read them as [`WRONG_TYPE_MARKER`] text); the state key's
     /// is also reported by the breaker as an unreadable state.
-    fn report_wrong_types(&self, keys: &BreakerKeys, raw: [&Option<String>; 6]) {
+    fn report_wrong_types(&self, keys: &BreakerKeys, raw: [&Option<String>; 7]) {
         let names = keys.all();
         for (key, value) in names.into_iter().zip(raw) {
             if let Some(value) = value.as_deref().filter(|v| v.starts_with(WRONG_TYPE_MARKER)) {
@@ -117,7 +117,7 @@ fn permit_as_script(permit: Option<Permit>) -> String {
 }
 
 /// The script's spelling of the writes, to compare with `machine::step`'s.
-fn writes_as_script(w: &Writes) -> [String; 6] {
+fn writes_as_script(w: &Writes) -> [String; 7] {
     let plain = |w: Write<String>| match w {
         Write::Keep => "keep".to_owned(),
         Write::Delete => "delete".to_owned(),
@@ -154,6 +154,11 @@ fn writes_as_script(w: &Writes) -> [String; 6] {
         Write::Delete => Write::Delete,
         Write::Set(n) => Write::Set(n.to_string()),
     };
+    let closed_at = match w.closed_at {
+        Write::Keep => Write::Keep,
+        Write::Delete => Write::Delete,
+        Write::Set(t) => Write::Set(t.as_micros().to_string()),
+    };
     [
         plain(state),
         failures,
@@ -161,6 +166,7 @@ fn writes_as_script(w: &Writes) -> [String; 6] {
         plain(probes),
         plain(cooldown),
         plain(openings),
+        plain(closed_at),
     ]
 }
 
@@ -194,6 +200,7 @@ impl BreakerStore for RedisCache {
                     .key(&keys.probes)
                     .key(&keys.cooldown_until)
                     .key(&keys.openings)
+                    .key(&keys.closed_at)
                     .arg(&name)
                     .arg(&origin)
                     .arg(&episode)
@@ -222,13 +229,15 @@ impl BreakerStore for RedisCache {
             Some(w_probes),
             Some(w_cooldown),
             Some(w_openings),
+            Some(w_closed_at),
             raw_state,
             raw_failures,
             raw_opened,
             raw_probes,
             raw_cooldown,
             raw_openings,
-        ] = <[Option<String>; 17]>::try_from(reply.clone()).map_err(|_| unexpected(OP, &reply))?
+            raw_closed_at,
+        ] = <[Option<String>; 19]>::try_from(reply.clone()).map_err(|_| unexpected(OP, &reply))?
         else {
             return Err(unexpected(OP, &reply));
         };
@@ -240,6 +249,7 @@ impl BreakerStore for RedisCache {
             &raw_probes,
             &raw_cooldown,
             &raw_openings,
+            &raw_closed_at,
         ];
         self.report_wrong_types(keys, raw);
         let snapshot = BreakerSnapshot::decode(raw.map(Option::as_deref));
@@ -251,7 +261,15 @@ impl BreakerStore for RedisCache {
             CircuitState::parse(&after),
             permit,
             expired,
-            [w_state, w_failures, w_opened, w_probes, w_cooldown, w_openings],
+            [
+                w_state,
+                w_failures,
+                w_opened,
+                w_probes,
+                w_cooldown,
+                w_openings,
+                w_closed_at,
+            ],
         );
         let machine_says = (
             Some(step.before),
@@ -289,14 +307,24 @@ impl BreakerStore for RedisCache {
                     .key(&keys.probes)
                     .key(&keys.cooldown_until)
                     .key(&keys.openings)
+                    .key(&keys.closed_at)
                     .arg(&now)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         match reply.as_slice() {
-            [Some(at), state, failures, opened_at, probes, cooldown, openings] => Ok({
-                let raw = [state, failures, opened_at, probes, cooldown, openings];
+            [
+                Some(at),
+                state,
+                failures,
+                opened_at,
+                probes,
+                cooldown,
+                openings,
+                closed_at,
+            ] => Ok({
+                let raw = [state, failures, opened_at, probes, cooldown, openings, closed_at];
                 self.report_wrong_types(keys, raw);
                 (BreakerSnapshot::decode(raw.map(Option::as_deref)), micros(OP, at)?)
             }),
@@ -320,8 +348,9 @@ mod tests {
             probes: Write::Delete,
             cooldown_until: Write::Set(Timestamp::from_micros(40)),
             openings: Write::Set(2),
+            closed_at: Write::Set(Timestamp::from_micros(9)),
         };
-        assert_eq!(writes_as_script(&w), ["half_open", "3", "12", "delete", "40", "2"]);
+        assert_eq!(writes_as_script(&w), ["half_open", "3", "12", "delete", "40", "2", "9"]);
         let id = ProbeId {
             episode: Timestamp::from_micros(7),
             seq: 2,
@@ -334,7 +363,7 @@ mod tests {
         assert_eq!(command_args(BreakerCommand::Allow), ["allow", "", "", ""]);
         assert_eq!(
             writes_as_script(&Writes::NONE),
-            ["keep", "keep", "keep", "keep", "keep", "keep"]
+            ["keep", "keep", "keep", "keep", "keep", "keep", "keep"]
         );
         let cool = BreakerCommand::CoolDown {
             duration: Duration::from_millis(1500),

@@ -1,7 +1,7 @@
--- BreakerStore::breaker_step: read the breaker's six keys, run one transition
--- of decide::breaker::step, write what it says, in one atomic step.
--- KEYS: state, failures, opened_at, probes, cooldown_until, openings (one hash
---       tag, one slot).
+-- BreakerStore::breaker_step: read the breaker's seven keys, run one
+-- transition of decide::breaker::step, write what it says, in one atomic step.
+-- KEYS: state, failures, opened_at, probes, cooldown_until, openings,
+--       closed_at (one hash tag, one slot).
 -- ARGV: command ('allow' | 'success' | 'failure' | 'release' | 'reset' |
 --       'cooldown'), origin ('untracked' | 'call' | 'probe' | ''), probe
 --       episode (µs or ''), probe seq (or ''), now (µs, or '' for the server's
@@ -9,8 +9,8 @@
 --       rounded up), half_open_max_calls, probe_lease (µs), cooldown duration
 --       (µs; '0' unless the command is 'cooldown'), max_recovery_timeout (µs).
 -- Returns strings: before, after, permit ('-' | 'call' | 'probe:<ep>:<seq>' |
--- 'refused:<state>:<retry µs>:<reason>'), at (µs), expired probes, the six
--- writes (see below), then the six raw values read, so the adapter can re-run
+-- 'refused:<state>:<retry µs>:<reason>'), at (µs), expired probes, the seven
+-- writes (see below), then the seven raw values read, so the adapter can re-run
 -- machine::step in Rust and refuse to report a decision the two disagree on.
 
 local command = ARGV[1]
@@ -35,6 +35,7 @@ local raw_opened = read_string(KEYS[3])
 local raw_probes = read_string(KEYS[4])
 local raw_cooldown = read_string(KEYS[5])
 local raw_openings = read_string(KEYS[6])
+local raw_closed_at = read_string(KEYS[7])
 
 -- A u32 as Rust's parser reads it: optional '+', digits, at most 4294967295.
 local function parse_u32(s)
@@ -137,7 +138,7 @@ local openings = stored_u32(raw_openings)
 -- Writes, one per key, as machine::Writes: 'keep', 'delete', or a value
 -- ('create' or a count for the failure counter, an encoded record for probes).
 local w_state, w_failures, w_opened, w_probes, w_cooldown = 'keep', 'keep', 'keep', 'keep', 'keep'
-local w_openings = 'keep'
+local w_openings, w_closed_at = 'keep', 'keep'
 local function clear_all()
   w_state, w_failures, w_opened, w_probes, w_openings = 'delete', 'delete', 'delete', 'delete', 'delete'
 end
@@ -185,6 +186,7 @@ if command == 'allow' and cooldown_until and cooldown_until > now then
 elseif command == 'reset' then
   clear_all()
   w_cooldown = 'delete'
+  w_closed_at = 'delete'
   after = 'closed'
 elseif command == 'cooldown' then
   -- machine::cooldown_end: at most 2^53 µs; never shortens a stored cooldown.
@@ -255,6 +257,8 @@ elseif command == 'success' or command == 'failure' then
     if decides_episode() then
       if command == 'success' then
         clear_all()
+        -- The close a slow start ramps from, in this step.
+        w_closed_at = int(now)
         after = 'closed'
       else
         -- One more consecutive opening: the circuit never closed.
@@ -321,5 +325,12 @@ elseif w_openings ~= 'keep' then
   redis.call('SET', KEYS[6], w_openings)
 end
 
+if w_closed_at == 'delete' then
+  redis.call('DEL', KEYS[7])
+elseif w_closed_at ~= 'keep' then
+  redis.call('SET', KEYS[7], w_closed_at)
+end
+
 return {before, after, permit, int(now), tostring(expired), w_state, w_failures, w_opened, w_probes, w_cooldown,
-        w_openings, raw_state, raw_failures, raw_opened, raw_probes, raw_cooldown, raw_openings}
+        w_openings, w_closed_at, raw_state, raw_failures, raw_opened, raw_probes, raw_cooldown, raw_openings,
+        raw_closed_at}

@@ -83,7 +83,7 @@ mod tests {
         ] {
             assert_eq!(Slot::for_key(key), Slot::for_key(window_key(key)), "{key}");
         }
-        // The breaker's six keys share the `{prefix}` tag.
+        // The breaker's seven keys share the `{prefix}` tag.
         let keys = crate::decide::breaker::BreakerKeys::new("kg:circuit:llama");
         assert_eq!(cross_slot(&keys.all()), None);
         // Keys without a common tag are caught (these two differ in slot).

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::breaker::CircuitBreaker;
 use crate::cache::{BreakerStore, BudgetStore, InFlightStore, TokenStore};
+use crate::decide::ramp::SlowStart;
 use crate::env::Env;
 use crate::error::ConfigError;
 use crate::limiter::RateLimiter;
@@ -38,6 +39,7 @@ pub struct HardenedProviderBuilder<P, L, B> {
     max_quota_cooldown: Duration,
     slow_call_threshold: Option<Duration>,
     hedging: Option<(HedgeAfter, u32)>,
+    slow_start: Option<SlowStart>,
     /// Applies the retry budget to the loop, when one was given.
     budget: Option<Box<dyn FnOnce(Retry) -> Retry + Send>>,
     token_estimate: Option<TokenEstimate>,
@@ -81,6 +83,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             max_quota_cooldown: DEFAULT_MAX_QUOTA_COOLDOWN,
             slow_call_threshold: None,
             hedging: None,
+            slow_start: None,
             budget: None,
             token_estimate: None,
         }
@@ -237,6 +240,33 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
         Ok(self)
     }
 
+    /// Ramps a deployment up after its circuit closes (default: off), as
+    /// Envoy's slow-start mode does: for `ramp`'s window after a half-open
+    /// circuit closed, a call that deployment admits goes there with
+    /// probability [`SlowStart::share`] — from the ramp's floor up to the
+    /// whole — drawn from the [`env`](Self::env)'s random source, and
+    /// otherwise to the next deployment in the call's order that admits
+    /// it. A server that just reloaded its model is not handed its full
+    /// load at once and knocked over again.
+    ///
+    /// The ramp starts at the close the breaker's own atomic step stored
+    /// ([`BreakerKeys::closed_at`](crate::decide::breaker::BreakerKeys::closed_at)),
+    /// and each admission judges it at the store's instant, so every worker
+    /// sharing the breaker's store takes the same share at the same moment.
+    /// Each draw is [`Event::SlowStartDraw`](crate::observe::Event::SlowStartDraw).
+    ///
+    /// It shapes where a call is admitted, not its retries (a retry after a
+    /// failure goes where routing sends it), and it never refuses a call:
+    /// a call passed on that no other deployment admits goes to the ramping
+    /// one after all, as Envoy still sends a host in slow start its scaled
+    /// share. With one deployment there is nothing to draw. A backup taking
+    /// over from a failed primary takes the calls at once: only a close
+    /// starts a ramp.
+    pub fn slow_start(mut self, ramp: SlowStart) -> Self {
+        self.slow_start = Some(ramp);
+        self
+    }
+
     /// Whether a refusal by the model (`message.refusal`, `content_filter`)
     /// counts as a breaker failure (default `false`: refusals are about the
     /// content, not the server). Turn it on where a refusal means a
@@ -362,6 +392,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
             max_quota_cooldown: self.max_quota_cooldown,
             slow_call_threshold: self.slow_call_threshold,
             hedging,
+            slow_start: self.slow_start,
             token_estimate: self.token_estimate,
         }
     }

@@ -115,6 +115,14 @@
 //! because every other refuses, when it waits out what the server asked
 //! (above).
 //!
+//! Under a [`slow_start`](HardenedProviderBuilder::slow_start), a
+//! deployment whose circuit closed less than the ramp's window ago takes
+//! a call it admits only when a draw falls within the ramp's share
+//! ([`crate::decide::ramp`]); otherwise the call goes to the next
+//! deployment that admits it (the event names the ramping one, as
+//! [`Event::SlowStartDraw`](crate::observe::Event::SlowStartDraw)), and
+//! comes back when none does.
+//!
 //! Provenance stays the answer's: [`Extracted::model`] names the model of
 //! the deployment that produced it. [`LlmProvider::model`] is the primary's
 //! configured identity; a pipeline recording provenance from a router reads
@@ -152,6 +160,7 @@ use super::transport::BoxFuture;
 use super::{ExtractRequest, Extracted, LlmProvider};
 use crate::cache::{BreakerStore, MemoryCache, TokenStore};
 use crate::clock::Clock;
+use crate::decide::ramp::SlowStart;
 use crate::limiter::RateLimiter;
 use crate::observe::Observer;
 use crate::random::RandomSource;
@@ -268,6 +277,8 @@ pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
     slow_call_threshold: Option<Duration>,
     /// Hedged attempts, when configured.
     hedging: Option<hedge::Hedging>,
+    /// Ramps a deployment up after its circuit closes.
+    slow_start: Option<SlowStart>,
     token_estimate: Option<TokenEstimate>,
 }
 
@@ -288,6 +299,7 @@ impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {
             .field("max_quota_cooldown", &self.max_quota_cooldown)
             .field("slow_call_threshold", &self.slow_call_threshold)
             .field("hedging", &self.hedging.as_ref().map(|h| (h.after, h.max)))
+            .field("slow_start", &self.slow_start)
             .finish_non_exhaustive()
     }
 }

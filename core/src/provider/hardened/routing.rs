@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::HardenedProvider;
 use super::call::Call;
 use super::report::BreakerReport;
-use crate::breaker::{CircuitOpen, Permit, Refusal};
+use crate::breaker::{BreakerAdmission, CircuitOpen, Permit, Refusal};
 use crate::cache::{BreakerStore, TokenStore};
 use crate::decide::pick::weighted_pick;
 use crate::limiter::Reservation;
@@ -152,20 +152,25 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
 
     /// The first admission of the call: each deployment in the route's
     /// order until one admits (a refusal is remembered, and costs nothing
-    /// more than the admission that said it). When all refuse and the
-    /// soonest to admit again is a shared cooldown, up to `cooldown_waits`
-    /// of them are slept off within the deadline; otherwise that refusal is
-    /// the call's error.
+    /// more than the admission that said it). Under a slow start, a
+    /// deployment in its ramp that admits the call takes it only when the
+    /// draw falls within its share; otherwise the call is offered on, and
+    /// comes back to the first one passed over when no other admits. When
+    /// all refuse and the soonest to admit again is a shared cooldown, up
+    /// to `cooldown_waits` of them are slept off within the deadline;
+    /// otherwise that refusal is the call's error.
     pub(super) async fn admit(&mut self) -> Result<(), ExtractError> {
         let p = self.provider;
-        let deadline = self.deadline;
         loop {
             // The refusal that ends soonest (an unknown, zero wait last), the first on a tie.
             let mut soonest: Option<(usize, Duration, Refusal)> = None;
+            // The first deployment a slow start passed the call over, with its admission.
+            let mut passed: Option<(usize, Permit)> = None;
             for at in 0..self.route.order.len() {
                 let i = self.route.order[at];
                 let deployment = &p.deployments[i];
-                let permit = deployment.breaker.admit().await;
+                let admission = deployment.breaker.admit_since().await;
+                let permit = admission.permit;
                 let Permit::Refused {
                     state,
                     retry_after,
@@ -173,12 +178,12 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                 } = permit
                 else {
                     p.hear(i, None);
-                    self.route.at = at;
-                    self.route.held[p.holders[i]] = Some(permit);
-                    if at > 0 {
-                        p.rerouted(self.route.order[0], i, "refused");
-                        self.route.lease = p.follow_lease(self.route.lease.take(), i, deadline).await;
+                    if !p.ramp_takes(i, &admission) {
+                        passed = passed.or(Some((at, permit)));
+                        continue;
                     }
+                    self.take_admission(at, permit, if passed.is_some() { "ramping" } else { "refused" })
+                        .await;
                     return Ok(());
                 };
                 p.hear_refusal(i, state, reason, retry_after);
@@ -186,10 +191,17 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                     soonest = Some((i, retry_after, reason));
                 }
             }
+            if let Some((at, permit)) = passed {
+                // No other deployment admits it: the ramping one takes it.
+                self.take_admission(at, permit, "refused").await;
+                return Ok(());
+            }
             let Some((i, retry_after, reason)) = soonest else {
                 return Err(CircuitOpen::new("no deployment to call", Duration::ZERO).into());
             };
-            let fits = deadline.is_none_or(|d| retry_after <= d.saturating_duration_since(p.clock.now()));
+            let fits = self
+                .deadline
+                .is_none_or(|d| retry_after <= d.saturating_duration_since(p.clock.now()));
             // The call's first admission: every cooldown wait so far was slept here.
             let waits = self.route.cooldown_waits;
             // A cooldown longer than any wait a server may ask for (a spent
@@ -208,6 +220,20 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                 waits: waits + 1,
             });
             p.clock.sleep(retry_after).await;
+        }
+    }
+
+    /// Holds `permit`, the admission of the deployment at position `at` of
+    /// the call's order, as the call's: attempts go there, and a call moved
+    /// off the first deployment tells why and moves its lease.
+    async fn take_admission(&mut self, at: usize, permit: Permit, why: &'static str) {
+        let p = self.provider;
+        let i = self.route.order[at];
+        self.route.at = at;
+        self.route.held[p.holders[i]] = Some(permit);
+        if at > 0 {
+            p.rerouted(self.route.order[0], i, why);
+            self.route.lease = p.follow_lease(self.route.lease.take(), i, self.deadline).await;
         }
     }
 
@@ -517,6 +543,34 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         } else if state == crate::breaker::CircuitState::Open {
             self.hear(i, Some((wait, Deferral::Open)));
         }
+    }
+
+    /// Whether deployment `i`, which just admitted a call, takes it under
+    /// the slow start: always, unless it is in its ramp (its circuit closed
+    /// less than the window ago, judged at the admission's instant) and the
+    /// provider has another deployment to offer the call to; then only when
+    /// a draw from the provider's random source falls within the ramp's
+    /// share, and every draw is reported.
+    pub(super) fn ramp_takes(&self, i: usize, admission: &BreakerAdmission) -> bool {
+        let (Some(ramp), Some(closed_at)) = (self.slow_start, admission.closed_at) else {
+            return true;
+        };
+        if self.deployments.len() < 2 {
+            return true;
+        }
+        let Some(share) = ramp.share(closed_at, admission.at) else {
+            return true;
+        };
+        let draw = crate::decide::ramp::draw_share(self.rng.next_u64());
+        self.observer.on_event(&Event::SlowStartDraw {
+            breaker: Arc::from(self.deployments[i].breaker.key_prefix()),
+            tenant: self.tenant,
+            closed_at,
+            at: admission.at,
+            share,
+            draw,
+        });
+        crate::decide::ramp::takes(share, draw)
     }
 
     /// Tells the observer a call moved from deployment `from` to `to`.

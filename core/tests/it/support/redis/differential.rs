@@ -176,8 +176,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (key.clone(), instant()).prop_map(|(k, s)| Op::OldestSince(k, s)),
         3 => (key, instant(), prop_oneof![Just(30u64), Just(60)], 0u32..4)
             .prop_map(|(k, now, w, limit)| Op::Acquire(k, now, Duration::from_secs(w), limit)),
-        1 => (0usize..6, value).prop_map(|(k, v)| Op::SetBreakerKey(k, v)),
-        1 => (0usize..6).prop_map(Op::GetBreakerKey),
+        1 => (0usize..7, value).prop_map(|(k, v)| Op::SetBreakerKey(k, v)),
+        1 => (0usize..7).prop_map(Op::GetBreakerKey),
         4 => (command, instant(), params).prop_map(|(c, now, p)| Op::Breaker(c, now, p)),
         1 => instant().prop_map(Op::BreakerRead),
         3 => (0usize..3, budget_command(), instant(), budget_params())
