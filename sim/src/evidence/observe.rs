@@ -258,6 +258,20 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             breaker: breaker.to_string(),
             took_us: micros(*duration),
         },
+        Event::SlowStartDraw {
+            breaker,
+            closed_at,
+            at,
+            share,
+            draw,
+            ..
+        } => Kind::SlowStart {
+            breaker: breaker.to_string(),
+            closed_at_us: closed_at.as_micros(),
+            at_us: at.as_micros(),
+            share: *share,
+            draw: *draw,
+        },
         Event::DeploymentDeferred {
             breaker, state, until, ..
         } => Kind::Deferred {

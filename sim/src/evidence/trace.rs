@@ -259,6 +259,23 @@ pub enum Kind {
         /// How long the call waited before hedging, microseconds.
         after_us: u64,
     },
+    /// A call admitted by a server's breaker in its slow start was drawn
+    /// against the ramp's share: it went there when `draw < share`, and was
+    /// otherwise offered to the next server that admitted it.
+    SlowStart {
+        /// The ramping server's breaker key prefix.
+        breaker: String,
+        /// When its circuit closed (the ramp's start), the store's stamp,
+        /// epoch microseconds.
+        closed_at_us: u64,
+        /// When the admission was judged, the store's stamp, epoch
+        /// microseconds.
+        at_us: u64,
+        /// The ramp's share then, parts per million.
+        share: u32,
+        /// The draw, parts per million.
+        draw: u32,
+    },
     /// A success report cleared a closed breaker's failure count.
     FailuresCleared {
         /// The breaker's key prefix.

@@ -306,6 +306,9 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
             };
             builder = builder.hedge(after, h.max_hedges)?;
         }
+        if let Some(ramp) = h.slow_start_s {
+            builder = builder.slow_start(redstring::provider::SlowStart::new(secs(ramp))?);
+        }
         if let Some(budget) = &budget {
             builder = builder.retry_budget(budget.clone());
         }

@@ -31,6 +31,7 @@
 //! | `faults` | ..= [`MAX_FAULTS`] |
 //! | `hardening.max_retries` | ..= [`MAX_RETRIES`] |
 //! | `hardening.limiter_waits` | ..= [`MAX_LIMITER_WAITS`] |
+//! | `hardening.slow_start_s` | [`MIN_SECONDS`] ..= 86 400 (the core's longest ramp) |
 //! | `hardening.slow_call_ms` | 1 .. `request_timeout_s` and `deadline_s` (in ms, below both) |
 //! | `hardening.hedge_after_ms` (or `hedge_floor_ms` under `"p95"`) | 1 .. `request_timeout_s` and `deadline_s` (in ms, below both) |
 //! | `hardening.max_hedges`, `hardening.hedge_window` | 1 ..= 4, 20 ..= 10000 (the core's limits) |

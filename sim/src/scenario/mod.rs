@@ -713,6 +713,28 @@ tenants = [{ id = 1, calls_per_min = 30 }]
     }
 
     #[test]
+    fn a_slow_start_is_a_positive_window_of_at_most_a_day_or_none() {
+        let with = |hardening: &str| Scenario::parse("ramp.toml", &format!("{MINIMAL}\n[hardening]\n{hardening}\n"));
+        let ok = with("slow_start_s = 45").unwrap();
+        assert_eq!(ok.hardening.slow_start_s, Some(45.0));
+        assert_eq!(Scenario::parse("again.toml", &ok.to_toml()).unwrap(), ok);
+        assert_eq!(with("slow_start_s = \"none\"").unwrap().hardening.slow_start_s, None);
+        for (hardening, says) in [
+            ("slow_start_s = 0", "field `hardening.slow_start_s`"),
+            ("slow_start_s = -5", "field `hardening.slow_start_s`"),
+            (
+                "slow_start_s = 100000",
+                "field `hardening.slow_start_s`: must be positive and at most 86400 s, got 100000",
+            ),
+            ("slow_start_s = \"soon\"", "expected seconds or \"none\", got \"soon\""),
+        ] {
+            let e = with(hardening).unwrap_err().to_string();
+            assert!(e.contains(says), "{e:?} should contain {says:?}");
+            assert!(e.contains("line "), "{e}");
+        }
+    }
+
+    #[test]
     fn a_missing_file_is_an_io_error_naming_it() {
         let e = Scenario::load(Path::new("/nonexistent/x.toml")).unwrap_err();
         assert!(matches!(e, ScenarioError::Io { .. }));

@@ -72,6 +72,13 @@ pub struct Hardening {
     /// Under `hedge_after_ms = "p95"`: the shortest hedge delay, ms.
     #[serde(skip_serializing_if = "is_default_hedge_floor")]
     pub hedge_floor_ms: u64,
+    /// After a server's circuit closes, its share of the calls its breaker
+    /// admits ramps up over this many seconds, linearly from 10 % (the
+    /// provider's `slow_start`; default: none). `"none"` is no ramp, as
+    /// leaving the key out is, so that `compare --set
+    /// hardening.slow_start_s=none,60` can switch it off.
+    #[serde(deserialize_with = "secs_or_none")]
+    pub slow_start_s: Option<f64>,
     /// Output token budget per request.
     pub max_tokens: u32,
     /// What a limiter does while the shared cache cannot be reached
@@ -113,6 +120,23 @@ fn routing_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Rout
         Named::Weighted => Some(Routing::Weighted),
         Named::LeastLoaded => Some(Routing::LeastLoaded),
     })
+}
+
+/// Reads `hardening.slow_start_s`: seconds, or `"none"`.
+fn secs_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum SecsOrNone {
+        Secs(f64),
+        Named(String),
+    }
+    match SecsOrNone::deserialize(d)? {
+        SecsOrNone::Secs(s) => Ok(Some(s)),
+        SecsOrNone::Named(none) if none == "none" => Ok(None),
+        SecsOrNone::Named(other) => Err(serde::de::Error::custom(format!(
+            "expected seconds or \"none\", got {other:?}"
+        ))),
+    }
 }
 
 /// Reads `hardening.slow_call_ms`: milliseconds, or `"none"`.
@@ -262,6 +286,7 @@ impl Default for Hardening {
             max_hedges: 1,
             hedge_window: 50,
             hedge_floor_ms: 100,
+            slow_start_s: None,
             max_tokens: 256,
             on_cache_unavailable: redstring::OnCacheUnavailable::default(),
             on_cache_error: redstring::OnCacheError::default(),

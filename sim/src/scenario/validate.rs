@@ -251,6 +251,9 @@ impl Scenario {
         if let Some(max) = h.max_recovery_timeout_s {
             e.seconds("hardening.max_recovery_timeout_s", max)?;
         }
+        if let Some(ramp) = h.slow_start_s {
+            e.seconds("hardening.slow_start_s", ramp)?;
+        }
         if let Some(ms) = h.slow_call_ms {
             if ms == 0 {
                 return Err(e.bad("hardening.slow_call_ms", "must be positive, got 0".into()));
@@ -344,6 +347,7 @@ impl Scenario {
                 "initial_delay" => "initial_delay_s",
                 "max_delay" => "max_delay_s",
                 "timeout" => "request_timeout_s",
+                "slow_start_window" => "slow_start_s",
                 other => other,
             };
             format!("hardening.{ours}")
@@ -369,6 +373,9 @@ impl Scenario {
             breaker = breaker.max_recovery_timeout(seconds(max));
         }
         breaker.build().map_err(|bad| refused(hardening(bad.field), bad))?;
+        if let Some(ramp) = h.slow_start_s {
+            redstring::provider::SlowStart::new(seconds(ramp)).map_err(|bad| refused(hardening(bad.field), bad))?;
+        }
         h.retry_policy().map_err(|bad| refused(hardening(bad.field), bad))?;
         for (i, s) in self.servers.iter().enumerate() {
             redstring::provider::OpenAiCompatible::builder(format!("http://{}:8080/v1", s.name), s.model.clone())

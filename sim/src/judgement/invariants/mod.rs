@@ -17,7 +17,7 @@
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
 //! `breaker` (3–5, 10–11, 17), `liveness` (6), `accounting` (7), `calls`
 //! (8–9), `cooldown` (12), `budget` (13), `tokens` (14), `routing` (15–16),
-//! `slow` (18) and `hedging` (19).
+//! `slow` (18), `hedging` (19) and `ramp` (20).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -31,6 +31,7 @@ mod cooldown;
 mod hedging;
 mod limiter;
 mod liveness;
+mod ramp;
 mod routing;
 mod slow;
 mod tokens;
@@ -111,6 +112,10 @@ pub enum Invariant {
     /// budget, and no call hedges more than `max_hedges` times; a hedged
     /// call's losing request is cancelled.
     Hedging,
+    /// Under a slow start, every draw ramps from its breaker's close with
+    /// the curve's share, each call goes where its draw sent it, and no
+    /// call a ramping breaker admits goes undrawn.
+    SlowStart,
 }
 
 impl Invariant {
@@ -135,6 +140,7 @@ impl Invariant {
         Invariant::Escalation,
         Invariant::SlowCallsCounted,
         Invariant::Hedging,
+        Invariant::SlowStart,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -160,6 +166,7 @@ impl Invariant {
             Invariant::Escalation => 16,
             Invariant::SlowCallsCounted => 17,
             Invariant::Hedging => 18,
+            Invariant::SlowStart => 19,
         }
     }
 
@@ -185,6 +192,7 @@ impl Invariant {
             Invariant::Escalation => "escalation",
             Invariant::SlowCallsCounted => "slow_calls_counted",
             Invariant::Hedging => "hedging",
+            Invariant::SlowStart => "slow_start",
         }
     }
 
@@ -210,6 +218,7 @@ impl Invariant {
             Invariant::Escalation => breaker::escalation(ctx, events),
             Invariant::SlowCallsCounted => slow::slow_calls_counted(ctx, events),
             Invariant::Hedging => hedging::hedging(ctx, events),
+            Invariant::SlowStart => ramp::slow_start(ctx, events),
         }
     }
 }

@@ -50,7 +50,12 @@ pub(super) fn skips_visible(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         let Some(call) = e.call else { continue };
         let shown = calls.entry((e.host.as_str(), call)).or_default();
         match &e.kind {
-            Kind::Rejected { breaker, .. } | Kind::CooldownRefused { breaker, .. } | Kind::Deferred { breaker, .. } => {
+            // A slow start's draw that passes a call on names the ramping
+            // server too (and one that keeps it names it harmlessly).
+            Kind::Rejected { breaker, .. }
+            | Kind::CooldownRefused { breaker, .. }
+            | Kind::Deferred { breaker, .. }
+            | Kind::SlowStart { breaker, .. } => {
                 shown.named.insert(breaker.clone());
             }
             Kind::CacheUnavailable { .. } => shown.unreachable = true,
