@@ -365,3 +365,89 @@ async fn the_share_follows_the_curve_from_the_close_on_the_clock() {
     w.provider.extract::<String>("t", None).await.unwrap();
     assert_eq!(draws(&w.events).len(), 5, "the ramp ends with its window");
 }
+
+/// Answers every call with a transient error, counting them.
+struct Failing(AtomicU32);
+
+impl LlmProvider for Failing {
+    fn model(&self) -> &str {
+        "failing/m"
+    }
+    fn extract_answer<'a>(
+        &'a self,
+        _: ExtractRequest<'a>,
+        _: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Extracted<Value>, ExtractError>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async {
+            Err(ExtractError::Provider(redstring::provider::ProviderError::Transport {
+                kind: redstring::provider::TransportErrorKind::Connect,
+                detail: "refused".into(),
+            }))
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_retry_that_comes_back_to_a_deployment_a_ramp_passed_over_is_not_admitted_again() {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_000_000)));
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    let env = Env::default()
+        .with_clock(clock.clone())
+        .with_rng(Arc::new(SeededRandom::from_seed(11)))
+        .with_observer(events.clone());
+    let breaker = |name: &str, threshold: u32| {
+        Arc::new(
+            CircuitBreaker::builder()
+                .key_prefix(name)
+                .failure_threshold(threshold)
+                .recovery_timeout(Duration::from_secs(30))
+                .env(env.clone())
+                .cache(cache.clone())
+                .build()
+                .unwrap(),
+        )
+    };
+    let primary_breaker = breaker("kg:circuit:ss-primary", 1);
+    let (primary, failing) = (Counting::new("primary/m", None), Arc::new(Failing(AtomicU32::new(0))));
+    let limiter = Arc::new(
+        RateLimiter::builder(100_000)
+            .env(env.clone())
+            .cache(cache.clone())
+            .build()
+            .unwrap(),
+    );
+    let provider = HardenedProvider::over(
+        Deployment::new(primary.clone() as Arc<dyn LlmProvider>, primary_breaker.clone()),
+        TenantId::from_u128(1),
+        limiter,
+    )
+    .deployment(Deployment::new(
+        failing.clone() as Arc<dyn LlmProvider>,
+        breaker("kg:circuit:ss-failing", 1000),
+    ))
+    .retry_policy(RetryPolicy::builder().max_retries(1).build().unwrap())
+    .slow_start(SlowStart::new(Duration::from_secs(600)).unwrap())
+    .env(env)
+    .build();
+    // Close the primary's circuit through a probe.
+    primary_breaker.record_failure().await.unwrap();
+    clock.advance(Duration::from_secs(30));
+    provider.extract::<String>("t", None).await.unwrap();
+    events.take();
+    for _ in 0..20 {
+        let _ = provider.extract::<String>("t", None).await;
+        let call = events.take();
+        let admissions = call
+            .iter()
+            .filter(|e| matches!(e, Event::BreakerAllowed { breaker, .. } if &**breaker == "kg:circuit:ss-primary"))
+            .count();
+        assert_eq!(admissions, 1, "one admission at the primary per call: {call:?}");
+    }
+    assert!(
+        failing.0.load(Ordering::SeqCst) > 0,
+        "some calls were passed to the failing spare"
+    );
+    assert!(primary.calls() > 10, "and their retries came back to the primary");
+}

@@ -179,6 +179,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                 else {
                     p.hear(i, None);
                     if !p.ramp_takes(i, &admission) {
+                        // Held, so a retry that comes here is not admitted twice.
+                        self.route.held[p.holders[i]] = Some(permit);
                         passed = passed.or(Some((at, permit)));
                         continue;
                     }
