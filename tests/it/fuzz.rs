@@ -194,12 +194,19 @@ fn checked(s: &Scenario) -> Result<Vec<redstring_sim::evidence::trace::TraceEven
 }
 
 /// The default space draws none of what the other bounds files opt into —
-/// budgets, routing, a slow-call threshold, escalation — so the cases it
+/// budgets, routing, a slow-call threshold, escalation, a slow start — so the cases it
 /// draws for a seed stay as they were.
 #[test]
 fn the_default_space_draws_no_opt_in_setting() {
     let b = bounds();
-    assert!(!b.budgets && !b.routing && !b.escalation && b.slow_call_ms.is_none() && b.hedge_after_ms.is_none());
+    assert!(
+        !b.budgets
+            && !b.routing
+            && !b.escalation
+            && b.slow_call_ms.is_none()
+            && b.hedge_after_ms.is_none()
+            && b.slow_start_s.is_none()
+    );
     runner(64)
         .run(&fuzz::scenarios(&b), |s| {
             let h = &s.hardening;
@@ -209,6 +216,7 @@ fn the_default_space_draws_no_opt_in_setting() {
                 ("a routing policy", h.routing.is_some()),
                 ("a slow-call threshold", h.slow_call_ms.is_some()),
                 ("hedging", h.hedge_after_ms.is_some()),
+                ("a slow start", h.slow_start_s.is_some()),
                 ("escalation", h.max_recovery_timeout_s.is_some()),
             ];
             match drew.iter().find(|(_, drawn)| *drawn) {
@@ -379,5 +387,35 @@ fn a_space_with_escalation_draws_it_and_the_invariants_hold() {
     assert!(
         caps > 0 && reopened > 0,
         "drawn: {caps} escalation caps, {reopened} re-openings on a failed probe"
+    );
+}
+
+/// `slow_start_s = [min, max]` draws a slow start on some cases; the cases
+/// round-trip through TOML, some of them draw calls in a ramp, and every
+/// claimed invariant — `slow_start` among them — holds on what is drawn.
+#[test]
+fn a_space_with_slow_start_draws_ramps_and_the_invariants_hold() {
+    let with = bounds_file("slow-start.toml");
+    assert!(with.slow_start_s.is_some());
+    let drawn = std::cell::Cell::new((0u32, 0usize));
+    runner(cases(16))
+        .run(&fuzz::scenarios(&with), |s| {
+            if s.hardening.slow_start_s.is_none() {
+                return fuzz::check_case(&s).map_err(TestCaseError::fail);
+            }
+            round_trips(&s)?;
+            let draws = checked(&s)?
+                .iter()
+                .filter(|e| matches!(e.kind, Kind::SlowStart { .. }))
+                .count();
+            let (n, ramped) = drawn.get();
+            drawn.set((n + 1, ramped + draws));
+            Ok(())
+        })
+        .unwrap();
+    let (ramps, draws) = drawn.get();
+    assert!(
+        ramps > 0 && draws > 0,
+        "drawn: {ramps} slow starts, {draws} calls drawn in a ramp"
     );
 }

@@ -120,6 +120,10 @@ pub struct Bounds {
     /// case's `request_timeout_s`, with `max_hedges` drawn from 1 to 4), so
     /// the fuzzer searches `hedging` too. None by default, like `budgets`.
     pub hedge_after_ms: Option<[u64; 2]>,
+    /// A range of `hardening.slow_start_s`, whole seconds, to draw on
+    /// about half the cases, so the fuzzer searches `slow_start` too. None
+    /// by default, like `budgets`.
+    pub slow_start_s: Option<[u64; 2]>,
 }
 
 /// The most fault episodes a bounds file may ask for per case: proptest
@@ -161,6 +165,7 @@ impl Default for Bounds {
             escalation: false,
             slow_call_ms: None,
             hedge_after_ms: None,
+            slow_start_s: None,
         }
     }
 }
@@ -251,6 +256,16 @@ impl Bounds {
             if a < 1 || a > b || b > most {
                 return Err(bad(
                     field,
+                    format!("must be [min, max] with 1 <= min <= max <= {most}, got [{a}, {b}]"),
+                ));
+            }
+        }
+        if let Some([a, b]) = self.slow_start_s {
+            // The core's longest ramp is a day.
+            let most = 86_400;
+            if a < 1 || a > b || b > most {
+                return Err(bad(
+                    "slow_start_s",
                     format!("must be [min, max] with 1 <= min <= max <= {most}, got [{a}, {b}]"),
                 ));
             }
@@ -621,8 +636,12 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                 Some([low, high]) => prop::option::of((low..=high, 1u32..=redstring::provider::MAX_HEDGES)).boxed(),
                 None => Just(None).boxed(),
             };
-            let hardening = (hardening, budgets, routing, escalation, slow, hedge).prop_map(
-                |(h, (retry_budget, tokens_per_window), routing, escalation, slow, hedge)| {
+            let ramp = match b.slow_start_s {
+                Some([low, high]) => prop::option::of(low..=high).boxed(),
+                None => Just(None).boxed(),
+            };
+            let hardening = (hardening, budgets, routing, escalation, slow, (hedge, ramp)).prop_map(
+                |(h, (retry_budget, tokens_per_window), routing, escalation, slow, (hedge, ramp))| {
                     let slow_call_ms = below_timeout(slow, h.request_timeout_s);
                     // A hedge needs another server to go to, and is not
                     // judged beside a slow-call threshold.
@@ -637,6 +656,7 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                         hedge_after_ms: below_timeout(hedge.map(|(ms, _)| ms), h.request_timeout_s)
                             .map(HedgeAfterMs::Ms),
                         max_hedges: hedge.map_or(h.max_hedges, |(_, n)| n),
+                        slow_start_s: ramp.map(|s| s as f64),
                         ..h
                     }
                 },
@@ -1014,6 +1034,7 @@ mod tests {
             escalation: true,
             slow_call_ms: Some([(limits::MAX_SECONDS * 1000.0) as u64; 2]),
             hedge_after_ms: Some([(limits::MAX_SECONDS * 1000.0) as u64; 2]),
+            slow_start_s: Some([86_400; 2]),
             ..Bounds::default()
         };
         let least = Bounds {
@@ -1040,6 +1061,7 @@ mod tests {
             escalation: true,
             slow_call_ms: Some([1, 1]),
             hedge_after_ms: Some([1, 1]),
+            slow_start_s: Some([1, 1]),
             ..Bounds::default()
         };
         for (name, bounds) in [("most", most), ("least", least), ("default", Bounds::default())] {
