@@ -115,11 +115,14 @@ pub enum Mutant {
     /// servers are all slow hedges every call, and the extra requests land
     /// on servers already behind.
     HedgesSkipBudget,
+    /// Slow start is configured but ignored: a deployment whose circuit
+    /// just closed takes its full share of calls at once, nothing drawn.
+    SlowStartIgnored,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 25] = [
+    pub const ALL: [Mutant; 26] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -145,6 +148,7 @@ impl Mutant {
         Mutant::QuotaGroupIgnored,
         Mutant::SlowCallsIgnored,
         Mutant::HedgesSkipBudget,
+        Mutant::SlowStartIgnored,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -175,6 +179,7 @@ impl Mutant {
             Mutant::QuotaGroupIgnored => "quota_group_ignored",
             Mutant::SlowCallsIgnored => "slow_calls_ignored",
             Mutant::HedgesSkipBudget => "hedges_skip_budget",
+            Mutant::SlowStartIgnored => "slow_start_ignored",
         }
     }
 
@@ -261,6 +266,9 @@ impl Mutant {
             }
             Mutant::HedgesSkipBudget => {
                 "hedges outside the retry throttle add load where servers are already slow; gRPC's retry design (gRFC A6) makes hedged RPCs draw on the same throttling as retries, and Finagle bounds backup requests by a budget (maxExtraLoad)"
+            }
+            Mutant::SlowStartIgnored => {
+                "a server back from an outage handed its full share at once: \"with no slow start enabled Envoy would send a proportional amount of traffic to new upstream endpoints\", which \"could result in request timeouts\" (Envoy's slow-start mode docs)"
             }
         }
     }

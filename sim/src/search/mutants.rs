@@ -66,7 +66,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 25] = [
+pub const CATALOGUE: [Variant; 26] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -191,6 +191,11 @@ pub const CATALOGUE: [Variant; 25] = [
         mutant: Mutant::HedgesSkipBudget,
         named_by: Invariant::Hedging,
         scenario: "hedged-tail.toml",
+    },
+    Variant {
+        mutant: Mutant::SlowStartIgnored,
+        named_by: Invariant::SlowStart,
+        scenario: "slow-start-reload.toml",
     },
 ];
 

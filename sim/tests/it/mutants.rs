@@ -79,6 +79,7 @@ caught! {
     quota_group_ignored_is_caught_by_no_call_in_cooldown => QuotaGroupIgnored,
     slow_calls_ignored_is_caught_by_slow_calls_counted => SlowCallsIgnored,
     hedges_skip_budget_is_caught_by_hedging => HedgesSkipBudget,
+    slow_start_ignored_is_caught_by_slow_start => SlowStartIgnored,
 }
 
 #[test]

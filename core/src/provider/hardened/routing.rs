@@ -557,7 +557,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         let (Some(ramp), Some(closed_at)) = (self.slow_start, admission.closed_at) else {
             return true;
         };
-        if self.deployments.len() < 2 {
+        if self.deployments.len() < 2 || crate::mutants::active(crate::mutants::Mutant::SlowStartIgnored) {
             return true;
         }
         let Some(share) = ramp.share(closed_at, admission.at) else {
