@@ -426,8 +426,12 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
         })?;
         cache = Some(super::redis::RedisServer::start(binary)?);
     }
-    // One link per worker and server it calls, and to the shared cache,
-    // with the scenario's latency.
+    // A link to the shared cache for every worker, and to a server where a
+    // fault names that worker's link to it, with the scenario's latency; a
+    // worker reaches every other server directly, so a dead server refuses
+    // its connections as the simulated one does (a link has accepted them
+    // already, and could only reset them).
+    let named = links_named(scenario);
     let mut links: BTreeMap<(String, String), Link> = BTreeMap::new();
     let range = (scenario.network.min_latency_ms, scenario.network.max_latency_ms);
     for member in scenario.fleet() {
@@ -435,6 +439,7 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
         let ports = member
             .servers
             .iter()
+            .filter(|server| named.contains(&(member.name.clone(), (*server).clone())))
             .filter_map(|server| servers.get(server).map(|s| (server.clone(), s.process.borrow().port())))
             .chain(cache_port);
         for (far, port) in ports.collect::<Vec<_>>() {
@@ -469,10 +474,11 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
             duration,
             Net::Real(transports.clone()),
             |server| {
-                links
+                let port = links
                     .get(&(name.clone(), server.to_owned()))
-                    .map(|l| format!("http://127.0.0.1:{}/v1", l.port()))
-                    .unwrap_or_default()
+                    .map(Link::port)
+                    .or_else(|| servers.get(server).map(|s| s.process.borrow().port()));
+                port.map(|p| format!("http://127.0.0.1:{p}/v1")).unwrap_or_default()
             },
         );
         let worker = match links.get(&(name.clone(), CACHE_HOST.to_owned())) {
@@ -513,6 +519,28 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
         simulated,
         events: trace.take(),
     })
+}
+
+/// The links from a worker to a server that a partition, heal or latency
+/// fault names, as (worker, server).
+fn links_named(scenario: &Scenario) -> std::collections::BTreeSet<(String, String)> {
+    let servers: std::collections::BTreeSet<&str> = scenario.servers.iter().map(|s| s.name.as_str()).collect();
+    scenario
+        .faults
+        .iter()
+        .filter_map(|f| match f {
+            Fault::Partition { a, b, .. } | Fault::Heal { a, b, .. } | Fault::Latency { a, b, .. } => {
+                if servers.contains(b.as_str()) {
+                    Some((a.clone(), b.clone()))
+                } else if servers.contains(a.as_str()) {
+                    Some((b.clone(), a.clone()))
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Applies `fault` to the real servers now and records it.
