@@ -194,7 +194,7 @@ fn checked(s: &Scenario) -> Result<Vec<redstring_sim::evidence::trace::TraceEven
 }
 
 /// The default space draws none of what the other bounds files opt into —
-/// budgets, routing, a slow-call threshold, escalation, a slow start — so the cases it
+/// budgets, routing, a slow-call threshold, escalation, hedging, a slow start — so the cases it
 /// draws for a seed stay as they were.
 #[test]
 fn the_default_space_draws_no_opt_in_setting() {

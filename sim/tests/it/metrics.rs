@@ -299,7 +299,7 @@ fn the_export_names_every_series_and_label_as_the_prometheus_exporter_does() {
     assert_eq!(live_names, simulated_names, "{live}\n{simulated}");
     // Every series the metrics module documents, so none went missing on
     // both sides at once.
-    assert_eq!(live_names.len(), 15, "{live_names:?}");
+    assert_eq!(live_names.len(), 16, "{live_names:?}");
     for (family, kind) in &live_types {
         let expected = if *kind == "counter" { "unknown" } else { kind };
         assert_eq!(simulated_types[family], expected, "{family}");

@@ -105,6 +105,7 @@ fn each_new_invariant_names_at_least_one_variant() {
         Invariant::SkipsVisible,
         Invariant::SlowCallsCounted,
         Invariant::Hedging,
+        Invariant::SlowStart,
     ] {
         assert!(
             CATALOGUE.iter().any(|v| v.named_by == named),

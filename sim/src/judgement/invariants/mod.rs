@@ -114,13 +114,14 @@ pub enum Invariant {
     Hedging,
     /// Under a slow start, every draw ramps from its breaker's close with
     /// the curve's share, each call goes where its draw sent it, and no
-    /// call a ramping breaker admits goes undrawn.
+    /// call a ramping breaker admits goes undrawn (judged up to each
+    /// call's first request; a hedge's draw is the core's to test).
     SlowStart,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 19] = [
+    pub const ALL: [Invariant; 20] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
