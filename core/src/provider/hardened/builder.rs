@@ -223,7 +223,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
     /// ([`HedgeAfter::ObservedP95`]) is this process's estimate, from its
     /// own answers; the retry budget and the breakers are the fleet's.
     /// Under [`least_loaded`](Self::least_loaded) the call's lease stays at
-    /// the deployment it counts at: a hedge is not counted in flight.
+    /// the deployment it counts at: a hedge is not counted in flight. Under
+    /// a [`slow_start`](Self::slow_start), a hedge to a deployment in its
+    /// ramp is drawn as an admission is, and never goes where the call's
+    /// own draw passed it over.
     ///
     /// # Errors
     ///

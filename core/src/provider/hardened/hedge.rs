@@ -309,6 +309,7 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
             .filter(|&i| {
                 let h = p.holders[i];
                 !busy.iter().any(|&b| p.holders[b] == h)
+                    && !self.route.passed[h]
                     && !p.deployments[i].known_to_refuse(now)
                     && self.asked_wait(i).is_none()
             })
@@ -323,7 +324,8 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
             let h = p.holders[i];
             let mut admitted_now = None;
             if self.route.held[h].is_none() {
-                let permit = p.deployments[i].breaker.admit().await;
+                let admission = p.deployments[i].breaker.admit_since().await;
+                let permit = admission.permit;
                 if let Permit::Refused {
                     state,
                     retry_after,
@@ -334,6 +336,13 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
                     continue;
                 }
                 p.hear(i, None);
+                if !p.ramp_takes(i, &admission) {
+                    // In its slow start, and the draw says no: not there.
+                    self.route.passed[h] = true;
+                    p.report_to_breaker(&p.deployments[i].breaker, &permit, BreakerReport::Release)
+                        .await;
+                    continue;
+                }
                 self.route.held[h] = Some(permit);
                 admitted_now = Some(permit);
             }

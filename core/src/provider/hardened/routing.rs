@@ -48,6 +48,9 @@ pub(super) struct CallRoute {
     /// wait it could not sleep (over `max_server_delay`, or past the
     /// deadline): that wait, for the retry loop's verdict.
     pub(super) stuck: Option<Duration>,
+    /// The breakers (same index as `held`) whose deployment a slow start's
+    /// draw passed the call over: no hedge goes there.
+    pub(super) passed: Vec<bool>,
 }
 
 impl CallRoute {
@@ -64,6 +67,7 @@ impl CallRoute {
             asked: vec![None; n],
             cooldown_waits: 0,
             stuck: None,
+            passed: vec![false; n],
         }
     }
 
@@ -168,6 +172,11 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
             let mut passed: Option<(usize, Permit)> = None;
             for at in 0..self.route.order.len() {
                 let i = self.route.order[at];
+                if self.route.passed[p.holders[i]] {
+                    // Its breaker admitted the call already and the draw
+                    // passed it over: one admission and one draw a breaker.
+                    continue;
+                }
                 let deployment = &p.deployments[i];
                 let admission = deployment.breaker.admit_since().await;
                 let permit = admission.permit;
@@ -181,6 +190,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                     if !p.ramp_takes(i, &admission) {
                         // Held, so a retry that comes here is not admitted twice.
                         self.route.held[p.holders[i]] = Some(permit);
+                        self.route.passed[p.holders[i]] = true;
                         passed = passed.or(Some((at, permit)));
                         continue;
                     }
@@ -550,14 +560,15 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// Whether deployment `i`, which just admitted a call, takes it under
     /// the slow start: always, unless it is in its ramp (its circuit closed
     /// less than the window ago, judged at the admission's instant) and the
-    /// provider has another deployment to offer the call to; then only when
+    /// provider has another breaker's deployment to offer the call to; then only when
     /// a draw from the provider's random source falls within the ramp's
     /// share, and every draw is reported.
     pub(super) fn ramp_takes(&self, i: usize, admission: &BreakerAdmission) -> bool {
         let (Some(ramp), Some(closed_at)) = (self.slow_start, admission.closed_at) else {
             return true;
         };
-        if self.deployments.len() < 2 || crate::mutants::active(crate::mutants::Mutant::SlowStartIgnored) {
+        let alone = self.holders.iter().all(|&h| h == self.holders[i]);
+        if alone || crate::mutants::active(crate::mutants::Mutant::SlowStartIgnored) {
             return true;
         }
         let Some(share) = ramp.share(closed_at, admission.at) else {

@@ -1187,3 +1187,57 @@ fn hedge_settings_out_of_range_are_refused_naming_the_field() {
     assert_eq!(field(p95(100, 5000), 1), "hedge_floor");
     assert!(builder().hedge(fixed_ms(4999), MAX_HEDGES).is_ok());
 }
+
+/// Hedging beside a slow start: a call whose draw passed over a ramping
+/// deployment is not hedged there (nor drawn there again), so the ramp
+/// keeps the load it turned away.
+#[tokio::test]
+async fn a_hedge_does_not_go_where_a_slow_start_passed_the_call_over() {
+    let clock = Arc::new(ManualClock::at_fixed_epoch());
+    let cache = Arc::new(MemoryCache::new(clock.clone()));
+    let events = Arc::new(RecordingObserver::new());
+    let (ramping, slow) = (
+        Lagging::new("ramping/m", &clock, &[(0, 0)]),
+        Lagging::new("slow/m", &clock, &[(0, 50)]),
+    );
+    let ramping_breaker = breaker(&clock, &cache, "ramping", 1, 60);
+    // Its circuit opened, and a probe closed it just now: its ramp begins.
+    ramping_breaker.record_failure().await.unwrap();
+    clock.advance(Duration::from_secs(60));
+    let probe = ramping_breaker.admit().await;
+    ramping_breaker.record_success_for(&probe).await.unwrap();
+    let limiter = Arc::new(
+        RateLimiter::builder(100_000)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
+    // A floor of one in a million: the draw passes the ramping one over.
+    let ramp = SlowStart::new(Duration::from_secs(600))
+        .unwrap()
+        .min_share(0.000_001)
+        .unwrap();
+    let p = HardenedProvider::over(
+        Deployment::new(ramping.clone(), ramping_breaker),
+        TenantId::from_u128(9),
+        limiter,
+    )
+    .deployment(Deployment::new(slow.clone(), breaker(&clock, &cache, "slow", 1, 60)))
+    .retry_policy(RetryPolicy::builder().max_retries(0).build().unwrap())
+    .env(env(&clock, 1).with_observer(events.clone()))
+    .deadline(Duration::from_secs(30))
+    .slow_start(ramp)
+    .hedge(fixed_ms(200), 1)
+    .unwrap()
+    .build();
+    let answer = p.extract_with_model::<String>("t", None).await.unwrap();
+    assert_eq!(answer.model, "slow/m");
+    let drawn = events
+        .events()
+        .iter()
+        .filter(|e| matches!(e, Event::SlowStartDraw { .. }))
+        .count();
+    assert_eq!(drawn, 1, "one draw, which passed the call over");
+    assert_eq!(hedges(&events), [], "nowhere else to hedge to");
+    assert_eq!(ramping.calls.load(Ordering::SeqCst), 0);
+}
