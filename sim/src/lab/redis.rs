@@ -8,7 +8,7 @@
 //! `cache_down` (the process killed), `cache_up` (started again on its
 //! port, empty) and partitions of a worker from the cache act on the real
 //! thing. Dropping the handle kills the process, and so does the end of
-//! the thread that started it ([`super::llama::owned`]).
+//! the thread that started it (`lab::llama::owned`).
 
 use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
