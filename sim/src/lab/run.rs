@@ -1,7 +1,8 @@
 //! A scenario run for real: real `llama-server` processes, the simulator's
-//! own workers over real HTTP through links that carry the scenario's
-//! network latency, the faults applied to the processes and links, in real
-//! time, recording the same trace a simulation records.
+//! own workers over real HTTP (through a link that carries the scenario's
+//! network latency where a fault names it, and to the shared cache), the
+//! faults applied to the processes and links, in real time, recording the
+//! same trace a simulation records.
 //!
 //! Whether a simulated figure would happen in reality can only be answered
 //! by running the same scenario both ways and judging both traces alike.
