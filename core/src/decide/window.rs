@@ -1,7 +1,8 @@
 //! The sliding-window decision as a pure function.
 //!
-//! Given how many hits are in `[now − window, now]` and the oldest of them,
-//! [`decide`] admits or refuses and says when a slot frees. Stores run it
+//! Given how many hits are in `[now − window, now]` and the one whose ageing
+//! out frees a slot ([`freeing_rank`]), [`decide`] admits or refuses and says
+//! when a slot frees. Stores run it
 //! inside their atomic [`acquire_slot`](crate::cache::LimiterStore::acquire_slot);
 //! nothing here reads a clock.
 //!
@@ -58,11 +59,13 @@ pub enum SlotOutcome {
     Refused {
         /// Hits already in the window.
         used: u64,
-        /// How long until the oldest hit in the window has aged out:
-        /// `(oldest + window) − now`, plus the one microsecond after which
-        /// that hit is outside the inclusive window — so a caller that sleeps
-        /// exactly this long and asks again is admitted. The full window if
-        /// the store knew of no oldest hit. Never zero.
+        /// How long until enough hits have aged out for a slot to free:
+        /// `(freeing + window) − now`, where `freeing` is the hit at
+        /// [`freeing_rank`] (the oldest, at the limit), plus the one
+        /// microsecond after which that hit is outside the inclusive window
+        /// — so a caller that sleeps exactly this long and asks again is
+        /// admitted if nobody took the slot meanwhile. The full window if
+        /// the store knew of no such hit. Never zero.
         retry_after: Duration,
         /// The instant the decision was made at.
         at: Timestamp,
@@ -153,9 +156,20 @@ pub fn skew_bound(limit: u32, window: Duration, max_ahead: Duration, spread: Dur
 /// holds a hit stamped exactly `now − window`, and drops it one tick later.
 const RESOLUTION: Duration = Duration::from_micros(1);
 
+/// Which hit in the window, counted from the oldest (0-based), must age out
+/// before `count` hits leave room under `limit`: the `(count − limit + 1)`-th
+/// oldest. Zero — the oldest — while the window holds exactly `limit`; later
+/// ones when it holds more, as it does for a caller whose class may fill only
+/// part of the limit ([`Priority::Low`](crate::Priority::Low)) or after skewed
+/// stamps. What a store looks up for [`decide`] when it refuses.
+pub fn freeing_rank(count: u64, limit: u32) -> u64 {
+    count.saturating_sub(u64::from(limit))
+}
+
 /// Admit if fewer than `limit` hits are in the window; otherwise refuse with
-/// the wait until the oldest of them ages out.
-pub fn decide(count: u64, oldest: Option<Timestamp>, limit: u32, now: Timestamp, window: Duration) -> SlotOutcome {
+/// the wait until `freeing` — the hit at [`freeing_rank`] in the window, the
+/// one whose ageing out leaves room under `limit` — has aged out.
+pub fn decide(count: u64, freeing: Option<Timestamp>, limit: u32, now: Timestamp, window: Duration) -> SlotOutcome {
     if count < u64::from(limit) {
         // count < limit ≤ u32::MAX, so the subtraction fits.
         let remaining = u32::try_from(u64::from(limit) - count - 1).unwrap_or(0);
@@ -165,8 +179,8 @@ pub fn decide(count: u64, oldest: Option<Timestamp>, limit: u32, now: Timestamp,
             clamped: false,
         }
     } else {
-        let retry_after = match oldest {
-            Some(oldest) => oldest
+        let retry_after = match freeing {
+            Some(freeing) => freeing
                 .saturating_add(window)
                 .saturating_add(RESOLUTION)
                 .saturating_duration_since(now)
@@ -231,6 +245,23 @@ mod tests {
             SlotOutcome::Refused {
                 used: 5,
                 retry_after: RESOLUTION,
+                at: NOW,
+                clamped: false
+            }
+        );
+    }
+
+    #[test]
+    fn over_the_limit_the_wait_is_for_the_hit_that_leaves_room() {
+        // Five hits under a limit of three (a lower class's share of five):
+        // the third oldest must age out before a slot frees.
+        assert_eq!((freeing_rank(5, 3), freeing_rank(3, 3), freeing_rank(2, 3)), (2, 0, 0));
+        let third = NOW.saturating_sub(Duration::from_secs(20));
+        assert_eq!(
+            decide(5, Some(third), 3, NOW, W),
+            SlotOutcome::Refused {
+                used: 5,
+                retry_after: Duration::from_secs(40) + RESOLUTION,
                 at: NOW,
                 clamped: false
             }

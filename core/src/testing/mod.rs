@@ -95,6 +95,8 @@ checks!(
     acquire_slot_refusals_record_nothing,
     acquire_slot_frees_slots_one_at_a_time,
     racing_acquire_slot_admits_exactly_the_limit,
+    acquire_slot_under_a_lower_limit_waits_for_the_hit_that_leaves_room,
+    racing_acquire_slot_keeps_the_reserve_for_the_higher_limit,
     breaker_step_opens_at_the_threshold_and_stores_readable_keys,
     breaker_failures_decay_from_the_first_without_refresh,
     breaker_half_open_admits_exactly_the_probe_limit,
@@ -470,6 +472,86 @@ async fn racing_acquire_slot_admits_exactly_the_limit<H: Harness>(h: &H) {
     }
     assert_eq!(admitted, 10);
     assert_eq!(c.count_since("race", now).await.unwrap(), 10);
+}
+
+/// A window holding more hits than a caller's limit (a low class's share,
+/// [`crate::Priority::Low`]) frees a slot for it only when the hit at
+/// [`freeing_rank`](crate::decide::window::freeing_rank) ages out — not the
+/// oldest — in the slot step and in the slot-and-tokens step alike.
+async fn acquire_slot_under_a_lower_limit_waits_for_the_hit_that_leaves_room<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t = h.now();
+    for i in 0..5u64 {
+        let admitted = c
+            .acquire_slot("shared", request(t.saturating_add(secs(i * 10)), 5))
+            .await
+            .unwrap();
+        assert!(matches!(admitted, SlotOutcome::Admitted { .. }));
+    }
+    let now = t.saturating_add(secs(45));
+    let wait = |outcome: SlotOutcome| match outcome {
+        SlotOutcome::Refused {
+            used: 5, retry_after, ..
+        } => retry_after,
+        other => panic!("expected a refusal with 5 hits used, got {other:?}"),
+    };
+    let tick = Duration::from_micros(1);
+    // Under the whole limit the oldest (t) frees a slot at t + 60 s.
+    assert_eq!(
+        wait(c.acquire_slot("shared", request(now, 5)).await.unwrap()),
+        secs(15) + tick
+    );
+    // Under a limit of 3, three hits must go: the third oldest (t + 20 s).
+    assert_eq!(
+        wait(c.acquire_slot("shared", request(now, 3)).await.unwrap()),
+        secs(35) + tick
+    );
+    let with_tokens = c
+        .acquire_with_tokens("shared", request(now, 3), token_ask(1, 1_000, secs(60)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            with_tokens,
+            TokenOutcome::Refused {
+                by: RefusedBy::Requests,
+                retry_after,
+                ..
+            } if retry_after == secs(35) + tick
+        ),
+        "{with_tokens:?}"
+    );
+    // Sleeping that wait is enough: the low caller is admitted.
+    let later = now.saturating_add(secs(35) + tick);
+    assert!(matches!(
+        c.acquire_slot("shared", request(later, 3)).await.unwrap(),
+        SlotOutcome::Admitted { remaining: 0, .. }
+    ));
+}
+
+/// Callers with the whole limit (10) and callers with a lower one (7, a low
+/// class under a reserve of 3) racing on one key: exactly the limit is
+/// admitted, the lower callers take at most their 7, so the higher ones get
+/// at least the 3 reserved.
+async fn racing_acquire_slot_keeps_the_reserve_for_the_higher_limit<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let c = c.clone();
+            let limit = if i % 2 == 0 { 7 } else { 10 };
+            tokio::spawn(async move { (limit, c.acquire_slot("classes", request(now, limit)).await) })
+        })
+        .collect();
+    let (mut low, mut high) = (0, 0);
+    for task in tasks {
+        let (limit, outcome) = task.await.expect("task panicked");
+        if let SlotOutcome::Admitted { .. } = outcome.unwrap() {
+            if limit == 7 { low += 1 } else { high += 1 }
+        }
+    }
+    assert_eq!(low + high, 10, "{low} low and {high} high admitted");
+    assert!(low <= 7 && high >= 3, "{low} low and {high} high admitted");
 }
 
 fn params(threshold: u32, timeout: Duration, probes: u32) -> BreakerParams {

@@ -216,8 +216,10 @@ impl MemoryCache {
         let (now, clamped) = self.slot_stamp(request, clock_now);
         let since = now.saturating_sub(request.window);
         let mut table = self.lock(key, clock_now)?;
-        let (count, oldest) = table.series(key, clock_now).map_or((0, None), |s| s.window(since));
-        let outcome = decide(count, oldest, request.limit, now, request.window);
+        let (count, freeing) = table
+            .series(key, clock_now)
+            .map_or((0, None), |s| s.slot(since, request.limit));
+        let outcome = decide(count, freeing, request.limit, now, request.window);
         if let SlotOutcome::Admitted { .. } = outcome {
             table
                 .record(key, now, request.ttl, clock_now)
@@ -402,8 +404,10 @@ impl TokenStore for MemoryCache {
         let (now, clamped) = self.slot_stamp(&request, clock_now);
         let since = now.saturating_sub(request.window);
         let mut table = self.lock(key, clock_now)?;
-        let (count, oldest) = table.series(key, clock_now).map_or((0, None), |s| s.window(since));
-        let slot = decide(count, oldest, request.limit, now, request.window);
+        let (count, freeing) = table
+            .series(key, clock_now)
+            .map_or((0, None), |s| s.slot(since, request.limit));
+        let slot = decide(count, freeing, request.limit, now, request.window);
         // Reservations older than the series' lifetime are pruned, as hits are.
         let horizon = clock_now.saturating_sub(request.ttl);
         let entries: &[TokenEntry] = match table.ledger(key, clock_now) {

@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::decide::window::freeing_rank;
 use crate::time::Timestamp;
 
 /// A hit the allocator had no room for.
@@ -48,6 +49,17 @@ impl Series {
     pub(super) fn window(&self, since: Timestamp) -> (u64, Option<Timestamp>) {
         let start = self.hits.partition_point(|h| *h < since);
         ((self.hits.len() - start) as u64, self.hits.get(start).copied())
+    }
+
+    /// How many hits are at or after `since`, and the one among them whose
+    /// ageing out leaves room under `limit` (at
+    /// [`freeing_rank`](crate::decide::window::freeing_rank): the earliest,
+    /// unless the window holds more than `limit`).
+    pub(super) fn slot(&self, since: Timestamp, limit: u32) -> (u64, Option<Timestamp>) {
+        let start = self.hits.partition_point(|h| *h < since);
+        let count = (self.hits.len() - start) as u64;
+        let rank = usize::try_from(freeing_rank(count, limit)).unwrap_or(usize::MAX);
+        (count, start.checked_add(rank).and_then(|i| self.hits.get(i)).copied())
     }
 
     /// Drops the hits more than `ttl` before `now` — the store's clock, never
@@ -104,6 +116,12 @@ mod tests {
         assert_eq!(s.window(t(30)), (2, Some(t(30))));
         assert_eq!(s.window(t(11)), (3, Some(t(20))));
         assert_eq!(s.window(t(31)), (0, None));
+        // Under a limit of 3, the 5 hits from 5 free a slot when the third
+        // oldest (20) ages out; under 5 or more, when the oldest does.
+        assert_eq!(s.slot(t(5), 3), (5, Some(t(20))));
+        assert_eq!(s.slot(t(5), 5), (5, Some(t(5))));
+        assert_eq!(s.slot(t(11), 9), (3, Some(t(20))));
+        assert_eq!(s.slot(t(31), 1), (0, None));
     }
 
     #[test]

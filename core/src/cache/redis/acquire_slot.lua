@@ -27,4 +27,4 @@ end
 if redis.call('PTTL', w) == -1 then
   redis.call('PEXPIRE', w, ARGV[5])
 end
-return {0, count, slot_wait(w, since, now, window), now, clamped, healed}
+return {0, count, slot_wait(w, since, now, window, count, limit), now, clamped, healed}

@@ -33,7 +33,7 @@ local count = redis.call('ZCOUNT', w, int(since), MAX_SCORE)
 local slot_ok = count < limit
 local wait_for_slot = 0
 if not slot_ok then
-  wait_for_slot = slot_wait(w, since, now, window)
+  wait_for_slot = slot_wait(w, since, now, window, count, limit)
 end
 
 -- The ledger: prune as hits are pruned, then decide_tokens.

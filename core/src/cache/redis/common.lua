@@ -123,16 +123,21 @@ local function slot_stamp(arg, store_now, window, max_ahead)
   return now, 0
 end
 
--- decide::window::decide's wait for a refused slot: until the oldest hit in the
--- window has left the inclusive window, (oldest + window) - now plus one
--- microsecond, never less than one microsecond; the full window if there is
--- no oldest hit.
-local function slot_wait(w, since, now, window)
-  local first = redis.call('ZRANGEBYSCORE', w, int(since), MAX_SCORE, 'WITHSCORES', 'LIMIT', 0, 1)
-  if not first[2] then
+-- decide::window::decide's wait for a refused slot: until the hit at
+-- decide::window::freeing_rank (count - limit, counted from the oldest in the
+-- window: the oldest at the limit) has left the inclusive window,
+-- (hit + window) - now plus one microsecond, never less than one
+-- microsecond; the full window if there is no such hit.
+local function slot_wait(w, since, now, window, count, limit)
+  local rank = count - limit
+  if rank < 0 then
+    rank = 0
+  end
+  local hit = redis.call('ZRANGEBYSCORE', w, int(since), MAX_SCORE, 'WITHSCORES', 'LIMIT', int(rank), 1)
+  if not hit[2] then
     return window
   end
-  local wait = tonumber(first[2]) + window + 1 - now
+  local wait = tonumber(hit[2]) + window + 1 - now
   if wait < 1 then
     wait = 1
   end
