@@ -81,7 +81,9 @@ pub use clock::{Clock, ManualClock, SYSTEM_CLOCK_ANCHOR, Sleep, SystemClock};
 pub use decide::DecidedBy;
 pub use env::Env;
 pub use error::{CacheError, ConfigError};
-pub use limiter::{AcquireError, Admission, OnCacheUnavailable, RateLimitExceeded, RateLimiter, RateLimiterBuilder};
+pub use limiter::{
+    AcquireError, Admission, OnCacheUnavailable, Priority, RateLimitExceeded, RateLimiter, RateLimiterBuilder,
+};
 pub use observe::{Event, Interest, NoopObserver, Observer, RecordingObserver, TracingObserver};
 pub use provider::{ExtractError, HardenedProvider, LlmProvider, LlmProviderExt, ProviderError};
 pub use random::{RandomSource, SeededRandom};

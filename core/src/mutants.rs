@@ -118,11 +118,14 @@ pub enum Mutant {
     /// Slow start is configured but ignored: a deployment whose circuit
     /// just closed takes its full share of calls at once, nothing drawn.
     SlowStartIgnored,
+    /// A limit's reserve for the high class is configured but ignored: a
+    /// low-priority caller may take the whole limit.
+    PriorityIgnored,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 26] = [
+    pub const ALL: [Mutant; 27] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -149,6 +152,7 @@ impl Mutant {
         Mutant::SlowCallsIgnored,
         Mutant::HedgesSkipBudget,
         Mutant::SlowStartIgnored,
+        Mutant::PriorityIgnored,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -180,6 +184,7 @@ impl Mutant {
             Mutant::SlowCallsIgnored => "slow_calls_ignored",
             Mutant::HedgesSkipBudget => "hedges_skip_budget",
             Mutant::SlowStartIgnored => "slow_start_ignored",
+            Mutant::PriorityIgnored => "priority_ignored",
         }
     }
 
@@ -269,6 +274,9 @@ impl Mutant {
             }
             Mutant::SlowStartIgnored => {
                 "a server back from an outage handed its full share at once: \"with no slow start enabled Envoy would send a proportional amount of traffic to new upstream endpoints\", which \"could result in request timeouts\" (Envoy's slow-start mode docs)"
+            }
+            Mutant::PriorityIgnored => {
+                "one allowance for every class, so batch traffic takes the whole limit and interactive calls queue behind it (LiteLLM#31830, priority lanes; Envoy's priority routing keeps separate circuit-breaker limits per priority)"
             }
         }
     }

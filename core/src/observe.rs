@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::decide::DecidedBy;
 use crate::decide::breaker::{CircuitState, ProbeId};
 use crate::decide::budget::{BudgetCommand, MICROS_PER_RETRY};
-use crate::tenant::TenantId;
+use crate::tenant::{Priority, TenantId};
 use crate::time::Timestamp;
 
 /// A provenance (`openai-compatible/qwen3`) as OpenTelemetry's GenAI
@@ -156,6 +156,8 @@ pub enum Event {
         limiter: Arc<str>,
         /// The tenant charged.
         tenant: TenantId,
+        /// The class the caller asked as.
+        priority: Priority,
         /// Slots left in the window after this one.
         remaining: u32,
         /// The instant the hit was stamped with.
@@ -170,6 +172,8 @@ pub enum Event {
         limiter: Arc<str>,
         /// The tenant refused.
         tenant: TenantId,
+        /// The class the caller asked as.
+        priority: Priority,
         /// How long until a slot frees.
         retry_after: Duration,
         /// The instant the decision was made at.
@@ -622,20 +626,22 @@ impl Observer for TracingObserver {
             Event::RateLimitAdmitted {
                 limiter,
                 tenant,
+                priority,
                 remaining,
                 decided_by,
                 ..
             } => {
-                tracing::debug!(%limiter, %tenant, remaining, ?decided_by, "rate limit slot granted")
+                tracing::debug!(%limiter, %tenant, priority = priority.as_str(), remaining, ?decided_by, "rate limit slot granted")
             }
             Event::RateLimitRefused {
                 limiter,
                 tenant,
+                priority,
                 retry_after,
                 decided_by,
                 ..
             } => {
-                tracing::debug!(%limiter, %tenant, retry_after = retry_after.as_secs_f64(), ?decided_by, "rate limit refused")
+                tracing::debug!(%limiter, %tenant, priority = priority.as_str(), retry_after = retry_after.as_secs_f64(), ?decided_by, "rate limit refused")
             }
             Event::TokensReserved {
                 limiter,

@@ -1,8 +1,9 @@
-//! Tenant identity, the rate limiter's key.
+//! Tenant identity, the rate limiter's key, and the class a caller asks as.
 //!
 //! A tenant is whoever an allowance belongs to. It is a UUID, as in the
 //! pipeline that writes under it, so the id a caller limits against is the same
-//! id its data is stored under.
+//! id its data is stored under. Callers sharing one allowance can carry a
+//! [`Priority`], so part of it can be kept for the interactive ones.
 
 use std::fmt;
 use std::str::FromStr;
@@ -48,5 +49,31 @@ impl FromStr for TenantId {
     type Err = uuid::Error;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Uuid::parse_str(s).map(TenantId)
+    }
+}
+
+/// A caller's class under an allowance that keeps a
+/// [`reserve`](crate::RateLimiterBuilder::reserve) for the higher one: interactive
+/// traffic beside batch jobs, say, on one deployment's limit. Without a
+/// reserve both classes see the whole limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// May use the whole limit, the reserve included (the default, and what
+    /// [`RateLimiter::acquire`](crate::RateLimiter::acquire) asks as).
+    #[default]
+    High,
+    /// May use the limit but the reserve: refused once the window holds
+    /// `limit − reserve` hits, whoever made them.
+    Low,
+}
+
+impl Priority {
+    /// The class's name in messages and metrics: `high` or `low`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Low => "low",
+        }
     }
 }

@@ -4,25 +4,32 @@ use std::time::Duration;
 
 use super::tokens::RefusedBy;
 use crate::error::CacheError;
-use crate::tenant::TenantId;
+use crate::tenant::{Priority, TenantId};
 use crate::time::secs;
 
 /// A tenant is over its allowance: "not now", with the exact wait.
 ///
 /// The message names the tenant, as the original library's does: `tenant
 /// 00000000-0000-0000-0000-00000000000a has used 60 calls in 60s; retry in
-/// 0.42s`. Sleep on
+/// 0.42s`; a low-priority caller's names its class's share: `… has used 45
+/// calls in 60s, low priority's share is 42; retry in …`. Sleep on
 /// [`retry_after`](Self::retry_after), never on a number parsed from the message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("tenant {tenant} has used {used} calls in {window_secs}s; retry in {retry_secs:.2}s", window_secs = secs(*window), retry_secs = retry_after.as_secs_f64())]
+#[error("tenant {tenant} has used {used} calls in {window_secs}s{}; retry in {retry_secs:.2}s", if *priority == Priority::Low { format!(", low priority's share is {limit}") } else { String::new() }, window_secs = secs(*window), retry_secs = retry_after.as_secs_f64())]
 pub struct RateLimitExceeded {
     /// The tenant refused.
     pub tenant: TenantId,
+    /// The class it asked as.
+    pub priority: Priority,
+    /// Calls per window that class may take: `rpm`, less the reserve for a
+    /// low one.
+    pub limit: u32,
     /// Hits in the window at the moment of refusal.
     pub used: u64,
     /// The limiter's window.
     pub window: Duration,
-    /// When the oldest hit in the window has aged out and a slot is free:
+    /// When enough hits have aged out for a slot to be free to this class
+    /// (at the limit, when the oldest has):
     /// sleeping exactly this long and asking again succeeds (unless another
     /// caller takes the slot first). At most one window, plus the microsecond
     /// after which a hit exactly one window old has left the inclusive window.

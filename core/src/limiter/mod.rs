@@ -11,6 +11,15 @@
 //! and the record are one atomic [`LimiterStore::acquire_slot`], so racing
 //! tasks — or a fleet on one shared cache — never exceed `rpm`.
 //!
+//! Callers of one allowance can carry a [`Priority`]: with a
+//! [`reserve`](RateLimiterBuilder::reserve), part of the limit is kept for
+//! [`Priority::High`] — a [`Priority::Low`] caller is admitted only while the
+//! window holds fewer hits than the rest, and a high one may use whatever the
+//! low ones leave. It is the same atomic step with a lower limit, so it is
+//! exact fleet-wide as the limit is: in any window the low class holds at
+//! most its share, and a high caller refused found at least the reserve taken
+//! by its own class.
+//!
 //! A shared cache can be unreachable. What `acquire` does then is the
 //! [`OnCacheUnavailable`] policy: fall back to a per-process limit (the
 //! default), admit, or refuse. Only [`CacheError::Unavailable`] triggers it; a
@@ -33,6 +42,7 @@ use crate::decide::window::SlotOutcome;
 use crate::env::Env;
 use crate::error::{CacheError, ConfigError};
 use crate::observe::{Event, Listener};
+pub use crate::tenant::Priority;
 use crate::tenant::TenantId;
 use crate::time::Timestamp;
 
@@ -177,6 +187,24 @@ pub struct RateLimiter<S = MemoryCache> {
     /// ([`slot_template`]): the limit (`rpm`), the window, the series' TTL
     /// and the clock allowance (`max_ahead`) are read from here.
     slot: SlotRequest,
+    /// Requests and tokens per window kept for [`Priority::High`] (zero
+    /// without a reserve).
+    reserved: Reserved,
+}
+
+/// What a [`reserve`](RateLimiterBuilder::reserve) keeps for the high class,
+/// in requests and tokens per window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Reserved {
+    requests: u32,
+    tokens: u64,
+}
+
+/// `⌈limit × share⌉`: what a reserve of `share` keeps, rounded up so the
+/// high class gets at least its share.
+fn reserve_of(limit: u64, share: f64) -> u64 {
+    // share ∈ (0, 1) and limit ≤ 2⁵³: the product is exact enough and fits.
+    (limit as f64 * share).ceil() as u64
 }
 
 /// A limiter's store request but for its `now`. A clamped caller's window
@@ -203,6 +231,7 @@ impl<S> std::fmt::Debug for RateLimiter<S> {
             .field("key_prefix", &self.prefix)
             .field("owns_cache", &self.owns_store)
             .field("on_cache_unavailable", &self.on_cache_unavailable)
+            .field("reserved", &self.reserved.requests)
             .finish_non_exhaustive()
     }
 }
@@ -221,6 +250,7 @@ impl RateLimiter<MemoryCache> {
             max_ahead: None,
             tokens: None,
             token_lease: None,
+            reserve: None,
         }
     }
 }
@@ -236,6 +266,7 @@ pub struct RateLimiterBuilder<S> {
     max_ahead: Option<Duration>,
     tokens: Option<u64>,
     token_lease: Option<Duration>,
+    reserve: Option<f64>,
 }
 
 impl<S: LimiterStore> RateLimiterBuilder<S> {
@@ -267,6 +298,7 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             max_ahead: self.max_ahead,
             tokens: self.tokens,
             token_lease: self.token_lease,
+            reserve: self.reserve,
         }
     }
 
@@ -300,6 +332,20 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
     /// this. At most the window.
     pub fn token_lease(mut self, lease: Duration) -> Self {
         self.token_lease = Some(lease);
+        self
+    }
+
+    /// The share of the limit kept for [`Priority::High`] callers (default:
+    /// none; both classes see the whole limit). A [`Priority::Low`] caller
+    /// is refused once the window holds `rpm − ⌈rpm × share⌉` hits of any
+    /// class (and, with
+    /// [`tokens_per_window`](Self::tokens_per_window), once its estimate
+    /// would take the window past the tokens less their share); a high
+    /// caller may use the whole limit. Between 0 and 1, exclusive, and
+    /// leaving the low class at least one request (and one token) per
+    /// window.
+    pub fn reserve(mut self, share: f64) -> Self {
+        self.reserve = Some(share);
         self
     }
 
@@ -363,6 +409,25 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
                 crate::time::secs(token_lease),
             ));
         }
+        let reserved = match self.reserve {
+            None => Reserved::default(),
+            Some(share) if share.is_finite() && share > 0.0 && share < 1.0 => {
+                let requests = reserve_of(u64::from(self.rpm), share);
+                let tokens = self.tokens.map_or(0, |limit| reserve_of(limit, share));
+                if requests >= u64::from(self.rpm) || self.tokens.is_some_and(|limit| tokens >= limit) {
+                    return Err(ConfigError::new(
+                        "reserve",
+                        "small enough to leave the low class a request and a token per window",
+                        share,
+                    ));
+                }
+                Reserved {
+                    requests: u32::try_from(requests).unwrap_or(u32::MAX),
+                    tokens,
+                }
+            }
+            Some(share) => return Err(ConfigError::new("reserve", "between 0 and 1, exclusive", share)),
+        };
         let env = self.env.unwrap_or_default();
         let clock = env.clock().clone();
         let (store, owns_store) = self.store.resolve(&clock);
@@ -379,6 +444,7 @@ impl<S: LimiterStore> RateLimiterBuilder<S> {
             token_lease,
             local,
             slot: slot_template(self.rpm, self.window, max_ahead),
+            reserved,
         })
     }
 }
@@ -387,6 +453,21 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// Calls allowed per tenant per window.
     pub fn rpm(&self) -> u32 {
         self.slot.limit
+    }
+
+    /// Calls per window a caller of `priority` may take: `rpm`, less the
+    /// [`reserve`](RateLimiterBuilder::reserve) for a low one.
+    pub fn rpm_for(&self, priority: Priority) -> u32 {
+        self.slot.limit - self.held_back(priority).requests
+    }
+
+    /// What a caller of `priority` may not use: the reserve for a low one
+    /// (nothing under the [`Mutant`](crate::mutants::Mutant) that ignores it).
+    fn held_back(&self, priority: Priority) -> Reserved {
+        match priority {
+            Priority::Low if !crate::mutants::active(crate::mutants::Mutant::PriorityIgnored) => self.reserved,
+            Priority::High | Priority::Low => Reserved::default(),
+        }
     }
 
     /// The window width.
@@ -418,7 +499,15 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// clock is read once and the same instant is used for the count, the
     /// oldest hit and the new hit.
     pub async fn acquire(&self, tenant: TenantId) -> Result<Admission, AcquireError> {
-        let request = self.slot_request();
+        self.acquire_as(tenant, Priority::High).await
+    }
+
+    /// [`acquire`](Self::acquire) for a caller of `priority`: a
+    /// [`Priority::Low`] caller is refused once the window holds the limit
+    /// less the [`reserve`](RateLimiterBuilder::reserve), and told when
+    /// enough hits have aged out for it.
+    pub async fn acquire_as(&self, tenant: TenantId, priority: Priority) -> Result<Admission, AcquireError> {
+        let request = self.slot_request(priority);
         // On the stack: no allocation per call.
         let key = KeyBuf::tenant(&self.prefix, &tenant);
         #[cfg(feature = "mutants")]
@@ -429,8 +518,8 @@ impl<S: LimiterStore> RateLimiter<S> {
         #[cfg(not(feature = "mutants"))]
         let decided = self.store.acquire_slot(key.as_str(), request).await;
         match decided {
-            Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Store),
-            Err(error) => self.answer_error(tenant, key.as_str(), &request, error).await,
+            Ok(outcome) => self.conclude(tenant, priority, request.now, outcome, DecidedBy::Store),
+            Err(error) => self.answer_error(tenant, priority, key.as_str(), &request, error).await,
         }
     }
 
@@ -440,6 +529,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     async fn answer_error(
         &self,
         tenant: TenantId,
+        priority: Priority,
         key: &str,
         request: &SlotRequest,
         error: CacheError,
@@ -447,9 +537,9 @@ impl<S: LimiterStore> RateLimiter<S> {
         if !error.is_transient() {
             return Err(AcquireError::Cache(error));
         }
-        match self.fall_back("acquire_slot", &error, tenant, request.now) {
+        match self.fall_back("acquire_slot", &error, tenant, priority, request.now) {
             Fallback::Local(local) => match local.acquire_slot(key, *request).await {
-                Ok(outcome) => self.conclude(tenant, request.now, outcome, DecidedBy::Local),
+                Ok(outcome) => self.conclude(tenant, priority, request.now, outcome, DecidedBy::Local),
                 Err(_) => Err(AcquireError::Cache(error)),
             },
             Fallback::Admit => Ok(Admission { remaining: 0 }),
@@ -480,7 +570,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                     Ok(used) => used,
                     Err(e) => return Some(Err(e)),
                 };
-                let oldest = if used < u64::from(self.slot.limit) {
+                let oldest = if used < u64::from(request.limit) {
                     None
                 } else {
                     match hits.oldest_since(key, since).await {
@@ -488,7 +578,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                         Err(e) => return Some(Err(e)),
                     }
                 };
-                let outcome = decide(used, oldest, self.slot.limit, now, self.slot.window);
+                let outcome = decide(used, oldest, request.limit, now, self.slot.window);
                 if matches!(outcome, SlotOutcome::Admitted { .. })
                     && let Err(e) = hits.record_hit(key, now, request.ttl).await
                 {
@@ -529,9 +619,14 @@ impl<S: LimiterStore> RateLimiter<S> {
         self.tokens
     }
 
-    /// The slot request `acquire` and `acquire_tokens` send.
-    fn slot_request(&self) -> SlotRequest {
-        self.stamped_request().unwrap_or(self.slot)
+    /// The slot request `acquire` and `acquire_tokens` send for a caller
+    /// of `priority`: the template, with the class's limit.
+    fn slot_request(&self, priority: Priority) -> SlotRequest {
+        let request = self.stamped_request().unwrap_or(self.slot);
+        SlotRequest {
+            limit: self.rpm_for(priority),
+            ..request
+        }
     }
 
     /// The template stamped with our clock — or `None` for a store that
@@ -558,7 +653,14 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// [`OnCacheUnavailable`] policy does instead: decide locally, admit
     /// without a limit (reported as an admission decided by nobody), or
     /// refuse.
-    fn fall_back(&self, operation: &'static str, error: &CacheError, tenant: TenantId, at: Timestamp) -> Fallback<'_> {
+    fn fall_back(
+        &self,
+        operation: &'static str,
+        error: &CacheError,
+        tenant: TenantId,
+        priority: Priority,
+        at: Timestamp,
+    ) -> Fallback<'_> {
         self.emit(|| Event::CacheUnavailable {
             component: self.prefix.clone(),
             operation,
@@ -571,6 +673,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 self.emit(|| Event::RateLimitAdmitted {
                     limiter: self.prefix.clone(),
                     tenant,
+                    priority,
                     remaining: 0,
                     at,
                     decided_by: DecidedBy::Unlimited,
@@ -589,6 +692,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     fn conclude(
         &self,
         tenant: TenantId,
+        priority: Priority,
         asked: Timestamp,
         outcome: SlotOutcome,
         decided_by: DecidedBy,
@@ -606,6 +710,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 self.emit(|| Event::RateLimitAdmitted {
                     limiter: self.prefix.clone(),
                     tenant,
+                    priority,
                     remaining,
                     at,
                     decided_by,
@@ -618,12 +723,15 @@ impl<S: LimiterStore> RateLimiter<S> {
                 self.emit(|| Event::RateLimitRefused {
                     limiter: self.prefix.clone(),
                     tenant,
+                    priority,
                     retry_after,
                     at,
                     decided_by,
                 });
                 Err(AcquireError::Limited(RateLimitExceeded {
                     tenant,
+                    priority,
+                    limit: self.rpm_for(priority),
                     used,
                     window: self.slot.window,
                     retry_after,
@@ -663,8 +771,23 @@ impl<S: LimiterStore> RateLimiter<S> {
     where
         S: TokenStore,
     {
+        self.acquire_tokens_as(tenant, estimate, Priority::High).await
+    }
+
+    /// [`acquire_tokens`](Self::acquire_tokens) for a caller of `priority`:
+    /// a [`Priority::Low`] caller sees the requests and the tokens per window
+    /// less their [`reserve`](RateLimiterBuilder::reserve).
+    pub async fn acquire_tokens_as(
+        &self,
+        tenant: TenantId,
+        estimate: u64,
+        priority: Priority,
+    ) -> Result<TokenAdmission, TokenAcquireError>
+    where
+        S: TokenStore,
+    {
         let Some(limit) = self.tokens else {
-            return match self.acquire(tenant).await {
+            return match self.acquire_as(tenant, priority).await {
                 Ok(a) => Ok(TokenAdmission {
                     remaining: a.remaining,
                     tokens_left: u64::MAX,
@@ -674,6 +797,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 Err(AcquireError::Cache(e)) => Err(TokenAcquireError::Cache(e)),
             };
         };
+        let limit = limit - self.held_back(priority).tokens;
         let ask = tokens::TokenAsk {
             tokens: estimate,
             limit,
@@ -684,7 +808,7 @@ impl<S: LimiterStore> RateLimiter<S> {
             // (an estimate beyond 2⁵³ is not one a Redis script can take).
             let request = SlotRequest {
                 now: self.clock.now(),
-                ..self.slot_request()
+                ..self.slot_request(priority)
             };
             let refusal = tokens::TokenOutcome::Refused {
                 by: tokens::RefusedBy::TooLarge,
@@ -694,21 +818,23 @@ impl<S: LimiterStore> RateLimiter<S> {
                 at: request.now,
                 clamped: false,
             };
-            return self.conclude_tokens(tenant, request.now, ask, refusal, DecidedBy::Local);
+            return self.conclude_tokens(tenant, priority, request.now, ask, refusal, DecidedBy::Local);
         }
-        let request = self.slot_request();
+        let request = self.slot_request(priority);
         let key = KeyBuf::tenant(&self.prefix, &tenant);
         match self.store.acquire_with_tokens(key.as_str(), request, ask).await {
-            Ok(outcome) => self.conclude_tokens(tenant, request.now, ask, outcome, DecidedBy::Store),
+            Ok(outcome) => self.conclude_tokens(tenant, priority, request.now, ask, outcome, DecidedBy::Store),
             Err(error) if error.is_transient() => {
-                match self.fall_back("acquire_with_tokens", &error, tenant, request.now) {
+                match self.fall_back("acquire_with_tokens", &error, tenant, priority, request.now) {
                     Fallback::Local(local) => {
                         let request = SlotRequest {
                             now: self.clock.now(),
                             ..request
                         };
                         match local.acquire_with_tokens(key.as_str(), request, ask).await {
-                            Ok(outcome) => self.conclude_tokens(tenant, request.now, ask, outcome, DecidedBy::Local),
+                            Ok(outcome) => {
+                                self.conclude_tokens(tenant, priority, request.now, ask, outcome, DecidedBy::Local)
+                            }
                             Err(_) => Err(TokenAcquireError::Cache(error)),
                         }
                     }
@@ -764,6 +890,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     fn conclude_tokens(
         &self,
         tenant: TenantId,
+        priority: Priority,
         asked: Timestamp,
         ask: tokens::TokenAsk,
         outcome: tokens::TokenOutcome,
@@ -791,6 +918,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 self.emit(|| Event::RateLimitAdmitted {
                     limiter: self.prefix.clone(),
                     tenant,
+                    priority,
                     remaining,
                     at: reservation.at,
                     decided_by,
@@ -823,12 +951,15 @@ impl<S: LimiterStore> RateLimiter<S> {
                 self.emit(|| Event::RateLimitRefused {
                     limiter: self.prefix.clone(),
                     tenant,
+                    priority,
                     retry_after,
                     at,
                     decided_by,
                 });
                 Err(TokenAcquireError::Limited(RateLimitExceeded {
                     tenant,
+                    priority,
+                    limit: self.rpm_for(priority),
                     used: requests_used,
                     window: self.slot.window,
                     retry_after,

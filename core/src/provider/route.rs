@@ -44,7 +44,7 @@ use crate::cache::{InFlightStore, MemoryCache, TokenStore};
 use crate::error::CacheError;
 use crate::limiter::{RateLimiter, Reservation, TokenAcquireError};
 use crate::provider::BoxFuture;
-use crate::tenant::TenantId;
+use crate::tenant::{Priority, TenantId};
 use crate::time::Timestamp;
 
 pub(crate) use crate::decide::pick::{MAX_DEPLOYMENTS, Pick, PickRequest};
@@ -264,9 +264,9 @@ pub(crate) trait Limit: Send + Sync {
     /// Whether it limits tokens, so attempts need an estimate.
     fn counts_tokens(&self) -> bool;
 
-    /// Takes one attempt's slot, and reserves `estimate` tokens with it
-    /// when it limits tokens.
-    fn take(&self, estimate: u64) -> BoxFuture<'_, Result<Option<Reservation>, TokenAcquireError>>;
+    /// Takes one attempt's slot as a caller of `priority`, and reserves
+    /// `estimate` tokens with it when it limits tokens.
+    fn take(&self, estimate: u64, priority: Priority) -> BoxFuture<'_, Result<Option<Reservation>, TokenAcquireError>>;
 
     /// Settles an attempt's reservation to what it used.
     fn settle<'a>(&'a self, reservation: &'a Reservation, actual: u64) -> BoxFuture<'a, Result<bool, CacheError>>;
@@ -281,14 +281,14 @@ impl<S: TokenStore + 'static> Limit for RateLimiter<S> {
         self.tokens_per_window().is_some()
     }
 
-    fn take(&self, estimate: u64) -> BoxFuture<'_, Result<Option<Reservation>, TokenAcquireError>> {
+    fn take(&self, estimate: u64, priority: Priority) -> BoxFuture<'_, Result<Option<Reservation>, TokenAcquireError>> {
         Box::pin(async move {
             if self.counts_tokens() {
-                self.acquire_tokens(DEPLOYMENT_LIMIT_TENANT, estimate)
+                self.acquire_tokens_as(DEPLOYMENT_LIMIT_TENANT, estimate, priority)
                     .await
                     .map(|admission| admission.reservation)
             } else {
-                match self.acquire(DEPLOYMENT_LIMIT_TENANT).await {
+                match self.acquire_as(DEPLOYMENT_LIMIT_TENANT, priority).await {
                     Ok(_) => Ok(None),
                     Err(crate::limiter::AcquireError::Limited(refusal)) => Err(TokenAcquireError::Limited(refusal)),
                     Err(crate::limiter::AcquireError::Cache(e)) => Err(TokenAcquireError::Cache(e)),

@@ -15,8 +15,8 @@ use redstring::provider::{
     OpenAiCompatible, ReqwestTransport,
 };
 use redstring::{
-    CircuitBreaker, CircuitState, Env, Event, ManualClock, MemoryCache, RateLimiter, RecordingObserver, RetryPolicy,
-    SeededRandom, TenantId,
+    CircuitBreaker, CircuitState, Env, Event, ManualClock, MemoryCache, Priority, RateLimiter, RecordingObserver,
+    RetryPolicy, SeededRandom, TenantId,
 };
 use testkit::http::{Reply, TestServer};
 
@@ -367,4 +367,39 @@ async fn a_probe_admitted_where_the_limit_refuses_is_handed_back_before_the_call
         "while the fallback answers, the primary's probe is free for another caller"
     );
     assert_eq!(rig.reroutes(), ["limited"]);
+}
+
+#[tokio::test]
+async fn a_low_priority_provider_leaves_the_reserve_of_a_deployments_limit_to_high_priority_calls() {
+    let mut rig = Rig::new(10, None).await;
+    rig.limit = Arc::new(
+        RateLimiter::builder(10)
+            .reserve(0.3)
+            .key_prefix("deployment:big")
+            .env(rig.env.clone())
+            .build()
+            .unwrap(),
+    );
+    rig.primary.otherwise(Reply::answered_by("big", 10));
+    rig.fallback.otherwise(Reply::answered_by("small", 10));
+    let batch = rig
+        .provider(TenantId::from_u128(1), true, 0)
+        .priority(Priority::Low)
+        .build();
+    let chat = rig.provider(TenantId::from_u128(2), true, 0).build();
+    for _ in 0..10 {
+        batch.extract::<Person>("Ann.", None).await.unwrap();
+    }
+    assert_eq!(
+        (rig.primary.count(), rig.fallback.count()),
+        (7, 3),
+        "the batch calls take 7 of 10 and spill over"
+    );
+    for _ in 0..3 {
+        let answer = chat.extract_with_model::<Person>("Ann.", None).await.unwrap();
+        assert_eq!(answer.model, "openai-compatible/big", "the reserve is the chat's");
+    }
+    let answer = chat.extract_with_model::<Person>("Ann.", None).await.unwrap();
+    assert_eq!(answer.model, "openai-compatible/small", "and no more than the limit");
+    assert_eq!((rig.primary.count(), rig.fallback.count()), (10, 4));
 }

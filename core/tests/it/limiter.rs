@@ -678,3 +678,129 @@ async fn a_store_without_a_hit_series_runs_the_split_variants_as_the_real_step()
         two_a_window_over_one_step().await;
     }
 }
+
+/// Priority classes: a reserve kept for the high class of one allowance.
+mod priority {
+    use super::*;
+    use redstring::Priority;
+
+    fn reserved(rpm: u32, share: f64, clock: &Arc<ManualClock>) -> RateLimiter {
+        RateLimiter::builder(rpm)
+            .reserve(share)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_reserve_must_be_a_share_that_leaves_the_low_class_something() {
+        let field = |b: redstring::RateLimiterBuilder<MemoryCache>| b.build().unwrap_err().field;
+        for share in [0.0, 1.0, -0.1, 1.5, f64::NAN, f64::INFINITY] {
+            assert_eq!(field(RateLimiter::builder(10).reserve(share)), "reserve", "{share}");
+        }
+        // ⌈10 × 0.95⌉ = 10 leaves the low class no request.
+        let err = RateLimiter::builder(10).reserve(0.95).build().unwrap_err();
+        assert_eq!(err.field, "reserve");
+        assert!(err.to_string().contains("leave the low class"), "{err}");
+        // Nor may it leave no token.
+        assert_eq!(
+            field(RateLimiter::builder(100).tokens_per_window(1).reserve(0.3)),
+            "reserve"
+        );
+        let limiter = RateLimiter::builder(10).reserve(0.25).build().unwrap();
+        // ⌈2.5⌉ = 3 reserved: the high class is never given less than its share.
+        assert_eq!(
+            (limiter.rpm_for(Priority::High), limiter.rpm_for(Priority::Low)),
+            (10, 7)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_low_class_stops_at_its_share_and_waits_for_the_hit_that_makes_room() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let limiter = reserved(10, 0.3, &clock);
+        // Three high calls at 0, 1, 2 s and four low at 3..6 s: 7 hits, the
+        // low class's share.
+        for i in 0..7 {
+            let class = if i < 3 { Priority::High } else { Priority::Low };
+            limiter.acquire_as(A, class).await.unwrap();
+            clock.advance(secs(1));
+        }
+        let low = refused(limiter.acquire_as(A, Priority::Low).await);
+        assert_eq!((low.used, low.limit, low.priority), (7, 7, Priority::Low));
+        // The oldest hit (0 s) ages out at 60 s.
+        assert_eq!(low.retry_after, secs(53) + TICK);
+        assert!(low.to_string().contains("low priority's share is 7"), "{low}");
+        // High takes the reserve: three more at 7, 8, 9 s.
+        for _ in 0..3 {
+            limiter.acquire_as(A, Priority::High).await.unwrap();
+            clock.advance(secs(1));
+        }
+        let high = refused(limiter.acquire(A).await);
+        assert_eq!((high.used, high.limit, high.priority), (10, 10, Priority::High));
+        assert_eq!(
+            high.retry_after,
+            secs(50) + TICK,
+            "the oldest (0 s) frees the high class"
+        );
+        assert!(!high.to_string().contains("share"), "{high}");
+        // Ten hits: the low class needs four to go, the fourth oldest being 3 s.
+        let low = refused(limiter.acquire_as(A, Priority::Low).await);
+        assert_eq!(low.retry_after, secs(53) + TICK);
+        clock.advance(low.retry_after - TICK);
+        assert!(limiter.acquire_as(A, Priority::Low).await.is_err(), "one tick early");
+        clock.advance(TICK);
+        limiter.acquire_as(A, Priority::Low).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn decisions_are_reported_with_the_class_asked_as() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let observer = Arc::new(RecordingObserver::default());
+        let limiter = RateLimiter::builder(2)
+            .reserve(0.5)
+            .env(Env::default().with_clock(clock.clone()).with_observer(observer.clone()))
+            .build()
+            .unwrap();
+        limiter.acquire_as(A, Priority::Low).await.unwrap();
+        refused(limiter.acquire_as(A, Priority::Low).await);
+        limiter.acquire(A).await.unwrap();
+        let classes: Vec<_> = observer
+            .events()
+            .iter()
+            .filter_map(|e| match e {
+                Event::RateLimitAdmitted { priority, .. } => Some(("admitted", *priority)),
+                Event::RateLimitRefused { priority, .. } => Some(("refused", *priority)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            classes,
+            [
+                ("admitted", Priority::Low),
+                ("refused", Priority::Low),
+                ("admitted", Priority::High)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_low_class_reserves_tokens_up_to_its_share_only() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let limiter = RateLimiter::builder(100)
+            .tokens_per_window(1_000)
+            .reserve(0.3)
+            .env(Env::default().with_clock(clock.clone()))
+            .build()
+            .unwrap();
+        limiter.acquire_tokens_as(A, 600, Priority::Low).await.unwrap();
+        let refusal = limiter.acquire_tokens_as(A, 101, Priority::Low).await.unwrap_err();
+        match refusal {
+            redstring::limiter::TokenAcquireError::Tokens(e) => assert_eq!((e.used, e.limit), (600, 700)),
+            other => panic!("expected a token refusal, got {other:?}"),
+        }
+        limiter.acquire_tokens_as(A, 100, Priority::Low).await.unwrap();
+        // The high class may use what the low left and the reserve.
+        limiter.acquire_tokens_as(A, 300, Priority::High).await.unwrap();
+    }
+}

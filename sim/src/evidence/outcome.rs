@@ -275,6 +275,8 @@ mod tests {
             (
                 redstring::RateLimitExceeded {
                     tenant,
+                    priority: redstring::Priority::High,
+                    limit: 3,
                     used: 3,
                     window: second,
                     retry_after: second,

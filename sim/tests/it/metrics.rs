@@ -167,6 +167,7 @@ fn every_recorded_event() -> Vec<Event> {
         Event::RateLimitRefused {
             limiter: name("kg:ratelimit"),
             tenant,
+            priority: redstring::Priority::High,
             retry_after: Duration::from_secs(1),
             at,
             decided_by: DecidedBy::Store,

@@ -19,7 +19,7 @@ use crate::limiter::RateLimiter;
 use crate::provider::route::{Deployment, IN_FLIGHT_PREFIX, InFlight, Policy};
 use crate::provider::{ExtractError, ExtractRequest, LlmProvider};
 use crate::retry::{Retry, RetryBudget, RetryPolicy, Retryable};
-use crate::tenant::TenantId;
+use crate::tenant::{Priority, TenantId};
 
 /// Configures a [`HardenedProvider`]; unset options take the defaults.
 pub struct HardenedProviderBuilder<P, L, B> {
@@ -43,6 +43,7 @@ pub struct HardenedProviderBuilder<P, L, B> {
     /// Applies the retry budget to the loop, when one was given.
     budget: Option<Box<dyn FnOnce(Retry) -> Retry + Send>>,
     token_estimate: Option<TokenEstimate>,
+    priority: Priority,
 }
 
 impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
@@ -86,6 +87,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             slow_start: None,
             budget: None,
             token_estimate: None,
+            priority: Priority::High,
         }
     }
 }
@@ -102,6 +104,18 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
     /// a transient failure.
     pub fn fallback(self, inner: P, breaker: Arc<CircuitBreaker<B>>) -> Self {
         self.deployment(Deployment::new(inner, breaker))
+    }
+
+    /// The class this provider's calls carry at every limit they take a
+    /// slot from — the tenant's limiter and each deployment's
+    /// [`limit`](Deployment::limit) — (default [`Priority::High`]): where a
+    /// limit keeps a [`reserve`](crate::RateLimiterBuilder::reserve), a
+    /// [`Priority::Low`] provider's calls may use only the rest, so batch
+    /// work sharing a deployment with interactive calls cannot crowd them
+    /// out.
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
     }
 
     /// Routes each call first to a deployment drawn by weight (from the
@@ -397,6 +411,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
             hedging,
             slow_start: self.slow_start,
             token_estimate: self.token_estimate,
+            priority: self.priority,
         }
     }
 }

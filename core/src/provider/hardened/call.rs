@@ -304,7 +304,7 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
         let p = self.provider;
         let attempt = self.tries;
         if attempt > 1 && active(Mutant::RetryOutsideLimiter) {
-            match p.limiter.acquire(p.tenant).await {
+            match p.limiter.acquire_as(p.tenant, p.priority).await {
                 Ok(_) => {}
                 Err(AcquireError::Limited(refusal)) => return Some(refusal.into()),
                 Err(AcquireError::Cache(e)) => return Some(ExtractError::LimiterCache(e)),

@@ -165,7 +165,7 @@ use crate::limiter::RateLimiter;
 use crate::observe::Observer;
 use crate::random::RandomSource;
 use crate::retry::{Retry, Retryable};
-use crate::tenant::TenantId;
+use crate::tenant::{Priority, TenantId};
 use crate::time::Timestamp;
 
 /// How many times a rate-limit refusal is slept off before it is returned.
@@ -280,6 +280,8 @@ pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
     /// Ramps a deployment up after its circuit closes.
     slow_start: Option<SlowStart>,
     token_estimate: Option<TokenEstimate>,
+    /// The class every limiter this provider asks sees its calls as.
+    priority: Priority,
 }
 
 impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {

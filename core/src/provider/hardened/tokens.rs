@@ -50,12 +50,16 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         let mut waits = 0u32;
         loop {
             let (refusal, wait): (ExtractError, Duration) = match estimate {
-                None => match self.limiter.acquire(self.tenant).await {
+                None => match self.limiter.acquire_as(self.tenant, self.priority).await {
                     Ok(_) => return Ok(None),
                     Err(AcquireError::Limited(refusal)) => (refusal.clone().into(), refusal.retry_after),
                     Err(AcquireError::Cache(e)) => return Err(ExtractError::LimiterCache(e)),
                 },
-                Some(estimate) => match self.limiter.acquire_tokens(self.tenant, estimate).await {
+                Some(estimate) => match self
+                    .limiter
+                    .acquire_tokens_as(self.tenant, estimate, self.priority)
+                    .await
+                {
                     Ok(admission) => return Ok(admission.reservation),
                     Err(TokenAcquireError::Limited(refusal)) => (refusal.clone().into(), refusal.retry_after),
                     Err(TokenAcquireError::Tokens(refusal)) => {
@@ -147,7 +151,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             };
             (error.into(), retry_after)
         };
-        match limit.take(estimate).await {
+        match limit.take(estimate, self.priority).await {
             Ok(reservation) => Ok(reservation),
             Err(TokenAcquireError::Limited(refusal)) => Err(refused(RefusedBy::Requests, Some(refusal.retry_after))),
             Err(TokenAcquireError::Tokens(refusal)) => {
