@@ -99,6 +99,7 @@ scenario_tests! {
     skewed_fleet_store => "skewed-fleet-store.toml",
     slow_server_shed => "slow-server-shed.toml",
     slow_start_reload => "slow-start-reload.toml",
+    priority_classes => "priority-classes.toml",
     two_deployment_fallback => "two-deployment-fallback.toml",
     vllm_overload => "vllm-overload.toml",
 }

@@ -53,6 +53,11 @@ fn decider(d: DecidedBy) -> Decider {
     }
 }
 
+/// The key prefix of a server's own limit (`hardening.deployment_rpm`),
+/// before the server's name: its decisions are traced apart from the
+/// tenants' limiter's.
+pub const DEPLOYMENT_LIMIT_PREFIX: &str = "kg:deployment:";
+
 /// The core's name for the breaker's atomic step, as its
 /// `CacheUnavailable` event reports it.
 const BREAKER_STEP: &str = "breaker_step";
@@ -135,6 +140,32 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             // The core reports a breaker admitting a call without its cache
             // only through this event's words.
             admitted_call: *operation == BREAKER_STEP && *fallback == ALLOWED,
+        },
+        Event::RateLimitAdmitted {
+            limiter,
+            priority,
+            at,
+            decided_by,
+            ..
+        } if limiter.starts_with(DEPLOYMENT_LIMIT_PREFIX) => Kind::DeploymentAdmitted {
+            server: limiter[DEPLOYMENT_LIMIT_PREFIX.len()..].to_owned(),
+            priority: *priority,
+            at_us: at.as_micros(),
+            decided_by: decider(*decided_by),
+        },
+        Event::RateLimitRefused {
+            limiter,
+            priority,
+            retry_after,
+            at,
+            decided_by,
+            ..
+        } if limiter.starts_with(DEPLOYMENT_LIMIT_PREFIX) => Kind::DeploymentLimited {
+            server: limiter[DEPLOYMENT_LIMIT_PREFIX.len()..].to_owned(),
+            priority: *priority,
+            retry_after_us: micros(*retry_after),
+            at_us: at.as_micros(),
+            decided_by: decider(*decided_by),
         },
         Event::RateLimitAdmitted {
             tenant,

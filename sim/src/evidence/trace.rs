@@ -11,7 +11,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use redstring::{CircuitState, TenantId};
+use redstring::{CircuitState, Priority, TenantId};
 use serde::{Serialize, Serializer};
 
 use crate::evidence::episodes::ReadyBasis;
@@ -275,6 +275,33 @@ pub enum Kind {
         share: u32,
         /// The draw, parts per million.
         draw: u32,
+    },
+    /// A server's own limit (`hardening.deployment_rpm`) granted an
+    /// attempt a slot there.
+    DeploymentAdmitted {
+        /// The server.
+        server: String,
+        /// The class the call asked as.
+        priority: Priority,
+        /// The stamp, epoch microseconds.
+        at_us: u64,
+        /// Who decided (written only when it was not the configured cache).
+        #[serde(skip_serializing_if = "Decider::is_cache")]
+        decided_by: Decider,
+    },
+    /// A server's own limit refused an attempt: it was not sent there.
+    DeploymentLimited {
+        /// The server.
+        server: String,
+        /// The class the call asked as.
+        priority: Priority,
+        /// The wait it reported, microseconds.
+        retry_after_us: u64,
+        /// The decision's stamp, epoch microseconds.
+        at_us: u64,
+        /// Who decided (written only when it was not the configured cache).
+        #[serde(skip_serializing_if = "Decider::is_cache")]
+        decided_by: Decider,
     },
     /// A success report cleared a closed breaker's failure count.
     FailuresCleared {

@@ -29,7 +29,7 @@ use redstring::provider::{
 use redstring::{CircuitBreaker, Env, RateLimiter, SeededRandom, TenantId};
 use tokio::task::JoinHandle;
 
-use crate::evidence::observe::HostObserver;
+use crate::evidence::observe::{DEPLOYMENT_LIMIT_PREFIX, HostObserver};
 use crate::evidence::outcome::CallOutcome;
 use crate::evidence::trace::{self, Kind, Trace};
 use crate::hosts::RequestTokens;
@@ -247,6 +247,9 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
     if let Some(tokens) = h.tokens_per_window {
         limiter = limiter.tokens_per_window(tokens);
     }
+    if let Some(share) = h.reserve {
+        limiter = limiter.reserve(share);
+    }
     let limiter = Arc::new(limiter.cache(store.clone()).build()?);
     let Some(primary) = plan.deployments.first().map(|d| d.server.as_str()) else {
         return Err("a worker with no server to call".into());
@@ -270,16 +273,36 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
     for target in &plan.deployments {
         deployments.push(deployment(plan, target, &store, &env, trace)?);
     }
+    // Each server's own limit, shared by the worker's tenants (and, over a
+    // shared cache, the fleet's).
+    let mut limits: Vec<Option<Arc<RateLimiter<S>>>> = Vec::new();
+    for target in &plan.deployments {
+        limits.push(match h.deployment_rpm {
+            Some(rpm) => {
+                let mut limit = RateLimiter::builder(rpm)
+                    .window(secs(h.window_s))
+                    .key_prefix(format!("{DEPLOYMENT_LIMIT_PREFIX}{}", target.server))
+                    .env(env.clone())
+                    .on_cache_unavailable(h.on_cache_unavailable);
+                if let Some(share) = h.reserve {
+                    limit = limit.reserve(share);
+                }
+                Some(Arc::new(limit.cache(store.clone()).build()?))
+            }
+            None => None,
+        });
+    }
     let mut providers = Vec::new();
     for (i, t) in plan.tenants.iter().enumerate() {
         let jitter = SeededRandom::from_seed(seeds::retry_jitter(plan.seed, plan.index, i));
         let mut builder = HardenedProvider::over(
-            route_to(&deployments[0], &plan.deployments[0]),
+            route_to(&deployments[0], &plan.deployments[0], &limits[0]),
             t.tenant(),
             limiter.clone(),
-        );
-        for (d, target) in deployments.iter().zip(&plan.deployments).skip(1) {
-            builder = builder.deployment(route_to(d, target));
+        )
+        .priority(t.priority);
+        for ((d, target), limit) in deployments.iter().zip(&plan.deployments).zip(&limits).skip(1) {
+            builder = builder.deployment(route_to(d, target, limit));
         }
         builder = match h.routing {
             None | Some(Routing::Ordered) => builder,
@@ -360,12 +383,17 @@ fn deployment<S: BreakerStore>(
     Ok((adapter, breaker))
 }
 
-/// A tenant's handle on a shared adapter and breaker, at `target`'s weight.
-fn route_to<S>(
+/// A tenant's handle on a shared adapter and breaker, at `target`'s weight,
+/// behind the server's own limit if it has one.
+fn route_to<S: TokenStore>(
     (adapter, breaker): &Shared<S>,
     target: &Target,
+    limit: &Option<Arc<RateLimiter<S>>>,
 ) -> Deployment<Arc<OpenAiCompatible<CountingTransport>>, S> {
-    let deployment = Deployment::new(adapter.clone(), breaker.clone()).weight(target.weight);
+    let mut deployment = Deployment::new(adapter.clone(), breaker.clone()).weight(target.weight);
+    if let Some(limit) = limit {
+        deployment = deployment.limit(limit.clone());
+    }
     match &target.quota_group {
         Some(group) => deployment.quota_group(group.as_str()),
         None => deployment,

@@ -396,6 +396,16 @@ pub struct TenantLoad {
     /// `prompt_tokens`; the request's `max_tokens` still caps them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tokens: Option<Spread>,
+    /// The class this tenant's calls carry at every limit they take a slot
+    /// from (`high`, the default, or `low`): where `hardening.reserve`
+    /// keeps part of a limit for the high class, a low tenant may use only
+    /// the rest.
+    #[serde(default, skip_serializing_if = "is_high")]
+    pub priority: redstring::Priority,
+}
+
+fn is_high(p: &redstring::Priority) -> bool {
+    *p == redstring::Priority::High
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -456,6 +466,7 @@ impl TenantLoad {
             replay: None,
             prompt_tokens: None,
             output_tokens: None,
+            priority: redstring::Priority::High,
         }
     }
 

@@ -726,7 +726,7 @@ tenants = [{ id = 1, calls_per_min = 30 }]
                 "slow_start_s = 100000",
                 "field `hardening.slow_start_s`: must be positive and at most 86400 s, got 100000",
             ),
-            ("slow_start_s = \"soon\"", "expected seconds or \"none\", got \"soon\""),
+            ("slow_start_s = \"soon\"", "expected a number or \"none\", got \"soon\""),
         ] {
             let e = with(hardening).unwrap_err().to_string();
             assert!(e.contains(says), "{e:?} should contain {says:?}");

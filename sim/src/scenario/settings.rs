@@ -94,6 +94,23 @@ pub struct Hardening {
     /// reserves its prompt tokens plus `max_tokens` with its slot and settles
     /// to the server's `usage`.
     pub tokens_per_window: Option<u64>,
+    /// Each server's own limit, in calls per `window_s` shared by every
+    /// tenant's attempts there (the provider's `Deployment::limit`;
+    /// default: none): fleet-wide over a shared cache, per worker
+    /// otherwise. An attempt it refuses goes to the next server of the
+    /// worker's group that admits it, and is never sent. `"none"` is no
+    /// limit, as leaving the key out is.
+    #[serde(deserialize_with = "count_or_none", skip_serializing_if = "Option::is_none")]
+    pub deployment_rpm: Option<u32>,
+    /// The share of every limit — the tenants' `rpm` and `tokens_per_window`
+    /// and each server's `deployment_rpm` — kept for high-priority tenants
+    /// (the limiters' `reserve`; default: none): a `priority = "low"`
+    /// tenant is refused once a window holds the rest. Between 0 and 1,
+    /// exclusive. `"none"` is no reserve, as leaving the key out is, so
+    /// that `compare --set hardening.reserve=none,0.3` sets the two side by
+    /// side.
+    #[serde(deserialize_with = "secs_or_none", skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<f64>,
     /// How each worker routes over its group's servers (default: none —
     /// worker `i` of a group calls only its `servers[i % len]`). With a
     /// policy every worker's provider holds every server of its group, in
@@ -122,7 +139,25 @@ fn routing_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Rout
     })
 }
 
-/// Reads `hardening.slow_start_s`: seconds, or `"none"`.
+/// Reads a count, or `"none"`.
+fn count_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum CountOrNone {
+        Count(u32),
+        Named(String),
+    }
+    match CountOrNone::deserialize(d)? {
+        CountOrNone::Count(n) => Ok(Some(n)),
+        CountOrNone::Named(none) if none == "none" => Ok(None),
+        CountOrNone::Named(other) => Err(serde::de::Error::custom(format!(
+            "expected a count or \"none\", got {other:?}"
+        ))),
+    }
+}
+
+/// Reads `hardening.slow_start_s` and `hardening.reserve`: a number, or
+/// `"none"`.
 fn secs_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
@@ -134,7 +169,7 @@ fn secs_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D
         SecsOrNone::Secs(s) => Ok(Some(s)),
         SecsOrNone::Named(none) if none == "none" => Ok(None),
         SecsOrNone::Named(other) => Err(serde::de::Error::custom(format!(
-            "expected seconds or \"none\", got {other:?}"
+            "expected a number or \"none\", got {other:?}"
         ))),
     }
 }
@@ -282,6 +317,8 @@ impl Default for Hardening {
             limiter_waits: 1,
             deadline_s: None,
             slow_call_ms: None,
+            deployment_rpm: None,
+            reserve: None,
             hedge_after_ms: None,
             max_hedges: 1,
             hedge_window: 50,

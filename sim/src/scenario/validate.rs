@@ -360,7 +360,25 @@ impl Scenario {
         if let Some(tokens) = h.tokens_per_window {
             limiter = limiter.tokens_per_window(tokens);
         }
+        if let Some(share) = h.reserve {
+            limiter = limiter.reserve(share);
+        }
         limiter.build().map_err(|bad| refused(hardening(bad.field), bad))?;
+        if let Some(rpm) = h.deployment_rpm {
+            let mut limit = redstring::RateLimiter::builder(rpm)
+                .window(seconds(h.window_s))
+                .env(env.clone());
+            if let Some(share) = h.reserve {
+                limit = limit.reserve(share);
+            }
+            limit.build().map_err(|bad| {
+                let field = match bad.field {
+                    "rpm" => "hardening.deployment_rpm".to_owned(),
+                    other => hardening(other),
+                };
+                refused(field, bad)
+            })?;
+        }
         let mut breaker = redstring::CircuitBreaker::builder()
             .failure_threshold(h.failure_threshold)
             .recovery_timeout(seconds(h.recovery_timeout_s))

@@ -124,6 +124,11 @@ pub struct Bounds {
     /// about half the cases, so the fuzzer searches `slow_start` too. None
     /// by default, like `budgets`.
     pub slow_start_s: Option<[u64; 2]>,
+    /// A range of `hardening.deployment_rpm` to draw on about half the
+    /// cases, each with a `hardening.reserve` of 0.1, 0.2, 0.3 or 0.5 and
+    /// every second tenant `priority = "low"`, so the fuzzer searches
+    /// `priority_share` too. None by default, like `budgets`.
+    pub deployment_rpm: Option<[u32; 2]>,
 }
 
 /// The most fault episodes a bounds file may ask for per case: proptest
@@ -166,6 +171,7 @@ impl Default for Bounds {
             slow_call_ms: None,
             hedge_after_ms: None,
             slow_start_s: None,
+            deployment_rpm: None,
         }
     }
 }
@@ -267,6 +273,15 @@ impl Bounds {
                 return Err(bad(
                     "slow_start_s",
                     format!("must be [min, max] with 1 <= min <= max <= {most}, got [{a}, {b}]"),
+                ));
+            }
+        }
+        if let Some([a, b]) = self.deployment_rpm {
+            // Two leaves the low class a call under the largest reserve drawn.
+            if a < 2 || a > b {
+                return Err(bad(
+                    "deployment_rpm",
+                    format!("must be [min, max] with 2 <= min <= max, got [{a}, {b}]"),
                 ));
             }
         }
@@ -640,8 +655,14 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                 Some([low, high]) => prop::option::of(low..=high).boxed(),
                 None => Just(None).boxed(),
             };
-            let hardening = (hardening, budgets, routing, escalation, slow, (hedge, ramp)).prop_map(
-                |(h, (retry_budget, tokens_per_window), routing, escalation, slow, (hedge, ramp))| {
+            let classes = match b.deployment_rpm {
+                Some([low, high]) => {
+                    prop::option::of((low..=high, prop::sample::select(vec![0.1, 0.2, 0.3, 0.5]))).boxed()
+                }
+                None => Just(None).boxed(),
+            };
+            let hardening = (hardening, budgets, routing, escalation, slow, (hedge, ramp, classes)).prop_map(
+                |(h, (retry_budget, tokens_per_window), routing, escalation, slow, (hedge, ramp, classes))| {
                     let slow_call_ms = below_timeout(slow, h.request_timeout_s);
                     // A hedge needs another server to go to, and is not
                     // judged beside a slow-call threshold.
@@ -657,6 +678,8 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                             .map(HedgeAfterMs::Ms),
                         max_hedges: hedge.map_or(h.max_hedges, |(_, n)| n),
                         slow_start_s: ramp.map(|s| s as f64),
+                        deployment_rpm: classes.map(|(rpm, _)| rpm),
+                        reserve: classes.map(|(_, share)| share),
                         ..h
                     }
                 },
@@ -854,7 +877,15 @@ fn build(
     let tenants: Vec<TenantLoad> = loads
         .iter()
         .enumerate()
-        .map(|(i, calls_per_min)| TenantLoad::open(i as u64 + 1, *calls_per_min))
+        .map(|(i, calls_per_min)| TenantLoad {
+            // Under a reserve every second tenant is of the low class.
+            priority: if hardening.reserve.is_some() && i % 2 == 1 {
+                redstring::Priority::Low
+            } else {
+                redstring::Priority::High
+            },
+            ..TenantLoad::open(i as u64 + 1, *calls_per_min)
+        })
         .collect();
     let faults = episodes
         .iter()

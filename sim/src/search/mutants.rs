@@ -66,7 +66,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 26] = [
+pub const CATALOGUE: [Variant; 27] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -196,6 +196,11 @@ pub const CATALOGUE: [Variant; 26] = [
         mutant: Mutant::SlowStartIgnored,
         named_by: Invariant::SlowStart,
         scenario: "slow-start-reload.toml",
+    },
+    Variant {
+        mutant: Mutant::PriorityIgnored,
+        named_by: Invariant::PriorityShare,
+        scenario: "priority-classes.toml",
     },
 ];
 

@@ -87,7 +87,7 @@ clock = { offset_ms = 4000 }
     );
     assert!(
         text.contains("retry_after_monotone   held")
-            && text.contains("bound 15000 ms (a window plus the clocks' spread)"),
+            && text.contains("15000 ms at most (a window plus the clocks' spread)"),
         "{text}"
     );
 }

@@ -80,6 +80,7 @@ caught! {
     slow_calls_ignored_is_caught_by_slow_calls_counted => SlowCallsIgnored,
     hedges_skip_budget_is_caught_by_hedging => HedgesSkipBudget,
     slow_start_ignored_is_caught_by_slow_start => SlowStartIgnored,
+    priority_ignored_is_caught_by_priority_share => PriorityIgnored,
 }
 
 #[test]

@@ -9,16 +9,21 @@ use std::collections::BTreeMap;
 
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::trace::{Kind, TraceEvent};
+use crate::hosts::worker::breaker_prefix;
 
 /// Invariant 8: a call takes at most one limiter slot and at most one
 /// admission from each breaker, however many attempts it makes — retry sits
 /// inside both. A call routed over several servers is admitted once by each
 /// server's breaker it goes to, and a retry back to one it already holds an
-/// admission from takes no second one.
+/// admission from takes no second one. The one exception is the core's
+/// own: a server's own limit (`hardening.deployment_rpm`) that refuses the
+/// attempt there makes the call hand back that server's unused admission
+/// before it sleeps the limit's wait, and the call is admitted afresh after
+/// it.
 pub(super) fn once_per_call(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     // (host, call) → slots, and (host, call, breaker) → admissions
     let mut per_call: BTreeMap<(&str, u64), u32> = BTreeMap::new();
-    let mut per_breaker: BTreeMap<(&str, u64, &str), u32> = BTreeMap::new();
+    let mut per_breaker: BTreeMap<(&str, u64, String), u32> = BTreeMap::new();
     let (mut most_slots, mut most_admissions, mut verdict) = (0, 0, Verdict::Held);
     for e in events {
         let Some(call) = e.call else { continue };
@@ -30,9 +35,13 @@ pub(super) fn once_per_call(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 (*slots, 0)
             }
             Kind::Allowed { breaker, .. } => {
-                let admissions = per_breaker.entry((key.0, call, breaker.as_str())).or_default();
+                let admissions = per_breaker.entry((key.0, call, breaker.clone())).or_default();
                 *admissions += 1;
                 (0, *admissions)
+            }
+            Kind::DeploymentLimited { server, .. } => {
+                per_breaker.remove(&(key.0, call, breaker_prefix(server)));
+                continue;
             }
             _ => continue,
         };

@@ -17,7 +17,7 @@
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
 //! `breaker` (3–5, 10–11, 17), `liveness` (6), `accounting` (7), `calls`
 //! (8–9), `cooldown` (12), `budget` (13), `tokens` (14), `routing` (15–16),
-//! `slow` (18), `hedging` (19) and `ramp` (20).
+//! `slow` (18), `hedging` (19), `ramp` (20) and `priority` (21).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -31,6 +31,7 @@ mod cooldown;
 mod hedging;
 mod limiter;
 mod liveness;
+mod priority;
 mod ramp;
 mod routing;
 mod slow;
@@ -117,11 +118,16 @@ pub enum Invariant {
     /// call a ramping breaker admits goes undrawn (judged up to each
     /// call's first request; a hedge's draw is the core's to test).
     SlowStart,
+    /// Under a reserve on servers' own limits, no window holds more
+    /// low-priority admissions at a limit than the low class's share, and
+    /// every high-priority refusal found at least the reserve used by the
+    /// high class in its window.
+    PriorityShare,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 20] = [
+    pub const ALL: [Invariant; 21] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -142,6 +148,7 @@ impl Invariant {
         Invariant::SlowCallsCounted,
         Invariant::Hedging,
         Invariant::SlowStart,
+        Invariant::PriorityShare,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -168,6 +175,7 @@ impl Invariant {
             Invariant::SlowCallsCounted => 17,
             Invariant::Hedging => 18,
             Invariant::SlowStart => 19,
+            Invariant::PriorityShare => 20,
         }
     }
 
@@ -194,6 +202,7 @@ impl Invariant {
             Invariant::SlowCallsCounted => "slow_calls_counted",
             Invariant::Hedging => "hedging",
             Invariant::SlowStart => "slow_start",
+            Invariant::PriorityShare => "priority_share",
         }
     }
 
@@ -220,6 +229,7 @@ impl Invariant {
             Invariant::SlowCallsCounted => slow::slow_calls_counted(ctx, events),
             Invariant::Hedging => hedging::hedging(ctx, events),
             Invariant::SlowStart => ramp::slow_start(ctx, events),
+            Invariant::PriorityShare => priority::priority_share(ctx, events),
         }
     }
 }
