@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use crate::judgement::shard::Shard;
 use crate::judgement::sweep::{
-    Distribution, EPISODE_FIGURE_NAMES, FIGURE_NAMES, SERVER_FIGURE_NAMES, SeedRecord, SweepSummary,
+    CLASS_FIGURE_NAMES, Distribution, EPISODE_FIGURE_NAMES, FIGURE_NAMES, SERVER_FIGURE_NAMES, SeedRecord, SweepSummary,
 };
 
 /// The whole-run figure that counts the calls the limiter held back.
@@ -289,6 +289,9 @@ pub struct SignTest {
     /// or of an episode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
+    /// The priority class the figure is of; absent but for a class's figure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
     /// The variant compared with the first.
     pub variant: String,
     /// Seeds where the figure was higher than the first variant's.
@@ -328,6 +331,7 @@ impl SignTest {
             figure,
             episode: episode.map(str::to_owned),
             server: None,
+            class: None,
             variant: variant.to_owned(),
             higher,
             lower,
@@ -429,6 +433,16 @@ impl Comparison {
                         }));
                     }
                 }
+                for class in class_names(&summaries) {
+                    let of = |r: &SeedRecord, figure: &str| r.classes.get(&class).and_then(|f| f.get(figure).copied());
+                    for figure in CLASS_FIGURE_NAMES {
+                        let pairs = seeds().filter_map(|(a, b)| Some((of(a, figure)?, of(b, figure)?)));
+                        differences.extend(SignTest::of(figure, None, &v.name, pairs).map(|mut t| {
+                            t.class = Some(class.clone());
+                            t
+                        }));
+                    }
+                }
                 for (_, episode) in &episodes {
                     let of = |r: &SeedRecord, figure: &str| {
                         r.episodes
@@ -486,6 +500,17 @@ impl Comparison {
                 });
             }
         }
+        let classes = class_names(&self.variants);
+        if !classes.is_empty() {
+            let _ = writeln!(out, "  per priority class (how its calls fared):");
+        }
+        for class in &classes {
+            for figure in CLASS_FIGURE_NAMES {
+                self.row(&mut out, figure, Scope::Class(class), |s| {
+                    s.classes.get(class).and_then(|f| f.get(figure))
+                });
+            }
+        }
         for (_, episode) in episode_names(&self.variants) {
             let _ = write!(out, "  episode {episode}:");
             for (i, (_, summary)) in self.variants.iter().enumerate() {
@@ -528,19 +553,22 @@ impl Comparison {
         scope: Scope<'_>,
         get: impl Fn(&'s SweepSummary) -> Option<&'s Distribution>,
     ) {
-        let (episode, server) = match scope {
-            Scope::Run => (None, None),
-            Scope::Episode(e) => (Some(e), None),
-            Scope::Server(s) => (None, Some(s)),
+        let (episode, server, class) = match scope {
+            Scope::Run => (None, None, None),
+            Scope::Episode(e) => (Some(e), None, None),
+            Scope::Server(s) => (None, Some(s), None),
+            Scope::Class(c) => (None, None, Some(c)),
         };
         if scope != Scope::Run && self.variants.iter().all(|(_, s)| get(s).is_none()) {
             return;
         }
-        let label = server.map_or_else(|| figure.to_owned(), |s| format!("{s} {figure}"));
+        let label = server
+            .or(class)
+            .map_or_else(|| figure.to_owned(), |s| format!("{s} {figure}"));
         let (indent, width) = match scope {
             Scope::Run => ("  ", 22),
             Scope::Episode(_) => ("    ", 20),
-            Scope::Server(_) => ("    ", 28),
+            Scope::Server(_) | Scope::Class(_) => ("    ", 28),
         };
         let _ = write!(out, "{indent}{label:<width$}");
         for (i, (name, summary)) in self.variants.iter().enumerate() {
@@ -551,6 +579,7 @@ impl Comparison {
                 d.figure == figure
                     && d.episode.as_deref() == episode
                     && d.server.as_deref() == server
+                    && d.class.as_deref() == class
                     && d.variant == *name
             });
             let mut mark = test.map_or(String::new(), SignTest::mark);
@@ -573,6 +602,14 @@ enum Scope<'a> {
     Episode(&'a str),
     /// One model server, by name.
     Server(&'a str),
+    /// One priority class, by name.
+    Class(&'a str),
+}
+
+/// Every priority class any variant measured, by name.
+fn class_names(variants: &[(String, SweepSummary)]) -> Vec<String> {
+    let names: std::collections::BTreeSet<&String> = variants.iter().flat_map(|(_, s)| s.classes.keys()).collect();
+    names.into_iter().cloned().collect()
 }
 
 /// Every model server any variant's requests reached, by name.

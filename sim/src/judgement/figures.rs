@@ -98,6 +98,61 @@ pub struct Figures {
     /// The same questions asked of each fault episode of a server, from the
     /// fault until the server was ready again (see [`episode_figures`]).
     pub episodes: Vec<EpisodeFigures>,
+    /// Per priority class (`high`, `low`), how its calls fared, when a
+    /// scenario's tenants are of both classes (empty otherwise): what a
+    /// reserve buys one class and costs the other.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub classes: BTreeMap<String, ClassFigures>,
+}
+
+/// How the calls of one priority class fared.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClassFigures {
+    /// Calls of the class that ended (in flight at the end left out).
+    pub calls: u64,
+    /// Those a limit of the caller's own deferred (never offered to a
+    /// server).
+    pub deferred: u64,
+    /// Judged calls of the class that did not end `ok`, over its judged
+    /// calls (`None`: none judged).
+    pub failed_fraction: Option<f64>,
+}
+
+/// Per priority class, how its tenants' calls fared, when `scenario` has
+/// tenants of both classes; empty otherwise.
+pub fn class_figures(scenario: &Scenario, events: &[TraceEvent]) -> BTreeMap<String, ClassFigures> {
+    let class: BTreeMap<redstring::TenantId, redstring::Priority> = scenario
+        .workers
+        .iter()
+        .flat_map(|g| &g.tenants)
+        .map(|t| (t.tenant(), t.priority))
+        .collect();
+    if !class.values().any(|p| *p == redstring::Priority::Low)
+        || !class.values().any(|p| *p == redstring::Priority::High)
+    {
+        return BTreeMap::new();
+    }
+    let mut tallies: BTreeMap<String, (ClassFigures, u64, u64)> = BTreeMap::new();
+    for e in events {
+        if let Kind::CallEnd { tenant, outcome, .. } = &e.kind {
+            let priority = class.get(tenant).copied().unwrap_or_default();
+            let (f, judged, failed) = tallies.entry(priority.as_str().to_owned()).or_default();
+            f.calls += 1;
+            if outcome.is_deferred() {
+                f.deferred += 1;
+            } else {
+                *judged += 1;
+                *failed += u64::from(!outcome.is_ok());
+            }
+        }
+    }
+    tallies
+        .into_iter()
+        .map(|(name, (mut f, judged, failed))| {
+            f.failed_fraction = (judged > 0).then(|| failed as f64 / judged as f64);
+            (name, f)
+        })
+        .collect()
 }
 
 impl Figures {
@@ -121,6 +176,7 @@ impl Figures {
                 Heal::NotReady(_) => Recovery::NotReady,
             },
             episodes: episode_figures(scenario, &eps, events, end_us),
+            classes: class_figures(scenario, events),
         }
     }
 }
@@ -306,6 +362,34 @@ mod tests {
                 answer_us: None,
             },
         )
+    }
+
+    #[test]
+    fn class_figures_split_the_calls_by_their_tenants_priority_when_both_classes_exist() {
+        let text = "name = \"c\"\nduration_s = 10\n[[servers]]\nname = \"gpu\"\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{ id = 1, calls_per_min = 1 }, { id = 2, calls_per_min = 1, priority = \"low\" }]\n";
+        let scenario = Scenario::parse("c.toml", text).unwrap();
+        let of = |t: u64, outcome| {
+            let mut e = end(1, 1, outcome, 10);
+            if let Kind::CallEnd { tenant: who, .. } = &mut e.kind {
+                *who = tenant(t);
+            }
+            e
+        };
+        let events = [
+            of(1, CallOutcome::Ok),
+            of(1, CallOutcome::Failed("timeout")),
+            of(2, CallOutcome::Deferred(Limit::Deployment)),
+            of(2, CallOutcome::Deferred(Limit::Deployment)),
+            of(2, CallOutcome::Ok),
+        ];
+        let classes = class_figures(&scenario, &events);
+        let high = &classes["high"];
+        assert_eq!((high.calls, high.deferred, high.failed_fraction), (2, 0, Some(0.5)));
+        let low = &classes["low"];
+        assert_eq!((low.calls, low.deferred, low.failed_fraction), (3, 2, Some(0.0)));
+        // One class only: nothing to split.
+        let single = Scenario::parse("c.toml", &text.replace(", priority = \"low\"", "")).unwrap();
+        assert!(class_figures(&single, &events).is_empty());
     }
 
     #[test]

@@ -164,6 +164,7 @@ mod tests {
             throttled_requests: 1,
             goodput_recovery: recovery,
             episodes: Vec::new(),
+            classes: Default::default(),
         }
     }
 

@@ -40,6 +40,31 @@ pub const FIGURE_NAMES: [&str; 9] = [
 /// received while impaired.
 pub const SERVER_FIGURE_NAMES: [&str; 3] = ["share", "throttled", "impaired_requests"];
 
+/// The figures kept per priority class, by summary name: its calls that a
+/// limit of the caller's own deferred, and the failed fraction of the rest
+/// ([`ClassFigures`](crate::judgement::figures::ClassFigures)).
+pub const CLASS_FIGURE_NAMES: [&str; 2] = ["deferred", "failed_fraction"];
+
+/// Each priority class's figures in `report`, by [`CLASS_FIGURE_NAMES`].
+fn class_figures(report: &Report) -> BTreeMap<String, BTreeMap<String, f64>> {
+    report
+        .figures
+        .classes
+        .iter()
+        .map(|(class, f)| {
+            let figures = [
+                ("deferred", Some(f.deferred as f64)),
+                ("failed_fraction", f.failed_fraction),
+            ];
+            let kept = figures
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v)))
+                .collect();
+            (class.clone(), kept)
+        })
+        .collect()
+}
+
 /// Each server's figures in `report`, by [`SERVER_FIGURE_NAMES`].
 fn server_figures(report: &Report) -> BTreeMap<String, BTreeMap<String, f64>> {
     let total: u64 = report.servers.values().map(|s| s.received).sum();
@@ -210,6 +235,10 @@ pub struct SeedRecord {
     /// traffic went.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub servers: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Per priority class, its figures ([`CLASS_FIGURE_NAMES`]), when the
+    /// scenario's tenants are of both classes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub classes: BTreeMap<String, BTreeMap<String, f64>>,
 }
 
 impl SeedRecord {
@@ -246,6 +275,7 @@ impl SeedRecord {
                 .map(|(i, ep)| EpisodeRecord::of(i + 1, ep))
                 .collect(),
             servers: server_figures(report),
+            classes: class_figures(report),
         }
     }
 
@@ -492,6 +522,9 @@ pub struct SweepSummary {
     /// Per model server, its figures' distributions ([`SERVER_FIGURE_NAMES`]).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub servers: BTreeMap<String, BTreeMap<&'static str, Distribution>>,
+    /// Per priority class, its figures' distributions ([`CLASS_FIGURE_NAMES`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub classes: BTreeMap<String, BTreeMap<&'static str, Distribution>>,
     /// Per seed, in seed order, failed simulations included: what the
     /// summary was made from, so that shards can be merged.
     pub per_seed: Vec<SeedRecord>,
@@ -540,6 +573,25 @@ impl SweepSummary {
             .into_iter()
             .map(|(server, values)| (server, distributions(values)))
             .collect();
+        let mut by_class: BTreeMap<String, BTreeMap<&'static str, Vec<f64>>> = BTreeMap::new();
+        for r in records.iter().filter(|r| r.error.is_none()) {
+            for (class, figures) in &r.classes {
+                for (name, v) in figures {
+                    if let Some(name) = CLASS_FIGURE_NAMES.iter().find(|n| *n == name) {
+                        by_class
+                            .entry(class.clone())
+                            .or_default()
+                            .entry(name)
+                            .or_default()
+                            .push(*v);
+                    }
+                }
+            }
+        }
+        summary.classes = by_class
+            .into_iter()
+            .map(|(class, values)| (class, distributions(values)))
+            .collect();
         summary.per_seed = records;
         summary.figures = distributions(values);
         summary
@@ -577,6 +629,15 @@ impl SweepSummary {
             for name in SERVER_FIGURE_NAMES {
                 let Some(d) = figures.get(name) else { continue };
                 range_line(&mut out, &format!("{server} {name}"), d, self.seeds);
+            }
+        }
+        if !self.classes.is_empty() {
+            let _ = writeln!(out, "per priority class (how its calls fared):");
+        }
+        for (class, figures) in &self.classes {
+            for name in CLASS_FIGURE_NAMES {
+                let Some(d) = figures.get(name) else { continue };
+                range_line(&mut out, &format!("{class} {name}"), d, self.seeds);
             }
         }
         let _ = writeln!(out, "pass rate:");
