@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support;
 use crate::support::redis::{LiveRedis, probe_fleet, race_for_probes};
 use redstring::cache::redis::RedisCache;
-use redstring::{CircuitState, Clock, ManualClock, SystemClock, TenantId};
+use redstring::{CircuitState, Clock, ManualClock, Priority, SystemClock, TenantId};
 use testkit::redis::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -19,6 +19,43 @@ async fn fifty_tasks_over_five_connections_admit_exactly_rpm() {
     assert_eq!(limiters[0].remaining(tenant).await.unwrap(), 0);
     // Another tenant is untouched.
     assert_eq!(limiters[3].remaining(TenantId::from_u128(43)).await.unwrap(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fleets_low_priority_callers_never_take_the_reserve_over_five_connections() {
+    let Some(server) = RedisServer::start() else { return };
+    // 10 per window, 3 kept for the high class; sixty callers over five
+    // workers' connections, every other one of the low class.
+    let limiters: Vec<_> = (0..5)
+        .map(|_| {
+            Arc::new(
+                redstring::RateLimiter::builder(10)
+                    .reserve(0.3)
+                    .key_prefix("deployment:gpu")
+                    .cache(Arc::new(server.cache()))
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let tenant = TenantId::from_u128(7);
+    let handles: Vec<_> = (0..60)
+        .map(|i| {
+            let limiter = limiters[i % limiters.len()].clone();
+            let class = if i % 2 == 0 { Priority::Low } else { Priority::High };
+            tokio::spawn(async move { (class, limiter.acquire_as(tenant, class).await.is_ok()) })
+        })
+        .collect();
+    let (mut low, mut high) = (0, 0);
+    for handle in handles {
+        match handle.await.unwrap() {
+            (Priority::Low, true) => low += 1,
+            (Priority::High, true) => high += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(low + high, 10, "{low} low, {high} high");
+    assert!(low <= 7 && high >= 3, "{low} low, {high} high");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
