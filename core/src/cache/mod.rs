@@ -168,7 +168,9 @@ pub trait LimiterStore: Cache {
     /// Atomically: count the hits at `key` in `[now − window, now]`; if fewer
     /// than `limit`, record a hit at `now` (as [`HitWindow::record_hit`] with
     /// `ttl`) and report what remains; otherwise record nothing and report when
-    /// the oldest hit in the window ages out. The decision is
+    /// the hit at [`freeing_rank`](crate::decide::window::freeing_rank) —
+    /// the oldest at the limit, a later one when the window holds more, as
+    /// under a caller's lowered limit — ages out. The decision is
     /// [`crate::decide::window::decide`]; `now` is the caller's or the store's per its
     /// [`TimeSource`].
     fn acquire_slot(

@@ -11,11 +11,11 @@ use crate::time::secs;
 ///
 /// The message names the tenant, as the original library's does: `tenant
 /// 00000000-0000-0000-0000-00000000000a has used 60 calls in 60s; retry in
-/// 0.42s`; a low-priority caller's names its class's share: `… has used 45
-/// calls in 60s, low priority's share is 42; retry in …`. Sleep on
+/// 0.42s`; a caller kept from a reserve names its class's share: `… has
+/// used 45 calls in 60s, low priority's share is 42; retry in …`. Sleep on
 /// [`retry_after`](Self::retry_after), never on a number parsed from the message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("tenant {tenant} has used {used} calls in {window_secs}s{}; retry in {retry_secs:.2}s", if *priority == Priority::Low { format!(", low priority's share is {limit}") } else { String::new() }, window_secs = secs(*window), retry_secs = retry_after.as_secs_f64())]
+#[error("tenant {tenant} has used {used} calls in {window_secs}s{}; retry in {retry_secs:.2}s", if *reserved > 0 { format!(", {} priority's share is {limit}", priority.as_str()) } else { String::new() }, window_secs = secs(*window), retry_secs = retry_after.as_secs_f64())]
 pub struct RateLimitExceeded {
     /// The tenant refused.
     pub tenant: TenantId,
@@ -24,6 +24,9 @@ pub struct RateLimitExceeded {
     /// Calls per window that class may take: `rpm`, less the reserve for a
     /// low one.
     pub limit: u32,
+    /// Calls per window kept from this caller for a higher class (zero for
+    /// a high caller, or without a reserve).
+    pub reserved: u32,
     /// Hits in the window at the moment of refusal.
     pub used: u64,
     /// The limiter's window.

@@ -200,11 +200,16 @@ struct Reserved {
     tokens: u64,
 }
 
-/// `⌈limit × share⌉`: what a reserve of `share` keeps, rounded up so the
-/// high class gets at least its share.
-fn reserve_of(limit: u64, share: f64) -> u64 {
-    // share ∈ (0, 1) and limit ≤ 2⁵³: the product is exact enough and fits.
-    (limit as f64 * share).ceil() as u64
+/// What a [`reserve`](RateLimiterBuilder::reserve) of `share` keeps of
+/// `limit`: `⌈limit × share⌉`, rounded up so the high class gets at least
+/// its share, with `share` taken in whole parts per million — so a share
+/// such as 0.07 of 100, whose product in binary floating point is a hair
+/// above 7, keeps 7. `share` must be in (0, 1) (a builder refuses
+/// anything else); `limit` at most 2⁵³.
+pub fn reserve_of(limit: u64, share: f64) -> u64 {
+    // Both casts are exact: share ∈ (0, 1) rounds into 0..=10⁶.
+    let ppm = (share.clamp(0.0, 1.0) * 1e6).round() as u128;
+    u64::try_from((u128::from(limit) * ppm).div_ceil(1_000_000)).unwrap_or(limit)
 }
 
 /// A limiter's store request but for its `now`. A clamped caller's window
@@ -497,7 +502,7 @@ impl<S: LimiterStore> RateLimiter<S> {
     /// recorded, so asking again costs nothing — but asking again before
     /// [`RateLimitExceeded::retry_after`] has passed is refused again. The
     /// clock is read once and the same instant is used for the count, the
-    /// oldest hit and the new hit.
+    /// hit that frees a slot and the new hit.
     pub async fn acquire(&self, tenant: TenantId) -> Result<Admission, AcquireError> {
         self.acquire_as(tenant, Priority::High).await
     }
@@ -562,6 +567,8 @@ impl<S: LimiterStore> RateLimiter<S> {
             // The spec's original limiter: count, then the oldest hit, then
             // record — three calls a racing worker can interleave with, all
             // stamped by this worker's clock, as that limiter stamped them.
+            // It knew only the oldest hit, so a caller over a lowered limit
+            // (a low class) is told too short a wait, as that limiter would.
             Mutant::ThreeCallLimiter => {
                 let hits = self.store.hit_window()?;
                 let now = self.clock.now();
@@ -732,6 +739,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                     tenant,
                     priority,
                     limit: self.rpm_for(priority),
+                    reserved: self.held_back(priority).requests,
                     used,
                     window: self.slot.window,
                     retry_after,
@@ -960,6 +968,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                     tenant,
                     priority,
                     limit: self.rpm_for(priority),
+                    reserved: self.held_back(priority).requests,
                     used: requests_used,
                     window: self.slot.window,
                     retry_after,

@@ -713,6 +713,21 @@ mod priority {
             (limiter.rpm_for(Priority::High), limiter.rpm_for(Priority::Low)),
             (10, 7)
         );
+        // 0.07 × 100 is a hair above 7 in binary floating point: still 7.
+        assert_eq!(redstring::limiter::reserve_of(100, 0.07), 7);
+        let limiter = RateLimiter::builder(100).reserve(0.07).build().unwrap();
+        assert_eq!(limiter.rpm_for(Priority::Low), 93);
+    }
+
+    #[tokio::test]
+    async fn without_a_reserve_a_low_caller_sees_the_whole_limit_and_no_share_is_named() {
+        let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let limiter = limiter(2, &clock);
+        limiter.acquire_as(A, Priority::Low).await.unwrap();
+        limiter.acquire_as(A, Priority::Low).await.unwrap();
+        let refusal = refused(limiter.acquire_as(A, Priority::Low).await);
+        assert_eq!((refusal.limit, refusal.reserved), (2, 0));
+        assert!(!refusal.to_string().contains("share"), "{refusal}");
     }
 
     #[tokio::test]

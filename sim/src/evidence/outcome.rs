@@ -277,6 +277,7 @@ mod tests {
                     tenant,
                     priority: redstring::Priority::High,
                     limit: 3,
+                    reserved: 0,
                     used: 3,
                     window: second,
                     retry_after: second,

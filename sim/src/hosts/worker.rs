@@ -247,9 +247,6 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
     if let Some(tokens) = h.tokens_per_window {
         limiter = limiter.tokens_per_window(tokens);
     }
-    if let Some(share) = h.reserve {
-        limiter = limiter.reserve(share);
-    }
     let limiter = Arc::new(limiter.cache(store.clone()).build()?);
     let Some(primary) = plan.deployments.first().map(|d| d.server.as_str()) else {
         return Err("a worker with no server to call".into());

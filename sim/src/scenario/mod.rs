@@ -735,6 +735,48 @@ tenants = [{ id = 1, calls_per_min = 30 }]
     }
 
     #[test]
+    fn a_reserve_is_a_share_of_servers_own_limits_and_a_tenant_has_one_class() {
+        let with = |hardening: &str| Scenario::parse("classes.toml", &format!("{MINIMAL}\n[hardening]\n{hardening}\n"));
+        let ok = with("deployment_rpm = 10\nreserve = 0.3").unwrap();
+        assert_eq!(
+            (ok.hardening.deployment_rpm, ok.hardening.reserve),
+            (Some(10), Some(0.3))
+        );
+        assert_eq!(Scenario::parse("again.toml", &ok.to_toml()).unwrap(), ok);
+        let off = with("deployment_rpm = \"none\"\nreserve = \"none\"").unwrap();
+        assert_eq!((off.hardening.deployment_rpm, off.hardening.reserve), (None, None));
+        for (hardening, says) in [
+            (
+                "reserve = 0.3",
+                "field `hardening.reserve`: keeps a share of each server's own limit",
+            ),
+            (
+                "deployment_rpm = 10\nreserve = 1.5",
+                "field `hardening.reserve`: must be between 0 and 1",
+            ),
+            (
+                "deployment_rpm = 10\nreserve = 0.95",
+                "field `hardening.reserve`: must be small enough",
+            ),
+            (
+                "deployment_rpm = 0",
+                "field `hardening.deployment_rpm`: must be positive",
+            ),
+            (
+                "deployment_rpm = \"lots\"",
+                "expected a count or \"none\", got \"lots\"",
+            ),
+        ] {
+            let e = with(hardening).unwrap_err().to_string();
+            assert!(e.contains(says), "{e:?} should contain {says:?}");
+        }
+        let twice = MINIMAL.replace("calls_per_min = 30 }]", "calls_per_min = 30 }]\n[[workers]]\nname = \"w2\"\nservers = [\"gpu\"]\ntenants = [{ id = 1, calls_per_min = 1, priority = \"low\" }]");
+        assert_ne!(twice, MINIMAL);
+        let e = Scenario::parse("twice.toml", &twice).unwrap_err().to_string();
+        assert!(e.contains("tenant 1 as high in one group and low in another"), "{e}");
+    }
+
+    #[test]
     fn a_missing_file_is_an_io_error_naming_it() {
         let e = Scenario::load(Path::new("/nonexistent/x.toml")).unwrap_err();
         assert!(matches!(e, ScenarioError::Io { .. }));

@@ -102,11 +102,12 @@ pub struct Hardening {
     /// limit, as leaving the key out is.
     #[serde(deserialize_with = "count_or_none", skip_serializing_if = "Option::is_none")]
     pub deployment_rpm: Option<u32>,
-    /// The share of every limit — the tenants' `rpm` and `tokens_per_window`
-    /// and each server's `deployment_rpm` — kept for high-priority tenants
-    /// (the limiters' `reserve`; default: none): a `priority = "low"`
-    /// tenant is refused once a window holds the rest. Between 0 and 1,
-    /// exclusive. `"none"` is no reserve, as leaving the key out is, so
+    /// The share of each server's own limit (`deployment_rpm`) kept for
+    /// high-priority tenants (its limiter's `reserve`; default: none): a
+    /// `priority = "low"` tenant's attempt there is refused once a window
+    /// holds the rest. Between 0 and 1, exclusive. The tenants' own `rpm`
+    /// keeps none: each tenant has its own window and one class, so a
+    /// reserve there would only cut a low tenant's rate. `"none"` is no reserve, as leaving the key out is, so
     /// that `compare --set hardening.reserve=none,0.3` sets the two side by
     /// side.
     #[serde(deserialize_with = "secs_or_none", skip_serializing_if = "Option::is_none")]

@@ -360,9 +360,6 @@ impl Scenario {
         if let Some(tokens) = h.tokens_per_window {
             limiter = limiter.tokens_per_window(tokens);
         }
-        if let Some(share) = h.reserve {
-            limiter = limiter.reserve(share);
-        }
         limiter.build().map_err(|bad| refused(hardening(bad.field), bad))?;
         if let Some(rpm) = h.deployment_rpm {
             let mut limit = redstring::RateLimiter::builder(rpm)
@@ -378,6 +375,28 @@ impl Scenario {
                 };
                 refused(field, bad)
             })?;
+        } else if h.reserve.is_some() {
+            return Err(e.bad(
+                "hardening.reserve",
+                "keeps a share of each server's own limit: set hardening.deployment_rpm too".into(),
+            ));
+        }
+        // A tenant has one class: its calls are judged and counted by it.
+        let mut classes = std::collections::BTreeMap::new();
+        for t in self.workers.iter().flat_map(|g| &g.tenants) {
+            if let Some(other) = classes.insert(t.id, t.priority)
+                && other != t.priority
+            {
+                return Err(e.bad(
+                    "workers.tenants.priority",
+                    format!(
+                        "must be one class per tenant, got tenant {} as {} in one group and {} in another",
+                        t.id,
+                        other.as_str(),
+                        t.priority.as_str()
+                    ),
+                ));
+            }
         }
         let mut breaker = redstring::CircuitBreaker::builder()
             .failure_threshold(h.failure_threshold)

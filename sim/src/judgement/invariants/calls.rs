@@ -5,7 +5,7 @@
 //! call's number, [`TraceEvent::call`]), so they hold every call to its own
 //! layers however many calls a worker interleaves.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::trace::{Kind, TraceEvent};
@@ -17,13 +17,15 @@ use crate::hosts::worker::breaker_prefix;
 /// server's breaker it goes to, and a retry back to one it already holds an
 /// admission from takes no second one. The one exception is the core's
 /// own: a server's own limit (`hardening.deployment_rpm`) that refuses the
-/// attempt there makes the call hand back that server's unused admission
-/// before it sleeps the limit's wait, and the call is admitted afresh after
-/// it.
+/// attempt there makes the call hand back that server's admission, when no
+/// request was sent under it, before it sleeps the limit's wait, and the
+/// call is admitted afresh after it.
 pub(super) fn once_per_call(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     // (host, call) → slots, and (host, call, breaker) → admissions
     let mut per_call: BTreeMap<(&str, u64), u32> = BTreeMap::new();
     let mut per_breaker: BTreeMap<(&str, u64, String), u32> = BTreeMap::new();
+    // (host, call, breaker) a request was sent under.
+    let mut used: BTreeSet<(&str, u64, String)> = BTreeSet::new();
     let (mut most_slots, mut most_admissions, mut verdict) = (0, 0, Verdict::Held);
     for e in events {
         let Some(call) = e.call else { continue };
@@ -39,8 +41,18 @@ pub(super) fn once_per_call(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 *admissions += 1;
                 (0, *admissions)
             }
+            // A request there uses the admission: the core keeps it.
+            Kind::Request { server } => {
+                used.insert((key.0, call, breaker_prefix(server)));
+                continue;
+            }
+            // The core hands back an unused admission when the server's own
+            // limit refuses the attempt it was taken for.
             Kind::DeploymentLimited { server, .. } => {
-                per_breaker.remove(&(key.0, call, breaker_prefix(server)));
+                let held = (key.0, call, breaker_prefix(server));
+                if !used.contains(&held) {
+                    per_breaker.remove(&held);
+                }
                 continue;
             }
             _ => continue,
@@ -234,6 +246,39 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 floor_us,
             },
         )
+    }
+
+    #[test]
+    fn a_servers_limit_refusal_frees_an_unused_admission_only() {
+        let s = scenario(0.1);
+        let ctx = Ctx::new(&s);
+        let limited = |call, t_us| {
+            in_call(
+                call,
+                t_us,
+                Kind::DeploymentLimited {
+                    server: "gpu".into(),
+                    priority: redstring::Priority::Low,
+                    retry_after_us: 1,
+                    at_us: t_us,
+                    decided_by: Decider::Cache,
+                },
+            )
+        };
+        let gpu = breaker_prefix("gpu");
+        let request = |call, t_us| in_call(call, t_us, Kind::Request { server: "gpu".into() });
+        // Admitted, refused by the limit before any request, admitted again.
+        let handed_back = [admission_from(1, 1, &gpu), limited(1, 2), admission_from(1, 3, &gpu)];
+        assert_eq!(once_per_call(&ctx, &handed_back).0, Verdict::Held);
+        // A request went out under the admission: the core keeps it, so a
+        // second admission after the limit's refusal is one too many.
+        let kept = [
+            admission_from(1, 1, &gpu),
+            request(1, 2),
+            limited(1, 3),
+            admission_from(1, 4, &gpu),
+        ];
+        assert!(matches!(once_per_call(&ctx, &kept).0, Verdict::Violated { .. }));
     }
 
     #[test]

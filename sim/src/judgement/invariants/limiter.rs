@@ -107,7 +107,7 @@ pub fn rpm_bound(s: &Scenario) -> RpmBound {
 
 /// The most times the shared cache comes back (restarted, with nothing in
 /// it) within any one window of the run.
-fn restarts_in_a_window(s: &Scenario, window: Duration) -> u64 {
+pub(super) fn restarts_in_a_window(s: &Scenario, window: Duration) -> u64 {
     let mut ups: Vec<f64> = s
         .faults
         .iter()

@@ -6,27 +6,40 @@
 //! class it asked as ([`Kind::DeploymentAdmitted`],
 //! [`Kind::DeploymentLimited`]). The limit decides by its store's stamps, so
 //! the judgement is in stamp time, per limit (per worker with per-worker
-//! caches, fleet-wide with a shared one) and between restarts of a shared
-//! cache, which forget every hit: no window of stamps holds more low
-//! admissions than the low class's share, `rpm − ⌈rpm × reserve⌉`, and every
-//! high refusal found at least the reserve taken by high admissions in its
-//! window — the reserve was the high class's to use. Both are exact when one
-//! clock that never steps back stamps a limit's decisions; otherwise there
-//! is nothing exact to judge and the invariant is not applicable. Decisions
-//! a worker made without its cache (a local limit, or admitted unlimited)
-//! are in no shared window and are not counted.
+//! caches, fleet-wide with a shared one):
+//!
+//! - no window of stamps holds more low admissions than the low class's
+//!   share, `rpm − reserve_of(rpm, reserve)` — times one more for each
+//!   restart of a shared cache within a window, which forgets every hit (as
+//!   invariant 1 allows);
+//! - every high refusal found at least the reserve taken by high admissions
+//!   in its window: the reserve was the high class's to use. This half
+//!   counts traced admissions, so it is judged only where every hit the
+//!   store holds was traced: no restart of the shared cache, no call
+//!   deadline or hedge (a future dropped while its slot request is in
+//!   flight leaves an untraced hit), and no cache the workers could not
+//!   reach (a reply that times out after the store recorded its hit).
+//!
+//! Both are exact when one clock that never steps back stamps a limit's
+//! decisions; otherwise there is nothing exact to judge and the invariant
+//! is not applicable. Decisions a worker made without its cache (a local
+//! limit, or admitted unlimited) are in no shared window and are not
+//! counted.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use redstring::Priority;
+use redstring::limiter::reserve_of;
 
+use super::limiter::restarts_in_a_window;
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::trace::{Decider, Kind, TraceEvent};
 use crate::scenario::{CACHE_HOST, Fault};
 
-/// One limit's decisions since its store last started empty.
+/// One limit's decisions.
 #[derive(Default)]
-struct Epoch<'a> {
+struct Limit<'a> {
     /// Low-priority admissions: stamp and event.
     low: Vec<(u64, &'a TraceEvent)>,
     /// High-priority admissions' stamps.
@@ -35,22 +48,13 @@ struct Epoch<'a> {
     refused: Vec<(u64, &'a TraceEvent)>,
 }
 
-/// What the judgement found over every epoch, for the figure.
-struct Tally {
-    /// The most low admissions seen in one window.
-    most_low: usize,
-    /// High refusals judged.
-    refusals: usize,
-    /// The fewest high admissions a high refusal found in its window.
-    fewest_high: Option<usize>,
-}
-
 /// Invariant 21: at every server's own limit with a reserve, no window holds
 /// more low-priority admissions than the low class's share, and every
 /// high-priority refusal found at least the reserve used by high calls in
-/// its window.
+/// its window (where every hit is traced).
 pub(super) fn priority_share(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
-    let h = &ctx.scenario.hardening;
+    let s = ctx.scenario;
+    let h = &s.hardening;
     let (Some(rpm), Some(share)) = (h.deployment_rpm, h.reserve) else {
         return not_applicable("no server's limit keeps a reserve");
     };
@@ -58,33 +62,36 @@ pub(super) fn priority_share(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         return not_applicable("a caller-stamped shared cache: the limits' stamps come from many clocks");
     }
     let shared = ctx.scopes.shared();
-    let steps_back = ctx
-        .scenario
+    let steps_back = s
         .faults
         .iter()
         .any(|f| matches!(f, Fault::ClockStep { host, by_ms, .. } if *by_ms < 0 && (host == CACHE_HOST) == shared));
     if steps_back {
         return not_applicable("a clock that stamps the limits steps back");
     }
-    // As the core reserves: ⌈rpm × share⌉, never the whole limit.
-    let reserved = (f64::from(rpm) * share).ceil() as usize;
-    let low_share = (rpm as usize).saturating_sub(reserved);
-    let window_us = ctx.window_us;
-    let mut tally = Tally {
-        most_low: 0,
-        refusals: 0,
-        fewest_high: None,
+    let reserved = usize::try_from(reserve_of(u64::from(rpm), share)).unwrap_or(usize::MAX);
+    let low_share = usize::try_from(rpm).unwrap_or(usize::MAX).saturating_sub(reserved);
+    let restarts = if shared {
+        usize::try_from(restarts_in_a_window(s, Duration::from_micros(ctx.window_us))).unwrap_or(usize::MAX)
+    } else {
+        0
     };
-    let mut verdict = Verdict::Held;
-    let mut epochs: BTreeMap<String, Epoch> = BTreeMap::new();
+    let low_bound = low_share.saturating_mul(restarts.saturating_add(1));
+    let restarted = shared && s.faults.iter().any(|f| matches!(f, Fault::CacheUp { .. }));
+    let mut untraced = if restarted {
+        Some("a restart of the shared cache")
+    } else if h.deadline_s.is_some() {
+        Some("call deadlines")
+    } else if h.hedge_after_ms.is_some() {
+        Some("hedging")
+    } else {
+        None
+    };
+    let mut limits: BTreeMap<String, Limit> = BTreeMap::new();
     for e in events {
         match &e.kind {
-            Kind::Fault {
-                fault: Fault::CacheUp { .. },
-            } if shared => {
-                for epoch in std::mem::take(&mut epochs).into_values() {
-                    judge(&epoch, window_us, low_share, reserved, &mut tally, &mut verdict);
-                }
+            Kind::CacheUnavailable { .. } => {
+                untraced.get_or_insert("a cache the workers could not reach");
             }
             Kind::DeploymentAdmitted {
                 server,
@@ -92,10 +99,10 @@ pub(super) fn priority_share(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 at_us,
                 decided_by: Decider::Cache,
             } => {
-                let epoch = epochs.entry(ctx.scopes.breaker(e, server)).or_default();
+                let limit = limits.entry(ctx.scopes.breaker(e, server)).or_default();
                 match priority {
-                    Priority::Low => epoch.low.push((*at_us, e)),
-                    Priority::High => epoch.high.push(*at_us),
+                    Priority::Low => limit.low.push((*at_us, e)),
+                    Priority::High => limit.high.push(*at_us),
                 }
             }
             Kind::DeploymentLimited {
@@ -104,63 +111,61 @@ pub(super) fn priority_share(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 at_us,
                 decided_by: Decider::Cache,
                 ..
-            } => {
-                let epoch = epochs.entry(ctx.scopes.breaker(e, server)).or_default();
-                epoch.refused.push((*at_us, e));
-            }
+            } => limits
+                .entry(ctx.scopes.breaker(e, server))
+                .or_default()
+                .refused
+                .push((*at_us, e)),
             _ => {}
         }
     }
-    for epoch in epochs.into_values() {
-        judge(&epoch, window_us, low_share, reserved, &mut tally, &mut verdict);
+    let mut verdict = Verdict::Held;
+    let (mut most_low, mut refusals, mut fewest_high) = (0, 0, None::<usize>);
+    for limit in limits.values_mut() {
+        limit.low.sort_by_key(|(at, _)| *at);
+        // Each window of stamps starting at a low admission's stamp: every
+        // window's count is at most that of the one starting at its first.
+        for (i, (start, _)) in limit.low.iter().enumerate() {
+            let end = start.saturating_add(ctx.window_us);
+            let within = limit.low[i..].partition_point(|(at, _)| *at <= end);
+            most_low = most_low.max(within);
+            if within > low_bound && verdict == Verdict::Held {
+                let (_, last) = limit.low[i + within - 1];
+                verdict = violated(
+                    last,
+                    format!(
+                        "{within} low-priority admissions in one window at a server's limit, over the low share of {low_bound}"
+                    ),
+                );
+            }
+        }
+        if untraced.is_some() {
+            continue;
+        }
+        limit.high.sort_unstable();
+        for (at, e) in &limit.refused {
+            let from = at.saturating_sub(ctx.window_us);
+            let before = limit.high.partition_point(|h| *h < from);
+            let found = limit.high.partition_point(|h| h <= at).saturating_sub(before);
+            refusals += 1;
+            fewest_high = Some(fewest_high.map_or(found, |f| f.min(found)));
+            if found < reserved && verdict == Verdict::Held {
+                verdict = violated(
+                    e,
+                    format!(
+                        "a high-priority call was refused at a server's limit with only {found} high admissions in its window, under the reserve of {reserved}"
+                    ),
+                );
+            }
+        }
     }
-    let fewest = tally.fewest_high.map_or_else(
-        || "no high refusal".to_owned(),
-        |n| format!("fewest high {n} at a high refusal"),
-    );
-    let figure = format!(
-        "most low {} of {low_share} per window; {fewest} (reserve {reserved}, {} judged)",
-        tally.most_low, tally.refusals
-    );
+    let high = match (untraced, fewest_high) {
+        (Some(why), _) => format!("high refusals not judged under {why}"),
+        (None, None) => "no high refusal".to_owned(),
+        (None, Some(n)) => format!("fewest high {n} at {refusals} high refusals"),
+    };
+    let figure = format!("most low {most_low} of {low_bound} per window; {high} (reserve {reserved})");
     (verdict, figure)
-}
-
-/// Judges one limit's epoch, keeping the first violation.
-fn judge(epoch: &Epoch, window_us: u64, low_share: usize, reserved: usize, tally: &mut Tally, verdict: &mut Verdict) {
-    let mut low = epoch.low.clone();
-    low.sort_by_key(|(at, _)| *at);
-    // Each window of stamps starting at a low admission's stamp: every
-    // window's count is at most that of the one starting at its first.
-    for (i, (start, _)) in low.iter().enumerate() {
-        let end = start.saturating_add(window_us);
-        let within = low[i..].partition_point(|(at, _)| *at <= end);
-        tally.most_low = tally.most_low.max(within);
-        if within > low_share && *verdict == Verdict::Held {
-            let (_, last) = low[i + within - 1];
-            *verdict = violated(
-                last,
-                format!(
-                    "{within} low-priority admissions in one window at a server's limit, over the low share of {low_share}"
-                ),
-            );
-        }
-    }
-    let mut high = epoch.high.clone();
-    high.sort_unstable();
-    for (at, e) in &epoch.refused {
-        let from = at.saturating_sub(window_us);
-        let found = high.partition_point(|h| h <= at) - high.partition_point(|h| *h < from);
-        tally.refusals += 1;
-        tally.fewest_high = Some(tally.fewest_high.map_or(found, |f| f.min(found)));
-        if found < reserved && *verdict == Verdict::Held {
-            *verdict = violated(
-                e,
-                format!(
-                    "a high-priority call was refused at a server's limit with only {found} high admissions in its window, under the reserve of {reserved}"
-                ),
-            );
-        }
-    }
 }
 
 #[cfg(test)]
@@ -211,12 +216,16 @@ tenants = [{ id = 1, calls_per_min = 1 }, { id = 2, calls_per_min = 1, priority 
     }
 
     fn verdict(events: &[TraceEvent]) -> Verdict {
-        let scenario = Scenario::parse("priority.toml", SCENARIO).unwrap();
-        check_all(&scenario, events)
+        verdict_of(SCENARIO, events).0
+    }
+
+    fn verdict_of(text: &str, events: &[TraceEvent]) -> (Verdict, String) {
+        let scenario = Scenario::parse("priority.toml", text).unwrap();
+        let check = check_all(&scenario, events)
             .into_iter()
             .find(|c| c.name == Invariant::PriorityShare)
-            .unwrap()
-            .verdict
+            .unwrap();
+        (check.verdict, check.figure)
     }
 
     #[test]
@@ -262,5 +271,14 @@ tenants = [{ id = 1, calls_per_min = 1 }, { id = 2, calls_per_min = 1, priority 
             }
             other => panic!("expected a violation, got {other:?}"),
         }
+        // Under call deadlines a dropped slot request may leave an
+        // untraced high hit in the store: high refusals are not judged.
+        let with_deadline = SCENARIO.replace("reserve = 0.3", "reserve = 0.3\ndeadline_s = 30");
+        let (verdict, figure) = verdict_of(&with_deadline, &events);
+        assert_eq!(verdict, Verdict::Held);
+        assert!(
+            figure.contains("high refusals not judged under call deadlines"),
+            "{figure}"
+        );
     }
 }
