@@ -18,7 +18,10 @@
 //! - [`BudgetStore::budget_step`]: a fleet's retry budget
 //!   ([`budget::step`](crate::decide::budget::step));
 //! - [`InFlightStore::pick_least_loaded`]: a router's least-loaded pick
-//!   ([`pick::least_loaded`](crate::decide::pick::least_loaded)).
+//!   ([`pick::least_loaded`](crate::decide::pick::least_loaded));
+//! - [`InFlightStore::concurrency_step`]: a deployment's adaptive limit on
+//!   calls in flight, admitted or ended against its leases
+//!   ([`concurrency::step`](crate::decide::concurrency::step)).
 //!
 //! Beside them, the spec's `Cache` as two capabilities: [`KeyValue`]
 //! (string values with TTLs, and counters whose TTL is applied on creation
@@ -44,6 +47,7 @@ pub use memory::MemoryCache;
 use crate::clock::Clock;
 use crate::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use crate::decide::budget::{BudgetCommand, BudgetParams, BudgetStep};
+use crate::decide::concurrency::{ConcurrencyCommand, ConcurrencyParams, ConcurrencyStep};
 use crate::decide::pick::{Pick, PickRequest};
 use crate::decide::tokens::{ReservationId, TokenAsk, TokenOutcome};
 use crate::decide::window::SlotOutcome;
@@ -236,6 +240,23 @@ pub trait InFlightStore: Cache {
 
     /// Ends lease `id` at `key`; ending one that already ended is fine.
     fn end_in_flight(&self, key: &str, id: u64) -> impl Future<Output = Result<(), CacheError>> + Send;
+
+    /// Atomically: drop the leases that ended before `now` (as
+    /// [`pick_least_loaded`](Self::pick_least_loaded) judges it) in `key`'s
+    /// in-flight set, read the limit stored at `key` itself (a decimal
+    /// string of millionths; anything unreadable heals to `params.initial`,
+    /// reported as `healed`), apply
+    /// [`crate::decide::concurrency::step`] to `command`, and write what it
+    /// says: an admitted call leased as `request.id` until `now +
+    /// request.lease`, a completing call's lease `request.id` ended, and the
+    /// limit, kept `params.ttl`.
+    fn concurrency_step(
+        &self,
+        key: &str,
+        command: ConcurrencyCommand,
+        params: ConcurrencyParams,
+        request: PickRequest,
+    ) -> impl Future<Output = Result<ConcurrencyStep, CacheError>> + Send;
 }
 
 /// The breaker's transitions as atomic steps over its seven keys.

@@ -21,10 +21,13 @@
 //! - [`budget`]: one step of a retry budget's bucket;
 //! - [`pick`]: the least-loaded pick over deployments, and the draw by
 //!   weight;
-//! - [`ramp`]: a slow start's share of calls after a circuit closed.
+//! - [`ramp`]: a slow start's share of calls after a circuit closed;
+//! - [`concurrency`]: an adaptive limit on a deployment's calls in flight
+//!   (AIMD), its admission and its change as a call ends.
 
 pub mod breaker;
 pub mod budget;
+pub mod concurrency;
 pub mod pick;
 pub mod ramp;
 pub mod tokens;

@@ -25,6 +25,7 @@ use crate::decide::breaker::{
     Refusal, Write,
 };
 use crate::decide::budget::{BudgetCommand, BudgetParams, BudgetState, MICROS_PER_RETRY};
+use crate::decide::concurrency::{AdaptiveConcurrency, CallEnd, ConcurrencyCommand, ConcurrencyParams, UNIT};
 use crate::decide::pick::PickRequest;
 use crate::decide::tokens::{RefusedBy, ReservationId, TokenAsk, TokenOutcome};
 use crate::decide::window::SlotOutcome;
@@ -132,6 +133,11 @@ checks!(
     in_flight_refuses_a_pick_with_no_candidate,
     in_flight_clamps_a_caller_far_ahead,
     racing_in_flight_picks_spread_exactly_evenly,
+    concurrency_admits_to_the_limit_and_an_end_frees_a_call,
+    concurrency_backs_off_on_overload_and_grows_by_one_per_limit_successes,
+    concurrency_an_ended_lease_stops_counting_and_its_late_end_changes_nothing,
+    concurrency_a_damaged_limit_heals_to_initial,
+    racing_concurrency_admits_exactly_the_limit,
     close_is_idempotent_and_later_calls_fail_closed,
 );
 
@@ -1463,6 +1469,233 @@ async fn racing_in_flight_picks_spread_exactly_evenly<H: Harness>(h: &H) {
         .await
         .unwrap();
     assert_eq!(last.counts, [20, 20], "every pick saw every earlier one");
+}
+
+fn concurrency(initial: u32, min: u32, max: u32) -> ConcurrencyParams {
+    AdaptiveConcurrency::new(initial, min, max)
+        .and_then(|c| c.backoff(0.5))
+        .expect("valid")
+        .params()
+}
+
+const ADMIT: ConcurrencyCommand = ConcurrencyCommand::Admit;
+const ANSWERED: ConcurrencyCommand = ConcurrencyCommand::Complete(CallEnd::Success);
+const OVERLOAD: ConcurrencyCommand = ConcurrencyCommand::Complete(CallEnd::Overload);
+
+async fn concurrency_admits_to_the_limit_and_an_end_frees_a_call<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let p = concurrency(3, 1, 10);
+    let mut admitted = Vec::new();
+    for id in 0..4 {
+        let step = c.concurrency_step("{cc}:a", ADMIT, p, pick_at(now, id)).await.unwrap();
+        assert_eq!(
+            (step.in_flight, step.limit, step.next),
+            (id, 3 * UNIT, 3 * UNIT),
+            "call {id}"
+        );
+        admitted.push(step.admitted);
+    }
+    assert_eq!(
+        admitted,
+        [true, true, true, false],
+        "three in flight, the fourth refused"
+    );
+    let neither = ConcurrencyCommand::Complete(CallEnd::Neither);
+    let end = c.concurrency_step("{cc}:a", neither, p, pick_at(now, 1)).await.unwrap();
+    assert!(end.admitted, "its lease was live");
+    assert_eq!(
+        (end.in_flight, end.next),
+        (3, 3 * UNIT),
+        "neither end changes the limit"
+    );
+    let again = c.concurrency_step("{cc}:a", ADMIT, p, pick_at(now, 9)).await.unwrap();
+    assert_eq!(
+        (again.admitted, again.in_flight),
+        (true, 2),
+        "the ended call no longer counts"
+    );
+    let other = c.concurrency_step("{cc}:b", ADMIT, p, pick_at(now, 1)).await.unwrap();
+    assert_eq!((other.admitted, other.in_flight), (true, 0), "each key its own");
+}
+
+async fn concurrency_backs_off_on_overload_and_grows_by_one_per_limit_successes<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let p = concurrency(4, 1, 10);
+    for id in 0..4 {
+        c.concurrency_step("{cc}:aimd", ADMIT, p, pick_at(now, id))
+            .await
+            .unwrap();
+    }
+    // Four busy successes at a limit of four: a quarter each.
+    let mut limits = Vec::new();
+    for id in 0..4 {
+        let step = c
+            .concurrency_step("{cc}:aimd", ANSWERED, p, pick_at(now, id))
+            .await
+            .unwrap();
+        limits.push(step.next);
+        c.concurrency_step("{cc}:aimd", ADMIT, p, pick_at(now, 10 + id))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        limits,
+        [4_250_000, 4_500_000, 4_750_000, 5_000_000],
+        "+1/limit while at least half the limit is in flight"
+    );
+    let down = c
+        .concurrency_step("{cc}:aimd", OVERLOAD, p, pick_at(now, 10))
+        .await
+        .unwrap();
+    assert_eq!((down.limit, down.next), (5 * UNIT, 2_500_000), "halved");
+    let late = c
+        .concurrency_step("{cc}:aimd", OVERLOAD, p, pick_at(now, 10))
+        .await
+        .unwrap();
+    assert_eq!(
+        (late.admitted, late.next),
+        (false, 2_500_000),
+        "a second end of one call counts nothing"
+    );
+    for id in 11..14 {
+        c.concurrency_step("{cc}:aimd", OVERLOAD, p, pick_at(now, id))
+            .await
+            .unwrap();
+    }
+    let floor = c
+        .concurrency_step("{cc}:aimd", ADMIT, p, pick_at(now, 20))
+        .await
+        .unwrap();
+    assert_eq!(
+        (floor.limit, floor.in_flight, floor.admitted),
+        (UNIT, 0, true),
+        "down to min"
+    );
+    let idle = c
+        .concurrency_step("{cc}:aimd", ANSWERED, p, pick_at(now, 20))
+        .await
+        .unwrap();
+    assert_eq!(idle.next, 2 * UNIT, "one in flight is the whole of a limit of one");
+}
+
+async fn concurrency_an_ended_lease_stops_counting_and_its_late_end_changes_nothing<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let t0 = h.now();
+    let p = concurrency(1, 1, 4);
+    assert!(
+        c.concurrency_step("{cc}:lease", ADMIT, p, pick_at(t0, 1))
+            .await
+            .unwrap()
+            .admitted
+    );
+    // The lease runs 10 s, inclusive.
+    let last = t0.saturating_add(secs(10));
+    let at_last = c
+        .concurrency_step("{cc}:lease", ADMIT, p, pick_at(last, 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        (at_last.admitted, at_last.in_flight),
+        (false, 1),
+        "a lease counts through its end"
+    );
+    let after = last.saturating_add(Duration::from_micros(1));
+    let freed = c
+        .concurrency_step("{cc}:lease", ADMIT, p, pick_at(after, 3))
+        .await
+        .unwrap();
+    assert_eq!((freed.admitted, freed.in_flight), (true, 0), "then it stops counting");
+    let late = c
+        .concurrency_step("{cc}:lease", OVERLOAD, p, pick_at(after, 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        (late.admitted, late.in_flight, late.next),
+        (false, 1, UNIT),
+        "too late to count"
+    );
+}
+
+async fn concurrency_a_damaged_limit_heals_to_initial<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let p = concurrency(3, 2, 8);
+    for (id, junk) in ["junk", "-5", "99999999999999999", ""].into_iter().enumerate() {
+        c.set("{cc}:damaged", junk, Some(secs(60))).await.unwrap();
+        let step = c
+            .concurrency_step("{cc}:damaged", ADMIT, p, pick_at(now, id as u64))
+            .await
+            .unwrap();
+        assert_eq!(
+            (step.healed, step.limit),
+            (true, 3 * UNIT),
+            "{junk:?} reads as the initial limit"
+        );
+    }
+    let written = c.get("{cc}:damaged").await.unwrap();
+    assert_eq!(written.as_deref(), Some("3000000"), "and is written back sound");
+    c.set("{cc}:damaged", "1", Some(secs(60))).await.unwrap();
+    let low = c
+        .concurrency_step("{cc}:damaged", ADMIT, p, pick_at(now, 9))
+        .await
+        .unwrap();
+    assert_eq!(
+        (low.healed, low.limit),
+        (false, 2 * UNIT),
+        "a readable limit out of bounds is clamped"
+    );
+}
+
+async fn racing_concurrency_admits_exactly_the_limit<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let p = concurrency(7, 1, 10);
+    let tasks: Vec<_> = (0..40)
+        .map(|id| {
+            let c = c.clone();
+            tokio::spawn(async move { c.concurrency_step("{cc}:race", ADMIT, p, pick_at(now, id)).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.expect("task panicked").unwrap().admitted);
+    }
+    assert_eq!(admitted, 7, "no two admissions saw the same count");
+    let ends: Vec<_> = (0..40)
+        .map(|id| {
+            let c = c.clone();
+            tokio::spawn(async move { c.concurrency_step("{cc}:race", ANSWERED, p, pick_at(now, id)).await })
+        })
+        .collect();
+    let mut counted = 0;
+    for task in ends {
+        counted += usize::from(task.await.expect("task panicked").unwrap().admitted);
+    }
+    assert_eq!(counted, 7, "only the admitted calls' ends count");
+    let last = c
+        .concurrency_step("{cc}:race", ADMIT, p, pick_at(now, 99))
+        .await
+        .unwrap();
+    // Seven successes at 7 in flight down to 1: those with at least half
+    // the limit in flight (7..=4 of 7, then 3.. of 8) added 1/7 each, then 1/8.
+    assert_eq!(last.in_flight, 0);
+    assert_eq!(
+        last.limit,
+        expected_after_racing_successes(&p),
+        "every end applied once, in some order"
+    );
+}
+
+/// The limit after seven successes ending 7, 6, … 1 calls in flight, from 7
+/// (the order racing ends arrive in does not change the counts they see).
+fn expected_after_racing_successes(p: &ConcurrencyParams) -> u64 {
+    let mut limit = p.initial;
+    for in_flight in (1..=7).rev() {
+        limit = crate::decide::concurrency::step(Some(limit), in_flight, true, ANSWERED, p).next;
+    }
+    limit
 }
 
 fn cool_down(d: Duration) -> BreakerCommand {

@@ -225,3 +225,49 @@ async fn a_fleets_least_loaded_picks_over_five_connections_never_herd() {
     let last = caches[0].pick_least_loaded(&KEYS, &[1, 1], request(99)).await.unwrap();
     assert_eq!(last.counts, [25, 25]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fleets_adaptive_admissions_over_five_connections_take_exactly_the_limit() {
+    use redstring::cache::InFlightStore;
+    use redstring::decide::concurrency::{AdaptiveConcurrency, CallEnd, ConcurrencyCommand, UNIT};
+    use redstring::decide::pick::PickRequest;
+    let Some(server) = RedisServer::start() else { return };
+    let caches: Vec<Arc<RedisCache>> = (0..5).map(|_| Arc::new(server.cache())).collect();
+    let params = AdaptiveConcurrency::new(7, 1, 20).unwrap().params();
+    let request = |id| PickRequest {
+        now: SystemClock.now(),
+        id,
+        lease: Duration::from_secs(60),
+        max_ahead: Duration::from_secs(1),
+    };
+    let step = |id: u64, command| {
+        let c = caches[usize::try_from(id).unwrap() % 5].clone();
+        tokio::spawn(async move {
+            c.concurrency_step("{fleet}:gpu", command, params, request(id))
+                .await
+                .unwrap()
+        })
+    };
+    let admissions: Vec<_> = (0..50u64).map(|id| step(id, ConcurrencyCommand::Admit)).collect();
+    let mut admitted = Vec::new();
+    for (id, t) in admissions.into_iter().enumerate() {
+        if t.await.unwrap().admitted {
+            admitted.push(id as u64);
+        }
+    }
+    assert_eq!(admitted.len(), 7, "no two of the fleet's admissions saw the same count");
+    // Every admitted call ends overloaded, at once: each backs off once.
+    let ends: Vec<_> = admitted
+        .iter()
+        .map(|&id| step(id, ConcurrencyCommand::Complete(CallEnd::Overload)))
+        .collect();
+    for t in ends {
+        assert!(t.await.unwrap().admitted, "each end found its lease");
+    }
+    let last = step(99, ConcurrencyCommand::Admit).await.unwrap();
+    let mut expected = 7 * UNIT;
+    for _ in 0..7 {
+        expected = (expected * 900 / 1000).max(UNIT);
+    }
+    assert_eq!((last.in_flight, last.limit), (0, expected), "seven backoffs, none lost");
+}

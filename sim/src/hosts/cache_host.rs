@@ -55,6 +55,7 @@ use redstring::cache::{
 };
 use redstring::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, BreakerSnapshot, BreakerStep};
 use redstring::decide::budget::{BudgetCommand, BudgetParams, BudgetStep};
+use redstring::decide::concurrency::{ConcurrencyCommand, ConcurrencyParams, ConcurrencyStep};
 use redstring::decide::pick::{Pick, PickRequest};
 use redstring::decide::tokens::{ReservationId, TokenAsk, TokenOutcome};
 use redstring::decide::window::SlotOutcome;
@@ -216,6 +217,12 @@ async fn execute(cache: &MemoryCache, request: WireRequest) -> Result<WireReply,
             cache.end_in_flight(&key, id).await?;
             WireReply::Done
         }
+        WireRequest::ConcurrencyStep {
+            key,
+            command,
+            params,
+            request,
+        } => WireReply::Concurrency(cache.concurrency_step(&key, command, params, request).await?),
         WireRequest::FlushAll => WireReply::Done,
     })
 }
@@ -582,6 +589,25 @@ impl InFlightStore for RemoteCache {
             other => Err(unexpected("end_in_flight", &other)),
         }
     }
+
+    async fn concurrency_step(
+        &self,
+        key: &str,
+        command: ConcurrencyCommand,
+        params: ConcurrencyParams,
+        request: PickRequest,
+    ) -> Result<ConcurrencyStep, CacheError> {
+        let request = WireRequest::ConcurrencyStep {
+            key: key.to_owned(),
+            command,
+            params,
+            request,
+        };
+        match self.call("concurrency_step", request).await? {
+            WireReply::Concurrency(step) => Ok(step),
+            other => Err(unexpected("concurrency_step", &other)),
+        }
+    }
 }
 
 impl TokenStore for RemoteCache {
@@ -759,6 +785,17 @@ pub enum WireRequest {
         /// The call's id.
         id: u64,
     },
+    /// `InFlightStore::concurrency_step`.
+    ConcurrencyStep {
+        /// The deployment's key.
+        key: String,
+        /// Admit, or end a call.
+        command: ConcurrencyCommand,
+        /// The limit's settings.
+        params: ConcurrencyParams,
+        /// The call and its lease.
+        request: PickRequest,
+    },
     /// Empty the store (Redis `FLUSHALL`).
     FlushAll,
 }
@@ -789,6 +826,8 @@ pub enum WireReply {
     Settled(bool),
     /// A router's pick.
     Picked(Pick),
+    /// An adaptive concurrency step.
+    Concurrency(ConcurrencyStep),
     /// A breaker read.
     Snapshot {
         /// What is stored.

@@ -51,11 +51,12 @@ use crate::decide::breaker::{BreakerCommand, BreakerKeys, BreakerParams, Breaker
 use crate::decide::budget::{
     BudgetCommand, BudgetParams, BudgetState, BudgetStep, clamp_budget_stamp, step as budget_step,
 };
+use crate::decide::concurrency::{ConcurrencyCommand, ConcurrencyParams, ConcurrencyStep, step as concurrency_step};
 use crate::decide::pick::{Pick, PickRequest, check_pick, least_loaded};
 use crate::decide::tokens::{ReservationId, TokenAsk, TokenEntry, TokenOutcome, combine, decide_tokens, settle_entry};
 use crate::decide::window::{SlotOutcome, clamp_stamp, decide};
 use crate::error::CacheError;
-use crate::time::Timestamp;
+use crate::time::{MAX_STORED, Timestamp, stored_number};
 
 /// How many shards untagged keys are spread over.
 const HASHED: usize = 8;
@@ -376,6 +377,56 @@ impl InFlightStore for MemoryCache {
         }
         map.retain(|_, leases| !leases.is_empty());
         Ok(Pick { index, counts })
+    }
+
+    async fn concurrency_step(
+        &self,
+        key: &str,
+        command: ConcurrencyCommand,
+        params: ConcurrencyParams,
+        request: PickRequest,
+    ) -> Result<ConcurrencyStep, CacheError> {
+        let clock_now = self.shared.clock.now();
+        let now = match self.shared.time_source {
+            TimeSource::Caller => clamp_budget_stamp(request.now, clock_now, request.max_ahead),
+            TimeSource::Store => clock_now,
+        };
+        // The shard's lock, then the leases': `delete`'s order.
+        let mut table = self.lock(key, clock_now)?;
+        let (stored, healed) = match table.value(key, clock_now).map(|e| &e.value) {
+            None => (None, false),
+            Some(Value::Text(text)) => match stored_number(text) {
+                Some(limit) => (Some(limit), false),
+                None => (None, true),
+            },
+            Some(Value::Int(n)) => match u64::try_from(*n).ok().filter(|n| *n <= MAX_STORED) {
+                Some(limit) => (Some(limit), false),
+                None => (None, true),
+            },
+        };
+        let mut map = self.shared.in_flight.lock();
+        let leases = map.entry(key.to_owned()).or_default();
+        leases.retain(|&(_, end)| end >= now);
+        let held = leases.iter().any(|&(id, _)| id == request.id);
+        let mut step = concurrency_step(stored, leases.len() as u64, held, command, &params);
+        step.healed = healed;
+        match command {
+            ConcurrencyCommand::Admit if step.admitted => {
+                leases.retain(|&(id, _)| id != request.id);
+                leases.push((request.id, now.saturating_add(request.lease)));
+            }
+            ConcurrencyCommand::Admit => {}
+            ConcurrencyCommand::Complete(_) => leases.retain(|&(id, _)| id != request.id),
+        }
+        if leases.is_empty() {
+            map.remove(key);
+        }
+        table.put(
+            key,
+            Value::Text(step.next.to_string()),
+            Some(clock_now.saturating_add(params.ttl)),
+        );
+        Ok(step)
     }
 
     async fn end_in_flight(&self, key: &str, id: u64) -> Result<(), CacheError> {

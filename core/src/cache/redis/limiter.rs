@@ -12,6 +12,7 @@ use super::keys::{in_flight_key, tokens_key, window_key};
 use super::scripts::SCRIPTS;
 use super::{RedisCache, duration_us, exact, micros, ttl_ms};
 use crate::cache::{HitWindow, InFlightStore, LimiterStore, SlotRequest, TokenStore};
+use crate::decide::concurrency::{ConcurrencyCommand, ConcurrencyParams, ConcurrencyStep};
 use crate::decide::pick::{Pick, PickRequest, check_pick};
 use crate::decide::tokens::{RefusedBy, ReservationId, TokenAsk, TokenOutcome};
 use crate::decide::window::SlotOutcome;
@@ -191,6 +192,16 @@ impl InFlightStore for RedisCache {
             ::redis::cmd("ZREM").arg(&set).arg(id).query_async::<()>(&mut c).await
         })
         .await
+    }
+
+    async fn concurrency_step(
+        &self,
+        key: &str,
+        command: ConcurrencyCommand,
+        params: ConcurrencyParams,
+        request: PickRequest,
+    ) -> Result<ConcurrencyStep, CacheError> {
+        self.step_concurrency(key, command, params, request).await
     }
 }
 

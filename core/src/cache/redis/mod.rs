@@ -9,6 +9,7 @@
 mod breaker;
 mod budget;
 mod builder;
+mod concurrency;
 mod connection;
 mod error;
 mod keys;

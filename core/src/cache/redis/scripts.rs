@@ -24,6 +24,7 @@ pub(super) struct Scripts {
     pub(super) acquire_with_tokens: Script,
     pub(super) settle_tokens: Script,
     pub(super) pick_least_loaded: Script,
+    pub(super) concurrency_step: Script,
 }
 
 fn with_common(body: &str) -> Script {
@@ -43,4 +44,5 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire_with_tokens: with_common(include_str!("acquire_with_tokens.lua")),
     settle_tokens: with_common(include_str!("settle_tokens.lua")),
     pick_least_loaded: with_common(include_str!("pick_least_loaded.lua")),
+    concurrency_step: with_common(include_str!("concurrency_step.lua")),
 });
