@@ -22,13 +22,14 @@
 //! | `redstring.calls.in_flight` | gauge | `gen_ai.provider.name`, `gen_ai.request.model` | calls started and not yet ended |
 //! | `redstring.attempts` | counter | `gen_ai.provider.name`, `gen_ai.request.model` | requests sent to model servers |
 //! | `redstring.retries` | counter | `operation` | retries scheduled |
-//! | `redstring.refusals` | counter | `by` (`limiter`, `tokens`, `breaker`, `cooldown`, `budget`), `component` | refusals, by what refused |
+//! | `redstring.refusals` | counter | `by` (`limiter`, `tokens`, `breaker`, `cooldown`, `budget`, `concurrency`), `component` | refusals, by what refused |
 //! | `redstring.admission.wait` | histogram, s | `wait` (`limiter`, `cooldown`) | time a call slept for admission |
 //! | `redstring.breaker.state` | gauge | `breaker` | 0 closed, 1 half-open, 2 open, on each transition |
 //! | `redstring.breaker.transitions` | counter | `breaker`, `to` | state changes |
 //! | `redstring.slow_calls` | counter | `breaker` | answers slower than the slow-call threshold, each a breaker failure |
 //! | `redstring.hedges` | counter | `breaker` | hedged attempts, by the deployment each went to |
 //! | `redstring.slow_start.draws` | counter | `breaker`, `took` (`true`, `false`) | calls a deployment in its slow start was drawn for, by whether the draw fell within its share |
+//! | `redstring.concurrency.limit` | gauge, calls | `breaker` | a deployment's adaptive concurrency limit, each time its whole number of calls moves |
 //! | `redstring.quota_exhausted` | counter | `breaker` | spent quotas heard (`insufficient_quota`, a reset past `max_server_delay`), each cooling its deployment until the reset |
 //! | `redstring.retry_budget.balance` | gauge, retries | `budget` | the budget's balance after each step |
 //! | `redstring.cache.unavailable` | counter | `component`, `operation` | store operations that failed |
@@ -47,6 +48,7 @@ use metrics::{counter, gauge, histogram};
 
 use crate::decide::breaker::CircuitState;
 use crate::decide::budget::MICROS_PER_RETRY;
+use crate::decide::concurrency::whole;
 use crate::observe::{Event, Observer};
 
 /// An [`Observer`] that records the crate's events as metrics (see the
@@ -176,6 +178,11 @@ impl Observer for MetricsObserver {
             } => {
                 let took = if draw < share { "true" } else { "false" };
                 counter!("redstring.slow_start.draws", "breaker" => breaker.to_string(), "took" => took).increment(1);
+            }
+            Event::ConcurrencyRefused { breaker, .. } => refused("concurrency", breaker),
+            Event::ConcurrencyEnded { breaker, from, to, .. } if whole(*from) != whole(*to) => {
+                // At most MAX_LIMIT: exact as an f64.
+                gauge!("redstring.concurrency.limit", "breaker" => breaker.to_string()).set(whole(*to) as f64);
             }
             Event::QuotaExhausted { breaker, .. } => {
                 counter!("redstring.quota_exhausted", "breaker" => breaker.to_string()).increment(1);

@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::decide::DecidedBy;
 use crate::decide::breaker::{CircuitState, ProbeId};
 use crate::decide::budget::{BudgetCommand, MICROS_PER_RETRY};
+use crate::decide::concurrency::{CallEnd, whole};
 use crate::tenant::{Priority, TenantId};
 use crate::time::Timestamp;
 
@@ -427,6 +428,52 @@ pub enum Event {
         /// The draw, in parts per million.
         draw: u32,
     },
+    /// A deployment's adaptive concurrency limit admitted an attempt
+    /// ([`adaptive_concurrency`](crate::provider::HardenedProviderBuilder::adaptive_concurrency)),
+    /// leasing it as `id` until it ends.
+    ConcurrencyAdmitted {
+        /// The deployment's breaker key prefix.
+        breaker: Arc<str>,
+        /// The tenant whose call it is.
+        tenant: TenantId,
+        /// The attempt's lease.
+        id: u64,
+        /// Calls in flight there, fleet-wide, before this one.
+        in_flight: u64,
+        /// The limit in force, in whole calls.
+        limit: u64,
+    },
+    /// A deployment's adaptive concurrency limit refused an attempt: as
+    /// many calls were in flight as it allows. The attempt goes to the next
+    /// deployment that admits it, or ends unsent.
+    ConcurrencyRefused {
+        /// The deployment's breaker key prefix.
+        breaker: Arc<str>,
+        /// The tenant whose call it is.
+        tenant: TenantId,
+        /// Calls in flight there, fleet-wide.
+        in_flight: u64,
+        /// The limit in force, in whole calls.
+        limit: u64,
+    },
+    /// An attempt admitted under an adaptive concurrency limit ended, and
+    /// its end moved the limit (or, too late or neither, did not).
+    ConcurrencyEnded {
+        /// The deployment's breaker key prefix.
+        breaker: Arc<str>,
+        /// The tenant whose call it was.
+        tenant: TenantId,
+        /// The attempt's lease.
+        id: u64,
+        /// How it ended, for the limit.
+        end: CallEnd,
+        /// Whether its lease was still live, so its end counted.
+        counted: bool,
+        /// The limit before, in millionths of a call.
+        from: u64,
+        /// The limit after, in millionths of a call.
+        to: u64,
+    },
     /// A hardened provider refused by a shared cooldown sleeps it off before
     /// asking the breaker again.
     CooldownWait {
@@ -769,6 +816,36 @@ impl Observer for TracingObserver {
                 at,
             } => {
                 tracing::debug!(%breaker, %tenant, duration = duration.as_secs_f64(), threshold = threshold.as_secs_f64(), %at, "slow answer counted as a breaker failure")
+            }
+            Event::ConcurrencyAdmitted {
+                breaker,
+                tenant,
+                id,
+                in_flight,
+                limit,
+            } => {
+                tracing::trace!(%breaker, %tenant, id, in_flight, limit, "adaptive concurrency: admitted")
+            }
+            Event::ConcurrencyRefused {
+                breaker,
+                tenant,
+                in_flight,
+                limit,
+            } => {
+                tracing::debug!(%breaker, %tenant, in_flight, limit, "adaptive concurrency: at the limit, refused")
+            }
+            Event::ConcurrencyEnded {
+                breaker,
+                tenant,
+                id,
+                end,
+                counted,
+                from,
+                to,
+            } => {
+                if whole(*from) != whole(*to) {
+                    tracing::debug!(%breaker, %tenant, id, end = end.as_str(), counted, from = whole(*from), to = whole(*to), "adaptive concurrency: the limit moved")
+                }
             }
             Event::SlowStartDraw {
                 breaker,

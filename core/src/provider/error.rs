@@ -448,6 +448,29 @@ pub enum ExtractError {
     /// waits. That attempt made no call.
     #[error(transparent)]
     DeploymentLimited(#[from] DeploymentLimited),
+    /// Every deployment a call could go to had as many calls in flight as
+    /// its adaptive concurrency limit allows
+    /// ([`adaptive_concurrency`](super::HardenedProviderBuilder::adaptive_concurrency)):
+    /// the attempt made no call. No wait is known (calls end when they end),
+    /// so the default classifier does not retry it.
+    #[error(transparent)]
+    ConcurrencyLimited(#[from] ConcurrencyLimited),
+}
+
+/// A deployment's adaptive concurrency limit refused an attempt: no call
+/// was made to it.
+///
+/// The message names the model and the numbers: `deployment qwen3 has 8
+/// calls in flight, at its adaptive limit of 8`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("deployment {model} has {in_flight} calls in flight, at its adaptive limit of {limit}")]
+pub struct ConcurrencyLimited {
+    /// The model of the deployment refused.
+    pub model: String,
+    /// Its calls in flight, fleet-wide, when it refused.
+    pub in_flight: u64,
+    /// Its limit then, in whole calls.
+    pub limit: u64,
 }
 
 /// A deployment's own limit refused an attempt: no call was made to it.
@@ -539,7 +562,8 @@ impl ExtractError {
     /// A short stable name for metrics and events: the provider error's
     /// [`kind`](ProviderError::kind), or `circuit_open`, `cooldown`,
     /// `rate_limited`, `retry_exhausted`, `deadline_exceeded`, `retry_denied`,
-    /// `limiter_cache`, `token_limited`, `deployment_limited`.
+    /// `limiter_cache`, `token_limited`, `deployment_limited`,
+    /// `concurrency_limited`.
     pub fn kind(&self) -> &'static str {
         match self {
             ExtractError::Provider(e) => e.kind(),
@@ -555,6 +579,7 @@ impl ExtractError {
             ExtractError::LimiterCache(_) => "limiter_cache",
             ExtractError::TokenLimited(_) => "token_limited",
             ExtractError::DeploymentLimited(_) => "deployment_limited",
+            ExtractError::ConcurrencyLimited(_) => "concurrency_limited",
         }
     }
 }

@@ -58,8 +58,12 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+pub use crate::decide::concurrency::AdaptiveConcurrency;
 pub use crate::decide::ramp::SlowStart;
-pub use error::{DeadlineExceeded, DeadlineWait, DeploymentLimited, ExtractError, ProviderError, TransportErrorKind};
+pub use error::{
+    ConcurrencyLimited, DeadlineExceeded, DeadlineWait, DeploymentLimited, ExtractError, ProviderError,
+    TransportErrorKind,
+};
 pub use hardened::{
     DEFAULT_COOLDOWN_WAITS, DEFAULT_LIMITER_WAITS, DEFAULT_MAX_QUOTA_COOLDOWN, DEFAULT_MAX_SERVER_DELAY,
     DEFAULT_OUTPUT_ESTIMATE, DEFAULT_QUOTA_COOLDOWN, HardenedProvider, HardenedProviderBuilder, HedgeAfter,

@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use crate::breaker::CircuitBreaker;
 use crate::cache::{InFlightStore, MemoryCache, TokenStore};
+use crate::decide::concurrency::{ConcurrencyCommand, ConcurrencyParams, ConcurrencyStep};
 use crate::error::CacheError;
 use crate::limiter::{RateLimiter, Reservation, TokenAcquireError};
 use crate::provider::BoxFuture;
@@ -315,6 +316,15 @@ pub(crate) trait InFlight: Send + Sync {
 
     /// [`InFlightStore::end_in_flight`].
     fn end<'a>(&'a self, key: &'a str, id: u64) -> BoxFuture<'a, Result<(), CacheError>>;
+
+    /// [`InFlightStore::concurrency_step`].
+    fn concurrency<'a>(
+        &'a self,
+        key: &'a str,
+        command: ConcurrencyCommand,
+        params: ConcurrencyParams,
+        request: PickRequest,
+    ) -> BoxFuture<'a, Result<ConcurrencyStep, CacheError>>;
 }
 
 impl<S: InFlightStore> InFlight for S {
@@ -329,6 +339,16 @@ impl<S: InFlightStore> InFlight for S {
 
     fn end<'a>(&'a self, key: &'a str, id: u64) -> BoxFuture<'a, Result<(), CacheError>> {
         Box::pin(self.end_in_flight(key, id))
+    }
+
+    fn concurrency<'a>(
+        &'a self,
+        key: &'a str,
+        command: ConcurrencyCommand,
+        params: ConcurrencyParams,
+        request: PickRequest,
+    ) -> BoxFuture<'a, Result<ConcurrencyStep, CacheError>> {
+        Box::pin(self.concurrency_step(key, command, params, request))
     }
 }
 

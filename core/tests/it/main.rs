@@ -22,6 +22,7 @@
 
 mod support;
 
+mod adaptive_concurrency;
 mod breaker;
 mod compliance_memory;
 mod deployment_limits;

@@ -245,6 +245,21 @@ fn every_recorded_event() -> Vec<Event> {
             share: 250_000,
             draw: 400_000,
         },
+        Event::ConcurrencyRefused {
+            breaker: name("kg:circuit"),
+            tenant,
+            in_flight: 4,
+            limit: 4,
+        },
+        Event::ConcurrencyEnded {
+            breaker: name("kg:circuit"),
+            tenant,
+            id: 1,
+            end: redstring::decide::concurrency::CallEnd::Overload,
+            counted: true,
+            from: 4_000_000,
+            to: 3_600_000,
+        },
         Event::QuotaExhausted {
             breaker: name("kg:circuit"),
             tenant,
@@ -300,7 +315,7 @@ fn the_export_names_every_series_and_label_as_the_prometheus_exporter_does() {
     assert_eq!(live_names, simulated_names, "{live}\n{simulated}");
     // Every series the metrics module documents, so none went missing on
     // both sides at once.
-    assert_eq!(live_names.len(), 16, "{live_names:?}");
+    assert_eq!(live_names.len(), 17, "{live_names:?}");
     for (family, kind) in &live_types {
         let expected = if *kind == "counter" { "unknown" } else { kind };
         assert_eq!(simulated_types[family], expected, "{family}");

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::breaker::CircuitBreaker;
 use crate::cache::{BreakerStore, BudgetStore, InFlightStore, TokenStore};
+use crate::decide::concurrency::AdaptiveConcurrency;
 use crate::decide::ramp::SlowStart;
 use crate::env::Env;
 use crate::error::ConfigError;
@@ -40,6 +41,7 @@ pub struct HardenedProviderBuilder<P, L, B> {
     slow_call_threshold: Option<Duration>,
     hedging: Option<(HedgeAfter, u32)>,
     slow_start: Option<SlowStart>,
+    adaptive: Option<super::concurrency::Adaptive>,
     /// Applies the retry budget to the loop, when one was given.
     budget: Option<Box<dyn FnOnce(Retry) -> Retry + Send>>,
     token_estimate: Option<TokenEstimate>,
@@ -85,6 +87,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             slow_call_threshold: None,
             hedging: None,
             slow_start: None,
+            adaptive: None,
             budget: None,
             token_estimate: None,
             priority: Priority::High,
@@ -386,9 +389,17 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
             })
             .collect();
         let n = self.deployments.len();
+        let adaptive = self.adaptive.map(|mut adaptive| {
+            adaptive.keys = self
+                .deployments
+                .iter()
+                .map(|d| format!("{}:{}", super::CONCURRENCY_PREFIX, d.breaker.key_prefix()))
+                .collect();
+            adaptive
+        });
         let hedging = self.hedging.map(|(after, max)| Hedging::new(after, max, n));
         HardenedProvider {
-            limited: self.deployments.iter().any(|d| d.limit.is_some()),
+            limited: adaptive.is_some() || self.deployments.iter().any(|d| d.limit.is_some()),
             deployments: self.deployments,
             policy: routing,
             in_flight_keys,
@@ -410,6 +421,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProviderBuilder<P, 
             slow_call_threshold: self.slow_call_threshold,
             hedging,
             slow_start: self.slow_start,
+            adaptive,
             token_estimate: self.token_estimate,
             priority: self.priority,
         }
@@ -429,6 +441,32 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore + InFlightStore> HardenedPro
     pub fn least_loaded(mut self, lease: Duration) -> Self {
         let store: Arc<dyn InFlight> = self.deployments[0].breaker.cache().clone();
         self.routing = Policy::LeastLoaded { store, lease };
+        self
+    }
+
+    /// Limits each deployment's calls in flight to a number learnt from
+    /// its server (default: no limit): each attempt takes a lease under
+    /// its deployment's limit before it is sent, and a deployment at its
+    /// limit is skipped like one whose own limit refuses — the attempt
+    /// goes to the next deployment that admits it, or ends unsent with
+    /// [`ExtractError::ConcurrencyLimited`]. An attempt answered with a
+    /// 429, a 503 or a timeout multiplies its deployment's limit by
+    /// `settings`' backoff; an answer adds `1 / limit` while at least half
+    /// the limit is in flight (AIMD, [`crate::decide::concurrency`]). The
+    /// limit and the leases live in the first deployment's breaker store
+    /// (one atomic step per admission and per end:
+    /// [`InFlightStore::concurrency_step`]), so over a shared store the
+    /// fleet shares each deployment's limit, and a lease of a worker that
+    /// died ends with its [`lease`](AdaptiveConcurrency::lease). Deployments
+    /// behind one breaker share one limit.
+    pub fn adaptive_concurrency(mut self, settings: AdaptiveConcurrency) -> Self {
+        let store: Arc<dyn InFlight> = self.deployments[0].breaker.cache().clone();
+        // Read when the provider is built, once every deployment is known.
+        self.adaptive = Some(super::concurrency::Adaptive {
+            settings,
+            store,
+            keys: Vec::new(),
+        });
         self
     }
 }

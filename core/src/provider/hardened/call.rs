@@ -13,9 +13,10 @@ use std::time::Duration;
 use serde_json::Value;
 use tracing::Instrument;
 
+use super::concurrency::call_end;
 use super::report::{BreakerReport, CallEnd};
 use super::routing::CallRoute;
-use super::tokens::{answer_tokens, may_have_spent};
+use super::tokens::{Slot, answer_tokens, may_have_spent};
 use super::{HardenedProvider, OPERATION};
 #[cfg(feature = "mutants")]
 use crate::breaker::{CircuitOpen, Permit};
@@ -140,8 +141,8 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
     /// deployment would take ends unsent with that refusal.
     async fn try_once(&mut self) -> Result<Extracted<Value>, ExtractError> {
         let p = self.provider;
-        let reservation = match self.place(self.tries > 1).await {
-            Ok(reservation) => reservation,
+        let slot = match self.place(self.tries > 1).await {
+            Ok(slot) => slot,
             Err(limited) => {
                 // Not sent: the breaker hears nothing of it, unless nothing was sent there at all.
                 let here = p.holders[self.route.current()];
@@ -152,7 +153,8 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
         let at = self.route.current();
         #[cfg(feature = "mutants")]
         if let Some(refused) = self.mutated_layers().await {
-            p.settle_limit(at, reservation, 0).await;
+            p.settle_limit(at, slot, 0, crate::decide::concurrency::CallEnd::Neither)
+                .await;
             return Err(refused);
         }
         // The attempt may take no longer than the deadline leaves.
@@ -162,26 +164,26 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
             && p.deployments.len() > 1
             && self.hedges < hedging.max
         {
-            return self.race(at, reservation, left).await;
+            return self.race(at, slot, left).await;
         }
         let sent = p.attempt(at, self.tries, self.request, left).await;
         #[cfg(feature = "mutants")]
         let sent = self.retried_anew(at, left, sent).await;
         let (result, took) = sent;
-        self.absorb(at, reservation, &result, took).await;
+        self.absorb(at, slot, &result, took).await;
         result
     }
 
     /// Folds what an attempt at deployment `at` said into the call: the
     /// tokens it may have spent, its reservation at the deployment's own
-    /// limit settled, the wait its server asked for and whether it was
+    /// limit settled and its adaptive concurrency lease ended, the wait its server asked for and whether it was
     /// about the deployment (for routing), and what the breaker behind it
     /// will hear — a failure for a success slower than the slow-call
     /// threshold (`took`, measured only under one).
     pub(super) async fn absorb(
         &mut self,
         at: usize,
-        reservation: Option<Reservation>,
+        slot: Slot,
         result: &Result<Extracted<Value>, ExtractError>,
         took: Option<Duration>,
     ) {
@@ -191,14 +193,12 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
         if result.as_ref().err().is_some_and(may_have_spent) {
             self.spent = self.spent.saturating_add(1);
         }
-        if let Some(reservation) = reservation {
-            let actual = match result {
-                Ok(answer) => answer_tokens(reservation.estimate, answer),
-                Err(e) if may_have_spent(e) => reservation.estimate,
-                Err(_) => 0,
-            };
-            p.settle_limit(at, Some(reservation), actual).await;
-        }
+        let actual = slot.reservation.as_ref().map_or(0, |reservation| match result {
+            Ok(answer) => answer_tokens(reservation.estimate, answer),
+            Err(e) if may_have_spent(e) => reservation.estimate,
+            Err(_) => 0,
+        });
+        p.settle_limit(at, slot, actual, call_end(result)).await;
         if p.deployments.len() > 1 {
             self.heed(at, result);
         }

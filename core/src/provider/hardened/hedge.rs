@@ -26,11 +26,11 @@ use serde_json::Value;
 
 use super::call::Call;
 use super::report::BreakerReport;
+use super::tokens::Slot;
 use crate::breaker::Permit;
 use crate::cache::{BreakerStore, TokenStore};
 use crate::clock::Sleep;
 use crate::error::ConfigError;
-use crate::limiter::Reservation;
 use crate::observe::Event;
 use crate::provider::route::Deferral;
 use crate::provider::{ExtractError, Extracted, LlmProvider};
@@ -173,7 +173,8 @@ type Answer = (Result<Extracted<Value>, ExtractError>, Option<Duration>);
 /// drops the request, whose connection closes.
 struct Flight<'a> {
     at: usize,
-    reservation: Option<Reservation>,
+    /// What the attempt holds at its deployment.
+    slot: Slot,
     answer: Pin<Box<dyn Future<Output = Answer> + Send + 'a>>,
 }
 
@@ -187,8 +188,8 @@ enum Woke {
 
 /// Where a hedge may go.
 enum Placed {
-    /// To this deployment, with its reservation there; the budget paid.
-    At(usize, Option<Reservation>),
+    /// To this deployment, with what it holds there; the budget paid.
+    At(usize, Slot),
     /// Nowhere admits it now.
     Nowhere,
     /// The retry budget denied it: the call hedges no more.
@@ -207,13 +208,13 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
     pub(super) async fn race(
         &mut self,
         at: usize,
-        reservation: Option<Reservation>,
+        slot: Slot,
         left: Option<Duration>,
     ) -> Result<Extracted<Value>, ExtractError> {
         let p = self.provider;
         let mut flights = vec![Flight {
             at,
-            reservation,
+            slot,
             answer: Box::pin(p.attempt(at, self.tries, self.request, left)),
         }];
         let mut timer = self.hedge_timer(at);
@@ -237,7 +238,7 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
                     let after = timer.take().map_or(Duration::ZERO, |(after, _)| after);
                     let busy: Vec<usize> = flights.iter().map(|f| f.at).collect();
                     match self.place_hedge(&busy).await {
-                        Placed::At(to, reservation) => {
+                        Placed::At(to, slot) => {
                             let from = busy.last().copied().unwrap_or(at);
                             self.hedges = self.hedges.saturating_add(1);
                             self.end.sent = self.end.sent.saturating_add(1);
@@ -252,7 +253,7 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
                             let left = self.deadline.map(|d| d.saturating_duration_since(p.clock.now()));
                             flights.push(Flight {
                                 at: to,
-                                reservation,
+                                slot,
                                 answer: Box::pin(p.attempt(to, self.end.sent, self.request, left)),
                             });
                             timer = self.hedge_timer(to);
@@ -270,7 +271,7 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
                     if let Some(position) = self.route.order.iter().position(|&i| i == flight.at) {
                         self.route.at = position;
                     }
-                    self.absorb(flight.at, flight.reservation, &result, took).await;
+                    self.absorb(flight.at, flight.slot, &result, took).await;
                     if result.is_ok() || flights.is_empty() {
                         for loser in flights.drain(..) {
                             self.cancel(loser).await;
@@ -347,7 +348,7 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
                 admitted_now = Some(permit);
             }
             match p.take_limit(i, &self.request).await {
-                Ok(reservation) => return Placed::At(i, reservation),
+                Ok(slot) => return Placed::At(i, slot),
                 Err((_, wait)) => {
                     if let Some(wait) = wait {
                         p.hear(i, Some((wait, Deferral::Limited)));
@@ -371,15 +372,13 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
     /// estimate. Its breaker hears nothing of it: the admission taken for
     /// it is released with the call's reports, never a failure.
     async fn cancel(&mut self, loser: Flight<'a>) {
-        let Flight {
-            at,
-            reservation,
-            answer,
-        } = loser;
+        let Flight { at, slot, answer } = loser;
         drop(answer);
         self.spent = self.spent.saturating_add(1);
-        let estimate = reservation.as_ref().map_or(0, |r| r.estimate);
-        self.provider.settle_limit(at, reservation, estimate).await;
+        let estimate = slot.reservation.as_ref().map_or(0, |r| r.estimate);
+        self.provider
+            .settle_limit(at, slot, estimate, crate::decide::concurrency::CallEnd::Neither)
+            .await;
     }
 }
 

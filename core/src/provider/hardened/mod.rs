@@ -123,6 +123,15 @@
 //! [`Event::SlowStartDraw`](crate::observe::Event::SlowStartDraw)), and
 //! comes back when none does.
 //!
+//! Under [`adaptive_concurrency`](HardenedProviderBuilder::adaptive_concurrency),
+//! each attempt first takes a lease under its deployment's limit on calls
+//! in flight, shared by the fleet through the breaker store and adapted to
+//! what the server answers ([`crate::decide::concurrency`]: AIMD); a
+//! deployment at its limit is skipped like one whose own limit refuses,
+//! and when every deployment is at its limit the attempt ends unsent with
+//! [`ExtractError::ConcurrencyLimited`] (no wait is known, so it is not
+//! retried by default). Its breaker hears a release, nothing more.
+//!
 //! Provenance stays the answer's: [`Extracted::model`] names the model of
 //! the deployment that produced it. [`LlmProvider::model`] is the primary's
 //! configured identity; a pipeline recording provenance from a router reads
@@ -135,6 +144,7 @@
 
 mod builder;
 mod call;
+mod concurrency;
 mod hedge;
 mod report;
 mod routing;
@@ -151,6 +161,7 @@ use tracing::Instrument;
 
 pub use builder::HardenedProviderBuilder;
 use call::Call;
+pub use concurrency::CONCURRENCY_PREFIX;
 pub use hedge::{HedgeAfter, MAX_HEDGE_DELAY, MAX_HEDGE_WINDOW, MAX_HEDGES, MIN_HEDGE_WINDOW};
 
 use super::error::{ExtractError, ProviderError};
@@ -256,7 +267,8 @@ pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
     /// call holds one admission per breaker, however many deployments
     /// share it.
     holders: Vec<usize>,
-    /// Whether any deployment has its own limit.
+    /// Whether any deployment has its own limit or an adaptive
+    /// concurrency limit: each attempt then takes its room there.
     limited: bool,
     tenant: TenantId,
     limiter: Arc<RateLimiter<L>>,
@@ -279,6 +291,8 @@ pub struct HardenedProvider<P, L = MemoryCache, B = MemoryCache> {
     hedging: Option<hedge::Hedging>,
     /// Ramps a deployment up after its circuit closes.
     slow_start: Option<SlowStart>,
+    /// Limits each deployment's calls in flight, adapting to its server.
+    adaptive: Option<concurrency::Adaptive>,
     token_estimate: Option<TokenEstimate>,
     /// The class every limiter this provider asks sees its calls as.
     priority: Priority,
@@ -302,6 +316,7 @@ impl<P: fmt::Debug, L, B> fmt::Debug for HardenedProvider<P, L, B> {
             .field("slow_call_threshold", &self.slow_call_threshold)
             .field("hedging", &self.hedging.as_ref().map(|h| (h.after, h.max)))
             .field("slow_start", &self.slow_start)
+            .field("adaptive_concurrency", &self.adaptive.as_ref().map(|a| a.settings))
             .finish_non_exhaustive()
     }
 }

@@ -11,10 +11,10 @@ use serde_json::Value;
 use super::HardenedProvider;
 use super::call::Call;
 use super::report::BreakerReport;
+use super::tokens::Slot;
 use crate::breaker::{BreakerAdmission, CircuitOpen, Permit, Refusal};
 use crate::cache::{BreakerStore, TokenStore};
 use crate::decide::pick::weighted_pick;
-use crate::limiter::Reservation;
 use crate::observe::Event;
 use crate::provider::route::{Deferral, IN_FLIGHT_PREFIX, PickRequest, Policy, call_order, live_weights};
 use crate::provider::{ExtractError, Extracted, LlmProvider, ProviderError};
@@ -267,12 +267,12 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
     /// unsent with that refusal (a server's wait as a cooldown refusal, and
     /// the retry loop then gets one deployment's verdict on that wait:
     /// [`CallRoute::stuck`]).
-    pub(super) async fn place(&mut self, retry: bool) -> Result<Option<Reservation>, ExtractError> {
+    pub(super) async fn place(&mut self, retry: bool) -> Result<Slot, ExtractError> {
         let p = self.provider;
         let deadline = self.deadline;
         let (from, start, n) = (self.route.current(), self.route.at, self.route.order.len());
         if !p.limited && (!retry || n == 1) {
-            return Ok(None);
+            return Ok(Slot::default());
         }
         // A retry asks the others first and its own deployment last.
         let steps = if retry { 1..n + 1 } else { 0..n };
@@ -320,7 +320,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                     admitted_now = Some(permit);
                 }
                 match p.take_limit(i, &self.request).await {
-                    Ok(reservation) => {
+                    Ok(slot) => {
                         if i != from {
                             if p.holders[i] != p.holders[from] {
                                 self.hand_back_unused(from).await;
@@ -329,7 +329,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                             p.rerouted(from, i, if retry { "failed" } else { "limited" });
                             self.route.lease = p.follow_lease(self.route.lease.take(), i, deadline).await;
                         }
-                        return Ok(reservation);
+                        return Ok(slot);
                     }
                     Err((error, wait)) => {
                         if let Some(wait) = wait {

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::HardenedProvider;
 use crate::cache::{BreakerStore, TokenStore};
+use crate::decide::concurrency::CallEnd;
 use crate::decide::tokens::RefusedBy;
 use crate::limiter::{AcquireError, Reservation, TokenAcquireError};
 use crate::observe::Event;
@@ -26,6 +27,15 @@ pub(super) fn may_have_spent(error: &ExtractError) -> bool {
 /// The tokens an answer used: its `usage`, or the estimate when it sent none.
 pub(super) fn answer_tokens(estimate: u64, answer: &Extracted<Value>) -> u64 {
     answer.usage.map_or(estimate, |u| u.total())
+}
+
+/// What one attempt holds at its deployment until it ends: its reservation
+/// at the deployment's own limit, and its lease under the adaptive
+/// concurrency limit.
+#[derive(Debug, Default)]
+pub(super) struct Slot {
+    pub(super) reservation: Option<Reservation>,
+    pub(super) lease: Option<u64>,
 }
 
 impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
@@ -126,10 +136,31 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         }
     }
 
+    /// Takes what one attempt at deployment `i` needs there: a lease under
+    /// its adaptive concurrency limit, then its own limit's reservation
+    /// (each nothing when not configured) — or the first refusal as the
+    /// attempt's error with the wait until it would admit (none when no
+    /// wait can help). A lease taken for an attempt the limit then refuses
+    /// is ended at once.
+    pub(super) async fn take_limit(
+        &self,
+        i: usize,
+        request: &ExtractRequest<'_>,
+    ) -> Result<Slot, (ExtractError, Option<Duration>)> {
+        let lease = self.take_concurrency(i).await?;
+        match self.take_rate_limit(i, request).await {
+            Ok(reservation) => Ok(Slot { reservation, lease }),
+            Err(refused) => {
+                self.end_concurrency(i, lease, CallEnd::Neither).await;
+                Err(refused)
+            }
+        }
+    }
+
     /// Takes deployment `i`'s own limit for one attempt (nothing without
     /// one): its reservation, or the refusal as the attempt's error with the
     /// wait until it would admit (none when no wait can help).
-    pub(super) async fn take_limit(
+    async fn take_rate_limit(
         &self,
         i: usize,
         request: &ExtractRequest<'_>,
@@ -162,10 +193,12 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         }
     }
 
-    /// Settles an attempt's reservation at deployment `i`'s own limit to
-    /// the `actual` tokens it used.
-    pub(super) async fn settle_limit(&self, i: usize, reservation: Option<Reservation>, actual: u64) {
-        let (Some(limit), Some(reservation)) = (&self.deployments[i].limit, reservation) else {
+    /// Settles what an attempt at deployment `i` held: its reservation at
+    /// the deployment's own limit to the `actual` tokens it used, and its
+    /// lease under the adaptive limit, ended as `end`.
+    pub(super) async fn settle_limit(&self, i: usize, slot: Slot, actual: u64, end: CallEnd) {
+        self.end_concurrency(i, slot.lease, end).await;
+        let (Some(limit), Some(reservation)) = (&self.deployments[i].limit, slot.reservation) else {
             return;
         };
         if let Err(error) = limit.settle(&reservation, actual).await {
