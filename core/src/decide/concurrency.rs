@@ -50,8 +50,8 @@ pub const BACKOFF_SCALE: u64 = 1_000;
 /// The backoff ratio unless told otherwise: Netflix `AIMDLimit`'s 0.9.
 pub const DEFAULT_BACKOFF: f64 = 0.9;
 
-/// How long a call counts in flight if it never reports, unless told
-/// otherwise (a call's deadline lengthens it).
+/// How long an attempt counts in flight if it never reports, unless told
+/// otherwise.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// How long a deployment's learnt limit is kept without a call: an hour.
@@ -125,8 +125,9 @@ impl AdaptiveConcurrency {
         Ok(self)
     }
 
-    /// How long a call counts in flight if it never reports (default
-    /// [`DEFAULT_LEASE`]); a call's deadline, when later, lengthens it.
+    /// How long an attempt counts in flight if it never reports (default
+    /// [`DEFAULT_LEASE`]): choose one longer than the slowest attempt (the
+    /// request timeout), or an attempt still running stops counting.
     ///
     /// # Errors
     ///

@@ -451,8 +451,9 @@ pub enum ExtractError {
     /// Every deployment a call could go to had as many calls in flight as
     /// its adaptive concurrency limit allows
     /// ([`adaptive_concurrency`](super::HardenedProviderBuilder::adaptive_concurrency)):
-    /// the attempt made no call. No wait is known (calls end when they end),
-    /// so the default classifier does not retry it.
+    /// the attempt made no call. No wait is known (calls end when they end):
+    /// the hardened provider's default classifier retries it after the
+    /// schedule's backoff.
     #[error(transparent)]
     ConcurrencyLimited(#[from] ConcurrencyLimited),
 }

@@ -168,7 +168,7 @@ async fn a_deployment_at_its_limit_is_skipped_for_the_next_one() {
 }
 
 #[tokio::test]
-async fn a_lone_deployment_at_its_limit_ends_the_call_unsent_with_a_typed_error() {
+async fn a_lone_deployment_at_its_limit_ends_the_attempt_unsent_with_a_typed_error() {
     let world = World::new();
     let gpu = Server::new("gpu/m", Behaviour::Gated);
     let provider = Arc::new(world.provider(&[&gpu], AdaptiveConcurrency::new(2, 1, 4).unwrap()));
@@ -180,13 +180,17 @@ async fn a_lone_deployment_at_its_limit_ends_the_call_unsent_with_a_typed_error(
         .collect();
     until_calls(&gpu, 2).await;
     let refused = provider.extract_with_model::<String>("t", None).await.unwrap_err();
-    match &refused {
+    // Retryable, but no retries are configured: the schedule ran out on it.
+    let ExtractError::RetryExhausted(exhausted) = &refused else {
+        panic!("expected RetryExhausted, got {refused:?}");
+    };
+    match exhausted.last.as_ref() {
         ExtractError::ConcurrencyLimited(e) => {
             assert_eq!((e.model.as_str(), e.in_flight, e.limit), ("gpu/m", 2, 2));
+            assert_eq!(exhausted.last.kind(), "concurrency_limited");
         }
         other => panic!("expected ConcurrencyLimited, got {other:?}"),
     }
-    assert_eq!(refused.kind(), "concurrency_limited");
     assert_eq!(gpu.calls.load(Ordering::SeqCst), 2, "the refused call sent nothing");
     gpu.gate.add_permits(2);
     for call in held {

@@ -449,7 +449,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore + InFlightStore> HardenedPro
     /// its deployment's limit before it is sent, and a deployment at its
     /// limit is skipped like one whose own limit refuses — the attempt
     /// goes to the next deployment that admits it, or ends unsent with
-    /// [`ExtractError::ConcurrencyLimited`]. An attempt answered with a
+    /// [`ExtractError::ConcurrencyLimited`], which the default classifier
+    /// retries after the schedule's backoff. An attempt answered with a
     /// 429, a 503 or a timeout multiplies its deployment's limit by
     /// `settings`' backoff; an answer adds `1 / limit` while at least half
     /// the limit is in flight (AIMD, [`crate::decide::concurrency`]). The

@@ -56,9 +56,10 @@ pub(super) fn call_end(result: &Result<Extracted<Value>, ExtractError>) -> CallE
 impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     /// Takes a lease under deployment `i`'s adaptive limit for one attempt
     /// (nothing without one): the lease's id, or the refusal as the
-    /// attempt's error — with no wait, since when a call ends is unknown. A
-    /// store that cannot be reached admits (the limit protects the server;
-    /// an unreachable store must not stop every call), and says so.
+    /// attempt's error — with no wait, since when a call ends is unknown
+    /// (the retry loop's backoff is the wait). A store that cannot be
+    /// reached admits (the limit protects the server; an unreachable store
+    /// must not stop every call), and says so.
     pub(super) async fn take_concurrency(&self, i: usize) -> Result<Option<u64>, (ExtractError, Option<Duration>)> {
         let Some(adaptive) = &self.adaptive else {
             return Ok(None);

@@ -349,11 +349,14 @@ impl<'a, P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'a, P, L, B> {
             }
             match p.take_limit(i, &self.request).await {
                 Ok(slot) => return Placed::At(i, slot),
-                Err((_, wait)) => {
+                Err((error, wait)) => {
                     if let Some(wait) = wait {
                         p.hear(i, Some((wait, Deferral::Limited)));
                     }
-                    if let Some(permit) = admitted_now {
+                    if matches!(error, ExtractError::ConcurrencyLimited(_)) {
+                        // Kept for a retry, as a placement keeps it.
+                        self.route.kept[h] = true;
+                    } else if let Some(permit) = admitted_now {
                         self.route.held[h] = None;
                         p.report_to_breaker(&p.deployments[i].breaker, &permit, BreakerReport::Release)
                             .await;

@@ -129,8 +129,11 @@
 //! what the server answers ([`crate::decide::concurrency`]: AIMD); a
 //! deployment at its limit is skipped like one whose own limit refuses,
 //! and when every deployment is at its limit the attempt ends unsent with
-//! [`ExtractError::ConcurrencyLimited`] (no wait is known, so it is not
-//! retried by default). Its breaker hears a release, nothing more.
+//! [`ExtractError::ConcurrencyLimited`]. No wait is known (room comes back
+//! as calls end), so the default classifier retries it after the
+//! schedule's backoff, as a transient failure; a call whose retries run
+//! out that way ends in [`ExtractError::RetryExhausted`] with it as the
+//! last error. Its breaker hears a release, nothing more.
 //!
 //! Provenance stays the answer's: [`Extracted::model`] names the model of
 //! the deployment that produced it. [`LlmProvider::model`] is the primary's
@@ -341,6 +344,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
     pub(super) fn classify(&self, error: &ExtractError) -> Retryable {
         if let Some(custom) = &self.classifier {
             return custom(error);
+        }
+        if let ExtractError::ConcurrencyLimited(_) = error {
+            // Room comes back as calls end: try again after a backoff.
+            return Retryable::Yes;
         }
         match error.retryable() {
             Retryable::After(d) if d > self.max_server_delay => Retryable::No,

@@ -51,6 +51,12 @@ pub(super) struct CallRoute {
     /// The breakers (same index as `held`) whose deployment a slow start's
     /// draw passed the call over: no hedge goes there.
     pub(super) passed: Vec<bool>,
+    /// The breakers (same index as `held`) whose admission the call keeps
+    /// though its deployment's adaptive concurrency limit refused an
+    /// attempt there: room comes back as calls end, and a retry that comes
+    /// back takes no second admission (one a breaker per call). Released
+    /// with the call's reports.
+    pub(super) kept: Vec<bool>,
 }
 
 impl CallRoute {
@@ -68,6 +74,7 @@ impl CallRoute {
             cooldown_waits: 0,
             stuck: None,
             passed: vec![false; n],
+            kept: vec![false; n],
         }
     }
 
@@ -335,7 +342,9 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
                         if let Some(wait) = wait {
                             p.hear(i, Some((wait, Deferral::Limited)));
                         }
-                        if let Some(permit) = admitted_now {
+                        if matches!(error, ExtractError::ConcurrencyLimited(_)) {
+                            self.route.kept[p.holders[i]] = true;
+                        } else if let Some(permit) = admitted_now {
                             self.route.held[p.holders[i]] = None;
                             p.report_to_breaker(&p.deployments[i].breaker, &permit, BreakerReport::Release)
                                 .await;
@@ -443,14 +452,18 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> Call<'_, P, L, B> {
 
     /// Hands back the call's admission at deployment `i` when no attempt
     /// was sent there (its breaker has nothing to hear), so a probe is not
-    /// held while the call is elsewhere or asleep.
+    /// held while the call is elsewhere or asleep — unless the call keeps
+    /// it for a retry after an adaptive concurrency refusal
+    /// ([`CallRoute::kept`]).
     async fn hand_back_unused(&mut self, i: usize) {
         let p = self.provider;
         let h = p.holders[i];
-        if matches!(
-            self.route.reports[h],
-            Some(BreakerReport::Success | BreakerReport::Failure)
-        ) {
+        if self.route.kept[h]
+            || matches!(
+                self.route.reports[h],
+                Some(BreakerReport::Success | BreakerReport::Failure)
+            )
+        {
             return;
         }
         if let Some(permit) = self.route.held[h].take() {
