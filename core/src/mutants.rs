@@ -121,11 +121,15 @@ pub enum Mutant {
     /// A limit's reserve for the high class is configured but ignored: a
     /// low-priority caller may take the whole limit.
     PriorityIgnored,
+    /// Adaptive concurrency is configured but its refusals are ignored:
+    /// an attempt at a deployment already at its limit is sent anyway, so
+    /// a burst lands on a server whose slots are full.
+    ConcurrencyLimitIgnored,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 27] = [
+    pub const ALL: [Mutant; 28] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -153,6 +157,7 @@ impl Mutant {
         Mutant::HedgesSkipBudget,
         Mutant::SlowStartIgnored,
         Mutant::PriorityIgnored,
+        Mutant::ConcurrencyLimitIgnored,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -185,6 +190,7 @@ impl Mutant {
             Mutant::HedgesSkipBudget => "hedges_skip_budget",
             Mutant::SlowStartIgnored => "slow_start_ignored",
             Mutant::PriorityIgnored => "priority_ignored",
+            Mutant::ConcurrencyLimitIgnored => "concurrency_limit_ignored",
         }
     }
 
@@ -277,6 +283,9 @@ impl Mutant {
             }
             Mutant::PriorityIgnored => {
                 "one allowance for every class, so batch traffic takes the whole limit and interactive calls queue behind it (LiteLLM#31830, priority lanes; Envoy's priority routing keeps separate circuit-breaker limits per priority)"
+            }
+            Mutant::ConcurrencyLimitIgnored => {
+                "calls sent past a server's capacity queue there until they time out and are retried into the same queue, what Netflix's concurrency-limits and Envoy's adaptive concurrency filter shed load to prevent (their docs)"
             }
         }
     }

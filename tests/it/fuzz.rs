@@ -419,3 +419,41 @@ fn a_space_with_slow_start_draws_ramps_and_the_invariants_hold() {
         "drawn: {ramps} slow starts, {draws} calls drawn in a ramp"
     );
 }
+
+/// `adaptive_concurrency = [min, max]` draws an adaptive limit on some
+/// cases; the cases round-trip through TOML, some of them admit and refuse
+/// requests under it, and every claimed invariant — `concurrency_limit`
+/// among them — holds on what is drawn.
+#[test]
+fn a_space_with_adaptive_limits_admits_and_refuses_and_the_invariants_hold() {
+    let with = bounds_file("adaptive-concurrency.toml");
+    assert!(with.adaptive_concurrency.is_some());
+    let drawn = std::cell::Cell::new((0u32, 0usize, 0usize));
+    runner(cases(16))
+        .run(&fuzz::scenarios(&with), |s| {
+            if s.hardening.adaptive_concurrency.is_none() {
+                return fuzz::check_case(&s).map_err(TestCaseError::fail);
+            }
+            round_trips(&s)?;
+            let events = checked(&s)?;
+            let count = |admitted: bool| {
+                events
+                    .iter()
+                    .filter(|e| match e.kind {
+                        Kind::ConcurrencyAdmitted { .. } => admitted,
+                        Kind::ConcurrencyRefused { .. } => !admitted,
+                        _ => false,
+                    })
+                    .count()
+            };
+            let (n, admitted, refused) = drawn.get();
+            drawn.set((n + 1, admitted + count(true), refused + count(false)));
+            Ok(())
+        })
+        .unwrap();
+    let (limits, admitted, refused) = drawn.get();
+    assert!(
+        limits > 0 && admitted > 0 && refused > 0,
+        "drawn: {limits} limits, {admitted} requests admitted, {refused} refused"
+    );
+}

@@ -73,6 +73,7 @@ macro_rules! scenario_tests {
 }
 
 scenario_tests! {
+    adaptive_concurrency => "adaptive-concurrency.toml",
     cache_partition => "cache-partition.toml",
     container_restart => "container-restart.toml",
     container_restart_objectives => "container-restart-objectives.toml",

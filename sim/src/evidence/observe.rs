@@ -61,6 +61,10 @@ pub const DEPLOYMENT_LIMIT_PREFIX: &str = "kg:deployment:";
 /// The core's name for the breaker's atomic step, as its
 /// `CacheUnavailable` event reports it.
 const BREAKER_STEP: &str = "breaker_step";
+/// The core's name of the adaptive concurrency step, in its
+/// `CacheUnavailable` events: a call that could not reach it may have left
+/// a lease the store ended without the trace hearing of it.
+pub const CONCURRENCY_STEP: &str = "concurrency_step";
 /// The core's name for a breaker fallback that admitted the call.
 const ALLOWED: &str = "allowed";
 
@@ -302,6 +306,44 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             at_us: at.as_micros(),
             share: *share,
             draw: *draw,
+        },
+        Event::ConcurrencyAdmitted {
+            breaker,
+            id,
+            in_flight,
+            limit,
+            ..
+        } => Kind::ConcurrencyAdmitted {
+            breaker: breaker.to_string(),
+            id: *id,
+            in_flight: *in_flight,
+            limit: *limit,
+        },
+        Event::ConcurrencyRefused {
+            breaker,
+            in_flight,
+            limit,
+            ..
+        } => Kind::ConcurrencyRefused {
+            breaker: breaker.to_string(),
+            in_flight: *in_flight,
+            limit: *limit,
+        },
+        Event::ConcurrencyEnded {
+            breaker,
+            id,
+            end,
+            counted,
+            from,
+            to,
+            ..
+        } => Kind::ConcurrencyEnded {
+            breaker: breaker.to_string(),
+            id: *id,
+            end: *end,
+            counted: *counted,
+            from: *from,
+            to: *to,
         },
         Event::DeploymentDeferred {
             breaker, state, until, ..

@@ -46,6 +46,9 @@ pub enum Limit {
     /// A deployment's own limit, shared by every tenant:
     /// [`ExtractError::DeploymentLimited`].
     Deployment,
+    /// A deployment's adaptive concurrency limit, shared by every tenant:
+    /// [`ExtractError::ConcurrencyLimited`].
+    Concurrency,
 }
 
 impl CallOutcome {
@@ -60,13 +63,14 @@ impl CallOutcome {
             Err(ExtractError::RateLimited(_)) => CallOutcome::Deferred(Limit::Requests),
             Err(ExtractError::TokenLimited(_)) => CallOutcome::Deferred(Limit::Tokens),
             Err(ExtractError::DeploymentLimited(_)) => CallOutcome::Deferred(Limit::Deployment),
+            Err(ExtractError::ConcurrencyLimited(_)) => CallOutcome::Deferred(Limit::Concurrency),
             Err(other) => CallOutcome::Failed(other.kind()),
         }
     }
 
     /// Its name in the trace and the report: `ok`, or the core's error kind
     /// ([`ExtractError::kind`]: `circuit_open`, `cooldown`, `rate_limited`,
-    /// `token_limited`, `deployment_limited`, …).
+    /// `token_limited`, `deployment_limited`, `concurrency_limited`, …).
     pub fn name(self) -> &'static str {
         match self {
             CallOutcome::Ok => "ok",
@@ -75,6 +79,7 @@ impl CallOutcome {
             CallOutcome::Deferred(Limit::Requests) => "rate_limited",
             CallOutcome::Deferred(Limit::Tokens) => "token_limited",
             CallOutcome::Deferred(Limit::Deployment) => "deployment_limited",
+            CallOutcome::Deferred(Limit::Concurrency) => "concurrency_limited",
             CallOutcome::Failed(kind) => kind,
         }
     }
@@ -88,6 +93,7 @@ impl CallOutcome {
             CallOutcome::Deferred(Limit::Requests) => "deferred by the limiter (requests per window)",
             CallOutcome::Deferred(Limit::Tokens) => "deferred by the limiter (tokens per window)",
             CallOutcome::Deferred(Limit::Deployment) => "deferred by a deployment's own limit",
+            CallOutcome::Deferred(Limit::Concurrency) => "deferred by a deployment's concurrency limit",
             CallOutcome::Failed(_) => "failed",
         }
     }

@@ -259,6 +259,42 @@ pub enum Kind {
         /// How long the call waited before hedging, microseconds.
         after_us: u64,
     },
+    /// A server's adaptive concurrency limit admitted a request, leasing it.
+    ConcurrencyAdmitted {
+        /// The server's breaker key prefix.
+        breaker: String,
+        /// The request's lease.
+        id: u64,
+        /// Requests in flight there before it (the limit's scope's).
+        in_flight: u64,
+        /// The limit in force, whole requests.
+        limit: u64,
+    },
+    /// A server's adaptive concurrency limit refused a request: as many
+    /// were in flight as it allows.
+    ConcurrencyRefused {
+        /// The server's breaker key prefix.
+        breaker: String,
+        /// Requests in flight there.
+        in_flight: u64,
+        /// The limit in force, whole requests.
+        limit: u64,
+    },
+    /// A request admitted under an adaptive concurrency limit ended.
+    ConcurrencyEnded {
+        /// The server's breaker key prefix.
+        breaker: String,
+        /// The request's lease.
+        id: u64,
+        /// How it ended, for the limit.
+        end: redstring::decide::concurrency::CallEnd,
+        /// Whether its lease was still live, so its end counted.
+        counted: bool,
+        /// The limit before, millionths of a request.
+        from: u64,
+        /// The limit after, millionths of a request.
+        to: u64,
+    },
     /// A call admitted by a server's breaker in its slow start was drawn
     /// against the ramp's share: it went there when `draw < share`, and was
     /// otherwise offered to the next server that admitted it.

@@ -329,6 +329,9 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
         if let Some(ramp) = h.slow_start_s {
             builder = builder.slow_start(redstring::provider::SlowStart::new(secs(ramp))?);
         }
+        if let Some(adaptive) = &h.adaptive_concurrency {
+            builder = builder.adaptive_concurrency(adaptive.settings(h.concurrency_lease())?);
+        }
         if let Some(budget) = &budget {
             builder = builder.retry_budget(budget.clone());
         }

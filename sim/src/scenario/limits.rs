@@ -32,6 +32,7 @@
 //! | `hardening.max_retries` | ..= [`MAX_RETRIES`] |
 //! | `hardening.limiter_waits` | ..= [`MAX_LIMITER_WAITS`] |
 //! | `hardening.slow_start_s` | [`MIN_SECONDS`] ..= 86 400 (the core's longest ramp) |
+//! | `hardening.adaptive_concurrency` | `min` ≥ 1, `initial` in `[min, max]`, `max` ≤ 10 000, `backoff` in [0.001, 0.999] (the core's limits) |
 //! | `hardening.slow_call_ms` | 1 .. `request_timeout_s` and `deadline_s` (in ms, below both) |
 //! | `hardening.hedge_after_ms` (or `hedge_floor_ms` under `"p95"`) | 1 .. `request_timeout_s` and `deadline_s` (in ms, below both) |
 //! | `hardening.max_hedges`, `hardening.hedge_window` | 1 ..= 4, 20 ..= 10000 (the core's limits) |

@@ -30,7 +30,10 @@ pub use deployment::{
 };
 pub use fault::{Fault, FaultKind};
 pub use sanity::{Oddity, ServerLoad, Warning};
-pub use settings::{CacheKind, CacheLayout, ClockSpec, Hardening, HedgeAfterMs, Network, RetryBudgetSpec, Routing};
+pub use settings::{
+    AdaptiveConcurrencySpec, CacheKind, CacheLayout, ClockSpec, Hardening, HedgeAfterMs, Network, RetryBudgetSpec,
+    Routing,
+};
 
 pub(crate) use validate::locate;
 
@@ -727,6 +730,52 @@ tenants = [{ id = 1, calls_per_min = 30 }]
                 "field `hardening.slow_start_s`: must be positive and at most 86400 s, got 100000",
             ),
             ("slow_start_s = \"soon\"", "expected a number or \"none\", got \"soon\""),
+        ] {
+            let e = with(hardening).unwrap_err().to_string();
+            assert!(e.contains(says), "{e:?} should contain {says:?}");
+            assert!(e.contains("line "), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_adaptive_concurrency_is_a_table_within_the_cores_bounds_or_none() {
+        let with = |hardening: &str| Scenario::parse("aimd.toml", &format!("{MINIMAL}\n[hardening]\n{hardening}\n"));
+        let ok = with("adaptive_concurrency = { initial = 8, max = 32, backoff = 0.5 }").unwrap();
+        let spec = ok.hardening.adaptive_concurrency.unwrap();
+        assert_eq!((spec.initial, spec.min, spec.max, spec.backoff), (8, 1, 32, 0.5));
+        assert_eq!(Scenario::parse("again.toml", &ok.to_toml()).unwrap(), ok);
+        assert_eq!(
+            with("adaptive_concurrency = {}")
+                .unwrap()
+                .hardening
+                .adaptive_concurrency,
+            Some(AdaptiveConcurrencySpec::default())
+        );
+        assert_eq!(
+            with("adaptive_concurrency = \"none\"")
+                .unwrap()
+                .hardening
+                .adaptive_concurrency,
+            None
+        );
+        for (hardening, says) in [
+            (
+                "adaptive_concurrency = { initial = 9, max = 8 }",
+                "field `hardening.adaptive_concurrency.initial`: must be within [min, max], got 9",
+            ),
+            (
+                "adaptive_concurrency = { min = 0 }",
+                "field `hardening.adaptive_concurrency.min`: must be at least 1, got 0",
+            ),
+            (
+                "adaptive_concurrency = { backoff = 1.0 }",
+                "field `hardening.adaptive_concurrency.backoff`",
+            ),
+            ("adaptive_concurrency = { most = 3 }", "unknown field `most`"),
+            (
+                "adaptive_concurrency = \"off\"",
+                "expected a table or \"none\", got \"off\"",
+            ),
         ] {
             let e = with(hardening).unwrap_err().to_string();
             assert!(e.contains(says), "{e:?} should contain {says:?}");

@@ -79,6 +79,15 @@ pub struct Hardening {
     /// hardening.slow_start_s=none,60` can switch it off.
     #[serde(deserialize_with = "secs_or_none")]
     pub slow_start_s: Option<f64>,
+    /// Each worker limits the calls in flight at each server to a number
+    /// learnt from what the server answers (the provider's
+    /// `adaptive_concurrency`, AIMD; default: none): `{ initial, min, max,
+    /// backoff }`, each optional (4, 1, 64 and 0.9). Over a shared cache
+    /// the fleet shares each server's limit. `"none"` is no limit, as
+    /// leaving the key out is, so that `compare --set
+    /// hardening.adaptive_concurrency=none,{}` can switch it off.
+    #[serde(deserialize_with = "adaptive_or_none")]
+    pub adaptive_concurrency: Option<AdaptiveConcurrencySpec>,
     /// Output token budget per request.
     pub max_tokens: u32,
     /// What a limiter does while the shared cache cannot be reached
@@ -154,6 +163,60 @@ fn count_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, 
         CountOrNone::Named(other) => Err(serde::de::Error::custom(format!(
             "expected a count or \"none\", got {other:?}"
         ))),
+    }
+}
+
+/// A worker's adaptive concurrency limit per server, as a scenario writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdaptiveConcurrencySpec {
+    /// The limit a server starts at, in calls in flight.
+    pub initial: u32,
+    /// The least it backs off to.
+    pub min: u32,
+    /// The most it grows to.
+    pub max: u32,
+    /// What an overload signal (a 429, a 503, a timeout) multiplies it by.
+    pub backoff: f64,
+}
+
+impl Default for AdaptiveConcurrencySpec {
+    fn default() -> Self {
+        AdaptiveConcurrencySpec {
+            initial: 4,
+            min: 1,
+            max: 64,
+            backoff: redstring::decide::concurrency::DEFAULT_BACKOFF,
+        }
+    }
+}
+
+impl AdaptiveConcurrencySpec {
+    /// The core's settings, each call leased for `lease`.
+    ///
+    /// # Errors
+    ///
+    /// The core's [`redstring::ConfigError`] naming the field.
+    pub fn settings(
+        &self,
+        lease: std::time::Duration,
+    ) -> Result<redstring::provider::AdaptiveConcurrency, redstring::ConfigError> {
+        redstring::provider::AdaptiveConcurrency::new(self.initial, self.min, self.max)?
+            .backoff(self.backoff)?
+            .lease(lease)
+    }
+}
+
+/// Reads `hardening.adaptive_concurrency`: a table, or `"none"`.
+fn adaptive_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<AdaptiveConcurrencySpec>, D::Error> {
+    match toml::Value::deserialize(d)? {
+        toml::Value::String(none) if none == "none" => Ok(None),
+        toml::Value::String(other) => Err(serde::de::Error::custom(format!(
+            "expected a table or \"none\", got {other:?}"
+        ))),
+        table => AdaptiveConcurrencySpec::deserialize(table)
+            .map(Some)
+            .map_err(|e| serde::de::Error::custom(e.message())),
     }
 }
 
@@ -325,6 +388,7 @@ impl Default for Hardening {
             hedge_window: 50,
             hedge_floor_ms: 100,
             slow_start_s: None,
+            adaptive_concurrency: None,
             max_tokens: 256,
             on_cache_unavailable: redstring::OnCacheUnavailable::default(),
             on_cache_error: redstring::OnCacheError::default(),
@@ -344,6 +408,19 @@ impl Hardening {
             Some(max) if max > self.recovery_timeout_s => (max, "max_recovery_timeout_s"),
             _ => (self.recovery_timeout_s, "recovery_timeout_s"),
         }
+    }
+
+    /// How long a call counts in flight under adaptive concurrency if it
+    /// never reports: at least a minute, and four request timeouts — twice
+    /// the longest an attempt runs, so the judgement may stop counting a
+    /// call at half its lease and still never count one the store forgot.
+    pub fn concurrency_lease(&self) -> std::time::Duration {
+        let timeout =
+            std::time::Duration::try_from_secs_f64(self.request_timeout_s).unwrap_or(std::time::Duration::MAX);
+        timeout.saturating_mul(4).clamp(
+            std::time::Duration::from_secs(60),
+            std::time::Duration::from_secs(24 * 60 * 60),
+        )
     }
 
     /// The retry schedule these settings describe.

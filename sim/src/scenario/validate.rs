@@ -413,6 +413,11 @@ impl Scenario {
         if let Some(ramp) = h.slow_start_s {
             redstring::provider::SlowStart::new(seconds(ramp)).map_err(|bad| refused(hardening(bad.field), bad))?;
         }
+        if let Some(adaptive) = &h.adaptive_concurrency {
+            adaptive
+                .settings(h.concurrency_lease())
+                .map_err(|bad| refused(hardening(bad.field), bad))?;
+        }
         h.retry_policy().map_err(|bad| refused(hardening(bad.field), bad))?;
         for (i, s) in self.servers.iter().enumerate() {
             redstring::provider::OpenAiCompatible::builder(format!("http://{}:8080/v1", s.name), s.model.clone())

@@ -31,8 +31,9 @@ use crate::campaign::simulate;
 use crate::judgement::invariants::Invariant;
 use crate::judgement::report::Report;
 use crate::scenario::{
-    Behaviour, CACHE_HOST, CacheKind, CacheLayout, ClockSpec, Expectations, Fault, FaultKind, Hardening, HedgeAfterMs,
-    Mode, Network, RetryBudgetSpec, Routing, Scenario, ScenarioError, ServerSpec, TenantLoad, WorkerGroup, limits,
+    AdaptiveConcurrencySpec, Behaviour, CACHE_HOST, CacheKind, CacheLayout, ClockSpec, Expectations, Fault, FaultKind,
+    Hardening, HedgeAfterMs, Mode, Network, RetryBudgetSpec, Routing, Scenario, ScenarioError, ServerSpec, TenantLoad,
+    WorkerGroup, limits,
 };
 use crate::search::coverage::Coverage;
 
@@ -129,6 +130,12 @@ pub struct Bounds {
     /// every second tenant `priority = "low"`, so the fuzzer searches
     /// `priority_share` too. None by default, like `budgets`.
     pub deployment_rpm: Option<[u32; 2]>,
+    /// A range of `hardening.adaptive_concurrency.max`, whole calls in
+    /// flight, to draw on about half the cases (with `initial` drawn from
+    /// 1 to that max, `min` 1 and `backoff` 0.5, 0.75 or 0.9), so the
+    /// fuzzer searches `concurrency_limit` too. None by default, like
+    /// `budgets`.
+    pub adaptive_concurrency: Option<[u32; 2]>,
 }
 
 /// The most fault episodes a bounds file may ask for per case: proptest
@@ -172,6 +179,7 @@ impl Default for Bounds {
             hedge_after_ms: None,
             slow_start_s: None,
             deployment_rpm: None,
+            adaptive_concurrency: None,
         }
     }
 }
@@ -282,6 +290,15 @@ impl Bounds {
                 return Err(bad(
                     "deployment_rpm",
                     format!("must be [min, max] with 2 <= min <= max, got [{a}, {b}]"),
+                ));
+            }
+        }
+        if let Some([a, b]) = self.adaptive_concurrency {
+            let most = redstring::decide::concurrency::MAX_LIMIT;
+            if a < 1 || a > b || b > most {
+                return Err(bad(
+                    "adaptive_concurrency",
+                    format!("must be [min, max] with 1 <= min <= max <= {most}, got [{a}, {b}]"),
                 ));
             }
         }
@@ -661,29 +678,60 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                 }
                 None => Just(None).boxed(),
             };
-            let hardening = (hardening, budgets, routing, escalation, slow, (hedge, ramp, classes)).prop_map(
-                |(h, (retry_budget, tokens_per_window), routing, escalation, slow, (hedge, ramp, classes))| {
-                    let slow_call_ms = below_timeout(slow, h.request_timeout_s);
-                    // A hedge needs another server to go to, and is not
-                    // judged beside a slow-call threshold.
-                    let hedge = hedge.filter(|_| routing.is_some() && slow_call_ms.is_none());
-                    Hardening {
-                        retry_budget,
-                        tokens_per_window,
+            let adaptive = match b.adaptive_concurrency {
+                Some([low, high]) => prop::option::of(
+                    (low..=high, 0.0f64..1.0, prop::sample::select(vec![0.5, 0.75, 0.9])).prop_map(
+                        |(max, at, backoff)| AdaptiveConcurrencySpec {
+                            // In [1, max]: `at` is below 1.
+                            initial: 1 + (f64::from(max - 1) * at) as u32,
+                            min: 1,
+                            max,
+                            backoff,
+                        },
+                    ),
+                )
+                .boxed(),
+                None => Just(None).boxed(),
+            };
+            let hardening = (
+                hardening,
+                budgets,
+                routing,
+                escalation,
+                slow,
+                (hedge, ramp, classes, adaptive),
+            )
+                .prop_map(
+                    |(
+                        h,
+                        (retry_budget, tokens_per_window),
                         routing,
-                        max_recovery_timeout_s: escalation
-                            .map(|times: f64| (h.recovery_timeout_s * times).min(limits::MAX_SECONDS)),
-                        slow_call_ms,
-                        hedge_after_ms: below_timeout(hedge.map(|(ms, _)| ms), h.request_timeout_s)
-                            .map(HedgeAfterMs::Ms),
-                        max_hedges: hedge.map_or(h.max_hedges, |(_, n)| n),
-                        slow_start_s: ramp.map(|s| s as f64),
-                        deployment_rpm: classes.map(|(rpm, _)| rpm),
-                        reserve: classes.map(|(_, share)| share),
-                        ..h
-                    }
-                },
-            );
+                        escalation,
+                        slow,
+                        (hedge, ramp, classes, adaptive),
+                    )| {
+                        let slow_call_ms = below_timeout(slow, h.request_timeout_s);
+                        // A hedge needs another server to go to, and is not
+                        // judged beside a slow-call threshold.
+                        let hedge = hedge.filter(|_| routing.is_some() && slow_call_ms.is_none());
+                        Hardening {
+                            retry_budget,
+                            tokens_per_window,
+                            routing,
+                            max_recovery_timeout_s: escalation
+                                .map(|times: f64| (h.recovery_timeout_s * times).min(limits::MAX_SECONDS)),
+                            slow_call_ms,
+                            hedge_after_ms: below_timeout(hedge.map(|(ms, _)| ms), h.request_timeout_s)
+                                .map(HedgeAfterMs::Ms),
+                            max_hedges: hedge.map_or(h.max_hedges, |(_, n)| n),
+                            slow_start_s: ramp.map(|s| s as f64),
+                            deployment_rpm: classes.map(|(rpm, _)| rpm),
+                            reserve: classes.map(|(_, share)| share),
+                            adaptive_concurrency: adaptive,
+                            ..h
+                        }
+                    },
+                );
             let clocks = prop::collection::vec(
                 (
                     -b.max_clock_offset_ms..=b.max_clock_offset_ms,
@@ -1066,6 +1114,7 @@ mod tests {
             slow_call_ms: Some([(limits::MAX_SECONDS * 1000.0) as u64; 2]),
             hedge_after_ms: Some([(limits::MAX_SECONDS * 1000.0) as u64; 2]),
             slow_start_s: Some([86_400; 2]),
+            adaptive_concurrency: Some([redstring::decide::concurrency::MAX_LIMIT; 2]),
             ..Bounds::default()
         };
         let least = Bounds {
@@ -1093,6 +1142,7 @@ mod tests {
             slow_call_ms: Some([1, 1]),
             hedge_after_ms: Some([1, 1]),
             slow_start_s: Some([1, 1]),
+            adaptive_concurrency: Some([1, 1]),
             ..Bounds::default()
         };
         for (name, bounds) in [("most", most), ("least", least), ("default", Bounds::default())] {

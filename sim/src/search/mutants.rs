@@ -66,7 +66,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 27] = [
+pub const CATALOGUE: [Variant; 28] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -201,6 +201,11 @@ pub const CATALOGUE: [Variant; 27] = [
         mutant: Mutant::PriorityIgnored,
         named_by: Invariant::PriorityShare,
         scenario: "priority-classes.toml",
+    },
+    Variant {
+        mutant: Mutant::ConcurrencyLimitIgnored,
+        named_by: Invariant::ConcurrencyLimit,
+        scenario: "adaptive-concurrency.toml",
     },
 ];
 

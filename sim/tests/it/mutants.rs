@@ -81,6 +81,7 @@ caught! {
     hedges_skip_budget_is_caught_by_hedging => HedgesSkipBudget,
     slow_start_ignored_is_caught_by_slow_start => SlowStartIgnored,
     priority_ignored_is_caught_by_priority_share => PriorityIgnored,
+    concurrency_limit_ignored_is_caught_by_concurrency_limit => ConcurrencyLimitIgnored,
 }
 
 #[test]
@@ -107,6 +108,7 @@ fn each_new_invariant_names_at_least_one_variant() {
         Invariant::SlowCallsCounted,
         Invariant::Hedging,
         Invariant::SlowStart,
+        Invariant::ConcurrencyLimit,
     ] {
         assert!(
             CATALOGUE.iter().any(|v| v.named_by == named),

@@ -89,7 +89,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             }
         };
         let breaker = || Arc::from(self.deployments[i].breaker.key_prefix());
-        if step.admitted {
+        if step.admitted || crate::mutants::active(crate::mutants::Mutant::ConcurrencyLimitIgnored) {
             if self.observer.enabled() {
                 self.observer.on_event(&Event::ConcurrencyAdmitted {
                     breaker: breaker(),
@@ -99,7 +99,8 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                     limit: whole(step.limit),
                 });
             }
-            return Ok(Some(id));
+            // A refusal the mutant ignored leased nothing: nothing to end.
+            return Ok(step.admitted.then_some(id));
         }
         self.observer.on_event(&Event::ConcurrencyRefused {
             breaker: breaker(),

@@ -17,7 +17,8 @@
 //! grouped by subject in private modules: `limiter` (invariants 1–2),
 //! `breaker` (3–5, 10–11, 17), `liveness` (6), `accounting` (7), `calls`
 //! (8–9), `cooldown` (12), `budget` (13), `tokens` (14), `routing` (15–16),
-//! `slow` (18), `hedging` (19), `ramp` (20) and `priority` (21).
+//! `slow` (18), `hedging` (19), `ramp` (20), `priority` (21) and
+//! `concurrency` (22).
 //!
 //! Scope: with per-worker caches every worker has its own limiter and breaker,
 //! so the checks run per worker; with a shared cache they run fleet-wide (see
@@ -27,6 +28,7 @@ mod accounting;
 mod breaker;
 mod budget;
 mod calls;
+mod concurrency;
 mod cooldown;
 mod hedging;
 mod limiter;
@@ -123,11 +125,15 @@ pub enum Invariant {
     /// every high-priority refusal found at least the reserve used by the
     /// high class in its window.
     PriorityShare,
+    /// Under adaptive concurrency, no request is admitted at a server with
+    /// as many in flight as the limit in force then, and every limit stays
+    /// within its bounds.
+    ConcurrencyLimit,
 }
 
 impl Invariant {
     /// Every invariant, in the order they are checked and reported.
-    pub const ALL: [Invariant; 21] = [
+    pub const ALL: [Invariant; 22] = [
         Invariant::RpmPerWindow,
         Invariant::RetryAfterMonotone,
         Invariant::HalfOpenProbes,
@@ -149,6 +155,7 @@ impl Invariant {
         Invariant::Hedging,
         Invariant::SlowStart,
         Invariant::PriorityShare,
+        Invariant::ConcurrencyLimit,
     ];
 
     /// This invariant's place in [`Invariant::ALL`]; a new variant fails to
@@ -176,6 +183,7 @@ impl Invariant {
             Invariant::Hedging => 18,
             Invariant::SlowStart => 19,
             Invariant::PriorityShare => 20,
+            Invariant::ConcurrencyLimit => 21,
         }
     }
 
@@ -203,6 +211,7 @@ impl Invariant {
             Invariant::Hedging => "hedging",
             Invariant::SlowStart => "slow_start",
             Invariant::PriorityShare => "priority_share",
+            Invariant::ConcurrencyLimit => "concurrency_limit",
         }
     }
 
@@ -230,6 +239,7 @@ impl Invariant {
             Invariant::Hedging => hedging::hedging(ctx, events),
             Invariant::SlowStart => ramp::slow_start(ctx, events),
             Invariant::PriorityShare => priority::priority_share(ctx, events),
+            Invariant::ConcurrencyLimit => concurrency::concurrency_limit(ctx, events),
         }
     }
 }

@@ -52,10 +52,12 @@ pub(super) fn skips_visible(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         match &e.kind {
             // A slow start's draw that passes a call on names the ramping
             // server too (and one that keeps it names it harmlessly).
+            // So does a server's adaptive limit refusing the call.
             Kind::Rejected { breaker, .. }
             | Kind::CooldownRefused { breaker, .. }
             | Kind::Deferred { breaker, .. }
-            | Kind::SlowStart { breaker, .. } => {
+            | Kind::SlowStart { breaker, .. }
+            | Kind::ConcurrencyRefused { breaker, .. } => {
                 shown.named.insert(breaker.clone());
             }
             Kind::CacheUnavailable { .. } => shown.unreachable = true,
