@@ -173,3 +173,49 @@ fn a_call_its_caller_drops_is_counted_cancelled_and_not_left_in_flight() {
         "{text}"
     );
 }
+
+#[test]
+fn adaptive_concurrency_refusals_and_limit_moves_scrape_as_documented() {
+    use redstring::decide::concurrency::{CallEnd, UNIT};
+    use redstring::{Event, Observer};
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let breaker: Arc<str> = Arc::from("kg:circuit:gpu");
+    let ended = |from: u64, to: u64| Event::ConcurrencyEnded {
+        breaker: breaker.clone(),
+        tenant: TenantId::from_u128(1),
+        id: 1,
+        end: CallEnd::Overload,
+        counted: true,
+        from,
+        to,
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let observer = MetricsObserver::new();
+        for _ in 0..2 {
+            observer.on_event(&Event::ConcurrencyRefused {
+                breaker: breaker.clone(),
+                tenant: TenantId::from_u128(1),
+                in_flight: 4,
+                limit: 4,
+            });
+        }
+        observer.on_event(&ended(4 * UNIT, 3 * UNIT + UNIT / 2));
+        // A change within one whole call moves no gauge.
+        observer.on_event(&ended(5 * UNIT + UNIT / 5, 5 * UNIT + UNIT * 9 / 10));
+    });
+    let text = handle.render();
+    assert_eq!(
+        sample(
+            &text,
+            r#"redstring_refusals{by="concurrency",component="kg:circuit:gpu"}"#
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"redstring_concurrency_limit{breaker="kg:circuit:gpu"}"#),
+        Some(3.0),
+        "{text}"
+    );
+}
