@@ -423,26 +423,22 @@ impl Comparison {
                     let pairs = seeds().filter_map(|(a, b)| Some((*a.figures.get(figure)?, *b.figures.get(figure)?)));
                     differences.extend(SignTest::of(figure, None, &v.name, pairs));
                 }
-                for server in server_names(&summaries) {
-                    let of = |r: &SeedRecord, figure: &str| r.servers.get(&server).and_then(|f| f.get(figure).copied());
-                    for figure in SERVER_FIGURE_NAMES {
-                        let pairs = seeds().filter_map(|(a, b)| Some((of(a, figure)?, of(b, figure)?)));
-                        differences.extend(SignTest::of(figure, None, &v.name, pairs).map(|mut t| {
-                            t.server = Some(server.clone());
-                            t
-                        }));
-                    }
-                }
-                for class in class_names(&summaries) {
-                    let of = |r: &SeedRecord, figure: &str| r.classes.get(&class).and_then(|f| f.get(figure).copied());
-                    for figure in CLASS_FIGURE_NAMES {
-                        let pairs = seeds().filter_map(|(a, b)| Some((of(a, figure)?, of(b, figure)?)));
-                        differences.extend(SignTest::of(figure, None, &v.name, pairs).map(|mut t| {
-                            t.class = Some(class.clone());
-                            t
-                        }));
-                    }
-                }
+                differences.extend(group_tests(
+                    first,
+                    v,
+                    &server_names(&summaries),
+                    |r| &r.servers,
+                    &SERVER_FIGURE_NAMES,
+                    |t, server| t.server = Some(server),
+                ));
+                differences.extend(group_tests(
+                    first,
+                    v,
+                    &class_names(&summaries),
+                    |r| &r.classes,
+                    &CLASS_FIGURE_NAMES,
+                    |t, class| t.class = Some(class),
+                ));
                 for (_, episode) in &episodes {
                     let of = |r: &SeedRecord, figure: &str| {
                         r.episodes
@@ -608,14 +604,50 @@ enum Scope<'a> {
 
 /// Every priority class any variant measured, by name.
 fn class_names(variants: &[(String, SweepSummary)]) -> Vec<String> {
-    let names: std::collections::BTreeSet<&String> = variants.iter().flat_map(|(_, s)| s.classes.keys()).collect();
-    names.into_iter().cloned().collect()
+    group_names(variants, |s| s.classes.keys())
 }
 
 /// Every model server any variant's requests reached, by name.
 fn server_names(variants: &[(String, SweepSummary)]) -> Vec<String> {
-    let names: std::collections::BTreeSet<&String> = variants.iter().flat_map(|(_, s)| s.servers.keys()).collect();
+    group_names(variants, |s| s.servers.keys())
+}
+
+/// The names of the groups (servers, classes) any variant measured, sorted.
+fn group_names<'a, K: Iterator<Item = &'a String>>(
+    variants: &'a [(String, SweepSummary)],
+    keys: impl Fn(&'a SweepSummary) -> K,
+) -> Vec<String> {
+    let names: std::collections::BTreeSet<&String> = variants.iter().flat_map(|(_, s)| keys(s)).collect();
     names.into_iter().cloned().collect()
+}
+
+/// Variant `v`'s sign tests against `first` on each of `groups`' figures
+/// named in `names` (a group's figures picked from a seed's record by
+/// `pick`), each marked with its group by `mark`.
+fn group_tests(
+    first: &Variant,
+    v: &Variant,
+    groups: &[String],
+    pick: impl Fn(&SeedRecord) -> &std::collections::BTreeMap<String, std::collections::BTreeMap<String, f64>>,
+    names: &[&'static str],
+    mark: impl Fn(&mut SignTest, String),
+) -> Vec<SignTest> {
+    let mut tests = Vec::new();
+    for group in groups {
+        let of = |r: &SeedRecord, figure: &str| pick(r).get(group).and_then(|f| f.get(figure).copied());
+        for &figure in names {
+            let pairs = first
+                .records
+                .iter()
+                .zip(&v.records)
+                .filter_map(|(a, b)| Some((of(a, figure)?, of(b, figure)?)));
+            if let Some(mut t) = SignTest::of(figure, None, &v.name, pairs) {
+                mark(&mut t, group.clone());
+                tests.push(t);
+            }
+        }
+    }
+    tests
 }
 
 /// Every fault episode any variant had, as `(index, name)`, ordered by

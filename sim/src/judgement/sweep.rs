@@ -480,6 +480,31 @@ fn episode_summaries(records: &[SeedRecord]) -> Vec<EpisodeSummary> {
 
 /// Each figure's distribution over its values; a figure no value measured
 /// is left out.
+/// Per group (a server, a priority class), the distributions of its figures
+/// named in `names`, over the records that ran.
+fn grouped(
+    records: &[SeedRecord],
+    groups: impl Fn(&SeedRecord) -> &BTreeMap<String, BTreeMap<String, f64>>,
+    names: &[&'static str],
+) -> BTreeMap<String, BTreeMap<&'static str, Distribution>> {
+    let mut values: BTreeMap<String, BTreeMap<&'static str, Vec<f64>>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.error.is_none()) {
+        for (group, figures) in groups(r) {
+            for (name, v) in figures {
+                if let Some(name) = names.iter().find(|n| *n == name) {
+                    values
+                        .entry(group.clone())
+                        .or_default()
+                        .entry(name)
+                        .or_default()
+                        .push(*v);
+                }
+            }
+        }
+    }
+    values.into_iter().map(|(group, v)| (group, distributions(v))).collect()
+}
+
 fn distributions<K: Ord>(values: BTreeMap<K, Vec<f64>>) -> BTreeMap<K, Distribution> {
     values
         .into_iter()
@@ -554,44 +579,8 @@ impl SweepSummary {
             tally(&mut summary.objectives, passes);
         }
         summary.episodes = episode_summaries(&records);
-        let mut by_server: BTreeMap<String, BTreeMap<&'static str, Vec<f64>>> = BTreeMap::new();
-        for r in records.iter().filter(|r| r.error.is_none()) {
-            for (server, figures) in &r.servers {
-                for (name, v) in figures {
-                    if let Some(name) = SERVER_FIGURE_NAMES.iter().find(|n| *n == name) {
-                        by_server
-                            .entry(server.clone())
-                            .or_default()
-                            .entry(name)
-                            .or_default()
-                            .push(*v);
-                    }
-                }
-            }
-        }
-        summary.servers = by_server
-            .into_iter()
-            .map(|(server, values)| (server, distributions(values)))
-            .collect();
-        let mut by_class: BTreeMap<String, BTreeMap<&'static str, Vec<f64>>> = BTreeMap::new();
-        for r in records.iter().filter(|r| r.error.is_none()) {
-            for (class, figures) in &r.classes {
-                for (name, v) in figures {
-                    if let Some(name) = CLASS_FIGURE_NAMES.iter().find(|n| *n == name) {
-                        by_class
-                            .entry(class.clone())
-                            .or_default()
-                            .entry(name)
-                            .or_default()
-                            .push(*v);
-                    }
-                }
-            }
-        }
-        summary.classes = by_class
-            .into_iter()
-            .map(|(class, values)| (class, distributions(values)))
-            .collect();
+        summary.servers = grouped(&records, |r| &r.servers, &SERVER_FIGURE_NAMES);
+        summary.classes = grouped(&records, |r| &r.classes, &CLASS_FIGURE_NAMES);
         summary.per_seed = records;
         summary.figures = distributions(values);
         summary
