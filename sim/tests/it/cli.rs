@@ -255,6 +255,45 @@ fn compare_sets_variants_side_by_side_and_writes_json() {
 }
 
 #[test]
+fn compare_tests_each_priority_classs_figures_and_a_reserve_spares_the_high_class() {
+    let json = temp_file("classes.toml", "").with_extension("json");
+    let scenario = crate::support::scenarios_dir().join("priority-classes.toml");
+    let out = bin()
+        .args(["compare", scenario.to_str().unwrap(), "--seeds", "1..7", "--jobs", "1"])
+        .args(["--set", "hardening.reserve=none,0.3", "--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("per priority class (how its calls fared):"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let test = |class: &str, figure: &str| {
+        v["differences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["class"] == class && d["figure"] == figure)
+            .unwrap_or_else(|| panic!("no {class} {figure} in {v}"))
+            .clone()
+    };
+    // Every seed defers fewer high-priority calls with the reserve, and
+    // more low-priority ones.
+    let high = test("high", "deferred");
+    assert_eq!(
+        (high["lower"].as_u64(), high["holds"].as_bool()),
+        (Some(6), Some(true)),
+        "{high}"
+    );
+    let low = test("low", "deferred");
+    assert_eq!(
+        (low["higher"].as_u64(), low["holds"].as_bool()),
+        (Some(6), Some(true)),
+        "{low}"
+    );
+    assert!(high["server"].is_null() && high["episode"].is_null(), "{high}");
+}
+
+#[test]
 fn compare_of_two_files_names_each() {
     let a = temp_file("a.toml", &outage("small", ""));
     let b = temp_file(
