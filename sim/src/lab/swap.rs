@@ -142,6 +142,23 @@ impl SwapFront {
         self.front.changed.notify_waiters();
     }
 
+    /// Stops (`true`) or continues (`false`) the upstream process, so a
+    /// test can hold a request in flight for as long as it needs.
+    #[cfg(test)]
+    pub(crate) fn hold_upstream(&self, hold: bool) -> Result<(), LabError> {
+        match self.front.upstream.borrow().as_ref() {
+            Some(upstream) if hold => upstream.hang(),
+            Some(upstream) => upstream.resume(),
+            None => Ok(()),
+        }
+    }
+
+    /// Requests it holds or passes on now.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.front.in_flight.get()
+    }
+
     /// Starts the front again on its port, the upstream not running: the
     /// first request starts it and is held with every other until it is
     /// healthy.

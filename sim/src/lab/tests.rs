@@ -299,12 +299,23 @@ fn the_llama_swap_front_holds_requests_while_its_real_upstream_loads() {
         assert_eq!(ask(&endpoint, Duration::from_secs(60)).await.unwrap().0, 200);
 
         // One request in flight takes the whole limit of 1: a second is 429.
-        let (held, second) = tokio::join!(ask(&endpoint, Duration::from_secs(60)), async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            ask(&endpoint, Duration::from_secs(60)).await
+        // The upstream is stopped so the first stays in flight however fast
+        // this machine answers it.
+        front.hold_upstream(true).unwrap();
+        let held = tokio::task::spawn_local({
+            let endpoint = HttpEndpoint::new(&front.base_url(), None).unwrap();
+            async move { ask(&endpoint, Duration::from_secs(60)).await }
         });
-        assert_eq!(held.unwrap().0, 200);
-        assert_eq!(second.unwrap().0, 429);
+        for _ in 0..2_000 {
+            if front.in_flight() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(front.in_flight(), 1, "the first request reached the front");
+        assert_eq!(ask(&endpoint, Duration::from_secs(60)).await.unwrap().0, 429);
+        front.hold_upstream(false).unwrap();
+        assert_eq!(held.await.unwrap().unwrap().0, 200);
 
         // Crashed, it refuses; restarted, it holds the request through the
         // upstream's load (seconds, with this context) and answers it.
