@@ -125,11 +125,15 @@ pub enum Mutant {
     /// an attempt at a deployment already at its limit is sent anyway, so
     /// a burst lands on a server whose slots are full.
     ConcurrencyLimitIgnored,
+    /// An adaptive concurrency limit's reserve for the high class is
+    /// configured but ignored: low-priority calls may fill every slot the
+    /// limit allows, and a high-priority call finds none.
+    ConcurrencyReserveIgnored,
 }
 
 impl Mutant {
     /// Every variant, in catalogue order.
-    pub const ALL: [Mutant; 28] = [
+    pub const ALL: [Mutant; 29] = [
         Mutant::ThreeCallLimiter,
         Mutant::RefusalsRecorded,
         Mutant::FailureTtlRefreshed,
@@ -158,6 +162,7 @@ impl Mutant {
         Mutant::SlowStartIgnored,
         Mutant::PriorityIgnored,
         Mutant::ConcurrencyLimitIgnored,
+        Mutant::ConcurrencyReserveIgnored,
     ];
 
     /// The name the simulator's command line and reports use.
@@ -191,6 +196,7 @@ impl Mutant {
             Mutant::SlowStartIgnored => "slow_start_ignored",
             Mutant::PriorityIgnored => "priority_ignored",
             Mutant::ConcurrencyLimitIgnored => "concurrency_limit_ignored",
+            Mutant::ConcurrencyReserveIgnored => "concurrency_reserve_ignored",
         }
     }
 
@@ -286,6 +292,9 @@ impl Mutant {
             }
             Mutant::ConcurrencyLimitIgnored => {
                 "calls sent past a server's capacity queue there until they time out and are retried into the same queue, what Netflix's concurrency-limits and Envoy's adaptive concurrency filter shed load to prevent (their docs)"
+            }
+            Mutant::ConcurrencyReserveIgnored => {
+                "one concurrency limit for every class, so batch calls fill a server's slots and an interactive call finds none, what Netflix concurrency-limits' AbstractPartitionedLimiter prevents by giving each partition a percentage of the limit (its PartitionedExample)"
             }
         }
     }

@@ -436,6 +436,8 @@ pub enum Event {
         breaker: Arc<str>,
         /// The tenant whose call it is.
         tenant: TenantId,
+        /// The class the call asked as.
+        priority: Priority,
         /// The attempt's lease.
         id: u64,
         /// Calls in flight there, fleet-wide, before this one.
@@ -451,6 +453,8 @@ pub enum Event {
         breaker: Arc<str>,
         /// The tenant whose call it is.
         tenant: TenantId,
+        /// The class the call asked as.
+        priority: Priority,
         /// Calls in flight there, fleet-wide.
         in_flight: u64,
         /// The limit in force, in whole calls.
@@ -820,19 +824,21 @@ impl Observer for TracingObserver {
             Event::ConcurrencyAdmitted {
                 breaker,
                 tenant,
+                priority,
                 id,
                 in_flight,
                 limit,
             } => {
-                tracing::trace!(%breaker, %tenant, id, in_flight, limit, "adaptive concurrency: admitted")
+                tracing::trace!(%breaker, %tenant, priority = priority.as_str(), id, in_flight, limit, "adaptive concurrency: admitted")
             }
             Event::ConcurrencyRefused {
                 breaker,
                 tenant,
+                priority,
                 in_flight,
                 limit,
             } => {
-                tracing::debug!(%breaker, %tenant, in_flight, limit, "adaptive concurrency: at the limit, refused")
+                tracing::debug!(%breaker, %tenant, priority = priority.as_str(), in_flight, limit, "adaptive concurrency: at the limit, refused")
             }
             Event::ConcurrencyEnded {
                 breaker,

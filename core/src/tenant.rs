@@ -77,3 +77,18 @@ impl Priority {
         }
     }
 }
+
+/// A reserve's share in whole parts per million, the unit every store step
+/// takes it in: `share` in (0, 1) rounds into `1..=999_999` (a builder
+/// refuses anything else; out of range it is clamped).
+pub(crate) fn share_ppm(share: f64) -> u32 {
+    // Exact: the clamped product rounds into 0..=10⁶.
+    (share.clamp(0.0, 1.0) * 1e6).round() as u32
+}
+
+/// What a reserve of `ppm` parts per million keeps of `limit`:
+/// `⌈limit × ppm / 10⁶⌉`, rounded up so the high class gets at least its
+/// share; never more than `limit`.
+pub(crate) fn reserved_ppm(limit: u64, ppm: u32) -> u64 {
+    u64::try_from((u128::from(limit) * u128::from(ppm.min(1_000_000))).div_ceil(1_000_000)).unwrap_or(limit)
+}

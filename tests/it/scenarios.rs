@@ -75,6 +75,7 @@ macro_rules! scenario_tests {
 scenario_tests! {
     adaptive_concurrency => "adaptive-concurrency.toml",
     cache_partition => "cache-partition.toml",
+    concurrency_reserve => "concurrency-reserve.toml",
     container_restart => "container-restart.toml",
     container_restart_objectives => "container-restart-objectives.toml",
     escalating_breaker => "escalating-breaker.toml",

@@ -21,7 +21,12 @@
 //! - the limit stays within `[min, max]`.
 //!
 //! A call is admitted when the calls in flight are fewer than the whole part
-//! of the limit. The latency-gradient limits (Netflix's `Gradient2`, Vegas)
+//! of the limit. A [`reserve`](AdaptiveConcurrency::reserve) keeps a share
+//! of it for [`Priority::High`] calls, as a rate limiter's reserve keeps a
+//! share of its window: a [`Priority::Low`] call is admitted only while
+//! fewer than `whole − ⌈whole × share⌉` calls are in flight, whoever's
+//! they are, so however many low calls arrive the reserved calls stay free
+//! for high ones. The latency-gradient limits (Netflix's `Gradient2`, Vegas)
 //! are not built: the overload signals a model server sends are enough to
 //! find its slots, and a gradient needs a quiet baseline a batching server
 //! rarely gives.
@@ -36,6 +41,7 @@
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::tenant::{Priority, reserved_ppm, share_ppm};
 
 /// One call of a limit, in fixed point: a limit is kept in millionths.
 pub const UNIT: u64 = 1_000_000;
@@ -67,6 +73,8 @@ pub struct AdaptiveConcurrency {
     max: u32,
     backoff: u32,
     lease: Duration,
+    /// Parts per million of the limit kept for the high class; 0 for none.
+    reserve: u32,
 }
 
 impl AdaptiveConcurrency {
@@ -101,6 +109,7 @@ impl AdaptiveConcurrency {
             max,
             backoff: 900,
             lease: DEFAULT_LEASE,
+            reserve: 0,
         })
     }
 
@@ -145,6 +154,43 @@ impl AdaptiveConcurrency {
         Ok(self)
     }
 
+    /// Keeps `share` of the limit for [`Priority::High`] calls: a
+    /// [`Priority::Low`] call is refused once `whole − ⌈whole × share⌉`
+    /// calls are in flight, whoever's they are — the rate limiter's
+    /// [`reserve`](crate::RateLimiterBuilder::reserve), applied to calls
+    /// in flight. The share is taken in whole parts per million.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for `adaptive_concurrency.reserve` unless `share`
+    /// is in (0, 1) and leaves the low class a call at `min` (the fewest
+    /// the limit leaves it, since what it leaves grows with the limit).
+    pub fn reserve(mut self, share: f64) -> Result<Self, ConfigError> {
+        if !(share.is_finite() && share > 0.0 && share < 1.0) {
+            return Err(ConfigError::new(
+                "adaptive_concurrency.reserve",
+                "between 0 and 1, exclusive",
+                share,
+            ));
+        }
+        let ppm = share_ppm(share);
+        if allowance(u64::from(self.min), ppm) == 0 {
+            return Err(ConfigError::new(
+                "adaptive_concurrency.reserve",
+                "small enough to leave the low class a call at the limit's min",
+                share,
+            ));
+        }
+        self.reserve = ppm;
+        Ok(self)
+    }
+
+    /// The share of the limit kept for high-priority calls, in parts per
+    /// million (0 without a [`reserve`](Self::reserve)).
+    pub fn reserve_ppm(&self) -> u32 {
+        self.reserve
+    }
+
     /// The limit a deployment starts at.
     pub fn initial(&self) -> u32 {
         self.initial
@@ -170,14 +216,21 @@ impl AdaptiveConcurrency {
         self.lease
     }
 
-    /// The numbers a store's step runs on.
-    pub fn params(&self) -> ConcurrencyParams {
+    /// The numbers a store's step runs on for a call of `priority`: a low
+    /// one's carry the reserve it may not take (nothing under the
+    /// [`Mutant`](crate::mutants::Mutant) that ignores it).
+    pub fn params(&self, priority: Priority) -> ConcurrencyParams {
+        let reserve = match priority {
+            Priority::Low if !crate::mutants::active(crate::mutants::Mutant::ConcurrencyReserveIgnored) => self.reserve,
+            Priority::High | Priority::Low => 0,
+        };
         ConcurrencyParams {
             initial: u64::from(self.initial) * UNIT,
             min: u64::from(self.min) * UNIT,
             max: u64::from(self.max) * UNIT,
             backoff: u64::from(self.backoff),
             ttl: DEFAULT_TTL,
+            reserve,
         }
     }
 }
@@ -196,6 +249,9 @@ pub struct ConcurrencyParams {
     pub backoff: u64,
     /// How long a limit is kept with no step on it.
     pub ttl: Duration,
+    /// Parts per million of the whole limit an admission may not take:
+    /// the share kept for a class above the caller's (0 for the highest).
+    pub reserve: u32,
 }
 
 /// How a call at a deployment ended, for its limit.
@@ -275,6 +331,13 @@ pub fn whole(limit: u64) -> u64 {
     (limit / UNIT).max(1)
 }
 
+/// The calls in flight an admission kept from `reserve` parts per million
+/// of a `whole` limit may find and still be admitted under: `whole −
+/// ⌈whole × reserve / 10⁶⌉`. It never falls as `whole` grows.
+pub fn allowance(whole: u64, reserve: u32) -> u64 {
+    whole - reserved_ppm(whole, reserve)
+}
+
 /// The limit in force given what a store held: the initial one when it held
 /// nothing readable, else the stored one within `[min, max]` (another
 /// worker's settings, or a foreign writer's value, cannot push it out).
@@ -296,7 +359,7 @@ pub fn step(
 ) -> ConcurrencyStep {
     let limit = limit_in_force(stored, params);
     let (admitted, next) = match command {
-        ConcurrencyCommand::Admit => (in_flight < whole(limit), limit),
+        ConcurrencyCommand::Admit => (in_flight < allowance(whole(limit), params.reserve), limit),
         ConcurrencyCommand::Complete(_) if !held => (false, limit),
         ConcurrencyCommand::Complete(CallEnd::Overload) => {
             // limit ≤ 10^10 and backoff < 10^3: the product is exact in a double.
@@ -321,7 +384,9 @@ mod tests {
     use super::*;
 
     fn params(initial: u32, min: u32, max: u32) -> ConcurrencyParams {
-        AdaptiveConcurrency::new(initial, min, max).unwrap().params()
+        AdaptiveConcurrency::new(initial, min, max)
+            .unwrap()
+            .params(Priority::High)
     }
 
     #[test]
@@ -349,7 +414,7 @@ mod tests {
             .unwrap()
             .backoff(0.5)
             .unwrap()
-            .params();
+            .params(Priority::High);
         let s = step(
             Some(3 * UNIT),
             1,
@@ -393,6 +458,62 @@ mod tests {
         }
         let neither = step(None, 4, true, ConcurrencyCommand::Complete(CallEnd::Neither), &p);
         assert_eq!((neither.admitted, neither.next), (true, 4 * UNIT));
+    }
+
+    #[test]
+    fn a_low_call_is_refused_once_the_unreserved_part_is_in_flight() {
+        let settings = AdaptiveConcurrency::new(10, 4, 20).unwrap().reserve(0.25).unwrap();
+        let (high, low) = (settings.params(Priority::High), settings.params(Priority::Low));
+        assert_eq!((high.reserve, low.reserve), (0, 250_000));
+        // A limit of 10 keeps ⌈2.5⌉ = 3 for the high class: low gets 7.
+        assert!(step(None, 6, false, ConcurrencyCommand::Admit, &low).admitted);
+        assert!(!step(None, 7, false, ConcurrencyCommand::Admit, &low).admitted);
+        assert!(step(None, 9, false, ConcurrencyCommand::Admit, &high).admitted);
+        assert!(!step(None, 10, false, ConcurrencyCommand::Admit, &high).admitted);
+        // The reserve follows the limit: at 4 it keeps 1.
+        assert!(step(Some(4 * UNIT), 2, false, ConcurrencyCommand::Admit, &low).admitted);
+        assert!(!step(Some(4 * UNIT), 3, false, ConcurrencyCommand::Admit, &low).admitted);
+        // Ends move the limit alike whoever's call it was.
+        let end = ConcurrencyCommand::Complete(CallEnd::Overload);
+        assert_eq!(
+            step(None, 5, true, end, &low).next,
+            step(None, 5, true, end, &high).next
+        );
+    }
+
+    #[test]
+    fn what_a_reserve_leaves_never_falls_as_the_limit_grows() {
+        for ppm in [1, 70_000, 250_000, 333_333, 500_000, 999_999] {
+            let mut last = 0;
+            for whole in 1..=2_000 {
+                let left = allowance(whole, ppm);
+                assert!(
+                    left >= last,
+                    "{ppm} ppm: {whole} leaves {left}, {} left {last}",
+                    whole - 1
+                );
+                assert!(whole - left >= 1, "{ppm} ppm keeps at least one call of {whole}");
+                last = left;
+            }
+        }
+        assert_eq!(allowance(100, 70_000), 93, "0.07 of 100 keeps 7, not 8");
+    }
+
+    #[test]
+    fn a_reserve_is_checked_against_the_limits_min() {
+        let settings = AdaptiveConcurrency::new(4, 2, 8).unwrap();
+        for bad in [0.0, 1.0, -0.1, f64::NAN, f64::INFINITY] {
+            assert_eq!(
+                settings.reserve(bad).unwrap_err().field,
+                "adaptive_concurrency.reserve",
+                "{bad}"
+            );
+        }
+        // At a min of 2, a half keeps 1 and leaves 1; anything more leaves none.
+        assert_eq!(settings.reserve(0.5).unwrap().reserve_ppm(), 500_000);
+        let none_left = settings.reserve(0.51).unwrap_err();
+        assert!(none_left.to_string().contains("min"), "{none_left}");
+        assert_eq!(settings.reserve_ppm(), 0, "no reserve unless asked");
     }
 
     #[test]

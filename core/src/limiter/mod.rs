@@ -207,9 +207,7 @@ struct Reserved {
 /// above 7, keeps 7. `share` must be in (0, 1) (a builder refuses
 /// anything else); `limit` at most 2⁵³.
 pub fn reserve_of(limit: u64, share: f64) -> u64 {
-    // Both casts are exact: share ∈ (0, 1) rounds into 0..=10⁶.
-    let ppm = (share.clamp(0.0, 1.0) * 1e6).round() as u128;
-    u64::try_from((u128::from(limit) * ppm).div_ceil(1_000_000)).unwrap_or(limit)
+    crate::tenant::reserved_ppm(limit, crate::tenant::share_ppm(share))
 }
 
 /// A limiter's store request but for its `now`. A clamped caller's window

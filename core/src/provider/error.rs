@@ -20,6 +20,7 @@ use crate::decide::tokens::RefusedBy;
 use crate::error::CacheError;
 use crate::limiter::{RateLimitExceeded, TokenLimitExceeded};
 use crate::retry::{RetryDenied, RetryExhausted, Retryable};
+use crate::tenant::Priority;
 use crate::time::secs;
 
 /// How the wire failed, as far as the transport could tell.
@@ -462,16 +463,23 @@ pub enum ExtractError {
 /// was made to it.
 ///
 /// The message names the model and the numbers: `deployment qwen3 has 8
-/// calls in flight, at its adaptive limit of 8`.
+/// calls in flight, at its adaptive limit of 8`; a caller kept from a
+/// reserve names it: `deployment qwen3 has 6 calls in flight, at its
+/// adaptive limit of 8 less 2 kept for high priority`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("deployment {model} has {in_flight} calls in flight, at its adaptive limit of {limit}")]
+#[error("deployment {model} has {in_flight} calls in flight, at its adaptive limit of {limit}{}", if *reserved > 0 { format!(" less {reserved} kept for high priority") } else { String::new() })]
 pub struct ConcurrencyLimited {
     /// The model of the deployment refused.
     pub model: String,
+    /// The class the call asked as.
+    pub priority: Priority,
     /// Its calls in flight, fleet-wide, when it refused.
     pub in_flight: u64,
     /// Its limit then, in whole calls.
     pub limit: u64,
+    /// Calls of that limit kept from this caller for a higher class (zero
+    /// for a high caller, or without a reserve).
+    pub reserved: u64,
 }
 
 /// A deployment's own limit refused an attempt: no call was made to it.

@@ -138,6 +138,8 @@ checks!(
     concurrency_an_ended_lease_stops_counting_and_its_late_end_changes_nothing,
     concurrency_a_damaged_limit_heals_to_initial,
     racing_concurrency_admits_exactly_the_limit,
+    concurrency_a_low_call_leaves_the_reserve_to_high_ones,
+    racing_concurrency_keeps_the_reserve_for_high_calls,
     close_is_idempotent_and_later_calls_fail_closed,
 );
 
@@ -1475,7 +1477,7 @@ fn concurrency(initial: u32, min: u32, max: u32) -> ConcurrencyParams {
     AdaptiveConcurrency::new(initial, min, max)
         .and_then(|c| c.backoff(0.5))
         .expect("valid")
-        .params()
+        .params(crate::tenant::Priority::High)
 }
 
 const ADMIT: ConcurrencyCommand = ConcurrencyCommand::Admit;
@@ -1685,6 +1687,95 @@ async fn racing_concurrency_admits_exactly_the_limit<H: Harness>(h: &H) {
         last.limit,
         expected_after_racing_successes(&p),
         "every end applied once, in some order"
+    );
+}
+
+/// A limit of 8 keeping a quarter (2 calls) for the high class, as a low
+/// and as a high caller ask.
+fn reserved_concurrency() -> (ConcurrencyParams, ConcurrencyParams) {
+    use crate::tenant::Priority;
+    let settings = AdaptiveConcurrency::new(8, 4, 16)
+        .and_then(|c| c.reserve(0.25))
+        .expect("valid");
+    (settings.params(Priority::Low), settings.params(Priority::High))
+}
+
+async fn concurrency_a_low_call_leaves_the_reserve_to_high_ones<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let (low, high) = reserved_concurrency();
+    let mut lows = Vec::new();
+    for id in 0..8 {
+        let step = c
+            .concurrency_step("{cc}:reserve", ADMIT, low, pick_at(now, id))
+            .await
+            .unwrap();
+        lows.push(step.admitted);
+    }
+    assert_eq!(
+        lows,
+        [true, true, true, true, true, true, false, false],
+        "6 of 8 for low calls"
+    );
+    let mut highs = Vec::new();
+    for id in 10..13 {
+        let step = c
+            .concurrency_step("{cc}:reserve", ADMIT, high, pick_at(now, id))
+            .await
+            .unwrap();
+        highs.push((step.admitted, step.in_flight));
+    }
+    assert_eq!(
+        highs,
+        [(true, 6), (true, 7), (false, 8)],
+        "the reserved 2 went to high calls"
+    );
+    // A high call's end frees a call, but not one a low call may take
+    // while 7 are in flight.
+    c.concurrency_step("{cc}:reserve", ANSWERED, high, pick_at(now, 10))
+        .await
+        .unwrap();
+    let refused = c
+        .concurrency_step("{cc}:reserve", ADMIT, low, pick_at(now, 20))
+        .await
+        .unwrap();
+    assert_eq!((refused.admitted, refused.in_flight), (false, 7), "the reserve holds");
+    let admitted = c
+        .concurrency_step("{cc}:reserve", ADMIT, high, pick_at(now, 21))
+        .await
+        .unwrap();
+    assert!(admitted.admitted, "a high call takes it");
+}
+
+async fn racing_concurrency_keeps_the_reserve_for_high_calls<H: Harness>(h: &H) {
+    let c = h.cache().await;
+    let now = h.now();
+    let (low, high) = reserved_concurrency();
+    let tasks: Vec<_> = (0..40u64)
+        .map(|id| {
+            let c = c.clone();
+            let p = if id % 2 == 0 { low } else { high };
+            tokio::spawn(async move {
+                (
+                    id % 2 == 0,
+                    c.concurrency_step("{cc}:race-reserve", ADMIT, p, pick_at(now, id))
+                        .await,
+                )
+            })
+        })
+        .collect();
+    let (mut lows, mut highs) = (0, 0);
+    for task in tasks {
+        let (is_low, step) = task.await.expect("task panicked");
+        if step.unwrap().admitted {
+            *(if is_low { &mut lows } else { &mut highs }) += 1;
+        }
+    }
+    assert!(lows <= 6, "low calls took {lows} of 8, more than the 6 not reserved");
+    assert_eq!(
+        lows + highs,
+        8,
+        "the high calls filled the rest ({lows} low, {highs} high)"
     );
 }
 

@@ -1,8 +1,8 @@
 //! Adaptive concurrency through the hardened provider: a deployment at its
 //! limit is skipped for the next one (or the call ends unsent with a typed
 //! error), an overload backs the limit off and busy answers grow it, and
-//! two providers over one store share one limit — on a `MemoryCache` on a
-//! manual clock.
+//! two providers over one store share one limit, and a reserve keeps part
+//! of it from low-priority calls — on a `MemoryCache` on a manual clock.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -14,7 +14,8 @@ use redstring::provider::{
     ProviderError,
 };
 use redstring::{
-    CircuitBreaker, Env, Event, ManualClock, MemoryCache, RateLimiter, RecordingObserver, RetryPolicy, TenantId,
+    CircuitBreaker, Env, Event, ManualClock, MemoryCache, Priority, RateLimiter, RecordingObserver, RetryPolicy,
+    TenantId,
 };
 use serde_json::Value;
 use tokio::sync::Semaphore;
@@ -113,6 +114,16 @@ impl World {
 
     /// A provider over `servers` (the first the primary), no retries.
     fn provider(&self, servers: &[&Arc<Server>], settings: AdaptiveConcurrency) -> HardenedProvider<Arc<Server>> {
+        self.provider_as(servers, settings, Priority::High)
+    }
+
+    /// A provider over `servers` asking as `priority`, no retries.
+    fn provider_as(
+        &self,
+        servers: &[&Arc<Server>],
+        settings: AdaptiveConcurrency,
+        priority: Priority,
+    ) -> HardenedProvider<Arc<Server>> {
         let limiter = Arc::new(RateLimiter::builder(100_000).env(self.env()).build().unwrap());
         let mut builder = HardenedProvider::over(self.deployment(servers[0]), TenantId::from_u128(7), limiter);
         for server in &servers[1..] {
@@ -122,6 +133,7 @@ impl World {
             .retry_policy(RetryPolicy::builder().max_retries(0).build().unwrap())
             .env(self.env())
             .adaptive_concurrency(settings)
+            .priority(priority)
             .build()
     }
 }
@@ -241,5 +253,66 @@ async fn an_overload_backs_off_the_limit_every_provider_over_the_store_shares() 
             format!("{:?} true {four}->{four}", CallEnd::Success),
         ],
         "the 503 halved the shared limit; a success with 1 of 4 in flight is not busy ({grown} would be)"
+    );
+}
+
+#[tokio::test]
+async fn low_priority_calls_leave_the_reserved_calls_to_high_priority_ones() {
+    let world = World::new();
+    let gpu = Server::new("gpu/m", Behaviour::Gated);
+    // A limit of 4 keeping a quarter, one call, for the high class.
+    let settings = AdaptiveConcurrency::new(4, 2, 8).unwrap().reserve(0.25).unwrap();
+    let batch = Arc::new(world.provider_as(&[&gpu], settings, Priority::Low));
+    let interactive = Arc::new(world.provider_as(&[&gpu], settings, Priority::High));
+    let call = |p: &Arc<HardenedProvider<Arc<Server>>>| {
+        let p = p.clone();
+        tokio::spawn(async move { p.extract_with_model::<String>("t", None).await })
+    };
+    let held: Vec<_> = (0..3).map(|_| call(&batch)).collect();
+    until_calls(&gpu, 3).await;
+    let refused = batch.extract_with_model::<String>("t", None).await.unwrap_err();
+    let ExtractError::RetryExhausted(exhausted) = &refused else {
+        panic!("expected RetryExhausted, got {refused:?}");
+    };
+    let ExtractError::ConcurrencyLimited(e) = exhausted.last.as_ref() else {
+        panic!("expected ConcurrencyLimited, got {:?}", exhausted.last);
+    };
+    assert_eq!((e.priority, e.in_flight, e.limit, e.reserved), (Priority::Low, 3, 4, 1));
+    assert_eq!(
+        e.to_string(),
+        "deployment gpu/m has 3 calls in flight, at its adaptive limit of 4 less 1 kept for high priority"
+    );
+    assert_eq!(gpu.calls.load(Ordering::SeqCst), 3, "the refused low call sent nothing");
+    // The reserved call is there for an interactive one.
+    let urgent = call(&interactive);
+    until_calls(&gpu, 4).await;
+    gpu.gate.add_permits(4);
+    urgent.await.unwrap().unwrap();
+    for c in held {
+        c.await.unwrap().unwrap();
+    }
+    let classes: Vec<_> = world
+        .events
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::ConcurrencyAdmitted {
+                priority, in_flight, ..
+            } => Some(format!("admitted {priority:?} {in_flight}")),
+            Event::ConcurrencyRefused {
+                priority, in_flight, ..
+            } => Some(format!("refused {priority:?} {in_flight}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        classes,
+        [
+            "admitted Low 0",
+            "admitted Low 1",
+            "admitted Low 2",
+            "refused Low 3",
+            "admitted High 3"
+        ]
     );
 }

@@ -196,6 +196,7 @@ fn adaptive_concurrency_refusals_and_limit_moves_scrape_as_documented() {
             observer.on_event(&Event::ConcurrencyRefused {
                 breaker: breaker.clone(),
                 tenant: TenantId::from_u128(1),
+                priority: redstring::Priority::Low,
                 in_flight: 4,
                 limit: 4,
             });

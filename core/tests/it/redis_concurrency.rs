@@ -233,7 +233,9 @@ async fn a_fleets_adaptive_admissions_over_five_connections_take_exactly_the_lim
     use redstring::decide::pick::PickRequest;
     let Some(server) = RedisServer::start() else { return };
     let caches: Vec<Arc<RedisCache>> = (0..5).map(|_| Arc::new(server.cache())).collect();
-    let params = AdaptiveConcurrency::new(7, 1, 20).unwrap().params();
+    let params = AdaptiveConcurrency::new(7, 1, 20)
+        .unwrap()
+        .params(redstring::Priority::High);
     let request = |id| PickRequest {
         now: SystemClock.now(),
         id,

@@ -309,23 +309,27 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
         },
         Event::ConcurrencyAdmitted {
             breaker,
+            priority,
             id,
             in_flight,
             limit,
             ..
         } => Kind::ConcurrencyAdmitted {
             breaker: breaker.to_string(),
+            priority: *priority,
             id: *id,
             in_flight: *in_flight,
             limit: *limit,
         },
         Event::ConcurrencyRefused {
             breaker,
+            priority,
             in_flight,
             limit,
             ..
         } => Kind::ConcurrencyRefused {
             breaker: breaker.to_string(),
+            priority: *priority,
             in_flight: *in_flight,
             limit: *limit,
         },

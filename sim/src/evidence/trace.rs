@@ -263,6 +263,8 @@ pub enum Kind {
     ConcurrencyAdmitted {
         /// The server's breaker key prefix.
         breaker: String,
+        /// The class the call asked as.
+        priority: Priority,
         /// The request's lease.
         id: u64,
         /// Requests in flight there before it (the limit's scope's).
@@ -275,6 +277,8 @@ pub enum Kind {
     ConcurrencyRefused {
         /// The server's breaker key prefix.
         breaker: String,
+        /// The class the call asked as.
+        priority: Priority,
         /// Requests in flight there.
         in_flight: u64,
         /// The limit in force, whole requests.

@@ -330,7 +330,7 @@ fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
             builder = builder.slow_start(redstring::provider::SlowStart::new(secs(ramp))?);
         }
         if let Some(adaptive) = &h.adaptive_concurrency {
-            builder = builder.adaptive_concurrency(adaptive.settings(h.concurrency_lease())?);
+            builder = builder.adaptive_concurrency(adaptive.settings(h.concurrency_lease(), h.reserve)?);
         }
         if let Some(budget) = &budget {
             builder = builder.retry_budget(budget.clone());

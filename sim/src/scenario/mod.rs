@@ -792,6 +792,12 @@ tenants = [{ id = 1, calls_per_min = 30 }]
             (Some(10), Some(0.3))
         );
         assert_eq!(Scenario::parse("again.toml", &ok.to_toml()).unwrap(), ok);
+        let in_flight = with("adaptive_concurrency = { initial = 4, min = 2 }\nreserve = 0.5").unwrap();
+        assert_eq!(
+            in_flight.hardening.reserve,
+            Some(0.5),
+            "a share of the concurrency limit alone"
+        );
         let off = with("deployment_rpm = \"none\"\nreserve = \"none\"").unwrap();
         assert_eq!((off.hardening.deployment_rpm, off.hardening.reserve), (None, None));
         for (hardening, says) in [
@@ -806,6 +812,10 @@ tenants = [{ id = 1, calls_per_min = 30 }]
             (
                 "deployment_rpm = 10\nreserve = 0.95",
                 "field `hardening.reserve`: must be small enough",
+            ),
+            (
+                "adaptive_concurrency = { initial = 2, min = 2 }\nreserve = 0.6",
+                "field `hardening.reserve`: must be small enough to leave the low class a call at the limit's min",
             ),
             (
                 "deployment_rpm = 0",

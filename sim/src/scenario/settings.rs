@@ -111,10 +111,13 @@ pub struct Hardening {
     /// limit, as leaving the key out is.
     #[serde(deserialize_with = "count_or_none", skip_serializing_if = "Option::is_none")]
     pub deployment_rpm: Option<u32>,
-    /// The share of each server's own limit (`deployment_rpm`) kept for
-    /// high-priority tenants (its limiter's `reserve`; default: none): a
-    /// `priority = "low"` tenant's attempt there is refused once a window
-    /// holds the rest. Between 0 and 1, exclusive. The tenants' own `rpm`
+    /// The share of each server's own limits (`deployment_rpm` and
+    /// `adaptive_concurrency`) kept for high-priority tenants (the core's
+    /// `reserve` on each; default: none): a `priority = "low"` tenant's
+    /// attempt there is refused once a window holds the rest, or once the
+    /// rest of the concurrency limit is in flight. Between 0 and 1,
+    /// exclusive, and it must leave the low class a call at
+    /// `adaptive_concurrency.min`. The tenants' own `rpm`
     /// keeps none: each tenant has its own window and one class, so a
     /// reserve there would only cut a low tenant's rate. `"none"` is no reserve, as leaving the key out is, so
     /// that `compare --set hardening.reserve=none,0.3` sets the two side by
@@ -192,7 +195,8 @@ impl Default for AdaptiveConcurrencySpec {
 }
 
 impl AdaptiveConcurrencySpec {
-    /// The core's settings, each call leased for `lease`.
+    /// The core's settings, each call leased for `lease`, `reserve` of the
+    /// limit kept for high-priority tenants (`hardening.reserve`).
     ///
     /// # Errors
     ///
@@ -200,10 +204,15 @@ impl AdaptiveConcurrencySpec {
     pub fn settings(
         &self,
         lease: std::time::Duration,
+        reserve: Option<f64>,
     ) -> Result<redstring::provider::AdaptiveConcurrency, redstring::ConfigError> {
-        redstring::provider::AdaptiveConcurrency::new(self.initial, self.min, self.max)?
+        let settings = redstring::provider::AdaptiveConcurrency::new(self.initial, self.min, self.max)?
             .backoff(self.backoff)?
-            .lease(lease)
+            .lease(lease)?;
+        match reserve {
+            Some(share) => settings.reserve(share),
+            None => Ok(settings),
+        }
     }
 }
 

@@ -348,6 +348,7 @@ impl Scenario {
                 "max_delay" => "max_delay_s",
                 "timeout" => "request_timeout_s",
                 "slow_start_window" => "slow_start_s",
+                "adaptive_concurrency.reserve" => "reserve",
                 other => other,
             };
             format!("hardening.{ours}")
@@ -375,10 +376,10 @@ impl Scenario {
                 };
                 refused(field, bad)
             })?;
-        } else if h.reserve.is_some() {
+        } else if h.reserve.is_some() && h.adaptive_concurrency.is_none() {
             return Err(e.bad(
                 "hardening.reserve",
-                "keeps a share of each server's own limit: set hardening.deployment_rpm too".into(),
+                "keeps a share of each server's own limits: set hardening.deployment_rpm or hardening.adaptive_concurrency too".into(),
             ));
         }
         // A tenant has one class: its calls are judged and counted by it.
@@ -415,7 +416,7 @@ impl Scenario {
         }
         if let Some(adaptive) = &h.adaptive_concurrency {
             adaptive
-                .settings(h.concurrency_lease())
+                .settings(h.concurrency_lease(), h.reserve)
                 .map_err(|bad| refused(hardening(bad.field), bad))?;
         }
         h.retry_policy().map_err(|bad| refused(hardening(bad.field), bad))?;

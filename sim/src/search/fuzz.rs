@@ -133,7 +133,10 @@ pub struct Bounds {
     /// A range of `hardening.adaptive_concurrency.max`, whole calls in
     /// flight, to draw on about half the cases (with `initial` drawn from
     /// 1 to that max, `min` 1 and `backoff` 0.5, 0.75 or 0.9), so the
-    /// fuzzer searches `concurrency_limit` too. None by default, like
+    /// fuzzer searches `concurrency_limit` too; where the max is 2 or
+    /// more, about half of those keep a `hardening.reserve` of 0.25 or 0.5
+    /// of the limit (with `min` 2, so the low class always has a call) and
+    /// make every second tenant `priority = "low"`. None by default, like
     /// `budgets`.
     pub adaptive_concurrency: Option<[u32; 2]>,
 }
@@ -680,15 +683,22 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
             };
             let adaptive = match b.adaptive_concurrency {
                 Some([low, high]) => prop::option::of(
-                    (low..=high, 0.0f64..1.0, prop::sample::select(vec![0.5, 0.75, 0.9])).prop_map(
-                        |(max, at, backoff)| AdaptiveConcurrencySpec {
-                            // In [1, max]: `at` is below 1.
-                            initial: 1 + (f64::from(max - 1) * at) as u32,
-                            min: 1,
-                            max,
-                            backoff,
-                        },
-                    ),
+                    (
+                        low..=high,
+                        0.0f64..1.0,
+                        prop::sample::select(vec![0.5, 0.75, 0.9]),
+                        prop::option::of(prop::sample::select(vec![0.25, 0.5])),
+                    )
+                        .prop_map(|(max, at, backoff, reserve)| {
+                            let spec = AdaptiveConcurrencySpec {
+                                // In [1, max]: `at` is below 1.
+                                initial: 1 + (f64::from(max - 1) * at) as u32,
+                                min: 1,
+                                max,
+                                backoff,
+                            };
+                            (spec, reserve.filter(|_| max >= 2))
+                        }),
                 )
                 .boxed(),
                 None => Just(None).boxed(),
@@ -714,6 +724,7 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                         // A hedge needs another server to go to, and is not
                         // judged beside a slow-call threshold.
                         let hedge = hedge.filter(|_| routing.is_some() && slow_call_ms.is_none());
+                        let (adaptive, reserve) = with_reserve(adaptive, classes.map(|(_, share)| share));
                         Hardening {
                             retry_budget,
                             tokens_per_window,
@@ -726,7 +737,7 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
                             max_hedges: hedge.map_or(h.max_hedges, |(_, n)| n),
                             slow_start_s: ramp.map(|s| s as f64),
                             deployment_rpm: classes.map(|(rpm, _)| rpm),
-                            reserve: classes.map(|(_, share)| share),
+                            reserve,
                             adaptive_concurrency: adaptive,
                             ..h
                         }
@@ -755,6 +766,31 @@ pub fn scenarios(bounds: &Bounds) -> BoxedStrategy<Scenario> {
             build(shape, hardening, clocks, loads, episodes, tick_ms)
         })
         .boxed()
+}
+
+/// An adaptive limit and a reserve drawn apart, made to fit together: a
+/// reserve (the servers' limits' or the limit's own draw) needs a `min` of
+/// 2 to leave the low class a call under every share drawn (at most a
+/// half), so the limit's `min` and `initial` rise to 2; a limit whose `max`
+/// is 1 cannot keep one, and the case keeps no reserve.
+fn with_reserve(
+    adaptive: Option<(AdaptiveConcurrencySpec, Option<f64>)>,
+    servers: Option<f64>,
+) -> (Option<AdaptiveConcurrencySpec>, Option<f64>) {
+    match adaptive {
+        None => (None, servers),
+        Some((spec, own)) => match servers.or(own) {
+            Some(share) if spec.max >= 2 => (
+                Some(AdaptiveConcurrencySpec {
+                    min: 2,
+                    initial: spec.initial.max(2),
+                    ..spec
+                }),
+                Some(share),
+            ),
+            _ => (Some(spec), None),
+        },
+    }
 }
 
 /// A drawn slow-call threshold or hedge delay kept below a request timeout
@@ -1115,6 +1151,7 @@ mod tests {
             hedge_after_ms: Some([(limits::MAX_SECONDS * 1000.0) as u64; 2]),
             slow_start_s: Some([86_400; 2]),
             adaptive_concurrency: Some([redstring::decide::concurrency::MAX_LIMIT; 2]),
+            deployment_rpm: Some([u32::MAX; 2]),
             ..Bounds::default()
         };
         let least = Bounds {
@@ -1143,6 +1180,7 @@ mod tests {
             hedge_after_ms: Some([1, 1]),
             slow_start_s: Some([1, 1]),
             adaptive_concurrency: Some([1, 1]),
+            deployment_rpm: Some([2, 2]),
             ..Bounds::default()
         };
         for (name, bounds) in [("most", most), ("least", least), ("default", Bounds::default())] {
@@ -1150,6 +1188,40 @@ mod tests {
             for s in draws(&bounds, 24) {
                 s.validate(name).unwrap_or_else(|e| panic!("{name}: {e}"));
             }
+        }
+    }
+
+    #[test]
+    fn adaptive_limits_drawn_with_a_reserve_leave_the_low_class_a_call() {
+        for deployment_rpm in [None, Some([2, 30])] {
+            let bounds = Bounds {
+                adaptive_concurrency: Some([1, 8]),
+                deployment_rpm,
+                ..Bounds::default()
+            };
+            let (mut reserved, mut unreserved) = (0, 0);
+            for s in draws(&bounds, 64) {
+                s.validate("adaptive").unwrap_or_else(|e| panic!("{e}"));
+                let Some(spec) = s.hardening.adaptive_concurrency else {
+                    continue;
+                };
+                match s.hardening.reserve {
+                    Some(_) => {
+                        reserved += 1;
+                        assert!(spec.min >= 2 && spec.initial >= 2, "{spec:?}");
+                        let low = s.workers[0]
+                            .tenants
+                            .iter()
+                            .any(|t| t.priority == redstring::Priority::Low);
+                        assert_eq!(low, s.workers[0].tenants.len() > 1, "every second tenant is low");
+                    }
+                    None => unreserved += 1,
+                }
+            }
+            assert!(
+                reserved > 0 && unreserved > 0,
+                "{deployment_rpm:?}: {reserved} with a reserve, {unreserved} without"
+            );
         }
     }
 

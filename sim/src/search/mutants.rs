@@ -66,7 +66,7 @@ impl Variant {
 }
 
 /// Every variant, in [`Mutant::ALL`] order.
-pub const CATALOGUE: [Variant; 28] = [
+pub const CATALOGUE: [Variant; 29] = [
     Variant {
         mutant: Mutant::ThreeCallLimiter,
         named_by: Invariant::RpmPerWindow,
@@ -206,6 +206,11 @@ pub const CATALOGUE: [Variant; 28] = [
         mutant: Mutant::ConcurrencyLimitIgnored,
         named_by: Invariant::ConcurrencyLimit,
         scenario: "adaptive-concurrency.toml",
+    },
+    Variant {
+        mutant: Mutant::ConcurrencyReserveIgnored,
+        named_by: Invariant::ConcurrencyLimit,
+        scenario: "concurrency-reserve.toml",
     },
 ];
 

@@ -248,6 +248,7 @@ fn every_recorded_event() -> Vec<Event> {
         Event::ConcurrencyRefused {
             breaker: name("kg:circuit"),
             tenant,
+            priority: redstring::Priority::Low,
             in_flight: 4,
             limit: 4,
         },

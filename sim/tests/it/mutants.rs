@@ -82,6 +82,7 @@ caught! {
     slow_start_ignored_is_caught_by_slow_start => SlowStartIgnored,
     priority_ignored_is_caught_by_priority_share => PriorityIgnored,
     concurrency_limit_ignored_is_caught_by_concurrency_limit => ConcurrencyLimitIgnored,
+    concurrency_reserve_ignored_is_caught_by_concurrency_limit => ConcurrencyReserveIgnored,
 }
 
 #[test]

@@ -49,6 +49,7 @@ impl RedisCache {
                     .arg(params.max)
                     .arg(params.backoff)
                     .arg(ttl_ms(params.ttl).max(1))
+                    .arg(params.reserve)
                     .invoke_async(&mut c)
                     .await
             })

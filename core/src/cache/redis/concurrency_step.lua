@@ -6,7 +6,8 @@
 -- ARGV: now (µs, or '' for the server's TIME), the call's id, its lease (µs),
 --       its lease (ms, rounded up), max_ahead (µs), the command ('admit',
 --       'success', 'overload' or 'neither'), initial, min, max (millionths),
---       backoff (thousandths), the limit's ttl (ms).
+--       backoff (thousandths), the limit's ttl (ms), the reserve an
+--       admission may not take (parts per million of the whole limit).
 -- Returns {admitted (0|1), in_flight, limit, next, healed (0|1)}.
 local now = server_now()
 if ARGV[1] ~= '' then
@@ -50,9 +51,14 @@ if whole < 1 then
   whole = 1
 end
 
+-- allowance: the whole limit less ⌈whole × reserve / 10^6⌉; every product
+-- stays below 2^53, and the quotient is an integer or at least 10^-6 from one.
+local reserved = math.ceil(whole * tonumber(ARGV[12]) / 1000000)
+local allowance = whole - reserved
+
 local admitted, next = 0, limit
 if command == 'admit' then
-  if in_flight < whole then
+  if in_flight < allowance then
     admitted = 1
   end
 elseif held then

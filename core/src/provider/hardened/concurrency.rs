@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::HardenedProvider;
 use crate::cache::{BreakerStore, TokenStore};
-use crate::decide::concurrency::{AdaptiveConcurrency, CallEnd, ConcurrencyCommand, whole};
+use crate::decide::concurrency::{AdaptiveConcurrency, CallEnd, ConcurrencyCommand, allowance, whole};
 use crate::decide::pick::PickRequest;
 use crate::observe::Event;
 use crate::provider::error::{ConcurrencyLimited, ExtractError, ProviderError, TransportErrorKind};
@@ -74,7 +74,12 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
         let key = adaptive.keys[i].as_str();
         let step = match adaptive
             .store
-            .concurrency(key, ConcurrencyCommand::Admit, adaptive.settings.params(), request)
+            .concurrency(
+                key,
+                ConcurrencyCommand::Admit,
+                adaptive.settings.params(self.priority),
+                request,
+            )
             .await
         {
             Ok(step) => step,
@@ -94,6 +99,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
                 self.observer.on_event(&Event::ConcurrencyAdmitted {
                     breaker: breaker(),
                     tenant: self.tenant,
+                    priority: self.priority,
                     id,
                     in_flight: step.in_flight,
                     limit: whole(step.limit),
@@ -102,16 +108,20 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             // A refusal the mutant ignored leased nothing: nothing to end.
             return Ok(step.admitted.then_some(id));
         }
+        let limit = whole(step.limit);
         self.observer.on_event(&Event::ConcurrencyRefused {
             breaker: breaker(),
             tenant: self.tenant,
+            priority: self.priority,
             in_flight: step.in_flight,
-            limit: whole(step.limit),
+            limit,
         });
         let error = ConcurrencyLimited {
             model: self.deployments[i].inner.model().to_owned(),
+            priority: self.priority,
             in_flight: step.in_flight,
-            limit: whole(step.limit),
+            limit,
+            reserved: limit - allowance(limit, adaptive.settings.params(self.priority).reserve),
         };
         Err((error.into(), None))
     }
@@ -134,7 +144,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             .concurrency(
                 key,
                 ConcurrencyCommand::Complete(end),
-                adaptive.settings.params(),
+                adaptive.settings.params(self.priority),
                 request,
             )
             .await

@@ -8,6 +8,11 @@
 //! the requests in flight itself, from those records, and holds each
 //! admission to its limit: at most `limit − 1` others may be in flight in
 //! its scope (the fleet's over a shared cache, the worker's otherwise).
+//! Under `hardening.reserve` a low-priority admission is held to the
+//! limit less its reserve: at most `limit − ⌈limit × reserve⌉ − 1` others,
+//! whoever's, so the reserved requests are always free for high-priority
+//! tenants — the class's share of calls in flight, as invariant 21 checks
+//! it of the servers' windows.
 //!
 //! Events are recorded when a store's answer comes back, so the trace's
 //! order is not quite the store's. The count therefore leans towards
@@ -22,6 +27,8 @@
 //! count finds is one the store admitted.
 
 use std::collections::BTreeMap;
+
+use redstring::Priority;
 
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::observe::CONCURRENCY_STEP;
@@ -38,7 +45,8 @@ struct Lease {
 
 /// Invariant 22: every request an adaptive concurrency limit admitted found
 /// fewer requests in flight in its scope than the limit it was admitted
-/// under, and every limit stayed within the configured `[min, max]`.
+/// under (less the reserve, for a low-priority one), and every limit stayed
+/// within the configured `[min, max]`.
 pub(super) fn concurrency_limit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let Some(spec) = ctx.scenario.hardening.adaptive_concurrency else {
         return not_applicable("no adaptive concurrency configured");
@@ -64,14 +72,30 @@ pub(super) fn concurrency_limit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     }
     let mut leases: BTreeMap<String, BTreeMap<u64, Lease>> = BTreeMap::new();
     let (mut admitted, mut refused, mut highest, mut lowest) = (0u64, 0u64, 0u64, u64::MAX);
+    let reserve = ctx.scenario.hardening.reserve;
+    let (mut low_admitted, mut low_refused) = (0u64, 0u64);
     let mut verdict = Verdict::Held;
     for e in events {
         match &e.kind {
             Kind::Fault {
                 fault: Fault::CacheUp { .. },
             } if ctx.scopes.shared() => leases.clear(),
-            Kind::ConcurrencyAdmitted { breaker, id, limit, .. } => {
+            Kind::ConcurrencyAdmitted {
+                breaker,
+                priority,
+                id,
+                limit,
+                ..
+            } => {
                 admitted += 1;
+                // What a low request may not take of this limit.
+                let reserved = match (priority, reserve) {
+                    (Priority::Low, Some(share)) => {
+                        low_admitted += 1;
+                        redstring::limiter::reserve_of(*limit, share)
+                    }
+                    _ => 0,
+                };
                 highest = highest.max(*limit);
                 lowest = lowest.min(*limit);
                 let scope = ctx.scopes.breaker(e, breaker);
@@ -89,6 +113,13 @@ pub(super) fn concurrency_limit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                         verdict = violated(
                             e,
                             format!("{breaker} admitted a request with {others} in flight, at a limit of {limit}"),
+                        );
+                    } else if others >= limit - reserved {
+                        verdict = violated(
+                            e,
+                            format!(
+                                "{breaker} admitted a low-priority request with {others} in flight, at a limit of {limit} less {reserved} reserved for high priority"
+                            ),
                         );
                     } else if *limit < u64::from(spec.min) || *limit > u64::from(spec.max) {
                         verdict = violated(
@@ -119,7 +150,10 @@ pub(super) fn concurrency_limit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                     },
                 );
             }
-            Kind::ConcurrencyRefused { .. } => refused += 1,
+            Kind::ConcurrencyRefused { priority, .. } => {
+                refused += 1;
+                low_refused += u64::from(*priority == Priority::Low);
+            }
             _ => {}
         }
     }
@@ -127,9 +161,15 @@ pub(super) fn concurrency_limit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         return not_applicable("no request was admitted under an adaptive limit");
     }
     let lowest = if admitted == 0 { 0 } else { lowest };
+    let classes = match reserve {
+        Some(share) => format!(
+            "; low priority: {low_admitted} admitted, {low_refused} refused, {share} of each limit kept from them"
+        ),
+        None => String::new(),
+    };
     (
         verdict,
-        format!("{admitted} requests admitted under limits of {lowest}..={highest}, {refused} refused"),
+        format!("{admitted} requests admitted under limits of {lowest}..={highest}, {refused} refused{classes}"),
     )
 }
 
@@ -167,12 +207,17 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     }
 
     fn admitted(t_us: u64, id: u64, in_flight: u64, limit: u64) -> TraceEvent {
+        admitted_as(Priority::High, t_us, id, in_flight, limit)
+    }
+
+    fn admitted_as(priority: Priority, t_us: u64, id: u64, in_flight: u64, limit: u64) -> TraceEvent {
         event(
             t_us,
             "w",
             Some(id),
             Kind::ConcurrencyAdmitted {
                 breaker: GPU.into(),
+                priority,
                 id,
                 in_flight,
                 limit,
@@ -264,6 +309,56 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             lost,
             admitted(5 * S, 3, 1, 2),
         ];
+        assert_eq!(verdict(&events).0, Verdict::Held);
+    }
+
+    /// [`LIMITED`] with a limit of 4 keeping a quarter (one request) for
+    /// high-priority tenants.
+    fn verdict_reserved(events: &[TraceEvent]) -> (Verdict, String) {
+        let text = LIMITED
+            .replace("initial = 2, min = 1, max = 4", "initial = 4, min = 2, max = 8")
+            .replace("rpm = 60", "rpm = 60\nreserve = 0.25");
+        let s = Scenario::parse("synthetic.toml", &text).unwrap();
+        let c = check_all(&s, events)
+            .into_iter()
+            .find(|c| c.name == Invariant::ConcurrencyLimit)
+            .unwrap();
+        (c.verdict, c.figure)
+    }
+
+    #[test]
+    fn low_priority_requests_within_the_unreserved_part_hold() {
+        let events = [
+            admitted_as(Priority::Low, S, 1, 0, 4),
+            admitted_as(Priority::Low, 2 * S, 2, 1, 4),
+            admitted_as(Priority::Low, 3 * S, 3, 2, 4),
+            // The fourth is the reserve's: a high request may take it.
+            admitted_as(Priority::High, 4 * S, 4, 3, 4),
+        ];
+        let (v, figure) = verdict_reserved(&events);
+        assert_eq!(v, Verdict::Held, "{figure}");
+        assert!(
+            figure.ends_with("low priority: 3 admitted, 0 refused, 0.25 of each limit kept from them"),
+            "{figure}"
+        );
+    }
+
+    #[test]
+    fn a_low_priority_request_admitted_into_the_reserve_is_caught() {
+        let events = [
+            admitted_as(Priority::High, S, 1, 0, 4),
+            admitted_as(Priority::Low, 2 * S, 2, 1, 4),
+            admitted_as(Priority::Low, 3 * S, 3, 2, 4),
+            // Three in flight, whoever's: the last is the high class's.
+            admitted_as(Priority::Low, 4 * S, 4, 3, 4),
+        ];
+        let (v, _) = verdict_reserved(&events);
+        assert!(
+            matches!(&v, Verdict::Violated { detail, t_us, .. }
+                if *t_us == 4 * S && detail.contains("low-priority request with 3 in flight, at a limit of 4 less 1 reserved")),
+            "{v:?}"
+        );
+        // Without a reserve the same trace holds.
         assert_eq!(verdict(&events).0, Verdict::Held);
     }
 
