@@ -783,3 +783,86 @@ fn a_quota_group_needs_a_hosted_quota_and_one_credit_for_its_keys() {
     let err = parse(&key(500).replace("\"org\"", "\"\""), "").unwrap_err().to_string();
     assert!(err.contains("servers[0].quota_group"), "{err}");
 }
+
+/// Clients of a server whose behaviour is `hang` with `probability` until
+/// 6 s, then normal: four send at 0–1.5 s and give up after a second,
+/// one sends at 5.5 s and waits, and one sends at 6.2 s and waits. What
+/// each saw, and the trace.
+fn hung_until_six(probability: f64) -> (Vec<Seen>, Trace) {
+    use redstring_sim::scenario::{Behaviour, Mode};
+    let server = ServerSpec {
+        slots: 1,
+        behaviour: Behaviour {
+            mode: Mode::Hang,
+            probability,
+            ..Behaviour::default()
+        },
+        ..spec(ServerKind::LlamaCpp)
+    };
+    let mut sim = sim(1, 60);
+    let trace = Trace::new();
+    let handle = ServerHandle::new(server.behaviour);
+    sim.host("gpu", server_host(server, handle.clone(), trace.clone(), 7));
+    sim.client("operator", async move {
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        handle.set_behaviour(Behaviour::default());
+        Ok(())
+    });
+    let log: Log = Rc::default();
+    let clients = [(0.0, 1.0), (0.5, 1.0), (1.0, 1.0), (1.5, 1.0), (5.5, 30.0), (6.2, 30.0)];
+    for (i, (at, timeout)) in clients.into_iter().enumerate() {
+        let log = log.clone();
+        sim.client(format!("client-{i}"), async move {
+            tokio::time::sleep(Duration::from_secs_f64(at)).await;
+            let seen = post(256, Duration::from_secs_f64(timeout)).await;
+            log.borrow_mut().push((i, seen));
+            Ok(())
+        });
+    }
+    sim.run().unwrap();
+    let mut log = log.borrow().clone();
+    log.sort_by_key(|(i, _)| *i);
+    (log.into_iter().map(|(_, s)| s).collect(), trace)
+}
+
+#[test]
+fn a_stopped_llama_cpp_process_works_through_what_it_held_once_continued() {
+    let one_slot = ServerSpec {
+        slots: 1,
+        ..spec(ServerKind::LlamaCpp)
+    };
+    let alone = run(one_slot, 1, |_| Duration::ZERO, 256, Duration::from_secs(30), 30);
+    let service = alone.0[0].at();
+    // Stopped whole (every request hangs): the four early requests time
+    // out, but their work waits in the process. Continued at 6 s, it serves
+    // them and the one still waiting before the request sent at 6.2 s.
+    let (seen, trace) = hung_until_six(1.0);
+    for s in &seen[..4] {
+        assert!(matches!(s, Seen::TimedOut), "{seen:?}");
+    }
+    assert_eq!(
+        seen[4].status(),
+        Some(200),
+        "held through the stop, then answered: {seen:?}"
+    );
+    assert!(seen[4].at() >= Duration::from_secs(6), "{seen:?}");
+    assert_eq!(seen[5].status(), Some(200));
+    let waited = seen[5].at() - Duration::from_secs_f64(6.2);
+    assert!(
+        waited > service * 4,
+        "the backlog delays the request sent after it: waited {waited:?}, alone {service:?}"
+    );
+    let served = served(&trace);
+    assert_eq!(served.iter().filter(|o| *o == "hang").count(), 4, "{served:?}");
+    assert_eq!(served.iter().filter(|o| *o == "ok").count(), 2, "{served:?}");
+
+    // A hang of only some requests drops what it held: the request sent at
+    // 6.2 s is served as if alone.
+    let (seen, _) = hung_until_six(0.999_999);
+    assert_eq!(seen[5].status(), Some(200));
+    let waited = seen[5].at() - Duration::from_secs_f64(6.2);
+    assert!(
+        waited < service * 2,
+        "nothing held: waited {waited:?}, alone {service:?}"
+    );
+}

@@ -112,7 +112,7 @@ use hyper_util::rt::TokioIo;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::evidence::outcome::Answer;
@@ -158,6 +158,9 @@ pub struct ServerHandle {
     /// Whether the process is up, and which life it is in (see
     /// [`ServerHandle::kill`]).
     process: Arc<watch::Sender<Process>>,
+    /// Woken at every change of behaviour: a stopped llama.cpp process's
+    /// held requests wait on it to be continued.
+    behaviour_changed: Arc<Notify>,
 }
 
 /// A snapshot of a server's counters.
@@ -206,6 +209,7 @@ impl ServerHandle {
                 batching: None,
             })),
             process: Arc::new(watch::Sender::new(Process { up: true, life: 0 })),
+            behaviour_changed: Arc::new(Notify::new()),
             account: Arc::new(OnceLock::new()),
         }
     }
@@ -222,6 +226,7 @@ impl ServerHandle {
     /// keep the mode they drew).
     pub fn set_behaviour(&self, behaviour: Behaviour) {
         self.lock().behaviour = behaviour;
+        self.behaviour_changed.notify_waiters();
     }
 
     /// Kills the server process but not its machine: the listener closes,
@@ -516,12 +521,15 @@ struct Usage {
 struct Pending {
     start: Arc<Start>,
     recorded: bool,
+    /// What is recorded if its client leaves first: `abandoned`, or `hang`
+    /// for a request a stopped process holds.
+    if_left: Answer,
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
         if !self.recorded && turmoil::sim_elapsed().is_some() {
-            self.start.record(Answer::Abandoned);
+            self.start.record(self.if_left);
         }
     }
 }
@@ -767,7 +775,7 @@ impl Start {
                 }
             }
         }
-        let Some(_in_flight) = b.enter() else {
+        let Some(in_flight) = b.enter() else {
             if kind == ServerKind::LlamaSwap {
                 self.record(Answer::Throttled);
                 return Ok(too_many_requests());
@@ -784,6 +792,7 @@ impl Start {
         let mut pending = Pending {
             start: self.clone(),
             recorded: false,
+            if_left: Answer::Abandoned,
         };
         if matches!(kind, ServerKind::LlamaSwap | ServerKind::Ollama) && !b.is_ready() {
             let extra = self.extra.clone();
@@ -808,6 +817,10 @@ impl Start {
             }
         }
         let mode = self.draw_mode();
+        // A llama.cpp process stopped whole holds the request and answers
+        // it normally once continued.
+        let stopped = mode == Mode::Hang && self.stopped_whole(kind);
+        let mode = if stopped { Mode::Normal } else { mode };
         if mode != Mode::Normal && !matches!(mode, Mode::Empty | Mode::Malformed | Mode::Refuse) {
             // The mode records its own answer.
             pending.recorded = true;
@@ -818,7 +831,18 @@ impl Start {
             None => {}
         }
         let (output, truncated) = front::output_tokens(wanted, max_tokens, prompt, b.preset.context_tokens);
-        match b.serve(prompt, output).await {
+        let served = if stopped {
+            // Its client, gone by then, hears nothing: a hang.
+            pending.if_left = Answer::Hang;
+            self.clone()
+                .serve_once_continued(b.clone(), in_flight, prompt, output)
+                .await
+        } else {
+            let served = b.serve(prompt, output).await;
+            drop(in_flight);
+            served
+        };
+        match served {
             Some(EngineOutcome::Finished { generated, cached }) => {
                 pending.recorded = true;
                 let truncated = truncated && mode == Mode::Normal;
@@ -851,6 +875,56 @@ impl Start {
             // The engine is gone with its start: nothing will answer.
             None => std::future::pending().await,
         }
+    }
+
+    /// Whether a hang of this kind is its process stopped whole (SIGSTOP):
+    /// a llama.cpp server whose every request hangs. A hang of only some
+    /// requests, or of another kind, is a request the server never answers.
+    fn stopped_whole(&self, kind: ServerKind) -> bool {
+        kind == ServerKind::LlamaCpp && self.handle.behaviour().probability >= 1.0
+    }
+
+    /// A request that reached a stopped llama.cpp process. The kernel
+    /// accepted its connection and holds its bytes; once the process is
+    /// continued llama.cpp reads it and works through it, whether or not
+    /// its client is still there: so its work is a task of its own, which
+    /// a client that leaves does not cancel, and requests held through a
+    /// long stop are a backlog served before any that arrive later. The
+    /// outcome, for a client still there; `None` if the process dies first.
+    async fn serve_once_continued(
+        self: Arc<Self>,
+        b: Arc<Batching>,
+        in_flight: front::InFlight,
+        prompt: u64,
+        output: u64,
+    ) -> Option<EngineOutcome> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut process = self.handle.process.subscribe();
+        let life = process.borrow().life;
+        tokio::spawn(async move {
+            let _in_flight = in_flight;
+            let work = async {
+                loop {
+                    let changed = self.handle.behaviour_changed.notified();
+                    tokio::pin!(changed);
+                    changed.as_mut().enable();
+                    let now = self.handle.behaviour();
+                    if !(now.mode == Mode::Hang && self.stopped_whole(ServerKind::LlamaCpp)) {
+                        break;
+                    }
+                    changed.await;
+                }
+                b.serve(prompt, output).await
+            };
+            tokio::select! {
+                biased;
+                _ = process.wait_for(|p| !p.up || p.life != life) => {}
+                outcome = work => {
+                    let _ = tx.send(outcome);
+                }
+            }
+        });
+        rx.await.ok().flatten()
     }
 
     /// Prompt tokens and the output length a request would generate: the
