@@ -866,3 +866,67 @@ fn a_stopped_llama_cpp_process_works_through_what_it_held_once_continued() {
         "nothing held: waited {waited:?}, alone {service:?}"
     );
 }
+
+#[test]
+fn llama_cpp_still_serves_a_queued_request_whose_client_left_but_stops_a_running_one() {
+    let one_slot = ServerSpec {
+        slots: 1,
+        ..spec(ServerKind::LlamaCpp)
+    };
+    let alone = run(
+        one_slot.clone(),
+        1,
+        |_| Duration::ZERO,
+        256,
+        Duration::from_secs(30),
+        30,
+    );
+    let service = alone.0[0].at();
+    // Three clients a tenth of the service apart: the second gives up while
+    // queued behind the first, and its request still takes the slot before
+    // the third's.
+    let gap = service / 10;
+    let timeouts = [Duration::from_secs(30), gap * 2, Duration::from_secs(30)];
+    let (seen, trace) = timed(one_slot.clone(), gap, timeouts);
+    assert!(matches!(seen[1], Seen::TimedOut), "{seen:?}");
+    let third = seen[2].at() - gap * 2;
+    assert!(
+        third >= service * 5 / 2,
+        "the abandoned request ran before the third: it waited {third:?}, one request takes {service:?}"
+    );
+    // Recorded when its client left, before the first was answered.
+    assert_eq!(served(&trace), ["abandoned", "ok", "ok"]);
+    // The first gives up while running: its slot frees at once, and the
+    // third waits for the second only.
+    let timeouts = [service / 2, Duration::from_secs(30), Duration::from_secs(30)];
+    let (seen, _) = timed(one_slot, gap, timeouts);
+    assert!(matches!(seen[0], Seen::TimedOut), "{seen:?}");
+    let third = seen[2].at() - gap * 2;
+    assert!(
+        third < service * 5 / 2,
+        "the running request stopped when its client left: the third waited {third:?}, one request takes {service:?}"
+    );
+}
+
+/// Three clients of `spec`, client `i` sending at `i × gap` and giving up
+/// after `timeouts[i]`: what each saw, and the trace.
+fn timed(spec: ServerSpec, gap: Duration, timeouts: [Duration; 3]) -> (Vec<Seen>, Trace) {
+    let mut sim = sim(1, 60);
+    let trace = Trace::new();
+    let handle = ServerHandle::new(spec.behaviour);
+    sim.host("gpu", server_host(spec, handle, trace.clone(), 7));
+    let log: Log = Rc::default();
+    for (i, timeout) in timeouts.into_iter().enumerate() {
+        let log = log.clone();
+        sim.client(format!("client-{i}"), async move {
+            tokio::time::sleep(gap * i as u32).await;
+            let seen = post(256, timeout).await;
+            log.borrow_mut().push((i, seen));
+            Ok(())
+        });
+    }
+    sim.run().unwrap();
+    let mut log = log.borrow().clone();
+    log.sort_by_key(|(i, _)| *i);
+    (log.into_iter().map(|(_, s)| s).collect(), trace)
+}

@@ -394,10 +394,18 @@ struct Queued<'a> {
 }
 
 impl Drop for Queued<'_> {
+    /// Its client left. llama.cpp stops a running request whose client
+    /// disconnected but not a queued one, which still generates when it
+    /// gets a slot (observed on llama.cpp 0c1e570, the laboratory's build);
+    /// the other kinds drop it wherever it is.
     fn drop(&mut self) {
         let mut st = self.batching.lock();
         if st.waiters.remove(&self.id).is_some() {
-            st.engine.cancel(self.id);
+            if self.batching.preset.kind == ServerKind::LlamaCpp {
+                st.engine.cancel_running(self.id);
+            } else {
+                st.engine.cancel(self.id);
+            }
         }
     }
 }
