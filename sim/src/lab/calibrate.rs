@@ -7,7 +7,7 @@
 //! requests a worker sends (a chat completion with a JSON schema), from one
 //! client and then from several at once, with prompts and output caps of
 //! several sizes, times each answer and reads its token counts; then it fits
-//! the four numbers of a [`LinearStep`] by least squares (non-negative, so
+//! the five numbers of a [`LinearStep`] by least squares (non-negative, so
 //! every term keeps its meaning) and says how well they predict the latencies
 //! it measured. The result is a `[[servers]]` section to paste into a
 //! scenario.
@@ -28,7 +28,9 @@
 //! — and not only its speed alone. The search (Nelder–Mead) starts from
 //! least squares over the one-client requests, which cost exactly
 //! `prefill_base + P·prefill_per_token + O·(decode_base +
-//! decode_per_sequence)` for `P` prompt and `O` output tokens.
+//! decode_per_sequence) + (O·N + O·(O − 1)/2)·decode_per_context_token`
+//! for `P` prompt tokens prefilled of `N` in all and `O` output tokens
+//! (the context of the `k`-th decode step is `N + k`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -381,18 +383,20 @@ pub fn fit(measurement: &Measurement) -> Result<Calibration, CalibrateError> {
         .props
         .slots
         .unwrap_or_else(|| samples.iter().map(|s| s.concurrency).max().unwrap_or(1));
-    // One client: latency = prefill_base + P·per_token + O·(decode_base + decode_per_sequence).
-    let alone: Vec<([f64; 4], f64)> = samples
+    // One client: latency = prefill_base + P·per_token + O·(decode_base +
+    // decode_per_sequence) + (O·N + O·(O − 1)/2)·per_context_token.
+    let alone: Vec<([f64; TERMS], f64)> = samples
         .iter()
         .filter(|s| s.concurrency == 1)
         .map(|s| {
             let o = s.completion_tokens.max(1) as f64;
-            ([1.0, s.prefilled() as f64, o, 0.0], s.latency_s * 1000.0)
+            let context = o * s.prompt_tokens as f64 + o * (o - 1.0) / 2.0;
+            ([1.0, s.prefilled() as f64, o, 0.0, context], s.latency_s * 1000.0)
         })
         .collect();
     let start = nonnegative_least_squares(&alone)?;
-    let start = [start[0], start[1], start[2] / 2.0, start[2] / 2.0];
-    let objective = |x: &[f64; 4]| {
+    let start = [start[0], start[1], start[2] / 2.0, start[2] / 2.0, start[4]];
+    let objective = |x: &[f64; TERMS]| {
         let predicted = replay(samples, slots, &step_of(x));
         samples
             .iter()
@@ -426,14 +430,18 @@ pub fn fit(measurement: &Measurement) -> Result<Calibration, CalibrateError> {
     })
 }
 
+/// The terms of a [`LinearStep`] the fit finds.
+const TERMS: usize = 5;
+
 /// The step whose terms are `x` (a negative term, which the search may
 /// try, is taken as 0).
-fn step_of(x: &[f64; 4]) -> LinearStep {
+fn step_of(x: &[f64; TERMS]) -> LinearStep {
     LinearStep {
         prefill_base_ms: x[0].max(0.0),
         prefill_per_token_ms: x[1].max(0.0),
         decode_base_ms: x[2].max(0.0),
         decode_per_sequence_ms: x[3].max(0.0),
+        decode_per_context_token_ms: x[4].max(0.0),
     }
 }
 
@@ -454,7 +462,13 @@ fn replay(samples: &[Sample], slots: u32, step: &LinearStep) -> Vec<f64> {
     let at = |s: &Sample| Duration::try_from_secs_f64(s.sent_at_s).unwrap_or_default();
     for i in order {
         let s = &samples[i];
-        engine.submit(i as u64, s.prefilled(), s.completion_tokens, at(s));
+        engine.submit_cached(
+            i as u64,
+            s.prompt_tokens.max(1),
+            s.prompt_tokens.max(1) - s.prefilled(),
+            s.completion_tokens,
+            at(s),
+        );
     }
     let mut events = Vec::new();
     engine.run_until(Duration::MAX, || 1.0, &mut events);
@@ -473,45 +487,47 @@ fn replay(samples: &[Sample], slots: u32, step: &LinearStep) -> Vec<f64> {
 /// 1, expansion 2, contraction ½, shrink ½), from a simplex that steps each
 /// coordinate by half its start (or 1 where it is 0), for at most 600
 /// evaluations.
-fn nelder_mead(start: [f64; 4], f: impl Fn(&[f64; 4]) -> f64) -> [f64; 4] {
-    let mut simplex: Vec<([f64; 4], f64)> = vec![(start, f(&start))];
-    for i in 0..4 {
+fn nelder_mead(start: [f64; TERMS], f: impl Fn(&[f64; TERMS]) -> f64) -> [f64; TERMS] {
+    const N: usize = TERMS;
+    let mut simplex: Vec<([f64; N], f64)> = vec![(start, f(&start))];
+    for i in 0..N {
         let mut x = start;
         x[i] += if x[i].abs() > 1e-9 { x[i] / 2.0 } else { 1.0 };
         simplex.push((x, f(&x)));
     }
-    let mut evaluations = 5;
-    let along = |a: &[f64; 4], b: &[f64; 4], t: f64| -> [f64; 4] { std::array::from_fn(|i| a[i] + t * (b[i] - a[i])) };
-    while evaluations < 600 {
+    let mut evaluations = N + 1;
+    let along = |a: &[f64; N], b: &[f64; N], t: f64| -> [f64; N] { std::array::from_fn(|i| a[i] + t * (b[i] - a[i])) };
+    while evaluations < 150 * N {
         simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let (best, worst) = (simplex[0].1, simplex[4].1);
+        let (best, worst) = (simplex[0].1, simplex[N].1);
         if (worst - best).abs() <= 1e-10 * best.abs().max(1e-12) {
             break;
         }
-        let centroid: [f64; 4] = std::array::from_fn(|i| simplex[..4].iter().map(|(x, _)| x[i]).sum::<f64>() / 4.0);
-        let reflected = along(&centroid, &simplex[4].0, -1.0);
+        let centroid: [f64; N] =
+            std::array::from_fn(|i| simplex[..N].iter().map(|(x, _)| x[i]).sum::<f64>() / N as f64);
+        let reflected = along(&centroid, &simplex[N].0, -1.0);
         let fr = f(&reflected);
         evaluations += 1;
         if fr < simplex[0].1 {
-            let expanded = along(&centroid, &simplex[4].0, -2.0);
+            let expanded = along(&centroid, &simplex[N].0, -2.0);
             let fe = f(&expanded);
             evaluations += 1;
-            simplex[4] = if fe < fr { (expanded, fe) } else { (reflected, fr) };
-        } else if fr < simplex[3].1 {
-            simplex[4] = (reflected, fr);
+            simplex[N] = if fe < fr { (expanded, fe) } else { (reflected, fr) };
+        } else if fr < simplex[N - 1].1 {
+            simplex[N] = (reflected, fr);
         } else {
-            let contracted = along(&centroid, &simplex[4].0, 0.5);
+            let contracted = along(&centroid, &simplex[N].0, 0.5);
             let fc = f(&contracted);
             evaluations += 1;
-            if fc < simplex[4].1 {
-                simplex[4] = (contracted, fc);
+            if fc < simplex[N].1 {
+                simplex[N] = (contracted, fc);
             } else {
                 let best = simplex[0].0;
                 for point in simplex.iter_mut().skip(1) {
                     point.0 = along(&best, &point.0, 0.5);
                     point.1 = f(&point.0);
                 }
-                evaluations += 4;
+                evaluations += N;
             }
         }
     }
@@ -521,11 +537,11 @@ fn nelder_mead(start: [f64; 4], f: impl Fn(&[f64; 4]) -> f64) -> [f64; 4] {
 
 /// Least squares with every coefficient at least 0: the unconstrained
 /// solution over each subset of the terms (the others held at 0), the best
-/// of those that are all non-negative. Four terms make sixteen subsets.
-fn nonnegative_least_squares(rows: &[([f64; 4], f64)]) -> Result<[f64; 4], CalibrateError> {
-    let mut best: Option<([f64; 4], f64)> = None;
-    for mask in 1u32..16 {
-        let terms: Vec<usize> = (0..4).filter(|i| mask & (1 << i) != 0).collect();
+/// of those that are all non-negative. Five terms make 32 subsets.
+fn nonnegative_least_squares(rows: &[([f64; TERMS], f64)]) -> Result<[f64; TERMS], CalibrateError> {
+    let mut best: Option<([f64; TERMS], f64)> = None;
+    for mask in 1u32..(1 << TERMS) {
+        let terms: Vec<usize> = (0..TERMS).filter(|i| mask & (1 << i) != 0).collect();
         let Some(solution) = solve_subset(rows, &terms) else {
             continue;
         };
@@ -550,7 +566,7 @@ fn nonnegative_least_squares(rows: &[([f64; 4], f64)]) -> Result<[f64; 4], Calib
 
 /// The least-squares coefficients of `terms` (the rest 0), by the normal
 /// equations; `None` when they are singular.
-fn solve_subset(rows: &[([f64; 4], f64)], terms: &[usize]) -> Option<[f64; 4]> {
+fn solve_subset(rows: &[([f64; TERMS], f64)], terms: &[usize]) -> Option<[f64; TERMS]> {
     let k = terms.len();
     let mut a = vec![vec![0.0; k + 1]; k];
     for (x, y) in rows {
@@ -579,7 +595,7 @@ fn solve_subset(rows: &[([f64; 4], f64)], terms: &[usize]) -> Option<[f64; 4]> {
             }
         }
     }
-    let mut out = [0.0; 4];
+    let mut out = [0.0; TERMS];
     for (i, &t) in terms.iter().enumerate() {
         out[t] = a[i][k] / a[i][i];
         if !out[t].is_finite() {
@@ -624,11 +640,12 @@ impl Calibration {
         }
         let s = self.step;
         out.push_str(&format!(
-            "step_ms = {{ prefill_base_ms = {}, prefill_per_token_ms = {}, decode_base_ms = {}, decode_per_sequence_ms = {} }}\n",
+            "step_ms = {{ prefill_base_ms = {}, prefill_per_token_ms = {}, decode_base_ms = {}, decode_per_sequence_ms = {}, decode_per_context_token_ms = {} }}\n",
             round(s.prefill_base_ms),
             round(s.prefill_per_token_ms),
             round(s.decode_base_ms),
             round(s.decode_per_sequence_ms),
+            (s.decode_per_context_token_ms * 1e7).round() / 1e7,
         ));
         out
     }
@@ -662,16 +679,9 @@ mod tests {
                 at += 10.0;
             }
         }
-        // The engine prefills what the cache did not hold.
-        let prefilled: Vec<Sample> = samples
-            .iter()
-            .map(|s| Sample {
-                prompt_tokens: s.prompt_tokens - s.cached_tokens,
-                cached_tokens: 0,
-                ..*s
-            })
-            .collect();
-        let latencies = replay(&prefilled, slots, step);
+        // The engine prefills what the cache did not hold, and holds the
+        // whole prompt as context.
+        let latencies = replay(&samples, slots, step);
         for (s, l) in samples.iter_mut().zip(latencies) {
             s.latency_s = l;
         }
@@ -687,6 +697,7 @@ mod tests {
             prefill_per_token_ms: 0.4,
             decode_base_ms: 3.0,
             decode_per_sequence_ms: 7.0,
+            decode_per_context_token_ms: 0.02,
         };
         let measurement = Measurement {
             props: Props {
@@ -702,6 +713,7 @@ mod tests {
             (fitted.step.prefill_per_token_ms, 0.4),
             (fitted.step.decode_base_ms, 3.0),
             (fitted.step.decode_per_sequence_ms, 7.0),
+            (fitted.step.decode_per_context_token_ms, 0.02),
         ] {
             assert!((got - want).abs() < 0.01 * want, "{:?}", fitted.step);
         }
@@ -716,8 +728,8 @@ mod tests {
     #[test]
     fn a_term_the_data_would_make_negative_is_held_at_zero() {
         // Latency that falls with the prompt: no non-negative fit uses it.
-        let rows: Vec<([f64; 4], f64)> = (1..=12)
-            .map(|i| ([1.0, 10.0 * f64::from(i), 20.0, 0.0], 200.0 - f64::from(i)))
+        let rows: Vec<([f64; TERMS], f64)> = (1..=12)
+            .map(|i| ([1.0, 10.0 * f64::from(i), 20.0, 0.0, 0.0], 200.0 - f64::from(i)))
             .collect();
         let b = nonnegative_least_squares(&rows).unwrap();
         assert_eq!(b[1], 0.0);

@@ -62,6 +62,7 @@ fn calibrate_recovers_the_step_of_the_simulated_server_it_measures() {
         prefill_per_token_ms: 0.2,
         decode_base_ms: 4.0,
         decode_per_sequence_ms: 6.0,
+        decode_per_context_token_ms: 0.01,
     };
     let plan = Plan {
         requests_per_client: 12,
@@ -77,6 +78,7 @@ fn calibrate_recovers_the_step_of_the_simulated_server_it_measures() {
     let s = fitted.step;
     assert!(close(s.prefill_per_token_ms, 0.2, 0.1), "{s:?}");
     assert!(close(s.decode_per_sequence_ms, 6.0, 0.1), "{s:?}");
+    assert!(close(s.decode_per_context_token_ms, 0.01, 0.2), "{s:?}");
     // The bases are the smaller terms; the prefill's also takes in the
     // network's round trips (1–5 ms links).
     assert!(close(s.prefill_base_ms, 15.0, 0.35), "{s:?}");
@@ -94,6 +96,7 @@ fn calibrate_charges_each_request_only_the_prompt_its_server_did_not_cache() {
         prefill_per_token_ms: 0.5,
         decode_base_ms: 4.0,
         decode_per_sequence_ms: 6.0,
+        decode_per_context_token_ms: 0.0,
     };
     let measured = measure_simulated(step, 2, Some(300), Plan::default());
     let cached = measured.samples.iter().filter(|s| s.cached_tokens > 0).count();

@@ -189,15 +189,20 @@ impl Spread {
 }
 
 /// A measured step-time model: what one forward pass costs, linear in the
-/// prompt tokens it prefills and the sequences it decodes.
+/// prompt tokens it prefills, the sequences it decodes and the context they
+/// attend to.
 ///
 /// Dynamo's polynomials (the default) describe a GPU, whose decode step
 /// barely grows with the batch; a server on CPUs computes each sequence's
-/// token in turn, so its step grows with the batch. `redstring-sim
-/// calibrate` fits these four numbers to a running server's latencies; a
-/// step takes `decode_base_ms + decode_per_sequence_ms × B`, plus
+/// token in turn, so its step grows with the batch, and each token attends
+/// to every token of its context, so it grows with the context too (a
+/// llama.cpp server on two cores measured 4.5 ms a token at 62 tokens of
+/// context and 34 ms at 4 000). `redstring-sim calibrate` fits these five
+/// numbers to a running server's latencies; a step takes `decode_base_ms +
+/// decode_per_sequence_ms × B + decode_per_context_token_ms × C`, plus
 /// `prefill_base_ms + prefill_per_token_ms × T` when it prefills `T > 0`
-/// prompt tokens, for `B` sequences in the batch.
+/// prompt tokens, for `B` sequences in the batch holding `C` tokens of
+/// context (prompts and what they generated) between them.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LinearStep {
@@ -210,6 +215,10 @@ pub struct LinearStep {
     pub decode_base_ms: f64,
     /// Milliseconds per sequence in the batch.
     pub decode_per_sequence_ms: f64,
+    /// Milliseconds per token of context the batch holds (0 unless given:
+    /// steps that do not grow with their context).
+    #[serde(default)]
+    pub decode_per_context_token_ms: f64,
 }
 
 /// The most milliseconds any term of a [`LinearStep`] may take.
@@ -217,14 +226,20 @@ pub const MAX_STEP_MS: f64 = 60_000.0;
 
 impl LinearStep {
     /// Milliseconds of a step that prefills `tokens` prompt tokens and
-    /// decodes `batch` sequences.
-    pub fn step_ms(&self, tokens: u64, batch: usize) -> f64 {
+    /// decodes `batch` sequences holding `context` tokens between them.
+    pub fn step_ms(&self, tokens: u64, batch: usize, context: f64) -> f64 {
         let prefill = if tokens == 0 {
             0.0
         } else {
             self.prefill_base_ms + self.prefill_per_token_ms * tokens as f64
         };
-        prefill + self.decode_base_ms + self.decode_per_sequence_ms * batch as f64
+        prefill + self.decode_ms(batch as f64, context)
+    }
+
+    /// Milliseconds of a decode step of `batch` sequences holding `context`
+    /// tokens between them.
+    pub fn decode_ms(&self, batch: f64, context: f64) -> f64 {
+        self.decode_base_ms + self.decode_per_sequence_ms * batch + self.decode_per_context_token_ms * context
     }
 
     /// Each term finite, not negative and at most [`MAX_STEP_MS`], and a
@@ -235,6 +250,7 @@ impl LinearStep {
             ("prefill_per_token_ms", self.prefill_per_token_ms),
             ("decode_base_ms", self.decode_base_ms),
             ("decode_per_sequence_ms", self.decode_per_sequence_ms),
+            ("decode_per_context_token_ms", self.decode_per_context_token_ms),
         ] {
             if !(v.is_finite() && (0.0..=MAX_STEP_MS).contains(&v)) {
                 return Err((field.into(), format!("must be between 0 and {MAX_STEP_MS} ms, got {v}")));

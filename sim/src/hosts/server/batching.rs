@@ -104,30 +104,34 @@ pub enum StepCost {
         /// The multiplier.
         time_scale: f64,
     },
-    /// A measured server's cost, linear in prompt tokens and batch.
+    /// A measured server's cost, linear in prompt tokens, batch and context.
     Linear(LinearStep),
 }
 
 impl StepCost {
-    /// Milliseconds of a step that prefills `tokens`, decodes `batch`
-    /// sequences, at KV utilisation `u`, before variance.
-    pub fn step_ms(&self, tokens: u64, u: f64, batch: usize) -> f64 {
+    /// Milliseconds of a step that prefills `tokens` and decodes `batch`
+    /// sequences holding `kv` tokens of a cache of `capacity`, before
+    /// variance.
+    pub fn step_ms(&self, tokens: u64, batch: usize, kv: u64, capacity: u64) -> f64 {
         match self {
-            StepCost::Polynomial { time_scale } => (prefill_ms(tokens) + decode_ms(u)) * time_scale,
-            StepCost::Linear(l) => l.step_ms(tokens, batch),
+            StepCost::Polynomial { time_scale } => {
+                (prefill_ms(tokens) + decode_ms(kv as f64 / capacity.max(1) as f64)) * time_scale
+            }
+            StepCost::Linear(l) => l.step_ms(tokens, batch, kv as f64),
         }
     }
 
     /// Milliseconds a request's prefill adds to its step.
     fn prefill_ms(&self, tokens: u64) -> f64 {
-        self.step_ms(tokens, 0.0, 0) - self.step_ms(0, 0.0, 0)
+        self.step_ms(tokens, 0, 0, 1) - self.step_ms(0, 0, 0, 1)
     }
 
-    /// Milliseconds of a decode step of `batch` sequences at utilisation `u`.
-    fn decode_ms(&self, u: f64, batch: f64) -> f64 {
+    /// Milliseconds of a decode step of `batch` sequences holding `kv`
+    /// tokens (a mean: fractional) of a cache of `capacity`.
+    fn decode_ms(&self, batch: f64, kv: f64, capacity: u64) -> f64 {
         match self {
-            StepCost::Polynomial { time_scale } => decode_ms(u) * time_scale,
-            StepCost::Linear(l) => l.decode_base_ms + l.decode_per_sequence_ms * batch,
+            StepCost::Polynomial { time_scale } => decode_ms(kv / capacity.max(1) as f64) * time_scale,
+            StepCost::Linear(l) => l.decode_ms(batch, kv),
         }
     }
 
@@ -160,8 +164,10 @@ impl EngineParams {
     /// engine whose slots are warm: its prefill step and `output` decode
     /// steps, each of a batch of one.
     pub fn unloaded_latency_s(&self, prompt: u64, output: u64) -> f64 {
-        let u = Self::mean_footprint(prompt, output) / self.kv_tokens.max(1) as f64;
-        (self.cost.prefill_ms(self.prefilled(prompt)) + output.max(1) as f64 * self.cost.decode_ms(u, 1.0)) / 1000.0
+        let kv = Self::mean_footprint(prompt, output);
+        (self.cost.prefill_ms(self.prefilled(prompt))
+            + output.max(1) as f64 * self.cost.decode_ms(1.0, kv, self.kv_tokens))
+            / 1000.0
     }
 
     /// The largest batch the engine holds in steady state: `max_seqs`, or
@@ -178,9 +184,9 @@ impl EngineParams {
     /// An estimate: it ignores that prefills batch together.
     pub fn capacity_per_s(&self, prompt: u64, output: u64) -> f64 {
         let batch = self.steady_batch(prompt, output);
-        let u = batch * Self::mean_footprint(prompt, output) / self.kv_tokens.max(1) as f64;
-        let per_request_ms =
-            self.cost.prefill_ms(self.prefilled(prompt)) + output.max(1) as f64 * self.cost.decode_ms(u, batch) / batch;
+        let kv = batch * Self::mean_footprint(prompt, output);
+        let per_request_ms = self.cost.prefill_ms(self.prefilled(prompt))
+            + output.max(1) as f64 * self.cost.decode_ms(batch, kv, self.kv_tokens) / batch;
         1000.0 / per_request_ms
     }
 }
@@ -199,6 +205,8 @@ struct Sequence {
     preemptions: u32,
     /// Prompt tokens a warm slot held for it at its admission.
     cached: u64,
+    /// Prompt tokens it is known to find cached, whatever slot it gets.
+    known_cached: Option<u64>,
 }
 
 impl Sequence {
@@ -298,7 +306,18 @@ impl Engine {
             started: false,
             preemptions: 0,
             cached: 0,
+            known_cached: None,
         });
+    }
+
+    /// Submits a request of which the server is known to have held
+    /// `cached` prompt tokens (a measured answer said so), whatever slot it
+    /// gets: it prefills the rest, and its context is the whole prompt.
+    pub fn submit_cached(&mut self, id: u64, prompt: u64, cached: u64, output: u64, at: Duration) {
+        self.submit(id, prompt, output, at);
+        if let Some(s) = self.waiting.back_mut() {
+            s.known_cached = Some(cached.min(prompt.saturating_sub(1)));
+        }
     }
 
     /// Removes request `id` wherever it is (its client left); `true` if it
@@ -397,7 +416,9 @@ impl Engine {
             // A free warm slot holds the cached prefix (llama.cpp picks the
             // slot whose cache is most like the prompt); otherwise a cold
             // slot takes it, and is warm from then on.
-            s.cached = if self.warm > self.running.len() as u64 {
+            s.cached = if let Some(known) = s.known_cached {
+                known
+            } else if self.warm > self.running.len() as u64 {
                 p.cached_prefix.min(s.prompt.saturating_sub(1))
             } else {
                 self.warm = self.warm.saturating_add(1);
@@ -411,8 +432,10 @@ impl Engine {
             // Everything admissible was rejected: no forward pass.
             return;
         }
-        let u = self.kv_used as f64 / p.kv_tokens.max(1) as f64;
-        let ms = p.cost.step_ms(new_tokens, u, self.running.len()) * sanitize(factor);
+        let ms = p
+            .cost
+            .step_ms(new_tokens, self.running.len(), self.kv_used, p.kv_tokens)
+            * sanitize(factor);
         // A step too long to represent never ends: an infinitely slow GPU, not
         // an infinitely fast one.
         // And no step takes no time: a run of steps always moves the clock.
@@ -508,23 +531,26 @@ pub fn expectation(params: &EngineParams, prompt: u64, output: u64, rate_per_s: 
     let footprint = EngineParams::mean_footprint(prompt, output);
     let cost = params.cost;
     let (a, b, c) = cost.prefill_coefficients();
-    let mut s = cost.decode_ms(0.0, 1.0) + cost.prefill_ms(prompt);
+    let kv = params.kv_tokens;
+    let mut s = cost.decode_ms(1.0, 0.0, kv) + cost.prefill_ms(prompt);
     let mut result = None;
     for _ in 0..500 {
         let m = lambda * s;
         // Latency and batch from the current step length.
         let busy_wait = |batch: f64| (1.0 - (-batch).exp()) * s / 2.0;
         let mut batch = lambda * o * s;
-        let mut u = batch * footprint / params.kv_tokens.max(1) as f64;
-        let ttft =
-            busy_wait(batch) + cost.decode_ms(u, batch.max(1.0)) + cost.prefill_ms((p * (1.0 + m)).round() as u64);
+        let mut held = batch * footprint;
+        let ttft = busy_wait(batch)
+            + cost.decode_ms(batch.max(1.0), held, kv)
+            + cost.prefill_ms((p * (1.0 + m)).round() as u64);
         let latency = ttft + (o - 1.0) * s;
         batch = lambda * latency;
-        u = batch * footprint / params.kv_tokens.max(1) as f64;
-        if batch > f64::from(params.max_seqs) || u > 1.0 || !latency.is_finite() {
+        held = batch * footprint;
+        if batch > f64::from(params.max_seqs) || held > kv as f64 || !latency.is_finite() {
             return None;
         }
-        let next = cost.decode_ms(u, batch.max(1.0)) + c * (1.0 - (-m).exp()) + b * p * m + a * p * p * (m + m * m);
+        let next =
+            cost.decode_ms(batch.max(1.0), held, kv) + c * (1.0 - (-m).exp()) + b * p * m + a * p * p * (m + m * m);
         result = Some(Expectation {
             latency_s: latency / 1000.0,
             ttft_s: ttft / 1000.0,
@@ -659,6 +685,7 @@ mod tests {
                 prefill_per_token_ms: 1.0,
                 decode_base_ms: 5.0,
                 decode_per_sequence_ms: 0.0,
+                decode_per_context_token_ms: 0.0,
             }),
             preempt: false,
             cached_prefix: 90,
@@ -703,6 +730,7 @@ mod tests {
             prefill_per_token_ms: 0.5,
             decode_base_ms: 2.0,
             decode_per_sequence_ms: 3.0,
+            decode_per_context_token_ms: 0.0,
         };
         let p = EngineParams {
             cost: StepCost::Linear(linear),
@@ -746,7 +774,7 @@ mod tests {
         engine.submit(1, 400, 3, Duration::ZERO);
         let mut events = Vec::new();
         engine.run_until(Duration::from_secs(10), || 1.0, &mut events);
-        let first = params().cost.step_ms(400, 400.0 / 10_000.0, 1);
+        let first = params().cost.step_ms(400, 1, 400, 10_000);
         let second = decode_ms(401.0 / 10_000.0);
         let third = decode_ms(402.0 / 10_000.0);
         let [(1, at)] = finished(&events)[..] else {

@@ -159,6 +159,7 @@ mod tests {
             prefill_per_token_ms: 0.05,
             decode_base_ms: 2.0,
             decode_per_sequence_ms: 1.5,
+            decode_per_context_token_ms: 0.001,
         };
         let mut spec = ServerSpec::named("cpu");
         spec.step_ms = Some(linear);
@@ -174,6 +175,11 @@ mod tests {
             (-1.0, "step_ms.prefill_base_ms"),
             (1e9, "step_ms.prefill_base_ms"),
         ] {
+            spec.step_ms = Some(LinearStep {
+                decode_per_context_token_ms: bad,
+                ..linear
+            });
+            assert_eq!(validate(&spec).unwrap_err().0, "step_ms.decode_per_context_token_ms");
             spec.step_ms = Some(LinearStep {
                 prefill_base_ms: bad,
                 ..linear
