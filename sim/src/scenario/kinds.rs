@@ -256,10 +256,10 @@ impl LinearStep {
                 return Err((field.into(), format!("must be between 0 and {MAX_STEP_MS} ms, got {v}")));
             }
         }
-        if self.decode_base_ms + self.decode_per_sequence_ms < 0.001 {
+        if self.decode_base_ms + self.decode_per_sequence_ms + self.decode_per_context_token_ms < 0.001 {
             return Err((
                 "decode_per_sequence_ms".into(),
-                "a decode step must take at least 0.001 ms with its base".into(),
+                "a decode step must take at least 0.001 ms with its base and context terms".into(),
             ));
         }
         Ok(())

@@ -659,6 +659,17 @@ fn a_scenario_file_names_a_kind_and_its_bad_field() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("kind"), "{err}");
+    // A step written before its context term existed means what it meant.
+    let four = "kind = \"llama_cpp\"\nstep_ms = { prefill_base_ms = 1, prefill_per_token_ms = 0.5, decode_base_ms = 2, decode_per_sequence_ms = 3 }";
+    let step = redstring_sim::scenario::Scenario::parse("k.toml", &text(four))
+        .unwrap()
+        .servers[0]
+        .step_ms
+        .unwrap();
+    assert_eq!(
+        (step.decode_per_sequence_ms, step.decode_per_context_token_ms),
+        (3.0, 0.0)
+    );
 }
 
 /// llama.cpp's prompt cache: a request that finds a warm slot prefills

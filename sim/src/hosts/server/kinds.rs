@@ -191,9 +191,19 @@ mod tests {
         spec.step_ms = Some(LinearStep {
             decode_base_ms: 0.0,
             decode_per_sequence_ms: 0.0,
+            decode_per_context_token_ms: 0.0,
             ..linear
         });
         assert_eq!(validate(&spec).unwrap_err().0, "step_ms.decode_per_sequence_ms");
+        // A step whose cost is all in its context still takes time: a fit
+        // may find no base and no per-sequence cost.
+        spec.step_ms = Some(LinearStep {
+            decode_base_ms: 0.0,
+            decode_per_sequence_ms: 0.0,
+            decode_per_context_token_ms: 0.008,
+            ..linear
+        });
+        assert_eq!(validate(&spec), Ok(()));
     }
 
     #[test]
