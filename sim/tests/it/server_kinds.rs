@@ -160,9 +160,17 @@ fn run(
     let trace = Trace::new();
     let handle = ServerHandle::new(spec.behaviour);
     sim.host("gpu", server_host(spec, handle.clone(), trace.clone(), 7));
+    let schedule = (0..clients).map(|i| (start(i), timeout)).collect();
+    (send_all(sim, schedule, max_tokens), trace, handle)
+}
+
+/// Client `i` of `schedule` waits its `.0`, sends one request with
+/// `max_tokens` to the server `sim` hosts and gives up after its `.1`.
+/// Runs `sim`; returns what each saw, in client order.
+fn send_all(mut sim: turmoil::Sim<'_>, schedule: Vec<(Duration, Duration)>, max_tokens: u64) -> Vec<Seen> {
     let log: Log = Rc::default();
-    for i in 0..clients {
-        let (log, wait) = (log.clone(), start(i));
+    for (i, (wait, timeout)) in schedule.into_iter().enumerate() {
+        let log = log.clone();
         sim.client(format!("client-{i}"), async move {
             tokio::time::sleep(wait).await;
             let seen = post(max_tokens, timeout).await;
@@ -173,7 +181,7 @@ fn run(
     sim.run().unwrap();
     let mut log = log.borrow().clone();
     log.sort_by_key(|(i, _)| *i);
-    (log.into_iter().map(|(_, s)| s).collect(), trace, handle)
+    log.into_iter().map(|(_, s)| s).collect()
 }
 
 #[test]
@@ -819,21 +827,11 @@ fn hung_until_six(probability: f64) -> (Vec<Seen>, Trace) {
         handle.set_behaviour(Behaviour::default());
         Ok(())
     });
-    let log: Log = Rc::default();
-    let clients = [(0.0, 1.0), (0.5, 1.0), (1.0, 1.0), (1.5, 1.0), (5.5, 30.0), (6.2, 30.0)];
-    for (i, (at, timeout)) in clients.into_iter().enumerate() {
-        let log = log.clone();
-        sim.client(format!("client-{i}"), async move {
-            tokio::time::sleep(Duration::from_secs_f64(at)).await;
-            let seen = post(256, Duration::from_secs_f64(timeout)).await;
-            log.borrow_mut().push((i, seen));
-            Ok(())
-        });
-    }
-    sim.run().unwrap();
-    let mut log = log.borrow().clone();
-    log.sort_by_key(|(i, _)| *i);
-    (log.into_iter().map(|(_, s)| s).collect(), trace)
+    let schedule = [(0.0, 1.0), (0.5, 1.0), (1.0, 1.0), (1.5, 1.0), (5.5, 30.0), (6.2, 30.0)]
+        .into_iter()
+        .map(|(at, timeout)| (Duration::from_secs_f64(at), Duration::from_secs_f64(timeout)))
+        .collect();
+    (send_all(sim, schedule, 256), trace)
 }
 
 #[test]
@@ -926,18 +924,6 @@ fn timed(spec: ServerSpec, gap: Duration, timeouts: [Duration; 3]) -> (Vec<Seen>
     let trace = Trace::new();
     let handle = ServerHandle::new(spec.behaviour);
     sim.host("gpu", server_host(spec, handle, trace.clone(), 7));
-    let log: Log = Rc::default();
-    for (i, timeout) in timeouts.into_iter().enumerate() {
-        let log = log.clone();
-        sim.client(format!("client-{i}"), async move {
-            tokio::time::sleep(gap * i as u32).await;
-            let seen = post(256, timeout).await;
-            log.borrow_mut().push((i, seen));
-            Ok(())
-        });
-    }
-    sim.run().unwrap();
-    let mut log = log.borrow().clone();
-    log.sort_by_key(|(i, _)| *i);
-    (log.into_iter().map(|(_, s)| s).collect(), trace)
+    let schedule = (0u32..).zip(timeouts).map(|(i, timeout)| (gap * i, timeout)).collect();
+    (send_all(sim, schedule, 256), trace)
 }

@@ -198,7 +198,12 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     const GPU: &str = "kg:circuit:gpu";
 
     fn verdict(events: &[TraceEvent]) -> (Verdict, String) {
-        let s = Scenario::parse("synthetic.toml", LIMITED).unwrap();
+        verdict_in(LIMITED, events)
+    }
+
+    /// Invariant 22's verdict and figure on `events` in scenario `text`.
+    fn verdict_in(text: &str, events: &[TraceEvent]) -> (Verdict, String) {
+        let s = Scenario::parse("synthetic.toml", text).unwrap();
         let c = check_all(&s, events)
             .into_iter()
             .find(|c| c.name == Invariant::ConcurrencyLimit)
@@ -318,12 +323,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         let text = LIMITED
             .replace("initial = 2, min = 1, max = 4", "initial = 4, min = 2, max = 8")
             .replace("rpm = 60", "rpm = 60\nreserve = 0.25");
-        let s = Scenario::parse("synthetic.toml", &text).unwrap();
-        let c = check_all(&s, events)
-            .into_iter()
-            .find(|c| c.name == Invariant::ConcurrencyLimit)
-            .unwrap();
-        (c.verdict, c.figure)
+        verdict_in(&text, events)
     }
 
     #[test]
