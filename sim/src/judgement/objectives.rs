@@ -120,6 +120,19 @@ pub fn judge(objectives: &Objectives, figures: &Figures) -> Vec<ObjectiveVerdict
             judged: or_na(figures.failed_fraction, target, "no call ended outside the limiter"),
         });
     }
+    if let Some(target) = objectives.high_failed_fraction_max {
+        let judged = match figures.classes.get(redstring::Priority::High.as_str()) {
+            None => Judged::NotApplicable {
+                why: "the scenario's tenants are not of both priority classes".into(),
+            },
+            Some(high) => or_na(high.failed_fraction, target, "no high-priority call was judged"),
+        };
+        out.push(ObjectiveVerdict {
+            name: "high_failed_fraction_max",
+            target,
+            judged,
+        });
+    }
     if let Some(target) = objectives.p99_latency_s {
         out.push(ObjectiveVerdict {
             name: "p99_latency_s",
@@ -179,6 +192,7 @@ mod tests {
             goodput_recovery_s: Some(10.0),
             impaired_requests_max: Some(6),
             failed_fraction_max: Some(0.1),
+            high_failed_fraction_max: None,
             p99_latency_s: Some(1.5),
             amplification_max: Some(2.0),
             throttled_requests_max: Some(0),
@@ -216,6 +230,38 @@ mod tests {
                 why: None
             }
         );
+    }
+
+    #[test]
+    fn the_high_class_objective_judges_its_own_calls_only() {
+        use crate::judgement::figures::ClassFigures;
+        let o = Objectives {
+            high_failed_fraction_max: Some(0.05),
+            ..Objectives::default()
+        };
+        let one = |f: &Figures| judge(&o, f).remove(0);
+        let mut f = figures(Recovery::NoFault);
+        assert!(
+            matches!(&one(&f).judged, Judged::NotApplicable { why } if why.contains("both priority classes")),
+            "no classes"
+        );
+        let class = |failed| ClassFigures {
+            calls: 40,
+            deferred: 0,
+            failed_fraction: failed,
+        };
+        f.classes.insert("high".into(), class(Some(0.05)));
+        f.classes.insert("low".into(), class(Some(0.5)));
+        // The run's 0.1 would miss; the high class's 0.05 is met.
+        let v = one(&f);
+        assert_eq!(
+            (v.name, v.judged),
+            ("high_failed_fraction_max", Judged::Met { measured: 0.05 })
+        );
+        f.classes.insert("high".into(), class(Some(0.1)));
+        assert!(one(&f).missed());
+        f.classes.insert("high".into(), class(None));
+        assert!(matches!(one(&f).judged, Judged::NotApplicable { .. }));
     }
 
     #[test]

@@ -113,6 +113,11 @@ pub struct Objectives {
     /// deferred, that may end in an error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failed_fraction_max: Option<f64>,
+    /// Largest share (0 to 1) of the high-priority tenants' calls, not
+    /// counting those the limiter deferred, that may end in an error: what
+    /// a reserve is for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high_failed_fraction_max: Option<f64>,
     /// Longest 99th-percentile latency of calls, seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p99_latency_s: Option<f64>,

@@ -98,6 +98,7 @@ impl Scenario {
         let checks = [
             ("goodput_recovery_s", o.goodput_recovery_s, MAX_SECONDS, " s"),
             ("failed_fraction_max", o.failed_fraction_max, 1.0, ""),
+            ("high_failed_fraction_max", o.high_failed_fraction_max, 1.0, ""),
             ("p99_latency_s", o.p99_latency_s, MAX_SECONDS, " s"),
             ("amplification_max", o.amplification_max, MAX_AMPLIFICATION, "×"),
         ];

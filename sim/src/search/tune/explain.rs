@@ -401,7 +401,7 @@ pub(super) fn signed(v: f64) -> String {
 /// A change of an objective's figure by `v`, in its unit.
 pub(super) fn change(name: &str, v: f64, error: Option<f64>) -> String {
     let (scale, unit) = match name {
-        "failed_fraction_max" => (100.0, " % of calls"),
+        "failed_fraction_max" | "high_failed_fraction_max" => (100.0, " % of calls"),
         "impaired_requests_max" => (1.0, " requests"),
         n if n.ends_with("_s") => (1.0, " s"),
         _ => (1.0, ""),

@@ -9,7 +9,7 @@ fn objective_unit(name: &str) -> &'static str {
     match name {
         "goodput_recovery_s" | "p99_latency_s" => "seconds",
         "impaired_requests_max" | "throttled_requests_max" => "requests",
-        "failed_fraction_max" => "fraction of calls",
+        "failed_fraction_max" | "high_failed_fraction_max" => "fraction of calls",
         "amplification_max" => "requests per admitted call",
         _ => "",
     }
