@@ -39,6 +39,9 @@
 //!    `error` (`500`), `loading` (`503 Loading model`), `hang` (never answered)
 //!    and `drop` (connection closed without a response) are immediate and take
 //!    no capacity: they model a proxy or the network in front of the GPU.
+//!    (On a `llama_cpp` server a hang of every request is its process
+//!    stopped: each request is held, and served once the behaviour changes,
+//!    whether or not its client is still there — `docs/server-kinds.md`.)
 //! 4. **Capacity.** With `slots + queue` requests already in flight the answer
 //!    is `503` `{"error":{"code":503,"message":"server busy","type":"unavailable_error"}}`
 //!    (outcome `queue_full`). Otherwise the request waits (FIFO) for one of
