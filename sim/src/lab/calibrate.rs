@@ -162,7 +162,7 @@ pub enum CalibrateError {
         /// What the last failure was.
         last: String,
     },
-    /// The answers do not vary enough to tell the four terms apart.
+    /// The answers do not vary enough to tell the step's terms apart.
     #[error("the answers cannot be fitted: {0}")]
     Degenerate(String),
 }
