@@ -204,6 +204,9 @@ pub enum Event {
         limiter: Arc<str>,
         /// The tenant refused.
         tenant: TenantId,
+        /// The class the caller asked as (a low one is refused at the
+        /// tokens its class may take).
+        priority: Priority,
         /// The tokens asked for.
         estimate: u64,
         /// Tokens counted in the window.
@@ -706,12 +709,13 @@ impl Observer for TracingObserver {
             Event::TokensRefused {
                 limiter,
                 tenant,
+                priority,
                 estimate,
                 used,
                 retry_after,
                 ..
             } => {
-                tracing::debug!(%limiter, %tenant, estimate, used, retry_after = retry_after.as_secs_f64(), "token limit refused")
+                tracing::debug!(%limiter, %tenant, priority = priority.as_str(), estimate, used, retry_after = retry_after.as_secs_f64(), "token limit refused")
             }
             Event::TokensSettled {
                 limiter,

@@ -982,6 +982,7 @@ impl<S: LimiterStore> RateLimiter<S> {
                 self.emit(|| Event::TokensRefused {
                     limiter: self.prefix.clone(),
                     tenant,
+                    priority,
                     estimate: ask.tokens,
                     used: tokens_used,
                     retry_after,

@@ -802,10 +802,11 @@ mod priority {
     #[tokio::test]
     async fn the_low_class_reserves_tokens_up_to_its_share_only() {
         let clock = Arc::new(ManualClock::at_fixed_epoch());
+        let events = Arc::new(RecordingObserver::new());
         let limiter = RateLimiter::builder(100)
             .tokens_per_window(1_000)
             .reserve(0.3)
-            .env(Env::default().with_clock(clock.clone()))
+            .env(Env::default().with_clock(clock.clone()).with_observer(events.clone()))
             .build()
             .unwrap();
         limiter.acquire_tokens_as(A, 600, Priority::Low).await.unwrap();
@@ -814,6 +815,15 @@ mod priority {
             redstring::limiter::TokenAcquireError::Tokens(e) => assert_eq!((e.used, e.limit), (600, 700)),
             other => panic!("expected a token refusal, got {other:?}"),
         }
+        let refused: Vec<_> = events
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::TokensRefused { priority, estimate, .. } => Some((priority, estimate)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(refused, [(Priority::Low, 101)], "the refusal names the class");
         limiter.acquire_tokens_as(A, 100, Priority::Low).await.unwrap();
         // The high class may use what the low left and the reserve.
         limiter.acquire_tokens_as(A, 300, Priority::High).await.unwrap();

@@ -175,6 +175,7 @@ fn every_recorded_event() -> Vec<Event> {
         Event::TokensRefused {
             limiter: name("kg:ratelimit"),
             tenant,
+            priority: redstring::Priority::High,
             estimate: 10,
             used: 10,
             retry_after: Duration::from_secs(1),
