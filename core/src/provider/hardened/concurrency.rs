@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::HardenedProvider;
 use crate::cache::{BreakerStore, TokenStore};
-use crate::decide::concurrency::{AdaptiveConcurrency, CallEnd, ConcurrencyCommand, allowance, whole};
+use crate::decide::concurrency::{AdaptiveConcurrency, CallEnd, ConcurrencyCommand, whole};
 use crate::decide::pick::PickRequest;
 use crate::observe::Event;
 use crate::provider::error::{ConcurrencyLimited, ExtractError, ProviderError, TransportErrorKind};
@@ -72,14 +72,10 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             max_ahead: crate::limiter::DEFAULT_MAX_CLOCK_AHEAD,
         };
         let key = adaptive.keys[i].as_str();
+        let params = adaptive.settings.params(self.priority);
         let step = match adaptive
             .store
-            .concurrency(
-                key,
-                ConcurrencyCommand::Admit,
-                adaptive.settings.params(self.priority),
-                request,
-            )
+            .concurrency(key, ConcurrencyCommand::Admit, params, request)
             .await
         {
             Ok(step) => step,
@@ -121,7 +117,7 @@ impl<P: LlmProvider, L: TokenStore, B: BreakerStore> HardenedProvider<P, L, B> {
             priority: self.priority,
             in_flight: step.in_flight,
             limit,
-            reserved: limit - allowance(limit, adaptive.settings.params(self.priority).reserve),
+            reserved: crate::tenant::reserved_ppm(limit, params.reserve),
         };
         Err((error.into(), None))
     }
