@@ -485,6 +485,13 @@ impl Server {
     }
 }
 
+/// Whether `behaviour` on a server of `kind` is its process stopped whole
+/// (SIGSTOP): a llama.cpp server whose every request hangs. A hang of only
+/// some requests, or of another kind, is a request the server never answers.
+fn stopped_whole(kind: ServerKind, behaviour: Behaviour) -> bool {
+    kind == ServerKind::LlamaCpp && behaviour.mode == Mode::Hang && behaviour.probability >= 1.0
+}
+
 /// The process's state as the driver sets it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Process {
@@ -822,7 +829,7 @@ impl Start {
         let mode = self.draw_mode();
         // A llama.cpp process stopped whole holds the request and answers
         // it normally once continued.
-        let stopped = mode == Mode::Hang && self.stopped_whole(kind);
+        let stopped = mode == Mode::Hang && stopped_whole(kind, self.handle.behaviour());
         let mode = if stopped { Mode::Normal } else { mode };
         if mode != Mode::Normal && !matches!(mode, Mode::Empty | Mode::Malformed | Mode::Refuse) {
             // The mode records its own answer.
@@ -880,13 +887,6 @@ impl Start {
         }
     }
 
-    /// Whether a hang of this kind is its process stopped whole (SIGSTOP):
-    /// a llama.cpp server whose every request hangs. A hang of only some
-    /// requests, or of another kind, is a request the server never answers.
-    fn stopped_whole(&self, kind: ServerKind) -> bool {
-        kind == ServerKind::LlamaCpp && self.handle.behaviour().probability >= 1.0
-    }
-
     /// A request that reached a stopped llama.cpp process. The kernel
     /// accepted its connection and holds its bytes; once the process is
     /// continued llama.cpp reads it and works through it, whether or not
@@ -911,8 +911,7 @@ impl Start {
                     let changed = self.handle.behaviour_changed.notified();
                     tokio::pin!(changed);
                     changed.as_mut().enable();
-                    let now = self.handle.behaviour();
-                    if !(now.mode == Mode::Hang && self.stopped_whole(ServerKind::LlamaCpp)) {
+                    if !stopped_whole(ServerKind::LlamaCpp, self.handle.behaviour()) {
                         break;
                     }
                     changed.await;
