@@ -42,8 +42,8 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::error::ProviderError;
 use super::schema::OutputSchema;
@@ -72,27 +72,62 @@ pub(crate) fn request_body(
     schema: &OutputSchema,
     max_tokens: Option<u32>,
 ) -> Vec<u8> {
-    let mut messages = Vec::with_capacity(2);
-    if let Some(prompt) = system_prompt {
-        messages.push(json!({"role": "system", "content": prompt}));
-    }
-    messages.push(json!({"role": "user", "content": text}));
-    let mut body = json!({
-        "model": model,
-        "messages": messages,
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {
-                "name": schema.name(),
-                "strict": true,
-                "schema": schema.schema(),
+    let system = system_prompt.map(|content| SentMessage {
+        role: "system",
+        content,
+    });
+    let user = SentMessage {
+        role: "user",
+        content: text,
+    };
+    let body = RequestBody {
+        model,
+        messages: system.into_iter().chain([user]).collect(),
+        response_format: ResponseFormat {
+            kind: "json_schema",
+            json_schema: JsonSchemaFormat {
+                name: schema.name(),
+                strict: true,
+                schema: schema.schema(),
             },
         },
-    });
-    if let (Some(n), Some(object)) = (max_tokens, body.as_object_mut()) {
-        object.insert("max_tokens".to_owned(), Value::from(n));
-    }
-    body.to_string().into_bytes()
+        max_tokens,
+    };
+    // Serializing borrowed strings and a borrowed `Value` cannot fail.
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// A chat completion request as sent, borrowing everything it names.
+#[derive(Serialize)]
+struct RequestBody<'a> {
+    model: &'a str,
+    messages: Vec<SentMessage<'a>>,
+    response_format: ResponseFormat<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+}
+
+/// One chat message of a request.
+#[derive(Serialize)]
+struct SentMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+/// `response_format`: structured output under a JSON schema.
+#[derive(Serialize)]
+struct ResponseFormat<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    json_schema: JsonSchemaFormat<'a>,
+}
+
+/// `response_format.json_schema`: the schema's name, strictness and body.
+#[derive(Serialize)]
+struct JsonSchemaFormat<'a> {
+    name: &'a str,
+    strict: bool,
+    schema: &'a Value,
 }
 
 /// What the adapter knows when it reads a response.
@@ -542,6 +577,8 @@ mod header_properties;
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[derive(Debug, serde::Deserialize, schemars::JsonSchema, PartialEq)]

@@ -120,15 +120,18 @@ use tokio::task::JoinSet;
 
 use crate::evidence::outcome::Answer;
 use crate::evidence::trace::{Kind, Trace};
-use crate::hosts::clock::{EPOCH, sim_elapsed};
+use crate::hosts::clock::sim_elapsed;
 use crate::scenario::{Behaviour, Mode, ServerSpec};
 
+mod answer;
 pub mod batching;
 mod front;
 pub mod kinds;
 pub mod quota;
 
 use crate::scenario::ServerKind;
+pub use answer::content_for_schema;
+use answer::{ChatRequest, Contents, Usage, completion};
 use front::{Batching, EngineOutcome, ExtraRng, LoadError};
 use kinds::Preset;
 use quota::{Credit, Decision, Limit, go_duration};
@@ -346,6 +349,8 @@ struct Start {
     collapsed: watch::Sender<bool>,
     /// The engine and gate state of a batching kind.
     batching: Option<Arc<Batching>>,
+    /// The content of a `normal` answer to the schema last asked for.
+    contents: Contents,
 }
 
 impl Server {
@@ -407,6 +412,7 @@ impl Server {
             reload_s,
             collapsed: watch::Sender::new(false),
             batching: batching.clone(),
+            contents: Contents::default(),
         });
         // vLLM serves nothing, not even a connection, until its engine is up.
         if self.spec.kind == ServerKind::Vllm && loads {
@@ -516,16 +522,6 @@ enum Early {
     Hang,
 }
 
-/// The tokens a completion reports, and whether it was cut off.
-#[derive(Clone, Copy, Debug)]
-struct Usage {
-    prompt: u64,
-    /// Of the prompt, the tokens the slot's prompt cache held.
-    cached: u64,
-    completion: u64,
-    truncated: bool,
-}
-
 /// A request of a batching kind waiting for the engine: if its client leaves
 /// (or its start ends) first, it is recorded `abandoned`.
 struct Pending {
@@ -592,7 +588,7 @@ impl Start {
                 ));
             }
         };
-        let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+        let Some(body) = ChatRequest::read(&body) else {
             self.record(Answer::BadRequest);
             return Ok(error_response(
                 StatusCode::BAD_REQUEST,
@@ -638,10 +634,7 @@ impl Start {
                 .unwrap_or(u64::from(self.spec.output_tokens)),
         );
         // The answer stops at the request's max_tokens, cut off.
-        let max_tokens = body
-            .get("max_tokens")
-            .or_else(|| body.get("max_completion_tokens"))
-            .and_then(Value::as_u64);
+        let max_tokens = body.max_tokens;
         let (output, cut) = front::output_tokens(wanted, max_tokens, prompt, None);
         let truncated = cut && mode == Mode::Normal;
         let service = if tokens.is_some() || cut {
@@ -670,7 +663,7 @@ impl Start {
             completion: output,
             truncated,
         };
-        Ok(completion(&self.spec, id, mode, &body, usage))
+        Ok(completion(&self.spec, &self.contents, id, mode, &body, usage))
     }
 
     fn next_answer_id(&self) -> u64 {
@@ -758,7 +751,7 @@ impl Start {
     async fn handle_batching(
         self: Arc<Self>,
         b: Arc<Batching>,
-        body: Value,
+        body: ChatRequest,
         key: &str,
         tokens: Option<crate::hosts::RequestTokens>,
     ) -> Reply {
@@ -768,10 +761,7 @@ impl Start {
             return Ok(loading());
         }
         let (prompt, wanted) = self.draw_tokens(tokens.unwrap_or_default());
-        let max_tokens = body
-            .get("max_tokens")
-            .or_else(|| body.get("max_completion_tokens"))
-            .and_then(Value::as_u64);
+        let max_tokens = body.max_tokens;
         let mut quota_headers = Vec::new();
         if kind == ServerKind::OpenAi {
             let now = sim_elapsed();
@@ -873,7 +863,7 @@ impl Start {
                     completion: generated,
                     truncated,
                 };
-                let mut response = completion(&self.spec, id, mode, &body, usage);
+                let mut response = completion(&self.spec, &self.contents, id, mode, &body, usage);
                 add_headers(&mut response, &quota_headers);
                 Ok(response)
             }
@@ -1139,7 +1129,12 @@ impl Drop for Admitted {
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    json_bytes_response(status, body.to_string().into_bytes())
+}
+
+/// A response of `status` with a JSON body already written.
+fn json_bytes_response(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -1238,197 +1233,4 @@ fn rate_limited(retry_after_s: f64) -> Response<Full<Bytes>> {
     headers.insert(hyper::header::RETRY_AFTER, (secs.ceil() as u64).into());
     headers.insert("retry-after-ms", ((secs * 1000.0).round() as u64).into());
     response
-}
-
-/// A `chat.completion` body for `mode` (one of the 200 modes). A `normal`
-/// answer cut off (`usage.truncated`) carries the first part of its content
-/// — no longer valid JSON — and `finish_reason: "length"`.
-fn completion(spec: &ServerSpec, id: u64, mode: Mode, request: &Value, usage: Usage) -> Response<Full<Bytes>> {
-    let schema = request.pointer("/response_format/json_schema/schema");
-    let (content, refusal, reasoning, finish_reason) = match mode {
-        Mode::Empty => (
-            json!(""),
-            Value::Null,
-            json!("The user wants a JSON object. Let me think about which fields it needs, and then"),
-            "length",
-        ),
-        Mode::Malformed => (
-            json!("Sure! Here is the answer you asked for: {\"answer\": \"x\", "),
-            Value::Null,
-            Value::Null,
-            "stop",
-        ),
-        Mode::Refuse => (
-            Value::Null,
-            json!("I'm sorry, but I can't help with that request."),
-            Value::Null,
-            "stop",
-        ),
-        // Only the 200 modes reach here; the others answered (or hung) before.
-        Mode::Normal | Mode::RateLimit | Mode::Error | Mode::Loading | Mode::Hang | Mode::Drop => {
-            let content = schema.map_or_else(|| json!({}), content_for_schema).to_string();
-            if usage.truncated {
-                let keep = content.chars().count() / 2;
-                (
-                    json!(content.chars().take(keep).collect::<String>()),
-                    Value::Null,
-                    Value::Null,
-                    "length",
-                )
-            } else {
-                (json!(content), Value::Null, Value::Null, "stop")
-            }
-        }
-    };
-    let created = EPOCH.saturating_add(sim_elapsed()).as_micros() / 1_000_000;
-    let model = request
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or(&spec.model)
-        .to_owned();
-    json_response(
-        StatusCode::OK,
-        &json!({
-            "id": format!("chatcmpl-{}-{id}", spec.name),
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": content,
-                    "refusal": refusal,
-                    "reasoning_content": reasoning,
-                },
-                "finish_reason": finish_reason,
-            }],
-            "usage": usage_body(&usage),
-        }),
-    )
-}
-
-/// The `usage` object: the counts, and how many prompt tokens the prompt
-/// cache held when it held any (`prompt_tokens_details.cached_tokens`, as
-/// llama.cpp and OpenAI write it).
-fn usage_body(usage: &Usage) -> Value {
-    let mut body = json!({
-        "prompt_tokens": usage.prompt,
-        "completion_tokens": usage.completion,
-        "total_tokens": usage.prompt.saturating_add(usage.completion),
-    });
-    if usage.cached > 0
-        && let Some(object) = body.as_object_mut()
-    {
-        object.insert(
-            "prompt_tokens_details".to_owned(),
-            json!({ "cached_tokens": usage.cached }),
-        );
-    }
-    body
-}
-
-/// A value satisfying a simple JSON schema, built from the schema alone.
-///
-/// `enum` and `const` give their first value; `anyOf`/`oneOf` follow their
-/// first alternative; otherwise the (first non-null) `type` decides: string →
-/// `"x"` (repeated to `minLength`), integer → `1`, number → `1.0`, boolean →
-/// `true`, null → `null`, array → `minItems` copies of its `items` value
-/// (none by default), object → every property in `properties`, recursively.
-/// A schema without a type is treated as an object if it has `properties`,
-/// and as the empty object otherwise.
-pub fn content_for_schema(schema: &Value) -> Value {
-    content_at_depth(schema, 0)
-}
-
-fn content_at_depth(schema: &Value, depth: u32) -> Value {
-    // Deep enough for any schema a test writes; a self-referencing one stops here.
-    if depth > 32 {
-        return Value::Null;
-    }
-    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|v| v.first()) {
-        return first.clone();
-    }
-    if let Some(value) = schema.get("const") {
-        return value.clone();
-    }
-    for key in ["anyOf", "oneOf"] {
-        if let Some(first) = schema.get(key).and_then(Value::as_array).and_then(|v| v.first()) {
-            return content_at_depth(first, depth + 1);
-        }
-    }
-    let kind = match schema.get("type") {
-        Some(Value::String(t)) => t.as_str(),
-        Some(Value::Array(types)) => types
-            .iter()
-            .filter_map(Value::as_str)
-            .find(|t| *t != "null")
-            .unwrap_or("null"),
-        _ if schema.get("properties").is_some() => "object",
-        _ => "object",
-    };
-    let min = |key: &str| {
-        schema
-            .get(key)
-            .and_then(Value::as_u64)
-            .map_or(0, |n| usize::try_from(n.min(64)).unwrap_or(0))
-    };
-    match kind {
-        "string" => json!("x".repeat(min("minLength").max(1))),
-        "integer" => json!(1),
-        "number" => json!(1.0),
-        "boolean" => json!(true),
-        "null" => Value::Null,
-        "array" => {
-            let item = schema
-                .get("items")
-                .map_or(Value::Null, |items| content_at_depth(items, depth + 1));
-            Value::Array(vec![item; min("minItems")])
-        }
-        _ => {
-            let mut object = serde_json::Map::new();
-            if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
-                for (name, property) in properties {
-                    object.insert(name.clone(), content_at_depth(property, depth + 1));
-                }
-            }
-            Value::Object(object)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn schema_content_covers_every_type() {
-        let schema = json!({
-            "type": "object",
-            "properties": {
-                "s": {"type": "string"},
-                "i": {"type": "integer"},
-                "n": {"type": "number"},
-                "b": {"type": "boolean"},
-                "a": {"type": "array", "items": {"type": "string"}},
-                "o": {"type": "object", "properties": {"inner": {"type": "integer"}}},
-                "e": {"type": "string", "enum": ["good", "bad"]},
-                "opt": {"type": ["null", "string"]},
-                "m": {"type": "array", "items": {"type": "integer"}, "minItems": 2},
-            },
-            "required": ["s", "i", "n", "b", "a", "o", "e", "opt", "m"],
-            "additionalProperties": false,
-        });
-        assert_eq!(
-            content_for_schema(&schema),
-            json!({"s": "x", "i": 1, "n": 1.0, "b": true, "a": [], "o": {"inner": 1},
-                   "e": "good", "opt": "x", "m": [1, 1]})
-        );
-    }
-
-    #[test]
-    fn schema_content_of_a_bare_schema_is_an_object() {
-        assert_eq!(content_for_schema(&json!({})), json!({}));
-        assert_eq!(content_for_schema(&json!({"anyOf": [{"type": "integer"}]})), json!(1));
-    }
 }
