@@ -15,7 +15,9 @@
 //!
 //! Newline-delimited JSON: the client writes one [`WireRequest`] line, the
 //! host answers one [`WireReply`] line; a connection carries any number of
-//! such exchanges, one at a time. The breaker's and the
+//! such exchanges, one at a time. A request is an object whose one key
+//! names the operation (`{"increment":{"key":"n","ttl_us":5}}`), so the host
+//! decodes it in one pass. The breaker's and the
 //! limiter's own types travel as they are, through the core's `serde`
 //! feature, so a change to them needs no edit here. Key/value and hit-window
 //! instants and durations travel as whole microseconds.
@@ -664,7 +666,7 @@ impl BudgetStore for RemoteCache {
 
 /// One request line: a port operation and its arguments.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum WireRequest {
     /// `KeyValue::get`.
     Get {
@@ -929,6 +931,6 @@ mod tests {
             ttl_us: Some(5),
         })
         .unwrap();
-        assert_eq!(line, r#"{"op":"increment","key":"n","ttl_us":5}"#);
+        assert_eq!(line, r#"{"increment":{"key":"n","ttl_us":5}}"#);
     }
 }
