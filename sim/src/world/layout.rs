@@ -1,10 +1,15 @@
 //! Which turmoil host each worker runs on.
 //!
-//! turmoil's cost per step grows with the hosts times the links between
-//! them (every host's delivery walks every link), so a fleet of one host per
-//! worker is quadratic in its size. Workers therefore share hosts: up to
-//! [`WORKERS_PER_HOST`] in fleet order on each, every one still with its own
-//! clock, cache, random streams, connection limit and name in the trace. A
+//! turmoil links every host to every other and each host's delivery walks
+//! every link each step, so its cost per step grows with the square of the
+//! hosts, and a fleet of one host per worker is quadratic in its size.
+//! Workers therefore share hosts, in fleet order, every one still with its
+//! own clock, cache, random streams, connection limit and name in the
+//! trace. A host takes [`WORKERS_PER_HOST`] workers, and more, up to
+//! [`MOST_WORKERS_PER_HOST`], while the connections its workers may hold at
+//! once fit in its ports, so that sharing a host's
+//! ports never refuses a worker a connection a host of its own would give
+//! it. A
 //! host is the unit turmoil partitions and delays, so a worker a network
 //! fault names (a `partition`, `heal` or `latency` with the worker as `a` or
 //! `b`) keeps a host of its own, under its own name, and the fault acts on it
@@ -17,14 +22,21 @@ use std::time::Duration;
 use crate::hosts::transport;
 use crate::scenario::{Fault, FleetMember, Scenario};
 
-/// The most workers one shared host runs. Its clients share the host's
-/// ports ([`HOST_PORTS`](crate::hosts::transport::HOST_PORTS)), so this
-/// leaves each about a thousand connections open or in `TIME_WAIT` on
-/// average before the host's limit is what refuses one. Measured on the
-/// fleets of `benches/fleet-scale.sh` (500 × 10 and 2 000 × 20): 16 a host
-/// took 28 s and 390 s, 64 took 12 s and 80 s, 256 took 15 s and 107 s —
-/// fewer hosts walk fewer links each step, bigger ones cost more per event.
+/// The workers a shared host always takes (fewer only at the fleet's end).
 pub const WORKERS_PER_HOST: usize = 64;
+
+/// The most workers one shared host runs, however few connections they
+/// need. Measured on the fleets of `benches/fleet-scale.sh`, each worker
+/// needing 90 ports (5 000 × 50: 64 a host took 146 s, 256 took 89 s,
+/// 1 024 took 78 s; 500 × 10: 5.2–5.8 s, 5.2 s, 4.7 s): fewer hosts walk
+/// fewer links each step.
+pub const MOST_WORKERS_PER_HOST: usize = 1024;
+
+/// The connections the workers on one shared host may need at once, in
+/// all: seven eighths of the host's
+/// [`HOST_PORTS`](crate::hosts::transport::HOST_PORTS), the rest left to
+/// connections in `TIME_WAIT` (closed within two link latencies).
+const HOST_PORT_BUDGET: f64 = (transport::HOST_PORTS - transport::HOST_PORTS / 8) as f64;
 
 /// One turmoil host of workers.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,8 +50,9 @@ pub struct WorkerHost {
 }
 
 /// The hosts `scenario`'s fleet runs on: one for each worker a network
-/// fault names, in fleet order, then the rest in shared hosts of at most
-/// [`WORKERS_PER_HOST`], in fleet order.
+/// fault names, in fleet order, then the rest in shared hosts, in fleet
+/// order: [`WORKERS_PER_HOST`] on each, or more while the connections they
+/// may need fit the host's ports, up to [`MOST_WORKERS_PER_HOST`].
 pub fn worker_hosts(scenario: &Scenario) -> Vec<WorkerHost> {
     let named = network_named(scenario);
     let (own, shared): (Vec<FleetMember>, Vec<FleetMember>) = scenario
@@ -53,16 +66,46 @@ pub fn worker_hosts(scenario: &Scenario) -> Vec<WorkerHost> {
             members: vec![m],
         })
         .collect();
-    hosts.extend(
-        shared
-            .chunks(WORKERS_PER_HOST)
-            .enumerate()
-            .map(|(k, members)| WorkerHost {
-                name: format!("workers#{k}"),
-                members: members.to_vec(),
-            }),
-    );
+    let mut groups: Vec<Vec<FleetMember>> = Vec::new();
+    let mut needed = 0.0;
+    for member in shared {
+        let need = ports_needed(scenario, &member);
+        match groups.last_mut() {
+            Some(group)
+                if group.len() < WORKERS_PER_HOST
+                    || (group.len() < MOST_WORKERS_PER_HOST && needed + need <= HOST_PORT_BUDGET) =>
+            {
+                needed += need;
+                group.push(member);
+            }
+            _ => {
+                needed = need;
+                groups.push(vec![member]);
+            }
+        }
+    }
+    hosts.extend(groups.into_iter().enumerate().map(|(k, members)| WorkerHost {
+        name: format!("workers#{k}"),
+        members,
+    }));
     hosts
+}
+
+/// The most connections `member` may hold at once: one to its server (and
+/// one more for each hedge) and one to the cache for every call in its attempts,
+/// and a call is in its attempts for at most `max_retries + 1` request
+/// timeouts; it starts at most its tenants' peak rate of calls.
+fn ports_needed(scenario: &Scenario, member: &FleetMember) -> f64 {
+    let h = &scenario.hardening;
+    let calls_per_s: f64 = member
+        .tenants
+        .iter()
+        .map(|t| t.most_calls_per_min(scenario.duration_s) / 60.0)
+        .sum();
+    let attempts_s = (f64::from(h.max_retries) + 1.0) * h.request_timeout_s;
+    let hedges = if h.hedge_after_ms.is_some() { h.max_hedges } else { 0 };
+    let per_call = 2.0 + f64::from(hedges);
+    calls_per_s * attempts_s * per_call
 }
 
 /// The host names network faults name.
@@ -94,9 +137,15 @@ mod tests {
     use super::*;
 
     fn scenario(workers: u32, faults: &str) -> Scenario {
+        at_rate(workers, 6, faults)
+    }
+
+    /// `workers` workers of one tenant at `calls_per_min`, with the default
+    /// hardening: four attempts of at most 30 s each.
+    fn at_rate(workers: u32, calls_per_min: u32, faults: &str) -> Scenario {
         let text = format!(
             "name = \"layout\"\nduration_s = 10\n[cache]\nkind = \"shared\"\n[[servers]]\nname = \"gpu\"\n\
-             [[workers]]\nname = \"w\"\ncount = {workers}\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 6 }}]\n{faults}"
+             [[workers]]\nname = \"w\"\ncount = {workers}\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = {calls_per_min} }}]\n{faults}"
         );
         Scenario::parse("layout.toml", &text).unwrap()
     }
@@ -105,20 +154,48 @@ mod tests {
         hosts.iter().map(|h| (h.name.clone(), h.members.len())).collect()
     }
 
+    fn sizes(hosts: &[WorkerHost]) -> Vec<usize> {
+        hosts.iter().map(|h| h.members.len()).collect()
+    }
+
     #[test]
     fn workers_share_hosts_in_fleet_order_up_to_the_most_per_host() {
-        let workers = u32::try_from(WORKERS_PER_HOST).unwrap() * 2 + 1;
+        // 0.1 calls/s × 4 attempts × 30 s × 2 connections: 24 ports each.
+        let workers = u32::try_from(MOST_WORKERS_PER_HOST).unwrap() * 2 + 1;
         let hosts = worker_hosts(&scenario(workers, ""));
         assert_eq!(
             names(&hosts),
             [
-                ("workers#0".to_owned(), WORKERS_PER_HOST),
-                ("workers#1".to_owned(), WORKERS_PER_HOST),
+                ("workers#0".to_owned(), MOST_WORKERS_PER_HOST),
+                ("workers#1".to_owned(), MOST_WORKERS_PER_HOST),
                 ("workers#2".to_owned(), 1),
             ]
         );
         let order: Vec<u64> = hosts.iter().flat_map(|h| h.members.iter().map(|m| m.index)).collect();
         assert_eq!(order, (0..u64::from(workers)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_host_takes_only_the_workers_whose_connections_fit_its_ports() {
+        // 1 call/s × 4 attempts × 30 s × 2: 240 ports a worker, and 56 000
+        // of a host's 64 000 to share: 233 workers.
+        assert_eq!(sizes(&worker_hosts(&at_rate(500, 60, ""))), [233, 233, 34]);
+        let mut hedging = at_rate(500, 60, "");
+        hedging.hardening.hedge_after_ms = Some(crate::scenario::HedgeAfterMs::Ms(500));
+        hedging.hardening.max_hedges = 1;
+        // Three connections a call that hedges once: 360 ports, 155 workers.
+        assert_eq!(sizes(&worker_hosts(&hedging)), [155, 155, 155, 35]);
+    }
+
+    #[test]
+    fn a_host_always_takes_the_workers_it_took_before_sharing_by_ports() {
+        // 10 calls/s: 2 400 ports each, 23 workers' worth; a host still
+        // takes its 64.
+        let workers = u32::try_from(WORKERS_PER_HOST).unwrap() * 2 + 1;
+        assert_eq!(
+            sizes(&worker_hosts(&at_rate(workers, 600, ""))),
+            [WORKERS_PER_HOST, WORKERS_PER_HOST, 1]
+        );
     }
 
     #[test]
