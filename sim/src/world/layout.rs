@@ -27,7 +27,7 @@ pub const WORKERS_PER_HOST: usize = 64;
 
 /// The most workers one shared host runs, however few connections they
 /// need. Measured on the fleets of `benches/fleet-scale.sh`, each worker
-/// needing 90 ports (5 000 × 50: 64 a host took 146 s, 256 took 89 s,
+/// needing 120 ports (5 000 × 50: 64 a host took 146 s, 256 took 89 s,
 /// 1 024 took 78 s; 500 × 10: 5.2–5.8 s, 5.2 s, 4.7 s): fewer hosts walk
 /// fewer links each step.
 pub const MOST_WORKERS_PER_HOST: usize = 1024;

@@ -257,7 +257,7 @@ fn the_wall_estimate_grows_with_steps_hosts_and_calls() {
     let finer = Scenario::parse("finer.toml", &format!("tick_ms = 1\n{BASE}")).unwrap();
     let busier = Scenario::parse(
         "busier.toml",
-        &BASE.replace("calls_per_min = 120", "calls_per_min = 1200"),
+        &BASE.replace("calls_per_min = 120", "calls_per_min = 2400"),
     )
     .unwrap();
     for (what, other) in [("longer", &longer), ("finer", &finer), ("busier", &busier)] {
