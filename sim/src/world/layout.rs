@@ -7,9 +7,8 @@
 //! own clock, cache, random streams, connection limit and name in the
 //! trace. A host takes [`WORKERS_PER_HOST`] workers, and more, up to
 //! [`MOST_WORKERS_PER_HOST`], while the connections its workers may hold at
-//! once fit in its ports, so that sharing a host's
-//! ports never refuses a worker a connection a host of its own would give
-//! it. A
+//! once fit in its ports, so that sharing them never refuses a worker a
+//! connection a host of its own would give it. A
 //! host is the unit turmoil partitions and delays, so a worker a network
 //! fault names (a `partition`, `heal` or `latency` with the worker as `a` or
 //! `b`) keeps a host of its own, under its own name, and the fault acts on it
@@ -92,20 +91,30 @@ pub fn worker_hosts(scenario: &Scenario) -> Vec<WorkerHost> {
 }
 
 /// The most connections `member` may hold at once: one to its server (and
-/// one more for each hedge) and one to the cache for every call in its attempts,
-/// and a call is in its attempts for at most `max_retries + 1` request
-/// timeouts; it starts at most its tenants' peak rate of calls.
+/// one more for each hedge) and one to the cache for every call in its
+/// attempts. A call is in its attempts for at most `max_retries + 1`
+/// request timeouts, and the worker starts at most its tenants' peak rate
+/// of calls, and at once every call of a burst and every request of a
+/// replayed trace (which may all arrive together).
 fn ports_needed(scenario: &Scenario, member: &FleetMember) -> f64 {
     let h = &scenario.hardening;
-    let calls_per_s: f64 = member
+    let attempts_s = (f64::from(h.max_retries) + 1.0) * h.request_timeout_s;
+    let at_once: f64 = member
         .tenants
         .iter()
-        .map(|t| t.most_calls_per_min(scenario.duration_s) / 60.0)
+        .map(|t| {
+            let replayed = t.replay.as_ref().map_or(0, |r| r.requests.len());
+            t.peak_calls_per_min() / 60.0 * attempts_s + replayed as f64
+        })
         .sum();
-    let attempts_s = (f64::from(h.max_retries) + 1.0) * h.request_timeout_s;
+    let bursts: f64 = scenario
+        .bursts()
+        .iter()
+        .filter(|b| member.tenants.iter().any(|t| t.id == b.tenant))
+        .map(|b| f64::from(b.calls))
+        .sum();
     let hedges = if h.hedge_after_ms.is_some() { h.max_hedges } else { 0 };
-    let per_call = 2.0 + f64::from(hedges);
-    calls_per_s * attempts_s * per_call
+    (at_once + bursts) * (2.0 + f64::from(hedges))
 }
 
 /// The host names network faults name.
@@ -185,6 +194,14 @@ mod tests {
         hedging.hardening.max_hedges = 1;
         // Three connections a call that hedges once: 360 ports, 155 workers.
         assert_eq!(sizes(&worker_hosts(&hedging)), [155, 155, 155, 35]);
+    }
+
+    #[test]
+    fn a_burst_counts_all_its_calls_at_once() {
+        // 0.1 calls/s (24 ports) and a burst of 100 calls (200 ports): 224
+        // ports a worker, 250 workers.
+        let burst = "[[faults]]\nkind = \"burst\"\nat_s = 2\ntenant = 1\ncalls = 100\n";
+        assert_eq!(sizes(&worker_hosts(&at_rate(300, 6, burst))), [250, 50]);
     }
 
     #[test]
