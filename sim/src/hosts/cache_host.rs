@@ -82,6 +82,12 @@ pub const HOST_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// The longest protocol line accepted, in bytes (requests and replies).
 pub const MAX_LINE: u64 = 1 << 20;
 
+/// The read buffer of each end of a connection, in bytes: a line is a few
+/// hundred, and a fleet keeps thousands of connections open, each of which
+/// would hold the 8 KiB a buffered reader takes by default (a longer line
+/// is read in more than one go).
+const READ_BUFFER: usize = 1024;
+
 /// The factory type [`cache_host`] returns, as `Sim::host` takes it.
 pub type HostFuture = Pin<Box<dyn Future<Output = turmoil::Result> + 'static>>;
 
@@ -120,7 +126,7 @@ async fn serve_connection(
     time_source: TimeSource,
 ) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
-    let mut reader = BufReader::new(read);
+    let mut reader = BufReader::with_capacity(READ_BUFFER, read);
     loop {
         let mut line = Vec::new();
         let mut limited = (&mut reader).take(MAX_LINE);
@@ -320,7 +326,7 @@ impl RemoteCache {
             .await
             .map_err(|e| format!("connecting to {}: {e}", self.host))?;
         Ok(Connection {
-            stream: BufReader::new(stream),
+            stream: BufReader::with_capacity(READ_BUFFER, stream),
             permit,
             since: sim_elapsed(),
         })
