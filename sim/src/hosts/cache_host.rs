@@ -15,8 +15,9 @@
 //!
 //! Newline-delimited JSON: the client writes one [`WireRequest`] line, the
 //! host answers one [`WireReply`] line; a connection carries any number of
-//! such exchanges, one at a time. A request is an object whose one key
-//! names the operation (`{"increment":{"key":"n","ttl_us":5}}`), so the host
+//! such exchanges, one at a time. A request names its operation first — an
+//! object whose one key is the operation (`{"increment":{"key":"n","ttl_us":5}}`),
+//! or the bare name of one without arguments (`"flush_all"`) — so the host
 //! decodes it in one pass. The breaker's and the
 //! limiter's own types travel as they are, through the core's `serde`
 //! feature, so a change to them needs no edit here. Key/value and hit-window

@@ -5,10 +5,10 @@
 //! hosts, and a fleet of one host per worker is quadratic in its size.
 //! Workers therefore share hosts, in fleet order, every one still with its
 //! own clock, cache, random streams, connection limit and name in the
-//! trace. A host takes [`WORKERS_PER_HOST`] workers, and more, up to
-//! [`MOST_WORKERS_PER_HOST`], while the connections its workers may hold at
-//! once fit in its ports, so that sharing them never refuses a worker a
-//! connection a host of its own would give it. A
+//! trace. A host takes [`WORKERS_PER_HOST`] workers, as it always has, and
+//! more, up to [`MOST_WORKERS_PER_HOST`], while the connections its workers
+//! are estimated to hold at once fit in seven eighths of its ports, so that
+//! sharing them is not what refuses a worker a connection. A
 //! host is the unit turmoil partitions and delays, so a worker a network
 //! fault names (a `partition`, `heal` or `latency` with the worker as `a` or
 //! `b`) keeps a host of its own, under its own name, and the fault acts on it
@@ -25,10 +25,10 @@ use crate::scenario::{Fault, FleetMember, Scenario};
 pub const WORKERS_PER_HOST: usize = 64;
 
 /// The most workers one shared host runs, however few connections they
-/// need. Measured on the fleets of `benches/fleet-scale.sh`, each worker
-/// needing 120 ports (5 000 × 50: 64 a host took 146 s, 256 took 89 s,
-/// 1 024 took 78 s; 500 × 10: 5.2–5.8 s, 5.2 s, 4.7 s): fewer hosts walk
-/// fewer links each step.
+/// need. Measured on the fleets of `benches/fleet-scale.sh` with fixed
+/// sizes (5 000 × 50: 64 a host took 146 s, 256 took 89 s, 1 024 took
+/// 78 s; 500 × 10: 5.2–5.8 s, 5.2 s, 4.7 s): fewer hosts walk fewer links
+/// each step.
 pub const MOST_WORKERS_PER_HOST: usize = 1024;
 
 /// The connections the workers on one shared host may need at once, in
@@ -65,10 +65,11 @@ pub fn worker_hosts(scenario: &Scenario) -> Vec<WorkerHost> {
             members: vec![m],
         })
         .collect();
+    let bursts = scenario.bursts();
     let mut groups: Vec<Vec<FleetMember>> = Vec::new();
     let mut needed = 0.0;
     for member in shared {
-        let need = ports_needed(scenario, &member);
+        let need = ports_needed(scenario, &member, &bursts);
         match groups.last_mut() {
             Some(group)
                 if group.len() < WORKERS_PER_HOST
@@ -90,31 +91,42 @@ pub fn worker_hosts(scenario: &Scenario) -> Vec<WorkerHost> {
     hosts
 }
 
-/// The most connections `member` may hold at once: one to its server (and
-/// one more for each hedge) and one to the cache for every call in its
-/// attempts. A call is in its attempts for at most `max_retries + 1`
-/// request timeouts, and the worker starts at most its tenants' peak rate
-/// of calls, and at once every call of a burst and every request of a
-/// replayed trace (which may all arrive together).
-fn ports_needed(scenario: &Scenario, member: &FleetMember) -> f64 {
+/// About how many connections `member` holds at once, at the most: by
+/// Little's law, the calls it starts a second (its tenants' peak rate)
+/// times how long a call can hold connections — its attempts, each up to a
+/// request timeout, and its cache operations (a limiter acquire for each
+/// wait and the first try, a breaker admission and report for each
+/// attempt), each up to the cache's timeout — plus every call of a burst
+/// and every request of a replayed trace at once (they may all arrive
+/// together). A call holds one connection to its server and one to the
+/// cache for itself and for each hedge, and its pool keeps one for every
+/// server it routes over. An estimate, not a bound: calls that arrive
+/// bunched hold more for a while.
+fn ports_needed(scenario: &Scenario, member: &FleetMember, bursts: &[crate::scenario::Burst]) -> f64 {
     let h = &scenario.hardening;
-    let attempts_s = (f64::from(h.max_retries) + 1.0) * h.request_timeout_s;
+    let attempts = f64::from(h.max_retries) + 1.0;
+    let cache_s = scenario
+        .cache
+        .timeout_ms
+        .unwrap_or(crate::world::DEFAULT_CACHE_TIMEOUT_MS) as f64
+        / 1000.0;
+    let holding_s = attempts * h.request_timeout_s + (2.0 * attempts + f64::from(h.limiter_waits) + 1.0) * cache_s;
     let at_once: f64 = member
         .tenants
         .iter()
         .map(|t| {
             let replayed = t.replay.as_ref().map_or(0, |r| r.requests.len());
-            t.peak_calls_per_min() / 60.0 * attempts_s + replayed as f64
+            t.peak_calls_per_min() / 60.0 * holding_s + replayed as f64
         })
         .sum();
-    let bursts: f64 = scenario
-        .bursts()
+    let burst: f64 = bursts
         .iter()
         .filter(|b| member.tenants.iter().any(|t| t.id == b.tenant))
         .map(|b| f64::from(b.calls))
         .sum();
     let hedges = if h.hedge_after_ms.is_some() { h.max_hedges } else { 0 };
-    (at_once + bursts) * (2.0 + f64::from(hedges))
+    let branches = 1.0 + f64::from(hedges);
+    (at_once + burst) * branches * (1.0 + member.servers.len() as f64)
 }
 
 /// The host names network faults name.
@@ -169,7 +181,7 @@ mod tests {
 
     #[test]
     fn workers_share_hosts_in_fleet_order_up_to_the_most_per_host() {
-        // 0.1 calls/s × 4 attempts × 30 s × 2 connections: 24 ports each.
+        // 0.1 calls/s × 122.5 s × 2 connections: 24.5 ports each.
         let workers = u32::try_from(MOST_WORKERS_PER_HOST).unwrap() * 2 + 1;
         let hosts = worker_hosts(&scenario(workers, ""));
         assert_eq!(
@@ -186,27 +198,41 @@ mod tests {
 
     #[test]
     fn a_host_takes_only_the_workers_whose_connections_fit_its_ports() {
-        // 1 call/s × 4 attempts × 30 s × 2: 240 ports a worker, and 56 000
-        // of a host's 64 000 to share: 233 workers.
-        assert_eq!(sizes(&worker_hosts(&at_rate(500, 60, ""))), [233, 233, 34]);
+        // 1 call/s, each holding connections for 4 attempts of 30 s and 10
+        // cache operations of 0.25 s, one to the server and one to the
+        // cache: 245 ports a worker, and 56 000 of a host's 64 000 to
+        // share: 228 workers.
+        assert_eq!(sizes(&worker_hosts(&at_rate(500, 60, ""))), [228, 228, 44]);
         let mut hedging = at_rate(500, 60, "");
         hedging.hardening.hedge_after_ms = Some(crate::scenario::HedgeAfterMs::Ms(500));
         hedging.hardening.max_hedges = 1;
-        // Three connections a call that hedges once: 360 ports, 155 workers.
-        assert_eq!(sizes(&worker_hosts(&hedging)), [155, 155, 155, 35]);
+        // Twice the connections for a call that hedges once: 114 workers.
+        assert_eq!(sizes(&worker_hosts(&hedging)), [114, 114, 114, 114, 44]);
+    }
+
+    #[test]
+    fn a_worker_that_routes_keeps_connections_to_each_server() {
+        let text = "name = \"layout\"\nduration_s = 10\n[hardening]\nrouting = \"weighted\"\n\
+                    [cache]\nkind = \"shared\"\n[[servers]]\nname = \"a\"\n[[servers]]\nname = \"b\"\n\
+                    [[workers]]\nname = \"w\"\ncount = 500\nservers = [\"a\", \"b\"]\n\
+                    tenants = [{ id = 1, calls_per_min = 60 }]\n";
+        let routed = Scenario::parse("layout.toml", text).unwrap();
+        // 122.5 calls at once, each with a pooled connection to either
+        // server and one to the cache: 367.5 ports a worker, 152 workers.
+        assert_eq!(sizes(&worker_hosts(&routed)), [152, 152, 152, 44]);
     }
 
     #[test]
     fn a_burst_counts_all_its_calls_at_once() {
-        // 0.1 calls/s (24 ports) and a burst of 100 calls (200 ports): 224
-        // ports a worker, 250 workers.
+        // 0.1 calls/s (12.25 calls at once) and a burst of 100 calls, two
+        // connections each: 224.5 ports a worker, 249 workers.
         let burst = "[[faults]]\nkind = \"burst\"\nat_s = 2\ntenant = 1\ncalls = 100\n";
-        assert_eq!(sizes(&worker_hosts(&at_rate(300, 6, burst))), [250, 50]);
+        assert_eq!(sizes(&worker_hosts(&at_rate(300, 6, burst))), [249, 51]);
     }
 
     #[test]
     fn a_host_always_takes_the_workers_it_took_before_sharing_by_ports() {
-        // 10 calls/s: 2 400 ports each, 23 workers' worth; a host still
+        // 10 calls/s: 2 450 ports each, 22 workers' worth; a host still
         // takes its 64.
         let workers = u32::try_from(WORKERS_PER_HOST).unwrap() * 2 + 1;
         assert_eq!(

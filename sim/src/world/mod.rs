@@ -213,7 +213,7 @@ const WALL_PER_HOST_STEP: Duration = Duration::from_nanos(1_000);
 
 /// Wall time one call takes on average through the whole stack — limiter,
 /// breaker and cache operations over the network, the request, the server,
-/// the trace — as measured on fleets of 500 to 5 000 workers (90 to 155 µs;
+/// the trace — as measured on fleets of 500 to 5 000 workers (80 to 140 µs;
 /// BENCHMARKS.md).
 const WALL_PER_CALL: Duration = Duration::from_micros(120);
 

@@ -8,7 +8,11 @@
 //! content satisfying it is made from the schema once and reused while
 //! requests keep naming the same one. A body that is JSON but not of the
 //! expected shape is read field by field from its value, as a lenient
-//! server would; only a body that is not JSON at all is refused.
+//! server would; only a body that is not JSON at all is refused. The fields
+//! a server does not use are skipped, not checked: a lone surrogate or an
+//! out-of-range number there is not noticed (the simulator's own workers
+//! send every request, so none has one), and a `response_format` that does
+//! not parse asks for no schema.
 
 use std::sync::Mutex;
 
