@@ -137,7 +137,7 @@ pub fn episodes(scenario: &Scenario, events: &[TraceEvent]) -> Vec<Episode> {
         changes.extend(
             events
                 .iter()
-                .filter(|e| e.host == s && matches!(e.kind, Kind::Loaded))
+                .filter(|e| *e.host == *s && matches!(e.kind, Kind::Loaded))
                 .map(|e| (e.t_us, 1, Change::Loaded)),
         );
         changes.sort_by_key(|(t, order, _)| (*t, *order));
@@ -216,7 +216,7 @@ pub fn with_ready_marks(scenario: &Scenario, events: &[TraceEvent]) -> Vec<Trace
         .filter_map(|ep| {
             Some(TraceEvent {
                 t_us: ep.ready_us?,
-                host: ep.server,
+                host: ep.server.into(),
                 call: None,
                 kind: Kind::Ready { basis: ep.basis? },
             })

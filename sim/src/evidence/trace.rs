@@ -28,8 +28,9 @@ pub const DRIVER: &str = "driver";
 pub struct TraceEvent {
     /// True simulated time, microseconds since the start.
     pub t_us: u64,
-    /// The host that recorded it ([`DRIVER`] for the fault schedule).
-    pub host: String,
+    /// The host that recorded it ([`DRIVER`] for the fault schedule),
+    /// shared by all its events.
+    pub host: Arc<str>,
     /// The worker-local number of the call whose task recorded it (see
     /// [`within_call`]); `None` outside any call.
     #[serde(rename = "in_call", skip_serializing_if = "Option::is_none")]
@@ -517,10 +518,18 @@ impl Kind {
     }
 }
 
+/// The events so far, and each host name they were recorded under, kept
+/// once and shared by that host's events (a fleet records millions).
+#[derive(Debug, Default)]
+struct Log {
+    events: Vec<TraceEvent>,
+    hosts: std::collections::BTreeSet<Arc<str>>,
+}
+
 /// The shared, append-only trace.
 #[derive(Clone, Debug, Default)]
 pub struct Trace {
-    events: Arc<Mutex<Vec<TraceEvent>>>,
+    events: Arc<Mutex<Log>>,
     /// Where the workers' events also go as metrics, when asked for.
     metrics: Option<MetricLog>,
 }
@@ -554,30 +563,35 @@ impl Trace {
     pub fn record_at(&self, t: std::time::Duration, host: &str, kind: Kind) {
         let t_us = u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
         let call = current_call();
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(TraceEvent {
-            t_us,
-            host: host.to_owned(),
-            call,
-            kind,
-        });
+        let mut log = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let host = match log.hosts.get(host) {
+            Some(shared) => shared.clone(),
+            None => {
+                let shared: Arc<str> = host.into();
+                log.hosts.insert(shared.clone());
+                shared
+            }
+        };
+        log.events.push(TraceEvent { t_us, host, call, kind });
     }
 
     /// Every event so far.
     pub fn events(&self) -> Vec<TraceEvent> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).events.clone()
     }
 
     /// How many events so far are of a kind `is` accepts, without copying
     /// the trace.
     pub fn count(&self, is: impl Fn(&Kind) -> bool) -> usize {
-        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let log = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let events = &log.events;
         events.iter().filter(|e| is(&e.kind)).count()
     }
 
     /// Every event so far, leaving the trace empty: a run's end hands its
     /// events on without a copy.
     pub fn take(&self) -> Vec<TraceEvent> {
-        std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut self.events.lock().unwrap_or_else(|p| p.into_inner()).events)
     }
 
     /// The trace as JSON lines.

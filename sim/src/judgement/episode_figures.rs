@@ -106,9 +106,9 @@ fn calls(events: &[TraceEvent]) -> Vec<Call> {
     for e in events {
         match &e.kind {
             Kind::Arrival { call, .. } => {
-                index.insert((e.host.as_str(), *call), out.len());
+                index.insert((e.host.as_ref(), *call), out.len());
                 out.push(Call {
-                    host: e.host.clone(),
+                    host: e.host.to_string(),
                     arrived_us: e.t_us,
                     end: None,
                 });
@@ -118,10 +118,10 @@ fn calls(events: &[TraceEvent]) -> Vec<Call> {
                 outcome,
                 latency_ms,
                 ..
-            } => match index.get(&(e.host.as_str(), *call)) {
+            } => match index.get(&(e.host.as_ref(), *call)) {
                 Some(&i) => out[i].end = Some((*outcome, *latency_ms)),
                 None => out.push(Call {
-                    host: e.host.clone(),
+                    host: e.host.to_string(),
                     arrived_us: e.t_us.saturating_sub(latency_ms.saturating_mul(1000)),
                     end: Some((*outcome, *latency_ms)),
                 }),
@@ -188,7 +188,7 @@ fn figures_of(
     let mut opened = None;
     for e in events {
         match &e.kind {
-            Kind::Served { .. } if e.host == ep.server && during(e.t_us) => requests_reached += 1,
+            Kind::Served { .. } if *e.host == *ep.server && during(e.t_us) => requests_reached += 1,
             Kind::Request { server } if *server == ep.server && during(e.t_us) => requests_sent += 1,
             Kind::Breaker {
                 breaker,
@@ -196,7 +196,7 @@ fn figures_of(
                 ..
             } if opened.is_none()
                 && *breaker == breaker_prefix(&ep.server)
-                && workers.contains(e.host.as_str())
+                && workers.contains(e.host.as_ref())
                 && during(e.t_us) =>
             {
                 opened = Some(e.t_us - start);
@@ -225,7 +225,7 @@ fn figures_of(
     }
     let own: Vec<TraceEvent> = events
         .iter()
-        .filter(|e| workers.contains(e.host.as_str()))
+        .filter(|e| workers.contains(e.host.as_ref()))
         .cloned()
         .collect();
     let goodput = match ep.ready_us {

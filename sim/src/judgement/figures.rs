@@ -288,7 +288,7 @@ pub fn goodput_recovery(heal_us: Option<u64>, events: &[TraceEvent], end_us: u64
     for e in events {
         match &e.kind {
             Kind::Arrival { call, .. } => {
-                arrived.insert((e.host.as_str(), *call), e.t_us);
+                arrived.insert((e.host.as_ref(), *call), e.t_us);
                 if let Some(b) = bin(e.t_us) {
                     offered[b] += 1;
                 }
@@ -300,7 +300,7 @@ pub fn goodput_recovery(heal_us: Option<u64>, events: &[TraceEvent], end_us: u64
                 ..
             } => {
                 let at = arrived
-                    .get(&(e.host.as_str(), *call))
+                    .get(&(e.host.as_ref(), *call))
                     .copied()
                     .unwrap_or_else(|| e.t_us.saturating_sub(latency_ms.saturating_mul(1000)));
                 if let Some(b) = bin(at) {

@@ -193,10 +193,10 @@ fn draw(scenario: &Scenario, events: &[TraceEvent], svg: &mut String) -> Result<
     for (n, s) in scenario.servers.iter().enumerate() {
         let color = Palette99::pick(n).to_rgba();
         let received = per_second(events, seconds, |e| {
-            e.host == s.name && matches!(e.kind, Kind::Served { .. })
+            *e.host == *s.name && matches!(e.kind, Kind::Served { .. })
         });
         let impaired = per_second(events, seconds, |e| {
-            e.host == s.name && matches!(e.kind, Kind::Served { impaired: true, .. })
+            *e.host == *s.name && matches!(e.kind, Kind::Served { impaired: true, .. })
         });
         servers.push(Line::solid(received, color, s.name.as_str()));
         servers.push(Line {

@@ -144,7 +144,7 @@ impl Report {
                 Kind::Request { .. } => report.requests += 1,
                 Kind::Limited { .. } | Kind::TokensRefused { .. } => report.rate_limited += 1,
                 Kind::Served { outcome, .. } => {
-                    let load = report.servers.entry(e.host.clone()).or_default();
+                    let load = report.servers.entry(e.host.to_string()).or_default();
                     load.received += 1;
                     *load.by_outcome.entry(outcome.name().to_owned()).or_default() += 1;
                     if outcome.impaired() {

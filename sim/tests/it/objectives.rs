@@ -250,7 +250,7 @@ goodput_recovery_s = 60
     let loaded: Vec<u64> = run
         .events
         .iter()
-        .filter(|e| e.host == "gpu" && matches!(e.kind, Kind::Loaded) && e.t_us >= 61_000_000)
+        .filter(|e| &*e.host == "gpu" && matches!(e.kind, Kind::Loaded) && e.t_us >= 61_000_000)
         .map(|e| e.t_us)
         .collect();
     let [loaded] = loaded[..] else {

@@ -283,7 +283,7 @@ fn a_quota_s_capacity_charges_what_its_bucket_charges() {
     let served = run
         .events
         .iter()
-        .filter(|e| e.t_us >= 60_000_000 && e.host == "api")
+        .filter(|e| e.t_us >= 60_000_000 && &*e.host == "api")
         .filter(|e| {
             matches!(
                 e.kind,

@@ -152,7 +152,7 @@ fn a_clock_step_naming_one_worker_of_a_shared_host_moves_that_worker_s_clock_alo
     let offsets = |host: &str, after: bool| -> Vec<i64> {
         run.events
             .iter()
-            .filter(|e| e.host == host && (e.t_us >= 10_000_000) == after)
+            .filter(|e| &*e.host == host && (e.t_us >= 10_000_000) == after)
             .filter_map(|e| match e.kind {
                 Kind::Admitted { at_us, .. } => Some(at_us as i64 - e.t_us as i64),
                 _ => None,
@@ -195,7 +195,7 @@ fn a_partition_naming_one_worker_cuts_that_worker_alone_from_the_cache() {
         .events
         .iter()
         .filter(|e| matches!(e.kind, Kind::CacheUnavailable { .. }))
-        .map(|e| (e.host.as_str(), (5_000_000..16_000_000).contains(&e.t_us)))
+        .map(|e| (e.host.as_ref(), (5_000_000..16_000_000).contains(&e.t_us)))
         .collect();
     assert_eq!(
         unavailable,
@@ -205,7 +205,7 @@ fn a_partition_naming_one_worker_cuts_that_worker_alone_from_the_cache() {
     let admitted = |host: &str| {
         run.events
             .iter()
-            .filter(|e| e.host == host && (6_000_000..15_000_000).contains(&e.t_us))
+            .filter(|e| &*e.host == host && (6_000_000..15_000_000).contains(&e.t_us))
             .filter(|e| matches!(e.kind, Kind::Admitted { .. }))
             .count()
     };

@@ -25,18 +25,18 @@ pub(super) fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         match &e.kind {
             Kind::Arrival { call, .. } => {
                 arrivals += 1;
-                open.insert((e.host.as_str(), *call), e.t_us);
+                open.insert((e.host.as_ref(), *call), e.t_us);
             }
             Kind::CallEnd { call, .. } => {
                 ended += 1;
-                if open.remove(&(e.host.as_str(), *call)).is_none() && verdict == Verdict::Held {
+                if open.remove(&(e.host.as_ref(), *call)).is_none() && verdict == Verdict::Held {
                     verdict = violated(e, format!("call {call} ended without arriving, or ended twice"));
                 }
             }
             Kind::Request { .. } => {
                 requests += 1;
                 if let Some(call) = e.call {
-                    let n = sent.entry((e.host.as_str(), call)).or_default();
+                    let n = sent.entry((e.host.as_ref(), call)).or_default();
                     *n += 1;
                     if *n > per_call && verdict == Verdict::Held {
                         verdict = violated(e, format!("call {call} sent {n} requests (at most {per_call})"));

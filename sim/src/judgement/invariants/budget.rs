@@ -68,7 +68,7 @@ pub(super) fn retry_budget(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                     && *ok
                     && let Some(call) = e.call
                 {
-                    per_call.entry((e.host.as_str(), call)).or_default().0 += 1;
+                    per_call.entry((e.host.as_ref(), call)).or_default().0 += 1;
                 }
                 let scope = match decided_by {
                     Decider::Cache => ctx.scopes.breaker(e, budget),
@@ -95,7 +95,7 @@ pub(super) fn retry_budget(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             Kind::Retry { .. } => {
                 retries += 1;
                 let Some(call) = e.call else { continue };
-                let (grants, sent) = per_call.entry((e.host.as_str(), call)).or_default();
+                let (grants, sent) = per_call.entry((e.host.as_ref(), call)).or_default();
                 *sent += 1;
                 if *sent > *grants && verdict == Verdict::Held {
                     verdict = violated(

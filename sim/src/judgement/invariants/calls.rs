@@ -29,7 +29,7 @@ pub(super) fn once_per_call(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let (mut most_slots, mut most_admissions, mut verdict) = (0, 0, Verdict::Held);
     for e in events {
         let Some(call) = e.call else { continue };
-        let key = (e.host.as_str(), call);
+        let key = (e.host.as_ref(), call);
         let slots = per_call.entry(key).or_default();
         let (slots, admissions) = match &e.kind {
             Kind::Admitted { .. } => {

@@ -64,7 +64,7 @@ pub(super) fn concurrency_limit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             }
             Kind::CacheUnavailable { operation, .. } if *operation == CONCURRENCY_STEP => {
                 if let Some(call) = e.call {
-                    unreachable.insert((e.host.as_str(), call), e.t_us);
+                    unreachable.insert((e.host.as_ref(), call), e.t_us);
                 }
             }
             _ => {}
@@ -135,7 +135,7 @@ pub(super) fn concurrency_limit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 // of its requests: ended as soon as admitted.
                 let lost = e
                     .call
-                    .and_then(|call| unreachable.get(&(e.host.as_str(), call)))
+                    .and_then(|call| unreachable.get(&(e.host.as_ref(), call)))
                     .is_some_and(|t| *t >= e.t_us);
                 let ended_us = if lost {
                     Some(e.t_us)

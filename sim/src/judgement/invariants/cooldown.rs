@@ -136,7 +136,7 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 spent += 1;
                 let own = [breaker.clone()];
                 let members = groups
-                    .get(&(e.host.clone(), breaker.clone()))
+                    .get(&(e.host.to_string(), breaker.clone()))
                     .map_or(&own[..], Vec::as_slice);
                 let trips = u64::try_from(members.len()).unwrap_or(u64::MAX);
                 for member in members {

@@ -75,7 +75,7 @@ pub(super) fn hedging(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 outcome: CallOutcome::Ok,
                 ..
             } => {
-                if let Some(seen) = calls.get_mut(&(e.host.as_str(), *call))
+                if let Some(seen) = calls.get_mut(&(e.host.as_ref(), *call))
                     && seen.sent > 0
                 {
                     seen.answered_us = Some(e.t_us);
@@ -91,7 +91,7 @@ pub(super) fn hedging(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 match (outcome, seen.answered_us) {
                     (Answer::Abandoned, _) if seen.sent > 0 => cancelled += 1,
                     (Answer::Ok, Some(end))
-                        if e.t_us > end.saturating_add(slack_us) && !cut.contains(&(host, e.host.as_str())) =>
+                        if e.t_us > end.saturating_add(slack_us) && !cut.contains(&(host, e.host.as_ref())) =>
                     {
                         fail(
                             &mut verdict,
@@ -111,7 +111,7 @@ pub(super) fn hedging(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             _ => {}
         }
         let Some(call) = e.call else { continue };
-        let seen = calls.entry((e.host.as_str(), call)).or_default();
+        let seen = calls.entry((e.host.as_ref(), call)).or_default();
         match &e.kind {
             Kind::Request { .. } => {
                 seen.last_request_us = Some(e.t_us);

@@ -274,7 +274,7 @@ pub(super) fn rpm_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         let fell_back: BTreeSet<&str> = limited
             .iter()
             .filter(|e| decided_by(e) == Decider::Local)
-            .map(|e| e.host.as_str())
+            .map(|e| e.host.as_ref())
             .collect();
         let fell_back = fell_back.len() as u64;
         let limit = usize::try_from(bound.limit(fell_back)).unwrap_or(usize::MAX);
@@ -407,7 +407,7 @@ pub(super) fn retry_after_monotone(ctx: &Ctx, events: &[TraceEvent]) -> Finding 
             continue;
         };
         refusals += 1;
-        let key = (e.host.as_str(), *tenant, *decided_by);
+        let key = (e.host.as_ref(), *tenant, *decided_by);
         if let Some(&(t_prev, prev)) = last.get(&key) {
             // Admissions are in trace order, so in time order: the first
             // one late enough tells whether any fell in between.

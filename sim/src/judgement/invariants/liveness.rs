@@ -175,7 +175,7 @@ fn bound_us(ctx: &Ctx, events: &[TraceEvent], heal: &Heal) -> Result<Bound, Stri
         .iter()
         .filter(|e| matches!(e.kind, Kind::Arrival { .. }) && e.t_us >= heal)
     {
-        let prev = last_arrival.insert(e.host.as_str(), e.t_us).unwrap_or(heal);
+        let prev = last_arrival.insert(e.host.as_ref(), e.t_us).unwrap_or(heal);
         lull = lull.max(e.t_us - prev);
     }
     let (open_s, open_name) = h.longest_open_s();

@@ -382,7 +382,7 @@ fn not_applicable(why: impl Into<String>) -> Finding {
 fn violated(e: &TraceEvent, detail: String) -> Verdict {
     Verdict::Violated {
         t_us: e.t_us,
-        host: e.host.clone(),
+        host: e.host.to_string(),
         detail,
     }
 }

@@ -103,7 +103,7 @@ pub(super) fn slow_start(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             _ => {}
         }
         let Some(call) = e.call else { continue };
-        let seen = calls.entry((e.host.as_str(), call)).or_default();
+        let seen = calls.entry((e.host.as_ref(), call)).or_default();
         if seen.sent {
             continue;
         }
@@ -133,7 +133,7 @@ pub(super) fn slow_start(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                     .get(&scope)
                     .and_then(|c| c.range(..=*at_us).next_back())
                     .is_some_and(|closed| at_us - closed < window_us);
-                let elsewhere = choices.get(&e.host).is_some_and(|n| *n > 1);
+                let elsewhere = choices.get(e.host.as_ref()).is_some_and(|n| *n > 1);
                 let required = ramping && elsewhere && ctx.single_clock && !seen.unreachable;
                 seen.undrawn = Some((breaker.clone(), *at_us, e.clone(), required));
             }

@@ -48,7 +48,7 @@ pub(super) fn skips_visible(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut verdict = Verdict::Held;
     for e in events {
         let Some(call) = e.call else { continue };
-        let shown = calls.entry((e.host.as_str(), call)).or_default();
+        let shown = calls.entry((e.host.as_ref(), call)).or_default();
         match &e.kind {
             // A slow start's draw that passes a call on names the ramping
             // server too (and one that keeps it names it harmlessly).
@@ -63,7 +63,9 @@ pub(super) fn skips_visible(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             Kind::CacheUnavailable { .. } => shown.unreachable = true,
             Kind::Request { server } if !shown.sent => {
                 shown.sent = true;
-                let Some(list) = servers.get(&e.host) else { continue };
+                let Some(list) = servers.get(e.host.as_ref()) else {
+                    continue;
+                };
                 let Some(at) = list.iter().position(|s| s == server) else {
                     continue;
                 };
@@ -121,7 +123,7 @@ pub(super) fn retry_after_returned(_ctx: &Ctx, events: &[TraceEvent]) -> Finding
                 None => continue,
             },
         };
-        let key = (e.host.as_str(), call);
+        let key = (e.host.as_ref(), call);
         match &e.kind {
             Kind::Rejected {
                 breaker,

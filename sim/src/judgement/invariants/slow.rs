@@ -54,7 +54,7 @@ pub(super) fn slow_calls_counted(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             ..
         } = &e.kind
         {
-            let Some(seen) = calls.remove(&(e.host.as_str(), *call)) else {
+            let Some(seen) = calls.remove(&(e.host.as_ref(), *call)) else {
                 continue;
             };
             let Some(server) = &seen.server else { continue };
@@ -101,7 +101,7 @@ pub(super) fn slow_calls_counted(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             continue;
         }
         let Some(call) = e.call else { continue };
-        let seen = calls.entry((e.host.as_str(), call)).or_default();
+        let seen = calls.entry((e.host.as_ref(), call)).or_default();
         match &e.kind {
             Kind::Request { server } => {
                 *seen = SinceLast {

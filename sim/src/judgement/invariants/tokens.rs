@@ -53,11 +53,11 @@ pub(super) fn tokens_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             } => {
                 let scope = match decided_by {
                     Decider::Cache => ctx.scopes.limiter(e).to_owned(),
-                    _ => e.host.clone(),
+                    _ => e.host.to_string(),
                 };
                 let ledger = ledgers.entry((*tenant, scope.clone(), *decided_by)).or_default();
                 if let Some(call) = e.call {
-                    open.insert((e.host.as_str(), call), (*tenant, scope, *decided_by, ledger.len()));
+                    open.insert((e.host.as_ref(), call), (*tenant, scope, *decided_by, ledger.len()));
                 }
                 ledger.push(Charge {
                     event: i,
@@ -69,7 +69,7 @@ pub(super) fn tokens_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             Kind::Settled { actual, .. } => {
                 settled += 1;
                 let Some(call) = e.call else { continue };
-                if let Some((tenant, scope, decider, index)) = open.remove(&(e.host.as_str(), call))
+                if let Some((tenant, scope, decider, index)) = open.remove(&(e.host.as_ref(), call))
                     && let Some(charge) = ledgers
                         .get_mut(&(tenant, scope, decider))
                         .and_then(|l| l.get_mut(index))
@@ -82,7 +82,7 @@ pub(super) fn tokens_per_window(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             // store: charge it nothing, the least the store can hold.
             Kind::CacheUnavailable { operation, .. } if *operation == "settle_tokens" => {
                 let Some(call) = e.call else { continue };
-                if let Some((tenant, scope, decider, index)) = open.remove(&(e.host.as_str(), call))
+                if let Some((tenant, scope, decider, index)) = open.remove(&(e.host.as_ref(), call))
                     && let Some(charge) = ledgers
                         .get_mut(&(tenant, scope, decider))
                         .and_then(|l| l.get_mut(index))
