@@ -91,7 +91,7 @@ pub fn worker_hosts(scenario: &Scenario) -> Vec<WorkerHost> {
     hosts
 }
 
-/// About how many connections `member` holds at once, at the most: by
+/// About how many connections `member` holds at once at its busiest: by
 /// Little's law, the calls it starts a second (its tenants' peak rate)
 /// times how long a call can hold connections — its attempts, each up to a
 /// request timeout, and its cache operations (a limiter acquire for each
