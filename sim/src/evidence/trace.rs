@@ -584,8 +584,7 @@ impl Trace {
     /// the trace.
     pub fn count(&self, is: impl Fn(&Kind) -> bool) -> usize {
         let log = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        let events = &log.events;
-        events.iter().filter(|e| is(&e.kind)).count()
+        log.events.iter().filter(|e| is(&e.kind)).count()
     }
 
     /// Every event so far, leaving the trace empty: a run's end hands its

@@ -22,6 +22,7 @@
 //! A call is placed by its arrival, as in goodput recovery.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use redstring::CircuitState;
 use serde::Serialize;
@@ -95,7 +96,7 @@ pub struct EpisodeFigures {
 
 /// One call of the run: where and when it arrived, and how it ended.
 struct Call {
-    host: String,
+    host: Arc<str>,
     arrived_us: u64,
     end: Option<(CallOutcome, u64)>,
 }
@@ -108,7 +109,7 @@ fn calls(events: &[TraceEvent]) -> Vec<Call> {
             Kind::Arrival { call, .. } => {
                 index.insert((e.host.as_ref(), *call), out.len());
                 out.push(Call {
-                    host: e.host.to_string(),
+                    host: e.host.clone(),
                     arrived_us: e.t_us,
                     end: None,
                 });
@@ -121,7 +122,7 @@ fn calls(events: &[TraceEvent]) -> Vec<Call> {
             } => match index.get(&(e.host.as_ref(), *call)) {
                 Some(&i) => out[i].end = Some((*outcome, *latency_ms)),
                 None => out.push(Call {
-                    host: e.host.to_string(),
+                    host: e.host.clone(),
                     arrived_us: e.t_us.saturating_sub(latency_ms.saturating_mul(1000)),
                     end: Some((*outcome, *latency_ms)),
                 }),
@@ -204,7 +205,7 @@ fn figures_of(
             _ => {}
         }
     }
-    let mine: Vec<&Call> = all_calls.iter().filter(|c| workers.contains(c.host.as_str())).collect();
+    let mine: Vec<&Call> = all_calls.iter().filter(|c| workers.contains(&*c.host)).collect();
     let arrived_during = mine.iter().filter(|c| during(c.arrived_us)).count() as u64;
     let (mut failed, mut deferred) = (0u64, 0u64);
     let (mut before, mut within, mut after) = (Vec::new(), Vec::new(), Vec::new());

@@ -14,7 +14,7 @@
 //! send every request, so none has one), and a `response_format` that does
 //! not parse asks for no schema.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -95,23 +95,23 @@ impl ChatRequest {
 #[derive(Debug, Default)]
 pub(super) struct Contents {
     /// The `response_format` text it was built for, and the content.
-    last: Mutex<Option<(Box<str>, std::sync::Arc<str>)>>,
+    last: Mutex<Option<(Box<str>, Arc<str>)>>,
 }
 
 impl Contents {
     /// The content (JSON text) satisfying the schema `request` names:
     /// `{}` without one.
-    fn for_request(&self, request: &ChatRequest) -> std::sync::Arc<str> {
+    fn for_request(&self, request: &ChatRequest) -> Arc<str> {
         let Some(format) = &request.format else {
             return "{}".into();
         };
-        let mut last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((text, content)) = last.as_ref()
             && **text == *format.get()
         {
             return content.clone();
         }
-        let content: std::sync::Arc<str> = serde_json::from_str::<Value>(format.get())
+        let content: Arc<str> = serde_json::from_str::<Value>(format.get())
             .ok()
             .as_ref()
             .and_then(|f| f.pointer("/json_schema/schema"))
