@@ -876,6 +876,52 @@ fn a_stopped_llama_cpp_process_works_through_what_it_held_once_continued() {
     );
 }
 
+/// What llama.cpp was generating when its process was stopped (SIGSTOP)
+/// waits with it: the answer comes the stop's length later, not during
+/// the stop.
+#[test]
+fn a_request_running_when_llama_cpp_is_stopped_is_answered_the_stop_later() {
+    use redstring_sim::scenario::{Behaviour, Mode};
+    let one_slot = ServerSpec {
+        slots: 1,
+        ..spec(ServerKind::LlamaCpp)
+    };
+    let alone = run(
+        one_slot.clone(),
+        1,
+        |_| Duration::ZERO,
+        256,
+        Duration::from_secs(30),
+        30,
+    );
+    let service = alone.0[0].at();
+    let (stop, resume) = (Duration::from_secs(6), Duration::from_secs(9));
+    let sent = stop - service / 2;
+    let mut sim = sim(1, 60);
+    let trace = Trace::new();
+    let handle = ServerHandle::new(one_slot.behaviour);
+    sim.host("gpu", server_host(one_slot, handle.clone(), trace.clone(), 7));
+    sim.client("operator", async move {
+        tokio::time::sleep(stop).await;
+        handle.set_behaviour(Behaviour {
+            mode: Mode::Hang,
+            probability: 1.0,
+            ..Behaviour::default()
+        });
+        tokio::time::sleep(resume - stop).await;
+        handle.set_behaviour(Behaviour::default());
+        Ok(())
+    });
+    let seen = send_all(sim, vec![(sent, Duration::from_secs(30))], 256);
+    assert_eq!(seen[0].status(), Some(200), "{seen:?}");
+    let answered = seen[0].at();
+    assert!(
+        answered > resume && answered < resume + service,
+        "sent at {sent:?}, half done at the stop, answered at {answered:?} (one request takes {service:?}, the stop is {stop:?} to {resume:?})"
+    );
+    assert_eq!(served(&trace), ["ok"]);
+}
+
 #[test]
 fn llama_cpp_still_serves_a_queued_request_whose_client_left_but_stops_a_running_one() {
     let one_slot = ServerSpec {

@@ -351,6 +351,19 @@ impl Engine {
         self.waiting.front().map(|s| s.arrived.max(self.now))
     }
 
+    /// The process was stopped (SIGSTOP) at `from` and continued at `to`:
+    /// the step under way at `from` ends that much later, and no step starts
+    /// before `to`. Run the engine until `from` first; the events it gave
+    /// for instants after `from` are the caller's to delay alike.
+    pub fn stopped(&mut self, from: Duration, to: Duration) {
+        let frozen = to.saturating_sub(from);
+        self.now = if self.now > from {
+            self.now.saturating_add(frozen)
+        } else {
+            self.now.max(to)
+        };
+    }
+
     /// Runs every step that starts at or before `t`, appending what happened
     /// to `events`; `factor` gives each step's variance multiplier (1.0 for
     /// none).
@@ -766,6 +779,44 @@ mod tests {
         assert!((decode_ms(1.0) - 34.01).abs() < 1e-9);
         assert_eq!(decode_ms(7.0), decode_ms(1.0), "u is clamped to 1");
         assert!(decode_ms(0.5) > decode_ms(0.1));
+    }
+
+    #[test]
+    fn a_stopped_engine_finishes_its_step_and_the_rest_the_stop_later() {
+        let run = |stop: Option<(u64, u64)>| {
+            let mut e = Engine::new(params());
+            e.submit(0, 100, 20, Duration::ZERO);
+            e.submit(1, 100, 20, Duration::from_millis(50));
+            let mut events = Vec::new();
+            if let Some((from, to)) = stop {
+                let (from, to) = (Duration::from_millis(from), Duration::from_millis(to));
+                e.run_until(from, || 1.0, &mut events);
+                e.stopped(from, to);
+                // What the step under way at the stop said is delayed too.
+                for event in &mut events {
+                    if let EngineEvent::Finished { at, .. } | EngineEvent::FirstToken { at, .. } = event
+                        && *at > from
+                    {
+                        *at += to - from;
+                    }
+                }
+            }
+            e.run_until(Duration::MAX, || 1.0, &mut events);
+            finished(&events)
+        };
+        let free = run(None);
+        let stopped = run(Some((100, 3100)));
+        assert_eq!(stopped.len(), 2);
+        for ((id, free), (same, late)) in free.iter().zip(&stopped) {
+            assert_eq!(id, same);
+            let delay = ms(*late) - ms(*free);
+            assert!((delay - 3000.0).abs() < 1e-6, "request {id} finished {delay} ms later");
+        }
+        // Stopped while idle, it starts nothing before it is continued.
+        let mut e = Engine::new(params());
+        e.stopped(Duration::ZERO, Duration::from_secs(2));
+        e.submit(0, 100, 1, Duration::from_secs(1));
+        assert_eq!(e.next_step_at(), Some(Duration::from_secs(2)));
     }
 
     #[test]

@@ -106,6 +106,12 @@ struct State {
     last_done: Duration,
     quotas: Option<Quotas>,
     preemptions: u64,
+    /// When the process was stopped (SIGSTOP), while it is: it neither
+    /// steps nor answers.
+    stopped_since: Option<Duration>,
+    /// A stop that has ended, from and to, for the driver to delay the
+    /// engine by.
+    continued: Option<(Duration, Duration)>,
 }
 
 /// One start's batching server: the engine, the model's load state and the
@@ -143,6 +149,8 @@ impl Batching {
                 last_done: sim_elapsed(),
                 quotas,
                 preemptions: 0,
+                stopped_since: None,
+                continued: None,
             }),
             preset,
             wake: Notify::new(),
@@ -153,35 +161,89 @@ impl Batching {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The process is stopped (SIGSTOP) from now: what it is working on
+    /// waits with it.
+    pub(super) fn stop(&self) {
+        let mut st = self.lock();
+        if st.stopped_since.is_none() {
+            st.stopped_since = Some(sim_elapsed());
+        }
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// The stopped process is continued (SIGCONT): what it was working on
+    /// ends as much later as it was stopped.
+    pub(super) fn resume(&self) {
+        let mut st = self.lock();
+        if let Some(since) = st.stopped_since.take() {
+            let now = sim_elapsed();
+            // Two stops the driver has not seen yet count as one as long.
+            st.continued = Some(match st.continued {
+                Some((from, to)) => (from, to.saturating_add(now.saturating_sub(since))),
+                None => (since, now),
+            });
+        }
+        drop(st);
+        self.wake.notify_one();
+    }
+
+    /// Runs the engine until `t`, queuing the outcomes it computed.
+    fn run_engine(st: &mut State, t: Duration, rng: &Mutex<ExtraRng>, sigma: f64) {
+        let mut events = Vec::new();
+        let mut rng = rng.lock().unwrap_or_else(|p| p.into_inner());
+        st.engine
+            .run_until(t, || step_factor(&mut rng.steps, sigma), &mut events);
+        drop(rng);
+        for event in events {
+            match event {
+                EngineEvent::Finished {
+                    id,
+                    at,
+                    generated,
+                    cached,
+                    ..
+                } => {
+                    st.due
+                        .push_back((at, id, EngineOutcome::Finished { generated, cached }));
+                }
+                EngineEvent::Rejected { id, at } => st.due.push_back((at, id, EngineOutcome::Rejected)),
+                EngineEvent::Preempted { .. } => st.preemptions += 1,
+                EngineEvent::FirstToken { .. } => {}
+            }
+        }
+    }
+
     /// Runs the engine on simulated time for as long as the start lives.
     pub(super) async fn drive(self: Arc<Self>, rng: Arc<Mutex<ExtraRng>>) {
         let sigma = self.preset.step_sigma;
         loop {
             let now = sim_elapsed();
-            let next = {
+            let stopped = {
                 let mut st = self.lock();
-                let mut events = Vec::new();
-                let mut rng = rng.lock().unwrap_or_else(|p| p.into_inner());
-                st.engine
-                    .run_until(now, || step_factor(&mut rng.steps, sigma), &mut events);
-                drop(rng);
-                for event in events {
-                    match event {
-                        EngineEvent::Finished {
-                            id,
-                            at,
-                            generated,
-                            cached,
-                            ..
-                        } => {
-                            st.due
-                                .push_back((at, id, EngineOutcome::Finished { generated, cached }));
-                        }
-                        EngineEvent::Rejected { id, at } => st.due.push_back((at, id, EngineOutcome::Rejected)),
-                        EngineEvent::Preempted { .. } => st.preemptions += 1,
-                        EngineEvent::FirstToken { .. } => {}
+                if let Some((from, to)) = st.continued.take() {
+                    // Everything under way at the stop ends the stop later.
+                    Self::run_engine(&mut st, from, &rng, sigma);
+                    st.engine.stopped(from, to);
+                    let frozen = to.saturating_sub(from);
+                    for (at, ..) in st.due.iter_mut().filter(|(at, ..)| *at > from) {
+                        *at = at.saturating_add(frozen);
                     }
                 }
+                let stopped = st.stopped_since;
+                if let Some(since) = stopped {
+                    // Stopped: the step under way is frozen, nothing is answered.
+                    Self::run_engine(&mut st, since.min(now), &rng, sigma);
+                }
+                stopped
+            };
+            if stopped.is_some() {
+                self.wake.notified().await;
+                continue;
+            }
+            let next = {
+                let mut st = self.lock();
+                Self::run_engine(&mut st, now, &rng, sigma);
                 while let Some(&(at, id, outcome)) = st.due.front() {
                     if at > now {
                         break;

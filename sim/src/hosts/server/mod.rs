@@ -41,7 +41,8 @@
 //!    no capacity: they model a proxy or the network in front of the GPU.
 //!    (On a `llama_cpp` server a hang of every request is its process
 //!    stopped: each request is held, and served once the behaviour changes,
-//!    whether or not its client is still there — `docs/server-kinds.md`.)
+//!    whether or not its client is still there, and what it was generating
+//!    waits as long as the stop — `docs/server-kinds.md`.)
 //! 4. **Capacity.** With `slots + queue` requests already in flight the answer
 //!    is `503` `{"error":{"code":503,"message":"server busy","type":"unavailable_error"}}`
 //!    (outcome `queue_full`). Otherwise the request waits (FIFO) for one of
@@ -231,7 +232,18 @@ impl ServerHandle {
     /// Changes how the server answers from now on (requests already admitted
     /// keep the mode they drew).
     pub fn set_behaviour(&self, behaviour: Behaviour) {
-        self.lock().behaviour = behaviour;
+        let mut shared = self.lock();
+        let before = std::mem::replace(&mut shared.behaviour, behaviour);
+        // A llama.cpp process stopped whole freezes what it was working on.
+        if let Some(b) = &shared.batching {
+            let kind = b.preset.kind;
+            match (stopped_whole(kind, before), stopped_whole(kind, behaviour)) {
+                (false, true) => b.stop(),
+                (true, false) => b.resume(),
+                _ => {}
+            }
+        }
+        drop(shared);
         self.behaviour_changed.notify_waiters();
     }
 
