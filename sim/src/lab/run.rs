@@ -40,6 +40,7 @@ use redstring::provider::{
 };
 use serde_json::Value;
 
+use super::calibrate::{CalibrateError, Calibration};
 use super::links::Link;
 use super::llama::{DEFAULT_MODEL, LabError, LlamaServer, LlamaSpec, Tools};
 use super::swap::{SwapFront, SwapSettings};
@@ -210,13 +211,27 @@ async fn until_interrupted<T>(work: impl Future<Output = Result<T, LabError>>) -
     }
 }
 
+/// The mean error within which a calibration's fit predicts the latencies
+/// it was fitted to when the machine was quiet (5 to 14 % in fifteen
+/// calibrations of `lab-512x8.gguf` on this project's 2-core machine); a
+/// fit worse than this was disturbed, and the server is measured again.
+pub const GOOD_FIT: f64 = 0.2;
+
+/// The most times one server is measured while its fit is worse than
+/// [`GOOD_FIT`].
+pub const MOST_MEASUREMENTS: u32 = 3;
+
 /// What calibrating one server found.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Calibrated {
     /// The server.
     pub server: String,
-    /// The fit of its step.
-    pub fit: super::calibrate::Calibration,
+    /// The fit of its step: the best of [`Calibrated::measurements`].
+    pub fit: Calibration,
+    /// Times the server was measured: again while the fit predicted its
+    /// own latencies worse than [`GOOD_FIT`], at most
+    /// [`MOST_MEASUREMENTS`].
+    pub measurements: u32,
     /// Seconds from a restart to `/health` answering 200.
     pub reload_s: f64,
     /// Prompt and output tokens of the request every worker sends, as the
@@ -327,10 +342,12 @@ async fn calibrate_one(
         ..super::calibrate::Plan::default()
     };
     let endpoint = Arc::new(super::HttpEndpoint::new(&base, None).map_err(|e| failed(e.to_string()))?);
-    let measured = super::calibrate::measure(endpoint, &plan)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    let fit = super::calibrate::fit(&measured).map_err(|e| failed(e.to_string()))?;
+    let (fit, measurements) = best_fit(|| async {
+        let measured = super::calibrate::measure(endpoint.clone(), &plan).await?;
+        super::calibrate::fit(&measured)
+    })
+    .await
+    .map_err(|e| failed(e.to_string()))?;
     server.restart()?;
     let reload = server.ready(Duration::from_secs(300)).await?;
     // The first request found the slots cold; the later ones, what a warm
@@ -339,10 +356,32 @@ async fn calibrate_one(
     Ok(Calibrated {
         server: spec.name.clone(),
         fit,
+        measurements,
         reload_s: reload.as_secs_f64(),
         tokens: (prompt.div_ceil(n), output.div_ceil(n)),
         cached_tokens: warm.iter().sum::<u64>() / (warm.len().max(1) as u64),
     })
+}
+
+/// The best of the fits `measure` makes, measuring again while the best
+/// so far is worse than [`GOOD_FIT`], at most [`MOST_MEASUREMENTS`] times
+/// in all; with how many were made. A measurement disturbed by the machine
+/// fits its own latencies poorly, and one taken again usually does not.
+pub(crate) async fn best_fit<F, M>(mut measure: M) -> Result<(Calibration, u32), CalibrateError>
+where
+    M: FnMut() -> F,
+    F: Future<Output = Result<Calibration, CalibrateError>>,
+{
+    let mut best = measure().await?;
+    let mut measurements = 1;
+    while measurements < MOST_MEASUREMENTS && best.mean_error > GOOD_FIT {
+        let next = measure().await?;
+        measurements += 1;
+        if next.mean_error < best.mean_error {
+            best = next;
+        }
+    }
+    Ok((best, measurements))
 }
 
 /// A transport that notes, for each answer it reads, how many prompt tokens
@@ -785,6 +824,57 @@ mod tests {
             .unwrap()
             .to_bytes();
         assert_eq!(answer_of(500, &bytes), Answer::LoadFailed);
+    }
+
+    /// Fits that predicted their own latencies within `errors`, in the
+    /// order they are measured: how many measurements `best_fit` makes and
+    /// which error it keeps.
+    fn best_of(errors: &[f64]) -> (f64, u32) {
+        let made = std::cell::Cell::new(0);
+        let measure = || {
+            let error = errors[made.get()];
+            made.set(made.get() + 1);
+            async move {
+                Ok(Calibration {
+                    props: super::super::calibrate::Props::default(),
+                    step: crate::scenario::kinds::LinearStep {
+                        prefill_base_ms: 0.0,
+                        prefill_per_token_ms: 0.5,
+                        decode_base_ms: 3.0,
+                        decode_per_sequence_ms: 0.0,
+                        decode_per_context_token_ms: 0.0,
+                    },
+                    samples: 10,
+                    failed: 0,
+                    max_concurrency: 2,
+                    mean_error: error,
+                    worst_error: error,
+                    output_tokens: None,
+                    prompt_tokens: 10.0,
+                })
+            }
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (fit, n) = runtime.block_on(best_fit(measure)).unwrap();
+        assert_eq!(n as usize, made.get());
+        (fit.mean_error, n)
+    }
+
+    #[test]
+    fn a_poor_fit_is_measured_again_and_the_best_kept() {
+        assert_eq!(best_of(&[0.07]), (0.07, 1), "a good fit is kept at once");
+        assert_eq!(best_of(&[0.41, 0.09]), (0.09, 2));
+        assert_eq!(best_of(&[0.41, 0.3, 0.35, 0.01]), (0.3, MOST_MEASUREMENTS));
+        assert_eq!(best_of(&[GOOD_FIT, 0.01]), (GOOD_FIT, 1), "the bound is good enough");
+    }
+
+    #[test]
+    fn a_measurement_that_fails_fails_the_calibration() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let error = runtime
+            .block_on(best_fit(|| async { Err(CalibrateError::Degenerate("flat".into())) }))
+            .unwrap_err();
+        assert_eq!(error, CalibrateError::Degenerate("flat".into()));
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub fn lab(args: LabArgs) -> Outcome {
         for c in &found {
             let s = c.fit.step;
             println!(
-                "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B + {:.5}·C ms decode (fit within {:.1} % on average); load {:.2} s; the workers' request {} prompt ({} cached) + {} output tokens",
+                "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B + {:.5}·C ms decode (fit within {:.1} % on average{}); load {:.2} s; the workers' request {} prompt ({} cached) + {} output tokens",
                 c.server,
                 s.prefill_base_ms,
                 s.prefill_per_token_ms,
@@ -75,6 +75,11 @@ pub fn lab(args: LabArgs) -> Outcome {
                 s.decode_per_sequence_ms,
                 s.decode_per_context_token_ms,
                 c.fit.mean_error * 100.0,
+                if c.measurements > 1 {
+                    format!(", the best of {} measurements", c.measurements)
+                } else {
+                    String::new()
+                },
                 c.reload_s,
                 c.tokens.0,
                 c.cached_tokens,
