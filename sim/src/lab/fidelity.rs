@@ -6,6 +6,11 @@
 //! whether they agree, by the rule the laboratory holds the simulator to:
 //! the measured mean within 20 % of the simulated median (a count below 10
 //! within ±2), or inside the simulated 10th–90th percentile.
+//!
+//! Repetition `k` runs the arrivals of seed `k`, so each figure is also set
+//! beside the simulation of the same seeds: the measured mean's error
+//! against theirs says how far the model is off once the luck of the
+//! arrivals is taken out, which a spread over other seeds cannot say.
 
 use std::collections::BTreeMap;
 
@@ -49,6 +54,11 @@ pub struct Row {
     pub repetitions: usize,
     /// `(measured − median) / median`; `None` when the median is 0.
     pub error: Option<f64>,
+    /// The measured mean's relative error against the mean of the
+    /// simulations of the repetitions' own seeds (repetition `k` runs seed
+    /// `k`'s arrivals); `None` when no seed was simulated for a repetition
+    /// or their mean is 0.
+    pub same_seeds: Option<f64>,
     /// How it fared.
     pub verdict: Verdict,
 }
@@ -56,15 +66,18 @@ pub struct Row {
 /// Every figure both sides measured, whole-run first, then each episode's:
 /// one row each.
 pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
+    // Each figure's values, with the seed each came from.
     let gather = |records: &[SeedRecord]| {
-        let mut by: BTreeMap<(u8, String), Vec<f64>> = BTreeMap::new();
+        let mut by: BTreeMap<(u8, String), Vec<(u64, f64)>> = BTreeMap::new();
         for r in records.iter().filter(|r| r.error.is_none()) {
             for (name, v) in &r.figures {
-                by.entry((0, name.clone())).or_default().push(*v);
+                by.entry((0, name.clone())).or_default().push((r.seed, *v));
             }
             for ep in &r.episodes {
                 for (name, v) in &ep.figures {
-                    by.entry((1, format!("{}: {name}", ep.episode))).or_default().push(*v);
+                    by.entry((1, format!("{}: {name}", ep.episode)))
+                        .or_default()
+                        .push((r.seed, *v));
                 }
             }
         }
@@ -72,8 +85,12 @@ pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
     };
     let (sim, real) = (gather(simulated), gather(measured));
     let mut rows = Vec::new();
-    for (key, mut values) in sim {
-        let Some(seen) = real.get(&key) else { continue };
+    for (key, by_seed) in sim {
+        let Some(seen_by_seed) = real.get(&key) else { continue };
+        let same_seeds = same_seeds(&by_seed, seen_by_seed);
+        let mut values: Vec<f64> = by_seed.iter().map(|(_, v)| *v).collect();
+        let seen: Vec<f64> = seen_by_seed.iter().map(|(_, v)| *v).collect();
+        let seen = seen.as_slice();
         values.sort_by(f64::total_cmp);
         let (p10, median, p90) = (
             nearest_rank(&values, 10),
@@ -108,36 +125,54 @@ pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
             measured_range: range,
             repetitions: seen.len(),
             error,
+            same_seeds,
             verdict,
         });
     }
     rows
 }
 
+/// The mean of `measured` against the mean of the `simulated` values of
+/// the same seeds, as a relative error: `None` unless every measured seed
+/// was simulated and their mean is not 0.
+fn same_seeds(simulated: &[(u64, f64)], measured: &[(u64, f64)]) -> Option<f64> {
+    let paired: Option<Vec<f64>> = measured
+        .iter()
+        .map(|(seed, _)| simulated.iter().find(|(s, _)| s == seed).map(|(_, v)| *v))
+        .collect();
+    let paired = paired.filter(|p| !p.is_empty())?;
+    let n = paired.len() as f64;
+    let (sim, real) = (
+        paired.iter().sum::<f64>() / n,
+        measured.iter().map(|(_, v)| v).sum::<f64>() / n,
+    );
+    (sim != 0.0).then(|| (real - sim) / sim)
+}
+
 /// The rows as a table, with a last line counting the verdicts.
 pub fn render(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:<52} {:>9} {:>9} {:>9} {:>10} {:>8}  verdict\n",
-        "figure", "sim p10", "median", "p90", "measured", "error"
+        "{:<52} {:>9} {:>9} {:>9} {:>10} {:>8}  {:<13}  same seeds\n",
+        "figure", "sim p10", "median", "p90", "measured", "error", "verdict"
     );
+    let percent = |e: Option<f64>| e.map_or_else(|| "-".to_owned(), |e| format!("{:+.0} %", e * 100.0));
     let g = |v: f64| format!("{v:.3}");
     for r in rows {
-        let error = r
-            .error
-            .map_or_else(|| "-".to_owned(), |e| format!("{:+.0} %", e * 100.0));
+        let error = percent(r.error);
         let verdict = match r.verdict {
             Verdict::Within => "within",
             Verdict::Inside => "inside spread",
             Verdict::Miss => "MISS",
         };
         out.push_str(&format!(
-            "{:<52} {:>9} {:>9} {:>9} {:>10} {:>8}  {verdict}\n",
+            "{:<52} {:>9} {:>9} {:>9} {:>10} {:>8}  {verdict:<13}  {:>10}\n",
             r.figure,
             g(r.p10),
             g(r.median),
             g(r.p90),
             g(r.measured),
-            error
+            error,
+            percent(r.same_seeds)
         ));
     }
     let count = |v: Verdict| rows.iter().filter(|r| r.verdict == v).count();
@@ -183,5 +218,25 @@ mod tests {
         );
         let table = render(&rows(2.0, 4.0));
         assert!(table.contains("2 figures: 0 within 20 %"), "{table}");
+    }
+
+    #[test]
+    fn a_figure_is_also_set_beside_the_simulation_of_the_repetitions_own_seeds() {
+        let at = |seed: u64, latency: f64| SeedRecord {
+            seed,
+            ..record(&[("latency", latency)])
+        };
+        // Seed 2's arrivals are slow; the other seeds are fast.
+        let simulated: Vec<SeedRecord> = (1..=9).map(|s| at(s, if s == 2 { 2.0 } else { 1.0 })).collect();
+        let measured = [at(1, 1.1), at(2, 2.2)];
+        let row = &compare(&simulated, &measured)[0];
+        // Against the median of every seed the mean is 65 % high; against
+        // seeds 1 and 2, 10 %.
+        assert!((row.error.unwrap() - 0.65).abs() < 1e-9, "{row:?}");
+        assert!((row.same_seeds.unwrap() - 0.1).abs() < 1e-9, "{row:?}");
+        assert!(render(std::slice::from_ref(row)).contains("+10 %"));
+        // A repetition whose seed was not simulated leaves it unsaid.
+        let row = &compare(&simulated, &[at(1, 1.1), at(12, 1.0)])[0];
+        assert_eq!(row.same_seeds, None);
     }
 }
