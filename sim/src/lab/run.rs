@@ -221,6 +221,9 @@ pub const GOOD_FIT: f64 = 0.2;
 /// [`GOOD_FIT`].
 pub const MOST_MEASUREMENTS: u32 = 3;
 
+/// Times calibration restarts a server to time its load.
+pub const RESTARTS: usize = 5;
+
 /// What calibrating one server found.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Calibrated {
@@ -232,8 +235,13 @@ pub struct Calibrated {
     /// own latencies worse than [`GOOD_FIT`], at most
     /// [`MOST_MEASUREMENTS`].
     pub measurements: u32,
-    /// Seconds from a restart to `/health` answering 200.
+    /// Seconds from a restart to `/health` answering 200: the median of
+    /// [`RESTARTS`] restarts.
     pub reload_s: f64,
+    /// The shortest and longest of those restarts: a simulated load is
+    /// drawn between them, since a figure can turn on which side of a
+    /// timeout a load ends.
+    pub reload_range: (f64, f64),
     /// Prompt and output tokens of the request every worker sends, as the
     /// server counted them.
     pub tokens: (u64, u64),
@@ -266,7 +274,8 @@ pub fn calibrated(scenario: &Scenario, tools: &Tools) -> Result<(Scenario, Vec<C
         spec.step_ms = Some(c.fit.step);
         spec.time_scale = None;
         spec.reload_s = c.reload_s;
-        spec.reload = None;
+        let (low, high) = c.reload_range;
+        spec.reload = (high > low).then_some(crate::scenario::kinds::Spread::Uniform { low, high });
         spec.prompt_tokens = u32::try_from(c.tokens.0).unwrap_or(u32::MAX);
         spec.output_tokens = u32::try_from(c.tokens.1).unwrap_or(u32::MAX);
         spec.prompt_tokens_dist = None;
@@ -348,8 +357,12 @@ async fn calibrate_one(
     })
     .await
     .map_err(|e| failed(e.to_string()))?;
-    server.restart()?;
-    let reload = server.ready(Duration::from_secs(300)).await?;
+    let mut reloads = Vec::new();
+    for _ in 0..RESTARTS {
+        server.restart()?;
+        reloads.push(server.ready(Duration::from_secs(300)).await?.as_secs_f64());
+    }
+    reloads.sort_by(f64::total_cmp);
     // The first request found the slots cold; the later ones, what a warm
     // slot holds.
     let warm = cached.lock().unwrap_or_else(|p| p.into_inner()).split_off(1);
@@ -357,7 +370,8 @@ async fn calibrate_one(
         server: spec.name.clone(),
         fit,
         measurements,
-        reload_s: reload.as_secs_f64(),
+        reload_s: reloads[reloads.len() / 2],
+        reload_range: (reloads[0], reloads[reloads.len() - 1]),
         tokens: (prompt.div_ceil(n), output.div_ceil(n)),
         cached_tokens: warm.iter().sum::<u64>() / (warm.len().max(1) as u64),
     })

@@ -393,6 +393,43 @@ fn a_scenario_run_for_real_records_the_trace_a_simulation_records_and_is_judged_
     assert!(!report.failed(), "every invariant holds for real too:\n{text}");
 }
 
+/// What `lab` predicts with: the shipped crash-restart scenario with its
+/// server measured for real.
+#[test]
+fn calibrating_a_scenario_gives_its_server_the_real_server_s_numbers() {
+    use crate::scenario::kinds::Spread;
+    let Some(tools) = tools_or_skip() else { return };
+    let scenario = Scenario::parse("lab-crash-restart.toml", CRASH_RESTART).unwrap();
+    let (predicted, found) = super::run::calibrated(&scenario, &tools).unwrap();
+    let (server, c) = (&predicted.servers[0], &found[0]);
+    assert_eq!(c.server, "gpu");
+    assert!((1..=super::run::MOST_MEASUREMENTS).contains(&c.measurements), "{c:?}");
+    assert_eq!(server.step_ms, Some(c.fit.step));
+    // The workers' own request, as the real server counted it.
+    assert_eq!(u64::from(server.prompt_tokens), c.tokens.0);
+    assert!(c.tokens.0 > 50 && c.tokens.1 > 0, "{c:?}");
+    assert!(
+        server.cached_prompt_tokens.is_some_and(|t| t < c.tokens.0),
+        "{server:?}"
+    );
+    // The load: the median of its restarts, drawn between the shortest and
+    // the longest.
+    let (low, high) = c.reload_range;
+    assert!(
+        0.0 < low && low <= c.reload_s && c.reload_s <= high && high < 60.0,
+        "{c:?}"
+    );
+    assert_eq!(server.reload_s, c.reload_s);
+    if high > low {
+        assert_eq!(server.reload, Some(Spread::Uniform { low, high }));
+    } else {
+        assert_eq!(server.reload, None);
+    }
+    // The calibrated copy is a scenario the simulator runs.
+    let run = crate::campaign::simulate(&predicted, 1).unwrap();
+    assert!(!run.events.is_empty());
+}
+
 #[test]
 fn every_shipped_lab_scenario_is_one_the_laboratory_runs() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/lab");

@@ -67,7 +67,7 @@ pub fn lab(args: LabArgs) -> Outcome {
         for c in &found {
             let s = c.fit.step;
             println!(
-                "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B + {:.5}·C ms decode (fit within {:.1} % on average{}); load {:.2} s; the workers' request {} prompt ({} cached) + {} output tokens",
+                "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B + {:.5}·C ms decode (fit within {:.1} % on average{}); load {:.2} s ({:.2}–{:.2} over {} restarts); the workers' request {} prompt ({} cached) + {} output tokens",
                 c.server,
                 s.prefill_base_ms,
                 s.prefill_per_token_ms,
@@ -81,6 +81,9 @@ pub fn lab(args: LabArgs) -> Outcome {
                     String::new()
                 },
                 c.reload_s,
+                c.reload_range.0,
+                c.reload_range.1,
+                lab_run::RESTARTS,
                 c.tokens.0,
                 c.cached_tokens,
                 c.tokens.1
