@@ -615,3 +615,34 @@ fn lab_refuses_a_scenario_it_cannot_run_for_real_naming_the_field() {
     assert!(err.contains("field `servers[0].kind`"), "{err}");
     assert!(err.contains("llama_cpp"), "{err}");
 }
+
+/// A repetition run for real writes the trace a simulation writes.
+#[test]
+fn lab_writes_each_repetition_s_trace_as_run_writes_one() {
+    if let Err(e) = redstring_sim::lab::llama::Tools::find() {
+        assert_ne!(
+            std::env::var("REDSTRING_REQUIRE_LLAMA").as_deref(),
+            Ok("1"),
+            "REDSTRING_REQUIRE_LLAMA=1 but {e}"
+        );
+        eprintln!("SKIPPED (set REDSTRING_REQUIRE_LLAMA=1 to fail instead): {e}");
+        return;
+    }
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/lab/crash-restart.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let out = bin()
+        .arg("lab")
+        .arg(&shipped)
+        .args(["--no-calibrate", "--seeds", "1", "--trace"])
+        .arg(dir.path().join("real.jsonl"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(dir.path().join("real-1.jsonl")).unwrap();
+    let events: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let count = |ev: &str| events.iter().filter(|e| e["ev"] == ev).count();
+    assert!(count("arrival") >= 20, "about 40 calls arrive");
+    assert_eq!(count("fault"), 2);
+    assert_eq!(count("arrival"), count("call_end"), "every call ends in the trace");
+    assert!(!dir.path().join("real.jsonl").exists());
+}

@@ -1,11 +1,13 @@
 //! `lab`: a scenario run for real against real `llama-server` processes,
 //! then predicted against measured.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use redstring_sim::campaign::run_seeds;
+use redstring_sim::evidence::episodes;
+use redstring_sim::evidence::trace::Trace;
 use redstring_sim::judgement::report::Report;
 use redstring_sim::judgement::sweep::SeedRecord;
 use redstring_sim::lab::fidelity;
@@ -40,12 +42,31 @@ pub struct LabArgs {
     /// Write the predicted-against-measured rows as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write each repetition's trace, as `run --trace` writes a
+    /// simulation's, to this path with the repetition's number before its
+    /// extension (`real.jsonl`: `real-1.jsonl`, `real-2.jsonl`, …).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+}
+
+/// `path` with `-repetition` before its extension.
+fn numbered(path: &Path, repetition: u64) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}-{repetition}.{}", ext.to_string_lossy()),
+        None => format!("{stem}-{repetition}"),
+    };
+    path.with_file_name(name)
 }
 
 /// Runs `lab`.
 pub fn lab(args: LabArgs) -> Outcome {
     let path = args.scenario.as_path();
-    let mut outputs = Outputs::reserve([("--json", args.json.clone())])?;
+    let traces = (1..=args.repeat).map(|k| ("--trace", args.trace.as_deref().map(|p| numbered(p, k))));
+    let mut outputs = Outputs::reserve(std::iter::once(("--json", args.json.clone())).chain(traces))?;
     let scenario = load(path, false)?;
     outputs.refuse_inputs(&inputs_of(path, &scenario))?;
     if let Some((field, problem)) = unsupported(&scenario) {
@@ -96,6 +117,9 @@ pub fn lab(args: LabArgs) -> Outcome {
         let start = Instant::now();
         let evidence = lab_run::run(&scenario, &tools, repetition).map_err(|e| fail(SIM_FAILED, &e))?;
         let run = redstring_sim::judgement::judge(&scenario, evidence);
+        outputs.write("--trace", || {
+            Trace::to_json_lines(&episodes::with_ready_marks(&scenario, &run.events))
+        })?;
         let mut report = Report::new(&scenario, &shown, &run);
         // A real run cannot be replayed; the simulation of its arrivals can.
         report.replay = format!("{} (its arrivals, simulated)", report.replay);
@@ -118,4 +142,19 @@ pub fn lab(args: LabArgs) -> Outcome {
     outputs.write("--json", || serde_json::to_string_pretty(&rows).unwrap_or_default())?;
     outputs.commit()?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repetition_s_trace_is_named_by_its_number() {
+        assert_eq!(
+            numbered(Path::new("out/real.jsonl"), 3),
+            PathBuf::from("out/real-3.jsonl")
+        );
+        assert_eq!(numbered(Path::new("real"), 1), PathBuf::from("real-1"));
+        assert_eq!(numbered(Path::new("a.b.jsonl"), 12), PathBuf::from("a.b-12.jsonl"));
+    }
 }

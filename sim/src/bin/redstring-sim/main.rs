@@ -9,7 +9,7 @@
 //! redstring-sim check [scenarios/] [--strict]
 //! redstring-sim fuzz scenarios/bounds/default.toml --cases 200 [--seed N] [--shrink N] [--out scenarios/regressions] [--json F] [--shard i/n]
 //! redstring-sim merge shard-1.json shard-2.json … [--json F] [--out scenarios/regressions]
-//! redstring-sim lab scenarios/lab/crash-restart.toml [--repeat M] [--seeds N] [--no-calibrate] [--json F]
+//! redstring-sim lab scenarios/lab/crash-restart.toml [--repeat M] [--seeds N] [--no-calibrate] [--json F] [--trace F]
 //! redstring-sim calibrate --base-url http://127.0.0.1:8080 [--model M] [--name N] [--max-concurrency C] [--requests-per-client R] [--out F]
 //! ```
 //!

@@ -426,9 +426,11 @@ impl Outputs {
         self.slots.iter().any(|s| s.flag == flag)
     }
 
-    /// Writes the output of `flag`, if given, into its temporary file.
+    /// Writes the output of `flag`, if given, into its temporary file; a
+    /// flag reserved for several paths (`lab --trace`, one a repetition)
+    /// writes the next of them not yet written.
     pub fn write(&mut self, flag: &str, contents: impl FnOnce() -> String) -> Result<(), ExitCode> {
-        let Some(slot) = self.slots.iter_mut().find(|s| s.flag == flag) else {
+        let Some(slot) = self.slots.iter_mut().find(|s| s.flag == flag && !s.written) else {
             return Ok(());
         };
         match &mut slot.held {
@@ -481,6 +483,18 @@ impl Outputs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flag_reserved_for_several_paths_writes_each_in_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("t-1.jsonl"), dir.path().join("t-2.jsonl"));
+        let mut outputs = Outputs::reserve([("--trace", Some(a.clone())), ("--trace", Some(b.clone()))]).unwrap();
+        outputs.write("--trace", || "first".into()).unwrap();
+        outputs.write("--trace", || "second".into()).unwrap();
+        outputs.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(a).unwrap(), "first");
+        assert_eq!(std::fs::read_to_string(b).unwrap(), "second");
+    }
 
     #[test]
     fn seeds_mean_a_count_from_the_first_or_a_range_either_way() {
