@@ -50,6 +50,9 @@ pub struct Row {
     pub measured: f64,
     /// The smallest and largest measured value.
     pub measured_range: (f64, f64),
+    /// Each repetition's number (its seed) and value, in the order they
+    /// ran.
+    pub per_repetition: Vec<(u64, f64)>,
     /// Repetitions that measured it.
     pub repetitions: usize,
     /// `(measured − median) / median`; `None` when the median is 0.
@@ -103,12 +106,7 @@ pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
         });
         let error = (median != 0.0).then(|| (mean - median) / median);
         let count = values.iter().chain(seen).all(|v| v.fract() == 0.0);
-        let within = if count && median.abs() < 10.0 {
-            (mean - median).abs() <= 2.0
-        } else {
-            error.is_some_and(|e| e.abs() <= WITHIN) || (median == 0.0 && mean == 0.0)
-        };
-        let verdict = if within {
+        let verdict = if agrees(mean, median, count) {
             Verdict::Within
         } else if (p10..=p90).contains(&mean) {
             Verdict::Inside
@@ -123,6 +121,7 @@ pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
             seeds: values.len(),
             measured: mean,
             measured_range: range,
+            per_repetition: seen_by_seed.clone(),
             repetitions: seen.len(),
             error,
             same_seeds,
@@ -130,6 +129,18 @@ pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
         });
     }
     rows
+}
+
+/// Whether `value` agrees with the simulated `median`: within 20 % of it,
+/// or, for a `count` whose median is below 10, within ±2.
+fn agrees(value: f64, median: f64, count: bool) -> bool {
+    if count && median.abs() < 10.0 {
+        (value - median).abs() <= 2.0
+    } else if median == 0.0 {
+        value == 0.0
+    } else {
+        ((value - median) / median).abs() <= WITHIN
+    }
 }
 
 /// The mean of `measured` against the mean of the `simulated` values of
@@ -149,7 +160,11 @@ fn same_seeds(simulated: &[(u64, f64)], measured: &[(u64, f64)]) -> Option<f64> 
     (sim != 0.0).then(|| (real - sim) / sim)
 }
 
-/// The rows as a table, with a last line counting the verdicts.
+/// The rows as a table, with a last line counting the verdicts. Under a
+/// missed figure measured more than once, a line gives each repetition's
+/// value and which of them agree with the simulated median by the same
+/// rule: a mean one repetition pulled away reads apart from a model that
+/// is off in every one.
 pub fn render(rows: &[Row]) -> String {
     let mut out = format!(
         "{:<52} {:>9} {:>9} {:>9} {:>10} {:>8}  {:<13}  same seeds\n",
@@ -174,6 +189,9 @@ pub fn render(rows: &[Row]) -> String {
             error,
             percent(r.same_seeds)
         ));
+        if r.verdict == Verdict::Miss && r.per_repetition.len() > 1 {
+            out.push_str(&repetitions_line(r));
+        }
     }
     let count = |v: Verdict| rows.iter().filter(|r| r.verdict == v).count();
     out.push_str(&format!(
@@ -184,6 +202,30 @@ pub fn render(rows: &[Row]) -> String {
         count(Verdict::Miss)
     ));
     out
+}
+
+/// The line under a missed figure: each repetition's value, and the
+/// repetitions (by number) that agree with the simulated median.
+fn repetitions_line(r: &Row) -> String {
+    let count = r.per_repetition.iter().all(|(_, v)| v.fract() == 0.0)
+        && [r.p10, r.median, r.p90].iter().all(|v| v.fract() == 0.0);
+    let values: Vec<String> = r.per_repetition.iter().map(|(_, v)| format!("{v:.3}")).collect();
+    let agreeing: Vec<String> = r
+        .per_repetition
+        .iter()
+        .filter(|(_, v)| agrees(*v, r.median, count))
+        .map(|(k, _)| format!("#{k}"))
+        .collect();
+    let agreeing = if agreeing.is_empty() {
+        "none".to_owned()
+    } else {
+        agreeing.join(", ")
+    };
+    format!(
+        "    each repetition: {}; agreeing with the median on their own: {agreeing} of {}\n",
+        values.join(" "),
+        r.per_repetition.len()
+    )
 }
 
 #[cfg(test)]
@@ -238,5 +280,49 @@ mod tests {
         // A repetition whose seed was not simulated leaves it unsaid.
         let row = &compare(&simulated, &[at(1, 1.1), at(12, 1.0)])[0];
         assert_eq!(row.same_seeds, None);
+    }
+    /// One repetition far off pulls the mean into a miss; the line under
+    /// it shows the others agree.
+    #[test]
+    fn a_missed_figure_shows_which_repetitions_agree() {
+        let simulated: Vec<SeedRecord> = (1..=9).map(|_| record(&[("latency_p95_s", 2.2)])).collect();
+        let rep = |k: u64, figures: &[(&str, f64)]| SeedRecord {
+            seed: k,
+            ..record(figures)
+        };
+        let measured: Vec<SeedRecord> = [2.4, 8.2, 2.4, 2.4, 2.6]
+            .iter()
+            .zip(1..)
+            .map(|(v, k)| rep(k, &[("latency_p95_s", *v)]))
+            .collect();
+        let rows = compare(&simulated, &measured);
+        assert_eq!(rows[0].verdict, Verdict::Miss);
+        assert_eq!(
+            rows[0].per_repetition,
+            [(1, 2.4), (2, 8.2), (3, 2.4), (4, 2.4), (5, 2.6)]
+        );
+        let table = render(&rows);
+        assert!(
+            table.contains(
+                "each repetition: 2.400 8.200 2.400 2.400 2.600; agreeing with the median on their own: #1, #3, #4, #5 of 5"
+            ),
+            "{table}"
+        );
+        // A figure that agrees has no such line.
+        let rows = compare(&simulated, &measured[..1]);
+        assert_eq!(rows[0].verdict, Verdict::Within);
+        assert!(!render(&rows).contains("each repetition"));
+        // Counts keep the ±2 rule: 0 and 1 impaired against a median of 0.
+        let simulated: Vec<SeedRecord> = (1..=9).map(|_| record(&[("impaired", 0.0)])).collect();
+        let measured: Vec<SeedRecord> = [0.0, 23.0, 0.0, 1.0, 0.0]
+            .iter()
+            .zip(1..)
+            .map(|(v, k)| rep(k, &[("impaired", *v)]))
+            .collect();
+        let table = render(&compare(&simulated, &measured));
+        assert!(
+            table.contains("agreeing with the median on their own: #1, #3, #4, #5 of 5"),
+            "{table}"
+        );
     }
 }
