@@ -378,14 +378,12 @@ pub struct Calibration {
 
 /// Fits a [`LinearStep`] to `measurement`: the step whose engine, given
 /// the requests as they were sent, finishes each when it was measured to
-/// finish (least squared relative error, by Nelder–Mead from a start that
-/// least squares finds in the one-client requests).
+/// finish (least squared relative error, by Nelder–Mead restarted where
+/// it stops, from three splits of the decode cost that least squares
+/// finds in the one-client requests).
 pub fn fit(measurement: &Measurement) -> Result<Calibration, CalibrateError> {
     let samples = &measurement.samples;
-    let slots = measurement
-        .props
-        .slots
-        .unwrap_or_else(|| samples.iter().map(|s| s.concurrency).max().unwrap_or(1));
+    let slots = slots_of(measurement);
     // One client: latency = prefill_base + P·per_token + O·(decode_base +
     // decode_per_sequence) + (O·N + O·(O − 1)/2)·per_context_token.
     let alone: Vec<([f64; TERMS], f64)> = samples
@@ -434,6 +432,40 @@ pub fn fit(measurement: &Measurement) -> Result<Calibration, CalibrateError> {
         output_tokens: (!uncapped.is_empty()).then(|| uncapped.iter().sum::<f64>() / uncapped.len() as f64),
         prompt_tokens: samples.iter().map(|s| s.prompt_tokens as f64).sum::<f64>() / samples.len().max(1) as f64,
     })
+}
+
+/// The server's slots as `/props` said them, or else the most requests
+/// measured at once.
+fn slots_of(measurement: &Measurement) -> u32 {
+    measurement
+        .props
+        .slots
+        .unwrap_or_else(|| measurement.samples.iter().map(|s| s.concurrency).max().unwrap_or(1))
+}
+
+/// Each measured request beside the latency `calibration`'s step gives it,
+/// as CSV with a header: what a reader checks a fit by, request by request
+/// (which sizes or levels of concurrency it misses).
+pub fn samples_csv(measurement: &Measurement, calibration: &Calibration) -> String {
+    let predicted = replay(&measurement.samples, slots_of(measurement), &calibration.step);
+    let mut out = String::from(
+        "concurrency,prompt_tokens,cached_tokens,completion_tokens,max_tokens,sent_at_s,latency_s,predicted_s,error\n",
+    );
+    for (s, p) in measurement.samples.iter().zip(predicted) {
+        out.push_str(&format!(
+            "{},{},{},{},{},{:.6},{:.6},{:.6},{:.4}\n",
+            s.concurrency,
+            s.prompt_tokens,
+            s.cached_tokens,
+            s.completion_tokens,
+            s.max_tokens,
+            s.sent_at_s,
+            s.latency_s,
+            p,
+            (p - s.latency_s) / s.latency_s.max(1e-6),
+        ));
+    }
+    out
 }
 
 /// The terms of a [`LinearStep`] the fit finds.
@@ -971,5 +1003,65 @@ mod tests {
                 "{other:?} fits better than {step:?}"
             );
         }
+    }
+    /// The CSV holds every request once, with the latency the fit's own
+    /// replay gives it, and errors whose mean is the fit's mean error.
+    #[test]
+    fn the_samples_file_sets_each_request_beside_its_predicted_latency() {
+        let measurement = Measurement {
+            props: Props {
+                slots: Some(2),
+                ..Props::default()
+            },
+            samples: LLAMA_SERVER
+                .iter()
+                .map(
+                    |&(
+                        concurrency,
+                        prompt_tokens,
+                        cached_tokens,
+                        completion_tokens,
+                        max_tokens,
+                        sent_at_s,
+                        latency_s,
+                    )| Sample {
+                        concurrency,
+                        prompt_tokens,
+                        cached_tokens,
+                        completion_tokens,
+                        max_tokens,
+                        sent_at_s,
+                        latency_s,
+                    },
+                )
+                .collect(),
+            failed: 0,
+        };
+        let fitted = fit(&measurement).unwrap();
+        let csv = samples_csv(&measurement, &fitted);
+        let mut lines = csv.lines();
+        assert_eq!(
+            lines.next(),
+            Some(
+                "concurrency,prompt_tokens,cached_tokens,completion_tokens,max_tokens,sent_at_s,latency_s,predicted_s,error"
+            )
+        );
+        let rows: Vec<Vec<f64>> = lines
+            .map(|l| l.split(',').map(|v| v.parse::<f64>().unwrap()).collect())
+            .collect();
+        assert_eq!(rows.len(), LLAMA_SERVER.len());
+        let predicted = replay(&measurement.samples, 2, &fitted.step);
+        for ((row, sample), p) in rows.iter().zip(&measurement.samples).zip(&predicted) {
+            assert_eq!(row[0], f64::from(sample.concurrency));
+            assert_eq!(row[1], sample.prompt_tokens as f64);
+            assert!((row[6] - sample.latency_s).abs() < 1e-6);
+            assert!((row[7] - p).abs() < 1e-6, "{row:?} against {p}");
+        }
+        let mean = rows.iter().map(|r| r[8].abs()).sum::<f64>() / rows.len() as f64;
+        assert!(
+            (mean - fitted.mean_error).abs() < 1e-3,
+            "{mean} against {}",
+            fitted.mean_error
+        );
     }
 }

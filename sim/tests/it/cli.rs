@@ -616,6 +616,69 @@ fn lab_refuses_a_scenario_it_cannot_run_for_real_naming_the_field() {
     assert!(err.contains("llama_cpp"), "{err}");
 }
 
+/// `calibrate --samples` writes each request it timed beside the latency
+/// the fitted step predicts for it.
+#[test]
+fn calibrate_writes_each_timed_request_beside_its_prediction() {
+    use redstring_sim::lab::llama::{DEFAULT_MODEL, LlamaServer, LlamaSpec, Tools};
+    let tools = match Tools::find() {
+        Ok(tools) => tools,
+        Err(e) => {
+            assert_ne!(
+                std::env::var("REDSTRING_REQUIRE_LLAMA").as_deref(),
+                Ok("1"),
+                "REDSTRING_REQUIRE_LLAMA=1 but {e}"
+            );
+            eprintln!("SKIPPED (set REDSTRING_REQUIRE_LLAMA=1 to fail instead): {e}");
+            return;
+        }
+    };
+    let spec = LlamaSpec {
+        model: tools.models.join(DEFAULT_MODEL),
+        slots: 2,
+        context: 4096,
+        threads: 1,
+    };
+    let mut server = LlamaServer::start(&tools, &spec).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime
+        .block_on(server.ready(std::time::Duration::from_secs(120)))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (csv, section) = (dir.path().join("samples.csv"), dir.path().join("gpu.toml"));
+    let out = bin()
+        .args([
+            "calibrate",
+            "--base-url",
+            &server.base_url(),
+            "--requests-per-client",
+            "4",
+        ])
+        .arg("--samples")
+        .arg(&csv)
+        .arg("--out")
+        .arg(&section)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert!(
+        lines.next().unwrap().starts_with("concurrency,prompt_tokens,"),
+        "{text}"
+    );
+    let rows: Vec<Vec<f64>> = lines
+        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    // Four requests alone, then four from each of two clients (2 slots).
+    assert_eq!(rows.len(), 4 * (1 + 2), "{text}");
+    assert!(rows.iter().all(|r| r[6] > 0.0 && r[7] > 0.0), "{text}");
+    assert!(std::fs::read_to_string(&section).unwrap().contains("step_ms"));
+}
+
 /// A repetition run for real writes the trace a simulation writes.
 #[test]
 fn lab_writes_each_repetition_s_trace_as_run_writes_one() {

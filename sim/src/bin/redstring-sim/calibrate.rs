@@ -41,6 +41,10 @@ pub struct CalibrateArgs {
     /// Also write the section to this file.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Write each measured request, with the latency the fitted step
+    /// predicts for it, to this file as CSV.
+    #[arg(long)]
+    samples: Option<PathBuf>,
 }
 
 /// Runs `calibrate`.
@@ -77,7 +81,7 @@ pub fn calibrate(args: CalibrateArgs) -> Outcome {
         })?),
         None => None,
     };
-    let mut outputs = Outputs::reserve([("--out", args.out.clone())])?;
+    let mut outputs = Outputs::reserve([("--out", args.out.clone()), ("--samples", args.samples.clone())])?;
     let endpoint = HttpEndpoint::new(&args.base_url, api_key).map_err(|e| fail(SIM_FAILED, &e))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -94,6 +98,7 @@ pub fn calibrate(args: CalibrateArgs) -> Outcome {
     let section = fitted.server_section(&args.name, &args.base_url);
     print!("{section}");
     outputs.write("--out", || section.clone())?;
+    outputs.write("--samples", || calibrate::samples_csv(&measured, &fitted))?;
     outputs.commit()?;
     Ok(ExitCode::SUCCESS)
 }
