@@ -55,6 +55,9 @@ pub struct Row {
     pub per_repetition: Vec<(u64, f64)>,
     /// Repetitions that measured it.
     pub repetitions: usize,
+    /// Whether every value on both sides is a whole number: a count, held
+    /// to ±2 where its median is below 10.
+    pub count: bool,
     /// `(measured − median) / median`; `None` when the median is 0.
     pub error: Option<f64>,
     /// The measured mean's relative error against the mean of the
@@ -123,6 +126,7 @@ pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
             measured_range: range,
             per_repetition: seen_by_seed.clone(),
             repetitions: seen.len(),
+            count,
             error,
             same_seeds,
             verdict,
@@ -207,13 +211,11 @@ pub fn render(rows: &[Row]) -> String {
 /// The line under a missed figure: each repetition's value, and the
 /// repetitions (by number) that agree with the simulated median.
 fn repetitions_line(r: &Row) -> String {
-    let count = r.per_repetition.iter().all(|(_, v)| v.fract() == 0.0)
-        && [r.p10, r.median, r.p90].iter().all(|v| v.fract() == 0.0);
     let values: Vec<String> = r.per_repetition.iter().map(|(_, v)| format!("{v:.3}")).collect();
     let agreeing: Vec<String> = r
         .per_repetition
         .iter()
-        .filter(|(_, v)| agrees(*v, r.median, count))
+        .filter(|(_, v)| agrees(*v, r.median, r.count))
         .map(|(k, _)| format!("#{k}"))
         .collect();
     let agreeing = if agreeing.is_empty() {
@@ -281,6 +283,7 @@ mod tests {
         let row = &compare(&simulated, &[at(1, 1.1), at(12, 1.0)])[0];
         assert_eq!(row.same_seeds, None);
     }
+
     /// One repetition far off pulls the mean into a miss; the line under
     /// it shows the others agree.
     #[test]
