@@ -488,3 +488,60 @@ fn a_process_the_laboratory_owns_dies_with_the_thread_that_started_it() {
     let status = child.wait().unwrap();
     assert_eq!(status.signal(), Some(9), "{status:?}");
 }
+
+/// The keep-alive the simulated `llama_cpp` server copies
+/// (`hosts::server::KeepAlive`): every response says `Keep-Alive:
+/// timeout=5, max=100`, the 100th on a connection says `Connection: close`,
+/// and the server then closes it.
+#[test]
+fn llama_server_announces_its_keep_alive_and_closes_after_100_requests() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let Some(tools) = tools_or_skip() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let spec = LlamaSpec {
+        model: tools.models.join(DEFAULT_MODEL),
+        slots: 2,
+        context: 4096,
+        threads: 1,
+    };
+    let mut server = LlamaServer::start(&tools, &spec).unwrap();
+    runtime.block_on(server.ready(Duration::from_secs(120))).unwrap();
+    let address = server.base_url().trim_start_matches("http://").to_owned();
+    let stream = std::net::TcpStream::connect(&address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    let mut last = Vec::new();
+    for nth in 1..=100 {
+        write!(writer, "GET /health HTTP/1.1\r\nHost: {address}\r\n\r\n").unwrap();
+        let mut headers = Vec::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let line = line.trim_end().to_ascii_lowercase();
+            if line.is_empty() {
+                break;
+            }
+            headers.push(line);
+        }
+        let length: usize = headers
+            .iter()
+            .find_map(|h| h.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+            .unwrap();
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        if nth < 100 {
+            assert!(
+                headers.contains(&"keep-alive: timeout=5, max=100".to_owned()),
+                "{nth}: {headers:?}"
+            );
+        }
+        last = headers;
+    }
+    assert!(last.contains(&"connection: close".to_owned()), "{last:?}");
+    let mut rest = Vec::new();
+    assert_eq!(reader.read_to_end(&mut rest).unwrap(), 0, "closed after the 100th");
+}

@@ -973,3 +973,96 @@ fn timed(spec: ServerSpec, gap: Duration, timeouts: [Duration; 3]) -> (Vec<Seen>
     let schedule = (0u32..).zip(timeouts).map(|(i, timeout)| (gap * i, timeout)).collect();
     (send_all(sim, schedule, 256), trace)
 }
+
+/// When a connection ended, seen from its client.
+#[derive(Debug, Default)]
+struct Ended {
+    /// Each response's `keep-alive` and `connection` headers, and when it
+    /// arrived.
+    responses: Vec<(Option<String>, Option<String>, Duration)>,
+    /// When the server closed the connection, if it did.
+    closed_at: Option<Duration>,
+}
+
+/// One connection to the server `gpu`: `requests` requests one after
+/// another, then idle until the server closes it or `idle` passes.
+async fn one_connection(requests: usize, idle: Duration) -> Ended {
+    let stream = turmoil::net::TcpStream::connect(("gpu", 8080)).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let closed = tokio::spawn(async move {
+        let _ = conn.await;
+        turmoil::sim_elapsed().unwrap()
+    });
+    let mut ended = Ended::default();
+    for _ in 0..requests {
+        let request = Request::post("/v1/chat/completions")
+            .header("host", "gpu")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(chat_request(1).to_string())))
+            .unwrap();
+        let Ok(response) = sender.send_request(request).await else {
+            break;
+        };
+        let header = |name: &str| response.headers().get(name).map(|v| v.to_str().unwrap().to_owned());
+        let seen = (
+            header("keep-alive"),
+            header("connection"),
+            turmoil::sim_elapsed().unwrap(),
+        );
+        response.into_body().collect().await.unwrap();
+        ended.responses.push(seen);
+    }
+    ended.closed_at = tokio::time::timeout(idle, closed).await.ok().map(Result::unwrap);
+    ended
+}
+
+/// llama-server (cpp-httplib) closes a connection idle for 5 s, and one
+/// after its 100th response, which says `Connection: close`; the others
+/// say `Keep-Alive: timeout=5, max=100` (measured on a real llama-server:
+/// closed after 5.00 s idle, and after the 100th of 101 requests). A
+/// generic server keeps both.
+#[test]
+fn llama_cpp_closes_a_connection_idle_for_5_s_or_after_100_requests() {
+    for (kind, closes) in [(ServerKind::LlamaCpp, true), (ServerKind::Generic, false)] {
+        let mut sim = sim(1, 120);
+        let handle = ServerHandle::new(spec(kind).behaviour);
+        sim.host("gpu", server_host(spec(kind), handle, Trace::new(), 7));
+        let log: Rc<RefCell<Vec<Ended>>> = Rc::default();
+        let seen = log.clone();
+        sim.client("client", async move {
+            let idle = one_connection(1, Duration::from_secs(20)).await;
+            let many = one_connection(101, Duration::from_secs(20)).await;
+            seen.borrow_mut().extend([idle, many]);
+            Ok(())
+        });
+        sim.run().unwrap();
+        let log = log.borrow();
+        let (idle, many) = (&log[0], &log[1]);
+        assert_eq!(idle.responses.len(), 1, "{kind:?}: {idle:?}");
+        if closes {
+            let answered = idle.responses[0].2;
+            let closed = idle.closed_at.expect("the server closes an idle connection");
+            let after = closed - answered;
+            assert!(
+                after >= Duration::from_secs(5) && after <= Duration::from_millis(5100),
+                "closed {after:?} after the answer"
+            );
+            assert_eq!(idle.responses[0].0.as_deref(), Some("timeout=5, max=100"));
+            assert_eq!(many.responses.len(), 100, "the 101st request has no connection");
+            assert_eq!(many.responses[98].1, None);
+            assert_eq!(many.responses[99].1.as_deref(), Some("close"));
+            let last = many.responses[99].2;
+            assert!(
+                many.closed_at.is_some_and(|c| c - last < Duration::from_millis(100)),
+                "{many:?}"
+            );
+        } else {
+            assert_eq!(idle.closed_at, None, "a generic server keeps the connection");
+            assert_eq!(many.responses.len(), 101);
+            assert!(many.responses.iter().all(|r| r.0.is_none() && r.1.is_none()));
+            assert_eq!(many.closed_at, None);
+        }
+    }
+}

@@ -480,7 +480,10 @@ impl Server {
                 accepted = listener.accept() => {
                     let (stream, _) = accepted?;
                     let start = start.clone();
+                    let keep_alive = KeepAlive::of(self.spec.kind);
                     connections.spawn(async move {
+                        // Requests this connection has carried.
+                        let carried = Arc::new(std::sync::atomic::AtomicU32::new(0));
                         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                             let start = start.clone();
                             let caller = request
@@ -489,16 +492,85 @@ impl Server {
                                 .and_then(|v| v.to_str().ok())
                                 .filter(|v| v.len() <= MAX_CALLER_LEN)
                                 .map(str::to_owned);
-                            CALLER.scope(caller, async move { start.handle(request).await })
+                            let nth = carried.fetch_add(1, std::sync::atomic::Ordering::Relaxed).saturating_add(1);
+                            CALLER.scope(caller, async move {
+                                let mut reply = start.handle(request).await;
+                                if let (Some(keep_alive), Ok(response)) = (keep_alive, &mut reply) {
+                                    keep_alive.announce(response, nth);
+                                }
+                                reply
+                            })
                         });
+                        let mut builder = hyper::server::conn::http1::Builder::new();
+                        if let Some(keep_alive) = keep_alive {
+                            // hyper arms this timer whenever it waits for a
+                            // request's head, idle time included.
+                            builder
+                                .timer(hyper_util::rt::TokioTimer::new())
+                                .header_read_timeout(keep_alive.idle);
+                        }
                         // A connection ends in an error whenever a client gives up or a
                         // `drop` closes it; neither is the server's failure.
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
+                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
                     });
                 }
             }
+        }
+    }
+}
+
+/// How long a server keeps a connection open between requests, and how
+/// many requests one connection may carry.
+///
+/// llama-server's HTTP layer (cpp-httplib) closes a keep-alive connection
+/// idle for 5 s, and closes one after its 100th response, which says
+/// `Connection: close`; each response says `Keep-Alive: timeout=5,
+/// max=100`. Measured on llama-server of llama-cpp-python 0.3.36: closed
+/// after 5.00 s idle, whether or not it had carried a request, and after
+/// the 100th of 101 requests. A client that keeps connections longer
+/// (reqwest keeps an idle one 90 s) opens a new one after such a close,
+/// and a request sent on a connection as the server closes it is reset.
+/// The other kinds keep a connection until their client closes it.
+/// (A stopped llama.cpp process closes nothing until continued; the
+/// simulated one still closes idle connections during a stop.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KeepAlive {
+    /// Idle time after which the server closes a connection.
+    idle: Duration,
+    /// Requests after which it closes one.
+    max: u32,
+}
+
+impl KeepAlive {
+    /// What a server of `kind` does, or `None` when it keeps connections.
+    fn of(kind: ServerKind) -> Option<KeepAlive> {
+        match kind {
+            ServerKind::LlamaCpp => Some(KeepAlive {
+                idle: Duration::from_secs(5),
+                max: 100,
+            }),
+            ServerKind::Generic
+            | ServerKind::LlamaSwap
+            | ServerKind::Vllm
+            | ServerKind::Ollama
+            | ServerKind::OpenAi => None,
+        }
+    }
+
+    /// Marks the response to a connection's `nth` request as the server
+    /// would: the last one it carries says `Connection: close` (and hyper
+    /// closes the connection once it is written), the others the limits.
+    fn announce(self, response: &mut Response<Full<Bytes>>, nth: u32) {
+        let headers = response.headers_mut();
+        if nth >= self.max {
+            headers.insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
+            );
+        } else if let Ok(value) =
+            hyper::header::HeaderValue::from_str(&format!("timeout={}, max={}", self.idle.as_secs(), self.max))
+        {
+            headers.insert("keep-alive", value);
         }
     }
 }
