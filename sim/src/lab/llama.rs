@@ -133,6 +133,19 @@ pub struct LlamaSpec {
     pub threads: u32,
 }
 
+impl LlamaSpec {
+    /// The laboratory's server: the generated [`DEFAULT_MODEL`] of `tools`
+    /// on one thread, with `slots` slots sharing `context` tokens.
+    pub fn lab(tools: &Tools, slots: u32, context: u64) -> LlamaSpec {
+        LlamaSpec {
+            model: tools.models.join(DEFAULT_MODEL),
+            slots,
+            context,
+            threads: 1,
+        }
+    }
+}
+
 /// A running `llama-server`, killed when dropped.
 pub struct LlamaServer {
     child: Child,

@@ -42,7 +42,7 @@ use serde_json::Value;
 
 use super::calibrate::{CalibrateError, Calibration};
 use super::links::Link;
-use super::llama::{DEFAULT_MODEL, LabError, LlamaServer, LlamaSpec, Tools};
+use super::llama::{LabError, LlamaServer, LlamaSpec, Tools};
 use super::swap::{SwapFront, SwapSettings};
 use crate::evidence::Evidence;
 use crate::evidence::outcome::Answer;
@@ -50,6 +50,7 @@ use crate::evidence::trace::{DRIVER, Kind, Trace};
 use crate::hosts::CALL_HEADER;
 use crate::hosts::clock::{RealTime, sim_elapsed};
 use crate::hosts::worker::{Net, RealTransports, run_worker};
+use crate::judgement::sweep::nearest_rank;
 use crate::scenario::kinds::{DEFAULT_CONTEXT_TOKENS, ServerKind};
 use crate::scenario::{Behaviour, CACHE_HOST, CacheKind, ClockSpec, Fault, Mode, Scenario, fault};
 use crate::world::{DEFAULT_CACHE_TIMEOUT_MS, run_length, worker_plan};
@@ -288,12 +289,11 @@ pub fn calibrated(scenario: &Scenario, tools: &Tools) -> Result<(Scenario, Vec<C
 
 /// The laboratory's settings for `spec`'s server.
 fn llama_spec(spec: &crate::scenario::ServerSpec, tools: &Tools) -> LlamaSpec {
-    LlamaSpec {
-        model: tools.models.join(DEFAULT_MODEL),
-        slots: spec.max_seqs.unwrap_or(spec.slots).max(1),
-        context: spec.context_tokens.unwrap_or(DEFAULT_CONTEXT_TOKENS),
-        threads: 1,
-    }
+    LlamaSpec::lab(
+        tools,
+        spec.max_seqs.unwrap_or(spec.slots).max(1),
+        spec.context_tokens.unwrap_or(DEFAULT_CONTEXT_TOKENS),
+    )
 }
 
 async fn calibrate_one(
@@ -370,7 +370,7 @@ async fn calibrate_one(
         server: spec.name.clone(),
         fit,
         measurements,
-        reload_s: reloads[reloads.len() / 2],
+        reload_s: nearest_rank(&reloads, 50),
         reload_range: (reloads[0], reloads[reloads.len() - 1]),
         tokens: (prompt.div_ceil(n), output.div_ceil(n)),
         cached_tokens: warm.iter().sum::<u64>() / (warm.len().max(1) as u64),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redstring::provider::{TransportError, TransportErrorKind};
 
 use super::calibrate::{self, Endpoint as _, Plan};
-use super::llama::{DEFAULT_MODEL, LlamaServer, LlamaSpec, Tools};
+use super::llama::{LlamaServer, LlamaSpec, Tools};
 use super::{HttpEndpoint, SimEndpoint};
 use crate::evidence::outcome::Answer;
 use crate::evidence::trace::{Kind, Trace};
@@ -133,12 +133,7 @@ fn calibrate_measures_a_real_llama_server_and_writes_a_server_a_scenario_accepts
         .build()
         .unwrap();
     let (measured, section) = runtime.block_on(async {
-        let spec = LlamaSpec {
-            model: tools.models.join(DEFAULT_MODEL),
-            slots: 2,
-            context: 4096,
-            threads: 1,
-        };
+        let spec = LlamaSpec::lab(&tools, 2, 4096);
         let mut server = LlamaServer::start(&tools, &spec).unwrap();
         server.ready(Duration::from_secs(120)).await.unwrap();
         let endpoint = Arc::new(HttpEndpoint::new(&server.base_url(), None).unwrap());
@@ -193,12 +188,7 @@ fn a_real_llama_server_loads_crashes_restarts_and_hangs_as_the_llama_cpp_kind_cl
     runtime.block_on(async {
         // A large context makes a load of seconds: the KV cache is
         // allocated and cleared before the server is ready.
-        let spec = LlamaSpec {
-            model: tools.models.join(DEFAULT_MODEL),
-            slots: 1,
-            context: 65_536,
-            threads: 1,
-        };
+        let spec = LlamaSpec::lab(&tools, 1, 65_536);
         let mut server = LlamaServer::start(&tools, &spec).unwrap();
         let endpoint = HttpEndpoint::new(&server.base_url(), None).unwrap();
         // While it loads: the kind's 503, body for body.
@@ -283,12 +273,7 @@ fn the_llama_swap_front_holds_requests_while_its_real_upstream_loads() {
         .unwrap();
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async {
-        let spec = LlamaSpec {
-            model: tools.models.join(DEFAULT_MODEL),
-            slots: 1,
-            context: 65_536,
-            threads: 1,
-        };
+        let spec = LlamaSpec::lab(&tools, 1, 65_536);
         let trace = Trace::new();
         let settings = |limit, timeout_s| super::swap::SwapSettings {
             name: "gpu".into(),
@@ -501,12 +486,7 @@ fn llama_server_announces_its_keep_alive_and_closes_after_100_requests() {
         .enable_all()
         .build()
         .unwrap();
-    let spec = LlamaSpec {
-        model: tools.models.join(DEFAULT_MODEL),
-        slots: 2,
-        context: 4096,
-        threads: 1,
-    };
+    let spec = LlamaSpec::lab(&tools, 2, 4096);
     let mut server = LlamaServer::start(&tools, &spec).unwrap();
     runtime.block_on(server.ready(Duration::from_secs(120))).unwrap();
     let address = server.base_url().trim_start_matches("http://").to_owned();

@@ -1,7 +1,7 @@
 //! The `redstring-sim` binary: exit codes distinguish a bad scenario file from
 //! an invariant failure, and errors name the file and the line.
 
-use crate::support::{ERRORS_TO_THE_END, ONE_WORKER, SMALL, bin, outage, temp_file};
+use crate::support::{ERRORS_TO_THE_END, ONE_WORKER, SMALL, bin, llama_tools_or_skip, outage, temp_file};
 
 #[test]
 fn a_broken_scenario_exits_2_naming_file_and_line() {
@@ -620,25 +620,9 @@ fn lab_refuses_a_scenario_it_cannot_run_for_real_naming_the_field() {
 /// the fitted step predicts for it.
 #[test]
 fn calibrate_writes_each_timed_request_beside_its_prediction() {
-    use redstring_sim::lab::llama::{DEFAULT_MODEL, LlamaServer, LlamaSpec, Tools};
-    let tools = match Tools::find() {
-        Ok(tools) => tools,
-        Err(e) => {
-            assert_ne!(
-                std::env::var("REDSTRING_REQUIRE_LLAMA").as_deref(),
-                Ok("1"),
-                "REDSTRING_REQUIRE_LLAMA=1 but {e}"
-            );
-            eprintln!("SKIPPED (set REDSTRING_REQUIRE_LLAMA=1 to fail instead): {e}");
-            return;
-        }
-    };
-    let spec = LlamaSpec {
-        model: tools.models.join(DEFAULT_MODEL),
-        slots: 2,
-        context: 4096,
-        threads: 1,
-    };
+    use redstring_sim::lab::llama::{LlamaServer, LlamaSpec};
+    let Some(tools) = llama_tools_or_skip() else { return };
+    let spec = LlamaSpec::lab(&tools, 2, 4096);
     let mut server = LlamaServer::start(&tools, &spec).unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -682,13 +666,7 @@ fn calibrate_writes_each_timed_request_beside_its_prediction() {
 /// A repetition run for real writes the trace a simulation writes.
 #[test]
 fn lab_writes_each_repetition_s_trace_as_run_writes_one() {
-    if let Err(e) = redstring_sim::lab::llama::Tools::find() {
-        assert_ne!(
-            std::env::var("REDSTRING_REQUIRE_LLAMA").as_deref(),
-            Ok("1"),
-            "REDSTRING_REQUIRE_LLAMA=1 but {e}"
-        );
-        eprintln!("SKIPPED (set REDSTRING_REQUIRE_LLAMA=1 to fail instead): {e}");
+    if llama_tools_or_skip().is_none() {
         return;
     }
     let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/lab/crash-restart.toml");

@@ -120,3 +120,21 @@ tenants = [{ id = 1, calls_per_min = 30 }]
 /// after the last fault, so liveness fails.
 pub const ERRORS_TO_THE_END: &str =
     "[[faults]]\nkind = \"behave\"\nat_s = 10\nserver = \"gpu\"\nbehaviour = { mode = \"error\" }\n";
+
+/// The laboratory's tools (`lab/setup.sh` builds them), or `None` with a
+/// loud skip message — unless `REDSTRING_REQUIRE_LLAMA=1`, when their
+/// absence fails the test.
+pub fn llama_tools_or_skip() -> Option<redstring_sim::lab::llama::Tools> {
+    match redstring_sim::lab::llama::Tools::find() {
+        Ok(tools) => Some(tools),
+        Err(e) => {
+            assert_ne!(
+                std::env::var("REDSTRING_REQUIRE_LLAMA").as_deref(),
+                Ok("1"),
+                "REDSTRING_REQUIRE_LLAMA=1 but {e}"
+            );
+            eprintln!("SKIPPED (set REDSTRING_REQUIRE_LLAMA=1 to fail instead): {e}");
+            None
+        }
+    }
+}
