@@ -400,21 +400,12 @@ pub fn fit(measurement: &Measurement) -> Result<Calibration, CalibrateError> {
     // splits is for the search to find, from each end and the middle.
     let split = |base: f64| [alone[0], alone[1], alone[2] * base, alone[2] * (1.0 - base), alone[4]];
     let starts = [split(0.5), split(0.0), split(1.0)];
-    let objective = |x: &[f64; TERMS]| {
-        let predicted = replay(samples, slots, &step_of(x));
-        samples
-            .iter()
-            .zip(&predicted)
-            .map(|(s, p)| ((p - s.latency_s) / s.latency_s.max(1e-6)).powi(2))
-            .sum::<f64>()
-    };
-    let best = minimise(&starts, objective);
+    let best = minimise(&starts, |x| misfit(samples, slots, &step_of(x)));
     let step = step_of(&best);
-    let predicted = replay(samples, slots, &step);
-    let errors: Vec<f64> = samples
+    let errors: Vec<f64> = replay(samples, slots, &step)
         .iter()
-        .zip(&predicted)
-        .map(|(s, p)| ((p - s.latency_s) / s.latency_s.max(1e-6)).abs())
+        .zip(samples)
+        .map(|(p, s)| relative_error(*p, s).abs())
         .collect();
     let uncapped: Vec<f64> = samples
         .iter()
@@ -452,6 +443,7 @@ pub fn samples_csv(measurement: &Measurement, calibration: &Calibration) -> Stri
         "concurrency,prompt_tokens,cached_tokens,completion_tokens,max_tokens,sent_at_s,latency_s,predicted_s,error\n",
     );
     for (s, p) in measurement.samples.iter().zip(predicted) {
+        let error = relative_error(p, s);
         out.push_str(&format!(
             "{},{},{},{},{},{:.6},{:.6},{:.6},{:.4}\n",
             s.concurrency,
@@ -462,10 +454,26 @@ pub fn samples_csv(measurement: &Measurement, calibration: &Calibration) -> Stri
             s.sent_at_s,
             s.latency_s,
             p,
-            (p - s.latency_s) / s.latency_s.max(1e-6),
+            error,
         ));
     }
     out
+}
+
+/// How far a predicted latency of `predicted` seconds is from `sample`'s,
+/// relative to it.
+fn relative_error(predicted: f64, sample: &Sample) -> f64 {
+    (predicted - sample.latency_s) / sample.latency_s.max(1e-6)
+}
+
+/// What the fit minimises: the sum of the squared relative errors of the
+/// latencies `step`'s engine gives `samples` on `slots` slots.
+fn misfit(samples: &[Sample], slots: u32, step: &LinearStep) -> f64 {
+    replay(samples, slots, step)
+        .iter()
+        .zip(samples)
+        .map(|(p, s)| relative_error(*p, s).powi(2))
+        .sum()
 }
 
 /// The terms of a [`LinearStep`] the fit finds.
@@ -939,17 +947,9 @@ mod tests {
         (2, 939, 938, 24, 24, 6.25, 0.259),
     ];
 
-    /// On that server two requests decoding together took 10.8 ms a token
-    /// each, one alone 5.3 ms (its own `timings.predicted_per_token_ms`):
-    /// a step of two costs twice a step of one, all of it per sequence. A
-    /// single search from the middle of the decode sum stopped on these at
-    /// 0.92 ms a step plus 2.2 ms a sequence; in the laboratory such a fit
-    /// (2.1 + 1.1·B ms) made a pair's step 40 % too cheap, and the burst of
-    /// `scenarios/lab/overload-burst.toml` drained in 1.7 s simulated
-    /// against 2.6 s measured.
-    #[test]
-    fn the_fit_of_a_real_server_charges_its_decode_per_sequence() {
-        let samples: Vec<Sample> = LLAMA_SERVER
+    /// [`LLAMA_SERVER`] as the measurement `measure` would have made.
+    fn llama_server_measurement() -> Measurement {
+        let samples = LLAMA_SERVER
             .iter()
             .map(
                 |&(concurrency, prompt_tokens, cached_tokens, completion_tokens, max_tokens, sent_at_s, latency_s)| {
@@ -965,14 +965,27 @@ mod tests {
                 },
             )
             .collect();
-        let measurement = Measurement {
+        Measurement {
             props: Props {
                 slots: Some(2),
                 ..Props::default()
             },
             samples,
             failed: 0,
-        };
+        }
+    }
+
+    /// On that server two requests decoding together took 10.8 ms a token
+    /// each, one alone 5.3 ms (its own `timings.predicted_per_token_ms`):
+    /// a step of two costs twice a step of one, all of it per sequence. A
+    /// single search from the middle of the decode sum stopped on these at
+    /// 0.92 ms a step plus 2.2 ms a sequence; in the laboratory such a fit
+    /// (2.1 + 1.1·B ms) made a pair's step 40 % too cheap, and the burst of
+    /// `scenarios/lab/overload-burst.toml` drained in 1.7 s simulated
+    /// against 2.6 s measured.
+    #[test]
+    fn the_fit_of_a_real_server_charges_its_decode_per_sequence() {
+        let measurement = llama_server_measurement();
         let c = fit(&measurement).unwrap();
         let step = c.step;
         assert!(
@@ -982,15 +995,6 @@ mod tests {
         assert!(c.mean_error < 0.12, "mean error {}: {step:?}", c.mean_error);
         // The fit is no worse than the step with its decode base moved
         // into the per-sequence cost, nor than with it moved out.
-        let objective = |step: &LinearStep| {
-            let predicted = replay(&measurement.samples, 2, step);
-            measurement
-                .samples
-                .iter()
-                .zip(predicted)
-                .map(|(s, p)| ((p - s.latency_s) / s.latency_s).powi(2))
-                .sum::<f64>()
-        };
         let sum = step.decode_base_ms + step.decode_per_sequence_ms;
         for (base, per_sequence) in [(0.0, sum), (sum / 2.0, sum / 2.0)] {
             let other = LinearStep {
@@ -999,44 +1003,17 @@ mod tests {
                 ..step
             };
             assert!(
-                objective(&step) <= objective(&other) + 1e-9,
+                misfit(&measurement.samples, 2, &step) <= misfit(&measurement.samples, 2, &other) + 1e-9,
                 "{other:?} fits better than {step:?}"
             );
         }
     }
+
     /// The CSV holds every request once, with the latency the fit's own
     /// replay gives it, and errors whose mean is the fit's mean error.
     #[test]
     fn the_samples_file_sets_each_request_beside_its_predicted_latency() {
-        let measurement = Measurement {
-            props: Props {
-                slots: Some(2),
-                ..Props::default()
-            },
-            samples: LLAMA_SERVER
-                .iter()
-                .map(
-                    |&(
-                        concurrency,
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                        max_tokens,
-                        sent_at_s,
-                        latency_s,
-                    )| Sample {
-                        concurrency,
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                        max_tokens,
-                        sent_at_s,
-                        latency_s,
-                    },
-                )
-                .collect(),
-            failed: 0,
-        };
+        let measurement = llama_server_measurement();
         let fitted = fit(&measurement).unwrap();
         let csv = samples_csv(&measurement, &fitted);
         let mut lines = csv.lines();
