@@ -48,13 +48,9 @@ pub struct Row {
     pub seeds: usize,
     /// Its mean over the repetitions run for real.
     pub measured: f64,
-    /// The smallest and largest measured value.
-    pub measured_range: (f64, f64),
     /// Each repetition's number (its seed) and value, in the order they
     /// ran.
     pub per_repetition: Vec<(u64, f64)>,
-    /// Repetitions that measured it.
-    pub repetitions: usize,
     /// Whether every value on both sides is a whole number: a count, held
     /// to ±2 where its median is below 10.
     pub count: bool,
@@ -104,9 +100,6 @@ pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
             nearest_rank(&values, 90),
         );
         let mean = seen.iter().sum::<f64>() / seen.len() as f64;
-        let range = seen.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-            (lo.min(*v), hi.max(*v))
-        });
         let error = (median != 0.0).then(|| (mean - median) / median);
         let count = values.iter().chain(seen).all(|v| v.fract() == 0.0);
         let verdict = if agrees(mean, median, count) {
@@ -123,9 +116,7 @@ pub fn compare(simulated: &[SeedRecord], measured: &[SeedRecord]) -> Vec<Row> {
             p90,
             seeds: values.len(),
             measured: mean,
-            measured_range: range,
             per_repetition: seen_by_seed.clone(),
-            repetitions: seen.len(),
             count,
             error,
             same_seeds,
