@@ -467,6 +467,7 @@ impl Server {
                 b.drive(extra).await;
             });
         }
+        let keep_alive = KeepAlive::of(self.spec.kind);
         loop {
             tokio::select! {
                 biased;
@@ -480,10 +481,11 @@ impl Server {
                 accepted = listener.accept() => {
                     let (stream, _) = accepted?;
                     let start = start.clone();
-                    let keep_alive = KeepAlive::of(self.spec.kind);
+                    let keep_alive = keep_alive.clone();
                     connections.spawn(async move {
                         // Requests this connection has carried.
-                        let carried = Arc::new(std::sync::atomic::AtomicU32::new(0));
+                        let carried = std::sync::atomic::AtomicU32::new(0);
+                        let idle = keep_alive.as_ref().map(|k| k.idle);
                         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                             let start = start.clone();
                             let caller = request
@@ -493,21 +495,22 @@ impl Server {
                                 .filter(|v| v.len() <= MAX_CALLER_LEN)
                                 .map(str::to_owned);
                             let nth = carried.fetch_add(1, std::sync::atomic::Ordering::Relaxed).saturating_add(1);
+                            let keep_alive = keep_alive.clone();
                             CALLER.scope(caller, async move {
                                 let mut reply = start.handle(request).await;
-                                if let (Some(keep_alive), Ok(response)) = (keep_alive, &mut reply) {
+                                if let (Some(keep_alive), Ok(response)) = (&keep_alive, &mut reply) {
                                     keep_alive.announce(response, nth);
                                 }
                                 reply
                             })
                         });
                         let mut builder = hyper::server::conn::http1::Builder::new();
-                        if let Some(keep_alive) = keep_alive {
+                        if let Some(idle) = idle {
                             // hyper arms this timer whenever it waits for a
                             // request's head, idle time included.
                             builder
                                 .timer(hyper_util::rt::TokioTimer::new())
-                                .header_read_timeout(keep_alive.idle);
+                                .header_read_timeout(idle);
                         }
                         // A connection ends in an error whenever a client gives up or a
                         // `drop` closes it; neither is the server's failure.
@@ -533,12 +536,14 @@ impl Server {
 /// The other kinds keep a connection until their client closes it.
 /// (A stopped llama.cpp process closes nothing until continued; the
 /// simulated one still closes idle connections during a stop.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct KeepAlive {
     /// Idle time after which the server closes a connection.
     idle: Duration,
     /// Requests after which it closes one.
     max: u32,
+    /// The `Keep-Alive` header saying both, made once and shared.
+    header: hyper::header::HeaderValue,
 }
 
 impl KeepAlive {
@@ -548,6 +553,7 @@ impl KeepAlive {
             ServerKind::LlamaCpp => Some(KeepAlive {
                 idle: Duration::from_secs(5),
                 max: 100,
+                header: hyper::header::HeaderValue::from_static("timeout=5, max=100"),
             }),
             ServerKind::Generic
             | ServerKind::LlamaSwap
@@ -560,17 +566,15 @@ impl KeepAlive {
     /// Marks the response to a connection's `nth` request as the server
     /// would: the last one it carries says `Connection: close` (and hyper
     /// closes the connection once it is written), the others the limits.
-    fn announce(self, response: &mut Response<Full<Bytes>>, nth: u32) {
+    fn announce(&self, response: &mut Response<Full<Bytes>>, nth: u32) {
         let headers = response.headers_mut();
         if nth >= self.max {
             headers.insert(
                 hyper::header::CONNECTION,
                 hyper::header::HeaderValue::from_static("close"),
             );
-        } else if let Ok(value) =
-            hyper::header::HeaderValue::from_str(&format!("timeout={}, max={}", self.idle.as_secs(), self.max))
-        {
-            headers.insert("keep-alive", value);
+        } else {
+            headers.insert("keep-alive", self.header.clone());
         }
     }
 }
