@@ -38,6 +38,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rand::{RngCore, SeedableRng};
 use redstring::provider::{BoxFuture, HttpResponse, TransportError};
 use serde_json::{Value, json};
 
@@ -70,7 +71,9 @@ pub struct Plan {
     pub requests_per_client: u32,
     /// Prompt sizes, in words of filler text.
     pub prompt_words: Vec<u32>,
-    /// `max_tokens` of the requests, cycled with the prompt sizes.
+    /// `max_tokens` of the requests, cycled beside the prompt sizes: the
+    /// `k`th fresh prompt has `prompt_words[k % len]` words and asks for
+    /// `max_tokens[k % len]` tokens.
     pub max_tokens: Vec<u32>,
     /// How long one request may take.
     pub timeout: Duration,
@@ -82,8 +85,10 @@ impl Default for Plan {
             model: "default".into(),
             max_concurrency: 4,
             requests_per_client: 10,
+            // A short prompt with a long answer, a long prompt with a short
+            // one: decode and prefill each dominate some request.
             prompt_words: vec![4, 40, 160],
-            max_tokens: vec![8, 24, 256],
+            max_tokens: vec![256, 24, 8],
             timeout: Duration::from_secs(120),
         }
     }
@@ -208,17 +213,21 @@ impl Plan {
     }
 
     /// The request body of client `client`'s `n`th request at a level: a
-    /// prompt that starts with its own numbers (so no server reuses another
-    /// request's cached prefix) and a JSON-schema answer, as workers ask.
+    /// prompt that starts with the measurement's `salt` and its own numbers
+    /// (so no server reuses a cached prefix of another request, or of an
+    /// earlier measurement's) and a JSON-schema answer, as workers ask.
     /// Each odd request sends its client's previous prompt again, so a
     /// server with a prompt cache prefills almost none of it: those
     /// requests measure what a request costs beyond its prompt tokens.
-    pub(crate) fn body(&self, level: u32, client: u32, n: u32) -> (Vec<u8>, u32) {
+    /// Every client of a level sends the same sizes in the same turn, so
+    /// their requests run side by side from start to end: what a step of
+    /// several sequences costs is then measured, not inferred.
+    pub(crate) fn body(&self, salt: u32, level: u32, client: u32, n: u32) -> (Vec<u8>, u32) {
         let n = n - n % 2;
-        let turn = (client + n / 2) as usize;
+        let turn = (n / 2) as usize;
         let words = self.prompt_words[turn % self.prompt_words.len()];
-        let max_tokens = self.max_tokens[(turn / self.prompt_words.len()) % self.max_tokens.len()];
-        let mut text = format!("Request {level}.{client}.{n}. Extract the entity from:");
+        let max_tokens = self.max_tokens[turn % self.max_tokens.len()];
+        let mut text = format!("Request {salt:08x}.{level}.{client}.{n}. Extract the entity from:");
         for i in 0..words {
             text.push(' ');
             text.push_str(FILLER[(i as usize + n as usize) % FILLER.len()]);
@@ -252,6 +261,10 @@ pub async fn measure(endpoint: Arc<dyn Endpoint>, plan: &Plan) -> Result<Measure
         .map_or(plan.max_concurrency, |s| s.clamp(1, plan.max_concurrency));
     let mut samples = Vec::new();
     let (mut failed, mut sent, mut last) = (0u32, 0u32, String::new());
+    // A server keeps the prompts it has seen (llama.cpp in its slots and
+    // in host memory), so a measurement that repeated an earlier one's
+    // prompts would find them all cached and measure no prefill.
+    let salt = rand_chacha::ChaCha8Rng::from_os_rng().next_u32();
     let origin = tokio::time::Instant::now();
     for level in 1..=top {
         // Each answer is kept as it comes, so a client that dies takes
@@ -262,7 +275,7 @@ pub async fn measure(endpoint: Arc<dyn Endpoint>, plan: &Plan) -> Result<Measure
             let (endpoint, plan, answers) = (endpoint.clone(), plan.clone(), answers.clone());
             clients.spawn(async move {
                 for n in 0..plan.requests_per_client {
-                    let answer = one(endpoint.as_ref(), &plan, origin, (level, client, n)).await;
+                    let answer = one(endpoint.as_ref(), &plan, origin, (salt, level, client, n)).await;
                     answers.lock().unwrap_or_else(|p| p.into_inner()).push(answer);
                 }
             });
@@ -320,9 +333,9 @@ async fn one(
     endpoint: &dyn Endpoint,
     plan: &Plan,
     origin: tokio::time::Instant,
-    (level, client, n): (u32, u32, u32),
+    (salt, level, client, n): (u32, u32, u32, u32),
 ) -> Result<Sample, String> {
-    let (body, max_tokens) = plan.body(level, client, n);
+    let (body, max_tokens) = plan.body(salt, level, client, n);
     let start = tokio::time::Instant::now();
     let sent_at_s = start.duration_since(origin).as_secs_f64();
     let response = endpoint
@@ -819,6 +832,14 @@ mod tests {
         assert!((b[0] + 20.0 * b[2] - 193.5).abs() < 1e-6, "the mean is kept: {b:?}");
     }
 
+    fn not_found() -> HttpResponse {
+        HttpResponse {
+            status: 404,
+            headers: Vec::new(),
+            body: Vec::new(),
+        }
+    }
+
     /// Answers every post with token counts, has no `/props`, and panics
     /// on its `panic_at`th post.
     struct Flaky {
@@ -828,13 +849,7 @@ mod tests {
 
     impl Endpoint for Flaky {
         fn get<'a>(&'a self, _: &'a str, _: Duration) -> BoxFuture<'a, Result<HttpResponse, TransportError>> {
-            Box::pin(async {
-                Ok(HttpResponse {
-                    status: 404,
-                    headers: Vec::new(),
-                    body: Vec::new(),
-                })
-            })
+            Box::pin(async { Ok(not_found()) })
         }
 
         fn post<'a>(
@@ -871,6 +886,84 @@ mod tests {
         assert_eq!(measured.samples.len(), 4 + 2 * 10);
         assert_eq!(measured.failed, 1);
         assert_eq!(measured.props, Props::default(), "no /props");
+    }
+
+    /// Answers every post with token counts, has no `/props`, and keeps
+    /// the prompt of each request.
+    #[derive(Default)]
+    struct Recorder {
+        prompts: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl Endpoint for Recorder {
+        fn get<'a>(&'a self, _: &'a str, _: Duration) -> BoxFuture<'a, Result<HttpResponse, TransportError>> {
+            Box::pin(async { Ok(not_found()) })
+        }
+
+        fn post<'a>(
+            &'a self,
+            _: &'a str,
+            body: Vec<u8>,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<HttpResponse, TransportError>> {
+            Box::pin(async move {
+                let v: Value = serde_json::from_slice(&body).unwrap();
+                let prompt = v.pointer("/messages/0/content").and_then(Value::as_str).unwrap();
+                self.prompts.lock().unwrap().push(prompt.to_owned());
+                Ok(HttpResponse {
+                    status: 200,
+                    headers: Vec::new(),
+                    body: br#"{"usage":{"prompt_tokens":40,"completion_tokens":20}}"#.to_vec(),
+                })
+            })
+        }
+    }
+
+    /// llama.cpp keeps the prompts it has seen: a calibration measured
+    /// again on the same server with the same prompts found every one of
+    /// them cached, and four of five such fits put no cost on a sequence.
+    #[tokio::test]
+    async fn a_measurement_taken_again_sends_none_of_the_prompts_of_the_first() {
+        let plan = Plan {
+            max_concurrency: 2,
+            requests_per_client: 4,
+            ..Plan::default()
+        };
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let endpoint = Arc::new(Recorder::default());
+            measure(endpoint.clone(), &plan).await.unwrap();
+            let prompts = std::mem::take(&mut *endpoint.prompts.lock().unwrap());
+            assert_eq!(prompts.len(), 4 + 2 * 4);
+            seen.push(prompts.into_iter().collect::<std::collections::BTreeSet<_>>());
+        }
+        assert!(seen[0].is_disjoint(&seen[1]), "{:?}", seen[0].intersection(&seen[1]));
+    }
+
+    /// A step of two sequences is measured only where two requests decode
+    /// together from start to end: the same prompt and answer sizes, sent
+    /// at once.
+    #[test]
+    fn the_clients_of_a_level_send_the_same_sizes_in_each_turn() {
+        let plan = Plan::default();
+        let size = |client, n| {
+            let (body, max_tokens) = plan.body(7, 3, client, n);
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            let text = v
+                .pointer("/messages/0/content")
+                .and_then(Value::as_str)
+                .unwrap()
+                .to_owned();
+            (text.split(' ').count(), max_tokens)
+        };
+        for n in 0..plan.requests_per_client {
+            assert_eq!(size(0, n), size(1, n), "request {n}");
+            assert_eq!(size(0, n), size(2, n), "request {n}");
+        }
+        // And the turns cover every size: a long answer to a short prompt,
+        // a short answer to a long one.
+        let sizes: std::collections::BTreeSet<_> = (0..6).map(|n| size(0, n).1).collect();
+        assert_eq!(sizes, [8, 24, 256].into());
     }
 
     #[test]

@@ -173,7 +173,7 @@ fn calibrate_measures_a_real_llama_server_and_writes_a_server_a_scenario_accepts
 /// What one chat completion got: a status and body, or the transport's
 /// failure.
 async fn ask(endpoint: &HttpEndpoint, timeout: Duration) -> Result<(u16, serde_json::Value), TransportError> {
-    let (body, _) = Plan::default().body(1, 0, 0);
+    let (body, _) = Plan::default().body(0, 1, 0, 0);
     let r = endpoint.post("/v1/chat/completions", body, timeout).await?;
     Ok((r.status, serde_json::from_slice(&r.body).unwrap_or_default()))
 }
