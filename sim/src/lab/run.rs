@@ -282,6 +282,17 @@ pub fn calibrated(scenario: &Scenario, tools: &Tools) -> Result<(Scenario, Vec<C
         spec.prompt_tokens_dist = None;
         spec.output_tokens_dist = None;
         spec.cached_prompt_tokens = Some(c.cached_tokens);
+        // The laboratory's llama-server computes on this machine's CPU.
+        if spec.kind == crate::scenario::ServerKind::LlamaCpp {
+            spec.cpu = Some(crate::scenario::kinds::Cpu {
+                cores: std::thread::available_parallelism()
+                    .map_or(1, |n| {
+                        u32::try_from(n.get()).unwrap_or(crate::scenario::kinds::MAX_CORES)
+                    })
+                    .min(crate::scenario::kinds::MAX_CORES),
+                threads: Some(llama_spec(spec, tools).threads),
+            });
+        }
         found.push(c);
     }
     Ok((out, found))

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ClockSpec;
 use crate::hosts::server::kinds::Preset;
-pub use crate::scenario::kinds::{LinearStep, Quota, ServerKind, Spread};
+pub use crate::scenario::kinds::{Cpu, LinearStep, Quota, ServerKind, Spread};
 
 /// One GPU model server.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -108,6 +108,12 @@ pub struct ServerSpec {
     /// 300; llama-swap's `ttl`, default never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_alive_s: Option<f64>,
+    /// A `llama_cpp` server computing on the CPU: its machine's cores and
+    /// its compute threads, which decide whether its HTTP threads wait for
+    /// a core while it computes (default: a GPU server, whose HTTP threads
+    /// never wait).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Cpu>,
     /// The hosted endpoint's quotas (kind `openai`, required there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<Quota>,
@@ -157,6 +163,7 @@ impl ServerSpec {
             health_check_timeout_s: None,
             max_queue: None,
             keep_alive_s: None,
+            cpu: None,
             quota: None,
             quota_group: None,
         }

@@ -303,6 +303,52 @@ impl Quota {
     }
 }
 
+/// A llama.cpp server computing on the CPU (`[servers.cpu]`).
+///
+/// llama-server serves each connection on a thread of its HTTP pool, and a
+/// thread told of a new connection counts as idle until it gets a core: when
+/// the compute threads and the accept loop fill the machine's cores, a burst
+/// of connections that arrives while the server computes is served only by
+/// the threads that were idle, and the rest wait for a thread to come free
+/// (`docs/server-kinds.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cpu {
+    /// The machine's cores (its hardware threads).
+    pub cores: u32,
+    /// llama.cpp's `--threads`, the threads it computes with (default: all
+    /// of `cores`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+}
+
+/// The most cores a `[servers.cpu]` may name.
+pub const MAX_CORES: u32 = 4096;
+
+impl Cpu {
+    /// Whether the compute threads and the accept loop leave no core free
+    /// while the server computes.
+    pub fn crowded(&self) -> bool {
+        self.threads.unwrap_or(self.cores).saturating_add(1) >= self.cores
+    }
+
+    /// The numbers in range; the error names the field.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        if !(1..=MAX_CORES).contains(&self.cores) {
+            return Err(("cores".into(), format!("must be 1 to {MAX_CORES}, got {}", self.cores)));
+        }
+        if let Some(t) = self.threads
+            && !(1..=self.cores).contains(&t)
+        {
+            return Err((
+                "threads".into(),
+                format!("must be 1 to the {} cores, got {t}", self.cores),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Checks a server's kind-specific fields; the error names the field (under
 /// `at`, like `servers[0].`).
 pub fn validate(spec: &ServerSpec) -> Result<(), (String, String)> {
@@ -332,6 +378,12 @@ pub fn validate(spec: &ServerSpec) -> Result<(), (String, String)> {
     }
     if spec.health_check_timeout_s.is_some() && spec.kind != ServerKind::LlamaSwap {
         return bad("health_check_timeout_s", "applies to kind llama_swap only".into());
+    }
+    if let Some(cpu) = &spec.cpu {
+        if spec.kind != ServerKind::LlamaCpp {
+            return bad("cpu", "applies to kind llama_cpp only".into());
+        }
+        cpu.check().map_err(|(f, m)| (format!("cpu.{f}"), m))?;
     }
     if spec.quota.is_some() != (spec.kind == ServerKind::OpenAi) {
         return bad("quota", "is required by kind openai and applies to it only".into());

@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use deployment::{
-    Behaviour, FleetMember, Mode, Quota, ServerKind, ServerSpec, Spread, TenantLoad, WorkerGroup, tenant,
+    Behaviour, Cpu, FleetMember, Mode, Quota, ServerKind, ServerSpec, Spread, TenantLoad, WorkerGroup, tenant,
 };
 pub use fault::{Fault, FaultKind};
 pub use sanity::{Oddity, ServerLoad, Warning};

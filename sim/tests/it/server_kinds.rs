@@ -13,9 +13,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
+use redstring_sim::evidence::outcome::Answer;
 use redstring_sim::evidence::trace::{Kind, Trace};
 use redstring_sim::hosts::server::{ServerHandle, server_host};
-use redstring_sim::scenario::{Quota, ServerKind, ServerSpec, Spread};
+use redstring_sim::scenario::{Behaviour, Cpu, Quota, ServerKind, ServerSpec, Spread};
 use serde_json::{Value, json};
 
 use crate::support::sim;
@@ -1065,4 +1066,238 @@ fn llama_cpp_closes_a_connection_idle_for_5_s_or_after_100_requests() {
             assert_eq!(many.closed_at, None);
         }
     }
+}
+
+/// Sends one request on a new connection at `at`, and keeps the connection
+/// `hold` after the answer, as a client's pool keeps an idle one; returns
+/// when the answer came, if it came within 30 s.
+async fn held_post(at: Duration, hold: Duration) -> Option<Duration> {
+    held_post_within(at, Duration::from_secs(30), hold).await
+}
+
+/// [`held_post`], giving up after `give_up` (and closing the connection).
+async fn held_post_within(at: Duration, give_up: Duration, hold: Duration) -> Option<Duration> {
+    tokio::time::sleep(at).await;
+    let stream = turmoil::net::TcpStream::connect(("gpu", 8080)).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let request = Request::post("/v1/chat/completions")
+        .header("host", "gpu")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(chat_request(8).to_string())))
+        .unwrap();
+    let answer = tokio::time::timeout(give_up, async {
+        let response = sender.send_request(request).await.ok()?;
+        response.into_body().collect().await.ok()?;
+        Some(turmoil::sim_elapsed().unwrap())
+    })
+    .await
+    .ok()
+    .flatten();
+    if answer.is_some() {
+        tokio::time::sleep(hold).await;
+    }
+    drop(sender);
+    conn.abort();
+    answer
+}
+
+/// llama-server serves each connection on a thread of its pool, and a
+/// thread told of a connection counts as idle until it runs: on a CPU
+/// server whose compute thread and accept loop fill both cores, a burst of
+/// twenty new connections while it computes gets the five idle threads
+/// (six, less the one a connection already holds), and the other fifteen
+/// wait until a thread comes free — here when a served connection idles
+/// 5 s. Observed on a real llama-server (2 cores, 1 thread, 2 slots): of
+/// twenty calls sent at once it answered five, and nothing more of the
+/// burst. With a core to spare, or an engine at rest when the burst comes,
+/// every connection gets a thread at once.
+#[test]
+fn llama_cpp_on_a_crowded_cpu_serves_a_burst_only_on_its_idle_threads() {
+    let crowded = Some(Cpu {
+        cores: 2,
+        threads: Some(1),
+    });
+    let spare = Some(Cpu {
+        cores: 8,
+        threads: Some(2),
+    });
+    // (cpu, whether a held connection makes the engine compute at the burst)
+    for (cpu, computing, waiting) in [
+        (crowded, true, 15),
+        (crowded, false, 0),
+        (spare, true, 0),
+        (None, true, 0),
+    ] {
+        let spec = ServerSpec {
+            slots: 2,
+            cpu,
+            ..spec(ServerKind::LlamaCpp)
+        };
+        let mut sim = sim(1, 60);
+        let handle = ServerHandle::new(spec.behaviour);
+        sim.host("gpu", server_host(spec, handle, Trace::new(), 7));
+        let answers: Rc<RefCell<Vec<Option<Duration>>>> = Rc::default();
+        // The engine is at work from 0 s to past the burst when asked.
+        let burst_at = Duration::from_millis(if computing { 20 } else { 2_000 });
+        let seen = answers.clone();
+        sim.client("first", async move {
+            let answered = held_post(Duration::ZERO, Duration::from_secs(30)).await;
+            assert!(answered.is_some_and(|a| a > Duration::from_millis(20)), "{answered:?}");
+            assert!(
+                answered.is_some_and(|a| a < Duration::from_millis(2_000)),
+                "{answered:?}"
+            );
+            drop(seen);
+            Ok(())
+        });
+        for i in 0..20 {
+            let seen = answers.clone();
+            sim.client(format!("burst-{i}"), async move {
+                let answered = held_post(burst_at, Duration::from_secs(20)).await;
+                seen.borrow_mut().push(answered);
+                Ok(())
+            });
+        }
+        sim.run().unwrap();
+        let answers = answers.borrow();
+        let first_answers: Vec<Duration> = answers.iter().flatten().copied().collect();
+        assert_eq!(
+            first_answers.len(),
+            20,
+            "every call is answered in the end: {answers:?}"
+        );
+        let early = first_answers.iter().min().copied().unwrap();
+        // A served connection's thread comes free 5 s after its answer.
+        let late = first_answers
+            .iter()
+            .filter(|a| **a >= early + Duration::from_secs(5))
+            .count();
+        assert_eq!(late, waiting, "{cpu:?}, computing {computing}: {first_answers:?}");
+    }
+}
+
+#[test]
+fn a_cpu_is_a_llama_cpp_field_with_threads_within_its_cores() {
+    let text = |server: &str| {
+        format!(
+            "name = \"k\"\nduration_s = 10\n\n[[servers]]\nname = \"gpu\"\n{server}\n\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 6 }}]\n"
+        )
+    };
+    let parse = |server: &str| redstring_sim::scenario::Scenario::parse("k.toml", &text(server));
+    let ok = parse("kind = \"llama_cpp\"\ncpu = { cores = 2, threads = 1 }").unwrap();
+    let cpu = ok.servers[0].cpu.unwrap();
+    assert!(cpu.crowded(), "one compute thread and the accept loop fill two cores");
+    assert!(
+        !Cpu {
+            cores: 8,
+            threads: Some(2)
+        }
+        .crowded()
+    );
+    assert!(
+        Cpu {
+            cores: 8,
+            threads: None
+        }
+        .crowded(),
+        "llama.cpp computes on every core"
+    );
+    for (server, field) in [
+        ("kind = \"vllm\"\ncpu = { cores = 2 }", "servers[0].cpu"),
+        ("cpu = { cores = 2 }", "servers[0].cpu"),
+        ("kind = \"llama_cpp\"\ncpu = { cores = 0 }", "servers[0].cpu.cores"),
+        ("kind = \"llama_cpp\"\ncpu = { cores = 5000 }", "servers[0].cpu.cores"),
+        (
+            "kind = \"llama_cpp\"\ncpu = { cores = 2, threads = 3 }",
+            "servers[0].cpu.threads",
+        ),
+        (
+            "kind = \"llama_cpp\"\ncpu = { cores = 2, threads = 0 }",
+            "servers[0].cpu.threads",
+        ),
+        ("kind = \"llama_cpp\"\ncpu = { cores = 2, gpus = 1 }", "gpus"),
+    ] {
+        let err = parse(server).unwrap_err().to_string();
+        assert!(err.contains(field), "{server}: {err}");
+    }
+}
+
+/// A request whose connection waited in llama-server's HTTP pool until its
+/// client gave up is read only when a thread takes the connection, and
+/// then dropped: the server records it `hang`, as its client saw it (the
+/// laboratory records a call that timed out so), when a thread comes free
+/// and drains the queue oldest first.
+#[test]
+fn a_request_llama_cpp_held_unread_until_its_client_left_is_recorded_hang() {
+    let spec = ServerSpec {
+        slots: 2,
+        cpu: Some(Cpu {
+            cores: 2,
+            threads: Some(1),
+        }),
+        ..spec(ServerKind::LlamaCpp)
+    };
+    let mut sim = sim(1, 60);
+    let trace = Trace::new();
+    sim.host(
+        "gpu",
+        server_host(spec, ServerHandle::new(Behaviour::default()), trace.clone(), 7),
+    );
+    let answers: Rc<RefCell<Vec<Option<Duration>>>> = Rc::default();
+    sim.client("first", async {
+        held_post(Duration::ZERO, Duration::from_secs(30)).await.unwrap();
+        Ok(())
+    });
+    for i in 0..20 {
+        let seen = answers.clone();
+        sim.client(format!("burst-{i}"), async move {
+            let answered = held_post_within(
+                Duration::from_millis(20),
+                Duration::from_secs(3),
+                Duration::from_secs(20),
+            )
+            .await;
+            seen.borrow_mut().push(answered);
+            Ok(())
+        });
+    }
+    sim.client("later", async {
+        let answered = held_post(Duration::from_secs(10), Duration::ZERO).await;
+        assert!(answered.is_some(), "a new connection adds a thread");
+        Ok(())
+    });
+    sim.run().unwrap();
+    let gave_up = answers.borrow().iter().filter(|a| a.is_none()).count();
+    assert_eq!(gave_up, 15);
+    let hung: Vec<Duration> = trace
+        .events()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                Kind::Served {
+                    outcome: Answer::Hang,
+                    ..
+                }
+            )
+        })
+        .map(|e| Duration::from_micros(e.t_us))
+        .collect();
+    assert_eq!(hung.len(), 15, "{hung:?}");
+    // The first connection idles 5 s after its answer, and its thread
+    // takes the queue's oldest, every one of them left at 3 s.
+    assert!(
+        hung.iter().all(|t| *t >= Duration::from_secs(5)),
+        "read when a thread comes free: {hung:?}"
+    );
+    // The first, the five the idle threads took, and the later one.
+    let answered = served(&trace);
+    assert_eq!(
+        answered.iter().filter(|o| *o != "hang").count(),
+        1 + 5 + 1,
+        "{answered:?}"
+    );
 }

@@ -161,6 +161,13 @@ impl Batching {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether the engine is at work: requests past the gate and not yet
+    /// answered, the process not stopped.
+    pub(super) fn computing(&self) -> bool {
+        let st = self.lock();
+        st.in_flight > 0 && st.stopped_since.is_none()
+    }
+
     /// The process is stopped (SIGSTOP) from now: what it is working on
     /// waits with it.
     pub(super) fn stop(&self) {

@@ -127,6 +127,7 @@ use crate::scenario::{Behaviour, Mode, ServerSpec};
 mod answer;
 pub mod batching;
 mod front;
+mod http_pool;
 pub mod kinds;
 pub mod quota;
 
@@ -134,6 +135,7 @@ use crate::scenario::ServerKind;
 pub use answer::content_for_schema;
 use answer::{ChatRequest, Contents, Usage, completion};
 use front::{Batching, EngineOutcome, ExtraRng, LoadError};
+use http_pool::{HttpPool, Start as PoolStart, Thread};
 use kinds::Preset;
 use quota::{Credit, Decision, Limit, go_duration};
 
@@ -468,6 +470,16 @@ impl Server {
             });
         }
         let keep_alive = KeepAlive::of(self.spec.kind);
+        // llama-server serves connections on a pool of threads.
+        let pool = (self.spec.kind == ServerKind::LlamaCpp).then(|| {
+            let cpu = self.spec.cpu;
+            Arc::new(HttpPool::new(
+                self.spec.slots,
+                cpu.map(|c| c.cores),
+                cpu.is_some_and(|c| c.crowded()),
+                sim_elapsed(),
+            ))
+        });
         loop {
             tokio::select! {
                 biased;
@@ -480,44 +492,129 @@ impl Server {
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 accepted = listener.accept() => {
                     let (stream, _) = accepted?;
-                    let start = start.clone();
-                    let keep_alive = keep_alive.clone();
-                    connections.spawn(async move {
-                        // Requests this connection has carried.
-                        let carried = std::sync::atomic::AtomicU32::new(0);
-                        let idle = keep_alive.as_ref().map(|k| k.idle);
-                        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                            let start = start.clone();
-                            let caller = request
-                                .headers()
-                                .get(crate::hosts::CALL_HEADER)
-                                .and_then(|v| v.to_str().ok())
-                                .filter(|v| v.len() <= MAX_CALLER_LEN)
-                                .map(str::to_owned);
-                            let nth = carried.fetch_add(1, std::sync::atomic::Ordering::Relaxed).saturating_add(1);
-                            let keep_alive = keep_alive.clone();
-                            CALLER.scope(caller, async move {
-                                let mut reply = start.handle(request).await;
-                                if let (Some(keep_alive), Ok(response)) = (&keep_alive, &mut reply) {
-                                    keep_alive.announce(response, nth);
-                                }
-                                reply
-                            })
-                        });
-                        let mut builder = hyper::server::conn::http1::Builder::new();
-                        if let Some(idle) = idle {
-                            // hyper arms this timer whenever it waits for a
-                            // request's head, idle time included.
-                            builder
-                                .timer(hyper_util::rt::TokioTimer::new())
-                                .header_read_timeout(idle);
+                    let serving = Serving {
+                        start: start.clone(),
+                        keep_alive: keep_alive.clone(),
+                    };
+                    let Some(pool) = &pool else {
+                        connections.spawn(serving.serve(stream, false));
+                        continue;
+                    };
+                    let computing = start.batching.as_ref().is_some_and(|b| b.computing());
+                    let pool = pool.clone();
+                    match pool.accept((stream, sim_elapsed()), computing, sim_elapsed()) {
+                        None => {}
+                        Some(PoolStart::Serve(thread, stream)) => {
+                            connections.spawn(serving.on_thread(pool, thread, Some(stream)));
                         }
-                        // A connection ends in an error whenever a client gives up or a
-                        // `drop` closes it; neither is the server's failure.
-                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
-                    });
+                        Some(PoolStart::Woken(thread)) => {
+                            connections.spawn(async move {
+                                tokio::time::sleep(http_pool::WOKEN_AFTER).await;
+                                let job = pool.woke(thread, sim_elapsed());
+                                serving.on_thread(pool, thread, job).await;
+                            });
+                        }
+                    }
                 }
             }
+        }
+    }
+}
+
+/// A connection queued in llama-server's HTTP pool, with when it was
+/// accepted.
+type PoolJob = (turmoil::net::TcpStream, Duration);
+
+/// What serves one accepted connection: the start's handler, under the
+/// kind's keep-alive.
+struct Serving {
+    start: Arc<Start>,
+    keep_alive: Option<KeepAlive>,
+}
+
+impl Serving {
+    /// Serves `stream` until either end closes it. A connection `held`
+    /// unread (in llama-server's HTTP pool) records a request that comes
+    /// out of it only after its client left as `hang`, as its client saw
+    /// it: such a request is dropped before its handler runs.
+    async fn serve(self, stream: turmoil::net::TcpStream, held: bool) {
+        let Serving { start, keep_alive } = self;
+        // Requests this connection has carried.
+        let carried = std::sync::atomic::AtomicU32::new(0);
+        let idle = keep_alive.as_ref().map(|k| k.idle);
+        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+            let start = start.clone();
+            let caller = request
+                .headers()
+                .get(crate::hosts::CALL_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| v.len() <= MAX_CALLER_LEN)
+                .map(str::to_owned);
+            let nth = carried
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .saturating_add(1);
+            let keep_alive = keep_alive.clone();
+            let mut unread = held.then(|| Unread {
+                start: start.clone(),
+                caller: caller.clone(),
+                handled: false,
+            });
+            CALLER.scope(caller, async move {
+                if let Some(mut read) = unread.take() {
+                    read.handled = true;
+                }
+                let mut reply = start.handle(request).await;
+                if let (Some(keep_alive), Ok(response)) = (&keep_alive, &mut reply) {
+                    keep_alive.announce(response, nth);
+                }
+                reply
+            })
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        if let Some(idle) = idle {
+            // hyper arms this timer whenever it waits for a request's
+            // head, idle time included.
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(idle);
+        }
+        // A connection ends in an error whenever a client gives up or a
+        // `drop` closes it; neither is the server's failure.
+        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+    }
+
+    /// A thread of llama-server's HTTP pool: serves `job` (a connection
+    /// and when it was accepted), then each connection the pool hands it
+    /// as the last one closes, until it waits.
+    async fn on_thread(self, pool: Arc<HttpPool<PoolJob>>, thread: Thread, mut job: Option<PoolJob>) {
+        while let Some((stream, accepted)) = job {
+            let held = sim_elapsed() > accepted;
+            Serving {
+                start: self.start.clone(),
+                keep_alive: self.keep_alive.clone(),
+            }
+            .serve(stream, held)
+            .await;
+            job = pool.finished(thread, sim_elapsed());
+        }
+    }
+}
+
+/// A request read from a connection llama-server's HTTP pool held, until
+/// its handler runs: dropped before that (its client had left, and hyper
+/// closes the connection on reading its end), it is recorded `hang`, as
+/// its client saw it; a handler that runs records its own answer.
+struct Unread {
+    start: Arc<Start>,
+    caller: Option<String>,
+    handled: bool,
+}
+
+impl Drop for Unread {
+    fn drop(&mut self) {
+        if !self.handled && turmoil::sim_elapsed().is_some() {
+            self.start.handle.lock().stats.received += 1;
+            self.start.record_for(Answer::Hang, self.caller.take());
         }
     }
 }
@@ -639,8 +736,12 @@ const MAX_CALLER_LEN: usize = 128;
 
 impl Start {
     fn record(&self, answer: Answer) {
+        self.record_for(answer, CALLER.try_with(Clone::clone).ok().flatten());
+    }
+
+    /// Records `answer` to the call `caller` names.
+    fn record_for(&self, answer: Answer, caller: Option<String>) {
         *self.handle.lock().stats.outcomes.entry(answer).or_default() += 1;
-        let caller = CALLER.try_with(Clone::clone).ok().flatten();
         self.trace.record(&self.spec.name, Kind::served_for(answer, caller));
     }
 
