@@ -120,6 +120,24 @@ pub struct Sample {
     pub sent_at_s: f64,
     /// Seconds from sending to the whole answer.
     pub latency_s: f64,
+    /// What the server says it spent on it, when it says (llama.cpp).
+    pub timings: Option<Timings>,
+}
+
+/// The longest `timings` a sample keeps (an hour); a longer one, or one
+/// not a number, is left out.
+const MOST_TIMING_MS: f64 = 3_600_000.0;
+
+/// What llama.cpp says it spent on a request (its answer's `timings`):
+/// processing the prompt, up to the first token, and generating the rest.
+/// A request alone on the server splits its latency by them, which the
+/// latency alone cannot: a step's fixed cost from its cost per token.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timings {
+    /// `timings.prompt_ms`: the prompt, up to the first token.
+    pub prompt_ms: f64,
+    /// `timings.predicted_ms`: from the first token to the last.
+    pub predicted_ms: f64,
 }
 
 impl Sample {
@@ -348,6 +366,17 @@ async fn one(
     }
     let v: Value = serde_json::from_slice(&response.body).map_err(|e| format!("a body that is not JSON: {e}"))?;
     let count = |field: &str| v.pointer(&format!("/usage/{field}")).and_then(Value::as_u64);
+    let ms = |field: &str| {
+        v.pointer(&format!("/timings/{field}"))
+            .and_then(Value::as_f64)
+            .filter(|t| t.is_finite() && (0.0..=MOST_TIMING_MS).contains(t))
+    };
+    let timings = ms("prompt_ms")
+        .zip(ms("predicted_ms"))
+        .map(|(prompt_ms, predicted_ms)| Timings {
+            prompt_ms,
+            predicted_ms,
+        });
     match (count("prompt_tokens"), count("completion_tokens")) {
         (Some(prompt_tokens), Some(completion_tokens)) => Ok(Sample {
             concurrency: level,
@@ -359,6 +388,7 @@ async fn one(
             max_tokens,
             sent_at_s,
             latency_s,
+            timings,
         }),
         _ => Err("an answer without usage.prompt_tokens and usage.completion_tokens".into()),
     }
@@ -453,12 +483,15 @@ fn slots_of(measurement: &Measurement) -> u32 {
 pub fn samples_csv(measurement: &Measurement, calibration: &Calibration) -> String {
     let predicted = replay(&measurement.samples, slots_of(measurement), &calibration.step);
     let mut out = String::from(
-        "concurrency,prompt_tokens,cached_tokens,completion_tokens,max_tokens,sent_at_s,latency_s,predicted_s,error\n",
+        "concurrency,prompt_tokens,cached_tokens,completion_tokens,max_tokens,sent_at_s,latency_s,predicted_s,error,prompt_ms,predicted_ms\n",
     );
     for (s, p) in measurement.samples.iter().zip(predicted) {
         let error = relative_error(p, s);
+        let (prompt_ms, predicted_ms) = s.timings.map_or((String::new(), String::new()), |t| {
+            (format!("{:.3}", t.prompt_ms), format!("{:.3}", t.predicted_ms))
+        });
         out.push_str(&format!(
-            "{},{},{},{},{},{:.6},{:.6},{:.6},{:.4}\n",
+            "{},{},{},{},{},{:.6},{:.6},{:.6},{:.4},{prompt_ms},{predicted_ms}\n",
             s.concurrency,
             s.prompt_tokens,
             s.cached_tokens,
@@ -480,13 +513,43 @@ fn relative_error(predicted: f64, sample: &Sample) -> f64 {
 }
 
 /// What the fit minimises: the sum of the squared relative errors of the
-/// latencies `step`'s engine gives `samples` on `slots` slots.
+/// latencies `step`'s engine gives `samples` on `slots` slots, and of the
+/// prompt and generation times it gives each request sent alone against
+/// the server's own [`Timings`].
 fn misfit(samples: &[Sample], slots: u32, step: &LinearStep) -> f64 {
-    replay(samples, slots, step)
+    let latencies: f64 = replay(samples, slots, step)
         .iter()
         .zip(samples)
         .map(|(p, s)| relative_error(*p, s).powi(2))
-        .sum()
+        .sum();
+    let timings: f64 = samples
+        .iter()
+        .filter_map(|s| timing_errors(s, step))
+        .map(|(prompt, generation)| prompt.powi(2) + generation.powi(2))
+        .sum();
+    latencies + timings
+}
+
+/// For a request sent alone, with the server's [`Timings`]: the relative
+/// errors of the time `step` gives its prompt (its first step: the
+/// prefill, and the decode of its first token) and its generation (one
+/// decode step for each later token, the context growing by one a token).
+/// A generation of one token has no time to compare (0).
+fn timing_errors(sample: &Sample, step: &LinearStep) -> Option<(f64, f64)> {
+    let t = sample.timings.filter(|_| sample.concurrency == 1)?;
+    let prompt = sample.prompt_tokens as f64;
+    let first = step.step_ms(sample.prefilled(), 1, prompt);
+    let rest: f64 = (1..sample.completion_tokens)
+        .map(|k| step.decode_ms(1.0, prompt + k as f64))
+        .sum();
+    let relative = |predicted: f64, measured: f64| {
+        if measured > 0.01 {
+            (predicted - measured) / measured
+        } else {
+            0.0
+        }
+    };
+    Some((relative(first, t.prompt_ms), relative(rest, t.predicted_ms)))
 }
 
 /// The terms of a [`LinearStep`] the fit finds.
@@ -769,6 +832,7 @@ mod tests {
                         max_tokens: 256,
                         sent_at_s: at,
                         latency_s: 0.0,
+                        timings: None,
                     });
                 }
                 at += 10.0;
@@ -1054,6 +1118,7 @@ mod tests {
                         max_tokens,
                         sent_at_s,
                         latency_s,
+                        timings: None,
                     }
                 },
             )
@@ -1102,6 +1167,103 @@ mod tests {
         }
     }
 
+    /// A measured request, then llama.cpp's timings of it.
+    type TimedRow = (u32, u64, u64, u64, u32, f64, f64, f64, f64);
+
+    /// The plan of the lab (two levels, six requests a client, same sizes
+    /// side by side) measured from the same real llama-server, with its
+    /// `timings`: concurrency, prompt tokens, cached, output tokens,
+    /// `max_tokens`, seconds sent after the start, latency in seconds,
+    /// `prompt_ms`, `predicted_ms`.
+    const LLAMA_SERVER_TIMED: &[TimedRow] = &[
+        (1, 91, 16, 27, 256, 0.0001, 0.1856, 46.004, 127.176),
+        (1, 91, 90, 27, 256, 0.1858, 0.1403, 5.192, 132.656),
+        (1, 290, 16, 24, 24, 0.3261, 0.3114, 158.042, 149.538),
+        (1, 290, 289, 24, 24, 0.6375, 0.1585, 6.524, 148.657),
+        (1, 947, 29, 8, 8, 0.7960, 0.7103, 625.049, 79.439),
+        (1, 947, 946, 8, 8, 1.5064, 0.0949, 14.968, 77.390),
+        (2, 91, 25, 27, 256, 1.6015, 0.3296, 77.056, 240.138),
+        (2, 91, 25, 27, 256, 1.6015, 0.3297, 77.004, 240.151),
+        (2, 91, 90, 27, 256, 1.9313, 0.2600, 9.186, 246.716),
+        (2, 91, 90, 27, 256, 1.9311, 0.2603, 9.152, 246.709),
+        (2, 290, 29, 24, 24, 2.1915, 0.5879, 151.072, 430.825),
+        (2, 290, 29, 24, 24, 2.1914, 0.5938, 161.420, 277.302),
+        (2, 290, 289, 24, 24, 2.7794, 0.3078, 12.281, 285.014),
+        (2, 290, 289, 24, 24, 2.7852, 0.3022, 12.293, 285.059),
+        (2, 947, 29, 8, 8, 3.0874, 1.4225, 1265.186, 150.654),
+        (2, 947, 29, 8, 8, 3.0873, 1.4228, 1265.274, 150.602),
+        (2, 947, 946, 8, 8, 4.5101, 0.1841, 21.591, 149.267),
+        (2, 947, 946, 8, 8, 4.5100, 0.1843, 21.531, 149.330),
+    ];
+
+    /// [`LLAMA_SERVER_TIMED`] as `measure` would have made it, with the
+    /// server's timings or without.
+    fn timed_measurement(with_timings: bool) -> Measurement {
+        let samples = LLAMA_SERVER_TIMED
+            .iter()
+            .map(
+                |&(
+                    concurrency,
+                    prompt_tokens,
+                    cached_tokens,
+                    completion_tokens,
+                    max_tokens,
+                    sent_at_s,
+                    latency_s,
+                    prompt_ms,
+                    predicted_ms,
+                )| Sample {
+                    concurrency,
+                    prompt_tokens,
+                    cached_tokens,
+                    completion_tokens,
+                    max_tokens,
+                    sent_at_s,
+                    latency_s,
+                    timings: with_timings.then_some(Timings {
+                        prompt_ms,
+                        predicted_ms,
+                    }),
+                },
+            )
+            .collect();
+        Measurement {
+            props: Props {
+                slots: Some(2),
+                ..Props::default()
+            },
+            samples,
+            failed: 0,
+        }
+    }
+
+    /// Latencies alone let a step's fixed cost stand in for part of every
+    /// token's: on these, a fit from them alone charged a one-token prompt
+    /// tens of milliseconds and a decode step too little, so two requests
+    /// overlapping in part (the workers' calls) ran too fast. The server's
+    /// own timings of the requests sent alone pin both.
+    #[test]
+    fn the_server_s_timings_split_a_request_into_its_prompt_and_its_tokens() {
+        let timed = fit(&timed_measurement(true)).unwrap().step;
+        let blind = fit(&timed_measurement(false)).unwrap().step;
+        // The workers' request alone on a warm slot: 1 token prefilled
+        // (llama.cpp: 5.2 ms to the first token), 26 more (132.7 ms).
+        let first = |s: &LinearStep| s.step_ms(1, 1, 91.0);
+        let rest = |s: &LinearStep| (1..27).map(|k| s.decode_ms(1.0, 91.0 + f64::from(k))).sum::<f64>();
+        let near = |got: f64, want: f64, within: f64| (got - want).abs() / want <= within;
+        assert!(near(first(&timed), 5.2, 0.3), "{timed:?}: {}", first(&timed));
+        assert!(near(rest(&timed), 132.7, 0.1), "{timed:?}: {}", rest(&timed));
+        // Two of them decoding side by side: 246.7 ms for their 26 steps.
+        let pair = (1..27)
+            .map(|k| timed.decode_ms(2.0, 2.0 * (91.0 + f64::from(k))))
+            .sum::<f64>();
+        assert!(near(pair, 246.7, 0.15), "{timed:?}: {pair}");
+        // Without the timings the first token costs several times as much,
+        // and the rest too little.
+        assert!(first(&blind) > 2.0 * 5.2, "{blind:?}: {}", first(&blind));
+        assert!(rest(&blind) < 0.85 * 132.7, "{blind:?}: {}", rest(&blind));
+    }
+
     /// The CSV holds every request once, with the latency the fit's own
     /// replay gives it, and errors whose mean is the fit's mean error.
     #[test]
@@ -1113,11 +1275,18 @@ mod tests {
         assert_eq!(
             lines.next(),
             Some(
-                "concurrency,prompt_tokens,cached_tokens,completion_tokens,max_tokens,sent_at_s,latency_s,predicted_s,error"
+                "concurrency,prompt_tokens,cached_tokens,completion_tokens,max_tokens,sent_at_s,latency_s,predicted_s,error,prompt_ms,predicted_ms"
             )
         );
+        // The server's timings are empty where it gave none.
         let rows: Vec<Vec<f64>> = lines
-            .map(|l| l.split(',').map(|v| v.parse::<f64>().unwrap()).collect())
+            .map(|l| {
+                assert!(l.ends_with(",,"), "{l}");
+                l.trim_end_matches(',')
+                    .split(',')
+                    .map(|v| v.parse::<f64>().unwrap())
+                    .collect()
+            })
             .collect();
         assert_eq!(rows.len(), LLAMA_SERVER.len());
         let predicted = replay(&measurement.samples, 2, &fitted.step);

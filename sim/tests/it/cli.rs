@@ -660,6 +660,12 @@ fn calibrate_writes_each_timed_request_beside_its_prediction() {
     // Four requests alone, then four from each of two clients (2 slots).
     assert_eq!(rows.len(), 4 * (1 + 2), "{text}");
     assert!(rows.iter().all(|r| r[6] > 0.0 && r[7] > 0.0), "{text}");
+    // llama.cpp says what it spent on each: its prompt, and the rest.
+    assert!(
+        rows.iter()
+            .all(|r| r.len() == 11 && r[9] > 0.0 && r[10] >= 0.0 && r[9] + r[10] < r[6] * 1000.0),
+        "{text}"
+    );
     assert!(std::fs::read_to_string(&section).unwrap().contains("step_ms"));
 }
 
