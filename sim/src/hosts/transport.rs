@@ -118,6 +118,13 @@ impl SimTransport {
 /// reqwest's default `pool_idle_timeout`.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// Bytes a worker's connection to a model server reads at a time. hyper
+/// keeps a read buffer per connection, 8 KiB and growing with what it
+/// reads; a fleet of thousands of workers keeps tens of thousands of
+/// connections, and an answer is a few KiB, read in more than one piece
+/// when longer.
+const READ_BUFFER: usize = 2048;
+
 /// Idle connections by `host:port`, least recently used first.
 #[derive(Debug, Default)]
 struct Pool {
@@ -485,7 +492,9 @@ impl SimTransport {
                     format!("connecting to {}: {e}", target.authority),
                 )
             })?;
-        let (sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .read_buf_exact_size(Some(READ_BUFFER))
+            .handshake::<_, Full<Bytes>>(TokioIo::new(stream))
             .await
             .map_err(|e| {
                 TransportError::failed(
