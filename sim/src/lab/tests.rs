@@ -410,6 +410,15 @@ fn calibrating_a_scenario_gives_its_server_the_real_server_s_numbers() {
     } else {
         assert_eq!(server.reload, None);
     }
+    // Its llama-server computes on this machine's cores with one thread.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    assert_eq!(
+        server.cpu,
+        Some(crate::scenario::kinds::Cpu {
+            cores,
+            threads: Some(1)
+        })
+    );
     // The calibrated copy is a scenario the simulator runs.
     let run = crate::campaign::simulate(&predicted, 1).unwrap();
     assert!(!run.events.is_empty());
