@@ -122,7 +122,8 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// keeps a read buffer per connection, 8 KiB and growing with what it
 /// reads; a fleet of thousands of workers keeps tens of thousands of
 /// connections, and an answer is a few KiB, read in more than one piece
-/// when longer.
+/// when longer. hyper also takes it as the most a response's status line
+/// and headers may fill: the simulated servers' take a few hundred bytes.
 const READ_BUFFER: usize = 2048;
 
 /// Idle connections by `host:port`, least recently used first.

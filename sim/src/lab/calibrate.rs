@@ -23,9 +23,11 @@
 //! [`LinearStep`]. Given the requests in the order and at the instants they
 //! were sent, with their token counts, the engine says when each would have
 //! finished; the fit is the step that makes those latencies closest to the
-//! measured ones (least squared relative error), so a scenario given it
-//! replays the server's dynamics — its batching, its queueing past its slots
-//! — and not only its speed alone. The search (Nelder–Mead, restarted
+//! measured ones (least squared relative error) and, where the server says
+//! what it spent on a request sent alone ([`Timings`]), its first step and
+//! its later ones closest to those, so a scenario given it replays the
+//! server's dynamics — its batching, its queueing past its slots — and not
+//! only its speed alone. The search (Nelder–Mead, restarted
 //! where it stops) starts from least squares over the one-client requests,
 //! which cost exactly `prefill_base + P·prefill_per_token + O·(decode_base +
 //! decode_per_sequence) + (O·N + O·(O − 1)/2)·decode_per_context_token`
@@ -378,13 +380,15 @@ async fn one(
             predicted_ms,
         });
     match (count("prompt_tokens"), count("completion_tokens")) {
+        // A server may say anything; a request never gets more tokens than
+        // it asked for, and the fit replays one step a token.
         (Some(prompt_tokens), Some(completion_tokens)) => Ok(Sample {
             concurrency: level,
             prompt_tokens,
             cached_tokens: count("prompt_tokens_details/cached_tokens")
                 .unwrap_or(0)
                 .min(prompt_tokens.saturating_sub(1)),
-            completion_tokens,
+            completion_tokens: completion_tokens.min(u64::from(max_tokens)),
             max_tokens,
             sent_at_s,
             latency_s,
@@ -539,9 +543,9 @@ fn timing_errors(sample: &Sample, step: &LinearStep) -> Option<(f64, f64)> {
     let t = sample.timings.filter(|_| sample.concurrency == 1)?;
     let prompt = sample.prompt_tokens as f64;
     let first = step.step_ms(sample.prefilled(), 1, prompt);
-    let rest: f64 = (1..sample.completion_tokens)
-        .map(|k| step.decode_ms(1.0, prompt + k as f64))
-        .sum();
+    // Steps 1 to O − 1, the k-th holding P + k tokens: in closed form.
+    let later = sample.completion_tokens.saturating_sub(1) as f64;
+    let rest = later * step.decode_ms(1.0, prompt) + step.decode_per_context_token_ms * later * (later + 1.0) / 2.0;
     let relative = |predicted: f64, measured: f64| {
         if measured > 0.01 {
             (predicted - measured) / measured

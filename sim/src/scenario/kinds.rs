@@ -317,7 +317,8 @@ pub struct Cpu {
     /// The machine's cores (its hardware threads).
     pub cores: u32,
     /// llama.cpp's `--threads`, the threads it computes with (default: all
-    /// of `cores`).
+    /// of `cores`; llama.cpp's own default is its count of physical cores,
+    /// so give it on a machine whose cores are hyperthreads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
 }

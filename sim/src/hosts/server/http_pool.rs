@@ -87,9 +87,12 @@ struct State<J> {
     /// cpp-httplib's `idle_thread_count_`: the threads waiting for a job,
     /// and those told of one that have not run yet.
     idle: u32,
-    /// The threads waiting and not told, longest waiting first, with the
-    /// instant each began to wait.
-    waiting: VecDeque<(Thread, Duration)>,
+    /// First threads waiting and not told (a count: they never end, and a
+    /// scenario's slots may be many).
+    first_waiting: u32,
+    /// Added threads waiting and not told, longest waiting first, with the
+    /// instant each began to wait (at most [`MAX_ADDED`]).
+    added_waiting: VecDeque<Duration>,
 }
 
 impl<J> HttpPool<J> {
@@ -97,7 +100,7 @@ impl<J> HttpPool<J> {
     /// `cores` cores (when the scenario says; else as many first threads
     /// as the slots ask), `crowded` when its compute threads and accept
     /// loop fill those cores.
-    pub(super) fn new(slots: u32, cores: Option<u32>, crowded: bool, now: Duration) -> Self {
+    pub(super) fn new(slots: u32, cores: Option<u32>, crowded: bool) -> Self {
         let first = slots.saturating_add(4).max(cores.unwrap_or(0).saturating_sub(1));
         HttpPool {
             most: first.saturating_add(MAX_ADDED),
@@ -106,7 +109,8 @@ impl<J> HttpPool<J> {
                 jobs: VecDeque::new(),
                 threads: first,
                 idle: first,
-                waiting: std::iter::repeat_n((Thread::First, now), first as usize).collect(),
+                first_waiting: first,
+                added_waiting: VecDeque::new(),
             }),
         }
     }
@@ -128,9 +132,10 @@ impl<J> HttpPool<J> {
             let oldest = st.jobs.pop_front()?;
             return Some(Start::Serve(Thread::Added, oldest));
         }
-        // One waiting thread is told; with none (every idle one told
+        // One waiting thread is told, a first one while any waits (an
+        // added one is left to end); with none (every idle one told
         // already), the job waits for one of them to run.
-        let (thread, _) = st.waiting.pop_front()?;
+        let thread = st.tell()?;
         if self.crowded && computing {
             return Some(Start::Woken(thread));
         }
@@ -175,19 +180,34 @@ impl<J> State<J> {
         let job = self.jobs.pop_front();
         if job.is_none() {
             self.idle += 1;
-            self.waiting.push_back((thread, now));
+            match thread {
+                Thread::First => self.first_waiting += 1,
+                Thread::Added => self.added_waiting.push_back(now),
+            }
         }
         job
     }
 
+    /// Takes a waiting thread to tell of a job, if one waits untold.
+    fn tell(&mut self) -> Option<Thread> {
+        if self.first_waiting > 0 {
+            self.first_waiting -= 1;
+            return Some(Thread::First);
+        }
+        self.added_waiting.pop_front().map(|_| Thread::Added)
+    }
+
     /// Ends the added threads that have waited [`ADDED_IDLE`] by `now`.
     fn expire(&mut self, now: Duration) {
-        let before = self.waiting.len();
-        self.waiting
-            .retain(|(thread, since)| *thread == Thread::First || now.saturating_sub(*since) < ADDED_IDLE);
-        let ended = u32::try_from(before - self.waiting.len()).unwrap_or(u32::MAX);
-        self.threads = self.threads.saturating_sub(ended);
-        self.idle = self.idle.saturating_sub(ended);
+        while self
+            .added_waiting
+            .front()
+            .is_some_and(|since| now.saturating_sub(*since) >= ADDED_IDLE)
+        {
+            self.added_waiting.pop_front();
+            self.threads = self.threads.saturating_sub(1);
+            self.idle = self.idle.saturating_sub(1);
+        }
     }
 }
 
@@ -207,7 +227,7 @@ mod tests {
     /// falls with each connection, and past it the pool adds threads.
     #[test]
     fn a_burst_on_a_free_core_is_served_whole() {
-        let pool = HttpPool::new(2, Some(2), true, Duration::ZERO);
+        let pool = HttpPool::new(2, Some(2), true);
         let started = burst(&pool, 0, 20, false, T0);
         assert_eq!(pool.queued(), 0);
         assert!(started.iter().all(|s| matches!(s, Some(Start::Serve(..)))));
@@ -223,7 +243,7 @@ mod tests {
     /// and fourteen connections wait.
     #[test]
     fn a_burst_while_the_engine_computes_on_a_crowded_machine_waits_for_threads() {
-        let pool = HttpPool::new(2, Some(2), true, Duration::ZERO);
+        let pool = HttpPool::new(2, Some(2), true);
         let started = burst(&pool, 0, 20, true, T0);
         let woken = started.iter().filter(|s| matches!(s, Some(Start::Woken(_)))).count();
         assert_eq!(woken, 6);
@@ -247,7 +267,7 @@ mod tests {
     /// before the next connection is accepted.
     #[test]
     fn a_machine_with_cores_to_spare_serves_a_burst_while_it_computes() {
-        let pool = HttpPool::new(2, Some(16), false, Duration::ZERO);
+        let pool = HttpPool::new(2, Some(16), false);
         let started = burst(&pool, 0, 40, true, T0);
         assert_eq!(pool.queued(), 0);
         assert!(started.iter().all(Option::is_some));
@@ -257,7 +277,7 @@ mod tests {
     /// An added thread ends after 3 s idle; a first one never does.
     #[test]
     fn an_added_thread_ends_after_3_s_without_a_job() {
-        let pool = HttpPool::new(1, None, false, Duration::ZERO);
+        let pool = HttpPool::new(1, None, false);
         let started = burst(&pool, 0, 7, false, T0);
         assert_eq!(pool.threads(T0), 7, "5 first threads (slots + 4), 2 added");
         for start in started {
@@ -270,17 +290,32 @@ mod tests {
         assert_eq!(pool.threads(T0 + ADDED_IDLE), 5);
     }
 
-    /// A told thread that finds the jobs taken waits again, idle.
+    /// A told thread that finds the jobs taken waits again, idle: the
+    /// next connection goes to it, and no thread is added.
     #[test]
     fn a_told_thread_that_finds_no_job_waits_again() {
-        let pool = HttpPool::new(2, Some(2), true, Duration::ZERO);
-        assert_eq!(pool.accept(0, false, T0), Some(Start::Serve(Thread::First, 0)));
-        assert_eq!(pool.accept(1, true, T0), Some(Start::Woken(Thread::First)));
-        // Before it runs, the thread whose connection closed takes the job.
-        assert_eq!(pool.finished(Thread::First, T0), Some(1));
+        let pool = HttpPool::new(2, Some(2), true);
+        // Five of the six first threads serve a connection each.
+        assert!(
+            burst(&pool, 0, 5, false, T0)
+                .iter()
+                .all(|s| matches!(s, Some(Start::Serve(Thread::First, _))))
+        );
+        assert_eq!(pool.accept(5, true, T0), Some(Start::Woken(Thread::First)));
+        // Before it runs, a thread whose connection closed takes the job.
+        assert_eq!(pool.finished(Thread::First, T0), Some(5));
         assert_eq!(pool.woke(Thread::First, T0 + WOKEN_AFTER), None);
-        // It counts idle again: the next connection adds no thread.
-        assert_eq!(pool.accept(2, false, T0), Some(Start::Serve(Thread::First, 2)));
+        // It counts idle again: the next connection is its, not an added
+        // thread's.
+        assert_eq!(pool.accept(6, false, T0), Some(Start::Serve(Thread::First, 6)));
         assert_eq!(pool.threads(T0), 6);
+    }
+
+    /// A pool of a scenario's many slots is a count, not a thread each.
+    #[test]
+    fn a_pool_of_a_billion_first_threads_is_a_count() {
+        let pool = HttpPool::new(u32::MAX, None, true);
+        assert_eq!(pool.threads(T0), u32::MAX);
+        assert_eq!(pool.accept(0, true, T0), Some(Start::Woken(Thread::First)));
     }
 }

@@ -474,10 +474,9 @@ impl Server {
         let pool = (self.spec.kind == ServerKind::LlamaCpp).then(|| {
             let cpu = self.spec.cpu;
             Arc::new(HttpPool::new(
-                self.spec.slots,
+                self.spec.max_seqs.unwrap_or(self.spec.slots),
                 cpu.map(|c| c.cores),
                 cpu.is_some_and(|c| c.crowded()),
-                sim_elapsed(),
             ))
         });
         loop {
@@ -554,7 +553,9 @@ impl Serving {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 .saturating_add(1);
             let keep_alive = keep_alive.clone();
-            let mut unread = held.then(|| Unread {
+            // What `handle` counts: a chat completion, not `/props`.
+            let counted = request.method() == Method::POST && request.uri().path() == PATH;
+            let mut unread = (held && counted).then(|| Unread {
                 start: start.clone(),
                 caller: caller.clone(),
                 handled: false,
