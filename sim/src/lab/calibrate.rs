@@ -908,11 +908,14 @@ mod tests {
         }
     }
 
-    /// Answers every post with token counts, has no `/props`, and panics
-    /// on its `panic_at`th post.
+    /// Answers every post with token counts, has no `/props`, keeps the
+    /// prompt of each request, and panics on its `panic_at`th post (0:
+    /// never).
+    #[derive(Default)]
     struct Flaky {
         posts: std::sync::atomic::AtomicU32,
         panic_at: u32,
+        prompts: std::sync::Mutex<Vec<String>>,
     }
 
     impl Endpoint for Flaky {
@@ -923,12 +926,15 @@ mod tests {
         fn post<'a>(
             &'a self,
             _: &'a str,
-            _: Vec<u8>,
+            body: Vec<u8>,
             _: Duration,
         ) -> BoxFuture<'a, Result<HttpResponse, TransportError>> {
             Box::pin(async move {
                 let n = self.posts.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                 assert!(n != self.panic_at, "the endpoint fails as a bug would");
+                let v: Value = serde_json::from_slice(&body).unwrap();
+                let prompt = v.pointer("/messages/0/content").and_then(Value::as_str).unwrap();
+                self.prompts.lock().unwrap().push(prompt.to_owned());
                 Ok(HttpResponse {
                     status: 200,
                     headers: Vec::new(),
@@ -941,8 +947,8 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_dies_keeps_the_answers_it_had_and_counts_as_a_failure() {
         let endpoint = Arc::new(Flaky {
-            posts: std::sync::atomic::AtomicU32::new(0),
             panic_at: 5,
+            ..Flaky::default()
         });
         let plan = Plan {
             max_concurrency: 2,
@@ -954,37 +960,6 @@ mod tests {
         assert_eq!(measured.samples.len(), 4 + 2 * 10);
         assert_eq!(measured.failed, 1);
         assert_eq!(measured.props, Props::default(), "no /props");
-    }
-
-    /// Answers every post with token counts, has no `/props`, and keeps
-    /// the prompt of each request.
-    #[derive(Default)]
-    struct Recorder {
-        prompts: std::sync::Mutex<Vec<String>>,
-    }
-
-    impl Endpoint for Recorder {
-        fn get<'a>(&'a self, _: &'a str, _: Duration) -> BoxFuture<'a, Result<HttpResponse, TransportError>> {
-            Box::pin(async { Ok(not_found()) })
-        }
-
-        fn post<'a>(
-            &'a self,
-            _: &'a str,
-            body: Vec<u8>,
-            _: Duration,
-        ) -> BoxFuture<'a, Result<HttpResponse, TransportError>> {
-            Box::pin(async move {
-                let v: Value = serde_json::from_slice(&body).unwrap();
-                let prompt = v.pointer("/messages/0/content").and_then(Value::as_str).unwrap();
-                self.prompts.lock().unwrap().push(prompt.to_owned());
-                Ok(HttpResponse {
-                    status: 200,
-                    headers: Vec::new(),
-                    body: br#"{"usage":{"prompt_tokens":40,"completion_tokens":20}}"#.to_vec(),
-                })
-            })
-        }
     }
 
     /// llama.cpp keeps the prompts it has seen: a calibration measured
@@ -999,7 +974,7 @@ mod tests {
         };
         let mut seen = Vec::new();
         for _ in 0..2 {
-            let endpoint = Arc::new(Recorder::default());
+            let endpoint = Arc::new(Flaky::default());
             measure(endpoint.clone(), &plan).await.unwrap();
             let prompts = std::mem::take(&mut *endpoint.prompts.lock().unwrap());
             assert_eq!(prompts.len(), 4 + 2 * 4);

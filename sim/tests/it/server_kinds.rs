@@ -646,35 +646,32 @@ fn the_shipped_vllm_overload_server_preempts_under_its_burst() {
     );
 }
 
+/// A scenario of one server whose fields are `server` (TOML lines), with
+/// one worker sending to it.
+fn parse_server(server: &str) -> Result<redstring_sim::scenario::Scenario, redstring_sim::scenario::ScenarioError> {
+    redstring_sim::scenario::Scenario::parse(
+        "k.toml",
+        &format!(
+            "name = \"k\"\nduration_s = 10\n\n[[servers]]\nname = \"gpu\"\n{server}\n\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 6 }}]\n"
+        ),
+    )
+}
+
 #[test]
 fn a_scenario_file_names_a_kind_and_its_bad_field() {
-    let text = |server: &str| {
-        format!(
-            "name = \"k\"\nduration_s = 10\n\n[[servers]]\nname = \"gpu\"\n{server}\n\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 6 }}]\n"
-        )
-    };
-    let ok = redstring_sim::scenario::Scenario::parse("k.toml", &text("kind = \"vllm\"\nkv_tokens = 4000")).unwrap();
+    let ok = parse_server("kind = \"vllm\"\nkv_tokens = 4000").unwrap();
     assert_eq!(ok.servers[0].kind, ServerKind::Vllm);
-    let err = redstring_sim::scenario::Scenario::parse("k.toml", &text("kv_tokens = 4000"))
-        .unwrap_err()
-        .to_string();
+    let err = parse_server("kv_tokens = 4000").unwrap_err().to_string();
     assert!(err.contains("servers[0].kv_tokens") && err.contains("kind"), "{err}");
-    let err =
-        redstring_sim::scenario::Scenario::parse("k.toml", &text("kind = \"openai\"\nquota = { rpm = 0, tpm = 10 }"))
-            .unwrap_err()
-            .to_string();
-    assert!(err.contains("servers[0].quota.rpm"), "{err}");
-    let err = redstring_sim::scenario::Scenario::parse("k.toml", &text("kind = \"tgi\""))
+    let err = parse_server("kind = \"openai\"\nquota = { rpm = 0, tpm = 10 }")
         .unwrap_err()
         .to_string();
+    assert!(err.contains("servers[0].quota.rpm"), "{err}");
+    let err = parse_server("kind = \"tgi\"").unwrap_err().to_string();
     assert!(err.contains("kind"), "{err}");
     // A step written before its context term existed means what it meant.
     let four = "kind = \"llama_cpp\"\nstep_ms = { prefill_base_ms = 1, prefill_per_token_ms = 0.5, decode_base_ms = 2, decode_per_sequence_ms = 3 }";
-    let step = redstring_sim::scenario::Scenario::parse("k.toml", &text(four))
-        .unwrap()
-        .servers[0]
-        .step_ms
-        .unwrap();
+    let step = parse_server(four).unwrap().servers[0].step_ms.unwrap();
     assert_eq!(
         (step.decode_per_sequence_ms, step.decode_per_context_token_ms),
         (3.0, 0.0)
@@ -713,21 +710,15 @@ fn a_llama_cpp_slot_that_has_served_prefills_only_the_uncached_prompt() {
 
 #[test]
 fn a_prompt_cache_is_a_llama_family_field_and_bounded() {
-    let text = |server: &str| {
-        format!(
-            "name = \"k\"\nduration_s = 10\n\n[[servers]]\nname = \"gpu\"\n{server}\n\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 6 }}]\n"
-        )
-    };
-    let parse = |server: &str| redstring_sim::scenario::Scenario::parse("k.toml", &text(server));
-    assert!(parse("kind = \"ollama\"\ncached_prompt_tokens = 100").is_ok());
-    let err = parse("kind = \"vllm\"\ncached_prompt_tokens = 100")
+    assert!(parse_server("kind = \"ollama\"\ncached_prompt_tokens = 100").is_ok());
+    let err = parse_server("kind = \"vllm\"\ncached_prompt_tokens = 100")
         .unwrap_err()
         .to_string();
     assert!(
         err.contains("servers[0].cached_prompt_tokens") && err.contains("llama_cpp"),
         "{err}"
     );
-    let err = parse("kind = \"llama_cpp\"\ncached_prompt_tokens = 100000000000")
+    let err = parse_server("kind = \"llama_cpp\"\ncached_prompt_tokens = 100000000000")
         .unwrap_err()
         .to_string();
     assert!(
@@ -1181,13 +1172,7 @@ fn llama_cpp_on_a_crowded_cpu_serves_a_burst_only_on_its_idle_threads() {
 
 #[test]
 fn a_cpu_is_a_llama_cpp_field_with_threads_within_its_cores() {
-    let text = |server: &str| {
-        format!(
-            "name = \"k\"\nduration_s = 10\n\n[[servers]]\nname = \"gpu\"\n{server}\n\n[[workers]]\nname = \"w\"\nservers = [\"gpu\"]\ntenants = [{{ id = 1, calls_per_min = 6 }}]\n"
-        )
-    };
-    let parse = |server: &str| redstring_sim::scenario::Scenario::parse("k.toml", &text(server));
-    let ok = parse("kind = \"llama_cpp\"\ncpu = { cores = 2, threads = 1 }").unwrap();
+    let ok = parse_server("kind = \"llama_cpp\"\ncpu = { cores = 2, threads = 1 }").unwrap();
     let cpu = ok.servers[0].cpu.unwrap();
     assert!(cpu.crowded(), "one compute thread and the accept loop fill two cores");
     assert!(
@@ -1220,7 +1205,7 @@ fn a_cpu_is_a_llama_cpp_field_with_threads_within_its_cores() {
         ),
         ("kind = \"llama_cpp\"\ncpu = { cores = 2, gpus = 1 }", "gpus"),
     ] {
-        let err = parse(server).unwrap_err().to_string();
+        let err = parse_server(server).unwrap_err().to_string();
         assert!(err.contains(field), "{server}: {err}");
     }
 }

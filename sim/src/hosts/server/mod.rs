@@ -496,7 +496,7 @@ impl Server {
                         keep_alive: keep_alive.clone(),
                     };
                     let Some(pool) = &pool else {
-                        connections.spawn(serving.serve(stream, false));
+                        connections.spawn(async move { serving.serve(stream, false).await });
                         continue;
                     };
                     let computing = start.batching.as_ref().is_some_and(|b| b.computing());
@@ -536,8 +536,8 @@ impl Serving {
     /// unread (in llama-server's HTTP pool) records a request that comes
     /// out of it only after its client left as `hang`, as its client saw
     /// it: such a request is dropped before its handler runs.
-    async fn serve(self, stream: turmoil::net::TcpStream, held: bool) {
-        let Serving { start, keep_alive } = self;
+    async fn serve(&self, stream: turmoil::net::TcpStream, held: bool) {
+        let (start, keep_alive) = (self.start.clone(), self.keep_alive.clone());
         // Requests this connection has carried.
         let carried = std::sync::atomic::AtomicU32::new(0);
         let idle = keep_alive.as_ref().map(|k| k.idle);
@@ -589,13 +589,7 @@ impl Serving {
     /// as the last one closes, until it waits.
     async fn on_thread(self, pool: Arc<HttpPool<PoolJob>>, thread: Thread, mut job: Option<PoolJob>) {
         while let Some((stream, accepted)) = job {
-            let held = sim_elapsed() > accepted;
-            Serving {
-                start: self.start.clone(),
-                keep_alive: self.keep_alive.clone(),
-            }
-            .serve(stream, held)
-            .await;
+            self.serve(stream, sim_elapsed() > accepted).await;
             job = pool.finished(thread, sim_elapsed());
         }
     }
