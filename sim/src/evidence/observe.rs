@@ -78,7 +78,7 @@ fn micros(d: std::time::Duration) -> u64 {
 pub fn to_trace(event: &Event) -> Option<Kind> {
     let kind = match event {
         Event::BreakerTransition { breaker, from, to, at } => Kind::Breaker {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             from: *from,
             to: *to,
             at_us: at.as_micros(),
@@ -89,7 +89,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             retry_after,
             ..
         } => Kind::Rejected {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             state: *state,
             retry_after_us: micros(*retry_after),
         },
@@ -99,13 +99,13 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             probe,
             at,
         } => Kind::Allowed {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             state: *state,
             probe: probe.map(|p| p.seq),
             at_us: at.as_micros(),
         },
         Event::BreakerProbeReleased { breaker, probe, .. } => Kind::ProbeReleased {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             seq: probe.seq,
         },
         Event::BreakerCooldown {
@@ -115,7 +115,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             extended,
             ..
         } => Kind::Cooldown {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             until_us: until.as_micros(),
             at_us: at.as_micros(),
             extended: *extended,
@@ -126,13 +126,13 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             retry_after,
             at,
         } => Kind::CooldownRefused {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             state: *state,
             retry_after_us: micros(*retry_after),
             at_us: at.as_micros(),
         },
         Event::BreakerFailureRecorded { breaker, at } => Kind::FailureRecorded {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             at_us: at.as_micros(),
         },
         Event::BreakerStateUnreadable { .. } => Kind::Unreadable,
@@ -152,7 +152,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             decided_by,
             ..
         } if limiter.starts_with(DEPLOYMENT_LIMIT_PREFIX) => Kind::DeploymentAdmitted {
-            server: limiter[DEPLOYMENT_LIMIT_PREFIX.len()..].to_owned(),
+            server: limiter[DEPLOYMENT_LIMIT_PREFIX.len()..].into(),
             priority: *priority,
             at_us: at.as_micros(),
             decided_by: decider(*decided_by),
@@ -165,7 +165,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             decided_by,
             ..
         } if limiter.starts_with(DEPLOYMENT_LIMIT_PREFIX) => Kind::DeploymentLimited {
-            server: limiter[DEPLOYMENT_LIMIT_PREFIX.len()..].to_owned(),
+            server: limiter[DEPLOYMENT_LIMIT_PREFIX.len()..].into(),
             priority: *priority,
             retry_after_us: micros(*retry_after),
             at_us: at.as_micros(),
@@ -196,11 +196,11 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             decided_by: decider(*decided_by),
         },
         Event::BreakerFailuresCleared { breaker, at } => Kind::FailuresCleared {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             at_us: at.as_micros(),
         },
         Event::BreakerProbesExpired { breaker, expired, at } => Kind::ProbesExpired {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             expired: *expired,
             at_us: at.as_micros(),
         },
@@ -226,8 +226,8 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             at,
             decided_by,
         } => Kind::Budget {
-            budget: budget.to_string(),
-            command: command.as_str(),
+            budget: budget.clone(),
+            command: *command,
             granted: *granted,
             balance: *balance,
             at_us: at.as_micros(),
@@ -280,17 +280,17 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
         // Where a routed call went shows in its requests, each naming its server.
         Event::Rerouted { .. } => return None,
         Event::QuotaExhausted { breaker, until, at, .. } => Kind::QuotaSpent {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             until_us: until.as_micros(),
             at_us: at.as_micros(),
         },
         Event::Hedged { from, to, after, .. } => Kind::Hedged {
-            from: from.to_string(),
-            to: to.to_string(),
+            from: from.clone(),
+            to: to.clone(),
             after_us: micros(*after),
         },
         Event::SlowCall { breaker, duration, .. } => Kind::SlowCall {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             took_us: micros(*duration),
         },
         Event::SlowStartDraw {
@@ -301,7 +301,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             draw,
             ..
         } => Kind::SlowStart {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             closed_at_us: closed_at.as_micros(),
             at_us: at.as_micros(),
             share: *share,
@@ -315,7 +315,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             limit,
             ..
         } => Kind::ConcurrencyAdmitted {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             priority: *priority,
             id: *id,
             in_flight: *in_flight,
@@ -328,7 +328,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             limit,
             ..
         } => Kind::ConcurrencyRefused {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             priority: *priority,
             in_flight: *in_flight,
             limit: *limit,
@@ -342,7 +342,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
             to,
             ..
         } => Kind::ConcurrencyEnded {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             id: *id,
             end: *end,
             counted: *counted,
@@ -352,7 +352,7 @@ pub fn to_trace(event: &Event) -> Option<Kind> {
         Event::DeploymentDeferred {
             breaker, state, until, ..
         } => Kind::Deferred {
-            breaker: breaker.to_string(),
+            breaker: breaker.clone(),
             state,
             until_us: until.as_micros(),
         },

@@ -114,9 +114,7 @@ impl Breakers {
                     to: *to,
                 })
             }
-            Kind::Fault {
-                fault: Fault::CacheUp { .. },
-            } if self.scopes.shared => {
+            Kind::Fault { fault } if matches!(**fault, Fault::CacheUp { .. }) && self.scopes.shared => {
                 for v in self.states.values_mut() {
                     *v = (CircuitState::Closed, e.t_us);
                 }

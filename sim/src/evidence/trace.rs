@@ -11,6 +11,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use redstring::decide::budget::BudgetCommand;
 use redstring::{CircuitState, Priority, TenantId};
 use serde::{Serialize, Serializer};
 
@@ -79,15 +80,44 @@ impl Decider {
     }
 }
 
+/// How a unit of work ended: the payload of [`Kind::CallEnd`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CallEnded {
+    /// Worker-local call number.
+    pub call: u64,
+    /// The tenant.
+    pub tenant: TenantId,
+    /// How it ended.
+    pub outcome: CallOutcome,
+    /// Requests it sent to a model server.
+    pub attempts: u32,
+    /// Simulated milliseconds from arrival to end.
+    pub latency_ms: u64,
+    /// For a call every breaker refused (outcome `circuit_open` or
+    /// `cooldown`), the wait its error handed back to the caller
+    /// ([`ExtractError::retry_after`](redstring::provider::ExtractError::retry_after)),
+    /// microseconds; absent for every other outcome.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_us: Option<u64>,
+    /// For a call that succeeded under a slow-call threshold
+    /// (`hardening.slow_call_ms`), how long its answering attempt took
+    /// on the worker's clock, from the request's send to its answer,
+    /// microseconds — as the worker's transport timed it, apart from
+    /// the provider; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_us: Option<u64>,
+}
+
 /// What happened.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "ev", rename_all = "snake_case")]
 pub enum Kind {
-    /// The fault schedule applied a fault (written as its description).
+    /// The fault schedule applied a fault (written as its description;
+    /// boxed, as the rarest and one of the largest payloads).
     Fault {
         /// The fault.
         #[serde(rename = "what", serialize_with = "described")]
-        fault: Fault,
+        fault: Box<Fault>,
     },
     /// A unit of work arrived at a worker.
     Arrival {
@@ -96,32 +126,9 @@ pub enum Kind {
         /// The tenant.
         tenant: TenantId,
     },
-    /// A unit of work ended.
-    CallEnd {
-        /// Worker-local call number.
-        call: u64,
-        /// The tenant.
-        tenant: TenantId,
-        /// How it ended.
-        outcome: CallOutcome,
-        /// Requests it sent to a model server.
-        attempts: u32,
-        /// Simulated milliseconds from arrival to end.
-        latency_ms: u64,
-        /// For a call every breaker refused (outcome `circuit_open` or
-        /// `cooldown`), the wait its error handed back to the caller
-        /// ([`ExtractError::retry_after`](redstring::provider::ExtractError::retry_after)),
-        /// microseconds; absent for every other outcome.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        retry_after_us: Option<u64>,
-        /// For a call that succeeded under a slow-call threshold
-        /// (`hardening.slow_call_ms`), how long its answering attempt took
-        /// on the worker's clock, from the request's send to its answer,
-        /// microseconds — as the worker's transport timed it, apart from
-        /// the provider; absent otherwise.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        answer_us: Option<u64>,
-    },
+    /// A unit of work ended (boxed: one of these per call, and the largest
+    /// payload, it would otherwise set the size of every event).
+    CallEnd(Box<CallEnded>),
     /// The limiter granted a slot, stamped `at_us` by the clock that decided.
     /// Every call past the limiter is one of these, so they are also the
     /// calls that reached the retry layer.
@@ -151,7 +158,7 @@ pub enum Kind {
     /// A breaker changed state.
     Breaker {
         /// The breaker's key prefix (one per model server).
-        breaker: String,
+        breaker: Arc<str>,
         /// Before.
         from: CircuitState,
         /// After.
@@ -162,7 +169,7 @@ pub enum Kind {
     /// A breaker admitted a call.
     Allowed {
         /// The breaker's key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// The state it admitted in (closed, or half-open for a probe).
         state: CircuitState,
         /// For a probe, its number in the half-open episode.
@@ -173,14 +180,14 @@ pub enum Kind {
     /// A half-open probe was handed back unused; its lease ended.
     ProbeReleased {
         /// The breaker's key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// The probe's number in its episode.
         seq: u32,
     },
     /// A breaker refused a call.
     Rejected {
         /// The breaker's key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// The state that refused.
         state: CircuitState,
         /// How long it said until a probe may be admitted, microseconds.
@@ -191,7 +198,7 @@ pub enum Kind {
     /// one it already held.
     Cooldown {
         /// The breaker's key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// When the cooldown this signal asked for ends, on the deciding
         /// clock, epoch microseconds.
         until_us: u64,
@@ -207,7 +214,7 @@ pub enum Kind {
     /// cools that deployment down until `until_us`, on its own clock.
     QuotaSpent {
         /// The deployment's breaker key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// When the spent quota's cooldown ends, epoch microseconds.
         until_us: u64,
         /// When the provider heard it, epoch microseconds.
@@ -216,7 +223,7 @@ pub enum Kind {
     /// A breaker refused a call because a shared cooldown was in force.
     CooldownRefused {
         /// The breaker's key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// The circuit's state (a cooldown refuses in any).
         state: CircuitState,
         /// How long until the cooldown ends, microseconds.
@@ -229,7 +236,7 @@ pub enum Kind {
     /// `until_us` on the worker's clock.
     Deferred {
         /// The deployment's breaker key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// Why it is known to refuse.
         state: &'static str,
         /// Until when, epoch microseconds.
@@ -238,7 +245,7 @@ pub enum Kind {
     /// A breaker was told a call failed.
     FailureRecorded {
         /// The breaker's key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// The stamp, epoch microseconds.
         at_us: u64,
     },
@@ -246,7 +253,7 @@ pub enum Kind {
     /// slow-call threshold, so its breaker hears a failure.
     SlowCall {
         /// The deployment's breaker key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// How long the attempt took on the worker's clock, microseconds.
         took_us: u64,
     },
@@ -254,16 +261,16 @@ pub enum Kind {
     /// request goes to the server behind `to`.
     Hedged {
         /// The breaker key prefix of the deployment whose attempt is hedged.
-        from: String,
+        from: Arc<str>,
         /// The breaker key prefix of the deployment the hedge goes to.
-        to: String,
+        to: Arc<str>,
         /// How long the call waited before hedging, microseconds.
         after_us: u64,
     },
     /// A server's adaptive concurrency limit admitted a request, leasing it.
     ConcurrencyAdmitted {
         /// The server's breaker key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// The class the call asked as.
         priority: Priority,
         /// The request's lease.
@@ -277,7 +284,7 @@ pub enum Kind {
     /// were in flight as it allows.
     ConcurrencyRefused {
         /// The server's breaker key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// The class the call asked as.
         priority: Priority,
         /// Requests in flight there.
@@ -288,7 +295,7 @@ pub enum Kind {
     /// A request admitted under an adaptive concurrency limit ended.
     ConcurrencyEnded {
         /// The server's breaker key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// The request's lease.
         id: u64,
         /// How it ended, for the limit.
@@ -305,7 +312,7 @@ pub enum Kind {
     /// otherwise offered to the next server that admitted it.
     SlowStart {
         /// The ramping server's breaker key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// When its circuit closed (the ramp's start), the store's stamp,
         /// epoch microseconds.
         closed_at_us: u64,
@@ -321,7 +328,7 @@ pub enum Kind {
     /// attempt a slot there.
     DeploymentAdmitted {
         /// The server.
-        server: String,
+        server: Arc<str>,
         /// The class the call asked as.
         priority: Priority,
         /// The stamp, epoch microseconds.
@@ -333,7 +340,7 @@ pub enum Kind {
     /// A server's own limit refused an attempt: it was not sent there.
     DeploymentLimited {
         /// The server.
-        server: String,
+        server: Arc<str>,
         /// The class the call asked as.
         priority: Priority,
         /// The wait it reported, microseconds.
@@ -347,14 +354,14 @@ pub enum Kind {
     /// A success report cleared a closed breaker's failure count.
     FailuresCleared {
         /// The breaker's key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// The stamp, epoch microseconds.
         at_us: u64,
     },
     /// Half-open probes whose lease ended without a report stopped counting.
     ProbesExpired {
         /// The breaker's key prefix.
-        breaker: String,
+        breaker: Arc<str>,
         /// How many leases ended.
         expired: u32,
         /// The stamp, epoch microseconds.
@@ -418,9 +425,10 @@ pub enum Kind {
     /// A retry budget's step: a call's deposit, or a retry asked for.
     Budget {
         /// The budget's key (one per model server).
-        budget: String,
+        budget: Arc<str>,
         /// `deposit` or `withdraw`.
-        command: &'static str,
+        #[serde(serialize_with = "budget_command")]
+        command: BudgetCommand,
         /// Whether it was granted (a deposit always is).
         granted: bool,
         /// The bucket after the step, in millionths of a retry.
@@ -446,7 +454,7 @@ pub enum Kind {
     /// A worker sent a request to a model server.
     Request {
         /// The server.
-        server: String,
+        server: Arc<str>,
     },
     /// A model server finished loading its model, at the instant this run
     /// drew for the load: after a start that loads (a restart, a cold
@@ -482,7 +490,11 @@ fn is_true(b: &bool) -> bool {
     *b
 }
 
-fn described<S: Serializer>(fault: &Fault, s: S) -> Result<S::Ok, S::Error> {
+fn budget_command<S: Serializer>(command: &BudgetCommand, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(command.as_str())
+}
+
+fn described<S: Serializer>(fault: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(fault)
 }
 
@@ -601,5 +613,23 @@ impl Trace {
             out.push('\n');
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fleet records millions of events and keeps them all until the
+    /// report: every byte of an event is megabytes of a fleet's peak. The
+    /// large, once-a-call or rarer payloads are boxed to keep it here.
+    #[test]
+    fn a_trace_event_takes_at_most_88_bytes() {
+        assert!(size_of::<Kind>() <= 48, "Kind is {} bytes", size_of::<Kind>());
+        assert!(
+            size_of::<TraceEvent>() <= 88,
+            "TraceEvent is {} bytes",
+            size_of::<TraceEvent>()
+        );
     }
 }

@@ -366,7 +366,7 @@ impl HttpTransport for SimTransport {
             self.trace.record(
                 &self.host,
                 Kind::Request {
-                    server: target.host.clone(),
+                    server: target.host.as_str().into(),
                 },
             );
             self.send(&target, Method::POST, request).await

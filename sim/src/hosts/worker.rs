@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 
 use crate::evidence::observe::{DEPLOYMENT_LIMIT_PREFIX, HostObserver};
 use crate::evidence::outcome::CallOutcome;
-use crate::evidence::trace::{self, Kind, Trace};
+use crate::evidence::trace::{self, CallEnded, Kind, Trace};
 use crate::hosts::RequestTokens;
 use crate::hosts::clock::{SimClock, sim_elapsed};
 use crate::hosts::transport::{ConnectionLimit, SimTransport};
@@ -455,7 +455,7 @@ impl Calls {
             )
             .await;
             let latency_ms = u64::try_from((sim_elapsed().saturating_sub(started)).as_millis()).unwrap_or(0);
-            let end = Kind::CallEnd {
+            let end = Kind::CallEnd(Box::new(CallEnded {
                 call,
                 tenant,
                 outcome: CallOutcome::of(&result),
@@ -472,7 +472,7 @@ impl Calls {
                 answer_us: answered
                     .filter(|_| result.is_ok())
                     .map(|took| u64::try_from(took.as_micros()).unwrap_or(u64::MAX)),
-            };
+            }));
             this.trace.record(&this.host, end);
         }
     }

@@ -114,17 +114,12 @@ fn calls(events: &[TraceEvent]) -> Vec<Call> {
                     end: None,
                 });
             }
-            Kind::CallEnd {
-                call,
-                outcome,
-                latency_ms,
-                ..
-            } => match index.get(&(e.host.as_ref(), *call)) {
-                Some(&i) => out[i].end = Some((*outcome, *latency_ms)),
+            Kind::CallEnd(end) => match index.get(&(e.host.as_ref(), end.call)) {
+                Some(&i) => out[i].end = Some((end.outcome, end.latency_ms)),
                 None => out.push(Call {
                     host: e.host.clone(),
-                    arrived_us: e.t_us.saturating_sub(latency_ms.saturating_mul(1000)),
-                    end: Some((*outcome, *latency_ms)),
+                    arrived_us: e.t_us.saturating_sub(end.latency_ms.saturating_mul(1000)),
+                    end: Some((end.outcome, end.latency_ms)),
                 }),
             },
             _ => {}
@@ -190,13 +185,13 @@ fn figures_of(
     for e in events {
         match &e.kind {
             Kind::Served { .. } if *e.host == *ep.server && during(e.t_us) => requests_reached += 1,
-            Kind::Request { server } if *server == ep.server && during(e.t_us) => requests_sent += 1,
+            Kind::Request { server } if **server == *ep.server && during(e.t_us) => requests_sent += 1,
             Kind::Breaker {
                 breaker,
                 to: CircuitState::Open,
                 ..
             } if opened.is_none()
-                && *breaker == breaker_prefix(&ep.server)
+                && **breaker == *breaker_prefix(&ep.server)
                 && workers.contains(e.host.as_ref())
                 && during(e.t_us) =>
             {
@@ -255,6 +250,7 @@ fn figures_of(
 mod tests {
     use super::*;
     use crate::evidence::outcome::{Answer, Limit};
+    use crate::evidence::trace::CallEnded;
     use crate::scenario::tenant;
 
     const SCENARIO: &str = r#"
@@ -307,7 +303,7 @@ server = "gpu"
         out.push(at(
             t_us + latency_ms * 1000,
             host,
-            Kind::CallEnd {
+            Kind::CallEnd(Box::new(CallEnded {
                 call: n,
                 tenant: tenant(1),
                 outcome,
@@ -315,7 +311,7 @@ server = "gpu"
                 latency_ms,
                 retry_after_us: None,
                 answer_us: None,
-            },
+            })),
         ));
     }
 

@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use crate::evidence::episodes::episodes;
 use crate::evidence::outcome::CallOutcome;
-use crate::evidence::trace::{Kind, TraceEvent};
+use crate::evidence::trace::{CallEnded, Kind, TraceEvent};
 use crate::judgement::episode_figures::{EpisodeFigures, episode_figures};
 use crate::judgement::invariants::{Heal, heal};
 use crate::scenario::Scenario;
@@ -134,7 +134,8 @@ pub fn class_figures(scenario: &Scenario, events: &[TraceEvent]) -> BTreeMap<Str
     }
     let mut tallies: BTreeMap<String, (ClassFigures, u64, u64)> = BTreeMap::new();
     for e in events {
-        if let Kind::CallEnd { tenant, outcome, .. } = &e.kind {
+        if let Kind::CallEnd(end) = &e.kind {
+            let CallEnded { tenant, outcome, .. } = &**end;
             let priority = class.get(tenant).copied().unwrap_or_default();
             let (f, judged, failed) = tallies.entry(priority.as_str().to_owned()).or_default();
             f.calls += 1;
@@ -186,9 +187,7 @@ pub fn latencies_ms(events: &[TraceEvent]) -> Vec<u64> {
     let mut out: Vec<u64> = events
         .iter()
         .filter_map(|e| match &e.kind {
-            Kind::CallEnd {
-                outcome, latency_ms, ..
-            } if !outcome.is_deferred() => Some(*latency_ms),
+            Kind::CallEnd(end) if !end.outcome.is_deferred() => Some(end.latency_ms),
             _ => None,
         })
         .collect();
@@ -213,11 +212,11 @@ pub fn percentile_ms(sorted: &[u64], p: u32) -> Option<u64> {
 pub fn failed_fraction(events: &[TraceEvent]) -> Option<f64> {
     let (mut judged, mut failed) = (0u64, 0u64);
     for e in events {
-        if let Kind::CallEnd { outcome, .. } = &e.kind
-            && !outcome.is_deferred()
+        if let Kind::CallEnd(end) = &e.kind
+            && !end.outcome.is_deferred()
         {
             judged += 1;
-            failed += u64::from(!outcome.is_ok());
+            failed += u64::from(!end.outcome.is_ok());
         }
     }
     (judged > 0).then(|| failed as f64 / judged as f64)
@@ -245,7 +244,7 @@ pub fn throttled_requests(events: &[TraceEvent]) -> u64 {
 pub fn calls_deferred(events: &[TraceEvent]) -> u64 {
     events
         .iter()
-        .filter(|e| matches!(e.kind, Kind::CallEnd { outcome, .. } if outcome.is_deferred()))
+        .filter(|e| matches!(&e.kind, Kind::CallEnd(end) if end.outcome.is_deferred()))
         .count() as u64
 }
 
@@ -293,12 +292,13 @@ pub fn goodput_recovery(heal_us: Option<u64>, events: &[TraceEvent], end_us: u64
                     offered[b] += 1;
                 }
             }
-            Kind::CallEnd {
-                call,
-                outcome,
-                latency_ms,
-                ..
-            } => {
+            Kind::CallEnd(end) => {
+                let CallEnded {
+                    call,
+                    outcome,
+                    latency_ms,
+                    ..
+                } = &**end;
                 let at = arrived
                     .get(&(e.host.as_ref(), *call))
                     .copied()
@@ -352,7 +352,7 @@ mod tests {
     fn end(t_us: u64, call: u64, outcome: CallOutcome, latency_ms: u64) -> TraceEvent {
         at(
             t_us,
-            Kind::CallEnd {
+            Kind::CallEnd(Box::new(CallEnded {
                 call,
                 tenant: tenant(1),
                 outcome,
@@ -360,7 +360,7 @@ mod tests {
                 latency_ms,
                 retry_after_us: None,
                 answer_us: None,
-            },
+            })),
         )
     }
 
@@ -370,8 +370,8 @@ mod tests {
         let scenario = Scenario::parse("c.toml", text).unwrap();
         let of = |t: u64, outcome| {
             let mut e = end(1, 1, outcome, 10);
-            if let Kind::CallEnd { tenant: who, .. } = &mut e.kind {
-                *who = tenant(t);
+            if let Kind::CallEnd(end) = &mut e.kind {
+                end.tenant = tenant(t);
             }
             e
         };

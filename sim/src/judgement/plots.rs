@@ -168,7 +168,7 @@ fn panel(
 /// it ended — a deferred call (by any of the caller's own limits) is deferred, not also failed, and a call
 /// the limiter refused several times counts once.
 fn call_lines(events: &[TraceEvent], seconds: usize) -> [Line; 3] {
-    let ended = |pick: fn(&CallOutcome) -> bool| move |e: &TraceEvent| matches!(&e.kind, Kind::CallEnd { outcome, .. } if pick(outcome));
+    let ended = |pick: fn(&CallOutcome) -> bool| move |e: &TraceEvent| matches!(&e.kind, Kind::CallEnd(end) if pick(&end.outcome));
     [
         Line::solid(per_second(events, seconds, ended(|o| o.is_ok())), GREEN, "succeeded"),
         Line::solid(
@@ -347,6 +347,7 @@ fn draw_distributions(
 mod tests {
     use super::*;
     use crate::evidence::outcome::Limit;
+    use crate::evidence::trace::CallEnded;
 
     fn line(values: &[f64]) -> Line {
         Line::solid(
@@ -366,7 +367,7 @@ mod tests {
             kind,
         };
         let end = |outcome| {
-            at(Kind::CallEnd {
+            at(Kind::CallEnd(Box::new(CallEnded {
                 call: 1,
                 tenant,
                 outcome,
@@ -374,7 +375,7 @@ mod tests {
                 latency_ms: 1,
                 retry_after_us: None,
                 answer_us: None,
-            })
+            })))
         };
         let refused = || {
             at(Kind::Limited {

@@ -134,7 +134,8 @@ impl Report {
             let t = e.t_us as f64 / 1e6;
             match &e.kind {
                 Kind::Arrival { .. } => report.arrivals += 1,
-                Kind::CallEnd { outcome, .. } => {
+                Kind::CallEnd(end) => {
+                    let outcome = end.outcome;
                     *report.outcomes.entry(outcome.name().to_owned()).or_default() += 1;
                     report
                         .outcome_classes
@@ -306,7 +307,8 @@ impl Report {
                 Kind::Breaker { breaker, from, to, .. } => {
                     let _ = writeln!(out, "{t:>9.3} {}  {breaker} {from:?} -> {to:?}", e.host);
                 }
-                Kind::CallEnd { outcome, .. } => {
+                Kind::CallEnd(end) => {
+                    let outcome = end.outcome;
                     let b = buckets.entry(e.t_us / 10_000_000).or_default();
                     if outcome.is_ok() { b[0] += 1 } else { b[1] += 1 }
                 }
@@ -421,6 +423,7 @@ mod tests {
     use redstring::CircuitState;
 
     use super::*;
+    use crate::evidence::trace::CallEnded;
     use crate::judgement::invariants::check_all;
     use crate::scenario::tenant;
 
@@ -525,7 +528,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     fn token_refusals_are_limiter_refusals_and_each_ending_says_what_it_is() {
         use crate::evidence::outcome::{Answer, CallOutcome, Limit};
         let end = |call, outcome| {
-            ev(Kind::CallEnd {
+            ev(Kind::CallEnd(Box::new(CallEnded {
                 call,
                 tenant: tenant(1),
                 outcome,
@@ -533,7 +536,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 latency_ms: 1,
                 retry_after_us: None,
                 answer_us: None,
-            })
+            })))
         };
         let events = vec![
             ev(Kind::Limited {

@@ -683,7 +683,12 @@ async fn apply(
         // Load: each worker fires it on its own timer.
         _ => {}
     }
-    trace.record(DRIVER, Kind::Fault { fault: fault.clone() });
+    trace.record(
+        DRIVER,
+        Kind::Fault {
+            fault: Box::new(fault.clone()),
+        },
+    );
     Ok(())
 }
 
@@ -771,7 +776,7 @@ impl HttpTransport for ObservedTransport {
             self.trace.record(
                 &self.host,
                 Kind::Request {
-                    server: self.server.clone(),
+                    server: self.server.as_str().into(),
                 },
             );
             let result = self.http.post(request).await;

@@ -226,9 +226,9 @@ fn path_of(kind: &Kind) -> Option<(Area, String)> {
             }
             .into(),
         ),
-        Kind::CallEnd { outcome, .. } => (
+        Kind::CallEnd(end) => (
             Area::Retry,
-            match outcome {
+            match &end.outcome {
                 CallOutcome::Ok => "call ok",
                 CallOutcome::CircuitOpen => "call refused by the breaker",
                 CallOutcome::Cooldown => "call refused by a quota cooldown",
@@ -274,10 +274,10 @@ mod tests {
                 decided_by: Decider::Local,
             }),
             ev(Kind::Fault {
-                fault: Fault::Crash {
+                fault: Box::new(Fault::Crash {
                     at_s: 1.0,
                     server: "gpu".into(),
-                },
+                }),
             }),
         ]);
         assert_eq!(c.runs(), 1);

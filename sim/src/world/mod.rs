@@ -540,8 +540,13 @@ impl<'s> World<'s> {
             }
             Fault::CacheUp { .. } => sim.bounce(CACHE_HOST),
         }
-        self.trace
-            .record_at(sim.elapsed(), DRIVER, Kind::Fault { fault: fault.clone() });
+        self.trace.record_at(
+            sim.elapsed(),
+            DRIVER,
+            Kind::Fault {
+                fault: Box::new(fault.clone()),
+            },
+        );
     }
 
     /// Runs to the end, applying the scenario's faults at their instants;

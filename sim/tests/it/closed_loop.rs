@@ -43,8 +43,8 @@ fn concurrency(events: &[TraceEvent]) -> (usize, usize) {
                 open.insert(*call, ());
                 most = most.max(open.len());
             }
-            Kind::CallEnd { call, .. } => {
-                open.remove(call);
+            Kind::CallEnd(end) => {
+                open.remove(&end.call);
             }
             _ => {}
         }

@@ -426,11 +426,9 @@ tenants = [{ id = 1, calls_per_min = 6 }]
         .iter()
         .filter(|e| {
             matches!(
-                e.kind,
-                redstring_sim::evidence::trace::Kind::CallEnd {
-                    outcome: redstring_sim::evidence::outcome::CallOutcome::Ok,
-                    ..
-                }
+                &e.kind,
+                redstring_sim::evidence::trace::Kind::CallEnd(end)
+                    if end.outcome == redstring_sim::evidence::outcome::CallOutcome::Ok
             )
         })
         .count();

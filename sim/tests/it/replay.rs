@@ -58,8 +58,8 @@ fn requests_arrive_at_their_instants_with_their_own_token_counts() {
     let latencies: Vec<u64> = run
         .events
         .iter()
-        .filter_map(|e| match e.kind {
-            Kind::CallEnd { latency_ms, .. } => Some(latency_ms),
+        .filter_map(|e| match &e.kind {
+            Kind::CallEnd(end) => Some(end.latency_ms),
             _ => None,
         })
         .collect();

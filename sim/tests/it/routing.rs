@@ -31,9 +31,9 @@ fn tally(s: &Scenario) -> ([u64; 3], [u64; 3], usize) {
             _ => 2,
         };
         match &e.kind {
-            Kind::Request { server } if server == "gpu" => gpu[phase] += 1,
-            Kind::Request { server } if server == "spare" => spare[phase] += 1,
-            Kind::CallEnd { outcome, .. } if *outcome != CallOutcome::Ok => failed += 1,
+            Kind::Request { server } if &**server == "gpu" => gpu[phase] += 1,
+            Kind::Request { server } if &**server == "spare" => spare[phase] += 1,
+            Kind::CallEnd(end) if end.outcome != CallOutcome::Ok => failed += 1,
             _ => {}
         }
     }

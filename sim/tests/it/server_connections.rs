@@ -37,10 +37,10 @@ tenants = [{ id = 1, calls_per_min = 12000 }]
     let mut ended = 0u64;
     let mut failed = Vec::new();
     for e in &run.events {
-        if let Kind::CallEnd { outcome, attempts, .. } = &e.kind {
+        if let Kind::CallEnd(end) = &e.kind {
             ended += 1;
-            if *outcome != CallOutcome::Ok || *attempts != 1 {
-                failed.push((e.t_us, *outcome, *attempts));
+            if end.outcome != CallOutcome::Ok || end.attempts != 1 {
+                failed.push((e.t_us, end.outcome, end.attempts));
             }
         }
     }

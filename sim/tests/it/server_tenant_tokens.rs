@@ -36,12 +36,9 @@ tenants = [{tenants}]
 fn latencies(events: &[TraceEvent]) -> BTreeMap<u64, Vec<u64>> {
     let mut by_tenant: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for e in events {
-        if let Kind::CallEnd {
-            tenant: t, latency_ms, ..
-        } = e.kind
-        {
-            let id = (1..=3).find(|&i| tenant(i) == t).expect("a known tenant");
-            by_tenant.entry(id).or_default().push(latency_ms);
+        if let Kind::CallEnd(end) = &e.kind {
+            let id = (1..=3).find(|&i| tenant(i) == end.tenant).expect("a known tenant");
+            by_tenant.entry(id).or_default().push(end.latency_ms);
         }
     }
     by_tenant
@@ -105,17 +102,12 @@ fn a_heavy_prompt_tenant_hits_the_token_quota_before_a_light_one() {
         let mut attempts = 0u64;
         let mut failed = 0u64;
         for e in &run.events {
-            if let Kind::CallEnd {
-                tenant: t,
-                attempts: a,
-                outcome,
-                ..
-            } = e.kind
-                && t == tenant(server_tenant)
+            if let Kind::CallEnd(end) = &e.kind
+                && end.tenant == tenant(server_tenant)
             {
                 calls += 1;
-                attempts += u64::from(a);
-                failed += u64::from(outcome != CallOutcome::Ok);
+                attempts += u64::from(end.attempts);
+                failed += u64::from(end.outcome != CallOutcome::Ok);
             }
         }
         (calls, attempts, failed)

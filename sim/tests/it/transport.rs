@@ -103,7 +103,7 @@ fn answers_come_back_whatever_their_status() {
         .events()
         .into_iter()
         .filter_map(|e| match e.kind {
-            Kind::Request { server } => Some((e.host.to_string(), server)),
+            Kind::Request { server } => Some((e.host.to_string(), server.to_string())),
             _ => None,
         })
         .collect();

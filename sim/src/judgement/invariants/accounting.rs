@@ -27,7 +27,8 @@ pub(super) fn accounting(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 arrivals += 1;
                 open.insert((e.host.as_ref(), *call), e.t_us);
             }
-            Kind::CallEnd { call, .. } => {
+            Kind::CallEnd(end) => {
+                let call = &end.call;
                 ended += 1;
                 if open.remove(&(e.host.as_ref(), *call)).is_none() && verdict == Verdict::Held {
                     verdict = violated(e, format!("call {call} ended without arriving, or ended twice"));
@@ -76,6 +77,7 @@ mod tests {
     use super::super::{Invariant, check_all, event};
     use super::*;
     use crate::evidence::outcome::CallOutcome;
+    use crate::evidence::trace::CallEnded;
     use crate::scenario::Scenario;
 
     const SCENARIO: &str = r#"
@@ -132,7 +134,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 t + n + 1,
                 "w",
                 Some(call),
-                Kind::CallEnd {
+                Kind::CallEnd(Box::new(CallEnded {
                     call,
                     tenant,
                     outcome: CallOutcome::Ok,
@@ -140,7 +142,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                     latency_ms: 1,
                     retry_after_us: None,
                     answer_us: None,
-                },
+                })),
             ));
         }
         events

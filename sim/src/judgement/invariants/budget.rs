@@ -12,6 +12,8 @@
 
 use std::collections::BTreeMap;
 
+use redstring::decide::budget::BudgetCommand;
+
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::trace::{Decider, Kind, TraceEvent};
 use crate::scenario::{CACHE_HOST, Fault};
@@ -58,7 +60,7 @@ pub(super) fn retry_budget(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 decided_by,
                 ..
             } => {
-                let deposit = *command == "deposit";
+                let deposit = *command == BudgetCommand::Deposit;
                 match (deposit, *ok) {
                     (true, _) => deposits += 1,
                     (false, true) => granted += 1,
@@ -236,7 +238,7 @@ servers = ["gpu"]
 tenants = [{ id = 1, calls_per_min = 1 }]
 "#;
 
-    fn step(t_s: f64, call: u64, command: &'static str, granted: bool) -> TraceEvent {
+    fn step(t_s: f64, call: u64, command: BudgetCommand, granted: bool) -> TraceEvent {
         let t_us = (t_s * 1e6) as u64;
         event(
             t_us,
@@ -277,10 +279,10 @@ tenants = [{ id = 1, calls_per_min = 1 }]
         // a second later the floor has earned one more.
         let mut events = Vec::new();
         for call in 0..4 {
-            events.push(step(0.0, call, "deposit", true));
+            events.push(step(0.0, call, BudgetCommand::Deposit, true));
         }
         for (t, call) in [(0.0, 0), (0.0, 1), (1.0, 2)] {
-            events.push(step(t, call, "withdraw", true));
+            events.push(step(t, call, BudgetCommand::Withdraw, true));
             events.push(retry(t, call));
         }
         assert_eq!(check(&events).0, Verdict::Held, "{:?}", check(&events));
@@ -289,9 +291,9 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     #[test]
     fn one_grant_beyond_the_bound_is_caught_at_that_grant() {
         // Cap 2, one deposit (half a retry), no time: two grants fit, three do not.
-        let mut events = vec![step(10.0, 0, "deposit", true)];
+        let mut events = vec![step(10.0, 0, BudgetCommand::Deposit, true)];
         for call in 1..4 {
-            events.push(step(10.0, call, "withdraw", true));
+            events.push(step(10.0, call, BudgetCommand::Withdraw, true));
         }
         let (verdict, _) = check(&events);
         let Verdict::Violated { detail, .. } = verdict else {
@@ -304,10 +306,10 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     fn the_floor_over_a_long_interval_allows_more_grants() {
         // Three grants at t = 0 break the cap of 2; spread over 2 s they fit.
         let spread = [
-            step(0.0, 0, "deposit", true),
-            step(0.0, 0, "withdraw", true),
-            step(1.0, 1, "withdraw", true),
-            step(2.0, 2, "withdraw", true),
+            step(0.0, 0, BudgetCommand::Deposit, true),
+            step(0.0, 0, BudgetCommand::Withdraw, true),
+            step(1.0, 1, BudgetCommand::Withdraw, true),
+            step(2.0, 2, BudgetCommand::Withdraw, true),
         ];
         assert_eq!(check(&spread).0, Verdict::Held);
     }
@@ -315,8 +317,8 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     #[test]
     fn a_retry_sent_after_a_denial_is_caught() {
         let events = [
-            step(0.0, 7, "deposit", true),
-            step(1.0, 7, "withdraw", false),
+            step(0.0, 7, BudgetCommand::Deposit, true),
+            step(1.0, 7, BudgetCommand::Withdraw, false),
             retry(1.0, 7),
         ];
         let (verdict, _) = check(&events);
@@ -329,17 +331,17 @@ tenants = [{ id = 1, calls_per_min = 1 }]
     #[test]
     fn a_retry_granted_without_a_bucket_is_granted_and_a_lost_reply_suspends_the_bound() {
         // Cut off from the cache under `admit`: the grant is reported.
-        let mut unlimited = step(1.0, 4, "withdraw", true);
+        let mut unlimited = step(1.0, 4, BudgetCommand::Withdraw, true);
         if let Kind::Budget { decided_by, .. } = &mut unlimited.kind {
             *decided_by = Decider::Unlimited;
         }
-        let events = [step(0.0, 4, "deposit", true), unlimited, retry(1.0, 4)];
+        let events = [step(0.0, 4, BudgetCommand::Deposit, true), unlimited, retry(1.0, 4)];
         assert_eq!(check(&events).0, Verdict::Held);
         // Three grants at one instant break cap 2, unless a budget step's
         // reply was lost (its deposit may have reached the store).
-        let mut events = vec![step(10.0, 0, "deposit", true)];
+        let mut events = vec![step(10.0, 0, BudgetCommand::Deposit, true)];
         for call in 1..4 {
-            events.push(step(10.0, call, "withdraw", true));
+            events.push(step(10.0, call, BudgetCommand::Withdraw, true));
         }
         assert!(matches!(check(&events).0, Verdict::Violated { .. }));
         events.push(event(

@@ -37,7 +37,7 @@ pub(super) fn once_per_call(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 (*slots, 0)
             }
             Kind::Allowed { breaker, .. } => {
-                let admissions = per_breaker.entry((key.0, call, breaker.clone())).or_default();
+                let admissions = per_breaker.entry((key.0, call, breaker.to_string())).or_default();
                 *admissions += 1;
                 (0, *admissions)
             }
@@ -64,7 +64,7 @@ pub(super) fn once_per_call(_ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 verdict = violated(e, format!("call {call} took {slots} limiter slots"));
             } else if admissions > 1 {
                 let breaker = match &e.kind {
-                    Kind::Allowed { breaker, .. } => breaker.as_str(),
+                    Kind::Allowed { breaker, .. } => breaker.as_ref(),
                     _ => "",
                 };
                 verdict = violated(

@@ -77,9 +77,7 @@ pub(super) fn concurrency_limit(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let mut verdict = Verdict::Held;
     for e in events {
         match &e.kind {
-            Kind::Fault {
-                fault: Fault::CacheUp { .. },
-            } if ctx.scopes.shared() => leases.clear(),
+            Kind::Fault { fault } if matches!(**fault, Fault::CacheUp { .. }) && ctx.scopes.shared() => leases.clear(),
             Kind::ConcurrencyAdmitted {
                 breaker,
                 priority,

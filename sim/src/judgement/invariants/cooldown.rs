@@ -134,9 +134,9 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 // store then kept: a cooldown cut short admits inside it —
                 // at every key of the account.
                 spent += 1;
-                let own = [breaker.clone()];
+                let own = [breaker.to_string()];
                 let members = groups
-                    .get(&(e.host.to_string(), breaker.clone()))
+                    .get(&(e.host.to_string(), breaker.to_string()))
                     .map_or(&own[..], Vec::as_slice);
                 let trips = u64::try_from(members.len()).unwrap_or(u64::MAX);
                 for member in members {
@@ -222,6 +222,8 @@ pub(super) fn no_call_in_cooldown(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use redstring::CircuitState;
 
     use super::super::{Invariant, check_all, event};
@@ -324,8 +326,8 @@ servers = ["key-a", "key-b", "other"]
 tenants = [{ id = 1, calls_per_min = 1 }]
 "#;
 
-    fn at_server(t: u64, call: u64, server: &str, kind: impl Fn(String) -> Kind) -> TraceEvent {
-        event(t, "w", Some(call), kind(format!("kg:circuit:{server}")))
+    fn at_server(t: u64, call: u64, server: &str, kind: impl Fn(Arc<str>) -> Kind) -> TraceEvent {
+        event(t, "w", Some(call), kind(format!("kg:circuit:{server}").into()))
     }
 
     fn admitted(t: u64, call: u64, server: &str) -> TraceEvent {

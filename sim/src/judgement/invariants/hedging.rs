@@ -70,12 +70,8 @@ pub(super) fn hedging(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     };
     for e in events {
         match &e.kind {
-            Kind::CallEnd {
-                call,
-                outcome: CallOutcome::Ok,
-                ..
-            } => {
-                if let Some(seen) = calls.get_mut(&(e.host.as_ref(), *call))
+            Kind::CallEnd(end) if end.outcome == CallOutcome::Ok => {
+                if let Some(seen) = calls.get_mut(&(e.host.as_ref(), end.call))
                     && seen.sent > 0
                 {
                     seen.answered_us = Some(e.t_us);
@@ -118,7 +114,7 @@ pub(super) fn hedging(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 seen.paid = false;
             }
             Kind::Budget {
-                command: "withdraw",
+                command: redstring::decide::budget::BudgetCommand::Withdraw,
                 granted,
                 ..
             } => seen.paid = *granted,
@@ -172,7 +168,7 @@ pub(super) fn hedging(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evidence::trace::Decider;
+    use crate::evidence::trace::{CallEnded, Decider};
     use crate::judgement::invariants::{Invariant, check_all, event};
     use crate::scenario::Scenario;
 
@@ -219,7 +215,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             t_ms,
             Kind::Budget {
                 budget: "kg:retrybudget".into(),
-                command: "withdraw",
+                command: redstring::decide::budget::BudgetCommand::Withdraw,
                 granted,
                 balance: 0,
                 at_us: t_ms * 1000,
@@ -248,7 +244,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             t_ms * 1000,
             "w",
             None,
-            Kind::CallEnd {
+            Kind::CallEnd(Box::new(CallEnded {
                 call: 1,
                 tenant: redstring::TenantId::from_u128(1),
                 outcome: CallOutcome::Ok,
@@ -256,7 +252,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 latency_ms: t_ms,
                 retry_after_us: None,
                 answer_us: None,
-            },
+            })),
         )
     }
 

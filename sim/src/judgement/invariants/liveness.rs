@@ -224,10 +224,10 @@ pub(super) fn liveness(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         {
             asked_after.insert(ctx.scopes.breaker(e, breaker));
         }
-        if let Kind::CallEnd { outcome, .. } = &e.kind
+        if let Kind::CallEnd(end) = &e.kind
             && e.t_us >= bound
         {
-            match outcome {
+            match &end.outcome {
                 // Deferrals by the caller's own limits say nothing about the
                 // server's health.
                 CallOutcome::Deferred(_) => {}

@@ -394,7 +394,7 @@ mod tests {
 
     use super::*;
     use crate::evidence::outcome::CallOutcome;
-    use crate::evidence::trace::{Decider, Kind};
+    use crate::evidence::trace::{CallEnded, Decider, Kind};
     use crate::scenario::tenant;
 
     const MINIMAL: &str = r#"
@@ -841,7 +841,7 @@ by_ms = -3000
         let end = |call| {
             ev(
                 3.0,
-                Kind::CallEnd {
+                Kind::CallEnd(Box::new(CallEnded {
                     call,
                     tenant: tenant(1),
                     outcome: CallOutcome::Ok,
@@ -849,7 +849,7 @@ by_ms = -3000
                     latency_ms: 1,
                     retry_after_us: None,
                     answer_us: None,
-                },
+                })),
             )
         };
         let arrive = ev(
@@ -945,7 +945,7 @@ by_ms = -3000
             crate::evidence::trace::DRIVER,
             None,
             Kind::Fault {
-                fault: crate::scenario::Fault::CacheUp { at_s: 2.0 },
+                fault: Box::new(crate::scenario::Fault::CacheUp { at_s: 2.0 }),
             },
         );
         let allowed = ev(

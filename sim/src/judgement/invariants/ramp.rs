@@ -110,7 +110,7 @@ pub(super) fn slow_start(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         // A closed admission is drawn by the next event, or kept; one in
         // its ramp must be drawn.
         if let Some((breaker, at, admitted, required)) = seen.undrawn.take()
-            && !matches!(&e.kind, Kind::SlowStart { breaker: b, at_us, .. } if *b == breaker && *at_us == at)
+            && !matches!(&e.kind, Kind::SlowStart { breaker: b, at_us, .. } if **b == *breaker && *at_us == at)
         {
             if required {
                 fail(
@@ -135,10 +135,10 @@ pub(super) fn slow_start(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                     .is_some_and(|closed| at_us - closed < window_us);
                 let elsewhere = choices.get(e.host.as_ref()).is_some_and(|n| *n > 1);
                 let required = ramping && elsewhere && ctx.single_clock && !seen.unreachable;
-                seen.undrawn = Some((breaker.clone(), *at_us, e.clone(), required));
+                seen.undrawn = Some((breaker.to_string(), *at_us, e.clone(), required));
             }
             Kind::Allowed { breaker, .. } => {
-                seen.kept.get_or_insert_with(|| breaker.clone());
+                seen.kept.get_or_insert_with(|| breaker.to_string());
             }
             Kind::SlowStart {
                 breaker,
@@ -183,10 +183,10 @@ pub(super) fn slow_start(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                     );
                 }
                 if draw < share {
-                    seen.kept.get_or_insert_with(|| breaker.clone());
+                    seen.kept.get_or_insert_with(|| breaker.to_string());
                 } else {
                     passed_on += 1;
-                    seen.passed.insert(breaker.clone());
+                    seen.passed.insert(breaker.to_string());
                 }
             }
             Kind::CacheUnavailable { .. } => seen.unreachable = true,
@@ -286,7 +286,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             call,
             t_us,
             Kind::Allowed {
-                breaker: breaker_prefix(server),
+                breaker: breaker_prefix(server).into(),
                 state: CircuitState::Closed,
                 probe: None,
                 at_us: t_us,

@@ -58,7 +58,7 @@ pub(super) fn skips_visible(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
             | Kind::Deferred { breaker, .. }
             | Kind::SlowStart { breaker, .. }
             | Kind::ConcurrencyRefused { breaker, .. } => {
-                shown.named.insert(breaker.clone());
+                shown.named.insert(breaker.to_string());
             }
             Kind::CacheUnavailable { .. } => shown.unreachable = true,
             Kind::Request { server } if !shown.sent => {
@@ -66,7 +66,7 @@ pub(super) fn skips_visible(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
                 let Some(list) = servers.get(e.host.as_ref()) else {
                     continue;
                 };
-                let Some(at) = list.iter().position(|s| s == server) else {
+                let Some(at) = list.iter().position(|s| **s == **server) else {
                     continue;
                 };
                 if at == 0 || shown.unreachable {
@@ -117,7 +117,7 @@ pub(super) fn retry_after_returned(_ctx: &Ctx, events: &[TraceEvent]) -> Finding
     for e in events {
         // A call's own events carry its number; its end names it itself.
         let call = match &e.kind {
-            Kind::CallEnd { call, .. } => *call,
+            Kind::CallEnd(end) => end.call,
             _ => match e.call {
                 Some(call) => call,
                 None => continue,
@@ -138,18 +138,14 @@ pub(super) fn retry_after_returned(_ctx: &Ctx, events: &[TraceEvent]) -> Finding
                 calls
                     .entry(key)
                     .or_default()
-                    .insert(breaker.clone(), (e.t_us, *retry_after_us));
+                    .insert(breaker.to_string(), (e.t_us, *retry_after_us));
             }
             Kind::Allowed { breaker, .. } => {
                 if let Some(refusals) = calls.get_mut(&key) {
-                    refusals.remove(breaker);
+                    refusals.remove(breaker.as_ref());
                 }
             }
-            Kind::CallEnd {
-                outcome: CallOutcome::CircuitOpen | CallOutcome::Cooldown,
-                retry_after_us,
-                ..
-            } => {
+            Kind::CallEnd(end) if matches!(end.outcome, CallOutcome::CircuitOpen | CallOutcome::Cooldown) => {
                 let refusals = calls.remove(&key).unwrap_or_default();
                 let known = refusals.values().filter(|(_, wait)| *wait > 0);
                 let Some(soonest) = known.clone().map(|(t, wait)| t.saturating_add(*wait)).min() else {
@@ -157,7 +153,7 @@ pub(super) fn retry_after_returned(_ctx: &Ctx, events: &[TraceEvent]) -> Finding
                 };
                 let first = known.map(|(t, _)| *t).min().unwrap_or(e.t_us);
                 judged += 1;
-                let handed = retry_after_us.unwrap_or(0);
+                let handed = end.retry_after_us.unwrap_or(0);
                 // The refusals took `e.t_us - first` to arrive; a wait is
                 // counted from its own refusal. One millisecond of rounding.
                 let allowed = soonest
@@ -217,6 +213,7 @@ mod tests {
 
     use super::super::{Invariant, check_all, event};
     use super::*;
+    use crate::evidence::trace::CallEnded;
     use crate::scenario::Scenario;
 
     const ROUTED: &str = r#"
@@ -298,7 +295,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             "w",
             Some(1),
             Kind::Rejected {
-                breaker: format!("kg:circuit:{breaker}"),
+                breaker: format!("kg:circuit:{breaker}").into(),
                 state: CircuitState::Open,
                 retry_after_us: wait_us,
             },
@@ -310,7 +307,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             t,
             "w",
             None,
-            Kind::CallEnd {
+            Kind::CallEnd(Box::new(CallEnded {
                 call: 1,
                 tenant: redstring::TenantId::from_u128(1),
                 outcome: CallOutcome::CircuitOpen,
@@ -318,7 +315,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 latency_ms: 0,
                 retry_after_us,
                 answer_us: None,
-            },
+            })),
         )
     }
 

@@ -14,7 +14,7 @@ use redstring::CircuitState;
 
 use super::{Ctx, Finding, Verdict, not_applicable, violated};
 use crate::evidence::outcome::CallOutcome;
-use crate::evidence::trace::{Kind, TraceEvent};
+use crate::evidence::trace::{CallEnded, Kind, TraceEvent};
 use crate::hosts::worker::breaker_prefix;
 
 /// What one call showed since its last request: where it went, and what
@@ -47,12 +47,13 @@ pub(super) fn slow_calls_counted(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
     let (mut slow, mut fast) = (0u64, 0u64);
     let mut verdict = Verdict::Held;
     for e in events {
-        if let Kind::CallEnd {
-            call,
-            outcome: CallOutcome::Ok,
-            answer_us: Some(took),
-            ..
-        } = &e.kind
+        if let Kind::CallEnd(end) = &e.kind
+            && let CallEnded {
+                call,
+                outcome: CallOutcome::Ok,
+                answer_us: Some(took),
+                ..
+            } = &**end
         {
             let Some(seen) = calls.remove(&(e.host.as_ref(), *call)) else {
                 continue;
@@ -105,19 +106,19 @@ pub(super) fn slow_calls_counted(ctx: &Ctx, events: &[TraceEvent]) -> Finding {
         match &e.kind {
             Kind::Request { server } => {
                 *seen = SinceLast {
-                    server: Some(server.clone()),
+                    server: Some(server.to_string()),
                     ..SinceLast::default()
                 };
             }
-            Kind::SlowCall { breaker, took_us } => seen.slow.push((breaker.clone(), *took_us)),
-            Kind::FailureRecorded { breaker, .. } => seen.failed.push(breaker.clone()),
+            Kind::SlowCall { breaker, took_us } => seen.slow.push((breaker.to_string(), *took_us)),
+            Kind::FailureRecorded { breaker, .. } => seen.failed.push(breaker.to_string()),
             Kind::FailuresCleared { breaker, .. }
             | Kind::Breaker {
                 breaker,
                 from: CircuitState::HalfOpen,
                 to: CircuitState::Closed,
                 ..
-            } => seen.succeeded.push(breaker.clone()),
+            } => seen.succeeded.push(breaker.to_string()),
             _ => {}
         }
     }
@@ -204,7 +205,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
             t_ms * 1000,
             "w",
             None,
-            Kind::CallEnd {
+            Kind::CallEnd(Box::new(CallEnded {
                 call: 1,
                 tenant: redstring::TenantId::from_u128(1),
                 outcome: CallOutcome::Ok,
@@ -212,7 +213,7 @@ tenants = [{ id = 1, calls_per_min = 1 }]
                 latency_ms: took_ms,
                 retry_after_us: None,
                 answer_us: Some(took_ms * 1000),
-            },
+            })),
         )
     }
 
