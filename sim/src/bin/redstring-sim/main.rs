@@ -46,6 +46,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The allocator of every command: a fleet's peak memory is mostly small
+/// buffers of its connections and its trace (BENCHMARKS.md, "Simulator at
+/// fleet scale").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "redstring-sim",
