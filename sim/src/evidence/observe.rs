@@ -10,32 +10,30 @@
 use redstring::DecidedBy;
 use redstring::{Event, Interest, Observer};
 
-use crate::evidence::trace::{Decider, Kind, Trace};
+use crate::evidence::trace::{Decider, HostTrace, Kind, Trace};
 
 /// The observer a worker hands its components: redstring's events, into the trace.
 #[derive(Clone, Debug)]
 pub struct HostObserver {
-    host: String,
-    trace: Trace,
+    trace: HostTrace,
 }
 
 impl HostObserver {
     /// An observer recording as `host`.
     pub fn new(host: &str, trace: Trace) -> Self {
         HostObserver {
-            host: host.to_owned(),
-            trace,
+            trace: trace.host(host),
         }
     }
 }
 
 impl Observer for HostObserver {
     fn on_event(&self, event: &Event) {
-        if let Some(metrics) = self.trace.metrics() {
-            metrics.observe(&self.host, event);
+        if let Some(metrics) = self.trace.trace().metrics() {
+            metrics.observe(self.trace.name(), event);
         }
         if let Some(kind) = to_trace(event) {
-            self.trace.record(&self.host, kind);
+            self.trace.record(kind);
         }
     }
 

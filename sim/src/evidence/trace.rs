@@ -530,18 +530,10 @@ impl Kind {
     }
 }
 
-/// The events so far, and each host name they were recorded under, kept
-/// once and shared by that host's events (a fleet records millions).
-#[derive(Debug, Default)]
-struct Log {
-    events: Vec<TraceEvent>,
-    hosts: std::collections::BTreeSet<Arc<str>>,
-}
-
 /// The shared, append-only trace.
 #[derive(Clone, Debug, Default)]
 pub struct Trace {
-    events: Arc<Mutex<Log>>,
+    events: Arc<Mutex<Vec<TraceEvent>>>,
     /// Where the workers' events also go as metrics, when asked for.
     metrics: Option<MetricLog>,
 }
@@ -566,43 +558,40 @@ impl Trace {
         self.metrics.as_ref()
     }
 
-    /// Appends an event at the current simulated time (inside a host).
-    pub fn record(&self, host: &str, kind: Kind) {
-        self.record_at(sim_elapsed(), host, kind);
+    /// The trace as host `name` writes it.
+    pub fn host(&self, name: &str) -> HostTrace {
+        HostTrace {
+            trace: self.clone(),
+            host: name.into(),
+        }
     }
 
-    /// Appends an event at simulated time `t` (for the driver, outside hosts).
-    pub fn record_at(&self, t: std::time::Duration, host: &str, kind: Kind) {
-        let t_us = u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
-        let call = current_call();
-        let mut log = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        let host = match log.hosts.get(host) {
-            Some(shared) => shared.clone(),
-            None => {
-                let shared: Arc<str> = host.into();
-                log.hosts.insert(shared.clone());
-                shared
-            }
+    fn push(&self, t: std::time::Duration, host: &Arc<str>, kind: Kind) {
+        let event = TraceEvent {
+            t_us: u64::try_from(t.as_micros()).unwrap_or(u64::MAX),
+            host: host.clone(),
+            call: current_call(),
+            kind,
         };
-        log.events.push(TraceEvent { t_us, host, call, kind });
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(event);
     }
 
     /// Every event so far.
     pub fn events(&self) -> Vec<TraceEvent> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).events.clone()
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// How many events so far are of a kind `is` accepts, without copying
     /// the trace.
     pub fn count(&self, is: impl Fn(&Kind) -> bool) -> usize {
         let log = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        log.events.iter().filter(|e| is(&e.kind)).count()
+        log.iter().filter(|e| is(&e.kind)).count()
     }
 
     /// Every event so far, leaving the trace empty: a run's end hands its
     /// events on without a copy.
     pub fn take(&self) -> Vec<TraceEvent> {
-        std::mem::take(&mut self.events.lock().unwrap_or_else(|p| p.into_inner()).events)
+        std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The trace as JSON lines.
@@ -616,9 +605,55 @@ impl Trace {
     }
 }
 
+/// The trace as one host writes it: every event it records carries the
+/// host's name, held once and shared by them all.
+#[derive(Clone, Debug)]
+pub struct HostTrace {
+    trace: Trace,
+    host: Arc<str>,
+}
+
+impl HostTrace {
+    /// Appends an event at the current simulated time (inside a host).
+    pub fn record(&self, kind: Kind) {
+        self.trace.push(sim_elapsed(), &self.host, kind);
+    }
+
+    /// Appends an event at simulated time `t` (for the driver, outside hosts).
+    pub fn record_at(&self, t: std::time::Duration, kind: Kind) {
+        self.trace.push(t, &self.host, kind);
+    }
+
+    /// The host's name.
+    pub fn name(&self) -> &str {
+        &self.host
+    }
+
+    /// The whole trace.
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host's events share one copy of its name: a fleet's millions of
+    /// events hold no name of their own.
+    #[test]
+    fn a_host_s_events_share_its_name() {
+        let trace = Trace::new();
+        let (worker, server) = (trace.host("worker-7"), trace.host("gpu"));
+        let t = std::time::Duration::from_millis(1);
+        worker.record_at(t, Kind::Loaded);
+        server.record_at(t, Kind::Loaded);
+        worker.record_at(t, Kind::Unreadable);
+        let events = trace.take();
+        assert_eq!(events.iter().map(|e| &*e.host).collect::<Vec<_>>(), ["worker-7", "gpu", "worker-7"]);
+        assert!(Arc::ptr_eq(&events[0].host, &events[2].host));
+        assert_eq!(worker.name(), "worker-7");
+    }
 
     /// A fleet records millions of events and keeps them all until the
     /// report: every byte of an event is megabytes of a fleet's peak. The

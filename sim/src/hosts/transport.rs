@@ -46,7 +46,7 @@ use hyper_util::rt::TokioIo;
 use redstring::provider::{BoxFuture, HttpRequest, HttpResponse, HttpTransport, TransportError, TransportErrorKind};
 use turmoil::net::TcpStream;
 
-use crate::evidence::trace::{Kind, Trace};
+use crate::evidence::trace::{HostTrace, Kind, Trace};
 use crate::hosts::clock::sim_elapsed;
 
 /// An [`HttpTransport`] over the simulated network, for the worker host it
@@ -58,8 +58,7 @@ use crate::hosts::clock::sim_elapsed;
 /// connections and the limit of [`MAX_OPEN_CONNECTIONS`].
 #[derive(Clone, Debug)]
 pub struct SimTransport {
-    host: String,
-    trace: Trace,
+    trace: HostTrace,
     open: Arc<ConnectionLimit>,
     pool: Arc<Mutex<Pool>>,
 }
@@ -67,16 +66,15 @@ pub struct SimTransport {
 impl SimTransport {
     /// A transport for worker `host`, recording into `trace`, on a turmoil
     /// host of its own.
-    pub fn new(host: impl Into<String>, trace: Trace) -> Self {
+    pub fn new(host: &str, trace: Trace) -> Self {
         SimTransport::on(host, trace, ConnectionLimit::host(TIME_WAIT))
     }
 
     /// A transport for worker `host`, recording into `trace`, on a turmoil
     /// host whose ports `ports` counts ([`ConnectionLimit::host`]).
-    pub fn on(host: impl Into<String>, trace: Trace, ports: Arc<ConnectionLimit>) -> Self {
+    pub fn on(host: &str, trace: Trace, ports: Arc<ConnectionLimit>) -> Self {
         SimTransport {
-            host: host.into(),
-            trace,
+            trace: trace.host(host),
             open: Arc::new(ConnectionLimit::within(ports)),
             pool: Arc::default(),
         }
@@ -363,12 +361,9 @@ impl HttpTransport for SimTransport {
     fn post(&self, request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
         Box::pin(async move {
             let target = parse_url(&request.url)?;
-            self.trace.record(
-                &self.host,
-                Kind::Request {
-                    server: target.host.as_str().into(),
-                },
-            );
+            self.trace.record(Kind::Request {
+                server: target.host.as_str().into(),
+            });
             self.send(&target, Method::POST, request).await
         })
     }
@@ -481,7 +476,7 @@ impl SimTransport {
             Err(exhausted) => {
                 return Err(TransportError::failed(
                     TransportErrorKind::Connect,
-                    format!("{} {exhausted}", self.host),
+                    format!("{} {exhausted}", self.trace.name()),
                 ));
             }
         };

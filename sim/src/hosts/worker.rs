@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 
 use crate::evidence::observe::{DEPLOYMENT_LIMIT_PREFIX, HostObserver};
 use crate::evidence::outcome::CallOutcome;
-use crate::evidence::trace::{self, CallEnded, Kind, Trace};
+use crate::evidence::trace::{self, CallEnded, HostTrace, Kind, Trace};
 use crate::hosts::RequestTokens;
 use crate::hosts::clock::{SimClock, sim_elapsed};
 use crate::hosts::transport::{ConnectionLimit, SimTransport};
@@ -213,8 +213,7 @@ pub async fn run_worker<S: TokenStore + BreakerStore + BudgetStore + InFlightSto
 ) -> Result<(), Box<dyn std::error::Error>> {
     let providers = providers(&plan, store, &trace)?;
     let calls = Calls {
-        host: plan.name.clone(),
-        trace,
+        trace: trace.host(&plan.name),
         schema: Arc::new(OutputSchema::for_type::<Extraction>()),
         next: Rc::new(Cell::new(0)),
     };
@@ -403,8 +402,7 @@ fn route_to<S: TokenStore>(
 /// Starts units of work and records their arrival and end.
 #[derive(Clone)]
 struct Calls {
-    host: String,
-    trace: Trace,
+    trace: HostTrace,
     schema: Arc<OutputSchema>,
     /// The next worker-local call number.
     next: Rc<Cell<u64>>,
@@ -433,7 +431,7 @@ impl Calls {
     ) -> impl std::future::Future<Output = ()> + 'static {
         let call = self.next.get();
         self.next.set(call + 1);
-        self.trace.record(&self.host, Kind::Arrival { call, tenant });
+        self.trace.record(Kind::Arrival { call, tenant });
         let this = self.clone();
         async move {
             let started = sim_elapsed();
@@ -473,7 +471,7 @@ impl Calls {
                     .filter(|_| result.is_ok())
                     .map(|took| u64::try_from(took.as_micros()).unwrap_or(u64::MAX)),
             }));
-            this.trace.record(&this.host, end);
+            this.trace.record(end);
         }
     }
 }

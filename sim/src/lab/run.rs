@@ -46,7 +46,7 @@ use super::llama::{LabError, LlamaServer, LlamaSpec, Tools};
 use super::swap::{SwapFront, SwapSettings};
 use crate::evidence::Evidence;
 use crate::evidence::outcome::Answer;
-use crate::evidence::trace::{DRIVER, Kind, Trace};
+use crate::evidence::trace::{DRIVER, HostTrace, Kind, Trace};
 use crate::hosts::CALL_HEADER;
 use crate::hosts::clock::{RealTime, sim_elapsed};
 use crate::hosts::worker::{Net, RealTransports, run_worker};
@@ -683,12 +683,9 @@ async fn apply(
         // Load: each worker fires it on its own timer.
         _ => {}
     }
-    trace.record(
-        DRIVER,
-        Kind::Fault {
-            fault: Box::new(fault.clone()),
-        },
-    );
+    trace.host(DRIVER).record(Kind::Fault {
+        fault: Box::new(fault.clone()),
+    });
     Ok(())
 }
 
@@ -731,7 +728,7 @@ async fn loaded_when_healthy(health: String, name: String, server: Rc<Server>, g
     while server.generation.get() == generation {
         if super::llama::healthy(&client, &health).await {
             if server.generation.get() == generation {
-                trace.record(&name, Kind::Loaded);
+                trace.host(&name).record(Kind::Loaded);
             }
             return;
         }
@@ -749,9 +746,8 @@ struct Observed {
 impl RealTransports for Observed {
     fn transport(&self, host: &str, server: &str) -> Box<dyn HttpTransport> {
         Box::new(ObservedTransport {
-            host: host.to_owned(),
-            server: server.to_owned(),
-            trace: self.trace.clone(),
+            worker: self.trace.host(host),
+            server: self.trace.host(server),
             http: self.http.clone(),
         })
     }
@@ -759,9 +755,10 @@ impl RealTransports for Observed {
 
 /// One worker's transport to one real server.
 struct ObservedTransport {
-    host: String,
-    server: String,
-    trace: Trace,
+    /// The worker's requests.
+    worker: HostTrace,
+    /// The server's answers, as it would record them.
+    server: HostTrace,
     http: ReqwestTransport,
 }
 
@@ -773,12 +770,9 @@ impl HttpTransport for ObservedTransport {
                 .iter()
                 .find(|(n, _)| n == CALL_HEADER)
                 .map(|(_, v)| v.clone());
-            self.trace.record(
-                &self.host,
-                Kind::Request {
-                    server: self.server.as_str().into(),
-                },
-            );
+            self.worker.record(Kind::Request {
+                server: self.server.name().into(),
+            });
             let result = self.http.post(request).await;
             let answer = match &result {
                 Ok(response) => Some(answer_of(response.status, &response.body)),
@@ -791,7 +785,7 @@ impl HttpTransport for ObservedTransport {
                 Err(_) => Some(Answer::Error),
             };
             if let Some(answer) = answer {
-                self.trace.record(&self.server, Kind::served_for(answer, caller));
+                self.server.record(Kind::served_for(answer, caller));
             }
             result
         })

@@ -327,7 +327,7 @@ async fn load(front: Rc<Front>, n: u64) {
     loop {
         if super::llama::healthy(&front.client, &health).await {
             front.state.set(Upstream::Ready);
-            front.trace.record(&front.settings.name, Kind::Loaded);
+            front.trace.host(&front.settings.name).record(Kind::Loaded);
             front.changed.notify_waiters();
             return;
         }

@@ -540,9 +540,8 @@ impl<'s> World<'s> {
             }
             Fault::CacheUp { .. } => sim.bounce(CACHE_HOST),
         }
-        self.trace.record_at(
+        self.trace.host(DRIVER).record_at(
             sim.elapsed(),
-            DRIVER,
             Kind::Fault {
                 fault: Box::new(fault.clone()),
             },

@@ -302,7 +302,7 @@ fn a_fleet_over_the_transport_replays_byte_for_byte() {
         for w in 0..4 {
             let trace = trace.clone();
             sim.client(format!("worker-{w}"), async move {
-                let transport = SimTransport::new(format!("worker-{w}"), trace);
+                let transport = SimTransport::new(&format!("worker-{w}"), trace);
                 for _ in 0..5 {
                     let _ = transport.post(request("gpu", 1 << 20, Duration::from_secs(3))).await;
                     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -120,7 +120,7 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::evidence::outcome::Answer;
-use crate::evidence::trace::{Kind, Trace};
+use crate::evidence::trace::{HostTrace, Kind, Trace};
 use crate::hosts::clock::sim_elapsed;
 use crate::scenario::{Behaviour, Mode, ServerSpec};
 
@@ -325,6 +325,7 @@ pub type HostFuture = Pin<Box<dyn Future<Output = turmoil::Result> + 'static>>;
 pub fn server_host(spec: ServerSpec, handle: ServerHandle, trace: Trace, seed: u64) -> impl Fn() -> HostFuture {
     let rng = Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(seed)));
     let extra = Arc::new(Mutex::new(ExtraRng::new(seed)));
+    let trace = trace.host(&spec.name);
     move || {
         let server = Server {
             spec: spec.clone(),
@@ -341,7 +342,7 @@ pub fn server_host(spec: ServerSpec, handle: ServerHandle, trace: Trace, seed: u
 struct Server {
     spec: ServerSpec,
     handle: ServerHandle,
-    trace: Trace,
+    trace: HostTrace,
     rng: Arc<Mutex<ChaCha8Rng>>,
     /// Load times, token counts and step times (see [`ExtraRng`]).
     extra: Arc<Mutex<ExtraRng>>,
@@ -351,7 +352,7 @@ struct Server {
 struct Start {
     spec: ServerSpec,
     handle: ServerHandle,
-    trace: Trace,
+    trace: HostTrace,
     rng: Arc<Mutex<ChaCha8Rng>>,
     extra: Arc<Mutex<ExtraRng>>,
     generation: u64,
@@ -449,16 +450,16 @@ impl Server {
             match self.spec.kind {
                 // Loaded once the loading window (503 `Loading model`) is over.
                 ServerKind::Generic | ServerKind::LlamaCpp => {
-                    let (trace, name) = (self.trace.clone(), self.spec.name.clone());
+                    let trace = self.trace.clone();
                     let wait = Duration::try_from_secs_f64(reload_s).unwrap_or(Duration::MAX);
                     connections.spawn(async move {
                         tokio::time::sleep(wait).await;
-                        trace.record(&name, Kind::Loaded);
+                        trace.record(Kind::Loaded);
                     });
                 }
                 // vLLM loaded before it listened; a hosted endpoint has
                 // nothing to load.
-                ServerKind::Vllm | ServerKind::OpenAi => self.trace.record(&self.spec.name, Kind::Loaded),
+                ServerKind::Vllm | ServerKind::OpenAi => self.trace.record(Kind::Loaded),
                 // They load on demand: the load a request starts records it.
                 ServerKind::LlamaSwap | ServerKind::Ollama => {}
             }
@@ -737,7 +738,7 @@ impl Start {
     /// Records `answer` to the call `caller` names.
     fn record_for(&self, answer: Answer, caller: Option<String>) {
         *self.handle.lock().stats.outcomes.entry(answer).or_default() += 1;
-        self.trace.record(&self.spec.name, Kind::served_for(answer, caller));
+        self.trace.record(Kind::served_for(answer, caller));
     }
 
     async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Reply {
@@ -985,7 +986,7 @@ impl Start {
             match b.ready(load_time).await {
                 Ok(loaded_now) => {
                     if loaded_now {
-                        self.trace.record(&self.spec.name, Kind::Loaded);
+                        self.trace.record(Kind::Loaded);
                     }
                 }
                 Err(LoadError::Failed { timeout_s }) => {
