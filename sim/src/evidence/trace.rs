@@ -30,7 +30,7 @@ pub struct TraceEvent {
     /// True simulated time, microseconds since the start.
     pub t_us: u64,
     /// The host that recorded it ([`DRIVER`] for the fault schedule),
-    /// shared by all its events.
+    /// shared by the events recorded through one [`HostTrace`].
     pub host: Arc<str>,
     /// The worker-local number of the call whose task recorded it (see
     /// [`within_call`]); `None` outside any call.
@@ -650,9 +650,74 @@ mod tests {
         server.record_at(t, Kind::Loaded);
         worker.record_at(t, Kind::Unreadable);
         let events = trace.take();
-        assert_eq!(events.iter().map(|e| &*e.host).collect::<Vec<_>>(), ["worker-7", "gpu", "worker-7"]);
+        assert_eq!(
+            events.iter().map(|e| &*e.host).collect::<Vec<_>>(),
+            ["worker-7", "gpu", "worker-7"]
+        );
         assert!(Arc::ptr_eq(&events[0].host, &events[2].host));
         assert_eq!(worker.name(), "worker-7");
+    }
+
+    /// The JSON lines two runs are compared by keep their form whatever
+    /// the events' layout in memory: these are the lines of the tree
+    /// before `CallEnd` and `Fault` were boxed and names shared.
+    #[test]
+    fn events_are_written_as_before() {
+        let tenant = redstring::TenantId::from_u128(1);
+        let kinds = [
+            Kind::CallEnd(Box::new(CallEnded {
+                call: 3,
+                tenant,
+                outcome: CallOutcome::Ok,
+                attempts: 2,
+                latency_ms: 7,
+                retry_after_us: None,
+                answer_us: Some(9),
+            })),
+            Kind::CallEnd(Box::new(CallEnded {
+                call: 4,
+                tenant,
+                outcome: CallOutcome::CircuitOpen,
+                attempts: 0,
+                latency_ms: 0,
+                retry_after_us: Some(5),
+                answer_us: None,
+            })),
+            Kind::Fault {
+                fault: Box::new(Fault::Crash {
+                    at_s: 1.5,
+                    server: "gpu".into(),
+                }),
+            },
+            Kind::Budget {
+                budget: "kg:budget:gpu".into(),
+                command: BudgetCommand::Withdraw,
+                granted: false,
+                balance: 12,
+                at_us: 99,
+                decided_by: Decider::Local,
+            },
+            Kind::Request { server: "gpu".into() },
+        ];
+        let events: Vec<TraceEvent> = kinds
+            .into_iter()
+            .map(|kind| TraceEvent {
+                t_us: 5,
+                host: "w".into(),
+                call: Some(3),
+                kind,
+            })
+            .collect();
+        let head = r#"{"t_us":5,"host":"w","in_call":3,"ev":"#;
+        let expected = [
+            r#""call_end","call":3,"tenant":"00000000-0000-0000-0000-000000000001","outcome":"ok","attempts":2,"latency_ms":7,"answer_us":9}"#,
+            r#""call_end","call":4,"tenant":"00000000-0000-0000-0000-000000000001","outcome":"circuit_open","attempts":0,"latency_ms":0,"retry_after_us":5}"#,
+            r#""fault","what":"crash gpu"}"#,
+            r#""budget","budget":"kg:budget:gpu","command":"withdraw","granted":false,"balance":12,"at_us":99,"decided_by":"local"}"#,
+            r#""request","server":"gpu"}"#,
+        ];
+        let lines: String = expected.iter().map(|tail| format!("{head}{tail}\n")).collect();
+        assert_eq!(Trace::to_json_lines(&events), lines);
     }
 
     /// A fleet records millions of events and keeps them all until the

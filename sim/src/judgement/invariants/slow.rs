@@ -5,7 +5,7 @@
 //! the provider counting it ([`Kind::SlowCall`]) and its breaker clearing
 //! nothing and closing nothing on it — and a faster one must not. The
 //! duration judged is the worker's transport's own timing of the answering
-//! request, on the worker's clock ([`Kind::CallEnd`]'s `answer_us`), not
+//! request, on the worker's clock ([`CallEnded::answer_us`]), not
 //! the provider's.
 
 use std::collections::BTreeMap;
