@@ -10,7 +10,7 @@
 use redstring::DecidedBy;
 use redstring::{Event, Interest, Observer};
 
-use crate::evidence::trace::{Decider, HostTrace, Kind, Trace};
+use crate::evidence::trace::{Decider, HostTrace, Kind};
 
 /// The observer a worker hands its components: redstring's events, into the trace.
 #[derive(Clone, Debug)]
@@ -19,11 +19,9 @@ pub struct HostObserver {
 }
 
 impl HostObserver {
-    /// An observer recording as `host`.
-    pub fn new(host: &str, trace: Trace) -> Self {
-        HostObserver {
-            trace: trace.host(host),
-        }
+    /// An observer recording as the host `trace` writes for.
+    pub fn new(trace: HostTrace) -> Self {
+        HostObserver { trace }
     }
 }
 
@@ -368,6 +366,7 @@ mod tests {
     use redstring::{CircuitBreaker, Env, ManualClock, MemoryCache, OnCacheError};
 
     use super::*;
+    use crate::evidence::trace::Trace;
 
     /// The trace's reading of a breaker whose cache is gone, by policy.
     async fn admitted_without_cache(policy: OnCacheError) -> Vec<bool> {
@@ -379,7 +378,7 @@ mod tests {
             .env(
                 Env::default()
                     .with_clock(clock)
-                    .with_observer(Arc::new(HostObserver::new("w", trace.clone()))),
+                    .with_observer(Arc::new(HostObserver::new(trace.host("w")))),
             )
             .cache(cache.clone())
             .build()
@@ -398,7 +397,7 @@ mod tests {
             .env(
                 Env::default()
                     .with_clock(clock.clone())
-                    .with_observer(Arc::new(HostObserver::new("w", trace.clone()))),
+                    .with_observer(Arc::new(HostObserver::new(trace.host("w")))),
             )
             .build()
             .unwrap();

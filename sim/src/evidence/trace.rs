@@ -30,7 +30,8 @@ pub struct TraceEvent {
     /// True simulated time, microseconds since the start.
     pub t_us: u64,
     /// The host that recorded it ([`DRIVER`] for the fault schedule),
-    /// shared by the events recorded through one [`HostTrace`].
+    /// shared by the events recorded through one [`HostTrace`] (each worker
+    /// and each server holds one).
     pub host: Arc<str>,
     /// The worker-local number of the call whose task recorded it (see
     /// [`within_call`]); `None` outside any call.

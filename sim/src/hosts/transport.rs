@@ -67,14 +67,14 @@ impl SimTransport {
     /// A transport for worker `host`, recording into `trace`, on a turmoil
     /// host of its own.
     pub fn new(host: &str, trace: Trace) -> Self {
-        SimTransport::on(host, trace, ConnectionLimit::host(TIME_WAIT))
+        SimTransport::on(trace.host(host), ConnectionLimit::host(TIME_WAIT))
     }
 
-    /// A transport for worker `host`, recording into `trace`, on a turmoil
-    /// host whose ports `ports` counts ([`ConnectionLimit::host`]).
-    pub fn on(host: &str, trace: Trace, ports: Arc<ConnectionLimit>) -> Self {
+    /// A transport for the worker `trace` records for, on a turmoil host
+    /// whose ports `ports` counts ([`ConnectionLimit::host`]).
+    pub fn on(trace: HostTrace, ports: Arc<ConnectionLimit>) -> Self {
         SimTransport {
-            trace: trace.host(host),
+            trace,
             open: Arc::new(ConnectionLimit::within(ports)),
             pool: Arc::default(),
         }
@@ -314,7 +314,8 @@ impl Drop for ConnectionPermit {
 /// Where a URL points.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Target {
-    host: String,
+    /// Shared with the request's trace event.
+    host: Arc<str>,
     port: u16,
     /// `host` or `host:port`, as written (the `Host` header).
     authority: String,
@@ -350,7 +351,7 @@ fn parse_url(url: &str) -> Result<Target, TransportError> {
         ));
     }
     Ok(Target {
-        host: host.to_owned(),
+        host: host.into(),
         port,
         authority: authority.to_owned(),
         path: path.to_owned(),
@@ -362,7 +363,7 @@ impl HttpTransport for SimTransport {
         Box::pin(async move {
             let target = parse_url(&request.url)?;
             self.trace.record(Kind::Request {
-                server: target.host.as_str().into(),
+                server: target.host.clone(),
             });
             self.send(&target, Method::POST, request).await
         })
@@ -480,14 +481,12 @@ impl SimTransport {
                 ));
             }
         };
-        let stream = TcpStream::connect((target.host.as_str(), target.port))
-            .await
-            .map_err(|e| {
-                TransportError::failed(
-                    TransportErrorKind::Connect,
-                    format!("connecting to {}: {e}", target.authority),
-                )
-            })?;
+        let stream = TcpStream::connect((&*target.host, target.port)).await.map_err(|e| {
+            TransportError::failed(
+                TransportErrorKind::Connect,
+                format!("connecting to {}: {e}", target.authority),
+            )
+        })?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .read_buf_exact_size(Some(READ_BUFFER))
             .handshake::<_, Full<Bytes>>(TokioIo::new(stream))

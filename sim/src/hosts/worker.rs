@@ -211,9 +211,11 @@ pub async fn run_worker<S: TokenStore + BreakerStore + BudgetStore + InFlightSto
     store: Arc<S>,
     trace: Trace,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    // One copy of the worker's name, shared by every event it records.
+    let trace = trace.host(&plan.name);
     let providers = providers(&plan, store, &trace)?;
     let calls = Calls {
-        trace: trace.host(&plan.name),
+        trace,
         schema: Arc::new(OutputSchema::for_type::<Extraction>()),
         next: Rc::new(Cell::new(0)),
     };
@@ -233,12 +235,12 @@ pub async fn run_worker<S: TokenStore + BreakerStore + BudgetStore + InFlightSto
 fn providers<S: TokenStore + BreakerStore + BudgetStore + InFlightStore>(
     plan: &WorkerPlan,
     store: Arc<S>,
-    trace: &Trace,
+    trace: &HostTrace,
 ) -> Result<Vec<Provider<S>>, Box<dyn std::error::Error>> {
     let h = &plan.hardening;
     let env = Env::default()
         .with_clock(Arc::new(plan.clock.clone()))
-        .with_observer(Arc::new(HostObserver::new(&plan.name, trace.clone())));
+        .with_observer(Arc::new(HostObserver::new(trace.clone())));
     let mut limiter = RateLimiter::builder(h.rpm)
         .window(secs(h.window_s))
         .env(env.clone())
@@ -349,7 +351,7 @@ fn deployment<S: BreakerStore>(
     target: &Target,
     store: &Arc<S>,
     env: &Env,
-    trace: &Trace,
+    trace: &HostTrace,
 ) -> Result<Shared<S>, Box<dyn std::error::Error>> {
     let h = &plan.hardening;
     let mut breaker = CircuitBreaker::builder()
@@ -367,7 +369,7 @@ fn deployment<S: BreakerStore>(
     }
     let breaker = Arc::new(breaker.cache(store.clone()).build()?);
     let inner: Box<dyn HttpTransport> = match &plan.net {
-        Net::Sim(ports) => Box::new(SimTransport::on(&plan.name, trace.clone(), ports.clone())),
+        Net::Sim(ports) => Box::new(SimTransport::on(trace.clone(), ports.clone())),
         Net::Real(factory) => factory.transport(&plan.name, &target.server),
     };
     let timed = h.slow_call_ms.map(|_| env.clock().clone());

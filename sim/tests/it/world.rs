@@ -269,3 +269,25 @@ fn the_wall_estimate_grows_with_steps_hosts_and_calls() {
         );
     }
 }
+
+/// A fleet's events hold no name of their own: all a worker records — its
+/// arrivals, its limiter's and breaker's decisions, its requests — share
+/// one copy of its name.
+#[test]
+fn a_worker_s_events_share_one_copy_of_its_name() {
+    let s = Scenario::parse("names.toml", BASE).unwrap();
+    let run = simulate(&s, 1).unwrap();
+    let of = |is: fn(&Kind) -> bool| {
+        run.events
+            .iter()
+            .find(|e| &*e.host == "w" && is(&e.kind))
+            .unwrap_or_else(|| panic!("no such event of w"))
+    };
+    let arrival = of(|k| matches!(k, Kind::Arrival { .. }));
+    let admitted = of(|k| matches!(k, Kind::Admitted { .. }));
+    let allowed = of(|k| matches!(k, Kind::Allowed { .. }));
+    let request = of(|k| matches!(k, Kind::Request { .. }));
+    for other in [admitted, allowed, request] {
+        assert!(std::sync::Arc::ptr_eq(&arrival.host, &other.host), "{:?}", other.kind);
+    }
+}
