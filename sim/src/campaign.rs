@@ -63,13 +63,19 @@ pub fn run_seeds(
     done: impl Fn() + Sync,
 ) -> Vec<SeedRecord> {
     parallel_map(seeds, jobs, |&seed| {
-        let record = match simulate(scenario, seed) {
-            Ok(run) => SeedRecord::of(&Report::new(scenario, shown, &run)),
-            Err(e) => SeedRecord::failed(seed, format!("simulation failed: {e}")),
-        };
+        let record = seed_record(scenario, shown, seed);
         done();
         record
     })
+}
+
+/// Simulates `scenario` with `seed` and keeps its record (shown as `shown`
+/// in its replay command), a failed simulation's as a failed record.
+pub fn seed_record(scenario: &Scenario, shown: &str, seed: u64) -> SeedRecord {
+    match simulate(scenario, seed) {
+        Ok(run) => SeedRecord::of(&Report::new(scenario, shown, &run)),
+        Err(e) => SeedRecord::failed(seed, format!("simulation failed: {e}")),
+    }
 }
 
 /// Runs `f` on every item on `jobs` threads and returns the results in item

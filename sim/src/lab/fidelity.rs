@@ -11,6 +11,11 @@
 //! beside the simulation of the same seeds: the measured mean's error
 //! against theirs says how far the model is off once the luck of the
 //! arrivals is taken out, which a spread over other seeds cannot say.
+//!
+//! A machine's speed drifts by tens of percent within an hour, so the
+//! laboratory calibrates its servers afresh before each repetition, and
+//! [`calibration_of`] says which of those calibrations each simulated seed
+//! runs under: seed `k` under repetition `k`'s, the others spread evenly.
 
 use std::collections::BTreeMap;
 
@@ -138,6 +143,19 @@ fn agrees(value: f64, median: f64, count: bool) -> bool {
     }
 }
 
+/// Which of `calibrations` calibrations (`0..calibrations`, the one taken
+/// before repetition `k` being `k − 1`) seed `seed` is simulated under:
+/// seed `k` under the one its repetition ran with, the seeds past the last
+/// repetition round again from the first, so every calibration predicts
+/// for as many seeds as another, give or take one.
+///
+/// `calibrations` must be at least 1; seeds count from 1.
+pub fn calibration_of(seed: u64, calibrations: usize) -> usize {
+    let n = u64::try_from(calibrations.max(1)).unwrap_or(u64::MAX);
+    // Below `calibrations`, so it fits in a usize.
+    usize::try_from(seed.saturating_sub(1) % n).unwrap_or(0)
+}
+
 /// The mean of `measured` against the mean of the `simulated` values of
 /// the same seeds, as a relative error: `None` unless every measured seed
 /// was simulated and their mean is not 0.
@@ -230,6 +248,15 @@ mod tests {
             figures: figures.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
             ..SeedRecord::default()
         }
+    }
+
+    #[test]
+    fn seed_k_runs_under_repetition_k_s_calibration_and_the_rest_round_again() {
+        let under: Vec<usize> = (1..=7).map(|seed| calibration_of(seed, 3)).collect();
+        assert_eq!(under, [0, 1, 2, 0, 1, 2, 0]);
+        assert!((1..=16).all(|seed| calibration_of(seed, 1) == 0));
+        // Fewer seeds than calibrations: each seed still its own repetition's.
+        assert_eq!(calibration_of(2, 5), 1);
     }
 
     #[test]

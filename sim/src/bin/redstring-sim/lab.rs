@@ -5,14 +5,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use redstring_sim::campaign::run_seeds;
+use redstring_sim::campaign::{parallel_map, seed_record};
 use redstring_sim::evidence::episodes;
 use redstring_sim::evidence::trace::Trace;
 use redstring_sim::judgement::report::Report;
 use redstring_sim::judgement::sweep::SeedRecord;
 use redstring_sim::lab::fidelity;
 use redstring_sim::lab::llama::Tools;
-use redstring_sim::lab::run::{self as lab_run, calibrated, unsupported};
+use redstring_sim::lab::run::{self as lab_run, Calibrated, calibrated, unsupported};
+use redstring_sim::scenario::Scenario;
 
 use crate::shared::{BAD_SCENARIO, Outcome, Outputs, SIM_FAILED, fail, inputs_of, jobs_or_cores, load, progress};
 
@@ -29,11 +30,14 @@ pub struct LabArgs {
     /// arrivals (seeds 1, 2, …).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_REPEAT))]
     repeat: u64,
-    /// Seeds the calibrated scenario is simulated over for the prediction.
+    /// Seeds the calibrated scenario is simulated over for the prediction:
+    /// seed `k` under the calibration taken before repetition `k`, the
+    /// seeds past the last repetition under each calibration in turn.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     seeds: u64,
     /// Simulate the scenario as written instead of calibrating its servers
-    /// first (the prediction then tests its server model's speed too).
+    /// before each repetition (the prediction then tests its server
+    /// model's speed too).
     #[arg(long)]
     no_calibrate: bool,
     /// Simulations run at once (default: every core).
@@ -47,6 +51,35 @@ pub struct LabArgs {
     /// extension (`real.jsonl`: `real-1.jsonl`, `real-2.jsonl`, …).
     #[arg(long)]
     trace: Option<PathBuf>,
+}
+
+/// Prints what calibrating each server found.
+fn show_calibration(found: &[Calibrated]) {
+    for c in found {
+        let s = c.fit.step;
+        println!(
+            "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B + {:.5}·C ms decode (fit within {:.1} % on average{}); load {:.2} s ({:.2}–{:.2} over {} restarts); the workers' request {} prompt ({} cached) + {} output tokens",
+            c.server,
+            s.prefill_base_ms,
+            s.prefill_per_token_ms,
+            s.decode_base_ms,
+            s.decode_per_sequence_ms,
+            s.decode_per_context_token_ms,
+            c.fit.mean_error * 100.0,
+            if c.measurements > 1 {
+                format!(", the best of {} measurements", c.measurements)
+            } else {
+                String::new()
+            },
+            c.reload_s,
+            c.reload_range.0,
+            c.reload_range.1,
+            lab_run::RESTARTS,
+            c.tokens.0,
+            c.cached_tokens,
+            c.tokens.1
+        );
+    }
 }
 
 /// `path` with `-repetition` before its extension.
@@ -81,39 +114,17 @@ pub fn lab(args: LabArgs) -> Outcome {
         "== lab {shown}: {} repetition(s) of {} s for real, the prediction over {} simulated seeds",
         args.repeat, scenario.duration_s, args.seeds
     );
-    let predicted = if args.no_calibrate {
-        scenario.clone()
-    } else {
-        let (predicted, found) = calibrated(&scenario, &tools).map_err(|e| fail(SIM_FAILED, &e))?;
-        for c in &found {
-            let s = c.fit.step;
-            println!(
-                "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B + {:.5}·C ms decode (fit within {:.1} % on average{}); load {:.2} s ({:.2}–{:.2} over {} restarts); the workers' request {} prompt ({} cached) + {} output tokens",
-                c.server,
-                s.prefill_base_ms,
-                s.prefill_per_token_ms,
-                s.decode_base_ms,
-                s.decode_per_sequence_ms,
-                s.decode_per_context_token_ms,
-                c.fit.mean_error * 100.0,
-                if c.measurements > 1 {
-                    format!(", the best of {} measurements", c.measurements)
-                } else {
-                    String::new()
-                },
-                c.reload_s,
-                c.reload_range.0,
-                c.reload_range.1,
-                lab_run::RESTARTS,
-                c.tokens.0,
-                c.cached_tokens,
-                c.tokens.1
-            );
-        }
-        predicted
-    };
+    // One prediction for each repetition, its servers calibrated just
+    // before it ran: the machine's speed drifts within minutes.
+    let mut predictions: Vec<Scenario> = Vec::new();
     let mut measured: Vec<SeedRecord> = Vec::new();
     for repetition in 1..=args.repeat {
+        if !args.no_calibrate {
+            let (predicted, found) = calibrated(&scenario, &tools).map_err(|e| fail(SIM_FAILED, &e))?;
+            println!("\n-- calibration {repetition}, before repetition {repetition}");
+            show_calibration(&found);
+            predictions.push(predicted);
+        }
         let start = Instant::now();
         let evidence = lab_run::run(&scenario, &tools, repetition).map_err(|e| fail(SIM_FAILED, &e))?;
         let run = redstring_sim::judgement::judge(&scenario, evidence);
@@ -127,15 +138,29 @@ pub fn lab(args: LabArgs) -> Outcome {
         print!("{}", report.render(Some(start.elapsed())));
         measured.push(SeedRecord::of(&report));
     }
+    if predictions.is_empty() {
+        predictions.push(scenario.clone());
+    }
     let seeds: Vec<u64> = (1..=args.seeds).collect();
     let bar = progress(seeds.len() as u64, "seeds");
-    let simulated = run_seeds(&predicted, &shown, &seeds, jobs_or_cores(args.jobs), || bar.inc(1));
+    let simulated = parallel_map(&seeds, jobs_or_cores(args.jobs), |&seed| {
+        let under = predictions
+            .get(fidelity::calibration_of(seed, predictions.len()))
+            .unwrap_or(&scenario);
+        let record = seed_record(under, &shown, seed);
+        bar.inc(1);
+        record
+    });
     bar.finish();
     let rows = fidelity::compare(&simulated, &measured);
     println!(
         "\n== predicted ({} simulated seeds{}) against measured ({} repetitions for real)",
         args.seeds,
-        if args.no_calibrate { "" } else { ", servers calibrated" },
+        if args.no_calibrate {
+            ""
+        } else {
+            ", seed k under calibration k, the rest in turn"
+        },
         args.repeat
     );
     print!("{}", fidelity::render(&rows));
