@@ -61,22 +61,26 @@ pub struct SimTransport {
     trace: HostTrace,
     open: Arc<ConnectionLimit>,
     pool: Arc<Mutex<Pool>>,
+    addresses: Arc<Addresses>,
 }
 
 impl SimTransport {
     /// A transport for worker `host`, recording into `trace`, on a turmoil
-    /// host of its own.
+    /// host of its own, reaching every server at the host and port its URL
+    /// names.
     pub fn new(host: &str, trace: Trace) -> Self {
-        SimTransport::on(trace.host(host), ConnectionLimit::host(TIME_WAIT))
+        SimTransport::on(trace.host(host), ConnectionLimit::host(TIME_WAIT), Arc::default())
     }
 
     /// A transport for the worker `trace` records for, on a turmoil host
-    /// whose ports `ports` counts ([`ConnectionLimit::host`]).
-    pub fn on(trace: HostTrace, ports: Arc<ConnectionLimit>) -> Self {
+    /// whose ports `ports` counts ([`ConnectionLimit::host`]), reaching a
+    /// server `addresses` knows where it says the server listens.
+    pub fn on(trace: HostTrace, ports: Arc<ConnectionLimit>, addresses: Arc<Addresses>) -> Self {
         SimTransport {
             trace,
             open: Arc::new(ConnectionLimit::within(ports)),
             pool: Arc::default(),
+            addresses,
         }
     }
 
@@ -109,6 +113,30 @@ impl SimTransport {
             .entry(authority.to_owned())
             .or_default()
             .push((conn, sim_elapsed()));
+    }
+}
+
+/// Where model servers listen on the simulated network, by the name a
+/// URL reaches each by: servers share a turmoil host, each on a port of
+/// its own ([`crate::world::layout`]), while a request names its server
+/// (in its `Host` header, its trace event and its pool of connections).
+/// A name it does not know is a host of that name, at the URL's port.
+#[derive(Clone, Debug, Default)]
+pub struct Addresses(BTreeMap<String, (String, u16)>);
+
+impl Addresses {
+    /// The addresses of the named servers: a server's name, then its
+    /// turmoil host and port.
+    pub fn new(servers: impl IntoIterator<Item = (String, (String, u16))>) -> Self {
+        Addresses(servers.into_iter().collect())
+    }
+
+    /// The turmoil host and port to connect to for `host:port` in a URL.
+    pub fn of<'a>(&'a self, host: &'a str, port: u16) -> (&'a str, u16) {
+        match self.0.get(host) {
+            Some((on, port)) => (on.as_str(), *port),
+            None => (host, port),
+        }
     }
 }
 
@@ -481,12 +509,14 @@ impl SimTransport {
                 ));
             }
         };
-        let stream = TcpStream::connect((&*target.host, target.port)).await.map_err(|e| {
-            TransportError::failed(
-                TransportErrorKind::Connect,
-                format!("connecting to {}: {e}", target.authority),
-            )
-        })?;
+        let stream = TcpStream::connect(self.addresses.of(&target.host, target.port))
+            .await
+            .map_err(|e| {
+                TransportError::failed(
+                    TransportErrorKind::Connect,
+                    format!("connecting to {}: {e}", target.authority),
+                )
+            })?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .read_buf_exact_size(Some(READ_BUFFER))
             .handshake::<_, Full<Bytes>>(TokioIo::new(stream))

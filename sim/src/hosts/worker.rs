@@ -34,7 +34,7 @@ use crate::evidence::outcome::CallOutcome;
 use crate::evidence::trace::{self, CallEnded, HostTrace, Kind, Trace};
 use crate::hosts::RequestTokens;
 use crate::hosts::clock::{SimClock, sim_elapsed};
-use crate::hosts::transport::{ConnectionLimit, SimTransport};
+use crate::hosts::transport::{Addresses, ConnectionLimit, SimTransport};
 use crate::scenario::limits::MAX_TRACE_TOKENS;
 use crate::scenario::{Burst, Hardening, HedgeAfterMs, Routing, Spread, TenantLoad};
 use crate::world::seeds;
@@ -139,9 +139,14 @@ pub struct WorkerPlan {
 /// The network between a worker and its servers.
 #[derive(Clone)]
 pub enum Net {
-    /// turmoil's, with the ports of the host it runs on, which it may share
-    /// with other workers.
-    Sim(Arc<ConnectionLimit>),
+    /// turmoil's: the ports of the host it runs on, which it may share
+    /// with other workers, and where each server listens.
+    Sim {
+        /// The ports of the worker's host ([`ConnectionLimit::host`]).
+        ports: Arc<ConnectionLimit>,
+        /// Where each server listens.
+        addresses: Arc<Addresses>,
+    },
     /// A real one (the laboratory): each server's transport made by the
     /// factory.
     Real(Arc<dyn RealTransports>),
@@ -150,7 +155,11 @@ pub enum Net {
 impl std::fmt::Debug for Net {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Net::Sim(ports) => f.debug_tuple("Sim").field(ports).finish(),
+            Net::Sim { ports, addresses } => f
+                .debug_struct("Sim")
+                .field("ports", ports)
+                .field("addresses", addresses)
+                .finish(),
             Net::Real(_) => f.write_str("Real"),
         }
     }
@@ -369,7 +378,7 @@ fn deployment<S: BreakerStore>(
     }
     let breaker = Arc::new(breaker.cache(store.clone()).build()?);
     let inner: Box<dyn HttpTransport> = match &plan.net {
-        Net::Sim(ports) => Box::new(SimTransport::on(trace.clone(), ports.clone())),
+        Net::Sim { ports, addresses } => Box::new(SimTransport::on(trace.clone(), ports.clone(), addresses.clone())),
         Net::Real(factory) => factory.transport(&plan.name, &target.server),
     };
     let timed = h.slow_call_ms.map(|_| env.clock().clone());

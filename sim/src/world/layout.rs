@@ -1,24 +1,29 @@
-//! Which turmoil host each worker runs on.
+//! Which turmoil host each worker and each model server runs on.
 //!
 //! turmoil links every host to every other and each host's delivery walks
-//! every link each step, so its cost per step grows with the square of the
-//! hosts, and a fleet of one host per worker is quadratic in its size.
-//! Workers therefore share hosts, in fleet order, every one still with its
-//! own clock, cache, random streams, connection limit and name in the
-//! trace. A host takes [`WORKERS_PER_HOST`] workers, as it always has, and
-//! more, up to [`MOST_WORKERS_PER_HOST`], while the connections its workers
-//! are estimated to hold at once fit in seven eighths of its ports, so that
-//! sharing them is not what refuses a worker a connection. A
-//! host is the unit turmoil partitions and delays, so a worker a network
-//! fault names (a `partition`, `heal` or `latency` with the worker as `a` or
-//! `b`) keeps a host of its own, under its own name, and the fault acts on it
-//! alone. Every other fault that names a worker — a clock step — acts on the
-//! worker's own clock wherever it runs.
+//! every link each step, so its cost per step grows with the cube of the
+//! hosts, and a fleet of one host per worker or per server spends its time
+//! walking links. Workers therefore share hosts, in fleet order, every one
+//! still with its own clock, cache, random streams, connection limit and
+//! name in the trace. A host takes [`WORKERS_PER_HOST`] workers, as it
+//! always has, and more, up to [`MOST_WORKERS_PER_HOST`], while the
+//! connections its workers are estimated to hold at once fit in seven
+//! eighths of its ports, so that sharing them is not what refuses a worker
+//! a connection. Model servers share one host, [`SERVERS_HOST`], each
+//! listening on a port of its own ([`server_hosts`]) and still reached by
+//! its own name ([`Addresses`]); a server's crash, restart and behaviour
+//! act on its process, not on the host. A host is the unit turmoil
+//! partitions and delays, so a worker or a server a network fault names (a
+//! `partition`, `heal` or `latency` with it as `a` or `b`) keeps a host of
+//! its own, under its own name, and the fault acts on it alone. Every other
+//! fault that names a worker — a clock step — acts on the worker's own
+//! clock wherever it runs.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::hosts::transport;
+use crate::hosts::server::PORT;
+use crate::hosts::transport::{self, Addresses};
 use crate::scenario::{Fault, FleetMember, Scenario};
 
 /// The workers a shared host always takes (fewer only at the fleet's end).
@@ -89,6 +94,57 @@ pub fn worker_hosts(scenario: &Scenario) -> Vec<WorkerHost> {
         members,
     }));
     hosts
+}
+
+/// The turmoil host the model servers no network fault names share. No
+/// scenario name can be it (names are letters, digits and dashes).
+pub const SERVERS_HOST: &str = "servers#";
+
+/// One turmoil host of model servers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerHost {
+    /// The host's name: its server's own when a network fault names the
+    /// server, else [`SERVERS_HOST`].
+    pub name: String,
+    /// The servers on it, each as its index in the scenario's `servers`
+    /// and the port it listens on.
+    pub members: Vec<(usize, u16)>,
+}
+
+/// The hosts `scenario`'s model servers run on: one for each server a
+/// network fault names, on [`PORT`], in the scenario's order, then one,
+/// [`SERVERS_HOST`], for the rest, the `k`-th of them on port `PORT + k`.
+pub fn server_hosts(scenario: &Scenario) -> Vec<ServerHost> {
+    let named = network_named(scenario);
+    let (own, shared): (Vec<usize>, Vec<usize>) =
+        (0..scenario.servers.len()).partition(|&i| named.contains(scenario.servers[i].name.as_str()));
+    let mut hosts: Vec<ServerHost> = own
+        .into_iter()
+        .map(|i| ServerHost {
+            name: scenario.servers[i].name.clone(),
+            members: vec![(i, PORT)],
+        })
+        .collect();
+    if !shared.is_empty() {
+        // At most `MAX_SERVERS` (100) servers: every port stays below 8 180.
+        let port = |k: usize| PORT.saturating_add(u16::try_from(k).unwrap_or(u16::MAX));
+        hosts.push(ServerHost {
+            name: SERVERS_HOST.to_owned(),
+            members: shared.into_iter().enumerate().map(|(k, i)| (i, port(k))).collect(),
+        });
+    }
+    hosts
+}
+
+/// Where each of `scenario`'s servers listens: its host and port, by the
+/// name workers reach it by.
+pub fn addresses(scenario: &Scenario) -> Addresses {
+    Addresses::new(server_hosts(scenario).into_iter().flat_map(|host| {
+        host.members
+            .into_iter()
+            .map(move |(i, port)| (scenario.servers[i].name.clone(), (host.name.clone(), port)))
+            .collect::<Vec<_>>()
+    }))
 }
 
 /// About how many connections `member` holds at once at its busiest: by
@@ -238,6 +294,46 @@ mod tests {
         assert_eq!(
             sizes(&worker_hosts(&at_rate(workers, 600, ""))),
             [WORKERS_PER_HOST, WORKERS_PER_HOST, 1]
+        );
+    }
+
+    #[test]
+    fn servers_share_one_host_each_on_a_port_of_its_own_but_those_a_network_fault_names() {
+        let text = "name = \"layout\"\nduration_s = 10\n\
+                    [[servers]]\nname = \"a\"\n[[servers]]\nname = \"b\"\n[[servers]]\nname = \"c\"\n\
+                    [[workers]]\nname = \"w\"\nservers = [\"a\", \"b\", \"c\"]\n\
+                    tenants = [{ id = 1, calls_per_min = 6 }]\n\
+                    [[faults]]\nkind = \"latency\"\nat_s = 1\na = \"w\"\nb = \"b\"\nms = 50\n";
+        let s = Scenario::parse("layout.toml", text).unwrap();
+        assert_eq!(
+            server_hosts(&s),
+            [
+                ServerHost {
+                    name: "b".to_owned(),
+                    members: vec![(1, PORT)],
+                },
+                ServerHost {
+                    name: SERVERS_HOST.to_owned(),
+                    members: vec![(0, PORT), (2, PORT + 1)],
+                },
+            ]
+        );
+        let at = addresses(&s);
+        assert_eq!(at.of("a", PORT), (SERVERS_HOST, PORT));
+        assert_eq!(at.of("b", PORT), ("b", PORT));
+        assert_eq!(at.of("c", PORT), (SERVERS_HOST, PORT + 1));
+        assert_eq!(
+            at.of("elsewhere", 81),
+            ("elsewhere", 81),
+            "a name it does not know is a host"
+        );
+        let alone = Scenario::parse("layout.toml", &text[..text.find("[[faults]]").unwrap()]).unwrap();
+        assert_eq!(
+            server_hosts(&alone),
+            [ServerHost {
+                name: SERVERS_HOST.to_owned(),
+                members: vec![(0, PORT), (1, PORT + 1), (2, PORT + 2)],
+            }]
         );
     }
 

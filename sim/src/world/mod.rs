@@ -34,7 +34,7 @@ use crate::evidence::trace::{DRIVER, Kind, Trace, TraceEvent};
 use crate::hosts::cache_host::{RemoteCache, cache_host};
 use crate::hosts::clock::{EPOCH, SimClock};
 use crate::hosts::server::quota::Credit;
-use crate::hosts::server::{PORT, ServerHandle, server_host};
+use crate::hosts::server::{HostFuture, PORT, ServerHandle, server_on, servers_host};
 use crate::hosts::transport::{ConnectionLimit, EPHEMERAL_PORTS};
 use crate::hosts::worker::{Net, Target, WorkerPlan, run_worker};
 use crate::scenario::{CACHE_HOST, CacheKind, CacheLayout, Fault, FleetMember, Network, Scenario, fault};
@@ -277,11 +277,11 @@ impl Work {
     }
 }
 
-/// The turmoil hosts a run of `scenario` has: its servers, the cache host
+/// The turmoil hosts a run of `scenario` has: its servers' hosts, the cache host
 /// if shared, and the workers' hosts ([`layout`]).
 fn hosts(scenario: &Scenario) -> u64 {
     let cache = u64::from(scenario.cache.kind == CacheKind::Shared);
-    (scenario.servers.len() as u64)
+    (layout::server_hosts(scenario).len() as u64)
         .saturating_add(layout::worker_hosts(scenario).len() as u64)
         .saturating_add(cache)
 }
@@ -454,33 +454,45 @@ impl<'s> World<'s> {
     fn add_servers(&mut self, seed: u64) {
         // One account per quota group, its credit shared by the group's keys.
         let mut accounts: BTreeMap<&str, Credit> = BTreeMap::new();
-        for (i, spec) in self.scenario.servers.iter().enumerate() {
-            let mut handle = ServerHandle::new(spec.behaviour);
-            if let Some(group) = &spec.quota_group {
-                let credit = accounts
-                    .entry(group.as_str())
-                    .or_insert_with(|| Credit::new(spec.quota.and_then(|q| q.credit_tokens)));
-                handle = handle.on_account(credit.clone());
+        for host in layout::server_hosts(self.scenario) {
+            let mut servers: Vec<Box<dyn Fn() -> HostFuture>> = Vec::new();
+            for (i, port) in host.members {
+                let Some(spec) = self.scenario.servers.get(i) else {
+                    continue;
+                };
+                let mut handle = ServerHandle::new(spec.behaviour);
+                if let Some(group) = &spec.quota_group {
+                    let credit = accounts
+                        .entry(group.as_str())
+                        .or_insert_with(|| Credit::new(spec.quota.and_then(|q| q.credit_tokens)));
+                    handle = handle.on_account(credit.clone());
+                }
+                servers.push(Box::new(server_on(
+                    spec.clone(),
+                    handle.clone(),
+                    self.trace.clone(),
+                    seeds::server_behaviour(seed, i),
+                    port,
+                )));
+                self.servers.insert(spec.name.clone(), handle);
             }
-            let host = server_host(
-                spec.clone(),
-                handle.clone(),
-                self.trace.clone(),
-                seeds::server_behaviour(seed, i),
-            );
-            self.sim.host(spec.name.as_str(), host);
-            self.servers.insert(spec.name.clone(), handle);
+            self.sim.host(host.name.as_str(), servers_host(servers));
         }
     }
 
     fn add_workers(&mut self, seed: u64, until: Duration) {
         let time_wait = layout::time_wait(self.scenario);
+        let addresses = Arc::new(layout::addresses(self.scenario));
         for host in layout::worker_hosts(self.scenario) {
             let ports = ConnectionLimit::host(time_wait);
+            let net = Net::Sim {
+                ports: ports.clone(),
+                addresses: addresses.clone(),
+            };
             let plans: Vec<WorkerPlan> = host
                 .members
                 .into_iter()
-                .map(|member| self.plan(member, seed, until, ports.clone()))
+                .map(|member| self.plan(member, seed, until, net.clone()))
                 .collect();
             let trace = self.trace.clone();
             let cache = layout_of(self.scenario);
@@ -498,8 +510,8 @@ impl<'s> World<'s> {
     }
 
     /// The plan of one fleet member, whose clock the driver may then step.
-    fn plan(&mut self, member: FleetMember, seed: u64, until: Duration, ports: Arc<ConnectionLimit>) -> WorkerPlan {
-        let plan = worker_plan(self.scenario, member, seed, until, Net::Sim(ports), |server| {
+    fn plan(&mut self, member: FleetMember, seed: u64, until: Duration, net: Net) -> WorkerPlan {
+        let plan = worker_plan(self.scenario, member, seed, until, net, |server| {
             format!("http://{server}:{PORT}/v1")
         });
         self.clocks.insert(plan.name.clone(), plan.clock.clone());

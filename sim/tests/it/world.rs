@@ -291,3 +291,68 @@ fn a_worker_s_events_share_one_copy_of_its_name() {
         assert!(std::sync::Arc::ptr_eq(&arrival.host, &other.host), "{:?}", other.kind);
     }
 }
+
+/// Three servers, each with a worker of its own calling it, and `faults`.
+fn three_servers(faults: &str) -> Scenario {
+    let mut text = String::from("name = \"shared-servers\"\nduration_s = 30\n");
+    for server in ["a", "b", "c"] {
+        text.push_str(&format!("[[servers]]\nname = \"{server}\"\n"));
+    }
+    for server in ["a", "b", "c"] {
+        text.push_str(&format!(
+            "[[workers]]\nname = \"w{server}\"\nservers = [\"{server}\"]\ntenants = [{{ id = 1, calls_per_min = 120 }}]\n"
+        ));
+    }
+    text.push_str(faults);
+    Scenario::parse("shared-servers.toml", &text).unwrap()
+}
+
+/// `server`'s answers (any outcome) within `from_s..to_s`.
+fn served(run: &redstring_sim::judgement::Run, server: &str, from_s: u64, to_s: u64) -> usize {
+    run.events
+        .iter()
+        .filter(|e| &*e.host == server && (from_s * 1_000_000..to_s * 1_000_000).contains(&e.t_us))
+        .filter(|e| matches!(e.kind, Kind::Served { .. }))
+        .count()
+}
+
+#[test]
+fn servers_share_a_host_and_a_crash_of_one_leaves_the_others_serving() {
+    let s = three_servers("[[faults]]\nkind = \"crash\"\nat_s = 10\nserver = \"b\"\n");
+    let hosts = layout::server_hosts(&s);
+    assert_eq!(hosts.len(), 1, "the three servers share one host: {hosts:?}");
+    let run = simulate(&s, 1).unwrap();
+    assert!(served(&run, "b", 0, 10) > 0, "b serves before its crash");
+    assert_eq!(served(&run, "b", 11, 40), 0, "and nothing after it");
+    for server in ["a", "c"] {
+        assert!(served(&run, server, 10, 30) > 10, "{server} goes on serving");
+    }
+    let refused = run
+        .events
+        .iter()
+        .filter(|e| e.t_us >= 10_100_000 && &*e.host == "wb")
+        .any(|e| matches!(&e.kind, Kind::CallEnd(end) if !end.outcome.is_ok()));
+    assert!(refused, "b's worker's calls fail once b is down");
+}
+
+#[test]
+fn a_partition_naming_a_server_cuts_that_server_alone() {
+    let s = three_servers(
+        "[[faults]]\nkind = \"partition\"\nat_s = 10\na = \"b\"\nb = \"wb\"\n\
+         [[faults]]\nkind = \"partition\"\nat_s = 10\na = \"wc\"\nb = \"a\"\n\
+         [[faults]]\nkind = \"heal\"\nat_s = 20\na = \"wc\"\nb = \"a\"\n",
+    );
+    let hosts: Vec<String> = layout::server_hosts(&s).into_iter().map(|h| h.name).collect();
+    assert_eq!(
+        hosts,
+        ["a", "b", layout::SERVERS_HOST],
+        "a server a network fault names runs on a host of its own"
+    );
+    let run = simulate(&s, 1).unwrap();
+    assert!(served(&run, "b", 0, 10) > 0, "b serves its worker before the partition");
+    // What it was serving at the cut it finishes (its answers lost).
+    assert_eq!(served(&run, "b", 15, 30), 0, "and nothing once cut from it");
+    // Nobody calls `a` from `wc`'s side: the partition changes nothing for it.
+    assert!(served(&run, "a", 11, 30) > 10, "a goes on serving its own worker");
+    assert!(served(&run, "c", 11, 30) > 10, "c, on the shared host, too");
+}

@@ -19,7 +19,8 @@
 //!
 //! # What a request goes through
 //!
-//! `POST /v1/chat/completions` on port [`PORT`] is handled in this order (any
+//! `POST /v1/chat/completions` on the server's port ([`PORT`] on a host of
+//! its own, the next ones on a shared host) is handled in this order (any
 //! other path is `404`, a body that is not JSON is `400`):
 //!
 //! 1. **Reload.** For `reload_s` (or a draw of `reload`) after each restart of the process (every
@@ -139,7 +140,10 @@ use http_pool::{HttpPool, Start as PoolStart, Thread};
 use kinds::Preset;
 use quota::{Credit, Decision, Limit, go_duration};
 
-/// The port every model server listens on.
+/// The port a model server listens on on a host of its own, and the first
+/// of the ports servers sharing a host listen on
+/// ([`crate::world::layout::server_hosts`]). Workers always address a
+/// server at this port by its name ([`crate::hosts::transport::Addresses`]).
 pub const PORT: u16 = 8080;
 
 /// The only path served.
@@ -323,11 +327,24 @@ pub type HostFuture = Pin<Box<dyn Future<Output = turmoil::Result> + 'static>>;
 /// [`ServerHandle::kill`] — begins a fresh reload period with empty slots and
 /// queue; the RNG continues across restarts.
 pub fn server_host(spec: ServerSpec, handle: ServerHandle, trace: Trace, seed: u64) -> impl Fn() -> HostFuture {
+    server_on(spec, handle, trace, seed, PORT)
+}
+
+/// Like [`server_host`], the server listening on `port`: one of several
+/// on a host ([`servers_host`]).
+pub fn server_on(
+    spec: ServerSpec,
+    handle: ServerHandle,
+    trace: Trace,
+    seed: u64,
+    port: u16,
+) -> impl Fn() -> HostFuture {
     let rng = Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(seed)));
     let extra = Arc::new(Mutex::new(ExtraRng::new(seed)));
     let trace = trace.host(&spec.name);
     move || {
         let server = Server {
+            port,
             spec: spec.clone(),
             handle: handle.clone(),
             trace: trace.clone(),
@@ -338,8 +355,32 @@ pub fn server_host(spec: ServerSpec, handle: ServerHandle, trace: Trace, seed: u
     }
 }
 
+/// A turmoil host running every server of `servers` ([`server_on`], each on
+/// a port of its own) at once, each its own task; a host of one server runs
+/// it as [`server_host`] does. The host fails with the first of them that
+/// fails.
+pub fn servers_host(servers: Vec<Box<dyn Fn() -> HostFuture>>) -> impl Fn() -> HostFuture {
+    move || {
+        let mut lives: Vec<HostFuture> = servers.iter().map(|server| server()).collect();
+        if lives.len() == 1
+            && let Some(life) = lives.pop()
+        {
+            return life;
+        }
+        Box::pin(async move {
+            let tasks: Vec<_> = lives.into_iter().map(tokio::task::spawn_local).collect();
+            for task in tasks {
+                task.await.map_err(|e| e.to_string())??;
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Everything a server host needs across its starts.
 struct Server {
+    /// The port it listens on.
+    port: u16,
     spec: ServerSpec,
     handle: ServerHandle,
     trace: HostTrace,
@@ -443,7 +484,7 @@ impl Server {
                 () = tokio::time::sleep(wait) => {}
             }
         }
-        let listener = turmoil::net::TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), PORT)).await?;
+        let listener = turmoil::net::TcpListener::bind((IpAddr::from(Ipv4Addr::UNSPECIFIED), self.port)).await?;
         // Dropping the set at a kill aborts every connection with the process.
         let mut connections = JoinSet::new();
         if loads {
