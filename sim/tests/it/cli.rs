@@ -669,9 +669,10 @@ fn calibrate_writes_each_timed_request_beside_its_prediction() {
     assert!(std::fs::read_to_string(&section).unwrap().contains("step_ms"));
 }
 
-/// A repetition run for real writes the trace a simulation writes.
+/// A repetition run for real writes the trace a simulation writes, and
+/// the calibration before it the scenario `run` reads.
 #[test]
-fn lab_writes_each_repetition_s_trace_as_run_writes_one() {
+fn lab_writes_each_repetition_s_trace_and_calibrated_scenario() {
     if llama_tools_or_skip().is_none() {
         return;
     }
@@ -680,8 +681,10 @@ fn lab_writes_each_repetition_s_trace_as_run_writes_one() {
     let out = bin()
         .arg("lab")
         .arg(&shipped)
-        .args(["--no-calibrate", "--seeds", "1", "--trace"])
+        .args(["--seeds", "1", "--trace"])
         .arg(dir.path().join("real.jsonl"))
+        .arg("--calibrated")
+        .arg(dir.path().join("calibrated.toml"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -692,4 +695,23 @@ fn lab_writes_each_repetition_s_trace_as_run_writes_one() {
     assert_eq!(count("fault"), 2);
     assert_eq!(count("arrival"), count("call_end"), "every call ends in the trace");
     assert!(!dir.path().join("real.jsonl").exists());
+    let path = dir.path().join("calibrated-1.toml");
+    let calibrated = redstring_sim::scenario::Scenario::load(&path).unwrap();
+    let gpu = &calibrated.servers[0];
+    assert!(gpu.step_ms.is_some() && gpu.cached_prompt_tokens.is_some(), "{gpu:?}");
+    assert!(!dir.path().join("calibrated.toml").exists());
+}
+
+#[test]
+fn lab_refuses_to_write_calibrations_it_would_not_take() {
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/lab/crash-restart.toml");
+    let out = bin()
+        .arg("lab")
+        .arg(shipped)
+        .args(["--no-calibrate", "--calibrated", "c.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--calibrated") && err.contains("--no-calibrate"), "{err}");
 }

@@ -51,6 +51,12 @@ pub struct LabArgs {
     /// extension (`real.jsonl`: `real-1.jsonl`, `real-2.jsonl`, …).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Write the scenario each calibration predicted with, its servers'
+    /// fitted numbers in place, to this path with the repetition's number
+    /// before its extension (`calibrated.toml`: `calibrated-1.toml`, …):
+    /// `run calibrated-2.toml --seed 2` simulates what repetition 2 ran.
+    #[arg(long, conflicts_with = "no_calibrate")]
+    calibrated: Option<PathBuf>,
 }
 
 /// Prints what calibrating each server found.
@@ -99,7 +105,12 @@ fn numbered(path: &Path, repetition: u64) -> PathBuf {
 pub fn lab(args: LabArgs) -> Outcome {
     let path = args.scenario.as_path();
     let traces = (1..=args.repeat).map(|k| ("--trace", args.trace.as_deref().map(|p| numbered(p, k))));
-    let mut outputs = Outputs::reserve(std::iter::once(("--json", args.json.clone())).chain(traces))?;
+    let calibrations = (1..=args.repeat).map(|k| ("--calibrated", args.calibrated.as_deref().map(|p| numbered(p, k))));
+    let mut outputs = Outputs::reserve(
+        std::iter::once(("--json", args.json.clone()))
+            .chain(traces)
+            .chain(calibrations),
+    )?;
     let scenario = load(path, false)?;
     outputs.refuse_inputs(&inputs_of(path, &scenario))?;
     if let Some((field, problem)) = unsupported(&scenario) {
@@ -123,6 +134,7 @@ pub fn lab(args: LabArgs) -> Outcome {
             let (predicted, found) = calibrated(&scenario, &tools).map_err(|e| fail(SIM_FAILED, &e))?;
             println!("\n-- calibration {repetition}, before repetition {repetition}");
             show_calibration(&found);
+            outputs.write("--calibrated", || predicted.to_toml())?;
             predictions.push(predicted);
         }
         let start = Instant::now();
