@@ -625,8 +625,8 @@ impl HostTrace {
         self.trace.push(t, &self.host, kind);
     }
 
-    /// The host's name.
-    pub fn name(&self) -> &str {
+    /// The host's name, the copy its events share.
+    pub fn name(&self) -> &Arc<str> {
         &self.host
     }
 
@@ -656,7 +656,11 @@ mod tests {
             ["worker-7", "gpu", "worker-7"]
         );
         assert!(Arc::ptr_eq(&events[0].host, &events[2].host));
-        assert_eq!(worker.name(), "worker-7");
+        assert_eq!(&**worker.name(), "worker-7");
+        assert!(
+            Arc::ptr_eq(worker.name(), &events[0].host),
+            "its name is the copy its events share"
+        );
     }
 
     /// The JSON lines two runs are compared by keep their form whatever

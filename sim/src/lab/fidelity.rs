@@ -149,7 +149,7 @@ fn agrees(value: f64, median: f64, count: bool) -> bool {
 /// repetition round again from the first, so every calibration predicts
 /// for as many seeds as another, give or take one.
 ///
-/// `calibrations` must be at least 1; seeds count from 1.
+/// Seeds count from 1; no calibration at all counts as one.
 pub fn calibration_of(seed: u64, calibrations: usize) -> usize {
     let n = u64::try_from(calibrations.max(1)).unwrap_or(u64::MAX);
     // Below `calibrations`, so it fits in a usize.

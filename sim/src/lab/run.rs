@@ -771,7 +771,7 @@ impl HttpTransport for ObservedTransport {
                 .find(|(n, _)| n == CALL_HEADER)
                 .map(|(_, v)| v.clone());
             self.worker.record(Kind::Request {
-                server: self.server.name().into(),
+                server: self.server.name().clone(),
             });
             let result = self.http.post(request).await;
             let answer = match &result {

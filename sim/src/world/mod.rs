@@ -277,8 +277,8 @@ impl Work {
     }
 }
 
-/// The turmoil hosts a run of `scenario` has: its servers' hosts, the cache host
-/// if shared, and the workers' hosts ([`layout`]).
+/// The turmoil hosts a run of `scenario` has: its servers' hosts, the cache
+/// host if shared, and the workers' hosts ([`layout`]).
 fn hosts(scenario: &Scenario) -> u64 {
     let cache = u64::from(scenario.cache.kind == CacheKind::Shared);
     (layout::server_hosts(scenario).len() as u64)

@@ -356,17 +356,11 @@ pub fn server_on(
 }
 
 /// A turmoil host running every server of `servers` ([`server_on`], each on
-/// a port of its own) at once, each its own task; a host of one server runs
-/// it as [`server_host`] does. The host fails with the first of them that
-/// fails.
+/// a port of its own) at once, each its own task. The host fails with the
+/// first of them that fails.
 pub fn servers_host(servers: Vec<Box<dyn Fn() -> HostFuture>>) -> impl Fn() -> HostFuture {
     move || {
-        let mut lives: Vec<HostFuture> = servers.iter().map(|server| server()).collect();
-        if lives.len() == 1
-            && let Some(life) = lives.pop()
-        {
-            return life;
-        }
+        let lives: Vec<HostFuture> = servers.iter().map(|server| server()).collect();
         Box::pin(async move {
             let tasks: Vec<_> = lives.into_iter().map(tokio::task::spawn_local).collect();
             for task in tasks {
