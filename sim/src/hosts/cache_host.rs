@@ -13,16 +13,17 @@
 //!
 //! # Protocol
 //!
-//! Newline-delimited JSON: the client writes one [`WireRequest`] line, the
-//! host answers one [`WireReply`] line; a connection carries any number of
-//! such exchanges, one at a time. A request names its operation first — an
-//! object whose one key is the operation (`{"increment":{"key":"n","ttl_us":5}}`),
-//! or the bare name of one without arguments (`"flush_all"`) — so the host
-//! decodes it in one pass. The breaker's and the
-//! limiter's own types travel as they are, through the core's `serde`
-//! feature, so a change to them needs no edit here. Key/value and hit-window
-//! instants and durations travel as whole microseconds.
-//! A line longer than [`MAX_LINE`] bytes ends the connection.
+//! Length-prefixed frames: the client writes one [`WireRequest`], the host
+//! answers one [`WireReply`], each a frame — its length in four bytes, big
+//! end first, then the value in [postcard](https://docs.rs/postcard)'s
+//! encoding; a connection carries any number of such exchanges, one at a
+//! time. The breaker's and the limiter's own types travel as they are,
+//! through the core's `serde` feature, so a change to them needs no edit
+//! here. Key/value and hit-window instants and durations travel as whole
+//! microseconds. A frame longer than [`MAX_FRAME`] bytes ends the
+//! connection; one that does not decode is answered with a protocol error.
+//! The wire is compact rather than readable: a fleet sends a few of these
+//! per call.
 //!
 //! # Failures
 //!
@@ -64,7 +65,7 @@ use redstring::decide::tokens::{ReservationId, TokenAsk, TokenOutcome};
 use redstring::decide::window::SlotOutcome;
 use redstring::{Cache, CacheError, MemoryCache, TimeSource, Timestamp};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use turmoil::net::TcpStream;
 
 use crate::hosts::clock::SimClock;
@@ -80,13 +81,13 @@ pub const PORT: u16 = 6379;
 /// unheard.
 pub const HOST_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The longest protocol line accepted, in bytes (requests and replies).
-pub const MAX_LINE: u64 = 1 << 20;
+/// The longest frame accepted, in bytes (requests and replies).
+pub const MAX_FRAME: usize = 1 << 20;
 
-/// The read buffer of each end of a connection, in bytes: a line is a few
-/// hundred, and a fleet keeps thousands of connections open, each of which
-/// would hold the 8 KiB a buffered reader takes by default (a longer line
-/// is read in more than one go).
+/// The read buffer of each end of a connection, in bytes: a frame is tens
+/// to a few hundred, and a fleet keeps thousands of connections open, each
+/// of which would hold the 8 KiB a buffered reader takes by default (a
+/// longer frame is read in more than one go).
 const READ_BUFFER: usize = 1024;
 
 /// The factory type [`cache_host`] returns, as `Sim::host` takes it.
@@ -129,20 +130,16 @@ async fn serve_connection(
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::with_capacity(READ_BUFFER, read);
     loop {
-        let mut line = Vec::new();
-        let mut limited = (&mut reader).take(MAX_LINE);
-        let read = limited.read_until(b'\n', &mut line);
-        let Ok(n) = tokio::time::timeout(HOST_IDLE_TIMEOUT, read).await else {
+        let Ok(frame) = tokio::time::timeout(HOST_IDLE_TIMEOUT, read_frame(&mut reader)).await else {
             // Idle too long: a client that went away unheard (its goodbye
             // lost in a partition) leaves no connection open for ever.
             return Ok(());
         };
-        let n = n?;
-        if n == 0 || line.last() != Some(&b'\n') {
-            // End of stream, or a line too long to be ours.
+        let Ok(Some(frame)) = frame else {
+            // End of stream, or a frame cut short or too long to be ours.
             return Ok(());
-        }
-        let reply = match serde_json::from_slice::<WireRequest>(&line) {
+        };
+        let reply = match postcard::from_bytes::<WireRequest>(&frame) {
             Ok(request) => {
                 // The store is cloned out so no lock is held across an await.
                 let cache = store.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -160,10 +157,57 @@ async fn serve_connection(
                 detail: e.to_string(),
             }),
         };
-        let mut out = serde_json::to_vec(&reply).map_err(std::io::Error::other)?;
-        out.push(b'\n');
+        let out = encode(&reply).map_err(std::io::Error::other)?;
         write.write_all(&out).await?;
     }
+}
+
+/// `value` as one frame: its length, then its encoding.
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
+    let mut frame = postcard::to_extend(value, vec![0; 4]).map_err(|e| e.to_string())?;
+    let len = frame.len() - 4;
+    let len = u32::try_from(len)
+        .ok()
+        .filter(|_| len <= MAX_FRAME)
+        .ok_or_else(|| format!("a frame of {len} bytes, over {MAX_FRAME}"))?;
+    frame[..4].copy_from_slice(&len.to_be_bytes());
+    Ok(frame)
+}
+
+/// Why a frame could not be read.
+#[derive(Debug)]
+enum FrameError {
+    /// Reading failed before the frame's first byte.
+    Unread(std::io::Error),
+    /// The stream failed or ended inside the frame, or its length is over
+    /// [`MAX_FRAME`].
+    Partial(String),
+}
+
+/// Reads one frame's value: `None` when the stream ends before its first
+/// byte.
+async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Option<Vec<u8>>, FrameError> {
+    let mut header = [0u8; 4];
+    let mut got = 0;
+    while got < header.len() {
+        match reader.read(&mut header[got..]).await {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(FrameError::Partial("the stream ended inside a frame's length".into())),
+            Ok(n) => got += n,
+            Err(e) if got == 0 => return Err(FrameError::Unread(e)),
+            Err(e) => return Err(FrameError::Partial(e.to_string())),
+        }
+    }
+    let len = u32::from_be_bytes(header) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::Partial(format!("a frame of {len} bytes, over {MAX_FRAME}")));
+    }
+    let mut value = vec![0; len];
+    reader
+        .read_exact(&mut value)
+        .await
+        .map_err(|e| FrameError::Partial(e.to_string()))?;
+    Ok(Some(value))
 }
 
 async fn execute(cache: &MemoryCache, request: WireRequest) -> Result<WireReply, CacheError> {
@@ -338,14 +382,10 @@ impl RemoteCache {
             return Err(CacheError::Closed);
         }
         let unavailable = |reason: String| CacheError::Unavailable { operation, reason };
-        let mut line = serde_json::to_vec(&request).map_err(|e| CacheError::Protocol {
-            operation,
-            detail: e.to_string(),
-        })?;
-        line.push(b'\n');
+        let frame = encode(&request).map_err(|detail| CacheError::Protocol { operation, detail })?;
         let exchange = async {
             if let Some(mut conn) = self.checkout() {
-                match exchange(&mut conn, &line).await {
+                match exchange(&mut conn, &frame).await {
                     Ok(reply) => return Ok((conn, reply)),
                     // The host closed or lost this connection before it read
                     // the request (it crashed, or closed it as idle): the
@@ -357,7 +397,7 @@ impl RemoteCache {
                 }
             }
             let mut conn = self.connect().await?;
-            match exchange(&mut conn, &line).await {
+            match exchange(&mut conn, &frame).await {
                 Ok(reply) => Ok((conn, reply)),
                 Err(Failure::Unread(reason) | Failure::Broken(reason) | Failure::Partial(reason)) => Err(reason),
             }
@@ -371,7 +411,7 @@ impl RemoteCache {
             Ok(Err(reason)) => return Err(unavailable(reason)),
             Err(_) => return Err(unavailable(format!("no reply within {:?}", self.timeout))),
         };
-        match serde_json::from_slice::<WireReply>(&reply) {
+        match postcard::from_bytes::<WireReply>(&reply) {
             Ok(WireReply::Error(e)) => Err(e.into_cache_error(operation)),
             Ok(reply) => Ok(reply),
             Err(e) => Err(CacheError::Protocol {
@@ -389,25 +429,22 @@ enum Failure {
     Unread(String),
     /// Sending failed: nothing reached the host.
     Broken(String),
-    /// The reply began but did not end in a line.
+    /// The reply began but did not end as a frame.
     Partial(String),
 }
 
-/// Sends `line` on `conn` and reads one reply line.
-async fn exchange(conn: &mut Connection, line: &[u8]) -> Result<Vec<u8>, Failure> {
+/// Sends the frame `request` on `conn` and reads one reply frame.
+async fn exchange(conn: &mut Connection, request: &[u8]) -> Result<Vec<u8>, Failure> {
     conn.stream
         .get_mut()
-        .write_all(line)
+        .write_all(request)
         .await
         .map_err(|e| Failure::Broken(format!("sending: {e}")))?;
-    let mut reply = Vec::new();
-    let read = (&mut conn.stream).take(MAX_LINE).read_until(b'\n', &mut reply).await;
-    match read {
-        Err(e) if reply.is_empty() => Err(Failure::Unread(format!("reading the reply: {e}"))),
-        Err(e) => Err(Failure::Partial(format!("reading the reply: {e}"))),
-        Ok(_) if reply.is_empty() => Err(Failure::Unread("connection closed before the reply".to_owned())),
-        Ok(_) if reply.last() != Some(&b'\n') => Err(Failure::Partial("connection closed before the reply".to_owned())),
-        Ok(_) => Ok(reply),
+    match read_frame(&mut conn.stream).await {
+        Ok(Some(reply)) => Ok(reply),
+        Ok(None) => Err(Failure::Unread("connection closed before the reply".to_owned())),
+        Err(FrameError::Unread(e)) => Err(Failure::Unread(format!("reading the reply: {e}"))),
+        Err(FrameError::Partial(e)) => Err(Failure::Partial(format!("reading the reply: {e}"))),
     }
 }
 
@@ -671,9 +708,8 @@ impl BudgetStore for RemoteCache {
     }
 }
 
-/// One request line: a port operation and its arguments.
+/// One request frame: a port operation and its arguments.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
 pub enum WireRequest {
     /// `KeyValue::get`.
     Get {
@@ -809,9 +845,8 @@ pub enum WireRequest {
     FlushAll,
 }
 
-/// One reply line.
+/// One reply frame.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "reply", content = "value", rename_all = "snake_case")]
 pub enum WireReply {
     /// Done, nothing to return.
     Done,
@@ -850,7 +885,6 @@ pub enum WireReply {
 
 /// A [`CacheError`] raised on the host.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WireError {
     /// [`CacheError::NotAnInteger`].
     NotAnInteger {
@@ -912,8 +946,17 @@ impl WireError {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_breaker_snapshot_survives_the_wire() {
+    /// `value` through a frame and back.
+    async fn round_trip<T: Serialize + serde::de::DeserializeOwned>(value: &T) -> T {
+        let frame = encode(value).unwrap();
+        let mut read = frame.as_slice();
+        let back = read_frame(&mut read).await.unwrap().unwrap();
+        assert!(read.is_empty(), "one frame is read whole, and no more");
+        postcard::from_bytes(&back).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_breaker_snapshot_survives_the_wire() {
         let snapshot = BreakerSnapshot::decode([
             Some("half_open"),
             Some("2"),
@@ -927,17 +970,71 @@ mod tests {
             snapshot: snapshot.clone(),
             at: Timestamp::from_micros(1_700_000_000_250_000),
         };
-        let line = serde_json::to_string(&reply).unwrap();
-        assert_eq!(serde_json::from_str::<WireReply>(&line).unwrap(), reply);
+        assert_eq!(round_trip(&reply).await, reply);
+    }
+
+    #[tokio::test]
+    async fn host_errors_survive_the_wire() {
+        for error in [
+            WireError::NotAnInteger { key: "n".into() },
+            WireError::Closed,
+            WireError::Unavailable {
+                operation: "get".into(),
+                reason: "down".into(),
+            },
+            WireError::Protocol {
+                operation: "decode".into(),
+                detail: "bad".into(),
+            },
+        ] {
+            let reply = WireReply::Error(error);
+            assert_eq!(round_trip(&reply).await, reply);
+        }
+        let request = WireRequest::Increment {
+            key: "n".into(),
+            ttl_us: Some(5),
+        };
+        assert_eq!(round_trip(&request).await, request);
     }
 
     #[test]
-    fn requests_are_one_json_line_each() {
-        let line = serde_json::to_string(&WireRequest::Increment {
-            key: "n".into(),
-            ttl_us: Some(5),
-        })
-        .unwrap();
-        assert_eq!(line, r#"{"increment":{"key":"n","ttl_us":5}}"#);
+    fn a_frame_is_its_length_then_its_value() {
+        let request = WireRequest::Get { key: "ab".into() };
+        let frame = encode(&request).unwrap();
+        let value = postcard::to_stdvec(&request).unwrap();
+        assert_eq!(frame[..4], u32::try_from(value.len()).unwrap().to_be_bytes());
+        assert_eq!(frame[4..], value);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_between_frames_ends_cleanly_and_inside_one_does_not() {
+        let mut empty: &[u8] = &[];
+        assert!(matches!(read_frame(&mut empty).await, Ok(None)));
+        let frame = encode(&WireRequest::Get { key: "ab".into() }).unwrap();
+        for cut in [2, 4, frame.len() - 1] {
+            let mut short = &frame[..cut];
+            assert!(
+                matches!(read_frame(&mut short).await, Err(FrameError::Partial(_))),
+                "cut at {cut} of {}",
+                frame.len()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_frame_over_the_limit_is_refused_before_it_is_read() {
+        let too_long = u32::try_from(MAX_FRAME + 1).unwrap().to_be_bytes();
+        let mut read = too_long.as_slice();
+        match read_frame(&mut read).await {
+            Err(FrameError::Partial(why)) => assert!(why.contains("over"), "{why}"),
+            other => panic!("read {other:?}"),
+        }
+        let at_limit = u32::try_from(MAX_FRAME).unwrap().to_be_bytes();
+        let mut read = at_limit.as_slice();
+        // The length is accepted; the value is then missing.
+        match read_frame(&mut read).await {
+            Err(FrameError::Partial(why)) => assert!(!why.contains("over"), "{why}"),
+            other => panic!("read {other:?}"),
+        }
     }
 }

@@ -312,3 +312,35 @@ fn the_cache_host_closes_a_connection_no_request_arrives_on() {
         "closed after {after:?}"
     );
 }
+
+#[test]
+fn the_cache_host_answers_a_frame_it_cannot_decode_and_ends_one_too_long() {
+    use redstring_sim::hosts::cache_host::{MAX_FRAME, PORT, WireError, WireReply};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sim = sim(5, 60);
+    sim.host(
+        "cache",
+        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
+    );
+    sim.client("hostile", async move {
+        let mut stream = turmoil::net::TcpStream::connect(("cache", PORT)).await?;
+        // One byte no request begins with: an operation numbered past the last.
+        stream.write_all(&[0, 0, 0, 1, 0x7f]).await?;
+        let mut len = [0u8; 4];
+        stream.read_exact(&mut len).await?;
+        let mut reply = vec![0; u32::from_be_bytes(len) as usize];
+        stream.read_exact(&mut reply).await?;
+        match postcard::from_bytes::<WireReply>(&reply)? {
+            WireReply::Error(WireError::Protocol { operation, .. }) => assert_eq!(operation, "decode"),
+            other => panic!("answered {other:?}"),
+        }
+        // The connection still serves: a frame that claims more than the
+        // host reads ends it instead, before anything more is read.
+        let too_long = u32::try_from(MAX_FRAME + 1)?.to_be_bytes();
+        stream.write_all(&too_long).await?;
+        let mut byte = [0u8; 1];
+        assert_eq!(stream.read(&mut byte).await?, 0, "the host ends the connection");
+        Ok(())
+    });
+    sim.run().unwrap();
+}
