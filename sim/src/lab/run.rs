@@ -51,7 +51,7 @@ use crate::hosts::CALL_HEADER;
 use crate::hosts::clock::{RealTime, sim_elapsed};
 use crate::hosts::worker::{Net, RealTransports, run_worker};
 use crate::judgement::sweep::nearest_rank;
-use crate::scenario::kinds::{DEFAULT_CONTEXT_TOKENS, ServerKind};
+use crate::scenario::kinds::{DEFAULT_CONTEXT_TOKENS, LinearStep, ServerKind};
 use crate::scenario::{Behaviour, CACHE_HOST, CacheKind, ClockSpec, Fault, Mode, Scenario, fault};
 use crate::world::{DEFAULT_CACHE_TIMEOUT_MS, run_length, worker_plan};
 
@@ -249,6 +249,14 @@ pub struct Calibrated {
     /// Of its prompt tokens, those the server's prompt cache held when the
     /// request was sent again (llama.cpp's `cached_tokens`).
     pub cached_tokens: u64,
+    /// Milliseconds the request every worker sends took a token after its
+    /// first, sent alone on a warm slot (llama.cpp's `timings`), if the
+    /// server said.
+    pub generation_ms_per_token: Option<f64>,
+    /// The step the prediction runs: the fit's with its cost per sequence
+    /// set so that request alone generates at that pace, or the fit's
+    /// where the server gave no timings.
+    pub step: LinearStep,
 }
 
 /// `scenario` with each server measured for real, as the laboratory
@@ -272,7 +280,7 @@ pub fn calibrated(scenario: &Scenario, tools: &Tools) -> Result<(Scenario, Vec<C
     let mut found = Vec::new();
     for spec in &mut out.servers {
         let c = runtime.block_on(until_interrupted(calibrate_one(spec, tools, scenario)))?;
-        spec.step_ms = Some(c.fit.step);
+        spec.step_ms = Some(c.step);
         spec.time_scale = None;
         spec.reload_s = c.reload_s;
         let (low, high) = c.reload_range;
@@ -325,11 +333,11 @@ async fn calibrate_one(
     let base = server.base_url();
     // The worker's request, through the worker's adapter; the bodies it
     // reads say how much of the prompt the server had cached.
-    let transport = CachedCounts {
+    let transport = WorkerAnswers {
         http: ReqwestTransport::new().map_err(|e| failed(format!("cannot be reached: {e}")))?,
-        cached: Arc::default(),
+        read: Arc::default(),
     };
-    let cached = transport.cached.clone();
+    let read = transport.read.clone();
     let adapter = OpenAiCompatible::builder(format!("{base}/v1"), spec.model.clone())
         .max_tokens(scenario.hardening.max_tokens)
         .build_with(transport)
@@ -376,15 +384,35 @@ async fn calibrate_one(
     reloads.sort_by(f64::total_cmp);
     // The first request found the slots cold; the later ones, what a warm
     // slot holds.
-    let warm = cached.lock().unwrap_or_else(|p| p.into_inner()).split_off(1);
+    let warm = read.lock().unwrap_or_else(|p| p.into_inner()).split_off(1);
+    let tokens = (prompt.div_ceil(n), output.div_ceil(n));
+    let (generated, later) = warm
+        .iter()
+        .filter_map(|a| a.generation)
+        .fold((0.0, 0u64), |(ms, tokens), (t, n)| {
+            (ms + t, tokens + n.saturating_sub(1))
+        });
+    let generation_ms_per_token = (later > 0).then(|| generated / later as f64);
+    let step = generation_ms_per_token
+        .and_then(|per_token| {
+            super::calibrate::paced(
+                fit.step,
+                per_token * tokens.1.saturating_sub(1) as f64,
+                tokens.0,
+                tokens.1,
+            )
+        })
+        .unwrap_or(fit.step);
     Ok(Calibrated {
         server: spec.name.clone(),
         fit,
         measurements,
         reload_s: nearest_rank(&reloads, 50),
         reload_range: (reloads[0], reloads[reloads.len() - 1]),
-        tokens: (prompt.div_ceil(n), output.div_ceil(n)),
-        cached_tokens: warm.iter().sum::<u64>() / (warm.len().max(1) as u64),
+        tokens,
+        cached_tokens: warm.iter().map(|a| a.cached).sum::<u64>() / (warm.len().max(1) as u64),
+        generation_ms_per_token,
+        step,
     })
 }
 
@@ -409,22 +437,42 @@ where
     Ok((best, measurements))
 }
 
-/// A transport that notes, for each answer it reads, how many prompt tokens
-/// the server said its cache held (0 when it says nothing).
-struct CachedCounts {
+/// A transport that notes, for each answer it reads, how many prompt
+/// tokens the server said its cache held (0 when it says nothing), and how
+/// long it said the generation took.
+struct WorkerAnswers {
     http: ReqwestTransport,
-    cached: Arc<std::sync::Mutex<Vec<u64>>>,
+    read: Arc<std::sync::Mutex<Vec<WorkerAnswer>>>,
 }
 
-impl HttpTransport for CachedCounts {
+/// What the server said of one answer to the workers' request.
+#[derive(Clone, Copy, Debug)]
+struct WorkerAnswer {
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    cached: u64,
+    /// `timings.predicted_ms` and `usage.completion_tokens`, when both are
+    /// there and sane.
+    generation: Option<(f64, u64)>,
+}
+
+impl HttpTransport for WorkerAnswers {
     fn post(&self, request: HttpRequest) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
         Box::pin(async move {
             let response = self.http.post(request).await?;
-            let cached = serde_json::from_slice::<Value>(&response.body)
-                .ok()
-                .and_then(|v| v.pointer("/usage/prompt_tokens_details/cached_tokens")?.as_u64())
+            let v = serde_json::from_slice::<Value>(&response.body).unwrap_or_default();
+            let cached = v
+                .pointer("/usage/prompt_tokens_details/cached_tokens")
+                .and_then(Value::as_u64)
                 .unwrap_or(0);
-            self.cached.lock().unwrap_or_else(|p| p.into_inner()).push(cached);
+            let generated = v
+                .pointer("/timings/predicted_ms")
+                .and_then(Value::as_f64)
+                .filter(|t| t.is_finite() && (0.0..=3_600_000.0).contains(t));
+            let tokens = v.pointer("/usage/completion_tokens").and_then(Value::as_u64);
+            self.read.lock().unwrap_or_else(|p| p.into_inner()).push(WorkerAnswer {
+                cached,
+                generation: generated.zip(tokens),
+            });
             Ok(response)
         })
     }

@@ -389,7 +389,28 @@ fn calibrating_a_scenario_gives_its_server_the_real_server_s_numbers() {
     let (server, c) = (&predicted.servers[0], &found[0]);
     assert_eq!(c.server, "gpu");
     assert!((1..=super::run::MOST_MEASUREMENTS).contains(&c.measurements), "{c:?}");
-    assert_eq!(server.step_ms, Some(c.fit.step));
+    // The fit's step, paced to the workers' own request: llama-server
+    // times every answer, so the prediction runs the pace it said.
+    assert_eq!(server.step_ms, Some(c.step));
+    let pace = c
+        .generation_ms_per_token
+        .expect("llama-server timed the workers' request");
+    assert!(pace > 0.0 && pace < 1_000.0, "{c:?}");
+    let later = c.tokens.1.saturating_sub(1) as f64;
+    let context = c.tokens.0 as f64 + (later + 1.0) / 2.0;
+    let paced = c.step.decode_ms(1.0, context);
+    assert!(
+        (paced - pace).abs() < 1e-6 * pace,
+        "{paced} ms a token against {pace}: {c:?}"
+    );
+    assert_eq!(
+        crate::scenario::kinds::LinearStep {
+            decode_per_sequence_ms: c.fit.step.decode_per_sequence_ms,
+            ..c.step
+        },
+        c.fit.step,
+        "only the cost per sequence moves"
+    );
     // The workers' own request, as the real server counted it.
     assert_eq!(u64::from(server.prompt_tokens), c.tokens.0);
     assert!(c.tokens.0 > 50 && c.tokens.1 > 0, "{c:?}");

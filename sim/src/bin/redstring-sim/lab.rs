@@ -63,8 +63,16 @@ pub struct LabArgs {
 fn show_calibration(found: &[Calibrated]) {
     for c in found {
         let s = c.fit.step;
+        let paced = match c.generation_ms_per_token {
+            Some(ms) if c.step != s => format!(
+                ", generating at {ms:.2} ms a token alone: predicted with {:.3}·B",
+                c.step.decode_per_sequence_ms
+            ),
+            Some(ms) => format!(", generating at {ms:.2} ms a token alone"),
+            None => String::new(),
+        };
         println!(
-            "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B + {:.5}·C ms decode (fit within {:.1} % on average{}); load {:.2} s ({:.2}–{:.2} over {} restarts); the workers' request {} prompt ({} cached) + {} output tokens",
+            "   calibrated {}: step {:.3} + {:.4}·T ms prefill, {:.3} + {:.3}·B + {:.5}·C ms decode (fit within {:.1} % on average{}); load {:.2} s ({:.2}–{:.2} over {} restarts); the workers' request {} prompt ({} cached) + {} output tokens{paced}",
             c.server,
             s.prefill_base_ms,
             s.prefill_per_token_ms,
