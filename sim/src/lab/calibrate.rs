@@ -128,7 +128,7 @@ pub struct Sample {
 
 /// The longest `timings` a sample keeps (an hour); a longer one, or one
 /// not a number, is left out.
-const MOST_TIMING_MS: f64 = 3_600_000.0;
+pub(crate) const MOST_TIMING_MS: f64 = 3_600_000.0;
 
 /// What llama.cpp says it spent on a request (its answer's `timings`):
 /// processing the prompt, up to the first token, and generating the rest.
@@ -565,11 +565,10 @@ fn timing_errors(sample: &Sample, step: &LinearStep) -> Option<(f64, f64)> {
 /// within 8–12 % of their own requests were off the workers' request,
 /// alone, by −27 % to +29 % a token against llama.cpp's timings of it. A
 /// prediction is about that request, so it runs at that request's pace;
-/// the difference goes to the
-/// per-sequence term, where llama.cpp's timings put nearly all of a step's
-/// cost (two sequences decoding together take twice one's time). `None`
-/// when `output` leaves no later token to time, or the step would no
-/// longer be one ([`LinearStep::check`]).
+/// the difference goes to the per-sequence term, where llama.cpp's timings
+/// put nearly all of a step's cost (two sequences decoding together take
+/// twice one's time). `None` when `output` leaves no later token to time,
+/// or the step would no longer be one ([`LinearStep::check`]).
 pub(crate) fn paced(step: LinearStep, generation_ms: f64, prompt: u64, output: u64) -> Option<LinearStep> {
     let later = output.checked_sub(1).filter(|n| *n > 0)? as f64;
     if !generation_ms.is_finite() || generation_ms <= 0.0 {

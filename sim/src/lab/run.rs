@@ -332,7 +332,8 @@ async fn calibrate_one(
     server.ready(Duration::from_secs(300)).await?;
     let base = server.base_url();
     // The worker's request, through the worker's adapter; the bodies it
-    // reads say how much of the prompt the server had cached.
+    // reads say how much of the prompt the server had cached, and how long
+    // the server took to generate the answer.
     let transport = WorkerAnswers {
         http: ReqwestTransport::new().map_err(|e| failed(format!("cannot be reached: {e}")))?,
         read: Arc::default(),
@@ -389,9 +390,7 @@ async fn calibrate_one(
     let (generated, later) = warm
         .iter()
         .filter_map(|a| a.generation)
-        .fold((0.0, 0u64), |(ms, tokens), (t, n)| {
-            (ms + t, tokens + n.saturating_sub(1))
-        });
+        .fold((0.0, 0u64), |(ms, steps), (t, n)| (ms + t, steps + n.saturating_sub(1)));
     let generation_ms_per_token = (later > 0).then(|| generated / later as f64);
     let step = generation_ms_per_token
         .and_then(|per_token| {
@@ -467,7 +466,7 @@ impl HttpTransport for WorkerAnswers {
             let generated = v
                 .pointer("/timings/predicted_ms")
                 .and_then(Value::as_f64)
-                .filter(|t| t.is_finite() && (0.0..=3_600_000.0).contains(t));
+                .filter(|t| t.is_finite() && (0.0..=super::calibrate::MOST_TIMING_MS).contains(t));
             let tokens = v.pointer("/usage/completion_tokens").and_then(Value::as_u64);
             self.read.lock().unwrap_or_else(|p| p.into_inner()).push(WorkerAnswer {
                 cached,
