@@ -165,13 +165,17 @@ async fn serve_connection(
 /// `value` as one frame: its length, then its encoding.
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
     let mut frame = postcard::to_extend(value, vec![0; 4]).map_err(|e| e.to_string())?;
-    let len = frame.len() - 4;
-    let len = u32::try_from(len)
-        .ok()
-        .filter(|_| len <= MAX_FRAME)
-        .ok_or_else(|| format!("a frame of {len} bytes, over {MAX_FRAME}"))?;
+    let len = frame_len(frame.len() - 4)?;
     frame[..4].copy_from_slice(&len.to_be_bytes());
     Ok(frame)
+}
+
+/// `len` as a frame's length, if a frame may be that long.
+fn frame_len(len: usize) -> Result<u32, String> {
+    u32::try_from(len)
+        .ok()
+        .filter(|_| len <= MAX_FRAME)
+        .ok_or_else(|| format!("a frame of {len} bytes, over {MAX_FRAME}"))
 }
 
 /// Why a frame could not be read.
@@ -199,9 +203,7 @@ async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Option<Vec<u
         }
     }
     let len = u32::from_be_bytes(header) as usize;
-    if len > MAX_FRAME {
-        return Err(FrameError::Partial(format!("a frame of {len} bytes, over {MAX_FRAME}")));
-    }
+    frame_len(len).map_err(FrameError::Partial)?;
     let mut value = vec![0; len];
     reader
         .read_exact(&mut value)

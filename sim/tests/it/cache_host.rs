@@ -18,6 +18,11 @@ use crate::support::sim;
 
 const TIMEOUT: Duration = Duration::from_millis(250);
 
+/// A cache host on the default clock whose entries its callers stamp.
+fn caller_stamped() -> impl Fn() -> redstring_sim::hosts::cache_host::HostFuture {
+    cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller)
+}
+
 /// The suite's view of a remote cache: every check gets an emptied host, and
 /// time passes by sleeping on turmoil's virtual clock.
 struct Remote;
@@ -43,10 +48,7 @@ impl Harness for Remote {
 #[test]
 fn remote_cache_passes_the_compliance_suite() {
     let mut sim = sim(5, 600);
-    sim.host(
-        "cache",
-        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
-    );
+    sim.host("cache", caller_stamped());
     sim.client("suite", async {
         run_all(&Remote).await;
         Ok(())
@@ -63,10 +65,7 @@ fn unavailable(r: &Result<Option<String>, String>) -> bool {
 #[test]
 fn a_partitioned_cache_is_unavailable_within_the_timeout_and_back_after_repair() {
     let mut sim = sim(5, 60);
-    sim.host(
-        "cache",
-        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
-    );
+    sim.host("cache", caller_stamped());
     let log: Log = Rc::default();
     let client_log = log.clone();
     sim.client("worker", async move {
@@ -105,10 +104,7 @@ fn a_partitioned_cache_is_unavailable_within_the_timeout_and_back_after_repair()
 #[test]
 fn a_crashed_cache_is_unavailable_and_comes_back_empty() {
     let mut sim = sim(5, 60);
-    sim.host(
-        "cache",
-        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
-    );
+    sim.host("cache", caller_stamped());
     let log: Log = Rc::default();
     let client_log = log.clone();
     sim.client("worker", async move {
@@ -146,10 +142,7 @@ fn a_crashed_cache_is_unavailable_and_comes_back_empty() {
 #[test]
 fn host_errors_come_back_as_their_variant_and_a_closed_client_is_closed() {
     let mut sim = sim(5, 30);
-    sim.host(
-        "cache",
-        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
-    );
+    sim.host("cache", caller_stamped());
     sim.client("worker", async {
         let cache = RemoteCache::new("cache", TIMEOUT);
         cache.set("k", "text", None).await.unwrap();
@@ -221,10 +214,7 @@ fn a_remote_cache_keeps_its_connection_open_between_operations() {
     };
     let mut sim =
         redstring_sim::world::sim_builder(5, Duration::from_millis(1), &latency, Duration::from_secs(60)).build();
-    sim.host(
-        "cache",
-        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
-    );
+    sim.host("cache", caller_stamped());
     let took: Rc<RefCell<Vec<Duration>>> = Rc::default();
     let client_took = took.clone();
     sim.client("worker", async move {
@@ -248,10 +238,7 @@ fn a_remote_cache_keeps_its_connection_open_between_operations() {
 #[test]
 fn a_pooled_connection_the_restarted_host_no_longer_knows_is_retried_on_a_new_one() {
     let mut sim = sim(5, 60);
-    sim.host(
-        "cache",
-        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
-    );
+    sim.host("cache", caller_stamped());
     let log: Log = Rc::default();
     let client_log = log.clone();
     sim.client("worker", async move {
@@ -290,10 +277,7 @@ fn the_cache_host_closes_a_connection_no_request_arrives_on() {
     use redstring_sim::hosts::cache_host::{HOST_IDLE_TIMEOUT, PORT};
     use tokio::io::AsyncReadExt;
     let mut sim = sim(5, 400);
-    sim.host(
-        "cache",
-        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
-    );
+    sim.host("cache", caller_stamped());
     let closed_after: Rc<RefCell<Option<Duration>>> = Rc::default();
     let client_closed = closed_after.clone();
     sim.client("gone-quiet", async move {
@@ -315,27 +299,41 @@ fn the_cache_host_closes_a_connection_no_request_arrives_on() {
 
 #[test]
 fn the_cache_host_answers_a_frame_it_cannot_decode_and_ends_one_too_long() {
-    use redstring_sim::hosts::cache_host::{MAX_FRAME, PORT, WireError, WireReply};
+    use redstring_sim::hosts::cache_host::{MAX_FRAME, PORT, WireError, WireReply, WireRequest};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut sim = sim(5, 60);
-    sim.host(
-        "cache",
-        cache_host(SimClock::new(ClockSpec::default()), TimeSource::Caller),
-    );
-    sim.client("hostile", async move {
-        let mut stream = turmoil::net::TcpStream::connect(("cache", PORT)).await?;
-        // One byte no request begins with: an operation numbered past the last.
-        stream.write_all(&[0, 0, 0, 1, 0x7f]).await?;
+    /// Sends `value` as a frame: its length, then its bytes.
+    async fn send(stream: &mut turmoil::net::TcpStream, value: &[u8]) -> turmoil::Result {
+        stream.write_all(&u32::try_from(value.len())?.to_be_bytes()).await?;
+        stream.write_all(value).await?;
+        Ok(())
+    }
+    /// Reads one reply frame.
+    async fn reply(stream: &mut turmoil::net::TcpStream) -> turmoil::Result<WireReply> {
         let mut len = [0u8; 4];
         stream.read_exact(&mut len).await?;
         let mut reply = vec![0; u32::from_be_bytes(len) as usize];
         stream.read_exact(&mut reply).await?;
-        match postcard::from_bytes::<WireReply>(&reply)? {
+        Ok(postcard::from_bytes(&reply)?)
+    }
+    let mut sim = sim(5, 60);
+    sim.host("cache", caller_stamped());
+    sim.client("hostile", async move {
+        let mut stream = turmoil::net::TcpStream::connect(("cache", PORT)).await?;
+        // One byte no request begins with: an operation numbered past the last.
+        send(&mut stream, &[0x7f]).await?;
+        match reply(&mut stream).await? {
             WireReply::Error(WireError::Protocol { operation, .. }) => assert_eq!(operation, "decode"),
             other => panic!("answered {other:?}"),
         }
-        // The connection still serves: a frame that claims more than the
-        // host reads ends it instead, before anything more is read.
+        // The connection still serves.
+        send(
+            &mut stream,
+            &postcard::to_stdvec(&WireRequest::Get { key: "k".into() })?,
+        )
+        .await?;
+        assert_eq!(reply(&mut stream).await?, WireReply::Value(None));
+        // A frame that claims more than the host reads ends it, before
+        // anything more is read.
         let too_long = u32::try_from(MAX_FRAME + 1)?.to_be_bytes();
         stream.write_all(&too_long).await?;
         let mut byte = [0u8; 1];
