@@ -128,7 +128,7 @@ pub struct Sample {
 
 /// The longest `timings` a sample keeps (an hour); a longer one, or one
 /// not a number, is left out.
-pub(crate) const MOST_TIMING_MS: f64 = 3_600_000.0;
+const MOST_TIMING_MS: f64 = 3_600_000.0;
 
 /// What llama.cpp says it spent on a request (its answer's `timings`):
 /// processing the prompt, up to the first token, and generating the rest.
@@ -140,6 +140,14 @@ pub struct Timings {
     pub prompt_ms: f64,
     /// `timings.predicted_ms`: from the first token to the last.
     pub predicted_ms: f64,
+}
+
+/// The `timings.{field}` of llama.cpp's answer `v`, in milliseconds, if it
+/// is there, a number and at most [`MOST_TIMING_MS`].
+pub(crate) fn timing_ms(v: &Value, field: &str) -> Option<f64> {
+    v.pointer(&format!("/timings/{field}"))
+        .and_then(Value::as_f64)
+        .filter(|t| t.is_finite() && (0.0..=MOST_TIMING_MS).contains(t))
 }
 
 impl Sample {
@@ -368,13 +376,8 @@ async fn one(
     }
     let v: Value = serde_json::from_slice(&response.body).map_err(|e| format!("a body that is not JSON: {e}"))?;
     let count = |field: &str| v.pointer(&format!("/usage/{field}")).and_then(Value::as_u64);
-    let ms = |field: &str| {
-        v.pointer(&format!("/timings/{field}"))
-            .and_then(Value::as_f64)
-            .filter(|t| t.is_finite() && (0.0..=MOST_TIMING_MS).contains(t))
-    };
-    let timings = ms("prompt_ms")
-        .zip(ms("predicted_ms"))
+    let timings = timing_ms(&v, "prompt_ms")
+        .zip(timing_ms(&v, "predicted_ms"))
         .map(|(prompt_ms, predicted_ms)| Timings {
             prompt_ms,
             predicted_ms,
@@ -557,29 +560,29 @@ fn timing_errors(sample: &Sample, step: &LinearStep) -> Option<(f64, f64)> {
 }
 
 /// `step` with its cost per sequence set so that a request of `prompt`
-/// tokens generating `output` alone takes `generation_ms` (llama.cpp's
-/// `timings.predicted_ms` of it) for its tokens after the first, as
-/// [`timing_errors`] counts them; the other terms as they were. A fit
-/// balances every request it measured, at every concurrency, and can miss
-/// one request by more than its mean error: on a 2-core EPYC VM five fits
-/// within 8–12 % of their own requests were off the workers' request,
-/// alone, by −27 % to +29 % a token against llama.cpp's timings of it. A
-/// prediction is about that request, so it runs at that request's pace;
-/// the difference goes to the per-sequence term, where llama.cpp's timings
-/// put nearly all of a step's cost (two sequences decoding together take
-/// twice one's time). `None` when `output` leaves no later token to time,
-/// or the step would no longer be one ([`LinearStep::check`]).
-pub(crate) fn paced(step: LinearStep, generation_ms: f64, prompt: u64, output: u64) -> Option<LinearStep> {
+/// tokens generating `output` alone takes `ms_per_token` (llama.cpp's
+/// `timings.predicted_ms` of it over its tokens after the first) for each
+/// token after its first, as [`timing_errors`] counts them; the other
+/// terms as they were. A fit balances every request it measured, at every
+/// concurrency, and can miss one request by more than its mean error: on a
+/// 2-core EPYC VM five fits within 8–12 % of their own requests were off
+/// the workers' request, alone, by −27 % to +29 % a token against
+/// llama.cpp's timings of it. A prediction is about that request, so it
+/// runs at that request's pace; the difference goes to the per-sequence
+/// term, where llama.cpp's timings put nearly all of a step's cost (two
+/// sequences decoding together take twice one's time). `None` when
+/// `output` leaves no later token to time, the pace is not a positive
+/// number, or the step would no longer be one ([`LinearStep::check`]).
+pub(crate) fn paced(step: LinearStep, ms_per_token: f64, prompt: u64, output: u64) -> Option<LinearStep> {
     let later = output.checked_sub(1).filter(|n| *n > 0)? as f64;
-    if !generation_ms.is_finite() || generation_ms <= 0.0 {
+    if !ms_per_token.is_finite() || ms_per_token <= 0.0 {
         return None;
     }
     // The mean context of those steps: P + k for k = 1 … O − 1.
     let context = prompt as f64 + (later + 1.0) / 2.0;
-    let per_token = generation_ms / later;
     let others = step.decode_base_ms + step.decode_per_context_token_ms * context;
     let paced = LinearStep {
-        decode_per_sequence_ms: (per_token - others).clamp(0.0, MAX_STEP_MS),
+        decode_per_sequence_ms: (ms_per_token - others).clamp(0.0, MAX_STEP_MS),
         ..step
     };
     paced.check().ok().map(|()| paced)
@@ -1337,7 +1340,7 @@ mod tests {
         };
         let generation = |step: &LinearStep| timing_errors(&sample, step).unwrap().1;
         assert!(generation(&fit) < -0.1, "the fit is the faster: {}", generation(&fit));
-        let paced = paced(fit, 150.0, 91, 27).unwrap();
+        let paced = paced(fit, 150.0 / 26.0, 91, 27).unwrap();
         assert!(generation(&paced).abs() < 1e-9, "{}", generation(&paced));
         // Only the per-sequence cost moves.
         assert_eq!(
@@ -1349,15 +1352,15 @@ mod tests {
         );
         assert!(paced.decode_per_sequence_ms > fit.decode_per_sequence_ms);
         // Nothing to pace by: one token, or no time.
-        assert_eq!(paced_or_none(fit, 150.0, 1), None);
+        assert_eq!(paced_or_none(fit, 150.0 / 26.0, 1), None);
         assert_eq!(paced_or_none(fit, f64::NAN, 27), None);
         assert_eq!(paced_or_none(fit, 0.0, 27), None);
         // A pace the other terms already pass leaves the sequence free.
-        let fast = paced_or_none(fit, 26.0, 27).unwrap();
+        let fast = paced_or_none(fit, 1.0, 27).unwrap();
         assert_eq!(fast.decode_per_sequence_ms, 0.0);
     }
 
-    fn paced_or_none(step: LinearStep, generation_ms: f64, output: u64) -> Option<LinearStep> {
-        paced(step, generation_ms, 91, output)
+    fn paced_or_none(step: LinearStep, ms_per_token: f64, output: u64) -> Option<LinearStep> {
+        paced(step, ms_per_token, 91, output)
     }
 }

@@ -393,14 +393,7 @@ async fn calibrate_one(
         .fold((0.0, 0u64), |(ms, steps), (t, n)| (ms + t, steps + n.saturating_sub(1)));
     let generation_ms_per_token = (later > 0).then(|| generated / later as f64);
     let step = generation_ms_per_token
-        .and_then(|per_token| {
-            super::calibrate::paced(
-                fit.step,
-                per_token * tokens.1.saturating_sub(1) as f64,
-                tokens.0,
-                tokens.1,
-            )
-        })
+        .and_then(|pace| super::calibrate::paced(fit.step, pace, tokens.0, tokens.1))
         .unwrap_or(fit.step);
     Ok(Calibrated {
         server: spec.name.clone(),
@@ -463,10 +456,7 @@ impl HttpTransport for WorkerAnswers {
                 .pointer("/usage/prompt_tokens_details/cached_tokens")
                 .and_then(Value::as_u64)
                 .unwrap_or(0);
-            let generated = v
-                .pointer("/timings/predicted_ms")
-                .and_then(Value::as_f64)
-                .filter(|t| t.is_finite() && (0.0..=super::calibrate::MOST_TIMING_MS).contains(t));
+            let generated = super::calibrate::timing_ms(&v, "predicted_ms");
             let tokens = v.pointer("/usage/completion_tokens").and_then(Value::as_u64);
             self.read.lock().unwrap_or_else(|p| p.into_inner()).push(WorkerAnswer {
                 cached,
