@@ -914,56 +914,113 @@ fn a_request_running_when_llama_cpp_is_stopped_is_answered_the_stop_later() {
     assert_eq!(served(&trace), ["ok"]);
 }
 
-#[test]
-fn llama_cpp_still_serves_a_queued_request_whose_client_left_but_stops_a_running_one() {
-    let one_slot = ServerSpec {
-        slots: 1,
+/// A llama.cpp server of `slots` whose every step takes 10 ms, whatever
+/// its batch or prompt: a request of `n` output tokens holds its slot for
+/// `n` × 10 ms.
+fn flat_llama(slots: u32) -> ServerSpec {
+    ServerSpec {
+        slots,
+        output_tokens: 1_000,
+        step_ms: Some(redstring_sim::scenario::kinds::LinearStep {
+            prefill_base_ms: 0.0,
+            prefill_per_token_ms: 0.0,
+            decode_base_ms: 10.0,
+            decode_per_sequence_ms: 0.0,
+            decode_per_context_token_ms: 0.0,
+        }),
         ..spec(ServerKind::LlamaCpp)
-    };
-    let alone = run(
-        one_slot.clone(),
-        1,
-        |_| Duration::ZERO,
-        256,
-        Duration::from_secs(30),
-        30,
+    }
+}
+
+/// Clients of `spec`, each `(sent at ms, max_tokens, gives up after ms)`:
+/// what each saw, in client order, and the trace.
+fn clients(spec: ServerSpec, clients: &[(u64, u64, u64)]) -> (Vec<Seen>, Trace) {
+    let mut sim = sim(1, 60);
+    let trace = Trace::new();
+    sim.host(
+        "gpu",
+        server_host(spec.clone(), ServerHandle::new(spec.behaviour), trace.clone(), 7),
     );
-    let service = alone.0[0].at();
-    // Three clients a tenth of the service apart: the second gives up while
-    // queued behind the first, and its request still takes the slot before
-    // the third's.
-    let gap = service / 10;
-    let timeouts = [Duration::from_secs(30), gap * 2, Duration::from_secs(30)];
-    let (seen, trace) = timed(one_slot.clone(), gap, timeouts);
-    assert!(matches!(seen[1], Seen::TimedOut), "{seen:?}");
-    let third = seen[2].at() - gap * 2;
+    let log: Log = Rc::default();
+    for (i, &(at, max_tokens, give_up)) in clients.iter().enumerate() {
+        let log = log.clone();
+        sim.client(format!("client-{i}"), async move {
+            tokio::time::sleep(Duration::from_millis(at)).await;
+            let seen = post(max_tokens, Duration::from_millis(give_up)).await;
+            log.borrow_mut().push((i, seen));
+            Ok(())
+        });
+    }
+    sim.run().unwrap();
+    let mut log = log.borrow().clone();
+    log.sort_by_key(|(i, _)| *i);
+    (log.into_iter().map(|(_, s)| s).collect(), trace)
+}
+
+/// Asserts `seen` was answered within the 60 ms after `ms` (a step, the
+/// network's ticks).
+fn answered_at(seen: &Seen, ms: u64, what: &str) {
+    let at = seen.at();
+    let from = Duration::from_millis(ms);
     assert!(
-        third >= service * 5 / 2,
-        "the abandoned request ran before the third: it waited {third:?}, one request takes {service:?}"
-    );
-    // Recorded when its client left, before the first was answered.
-    assert_eq!(served(&trace), ["abandoned", "ok", "ok"]);
-    // The first gives up while running: its slot frees at once, and the
-    // third waits for the second only.
-    let timeouts = [service / 2, Duration::from_secs(30), Duration::from_secs(30)];
-    let (seen, _) = timed(one_slot, gap, timeouts);
-    assert!(matches!(seen[0], Seen::TimedOut), "{seen:?}");
-    let third = seen[2].at() - gap * 2;
-    assert!(
-        third < service * 5 / 2,
-        "the running request stopped when its client left: the third waited {third:?}, one request takes {service:?}"
+        at >= from && at < from + Duration::from_millis(60),
+        "{what}: answered at {at:?}, expected at {from:?} ({seen:?})"
     );
 }
 
-/// Three clients of `spec`, client `i` sending at `i × gap` and giving up
-/// after `timeouts[i]`: what each saw, and the trace.
-fn timed(spec: ServerSpec, gap: Duration, timeouts: [Duration; 3]) -> (Vec<Seen>, Trace) {
-    let mut sim = sim(1, 60);
-    let trace = Trace::new();
-    let handle = ServerHandle::new(spec.behaviour);
-    sim.host("gpu", server_host(spec, handle, trace.clone(), 7));
-    let schedule = (0u32..).zip(timeouts).map(|(i, timeout)| (gap * i, timeout)).collect();
-    (send_all(sim, schedule, 256), trace)
+/// llama.cpp's handler waits for its request's result a second at a time
+/// and looks at its client only when a second passes without a result;
+/// a request whose client left runs until then, waiting or running.
+#[test]
+fn llama_cpp_cancels_a_request_whose_client_left_at_its_next_look() {
+    // Running: the first (3 s of work) is left at 1.3 s; the look at 1 s
+    // found its client there, the one at 2 s cancels it, and the second
+    // runs from then. Stopped at once, the second would end at 1.5 s.
+    let (seen, trace) = clients(flat_llama(1), &[(0, 300, 1_300), (100, 20, 30_000)]);
+    assert!(matches!(seen[0], Seen::TimedOut), "{seen:?}");
+    answered_at(&seen[1], 2_200, "the request behind the cancelled one");
+    // Recorded when its client left, not when the look cancelled it.
+    let abandoned: Vec<u64> = trace
+        .events()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                Kind::Served {
+                    outcome: Answer::Abandoned,
+                    ..
+                }
+            )
+        })
+        .map(|e| e.t_us)
+        .collect();
+    assert_eq!(abandoned.len(), 1, "{:?}", served(&trace));
+    assert!((1_300_000..1_350_000).contains(&abandoned[0]), "{abandoned:?}");
+
+    // Waiting: the second is left at 0.6 s while queued behind the first;
+    // its look at 1.1 s cancels it, and the third gets the slot when the
+    // first ends at 3 s. Left in the queue it would run first, to 6 s.
+    let (seen, _) = clients(flat_llama(1), &[(0, 300, 30_000), (100, 300, 500), (200, 20, 30_000)]);
+    assert!(matches!(seen[1], Seen::TimedOut), "{seen:?}");
+    answered_at(&seen[0], 3_000, "the first");
+    answered_at(&seen[2], 3_200, "the third, the second cancelled while it waited");
+}
+
+/// A result handed to any request wakes every waiting handler, and its
+/// second starts again: a request whose client left runs on while the
+/// server keeps answering others.
+#[test]
+fn llama_cpp_looks_only_after_a_second_without_any_result() {
+    // Two slots. The first (3 s) is left at 0.3 s; the second ends at
+    // 0.6 s, so the first's handler looks at 1.6 s, not at 1 s. The third
+    // takes the second's slot at 0.7 s; the fourth waits for the first's.
+    let (seen, _) = clients(
+        flat_llama(2),
+        &[(0, 300, 300), (0, 60, 30_000), (700, 300, 30_000), (800, 20, 30_000)],
+    );
+    assert!(matches!(seen[0], Seen::TimedOut), "{seen:?}");
+    answered_at(&seen[1], 600, "the second");
+    answered_at(&seen[3], 1_800, "the fourth, in the slot the look freed");
 }
 
 /// When a connection ended, seen from its client.
@@ -1211,12 +1268,13 @@ fn a_cpu_is_a_llama_cpp_field_with_threads_within_its_cores() {
 }
 
 /// A request whose connection waited in llama-server's HTTP pool until its
-/// client gave up is read only when a thread takes the connection, and
-/// then dropped: the server records it `hang`, as its client saw it (the
-/// laboratory records a call that timed out so), when a thread comes free
-/// and drains the queue oldest first.
+/// client gave up is read only when a thread takes the connection: the
+/// server records it `hang`, as its client saw it (the laboratory records a
+/// call that timed out so), when a thread comes free and drains the queue
+/// oldest first; and it runs, its handler looking at its client only a
+/// second without results later, so a request behind them waits for them.
 #[test]
-fn a_request_llama_cpp_held_unread_until_its_client_left_is_recorded_hang() {
+fn a_request_llama_cpp_read_after_its_client_left_is_recorded_hang_and_runs() {
     let spec = ServerSpec {
         slots: 2,
         cpu: Some(Cpu {
@@ -1229,7 +1287,7 @@ fn a_request_llama_cpp_held_unread_until_its_client_left_is_recorded_hang() {
     let trace = Trace::new();
     sim.host(
         "gpu",
-        server_host(spec, ServerHandle::new(Behaviour::default()), trace.clone(), 7),
+        server_host(spec.clone(), ServerHandle::new(Behaviour::default()), trace.clone(), 7),
     );
     let answers: Rc<RefCell<Vec<Option<Duration>>>> = Rc::default();
     sim.client("first", async {
@@ -1254,7 +1312,21 @@ fn a_request_llama_cpp_held_unread_until_its_client_left_is_recorded_hang() {
         assert!(answered.is_some(), "the queue has drained: a thread serves it");
         Ok(())
     });
+    let behind: Rc<RefCell<Option<Duration>>> = Rc::default();
+    let seen = behind.clone();
+    sim.client("behind", async move {
+        *seen.borrow_mut() = held_post(Duration::from_millis(5_100), Duration::ZERO).await;
+        Ok(())
+    });
     sim.run().unwrap();
+    // Sent as the threads that came free at 5 s took the stale requests,
+    // it waits while they run: several times one such request alone.
+    let alone = run(spec, 1, |_| Duration::ZERO, 8, Duration::from_secs(30), 30).0[0].at();
+    let waited = behind.borrow().expect("answered") - Duration::from_millis(5_100);
+    assert!(
+        waited > alone * 3,
+        "the stale requests ran first: it waited {waited:?}, one alone takes {alone:?}"
+    );
     let gave_up = answers.borrow().iter().filter(|a| a.is_none()).count();
     assert_eq!(gave_up, 15);
     let hung: Vec<Duration> = trace
@@ -1278,11 +1350,12 @@ fn a_request_llama_cpp_held_unread_until_its_client_left_is_recorded_hang() {
         hung.iter().all(|t| *t >= Duration::from_secs(5)),
         "read when a thread comes free: {hung:?}"
     );
-    // The first, the five the idle threads took, and the later one.
+    // The first, the five the idle threads took, the later one and the one
+    // behind.
     let answered = served(&trace);
     assert_eq!(
         answered.iter().filter(|o| *o != "hang").count(),
-        1 + 5 + 1,
+        1 + 5 + 1 + 1,
         "{answered:?}"
     );
 }

@@ -327,13 +327,6 @@ impl Engine {
             self.waiting.remove(i);
             return true;
         }
-        self.cancel_running(id)
-    }
-
-    /// Removes request `id` if it is running (its client left, and the
-    /// server stops what it was generating); `true` if it was. A waiting
-    /// request stays, and runs when it gets a slot.
-    pub fn cancel_running(&mut self, id: u64) -> bool {
         if let Some(i) = self.running.iter().position(|s| s.id == id) {
             let s = self.running.remove(i);
             self.kv_used = self.kv_used.saturating_sub(s.len());
@@ -952,7 +945,7 @@ mod tests {
     }
 
     #[test]
-    fn cancelling_only_if_running_leaves_a_waiting_request_to_run() {
+    fn cancelling_a_waiting_request_takes_it_out_of_the_queue() {
         let mut engine = Engine::new(EngineParams {
             max_seqs: 1,
             ..params()
@@ -962,10 +955,10 @@ mod tests {
         let mut events = Vec::new();
         engine.run_until(Duration::from_millis(50), || 1.0, &mut events);
         assert_eq!((engine.running(), engine.waiting()), (1, 1));
-        assert!(!engine.cancel_running(2), "2 waits: it stays");
-        assert!(engine.cancel_running(1));
+        assert!(engine.cancel(2), "2 waits: it is taken out");
+        assert_eq!((engine.running(), engine.waiting()), (1, 0));
         engine.run_until(Duration::from_secs(10), || 1.0, &mut events);
-        assert_eq!(finished(&events).iter().map(|(id, _)| *id).collect::<Vec<_>>(), [2]);
+        assert_eq!(finished(&events).iter().map(|(id, _)| *id).collect::<Vec<_>>(), [1]);
     }
 
     #[test]

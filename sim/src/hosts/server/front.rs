@@ -16,7 +16,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, oneshot, watch};
 
 use super::batching::{Engine, EngineEvent};
 use super::kinds::Preset;
@@ -120,6 +120,10 @@ pub(super) struct Batching {
     pub(super) preset: Preset,
     state: Mutex<State>,
     wake: Notify,
+    /// Results handed to waiting requests so far: llama.cpp's handlers
+    /// wake at every result, and look at their clients only after a
+    /// second without one ([`Batching::serve_until_looked`]).
+    results: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Batching {
@@ -154,6 +158,7 @@ impl Batching {
             }),
             preset,
             wake: Notify::new(),
+            results: watch::Sender::new(0),
         }
     }
 
@@ -258,6 +263,7 @@ impl Batching {
                     st.due.pop_front();
                     if let Some(tx) = st.waiters.remove(&id) {
                         let _ = tx.send(outcome);
+                        self.results.send_modify(|n| *n = n.wrapping_add(1));
                     }
                 }
                 let due = st.due.front().map(|(at, ..)| *at);
@@ -294,6 +300,48 @@ impl Batching {
         self.wake.notify_one();
         let _queued = Queued { batching: self, id };
         rx.await.ok()
+    }
+
+    /// [`Batching::serve`] as llama.cpp's handler waits for it: it wakes at
+    /// every result the server hands any request, and when a second passes
+    /// without one it looks at its client; once `left` says the client is
+    /// gone, that look cancels the request, waiting or running
+    /// (`server_response_reader::next` and `server_response::recv_with_timeout`
+    /// in `tools/server/server-queue.cpp`, `HTTP_POLLING_SECONDS` in
+    /// `server-context.cpp`, llama.cpp 0c1e570). So a request whose client
+    /// left runs on while the server keeps answering, and one shorter than
+    /// the second runs whole. `Err(ClientGone)` when a look cancelled it.
+    pub(super) async fn serve_until_looked(
+        self: &Arc<Self>,
+        prompt: u64,
+        output: u64,
+        left: &watch::Sender<bool>,
+    ) -> Result<Option<EngineOutcome>, ClientGone> {
+        let mut results = self.results.subscribe();
+        let mut left = left.subscribe();
+        let serve = self.serve(prompt, output);
+        tokio::pin!(serve);
+        let mut waiting_since = sim_elapsed();
+        loop {
+            let look = tokio::time::sleep(waiting_since.saturating_add(LOOK_AFTER).saturating_sub(sim_elapsed()));
+            tokio::select! {
+                biased;
+                outcome = &mut serve => return Ok(outcome),
+                changed = results.changed() => {
+                    if changed.is_err() {
+                        // The start is gone; its engine answers nothing more.
+                        return Ok(None);
+                    }
+                    waiting_since = sim_elapsed();
+                }
+                () = look => {
+                    if *left.borrow_and_update() {
+                        return Err(ClientGone);
+                    }
+                    waiting_since = sim_elapsed();
+                }
+            }
+        }
     }
 
     /// Counts a request past the gate; `None` when llama-swap's concurrency
@@ -455,29 +503,30 @@ impl Drop for InFlight {
     }
 }
 
-/// A request in the engine; dropped before its outcome (the client left), it
-/// is taken out, as llama.cpp and vLLM abort a disconnected request.
+/// A request in the engine; dropped before its outcome (its client left,
+/// or llama.cpp looked and found it gone), it is taken out wherever it is,
+/// as llama.cpp and vLLM abort a disconnected request.
 struct Queued<'a> {
     batching: &'a Arc<Batching>,
     id: u64,
 }
 
 impl Drop for Queued<'_> {
-    /// Its client left. llama.cpp stops a running request whose client
-    /// disconnected but not a queued one, which still generates when it
-    /// gets a slot (observed on llama.cpp 0c1e570, the laboratory's build);
-    /// the other kinds drop it wherever it is.
     fn drop(&mut self) {
         let mut st = self.batching.lock();
         if st.waiters.remove(&self.id).is_some() {
-            if self.batching.preset.kind == ServerKind::LlamaCpp {
-                st.engine.cancel_running(self.id);
-            } else {
-                st.engine.cancel(self.id);
-            }
+            st.engine.cancel(self.id);
         }
     }
 }
+
+/// How long llama.cpp's handler waits without a result before it looks at
+/// its client (`HTTP_POLLING_SECONDS`).
+pub(super) const LOOK_AFTER: Duration = Duration::from_secs(1);
+
+/// A request llama.cpp cancelled when it looked and found its client gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ClientGone;
 
 /// One step's time factor: lognormal with mean 1 and log-sigma `sigma`.
 fn step_factor(rng: &mut ChaCha8Rng, sigma: f64) -> f64 {

@@ -42,8 +42,9 @@
 //!    no capacity: they model a proxy or the network in front of the GPU.
 //!    (On a `llama_cpp` server a hang of every request is its process
 //!    stopped: each request is held, and served once the behaviour changes,
-//!    whether or not its client is still there, and what it was generating
-//!    waits as long as the stop — `docs/server-kinds.md`.)
+//!    whether or not its client is still there, until its handler looks
+//!    and finds the client gone; what it was generating waits as long as
+//!    the stop — `docs/server-kinds.md`.)
 //! 4. **Capacity.** With `slots + queue` requests already in flight the answer
 //!    is `503` `{"error":{"code":503,"message":"server busy","type":"unavailable_error"}}`
 //!    (outcome `queue_full`). Otherwise the request waits (FIFO) for one of
@@ -532,12 +533,12 @@ impl Server {
                         keep_alive: keep_alive.clone(),
                     };
                     let Some(pool) = &pool else {
-                        connections.spawn(async move { serving.serve(stream, false).await });
+                        connections.spawn(async move { serving.serve(stream).await });
                         continue;
                     };
                     let computing = start.batching.as_ref().is_some_and(|b| b.computing());
                     let pool = pool.clone();
-                    match pool.accept((stream, sim_elapsed()), computing, sim_elapsed()) {
+                    match pool.accept(stream, computing, sim_elapsed()) {
                         None => {}
                         Some(PoolStart::Serve(thread, stream)) => {
                             connections.spawn(serving.on_thread(pool, thread, Some(stream)));
@@ -556,9 +557,8 @@ impl Server {
     }
 }
 
-/// A connection queued in llama-server's HTTP pool, with when it was
-/// accepted.
-type PoolJob = (turmoil::net::TcpStream, Duration);
+/// A connection queued in llama-server's HTTP pool.
+type PoolJob = turmoil::net::TcpStream;
 
 /// What serves one accepted connection: the start's handler, under the
 /// kind's keep-alive.
@@ -568,12 +568,21 @@ struct Serving {
 }
 
 impl Serving {
-    /// Serves `stream` until either end closes it. A connection `held`
-    /// unread (in llama-server's HTTP pool) records a request that comes
-    /// out of it only after its client left as `hang`, as its client saw
-    /// it: such a request is dropped before its handler runs.
-    async fn serve(&self, stream: turmoil::net::TcpStream, held: bool) {
+    /// Serves `stream` until either end closes it.
+    ///
+    /// A request's handler runs inside hyper's connection, which drops it
+    /// when its client leaves; on a `llama_cpp` server it is a task of its
+    /// own instead, as llama-server's handler runs on its HTTP thread
+    /// whatever its client does: the client's leaving is recorded then, and
+    /// the handler runs on until it looks ([`Batching::serve_until_looked`]),
+    /// keeping the connection's thread until it ends. A request read from
+    /// a connection whose client had already left runs too.
+    async fn serve(&self, stream: turmoil::net::TcpStream) {
         let (start, keep_alive) = (self.start.clone(), self.keep_alive.clone());
+        let detached = start.spec.kind == ServerKind::LlamaCpp;
+        // Each detached handler holds a sender; the receiver ends when
+        // the connection and every handler it started have.
+        let (handlers, mut handlers_done) = tokio::sync::mpsc::channel::<()>(1);
         // Requests this connection has carried.
         let carried = std::sync::atomic::AtomicU32::new(0);
         let idle = keep_alive.as_ref().map(|k| k.idle);
@@ -589,23 +598,31 @@ impl Serving {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 .saturating_add(1);
             let keep_alive = keep_alive.clone();
-            // What `handle` counts: a chat completion, not `/props`.
-            let counted = request.method() == Method::POST && request.uri().path() == PATH;
-            let mut unread = (held && counted).then(|| Unread {
-                start: start.clone(),
-                caller: caller.clone(),
-                handled: false,
-            });
-            CALLER.scope(caller, async move {
-                if let Some(mut read) = unread.take() {
-                    read.handled = true;
-                }
-                let mut reply = start.handle(request).await;
+            let exchange = Arc::new(Exchange::new(caller));
+            let handler = EXCHANGE.scope(exchange.clone(), start.clone().handle(request));
+            let reply: Pin<Box<dyn Future<Output = Reply> + Send>> = if detached {
+                // Started now, so it runs even if hyper never polls what
+                // it awaits (it reads the client's end with the request).
+                let answered = start.clone().detach(handler, handlers.clone());
+                let mut left = ClientLeft {
+                    exchange: Some(exchange),
+                    start,
+                };
+                Box::pin(async move {
+                    let reply = answered.await.unwrap_or(Err(DropConnection));
+                    left.answered();
+                    reply
+                })
+            } else {
+                Box::pin(handler)
+            };
+            async move {
+                let mut reply = reply.await;
                 if let (Some(keep_alive), Ok(response)) = (&keep_alive, &mut reply) {
                     keep_alive.announce(response, nth);
                 }
                 reply
-            })
+            }
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
         if let Some(idle) = idle {
@@ -618,34 +635,126 @@ impl Serving {
         // A connection ends in an error whenever a client gives up or a
         // `drop` closes it; neither is the server's failure.
         let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+        handlers_done.recv().await;
     }
 
-    /// A thread of llama-server's HTTP pool: serves `job` (a connection
-    /// and when it was accepted), then each connection the pool hands it
-    /// as the last one closes, until it waits.
+    /// A thread of llama-server's HTTP pool: serves `job` (a connection),
+    /// then each connection the pool hands it as the last one closes,
+    /// until it waits.
     async fn on_thread(self, pool: Arc<HttpPool<PoolJob>>, thread: Thread, mut job: Option<PoolJob>) {
-        while let Some((stream, accepted)) = job {
-            self.serve(stream, sim_elapsed() > accepted).await;
+        while let Some(stream) = job {
+            self.serve(stream).await;
             job = pool.finished(thread, sim_elapsed());
         }
     }
 }
 
-/// A request read from a connection llama-server's HTTP pool held, until
-/// its handler runs: dropped before that (its client had left, and hyper
-/// closes the connection on reading its end), it is recorded `hang`, as
-/// its client saw it; a handler that runs records its own answer.
-struct Unread {
-    start: Arc<Start>,
+/// One request, as its handler and the connection it came on share it:
+/// the call it belongs to, its one record in the trace, and whether its
+/// client has left.
+struct Exchange {
     caller: Option<String>,
-    handled: bool,
+    record: Mutex<Record>,
+    /// Whether the client has left, for a handler that looks.
+    left: watch::Sender<bool>,
 }
 
-impl Drop for Unread {
+/// Whether a request's record is written, and what it is if its client
+/// leaves before it is answered.
+#[derive(Default)]
+struct Record {
+    written: bool,
+    if_left: Option<Answer>,
+}
+
+impl Exchange {
+    fn new(caller: Option<String>) -> Self {
+        Exchange {
+            caller,
+            record: Mutex::default(),
+            left: watch::Sender::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Record> {
+        self.record.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records `answer` to the request's call, unless it already has its
+    /// record.
+    fn record(&self, start: &Start, answer: Answer) {
+        let mut record = self.lock();
+        if record.written {
+            return;
+        }
+        record.written = true;
+        drop(record);
+        start.record_for(answer, self.caller.clone());
+    }
+
+    /// What to record if the client leaves before the answer.
+    fn if_left(&self, answer: Answer) {
+        self.lock().if_left = Some(answer);
+    }
+
+    /// Its handler ended unanswered, or its client left: records what
+    /// [`Exchange::if_left`] says, if anything.
+    fn unanswered(&self, start: &Start) {
+        let if_left = self.lock().if_left;
+        if let Some(answer) = if_left {
+            self.record(start, answer);
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The request being handled.
+    static EXCHANGE: Arc<Exchange>;
+}
+
+/// A request never answered: the reply, once its client has left, of a
+/// handler detached from it, which would otherwise hold its connection's
+/// thread for good; hyper drops any other handler then.
+async fn unanswered() -> Reply {
+    if let Some(e) = exchange() {
+        let _ = e.left.subscribe().wait_for(|left| *left).await;
+        return Err(DropConnection);
+    }
+    std::future::pending().await
+}
+
+/// The request the current task handles, if any.
+fn exchange() -> Option<Arc<Exchange>> {
+    EXCHANGE.try_with(Arc::clone).ok()
+}
+
+/// A detached handler's client side: dropped before the answer, the
+/// client left (or the process died with the connection), and the
+/// request is recorded then, as its client saw it: `abandoned` once the
+/// server has taken it, `hang` before that or while a stopped process
+/// holds it (the laboratory records a call that timed out so).
+struct ClientLeft {
+    exchange: Option<Arc<Exchange>>,
+    start: Arc<Start>,
+}
+
+impl ClientLeft {
+    /// The handler answered while the client was there.
+    fn answered(&mut self) {
+        self.exchange = None;
+    }
+}
+
+impl Drop for ClientLeft {
     fn drop(&mut self) {
-        if !self.handled && turmoil::sim_elapsed().is_some() {
-            self.start.handle.lock().stats.received += 1;
-            self.start.record_for(Answer::Hang, self.caller.take());
+        if let Some(exchange) = self.exchange.take()
+            && turmoil::sim_elapsed().is_some()
+        {
+            exchange.left.send_replace(true);
+            if exchange.lock().if_left.is_none() {
+                exchange.if_left(Answer::Hang);
+            }
+            exchange.unanswered(&self.start);
         }
     }
 }
@@ -738,36 +847,75 @@ enum Early {
     Hang,
 }
 
-/// A request of a batching kind waiting for the engine: if its client leaves
-/// (or its start ends) first, it is recorded `abandoned`.
+/// A request of a batching kind the server has taken: if its handler ends
+/// before it is answered (its client left, a look found it gone, or its
+/// start ended), it is recorded as its exchange's `if_left` says:
+/// `abandoned`, or `hang` for a request a stopped process holds.
 struct Pending {
     start: Arc<Start>,
-    recorded: bool,
-    /// What is recorded if its client leaves first: `abandoned`, or `hang`
-    /// for a request a stopped process holds.
-    if_left: Answer,
+    exchange: Option<Arc<Exchange>>,
 }
 
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if !self.recorded && turmoil::sim_elapsed().is_some() {
-            self.start.record(self.if_left);
+impl Pending {
+    fn new(start: Arc<Start>) -> Self {
+        let exchange = exchange();
+        if let Some(e) = &exchange {
+            e.if_left(Answer::Abandoned);
+        }
+        Pending { start, exchange }
+    }
+
+    /// What is recorded if its client leaves first.
+    fn if_left(&self, answer: Answer) {
+        if let Some(e) = &self.exchange {
+            e.if_left(answer);
         }
     }
 }
 
-tokio::task_local! {
-    /// The call the request being handled belongs to, as its
-    /// [`CALL_HEADER`](crate::hosts::CALL_HEADER) names it.
-    static CALLER: Option<String>;
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(e) = &self.exchange
+            && turmoil::sim_elapsed().is_some()
+        {
+            e.unanswered(&self.start);
+        }
+    }
 }
 
 /// The longest caller name a request may carry; a longer one is ignored.
 const MAX_CALLER_LEN: usize = 128;
 
 impl Start {
+    /// Records `answer` as the current request's one record.
     fn record(&self, answer: Answer) {
-        self.record_for(answer, CALLER.try_with(Clone::clone).ok().flatten());
+        match exchange() {
+            Some(e) => e.record(self, answer),
+            None => self.record_for(answer, None),
+        }
+    }
+
+    /// Runs `handler` as a task of its own until it ends or the process
+    /// dies, holding `handlers` meanwhile; resolves with its reply.
+    fn detach(
+        self: Arc<Self>,
+        handler: impl Future<Output = Reply> + Send + 'static,
+        handlers: tokio::sync::mpsc::Sender<()>,
+    ) -> tokio::sync::oneshot::Receiver<Reply> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut process = self.handle.process.subscribe();
+        let life = process.borrow().life;
+        tokio::spawn(async move {
+            let _handlers = handlers;
+            tokio::select! {
+                biased;
+                _ = process.wait_for(|p| !p.up || p.life != life) => {}
+                reply = handler => {
+                    let _ = tx.send(reply);
+                }
+            }
+        });
+        rx
     }
 
     /// Records `answer` to the call `caller` names.
@@ -1009,11 +1157,7 @@ impl Start {
         };
         // From here the request is the server's: a client that leaves while it
         // is held for a load or waits in the engine is recorded `abandoned`.
-        let mut pending = Pending {
-            start: self.clone(),
-            recorded: false,
-            if_left: Answer::Abandoned,
-        };
+        let pending = Pending::new(self.clone());
         if matches!(kind, ServerKind::LlamaSwap | ServerKind::Ollama) && !b.is_ready() {
             let extra = self.extra.clone();
             let (reload, fixed) = (self.spec.reload, self.spec.reload_s);
@@ -1025,12 +1169,10 @@ impl Start {
                     }
                 }
                 Err(LoadError::Failed { timeout_s }) => {
-                    pending.recorded = true;
                     self.record(Answer::LoadFailed);
                     return Ok(load_failed(timeout_s));
                 }
                 Err(LoadError::QueueFull) => {
-                    pending.recorded = true;
                     self.record(Answer::QueueFull);
                     return Ok(ollama_busy());
                 }
@@ -1041,30 +1183,28 @@ impl Start {
         // it normally once continued.
         let stopped = mode == Mode::Hang && stopped_whole(kind, self.handle.behaviour());
         let mode = if stopped { Mode::Normal } else { mode };
-        if mode != Mode::Normal && !matches!(mode, Mode::Empty | Mode::Malformed | Mode::Refuse) {
-            // The mode records its own answer.
-            pending.recorded = true;
-        }
         match self.misbehave(mode) {
             Some(Early::Reply(reply)) => return reply,
-            Some(Early::Hang) => return std::future::pending().await,
+            Some(Early::Hang) => return unanswered().await,
             None => {}
         }
         let (output, truncated) = front::output_tokens(wanted, max_tokens, prompt, b.preset.context_tokens);
-        let served = if stopped {
+        if stopped {
             // Its client, gone by then, hears nothing: a hang.
-            pending.if_left = Answer::Hang;
-            self.clone()
-                .serve_once_continued(b.clone(), in_flight, prompt, output)
-                .await
-        } else {
-            let served = b.serve(prompt, output).await;
-            drop(in_flight);
-            served
+            pending.if_left(Answer::Hang);
+            self.continued().await;
+        }
+        let served = match pending.exchange.as_ref().filter(|_| kind == ServerKind::LlamaCpp) {
+            Some(exchange) => match b.serve_until_looked(prompt, output, &exchange.left).await {
+                Ok(served) => served,
+                // Its client is gone: nothing to answer.
+                Err(front::ClientGone) => return Err(DropConnection),
+            },
+            None => b.serve(prompt, output).await,
         };
+        drop(in_flight);
         match served {
             Some(EngineOutcome::Finished { generated, cached }) => {
-                pending.recorded = true;
                 let truncated = truncated && mode == Mode::Normal;
                 self.record(if truncated {
                     Answer::Truncated
@@ -1088,7 +1228,6 @@ impl Start {
                 Ok(response)
             }
             Some(EngineOutcome::Rejected) => {
-                pending.recorded = true;
                 self.record(Answer::ContextExceeded);
                 Ok(context_exceeded(prompt, b.preset.context_tokens.unwrap_or(0)))
             }
@@ -1097,46 +1236,22 @@ impl Start {
         }
     }
 
-    /// A request that reached a stopped llama.cpp process. The kernel
-    /// accepted its connection and holds its bytes; once the process is
-    /// continued llama.cpp reads it and works through it, whether or not
-    /// its client is still there: so its work is a task of its own, which
-    /// a client that leaves does not cancel, and requests held through a
-    /// long stop are a backlog served before any that arrive later. The
-    /// outcome, for a client still there; `None` if the process dies first.
-    async fn serve_once_continued(
-        self: Arc<Self>,
-        b: Arc<Batching>,
-        in_flight: front::InFlight,
-        prompt: u64,
-        output: u64,
-    ) -> Option<EngineOutcome> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let mut process = self.handle.process.subscribe();
-        let life = process.borrow().life;
-        tokio::spawn(async move {
-            let _in_flight = in_flight;
-            let work = async {
-                loop {
-                    let changed = self.handle.behaviour_changed.notified();
-                    tokio::pin!(changed);
-                    changed.as_mut().enable();
-                    if !stopped_whole(ServerKind::LlamaCpp, self.handle.behaviour()) {
-                        break;
-                    }
-                    changed.await;
-                }
-                b.serve(prompt, output).await
-            };
-            tokio::select! {
-                biased;
-                _ = process.wait_for(|p| !p.up || p.life != life) => {}
-                outcome = work => {
-                    let _ = tx.send(outcome);
-                }
+    /// Waits until the process is continued, for a request that reached
+    /// it stopped: the kernel accepted its connection and holds its bytes,
+    /// and llama.cpp reads it once continued, whether or not its client is
+    /// still there (its handler runs detached from its client), so
+    /// requests held through a long stop are a backlog served before any
+    /// that arrive later.
+    async fn continued(&self) {
+        loop {
+            let changed = self.handle.behaviour_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !stopped_whole(ServerKind::LlamaCpp, self.handle.behaviour()) {
+                return;
             }
-        });
-        rx.await.ok().flatten()
+            changed.await;
+        }
     }
 
     /// Prompt tokens and the output length a request would generate: the
