@@ -185,10 +185,25 @@ pub fn unsupported(scenario: &Scenario) -> Option<(String, String)> {
     None
 }
 
+/// What one repetition measured: its trace, and how fast each server
+/// generated the answers it gave.
+#[derive(Debug)]
+pub struct Ran {
+    /// The trace, as a simulation records it.
+    pub evidence: Evidence,
+    /// By server name, the milliseconds a token after the first that
+    /// llama.cpp's own `timings` gave each 200 answer to a request that
+    /// was alone at the server from its sending to its answer, in the
+    /// order the answers came: set beside the pace its calibration
+    /// measured alone, it says whether the machine ran as fast as it was
+    /// calibrated.
+    pub generation_ms_per_token: BTreeMap<String, Vec<f64>>,
+}
+
 /// Runs `scenario` for real once, as repetition `repetition` (which seeds
-/// the workers' arrivals as a simulation's seed does), and returns its
-/// evidence. Blocks for the scenario's duration plus the servers' loads.
-pub fn run(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result<Evidence, LabError> {
+/// the workers' arrivals as a simulation's seed does), and returns what it
+/// measured. Blocks for the scenario's duration plus the servers' loads.
+pub fn run(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result<Ran, LabError> {
     if let Some((field, problem)) = unsupported(scenario) {
         return Err(LabError::Unsupported { field, problem });
     }
@@ -491,7 +506,7 @@ impl Process {
     }
 }
 
-async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result<Evidence, LabError> {
+async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result<Ran, LabError> {
     let trace = Trace::new();
     let mut servers: BTreeMap<String, Rc<Server>> = BTreeMap::new();
     for s in &scenario.servers {
@@ -558,8 +573,10 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
 
     let _real_time = RealTime::begin();
     let duration = Duration::try_from_secs_f64(scenario.duration_s).unwrap_or(Duration::MAX);
+    let paces = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
     let transports: Arc<dyn RealTransports> = Arc::new(Observed {
         trace: trace.clone(),
+        paces: paces.clone(),
         http: ReqwestTransport::new().map_err(|e| LabError::Spawn {
             binary: "an HTTP client".into(),
             source: std::io::Error::other(e.to_string()),
@@ -616,10 +633,17 @@ async fn run_here(scenario: &Scenario, tools: &Tools, repetition: u64) -> Result
     }
     let simulated = sim_elapsed();
     drop(servers);
-    Ok(Evidence {
-        seed: repetition,
-        simulated,
-        events: trace.take(),
+    let generation_ms_per_token = std::mem::take(&mut *paces.lock().unwrap_or_else(|p| p.into_inner()))
+        .into_iter()
+        .map(|(server, pace)| (server, pace.alone))
+        .collect();
+    Ok(Ran {
+        evidence: Evidence {
+            seed: repetition,
+            simulated,
+            events: trace.take(),
+        },
+        generation_ms_per_token,
     })
 }
 
@@ -777,7 +801,23 @@ async fn loaded_when_healthy(health: String, name: String, server: Rc<Server>, g
 /// answer recorded as the simulated network and servers record them.
 struct Observed {
     trace: Trace,
+    /// [`Ran::generation_ms_per_token`], as the answers come.
+    paces: Paces,
     http: ReqwestTransport,
+}
+
+/// Each server's [`Pace`], by name.
+type Paces = Arc<std::sync::Mutex<BTreeMap<String, Pace>>>;
+
+/// What the workers have sent one server, to tell a request alone there.
+#[derive(Debug, Default)]
+struct Pace {
+    /// Requests sent and not yet answered (or failed).
+    in_flight: u32,
+    /// Requests sent so far.
+    sent: u64,
+    /// [`Ran::generation_ms_per_token`].
+    alone: Vec<f64>,
 }
 
 impl RealTransports for Observed {
@@ -785,6 +825,7 @@ impl RealTransports for Observed {
         Box::new(ObservedTransport {
             worker: self.trace.host(host),
             server: self.trace.host(server),
+            paces: self.paces.clone(),
             http: self.http.clone(),
         })
     }
@@ -796,6 +837,7 @@ struct ObservedTransport {
     worker: HostTrace,
     /// The server's answers, as it would record them.
     server: HostTrace,
+    paces: Paces,
     http: ReqwestTransport,
 }
 
@@ -810,6 +852,15 @@ impl HttpTransport for ObservedTransport {
             self.worker.record(Kind::Request {
                 server: self.server.name().clone(),
             });
+            // Alone if none was in flight at its sending and none is sent
+            // before its answer.
+            let sent = {
+                let mut paces = self.paces.lock().unwrap_or_else(|p| p.into_inner());
+                let pace = paces.entry(self.server.name().to_string()).or_default();
+                pace.sent += 1;
+                pace.in_flight += 1;
+                (pace.in_flight == 1).then_some(pace.sent)
+            };
             let result = self.http.post(request).await;
             let answer = match &result {
                 Ok(response) => Some(answer_of(response.status, &response.body)),
@@ -824,12 +875,33 @@ impl HttpTransport for ObservedTransport {
             if let Some(answer) = answer {
                 self.server.record(Kind::served_for(answer, caller));
             }
+            let mut paces = self.paces.lock().unwrap_or_else(|p| p.into_inner());
+            let pace = paces.entry(self.server.name().to_string()).or_default();
+            pace.in_flight = pace.in_flight.saturating_sub(1);
+            if let Ok(response) = &result
+                && response.status == 200
+                && sent == Some(pace.sent)
+                && let Some(ms) = generation_ms_per_token(&response.body)
+            {
+                pace.alone.push(ms);
+            }
+            drop(paces);
             result
         })
     }
 }
 
 /// What llama.cpp's answer was, in the simulated servers' terms.
+/// The milliseconds a token after the first of an answer, from
+/// llama.cpp's `timings.predicted_ms` and `usage.completion_tokens`:
+/// `None` for an answer that says neither, or generated one token.
+fn generation_ms_per_token(body: &[u8]) -> Option<f64> {
+    let v = serde_json::from_slice::<Value>(body).ok()?;
+    let ms = super::calibrate::timing_ms(&v, "predicted_ms")?;
+    let tokens = v.pointer("/usage/completion_tokens").and_then(Value::as_u64)?;
+    (tokens > 1).then(|| ms / (tokens - 1) as f64)
+}
+
 fn answer_of(status: u16, body: &[u8]) -> Answer {
     let v: Value = serde_json::from_slice(body).unwrap_or_default();
     let text = |pointer: &str| v.pointer(pointer).and_then(Value::as_str).unwrap_or("").to_owned();
@@ -877,6 +949,14 @@ mod tests {
             Answer::ContextExceeded
         );
         assert_eq!(answer_of(500, b"not json"), Answer::Error);
+        // How fast an answer generated: its tokens after the first.
+        let timed = |ms: f64, tokens: u64| {
+            body(serde_json::json!({"timings": {"predicted_ms": ms}, "usage": {"completion_tokens": tokens}}))
+        };
+        assert_eq!(generation_ms_per_token(&timed(130.0, 27)), Some(5.0));
+        assert_eq!(generation_ms_per_token(&timed(4.0, 1)), None, "one token: no pace");
+        assert_eq!(generation_ms_per_token(&timed(f64::NAN, 27)), None);
+        assert_eq!(generation_ms_per_token(b"not json"), None);
         // llama-swap's own failure, as the emulated front answers it.
         let failed = crate::hosts::server::load_failed(120.0).into_body();
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();

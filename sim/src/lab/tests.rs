@@ -340,7 +340,8 @@ const CRASH_RESTART: &str = include_str!("../../../scenarios/lab/crash-restart.t
 fn a_scenario_run_for_real_records_the_trace_a_simulation_records_and_is_judged_alike() {
     let Some(tools) = tools_or_skip() else { return };
     let scenario = Scenario::parse("lab-crash-restart.toml", CRASH_RESTART).unwrap();
-    let evidence = super::run::run(&scenario, &tools, 1).unwrap();
+    let ran = super::run::run(&scenario, &tools, 1).unwrap();
+    let evidence = ran.evidence.clone();
     let count = |f: &dyn Fn(&Kind) -> bool| evidence.events.iter().filter(|e| f(&e.kind)).count();
     assert!(
         evidence.simulated >= Duration::from_secs(25),
@@ -363,6 +364,10 @@ fn a_scenario_run_for_real_records_the_trace_a_simulation_records_and_is_judged_
         )
     });
     assert!(ok >= 10, "{ok} answered");
+    // The answers to requests alone said how fast they generated.
+    let paces = &ran.generation_ms_per_token["gpu"];
+    assert!(!paces.is_empty() && paces.len() <= ok, "{} of {ok}", paces.len());
+    assert!(paces.iter().all(|ms| *ms > 0.0 && *ms < 1_000.0), "{paces:?}");
     // The crash: requests the dead server refused were sent but never served.
     assert!(count(&|k| matches!(k, Kind::Request { .. })) > ok);
     let loaded = evidence.events.iter().find(|e| matches!(e.kind, Kind::Loaded)).unwrap();

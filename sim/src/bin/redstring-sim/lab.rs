@@ -96,6 +96,30 @@ fn show_calibration(found: &[Calibrated]) {
     }
 }
 
+/// Prints how fast each server generated its answers to requests alone
+/// in a repetition, beside the pace its calibration measured alone: a
+/// prediction that misses while the two differ missed the machine's
+/// speed, not the model.
+fn show_paces(paces: &std::collections::BTreeMap<String, Vec<f64>>, found: &[Calibrated]) {
+    for (server, ms) in paces {
+        let mut sorted = ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let Some(&median) = sorted.get(sorted.len() / 2) else {
+            continue;
+        };
+        let alone = found
+            .iter()
+            .find(|c| c.server == *server)
+            .and_then(|c| c.generation_ms_per_token)
+            .map(|a| format!("; calibrated alone at {a:.2} ({:+.0} %)", (median / a - 1.0) * 100.0))
+            .unwrap_or_default();
+        println!(
+            "   {server} generated at a median {median:.2} ms a token in its {} answers to a request alone{alone}",
+            ms.len()
+        );
+    }
+}
+
 /// `path` with `-repetition` before its extension.
 fn numbered(path: &Path, repetition: u64) -> PathBuf {
     let stem = path
@@ -138,16 +162,18 @@ pub fn lab(args: LabArgs) -> Outcome {
     let mut predictions: Vec<Scenario> = Vec::new();
     let mut measured: Vec<SeedRecord> = Vec::new();
     for repetition in 1..=args.repeat {
+        let mut found = Vec::new();
         if !args.no_calibrate {
-            let (predicted, found) = calibrated(&scenario, &tools).map_err(|e| fail(SIM_FAILED, &e))?;
+            let predicted;
+            (predicted, found) = calibrated(&scenario, &tools).map_err(|e| fail(SIM_FAILED, &e))?;
             println!("\n-- calibration {repetition}, before repetition {repetition}");
             show_calibration(&found);
             outputs.write("--calibrated", || predicted.to_toml())?;
             predictions.push(predicted);
         }
         let start = Instant::now();
-        let evidence = lab_run::run(&scenario, &tools, repetition).map_err(|e| fail(SIM_FAILED, &e))?;
-        let run = redstring_sim::judgement::judge(&scenario, evidence);
+        let ran = lab_run::run(&scenario, &tools, repetition).map_err(|e| fail(SIM_FAILED, &e))?;
+        let run = redstring_sim::judgement::judge(&scenario, ran.evidence);
         outputs.write("--trace", || {
             Trace::to_json_lines(&episodes::with_ready_marks(&scenario, &run.events))
         })?;
@@ -156,6 +182,7 @@ pub fn lab(args: LabArgs) -> Outcome {
         report.replay = format!("{} (its arrivals, simulated)", report.replay);
         println!("\n-- repetition {repetition}, run for real");
         print!("{}", report.render(Some(start.elapsed())));
+        show_paces(&ran.generation_ms_per_token, &found);
         measured.push(SeedRecord::of(&report));
     }
     if predictions.is_empty() {
