@@ -310,7 +310,10 @@ impl Batching {
     /// in `tools/server/server-queue.cpp`, `HTTP_POLLING_SECONDS` in
     /// `server-context.cpp`, llama.cpp 0c1e570). So a request whose client
     /// left runs on while the server keeps answering, and one shorter than
-    /// the second runs whole. `Err(ClientGone)` when a look cancelled it.
+    /// the second runs whole. (Through a stop of the process the handler
+    /// still looks, where llama.cpp's looks once continued; either way the
+    /// request is gone before the engine's next step.) `Err(ClientGone)`
+    /// when a look cancelled it.
     pub(super) async fn serve_until_looked(
         self: &Arc<Self>,
         prompt: u64,
