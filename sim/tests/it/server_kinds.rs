@@ -124,6 +124,16 @@ async fn post(max_tokens: u64, timeout: Duration) -> Seen {
     }
 }
 
+/// When the server recorded each request it answered `outcome`.
+fn served_at(trace: &Trace, outcome: Answer) -> Vec<Duration> {
+    trace
+        .events()
+        .iter()
+        .filter(|e| matches!(e.kind, Kind::Served { outcome: o, .. } if o == outcome))
+        .map(|e| Duration::from_micros(e.t_us))
+        .collect()
+}
+
 fn served(trace: &Trace) -> Vec<String> {
     trace
         .events()
@@ -980,22 +990,12 @@ fn llama_cpp_cancels_a_request_whose_client_left_at_its_next_look() {
     assert!(matches!(seen[0], Seen::TimedOut), "{seen:?}");
     answered_at(&seen[1], 2_200, "the request behind the cancelled one");
     // Recorded when its client left, not when the look cancelled it.
-    let abandoned: Vec<u64> = trace
-        .events()
-        .iter()
-        .filter(|e| {
-            matches!(
-                e.kind,
-                Kind::Served {
-                    outcome: Answer::Abandoned,
-                    ..
-                }
-            )
-        })
-        .map(|e| e.t_us)
-        .collect();
+    let abandoned = served_at(&trace, Answer::Abandoned);
     assert_eq!(abandoned.len(), 1, "{:?}", served(&trace));
-    assert!((1_300_000..1_350_000).contains(&abandoned[0]), "{abandoned:?}");
+    assert!(
+        (Duration::from_millis(1_300)..Duration::from_millis(1_350)).contains(&abandoned[0]),
+        "{abandoned:?}"
+    );
 
     // Waiting: the second is left at 0.6 s while queued behind the first;
     // its look at 1.1 s cancels it, and the third gets the slot when the
@@ -1329,20 +1329,7 @@ fn a_request_llama_cpp_read_after_its_client_left_is_recorded_hang_and_runs() {
     );
     let gave_up = answers.borrow().iter().filter(|a| a.is_none()).count();
     assert_eq!(gave_up, 15);
-    let hung: Vec<Duration> = trace
-        .events()
-        .iter()
-        .filter(|e| {
-            matches!(
-                e.kind,
-                Kind::Served {
-                    outcome: Answer::Hang,
-                    ..
-                }
-            )
-        })
-        .map(|e| Duration::from_micros(e.t_us))
-        .collect();
+    let hung = served_at(&trace, Answer::Hang);
     assert_eq!(hung.len(), 15, "{hung:?}");
     // The first connection idles 5 s after its answer, and its thread
     // takes the queue's oldest, every one of them left at 3 s.
