@@ -809,6 +809,21 @@ struct Observed {
 /// Each server's [`Pace`], by name.
 type Paces = Arc<std::sync::Mutex<BTreeMap<String, Pace>>>;
 
+/// A request to one server, counted in flight until it ends or is dropped.
+struct InFlight<'a> {
+    paces: &'a Paces,
+    server: &'a str,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut paces = self.paces.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pace) = paces.get_mut(self.server) {
+            pace.in_flight = pace.in_flight.saturating_sub(1);
+        }
+    }
+}
+
 /// What the workers have sent one server, to tell a request alone there.
 #[derive(Debug, Default)]
 struct Pace {
@@ -853,13 +868,18 @@ impl HttpTransport for ObservedTransport {
                 server: self.server.name().clone(),
             });
             // Alone if none was in flight at its sending and none is sent
-            // before its answer.
+            // before its answer. Counted out when it ends, or is dropped
+            // (a hedge's losing attempt).
             let sent = {
                 let mut paces = self.paces.lock().unwrap_or_else(|p| p.into_inner());
                 let pace = paces.entry(self.server.name().to_string()).or_default();
                 pace.sent += 1;
                 pace.in_flight += 1;
                 (pace.in_flight == 1).then_some(pace.sent)
+            };
+            let _in_flight = InFlight {
+                paces: &self.paces,
+                server: self.server.name(),
             };
             let result = self.http.post(request).await;
             let answer = match &result {
@@ -877,7 +897,6 @@ impl HttpTransport for ObservedTransport {
             }
             let mut paces = self.paces.lock().unwrap_or_else(|p| p.into_inner());
             let pace = paces.entry(self.server.name().to_string()).or_default();
-            pace.in_flight = pace.in_flight.saturating_sub(1);
             if let Ok(response) = &result
                 && response.status == 200
                 && sent == Some(pace.sent)
