@@ -471,11 +471,9 @@ impl HttpTransport for WorkerAnswers {
                 .pointer("/usage/prompt_tokens_details/cached_tokens")
                 .and_then(Value::as_u64)
                 .unwrap_or(0);
-            let generated = super::calibrate::timing_ms(&v, "predicted_ms");
-            let tokens = v.pointer("/usage/completion_tokens").and_then(Value::as_u64);
             self.read.lock().unwrap_or_else(|p| p.into_inner()).push(WorkerAnswer {
                 cached,
-                generation: generated.zip(tokens),
+                generation: generation(&v),
             });
             Ok(response)
         })
@@ -915,10 +913,16 @@ impl HttpTransport for ObservedTransport {
 /// llama.cpp's `timings.predicted_ms` and `usage.completion_tokens`:
 /// `None` for an answer that says neither, or generated one token.
 fn generation_ms_per_token(body: &[u8]) -> Option<f64> {
-    let v = serde_json::from_slice::<Value>(body).ok()?;
-    let ms = super::calibrate::timing_ms(&v, "predicted_ms")?;
-    let tokens = v.pointer("/usage/completion_tokens").and_then(Value::as_u64)?;
+    let (ms, tokens) = generation(&serde_json::from_slice::<Value>(body).ok()?)?;
     (tokens > 1).then(|| ms / (tokens - 1) as f64)
+}
+
+/// An answer's `timings.predicted_ms` and `usage.completion_tokens`, when
+/// both are there and sane.
+fn generation(v: &Value) -> Option<(f64, u64)> {
+    let ms = super::calibrate::timing_ms(v, "predicted_ms")?;
+    let tokens = v.pointer("/usage/completion_tokens").and_then(Value::as_u64)?;
+    Some((ms, tokens))
 }
 
 fn answer_of(status: u16, body: &[u8]) -> Answer {
